@@ -1,0 +1,87 @@
+import express, { type Express, type NextFunction, type Request, type Response } from "express";
+import * as OpenApiValidator from "express-openapi-validator";
+import type { Logger } from "pino";
+import type { AppConfig } from "./config.ts";
+import { ApiError, errorHandler } from "./http/errors.ts";
+import type { Handlers } from "./http/operations.ts";
+import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
+import { requestId } from "./http/request-id.ts";
+import { mountOperations } from "./http/routes.ts";
+import { healthHandlers } from "./modules/health/routes.ts";
+import type { Probes } from "./modules/health/service.ts";
+import { publicDocuments } from "./modules/docs/routes.ts";
+
+export interface AppDeps {
+  config: AppConfig;
+  logger: Logger;
+  spec: OpenApiDocument;
+  probes: Probes;
+}
+
+/** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */
+export function createApp(deps: AppDeps): Express {
+  const { config, logger, spec } = deps;
+  const app = express();
+  app.disable("x-powered-by");
+  app.set("query parser", "extended");
+
+  app.use(requestId);
+  app.use(accessLog(logger));
+  app.use(publicDocuments(spec));
+  app.use(rawModelIdInPath);
+  app.use(["/v1/chat/completions"], express.json({ limit: "10mb" }));
+  app.use(express.json({ limit: "64mb" }));
+
+  app.use(
+    OpenApiValidator.middleware({
+      // The validator keeps references into the document; give it its own copy.
+      apiSpec: structuredClone(spec) as never,
+      validateRequests: config.validateRequests
+        ? { allowUnknownQueryParameters: false, coerceTypes: true }
+        : false,
+      validateResponses: config.validateResponses ? { removeAdditional: false } : false,
+      validateSecurity: false,
+      validateFormats: true,
+      $refParser: { mode: "dereference" },
+    }),
+  );
+
+  const handlers: Handlers = { ...healthHandlers(deps.probes) };
+  app.use(mountOperations(specOperations(spec), handlers));
+  app.use((_req: Request, _res: Response, next: NextFunction) => next(ApiError.notFound("Unknown path.")));
+  app.use(errorHandler(logger));
+  return app;
+}
+
+/** Model ids contain `/`: `GET /v1/models/acme/proj/name` (as typed with curl) is the same as the
+ * percent-encoded form the `openai` clients send. */
+function rawModelIdInPath(req: Request, _res: Response, next: NextFunction): void {
+  const prefix = "/v1/models/";
+  if (req.url.startsWith(prefix)) {
+    const [path, query] = req.url.slice(prefix.length).split("?", 2) as [string, string | undefined];
+    if (path.includes("/")) {
+      req.url = `${prefix}${encodeURIComponent(decodeURIComponent(path))}${query ? `?${query}` : ""}`;
+    }
+  }
+  next();
+}
+
+function accessLog(logger: Logger) {
+  return (req: Request, res: Response, next: NextFunction): void => {
+    const start = performance.now();
+    res.on("finish", () => {
+      logger.info(
+        {
+          requestId: res.locals.requestId,
+          method: req.method,
+          path: req.path,
+          operationId: res.locals.operationId,
+          status: res.statusCode,
+          ms: Math.round((performance.now() - start) * 10) / 10,
+        },
+        "request",
+      );
+    });
+    next();
+  };
+}

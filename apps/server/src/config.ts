@@ -1,0 +1,56 @@
+import { homedir } from "node:os";
+import { join } from "node:path";
+
+export type Role = "training" | "inference" | "calls";
+
+export interface AppConfig {
+  /** Which surfaces this process serves (CONTRACT §1); all three by default. */
+  roles: readonly Role[];
+  /** Validate every JSON response against the spec (on by default; a bench turns it off). */
+  validateResponses: boolean;
+  /** Validate requests against the spec (on by default; a bench turns it off). */
+  validateRequests: boolean;
+}
+
+export interface ServerConfig extends AppConfig {
+  host: string;
+  port: number;
+  dataDir: string;
+  databaseUrl: string | undefined;
+  logLevel: string;
+}
+
+const allRoles: readonly Role[] = ["training", "inference", "calls"];
+
+export function parseRoles(value: string | undefined): Role[] {
+  if (!value) return [...allRoles];
+  const roles = value.split(",").map((r) => r.trim());
+  for (const role of roles) {
+    if (!allRoles.includes(role as Role)) {
+      throw new Error(`Unknown role "${role}"; expected some of ${allRoles.join(",")}`);
+    }
+  }
+  return roles as Role[];
+}
+
+export function defaultAppConfig(overrides: Partial<AppConfig> = {}): AppConfig {
+  return { roles: allRoles, validateResponses: true, validateRequests: true, ...overrides };
+}
+
+/** Configuration from the environment: ARBOR_PORT, ARBOR_HOST, ARBOR_DATA_DIR, DATABASE_URL,
+ * ARBOR_ROLES, ARBOR_LOG_LEVEL. */
+export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfig {
+  const port = Number(env.ARBOR_PORT ?? 8080);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new Error(`ARBOR_PORT must be a port number, got "${env.ARBOR_PORT}"`);
+  }
+  return {
+    ...defaultAppConfig(),
+    roles: parseRoles(env.ARBOR_ROLES),
+    host: env.ARBOR_HOST ?? "127.0.0.1",
+    port,
+    dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
+    databaseUrl: env.DATABASE_URL || undefined,
+    logLevel: env.ARBOR_LOG_LEVEL ?? "info",
+  };
+}

@@ -1,0 +1,50 @@
+import { readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import type { OperationId } from "./operations.ts";
+
+/** The bundled spec (spec/dist), which the validator, the docs and the router all read. */
+export interface OpenApiDocument {
+  openapi: string;
+  info: { title: string; version: string };
+  paths: Record<string, Record<string, { operationId?: string; security?: unknown[] }>>;
+  [key: string]: unknown;
+}
+
+export const specJsonPath = fileURLToPath(import.meta.resolve("@arbor/spec/openapi.json"));
+export const specYamlPath = fileURLToPath(import.meta.resolve("@arbor/spec/openapi.yaml"));
+
+export function loadSpec(): OpenApiDocument {
+  return JSON.parse(readFileSync(specJsonPath, "utf8")) as OpenApiDocument;
+}
+
+const methods = ["get", "put", "post", "delete", "patch", "head", "options"] as const;
+export type HttpMethod = (typeof methods)[number];
+
+export interface SpecOperation {
+  operationId: OperationId;
+  method: HttpMethod;
+  /** The OpenAPI path, e.g. `/v1/preview/models/{model_id}`. */
+  path: string;
+  /** The same path in Express syntax, e.g. `/v1/preview/models/:model_id`. */
+  expressPath: string;
+  public: boolean;
+}
+
+/** Every operation of the spec, in document order. */
+export function specOperations(spec: OpenApiDocument): SpecOperation[] {
+  const out: SpecOperation[] = [];
+  for (const [path, item] of Object.entries(spec.paths)) {
+    for (const method of methods) {
+      const op = item[method];
+      if (!op?.operationId) continue;
+      out.push({
+        operationId: op.operationId as OperationId,
+        method,
+        path,
+        expressPath: path.replace(/\{([^}]+)\}/g, ":$1"),
+        public: Array.isArray(op.security) && op.security.length === 0,
+      });
+    }
+  }
+  return out;
+}

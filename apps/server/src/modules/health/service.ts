@@ -1,0 +1,47 @@
+/** One dependency check, as `/v1/system-check` reports it. */
+export interface ProbeResult {
+  success: boolean;
+  /** Milliseconds the check took. */
+  duration: number;
+  error: string | null;
+  [detail: string]: unknown;
+}
+
+export type Probe = () => Promise<ProbeResult>;
+
+/** The dependencies `/v1/system-check` probes: each runs a real query or call. */
+export interface Probes {
+  database: Probe;
+  queue: Probe;
+  engine: Probe;
+}
+
+/** Times `check` and turns a throw into a failed probe. */
+export async function timed(
+  check: () => Promise<Record<string, unknown> | undefined>,
+): Promise<ProbeResult> {
+  const start = performance.now();
+  try {
+    const detail = (await check()) ?? {};
+    return { success: true, duration: round(performance.now() - start), error: null, ...detail };
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err);
+    return { success: false, duration: round(performance.now() - start), error: message };
+  }
+}
+
+function round(ms: number): number {
+  return Math.round(ms * 1000) / 1000;
+}
+
+export async function systemCheck(probes: Probes) {
+  const [database, queue, engine] = await Promise.all([
+    probes.database(),
+    probes.queue(),
+    probes.engine(),
+  ]);
+  return {
+    healthy: database.success && queue.success && engine.success,
+    report: { api: true as const, database, queue, engine },
+  };
+}

@@ -1,0 +1,132 @@
+import type { components, paths } from "@arbor/spec/schema";
+import createClient, { type Client, type Middleware } from "openapi-fetch";
+import { type FetchResult, unwrap } from "./errors.ts";
+import { retryingFetch } from "./retries.ts";
+import { sseJson } from "./sse.ts";
+
+type Schemas = components["schemas"];
+export type ChatCompletionRequest = Schemas["CreateChatCompletionRequest"];
+export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
+export type TrainingJobEvent = Schemas["TrainingJobEvent"];
+
+export interface ArborClientOptions {
+  /** Where the server is, e.g. `http://localhost:8080` (no `/v1`: paths carry it). */
+  baseUrl: string;
+  /** Sent as `Authorization: Bearer <apiKey>`. */
+  apiKey?: string;
+  /** `<entity>/<project>`, sent as `Compat-Project`: it attributes inference usage. */
+  project?: string;
+  /** Retries after the first attempt (408/409/429/5xx, connection errors); default 2. */
+  maxRetries?: number;
+  /** Injected for tests; defaults to the global fetch. */
+  fetch?: (request: Request) => Promise<Response>;
+  /** Injected for tests; defaults to a timer. */
+  sleep?: (ms: number) => Promise<void>;
+  random?: () => number;
+  headers?: Record<string, string>;
+}
+
+const terminalEventTypes = new Set(["training_ended", "training_failed"]);
+
+export type ArborClient = Client<paths> & ReturnType<typeof helpers>;
+
+/** The typed client for all three surfaces. Calls return openapi-fetch's `{data, error,
+ * response}`; `unwrap()` turns an error into the APIError subclass for its status. */
+export function createArborClient(options: ArborClientOptions): ArborClient {
+  const baseFetch = options.fetch ?? ((request: Request) => globalThis.fetch(request));
+  const api = createClient<paths>({
+    baseUrl: options.baseUrl.replace(/\/+$/, ""),
+    fetch: retryingFetch({
+      maxRetries: options.maxRetries ?? 2,
+      fetch: baseFetch,
+      sleep: options.sleep ?? ((ms) => new Promise((resolve) => setTimeout(resolve, ms))),
+      random: options.random ?? Math.random,
+    }),
+  });
+  api.use(identity(options));
+  return Object.assign(api, helpers(api));
+}
+
+/** Auth, project and request-id headers on every request. */
+function identity(options: ArborClientOptions): Middleware {
+  return {
+    onRequest({ request }) {
+      for (const [name, value] of Object.entries(options.headers ?? {})) request.headers.set(name, value);
+      if (options.apiKey && !request.headers.has("authorization")) {
+        request.headers.set("authorization", `Bearer ${options.apiKey}`);
+      }
+      if (options.project && !request.headers.has("compat-project")) {
+        request.headers.set("compat-project", options.project);
+      }
+      if (!request.headers.has("x-request-id")) request.headers.set("x-request-id", crypto.randomUUID());
+      return request;
+    },
+  };
+}
+
+interface Page<T> {
+  data: T[];
+  has_more: boolean;
+  last_id?: string | null;
+}
+
+function helpers(api: Client<paths>) {
+  return {
+    /** Streams a chat completion: yields each `chat.completion.chunk` until `[DONE]`. */
+    async *streamChatCompletion(
+      body: Omit<ChatCompletionRequest, "stream">,
+      init: { signal?: AbortSignal; headers?: Record<string, string> } = {},
+    ): AsyncGenerator<ChatCompletionChunk> {
+      const result = await api.POST("/v1/chat/completions", {
+        body: { ...body, stream: true } as ChatCompletionRequest,
+        parseAs: "stream",
+        headers: { accept: "text/event-stream", ...init.headers },
+        signal: init.signal,
+      });
+      if (!result.response.ok) {
+        unwrap({ ...result, error: result.error ?? (await result.response.json().catch(() => null)) });
+      }
+      yield* sseJson<ChatCompletionChunk>(result.response);
+    },
+
+    /** Pages through any list: `fetchPage(after)` returns one openapi-fetch result. */
+    async *paginate<T extends { id: string }>(
+      fetchPage: (after: string | undefined) => Promise<FetchResult<Page<T>>>,
+    ): AsyncGenerator<T> {
+      let after: string | undefined;
+      for (;;) {
+        const page = unwrap(await fetchPage(after));
+        yield* page.data;
+        const last = page.data.at(-1)?.id ?? page.last_id ?? undefined;
+        if (!page.has_more || !last) return;
+        after = last;
+      }
+    },
+
+    /** Yields a training job's events live until its terminal event (`training_ended` or
+     * `training_failed`). Reconnects after a dropped stream from the last event seen. */
+    async *followTrainingJob(
+      trainingJobId: string,
+      init: { signal?: AbortSignal; after?: string } = {},
+    ): AsyncGenerator<TrainingJobEvent> {
+      let after = init.after;
+      for (;;) {
+        const result = await api.GET("/v1/preview/training-jobs/{training_job_id}/events", {
+          params: { path: { training_job_id: trainingJobId }, query: after ? { after } : {} },
+          parseAs: "stream",
+          headers: { accept: "text/event-stream" },
+          signal: init.signal,
+        });
+        if (!result.response.ok) {
+          unwrap({ ...result, error: result.error ?? (await result.response.json().catch(() => null)) });
+        }
+        for await (const event of sseJson<TrainingJobEvent>(result.response)) {
+          yield event;
+          after = event.id;
+          if (terminalEventTypes.has(event.type)) return;
+        }
+        if (init.signal?.aborted) return;
+      }
+    },
+  };
+}

@@ -1,0 +1,28 @@
+export type { components, operations, paths } from "@arbor/spec/schema";
+export {
+  type ArborClient,
+  type ArborClientOptions,
+  type ChatCompletionChunk,
+  type ChatCompletionRequest,
+  createArborClient,
+  type TrainingJobEvent,
+} from "./client.ts";
+export {
+  APIConnectionError,
+  APIError,
+  APIUserAbortError,
+  ArborError,
+  AuthenticationError,
+  BadRequestError,
+  ConflictError,
+  type FetchResult,
+  InternalServerError,
+  NotFoundError,
+  NotImplementedError,
+  PayloadTooLargeError,
+  PermissionDeniedError,
+  RateLimitError,
+  UnprocessableEntityError,
+  unwrap,
+} from "./errors.ts";
+export { isRetryableRequest, retryDelayMs, shouldRetryResponse } from "./retries.ts";

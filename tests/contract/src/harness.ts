@@ -1,0 +1,38 @@
+import type { AddressInfo } from "node:net";
+import { type ArborClient, type ArborClientOptions, createArborClient } from "@arbor/client";
+import { createApp, defaultAppConfig, loadSpec, timed } from "@arbor/server";
+import { pino } from "pino";
+
+export interface RunningServer {
+  baseUrl: string;
+  /** A client for this server; `maxRetries: 0` so a test sees each answer as sent. */
+  client(options?: Partial<ArborClientOptions>): ArborClient;
+  close(): Promise<void>;
+}
+
+/** Starts the real app on port 0 with real dependencies. */
+export async function startServer(): Promise<RunningServer> {
+  const app = createApp({
+    config: defaultAppConfig(),
+    logger: pino({ level: "silent" }),
+    spec: loadSpec(),
+    probes: {
+      database: () => timed(async () => ({})),
+      queue: () => timed(async () => ({})),
+      engine: () => timed(async () => ({})),
+    },
+  });
+  const server = app.listen(0, "127.0.0.1");
+  await new Promise<void>((resolve) => server.once("listening", () => resolve()));
+  const { port } = server.address() as AddressInfo;
+  const baseUrl = `http://127.0.0.1:${port}`;
+  return {
+    baseUrl,
+    client: (options = {}) => createArborClient({ baseUrl, maxRetries: 0, ...options }),
+    close: () =>
+      new Promise<void>((resolve, reject) => {
+        server.closeAllConnections();
+        server.close((err) => (err ? reject(err) : resolve()));
+      }),
+  };
+}
