@@ -24,6 +24,284 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/system-check": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * System check
+         * @description Probes the database, the work queue and the engine. Readiness for load balancers.
+         */
+        get: operations["getSystemCheck"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create model
+         * @description Creates a trainable model on a base model and writes its step-0 checkpoint. A duplicate
+         *     `(entity, project, name)` answers 409 unless `return_existing` is true.
+         */
+        post: operations["createModel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models/{model_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Delete model
+         * @description Deletes the model, its checkpoints and their files. A job still running for it is cancelled
+         *     first.
+         */
+        delete: operations["deleteModel"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models/{model_id}/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List model checkpoints
+         * @description The model's checkpoints by step, paged by `after` and `limit`.
+         */
+        get: operations["listCheckpoints"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete model checkpoints
+         * @description Deletes the checkpoints at the given steps. The latest checkpoint cannot be deleted (409):
+         *     it is what `<entity>/<project>/<name>` without a step serves.
+         */
+        delete: operations["deleteCheckpoints"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models/{model_id}/log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Log
+         * @description Computes metrics of a split's trajectory groups (mean reward, mean within-group reward
+         *     standard deviation, exception rate, mean of each trajectory metric) and stores them on the
+         *     latest checkpoint as `<split>/<metric>`. Nothing is trained.
+         */
+        post: operations["logModelMetrics"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create RL training job
+         * @description Queues one RL training step on the given trajectory groups. Advantages are group-relative
+         *     (reward − group mean, divided by the group's standard deviation when `scale_rewards`). The job
+         *     writes checkpoint `step_from + 1`. Follow it with `listTrainingJobEvents`.
+         */
+        post: operations["createRlTrainingJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/sft-training-jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create SFT training job
+         * @description Queues supervised fine-tuning on a JSONL file of `{messages, tools?}` lines. Loss is on
+         *     assistant tokens only. Checkpoints are written as training goes (`config.checkpoint_every`)
+         *     and at the end.
+         */
+        post: operations["createSftTrainingJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs/{training_job_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get training job
+         * @description The job's current state.
+         */
+        get: operations["retrieveTrainingJob"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs/{training_job_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel training job
+         * @description Cancels a queued or running job. A running job stops after its current gradient step;
+         *     checkpoints already written stay. The job ends with a `training_failed` event ("cancelled").
+         */
+        post: operations["cancelTrainingJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs/{training_job_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get training job events
+         * @description The job's events in creation order, paged by `after` and `limit`. Events are immutable, so
+         *     polling with `after` = the last id seen is safe.
+         *
+         *     With `Accept: text/event-stream` the same path follows the job live instead: it sends the
+         *     events after `after` (all when absent), then each new one as it is written, one JSON
+         *     `TrainingJobEvent` per `data:` line with the event id as the SSE `id:`. The stream closes after
+         *     the terminal event (`training_ended` or `training_failed`); `limit` is ignored.
+         */
+        get: operations["listTrainingJobEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/datasets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Upload dataset
+         * @description Stores a JSONL file for SFT: the raw body, one `{messages, tools?}` object per line (blank
+         *     lines are skipped). Every line is checked on upload; the answer's `url` is what
+         *     `createSftTrainingJob` takes as `training_data_url`. Capped at 64 MB.
+         */
+        post: operations["createDataset"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -51,6 +329,449 @@ export interface components {
                 code: string | null;
             };
         };
+        /**
+         * DependencyCheck
+         * @description The outcome of one probe.
+         */
+        DependencyCheck: {
+            success: boolean;
+            /** @description How long the probe took, in milliseconds. */
+            duration: number;
+            /** @description Why the probe failed; null on success. */
+            error: string | null;
+        };
+        /**
+         * SystemCheck
+         * @description One probe per dependency. Served with 200 when every probe succeeds, 503 otherwise.
+         */
+        SystemCheck: {
+            /**
+             * @description Always true; the process answered.
+             * @constant
+             */
+            api: true;
+            database: components["schemas"]["DependencyCheck"];
+            queue: {
+                success: boolean;
+                /** @description How long the probe took, in milliseconds. */
+                duration: number;
+                /** @description Why the probe failed; null on success. */
+                error: string | null;
+                /** @description Training jobs waiting in the queue, when the probe could read it. */
+                depth?: number;
+            };
+            engine: {
+                success: boolean;
+                /** @description How long the probe took, in milliseconds. */
+                duration: number;
+                /** @description Why the probe failed; null on success. */
+                error: string | null;
+                /** @description Base models the engine (or its upstreams) can serve. */
+                models?: number;
+            };
+        };
+        /** CreateModelRequest */
+        CreateModelRequest: {
+            /** @description The team that owns the model. Absent or null means the key's default entity. */
+            entity?: string | null;
+            project: string;
+            /** @description Unique within `(entity, project)`. Chat with it as `<entity>/<project>/<name>`. */
+            name: string;
+            /** @description A base model id from `listModels` (`<owner>/<name>`). */
+            base_model: string;
+            /**
+             * @description When a model with this `(entity, project, name)` exists, return it instead of answering 409.
+             * @default false
+             */
+            return_existing: boolean;
+        };
+        /**
+         * Model
+         * @description A trainable model: a LoRA adapter line on a base model. Creating it writes a step-0
+         *     checkpoint (the untrained adapter), so it can be chatted with at once.
+         */
+        Model: {
+            /**
+             * Format: uuid
+             * @description UUID v7.
+             */
+            id: string;
+            /** @constant */
+            object: "model";
+            entity: string;
+            project: string;
+            name: string;
+            base_model: string;
+            /** @description Reserved for compatibility with hosted services; always null. */
+            run_id: null;
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @description Step of the newest checkpoint; what `<entity>/<project>/<name>` serves. */
+            latest_step: number;
+        };
+        /** DeleteModelResponse */
+        DeleteModelResponse: {
+            /** Format: uuid */
+            model_id: string;
+            /** @description Checkpoints removed with the model, files included. */
+            deleted_checkpoints: number;
+            /**
+             * @description Reserved for compatibility with hosted services; always false.
+             * @constant
+             */
+            deleted_run: false;
+        };
+        /**
+         * Checkpoint
+         * @description A saved adapter at one training step.
+         */
+        Checkpoint: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "checkpoint";
+            step: number;
+            /** @description Metrics stored on this step, such as `train/reward` from `logModelMetrics`. */
+            metrics: {
+                [key: string]: number;
+            };
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @description The chat model id that serves this checkpoint (`<entity>/<project>/<name>:step<N>`). */
+            model: string;
+        };
+        /** CheckpointList */
+        CheckpointList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Checkpoint"][];
+            /** @description Id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /** DeleteCheckpointsRequest */
+        DeleteCheckpointsRequest: {
+            steps: number[];
+        };
+        /** DeleteCheckpointsResponse */
+        DeleteCheckpointsResponse: {
+            deleted_count: number;
+            /** @description Requested steps that had no checkpoint. */
+            not_found_steps: number[];
+        };
+        /** ChatCompletionContentPartText */
+        ChatCompletionContentPartText: {
+            /** @constant */
+            type: "text";
+            text: string;
+        };
+        /**
+         * ChatCompletionMessageContent
+         * @description Message text, as a string or as text parts (joined in order).
+         */
+        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
+        /**
+         * ChatCompletionRequestMessage
+         * @description One message of the conversation. `content` is a string or an array of text parts. Unknown keys
+         *     are ignored (OpenAI clients send some, and trajectories carry what the sampler returned).
+         */
+        ChatCompletionRequestMessage: {
+            /** @constant */
+            role: "system";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "developer";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "user";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "assistant";
+            /** @description Null only when the turn carries tool calls. */
+            content?: components["schemas"]["ChatCompletionMessageContent"] | null;
+            name?: string;
+            refusal?: string | null;
+        } | {
+            /** @constant */
+            role: "tool";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            /** @description The id of the tool call this message answers. */
+            tool_call_id: string;
+        };
+        /** ChatCompletionTokenLogprob */
+        ChatCompletionTokenLogprob: {
+            token: string;
+            logprob: number;
+            /** @description The token's UTF-8 bytes; null when it has no byte form. */
+            bytes: number[] | null;
+            /** @description The `top_logprobs` most likely tokens at this position, most likely first. */
+            top_logprobs: {
+                token: string;
+                logprob: number;
+                bytes: number[] | null;
+            }[];
+        };
+        /**
+         * ChatCompletionLogprobs
+         * @description Per-token log probabilities, when the request set `logprobs`. RL training uses them.
+         */
+        ChatCompletionLogprobs: {
+            content: components["schemas"]["ChatCompletionTokenLogprob"][] | null;
+        };
+        /**
+         * TrajectoryChoice
+         * @description A sampled OpenAI choice inside `messages_and_choices`: a trainable assistant turn. Carry the
+         *     `logprobs` it was sampled with (request `logprobs: true`) to enable the PPO/CISPO ratio.
+         */
+        TrajectoryChoice: {
+            index: number;
+            message: {
+                /** @constant */
+                role: "assistant";
+                content?: string | null;
+            };
+            finish_reason: string;
+            logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
+        };
+        /**
+         * Trajectory
+         * @description One rollout and its reward. Unknown keys are accepted and ignored.
+         */
+        Trajectory: {
+            /**
+             * @description The rollout in order. An item with `role` is context; an item with `index`, `message` and
+             *     `finish_reason` (an OpenAI choice) is a trainable assistant turn.
+             */
+            messages_and_choices: (components["schemas"]["ChatCompletionRequestMessage"] | components["schemas"]["TrajectoryChoice"])[];
+            reward: number;
+            /** @description The tools offered during the rollout, in OpenAI's `tools` shape. */
+            tools?: Record<string, never>[] | null;
+            /** @description Per-trajectory metrics; `logModelMetrics` averages each over the split. */
+            metrics?: {
+                [key: string]: number | boolean;
+            };
+            metadata?: Record<string, never>;
+            logs?: string[];
+        };
+        /**
+         * TrajectoryGroup
+         * @description Rollouts of one prompt. Advantages are relative to the group (reward − group mean); a group
+         *     whose rewards are all equal carries no signal and is skipped. Unknown keys are ignored.
+         */
+        TrajectoryGroup: {
+            trajectories: components["schemas"]["Trajectory"][];
+            /** @description Rollouts of this group that failed; they count in `exception_rate`. */
+            exceptions?: Record<string, never>[];
+            metadata?: Record<string, never>;
+            metrics?: {
+                [key: string]: number | boolean;
+            };
+            logs?: string[];
+        };
+        /** LogModelMetricsRequest */
+        LogModelMetricsRequest: {
+            /** @description The metric prefix, such as `train` or `val`: metrics are stored as `<split>/<metric>`. */
+            split: string;
+            trajectory_groups: components["schemas"]["TrajectoryGroup"][];
+        };
+        /** LogModelMetricsResponse */
+        LogModelMetricsResponse: {
+            /** @description The latest checkpoint's step, where the metrics were stored. */
+            step: number;
+            /**
+             * @description `<split>/reward` (mean), `<split>/reward_std_dev` (mean within-group standard deviation),
+             *     `<split>/exception_rate`, and `<split>/<metric>` for the mean of each trajectory metric.
+             */
+            metrics: {
+                [key: string]: number;
+            };
+        };
+        /**
+         * RlExperimentalConfig
+         * @description Every field is optional; absent or null means the default.
+         */
+        RlExperimentalConfig: {
+            /** @description AdamW learning rate. Default 1e-5. */
+            learning_rate?: number | null;
+            /**
+             * @description `ppo`: clipped importance ratio; `cispo`: clipped-importance-sampling policy gradient;
+             *     `pg`: plain policy gradient (advantage × log-probability, no ratio). `ppo` and `cispo`
+             *     need the sampling `logprobs` on each choice and fall back to `pg` without them. Default `ppo`.
+             * @enum {string|null}
+             */
+            loss_fn?: "ppo" | "cispo" | "pg" | null;
+            /** @description Lower clip range of the ratio. Default 0.2. */
+            epsilon?: number | null;
+            /** @description Upper clip range; defaults to `epsilon`. */
+            epsilon_high?: number | null;
+            /** @description Divide advantages by the group's standard deviation. Default true. */
+            scale_rewards?: boolean | null;
+            /** @description Normalize advantages across the whole batch. Default false. */
+            normalize_advantages?: boolean | null;
+            /** @description Gradient clipping norm. Default 1.0. */
+            max_grad_norm?: number | null;
+            /** @description Makes the step deterministic. */
+            seed?: number | null;
+        };
+        /** CreateRlTrainingJobRequest */
+        CreateRlTrainingJobRequest: {
+            /** Format: uuid */
+            model_id: string;
+            trajectory_groups: components["schemas"]["TrajectoryGroup"][];
+            experimental_config?: components["schemas"]["RlExperimentalConfig"] | null;
+        };
+        /**
+         * TrainingJob
+         * @description An RL or SFT job. `queued` → `running` → `succeeded` | `failed`; `queued` or `running` →
+         *     `cancelled`. One job runs per model at a time; the others wait in creation order.
+         */
+        TrainingJob: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job";
+            /** @enum {string} */
+            type: "rl" | "sft";
+            /** Format: uuid */
+            model_id: string;
+            /** @enum {string} */
+            status: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @description Unix seconds; null until the job runs. */
+            training_start: number | null;
+            /** @description Unix seconds; null until the job ends. */
+            training_end: number | null;
+            /** @description Why the job failed or was cancelled; null otherwise. */
+            error_message: string | null;
+            /** @description The checkpoint step training starts from. */
+            step_from: number;
+            /** @description The last checkpoint step written; null until one is. */
+            step_to: number | null;
+        };
+        /**
+         * SftConfig
+         * @description Every field is optional.
+         */
+        SftConfig: {
+            /** @description Sequences per gradient step, or `auto` to fit memory. Default `auto`. */
+            batch_size?: number | "auto";
+            /** @description One rate, or one per epoch (the last repeats). Default 2e-4 (LoRA). */
+            learning_rate?: number | number[];
+            /** @default 1 */
+            epochs: number;
+            /**
+             * @description Train on every assistant turn, or only on the last one of each line.
+             * @default all
+             * @enum {string}
+             */
+            assistant_turns: "all" | "last";
+            /**
+             * @default constant
+             * @enum {string}
+             */
+            lr_schedule: "constant" | "linear" | "cosine";
+            /** @default 0 */
+            warmup_steps: number;
+            /** @description Save a checkpoint every N gradient steps; the last step is always saved. */
+            checkpoint_every?: number;
+        };
+        /**
+         * SftExperimentalConfig
+         * @description Every field is optional; absent or null means the default.
+         */
+        SftExperimentalConfig: {
+            /** @description Fixed when the model's first job runs; later jobs must match. Default 8. */
+            lora_rank?: number | null;
+            /** @description Default 2 × `lora_rank`. */
+            lora_alpha?: number | null;
+            /** @description Longer lines are truncated from the left. Default the base model's context. */
+            max_seq_len?: number | null;
+            /** @description Default 1.0. */
+            max_grad_norm?: number | null;
+            /** @description Default 0. */
+            weight_decay?: number | null;
+            /** @description Makes shuffling and training deterministic. */
+            seed?: number | null;
+        };
+        /** CreateSftTrainingJobRequest */
+        CreateSftTrainingJobRequest: {
+            /** Format: uuid */
+            model_id: string;
+            /**
+             * @description A JSONL file of `{messages, tools?}` lines: `dataset://<id>` (from `createDataset`) or an
+             *     `https://` URL, fetched with a size cap and refused for loopback and private addresses
+             *     unless allow-listed. A bad line fails the job, naming the line, before any step.
+             */
+            training_data_url: string;
+            config?: components["schemas"]["SftConfig"] | null;
+            experimental_config?: components["schemas"]["SftExperimentalConfig"] | null;
+        };
+        /**
+         * TrainingJobEvent
+         * @description One immutable event of a job, in creation order. `data` by `type`:
+         *
+         *     - `training_started`: `{num_sequences}` — the gradient steps this job will take (int).
+         *     - `gradient_step`: flat numbers `loss`, `grad_norm`, `learning_rate`, `num_tokens`,
+         *       `num_trainable_tokens`, `tokens_per_second`, `gradient_step`, and `reward` for RL.
+         *     - `checkpoint_saved`: `{step}` — the checkpoint is listed before this event is written.
+         *     - `training_ended`: `{}`.
+         *     - `training_failed`: `{error_message}` (`cancelled` for a cancelled job).
+         *
+         *     `training_started` precedes every `gradient_step`. Exactly one terminal event
+         *     (`training_ended` or `training_failed`) ends every job. RL groups skipped for equal rewards
+         *     are reported in `training_started.data.skipped_groups`.
+         */
+        TrainingJobEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @enum {string} */
+            type: "training_started" | "gradient_step" | "checkpoint_saved" | "training_ended" | "training_failed";
+            data: {
+                [key: string]: unknown;
+            };
+            /** @description Unix seconds. */
+            created_at: number;
+        };
+        /** TrainingJobEventList */
+        TrainingJobEventList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["TrainingJobEvent"][];
+            /** @description Id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /**
+         * Dataset
+         * @description An uploaded JSONL file, usable as `training_data_url`.
+         */
+        Dataset: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "dataset";
+            /** @description `dataset://<id>`: pass it as `training_data_url`. */
+            url: string;
+            name: string | null;
+            bytes: number;
+            /** @description Non-empty lines (examples). */
+            lines: number;
+            /** @description Unix seconds. */
+            created_at: number;
+        };
     };
     responses: {
         /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
@@ -73,8 +794,164 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
+        /** @description The API key is missing, malformed, unknown or revoked. */
+        Unauthorized: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Incorrect API key provided. Send `Authorization: Bearer <key>`.",
+                 *         "type": "authentication_error",
+                 *         "param": null,
+                 *         "code": "invalid_api_key"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The key is valid but may not use the entity named by the request. */
+        Forbidden: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "The key may not use entity \"globex\".",
+                 *         "type": "permission_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description Over the key's or project's rate limit (requests per minute or concurrent generations). Retry after `Retry-After` seconds. */
+        TooManyRequests: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                "Retry-After": components["headers"]["RetryAfter"];
+                "x-ratelimit-limit-requests": components["headers"]["RateLimitLimitRequests"];
+                "x-ratelimit-remaining-requests": components["headers"]["RateLimitRemainingRequests"];
+                "x-ratelimit-reset-requests": components["headers"]["RateLimitResetRequests"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Rate limit reached for acme/support-bot: 600 requests per minute.",
+                 *         "type": "rate_limit_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description No such resource, or one the key may not see. */
+        NotFound: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "No model with id \"0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01\".",
+                 *         "type": "not_found_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The request is invalid: a body or parameter fails the spec, or names a value the server cannot honour. `param` is the offending JSON path. */
+        BadRequest: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "\"learning_rate\" must be > 0.",
+                 *         "type": "invalid_request_error",
+                 *         "param": "experimental_config.learning_rate",
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The body is over the cap: 10 MB for chat, 64 MB for RL jobs and dataset uploads. */
+        PayloadTooLarge: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Request body is 71303168 bytes; the limit is 67108864.",
+                 *         "type": "invalid_request_error",
+                 *         "param": null,
+                 *         "code": "request_too_large"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
     };
-    parameters: never;
+    parameters: {
+        /**
+         * @description The model's id, as returned by `createModel`.
+         * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+         */
+        ModelId: string;
+        /**
+         * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+         *     last item returns an empty page with `has_more: false`.
+         * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+         */
+        After: string;
+        /**
+         * @description Page size.
+         * @example 20
+         */
+        Limit: number;
+        /**
+         * @description Sort by step, newest (`desc`) or oldest (`asc`) first.
+         * @example desc
+         */
+        CheckpointOrder: "asc" | "desc";
+        /**
+         * @description The training job's id, as returned by the create operations.
+         * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+         */
+        TrainingJobId: string;
+        /**
+         * @description A label for the dataset; shown back as `name`.
+         * @example support-sft-v1
+         */
+        DatasetName: string;
+    };
     requestBodies: never;
     headers: {
         /**
@@ -82,6 +959,26 @@ export interface components {
          * @example 0193a0b4-5c1e-7f00-8000-1b2c3d4e5f60
          */
         RequestId: string;
+        /**
+         * @description Seconds to wait before retrying.
+         * @example 12
+         */
+        RetryAfter: number;
+        /**
+         * @description Requests allowed per minute for this key and project.
+         * @example 600
+         */
+        RateLimitLimitRequests: number;
+        /**
+         * @description Requests left in the current window.
+         * @example 0
+         */
+        RateLimitRemainingRequests: number;
+        /**
+         * @description Time until the window resets, as OpenAI writes it (for example `12s` or `1m3s`).
+         * @example 12s
+         */
+        RateLimitResetRequests: string;
     };
     pathItems: never;
 }
@@ -111,6 +1008,932 @@ export interface operations {
                     "application/json": components["schemas"]["Health"];
                 };
             };
+            500: components["responses"]["InternalError"];
+        };
+    };
+    getSystemCheck: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every probe succeeded. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "api": true,
+                     *       "database": {
+                     *         "success": true,
+                     *         "duration": 1.8,
+                     *         "error": null
+                     *       },
+                     *       "queue": {
+                     *         "success": true,
+                     *         "duration": 0.9,
+                     *         "error": null,
+                     *         "depth": 2
+                     *       },
+                     *       "engine": {
+                     *         "success": true,
+                     *         "duration": 12.4,
+                     *         "error": null,
+                     *         "models": 1
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["SystemCheck"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description At least one probe failed. Same body; the failing probe carries `error`. */
+            503: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "api": true,
+                     *       "database": {
+                     *         "success": false,
+                     *         "duration": 5000,
+                     *         "error": "connect ECONNREFUSED 127.0.0.1:5432"
+                     *       },
+                     *       "queue": {
+                     *         "success": false,
+                     *         "duration": 0,
+                     *         "error": "Skipped; the database is unreachable."
+                     *       },
+                     *       "engine": {
+                     *         "success": true,
+                     *         "duration": 11.7,
+                     *         "error": null,
+                     *         "models": 1
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["SystemCheck"];
+                };
+            };
+        };
+    };
+    createModel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "entity": "acme",
+                 *       "project": "support-bot",
+                 *       "name": "agent",
+                 *       "base_model": "arbor/tiny-chat-1m",
+                 *       "return_existing": false
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateModelRequest"];
+            };
+        };
+        responses: {
+            /** @description The model (new, or the existing one with `return_existing`). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "object": "model",
+                     *       "entity": "acme",
+                     *       "project": "support-bot",
+                     *       "name": "agent",
+                     *       "base_model": "arbor/tiny-chat-1m",
+                     *       "run_id": null,
+                     *       "created_at": 1795420800,
+                     *       "latest_step": 0
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Model"];
+                };
+            };
+            /** @description Invalid body, or a `base_model` the server does not serve (code `unsupported_base_model`, the supported ids in the message). */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Unsupported base_model \"meta/llama-9000\". Supported: arbor/tiny-chat-1m.",
+                     *         "type": "invalid_request_error",
+                     *         "param": "base_model",
+                     *         "code": "unsupported_base_model"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description A model with this `(entity, project, name)` exists and `return_existing` is false. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Model acme/support-bot/agent already exists. Send return_existing: true to get it.",
+                     *         "type": "conflict_error",
+                     *         "param": "name",
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    deleteModel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The model is gone. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "deleted_checkpoints": 4,
+                     *       "deleted_run": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["DeleteModelResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listCheckpoints: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+                /**
+                 * @description Sort by step, newest (`desc`) or oldest (`asc`) first.
+                 * @example desc
+                 */
+                order?: components["parameters"]["CheckpointOrder"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of checkpoints. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12",
+                     *           "object": "checkpoint",
+                     *           "step": 3,
+                     *           "metrics": {
+                     *             "train/reward": 0.72,
+                     *             "train/reward_std_dev": 0.18,
+                     *             "train/exception_rate": 0
+                     *           },
+                     *           "created_at": 1795424400,
+                     *           "model": "acme/support-bot/agent:step3"
+                     *         },
+                     *         {
+                     *           "id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e11",
+                     *           "object": "checkpoint",
+                     *           "step": 2,
+                     *           "metrics": {},
+                     *           "created_at": 1795422600,
+                     *           "model": "acme/support-bot/agent:step2"
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12",
+                     *       "last_id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e11",
+                     *       "has_more": true
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CheckpointList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    deleteCheckpoints: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "steps": [
+                 *         1,
+                 *         2,
+                 *         7
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["DeleteCheckpointsRequest"];
+            };
+        };
+        responses: {
+            /** @description What was deleted, and which steps had no checkpoint. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "deleted_count": 2,
+                     *       "not_found_steps": [
+                     *         7
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["DeleteCheckpointsResponse"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The steps include the latest checkpoint. Nothing was deleted. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Step 3 is the latest checkpoint and cannot be deleted.",
+                     *         "type": "conflict_error",
+                     *         "param": "steps",
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    logModelMetrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "split": "val",
+                 *       "trajectory_groups": [
+                 *         {
+                 *           "trajectories": [
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "4"
+                 *                   },
+                 *                   "finish_reason": "stop"
+                 *                 }
+                 *               ],
+                 *               "reward": 1,
+                 *               "metrics": {
+                 *                 "correct": true
+                 *               }
+                 *             },
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "5"
+                 *                   },
+                 *                   "finish_reason": "stop"
+                 *                 }
+                 *               ],
+                 *               "reward": 0,
+                 *               "metrics": {
+                 *                 "correct": false
+                 *               }
+                 *             }
+                 *           ]
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["LogModelMetricsRequest"];
+            };
+        };
+        responses: {
+            /** @description The metrics stored, and the step they were stored on. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "step": 3,
+                     *       "metrics": {
+                     *         "val/reward": 0.5,
+                     *         "val/reward_std_dev": 0.5,
+                     *         "val/exception_rate": 0,
+                     *         "val/correct": 0.5
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["LogModelMetricsResponse"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createRlTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                 *       "trajectory_groups": [
+                 *         {
+                 *           "trajectories": [
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "4"
+                 *                   },
+                 *                   "finish_reason": "stop",
+                 *                   "logprobs": {
+                 *                     "content": [
+                 *                       {
+                 *                         "token": "4",
+                 *                         "logprob": -0.11,
+                 *                         "bytes": [
+                 *                           52
+                 *                         ],
+                 *                         "top_logprobs": []
+                 *                       }
+                 *                     ]
+                 *                   }
+                 *                 }
+                 *               ],
+                 *               "reward": 1
+                 *             },
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "5"
+                 *                   },
+                 *                   "finish_reason": "stop"
+                 *                 }
+                 *               ],
+                 *               "reward": 0
+                 *             }
+                 *           ]
+                 *         }
+                 *       ],
+                 *       "experimental_config": {
+                 *         "learning_rate": 0.00001,
+                 *         "loss_fn": "ppo",
+                 *         "scale_rewards": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateRlTrainingJobRequest"];
+            };
+        };
+        responses: {
+            /** @description The queued job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
+                     *       "object": "training_job",
+                     *       "type": "rl",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "queued",
+                     *       "created_at": 1795424400,
+                     *       "training_start": null,
+                     *       "training_end": null,
+                     *       "error_message": null,
+                     *       "step_from": 3,
+                     *       "step_to": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createSftTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                 *       "training_data_url": "dataset://0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                 *       "config": {
+                 *         "batch_size": "auto",
+                 *         "learning_rate": 0.0002,
+                 *         "epochs": 2,
+                 *         "assistant_turns": "all",
+                 *         "lr_schedule": "cosine",
+                 *         "warmup_steps": 5
+                 *       },
+                 *       "experimental_config": {
+                 *         "lora_rank": 8,
+                 *         "seed": 42
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateSftTrainingJobRequest"];
+            };
+        };
+        responses: {
+            /** @description The queued job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "object": "training_job",
+                     *       "type": "sft",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "queued",
+                     *       "created_at": 1795424400,
+                     *       "training_start": null,
+                     *       "training_end": null,
+                     *       "error_message": null,
+                     *       "step_from": 0,
+                     *       "step_to": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
+                     *       "object": "training_job",
+                     *       "type": "rl",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "succeeded",
+                     *       "created_at": 1795424400,
+                     *       "training_start": 1795424401,
+                     *       "training_end": 1795424409,
+                     *       "error_message": null,
+                     *       "step_from": 3,
+                     *       "step_to": 4
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    cancelTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job, now `cancelled`. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "object": "training_job",
+                     *       "type": "sft",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "cancelled",
+                     *       "created_at": 1795424400,
+                     *       "training_start": 1795424401,
+                     *       "training_end": 1795424460,
+                     *       "error_message": "cancelled",
+                     *       "step_from": 0,
+                     *       "step_to": 10
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The job has already ended (`succeeded`, `failed` or `cancelled`). */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Training job 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03 has already succeeded.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listTrainingJobEvents: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of events (JSON), or the live stream (`text/event-stream`). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f14",
+                     *           "object": "training_job.event",
+                     *           "type": "training_started",
+                     *           "data": {
+                     *             "num_sequences": 1
+                     *           },
+                     *           "created_at": 1795424401
+                     *         },
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f15",
+                     *           "object": "training_job.event",
+                     *           "type": "gradient_step",
+                     *           "data": {
+                     *             "loss": 0.412,
+                     *             "grad_norm": 0.93,
+                     *             "learning_rate": 0.00001,
+                     *             "num_tokens": 1840,
+                     *             "num_trainable_tokens": 212,
+                     *             "tokens_per_second": 2310.5,
+                     *             "gradient_step": 1,
+                     *             "reward": 0.5
+                     *           },
+                     *           "created_at": 1795424408
+                     *         },
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f16",
+                     *           "object": "training_job.event",
+                     *           "type": "checkpoint_saved",
+                     *           "data": {
+                     *             "step": 4
+                     *           },
+                     *           "created_at": 1795424409
+                     *         },
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f17",
+                     *           "object": "training_job.event",
+                     *           "type": "training_ended",
+                     *           "data": {},
+                     *           "created_at": 1795424409
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f14",
+                     *       "last_id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f17",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJobEventList"];
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f15",
+                     *       "object": "training_job.event",
+                     *       "type": "gradient_step",
+                     *       "data": {
+                     *         "loss": 0.412,
+                     *         "grad_norm": 0.93,
+                     *         "learning_rate": 0.00001,
+                     *         "num_tokens": 1840,
+                     *         "num_trainable_tokens": 212,
+                     *         "tokens_per_second": 2310.5,
+                     *         "gradient_step": 1,
+                     *         "reward": 0.5
+                     *       },
+                     *       "created_at": 1795424408
+                     *     }
+                     */
+                    "text/event-stream": components["schemas"]["TrainingJobEvent"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createDataset: {
+        parameters: {
+            query?: {
+                /**
+                 * @description A label for the dataset; shown back as `name`.
+                 * @example support-sft-v1
+                 */
+                name?: components["parameters"]["DatasetName"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]}
+                 *     {"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}
+                 */
+                "application/jsonl": string;
+                /** @example {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]} */
+                "application/x-ndjson": string;
+                /** @example {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]} */
+                "text/plain": string;
+            };
+        };
+        responses: {
+            /** @description The stored dataset. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *       "object": "dataset",
+                     *       "url": "dataset://0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *       "name": "support-sft-v1",
+                     *       "bytes": 208,
+                     *       "lines": 2,
+                     *       "created_at": 1795420000
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Dataset"];
+                };
+            };
+            /** @description A line is not a valid `{messages, tools?}` object, or the body is empty. The message names the first bad line. */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Line 17: \"messages\" must be a non-empty array.",
+                     *         "type": "invalid_request_error",
+                     *         "param": "body",
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
         };
     };
