@@ -302,6 +302,103 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/chat/completions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create chat completion
+         * @description OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
+         *     as a call in the calls store under the project header's project (streamed, cancelled and
+         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
+         *     that disconnects stops the generation.
+         */
+        post: operations["createChatCompletion"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/chat/completions/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create chat completion (trailing-slash variant)
+         * @description The same operation as `createChatCompletion`, at `/v1/chat/completions/` for clients that
+         *     build the URL with a trailing slash. Prefer the path without it.
+         *
+         *     OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
+         *     as a call in the calls store under the project header's project (streamed, cancelled and
+         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
+         *     that disconnects stops the generation.
+         */
+        post: operations["createChatCompletionTrailingSlash"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/models": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List models
+         * @description The base models and the trained models (with each live checkpoint) the key can use.
+         */
+        get: operations["listModels"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/models/{model}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
+                 *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
+                 *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+                 * @example acme/support-bot/agent:step3
+                 */
+                model: components["parameters"]["InferenceModel"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Retrieve model
+         * @description One entry of `listModels`, by id (percent-encoded or raw).
+         */
+        get: operations["retrieveModel"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -553,13 +650,19 @@ export interface components {
             messages_and_choices: (components["schemas"]["ChatCompletionRequestMessage"] | components["schemas"]["TrajectoryChoice"])[];
             reward: number;
             /** @description The tools offered during the rollout, in OpenAI's `tools` shape. */
-            tools?: Record<string, never>[] | null;
+            tools?: {
+                [key: string]: unknown;
+            }[] | null;
             /** @description Per-trajectory metrics; `logModelMetrics` averages each over the split. */
             metrics?: {
                 [key: string]: number | boolean;
             };
-            metadata?: Record<string, never>;
+            metadata?: {
+                [key: string]: unknown;
+            };
             logs?: string[];
+        } & {
+            [key: string]: unknown;
         };
         /**
          * TrajectoryGroup
@@ -569,12 +672,18 @@ export interface components {
         TrajectoryGroup: {
             trajectories: components["schemas"]["Trajectory"][];
             /** @description Rollouts of this group that failed; they count in `exception_rate`. */
-            exceptions?: Record<string, never>[];
-            metadata?: Record<string, never>;
+            exceptions?: {
+                [key: string]: unknown;
+            }[];
+            metadata?: {
+                [key: string]: unknown;
+            };
             metrics?: {
                 [key: string]: number | boolean;
             };
             logs?: string[];
+        } & {
+            [key: string]: unknown;
         };
         /** LogModelMetricsRequest */
         LogModelMetricsRequest: {
@@ -772,6 +881,207 @@ export interface components {
             /** @description Unix seconds. */
             created_at: number;
         };
+        /**
+         * ResponseFormat
+         * @description `text` (default); `json_object`: the output is one JSON object; `json_schema`: the output
+         *     matches `json_schema.schema` (constrained decoding).
+         */
+        ResponseFormat: {
+            /** @constant */
+            type: "text";
+        } | {
+            /** @constant */
+            type: "json_object";
+        } | {
+            /** @constant */
+            type: "json_schema";
+            json_schema: {
+                name: string;
+                description?: string;
+                /** @description A JSON Schema the output must match. */
+                schema?: Record<string, never>;
+                /** @default false */
+                strict: boolean | null;
+            };
+        };
+        /**
+         * CreateChatCompletionRequest
+         * @description OpenAI's chat completion request. Unknown keys are not rejected by the schema, because
+         *     OpenAI clients send extras; a field the model cannot honour (for example `tools` on an engine
+         *     without tool calling) is answered with 400 naming it, never silently ignored.
+         */
+        CreateChatCompletionRequest: {
+            /**
+             * @description A model id from `listModels`: `<owner>/<name>` (base), `<entity>/<project>/<name>` (the
+             *     latest checkpoint) or `<entity>/<project>/<name>:step<N>`.
+             */
+            model: string;
+            messages: components["schemas"]["ChatCompletionRequestMessage"][];
+            /** @default 1 */
+            temperature: number | null;
+            /** @default 1 */
+            top_p: number | null;
+            /**
+             * @description Choices to generate.
+             * @default 1
+             */
+            n: number | null;
+            /** @description Deprecated by OpenAI in favour of `max_completion_tokens`; both are honoured (the smaller wins). */
+            max_tokens?: number | null;
+            max_completion_tokens?: number | null;
+            /** @description Up to 4 sequences where generation stops; the sequence is not returned. */
+            stop?: string | string[] | null;
+            /** @description The same seed and the same request give the same output. */
+            seed?: number | null;
+            /** @default 0 */
+            presence_penalty: number | null;
+            /** @default 0 */
+            frequency_penalty: number | null;
+            /**
+             * @description Return per-token log probabilities (RL needs them on trajectories).
+             * @default false
+             */
+            logprobs: boolean | null;
+            /** @description Alternatives per position; needs `logprobs`. */
+            top_logprobs?: number | null;
+            response_format?: components["schemas"]["ResponseFormat"];
+            /**
+             * @description Answer with `text/event-stream` chunks instead of one JSON body.
+             * @default false
+             */
+            stream: boolean | null;
+            stream_options?: {
+                /** @description Send a last chunk with `usage` and `choices: []`. */
+                include_usage?: boolean;
+            } | null;
+            /** @description The end user's id, recorded with the call. */
+            user?: string;
+            /**
+             * @description Declared so it can be refused by name: an engine without tool calling answers 400 with
+             *     `param: tools`.
+             */
+            tools?: {
+                /** @constant */
+                type: "function";
+                function: {
+                    name: string;
+                    description?: string;
+                    parameters?: Record<string, never>;
+                    strict?: boolean | null;
+                };
+            }[];
+            /** @description As for `tools`: refused with 400 `param: tool_choice` where tools are unsupported. */
+            tool_choice?: ("none" | "auto" | "required") | {
+                /** @constant */
+                type: "function";
+                function: {
+                    name: string;
+                };
+            };
+        };
+        /**
+         * ChatCompletionResponseMessage
+         * @description The generated assistant turn.
+         */
+        ChatCompletionResponseMessage: {
+            /** @constant */
+            role: "assistant";
+            content: string | null;
+            /** @description Present for OpenAI compatibility; always null. */
+            refusal?: null;
+        };
+        /** CompletionUsage */
+        CompletionUsage: {
+            prompt_tokens: number;
+            completion_tokens: number;
+            total_tokens: number;
+        };
+        /** ChatCompletion */
+        ChatCompletion: {
+            /** @description Opaque (`chatcmpl-…`). */
+            id: string;
+            /** @constant */
+            object: "chat.completion";
+            /** @description Unix seconds. */
+            created: number;
+            /**
+             * @description The resolved model id: a request for `<entity>/<project>/<name>` answers with the
+             *     `…:step<N>` checkpoint that served it.
+             */
+            model: string;
+            choices: {
+                index: number;
+                message: components["schemas"]["ChatCompletionResponseMessage"];
+                /**
+                 * @description `stop`: a stop sequence or the end-of-turn token; `length`: the token limit.
+                 * @enum {string}
+                 */
+                finish_reason: "stop" | "length";
+                logprobs: components["schemas"]["ChatCompletionLogprobs"] | null;
+            }[];
+            usage: components["schemas"]["CompletionUsage"];
+            /** @description Identifies the engine build and configuration that produced the completion. */
+            system_fingerprint: string;
+        };
+        /**
+         * ChatCompletionChunk
+         * @description One `data:` line of a streamed chat completion (`stream: true`, `text/event-stream`).
+         *     The first delta of each choice carries `role`; each choice ends with one chunk carrying its
+         *     `finish_reason`. With `stream_options.include_usage`, a last chunk has `choices: []` and
+         *     `usage`. The stream ends with `data: [DONE]`. An error after the headers went out is sent as
+         *     `data: {"error": {...}}` (the `ErrorResponse` envelope) and the stream closes.
+         */
+        ChatCompletionChunk: {
+            /** @description The same for every chunk of one completion. */
+            id: string;
+            /** @constant */
+            object: "chat.completion.chunk";
+            /** @description Unix seconds. */
+            created: number;
+            /** @description The resolved model id, as in `ChatCompletion.model`. */
+            model: string;
+            system_fingerprint: string;
+            choices: {
+                index: number;
+                delta: {
+                    /** @constant */
+                    role?: "assistant";
+                    content?: string | null;
+                    refusal?: null;
+                };
+                /** @enum {string|null} */
+                finish_reason: "stop" | "length" | null;
+                logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
+            }[];
+            /** @description Null on every chunk but the last when `stream_options.include_usage` is set. */
+            usage?: components["schemas"]["CompletionUsage"] | null;
+        };
+        /**
+         * ModelEntry
+         * @description A model id usable as `model` in chat completions. Base models: `root` = `id`,
+         *     `owned_by` = `system`, `parent` null. Trained models appear as `<entity>/<project>/<name>`
+         *     (the latest checkpoint) and as `…:step<N>` per live checkpoint, with `root` the base model,
+         *     `parent` the model's latest id and `owned_by` the entity.
+         */
+        ModelEntry: {
+            id: string;
+            /** @constant */
+            object: "model";
+            /** @description Unix seconds. */
+            created: number;
+            owned_by: string;
+            root: string;
+            parent: string | null;
+        };
+        /**
+         * ModelList
+         * @description Every model the key can use. Not paged.
+         */
+        ModelList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["ModelEntry"][];
+        };
     };
     responses: {
         /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
@@ -918,6 +1228,135 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
+        /**
+         * @description The completion. With `stream: false` (the default), one `application/json` body. With
+         *     `stream: true`, `text/event-stream`: each `data:` line is one `ChatCompletionChunk`, then
+         *     `data: [DONE]`.
+         */
+        ChatCompletionOk: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "id": "chatcmpl-0193a0b7-3c4d-7e5f-8a6b-7c8d9e0f1a2b",
+                 *       "object": "chat.completion",
+                 *       "created": 1795425000,
+                 *       "model": "acme/support-bot/agent:step3",
+                 *       "choices": [
+                 *         {
+                 *           "index": 0,
+                 *           "message": {
+                 *             "role": "assistant",
+                 *             "content": "Open Settings, choose Security, then Reset password.",
+                 *             "refusal": null
+                 *           },
+                 *           "finish_reason": "stop",
+                 *           "logprobs": {
+                 *             "content": [
+                 *               {
+                 *                 "token": "Open",
+                 *                 "logprob": -0.02,
+                 *                 "bytes": [
+                 *                   79,
+                 *                   112,
+                 *                   101,
+                 *                   110
+                 *                 ],
+                 *                 "top_logprobs": [
+                 *                   {
+                 *                     "token": "Open",
+                 *                     "logprob": -0.02,
+                 *                     "bytes": [
+                 *                       79,
+                 *                       112,
+                 *                       101,
+                 *                       110
+                 *                     ]
+                 *                   },
+                 *                   {
+                 *                     "token": "Go",
+                 *                     "logprob": -4.1,
+                 *                     "bytes": [
+                 *                       71,
+                 *                       111
+                 *                     ]
+                 *                   }
+                 *                 ]
+                 *               }
+                 *             ]
+                 *           }
+                 *         }
+                 *       ],
+                 *       "usage": {
+                 *         "prompt_tokens": 31,
+                 *         "completion_tokens": 12,
+                 *         "total_tokens": 43
+                 *       },
+                 *       "system_fingerprint": "arbor-0.1.0-engine"
+                 *     }
+                 */
+                "application/json": components["schemas"]["ChatCompletion"];
+                "text/event-stream": components["schemas"]["ChatCompletionChunk"];
+            };
+        };
+        /**
+         * @description The body fails the spec (`param` is the offending JSON path), the project header is malformed,
+         *     or the request uses a field the model cannot honour (named in `param`; never silently ignored).
+         */
+        ChatCompletionBadRequest: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The model id is unknown, or belongs to an entity the key cannot use. */
+        ModelNotFound: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "The model \"acme/support-bot/agent:step9\" does not exist or you do not have access to it.",
+                 *         "type": "not_found_error",
+                 *         "param": "model",
+                 *         "code": "model_not_found"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The engine or upstream is temporarily unavailable or overloaded. Retry; `x-should-retry` and `Retry-After` say when. */
+        ServiceUnavailable: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                "x-should-retry": components["headers"]["ShouldRetry"];
+                "Retry-After": components["headers"]["RetryAfter"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "The engine is overloaded. Retry shortly.",
+                 *         "type": "server_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
     };
     parameters: {
         /**
@@ -951,8 +1390,66 @@ export interface components {
          * @example support-sft-v1
          */
         DatasetName: string;
+        /**
+         * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
+         *     Malformed → 400; an entity the key cannot use → 403.
+         * @example acme/support-bot
+         */
+        CompatProject: string;
+        /**
+         * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+         *     When both are sent, `Compat-Project` wins.
+         * @example acme/support-bot
+         */
+        OpenAIProject: string;
+        /**
+         * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+         *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+         */
+        ArborTraceId: string;
+        /**
+         * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+         *     trace id the model call starts its own trace.
+         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+         */
+        ArborParentCallId: string;
+        /**
+         * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
+         *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
+         *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+         * @example acme/support-bot/agent:step3
+         */
+        InferenceModel: string;
     };
-    requestBodies: never;
+    requestBodies: {
+        /** @description The conversation and sampling options. Capped at 10 MB. */
+        CreateChatCompletion: {
+            content: {
+                /**
+                 * @example {
+                 *       "model": "acme/support-bot/agent",
+                 *       "messages": [
+                 *         {
+                 *           "role": "system",
+                 *           "content": "You are a concise support agent."
+                 *         },
+                 *         {
+                 *           "role": "user",
+                 *           "content": "How do I reset my password?"
+                 *         }
+                 *       ],
+                 *       "temperature": 0.7,
+                 *       "max_completion_tokens": 64,
+                 *       "seed": 7,
+                 *       "logprobs": true,
+                 *       "top_logprobs": 2
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateChatCompletionRequest"];
+            };
+        };
+    };
     headers: {
         /**
          * @description The request's id. Echoes the request's own `x-request-id` when one was sent.
@@ -979,6 +1476,11 @@ export interface components {
          * @example 12s
          */
         RateLimitResetRequests: string;
+        /**
+         * @description `true` when the same request may succeed later. Clients honour it before any backoff.
+         * @example true
+         */
+        ShouldRetry: "true" | "false";
     };
     pathItems: never;
 }
@@ -1933,6 +2435,224 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createChatCompletion: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
+                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: components["requestBodies"]["CreateChatCompletion"];
+        responses: {
+            200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    createChatCompletionTrailingSlash: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
+                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: components["requestBodies"]["CreateChatCompletion"];
+        responses: {
+            200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    listModels: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
+                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The models. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "arbor/tiny-chat-1m",
+                     *           "object": "model",
+                     *           "created": 1795000000,
+                     *           "owned_by": "system",
+                     *           "root": "arbor/tiny-chat-1m",
+                     *           "parent": null
+                     *         },
+                     *         {
+                     *           "id": "acme/support-bot/agent",
+                     *           "object": "model",
+                     *           "created": 1795424409,
+                     *           "owned_by": "acme",
+                     *           "root": "arbor/tiny-chat-1m",
+                     *           "parent": "acme/support-bot/agent:step3"
+                     *         },
+                     *         {
+                     *           "id": "acme/support-bot/agent:step3",
+                     *           "object": "model",
+                     *           "created": 1795424409,
+                     *           "owned_by": "acme",
+                     *           "root": "arbor/tiny-chat-1m",
+                     *           "parent": "acme/support-bot/agent:step3"
+                     *         }
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ModelList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveModel: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
+                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+            };
+            path: {
+                /**
+                 * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
+                 *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
+                 *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+                 * @example acme/support-bot/agent:step3
+                 */
+                model: components["parameters"]["InferenceModel"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The model. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "acme/support-bot/agent:step3",
+                     *       "object": "model",
+                     *       "created": 1795424409,
+                     *       "owned_by": "acme",
+                     *       "root": "arbor/tiny-chat-1m",
+                     *       "parent": "acme/support-bot/agent:step3"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ModelEntry"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
         };
