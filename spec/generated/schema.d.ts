@@ -399,6 +399,134 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/calls/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Get calls usage
+         * @description For each root call id, sums the usage of the call and of every descendant in its trace
+         *     (`parent_id` chain), per model. Loads every call of the requested traces into memory, so it
+         *     refuses (413) rather than truncates when they number more than `limit`; send root ids in
+         *     batches for large result sets.
+         */
+        post: operations["getCallsUsage"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/call/start": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Start call
+         * @description Records the start of a call. Idempotent: repeating a start with the same content answers the
+         *     same ids. A start and an end merge by `(project_id, id)` in either order.
+         */
+        post: operations["startCall"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/call/end": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * End call
+         * @description Records the end of a call: output, exception and the call's OWN usage in `summary.usage`.
+         *     An end that arrives before its start is kept and stays invisible until the start arrives.
+         */
+        post: operations["endCall"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/call/upsert_batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Upsert call batch
+         * @description Records up to 10,000 starts and ends in one request, as `startCall` and `endCall` would,
+         *     in one transaction: the whole batch is validated first (422 names the item by index), and a
+         *     conflicting start (409) applies nothing.
+         */
+        post: operations["upsertCallBatch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/calls/query": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Query calls
+         * @description Lists a project's calls that match the filter, ordered by `started_at` then `id`, paged by `offset` and `limit`.
+         */
+        post: operations["queryCalls"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/calls/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Delete calls
+         * @description Deletes the given calls and all their descendants. Deleted calls disappear from
+         *     `queryCalls` and count as missing in `getCallsUsage`. Unknown ids are skipped.
+         */
+        post: operations["deleteCalls"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1082,6 +1210,281 @@ export interface components {
             object: "list";
             data: components["schemas"]["ModelEntry"][];
         };
+        /**
+         * ProjectId
+         * @description `<entity>/<project>`. The key must be allowed on the entity.
+         */
+        ProjectId: string;
+        /** CallsUsageRequest */
+        CallsUsageRequest: {
+            project_id: components["schemas"]["ProjectId"];
+            /** @description Root call ids to aggregate. Duplicates are answered once. */
+            call_ids: string[];
+            /**
+             * @description Price each call; otherwise every `*_total_cost` is null.
+             * @default false
+             */
+            include_costs: boolean;
+            /**
+             * @description The most calls read across all requested traces. More matching calls → 413, never a
+             *     truncated sum: send the root ids in smaller batches.
+             * @default 10000
+             */
+            limit: number;
+        };
+        /**
+         * LLMUsage
+         * @description Usage of one model summed over a root call and all its descendants. Prompt tokens include
+         *     `input_tokens` and completion tokens include `output_tokens` as reported by calls;
+         *     `total_tokens` falls back to prompt + completion. Costs are null unless `include_costs`,
+         *     then priced per call at the price in effect at its start (0.0 when no price exists).
+         */
+        LLMUsage: {
+            /** @description Model requests; a call with usage but no `requests` counts as 1. */
+            requests: number;
+            prompt_tokens: number;
+            completion_tokens: number;
+            total_tokens: number;
+            cache_read_input_tokens: number;
+            cache_creation_input_tokens: number;
+            prompt_tokens_total_cost: number | null;
+            completion_tokens_total_cost: number | null;
+            cache_read_input_tokens_total_cost: number | null;
+            cache_creation_input_tokens_total_cost: number | null;
+        };
+        /** CallsUsageResponse */
+        CallsUsageResponse: {
+            /**
+             * @description One key per distinct requested id: model name → usage of that root and all its
+             *     descendants. An id that is missing, deleted or of another project maps to `{}`.
+             */
+            call_usage: {
+                [key: string]: {
+                    [key: string]: components["schemas"]["LLMUsage"];
+                };
+            };
+            /** @description Sorted ids of calls with no end yet (`ended_at` null) in the traces read. */
+            unfinished_call_ids: string[];
+        };
+        /**
+         * CallsError
+         * @description Error body of the calls surface (`/calls/*`, `/call/*`) for every status except 422.
+         */
+        CallsError: {
+            /** @description A human-readable explanation. Never a stack trace. */
+            detail: string;
+        };
+        /**
+         * ValidationError
+         * @description One failed check of a calls-surface request.
+         */
+        ValidationError: {
+            /** @description Where the offending input is, from the top (`body`, then keys and array indexes). */
+            loc: (string | number)[];
+            /** @description What is wrong. */
+            msg: string;
+            /** @description A machine-readable kind, such as `missing`, `int_parsing` or `extra_forbidden`. */
+            type: string;
+        };
+        /**
+         * HTTPValidationError
+         * @description The calls surface's validation error body (status 422).
+         */
+        HTTPValidationError: {
+            detail: components["schemas"]["ValidationError"][];
+        };
+        /**
+         * CallStart
+         * @description The start of a call. Keys not listed here are accepted and ignored.
+         */
+        CallStart: {
+            /** @description The client's id for the call; a UUID v7 is generated when absent. */
+            id?: string;
+            project_id: components["schemas"]["ProjectId"];
+            /** @description Defaults to the parent's trace, or to a new id for a root call. */
+            trace_id?: string;
+            /** @description Null or absent for a trace root. */
+            parent_id?: string | null;
+            /** @description What ran, such as `openai.chat.completions.create` or `agent.solve`. */
+            op_name: string;
+            display_name?: string | null;
+            /**
+             * Format: date-time
+             * @description RFC 3339.
+             */
+            started_at: string;
+            attributes?: {
+                [key: string]: unknown;
+            };
+            inputs?: {
+                [key: string]: unknown;
+            };
+        };
+        /** CallStartRequest */
+        CallStartRequest: {
+            start: components["schemas"]["CallStart"];
+        };
+        /** CallStartResponse */
+        CallStartResponse: {
+            id: string;
+            trace_id: string;
+        };
+        /**
+         * CallSummaryUsage
+         * @description One model's usage by this call ALONE, never its children (they report their own, or usage
+         *     would be counted twice). Either naming is accepted (`prompt_tokens` or `input_tokens`,
+         *     `completion_tokens` or `output_tokens`).
+         */
+        CallSummaryUsage: {
+            requests?: number;
+            prompt_tokens?: number;
+            input_tokens?: number;
+            completion_tokens?: number;
+            output_tokens?: number;
+            total_tokens?: number;
+            cache_read_input_tokens?: number;
+            cache_creation_input_tokens?: number;
+        };
+        /**
+         * CallSummary
+         * @description What a call reports about itself at its end. Keys other than `usage` are kept as sent.
+         */
+        CallSummary: {
+            /** @description Model name → the call's own usage of that model. */
+            usage?: {
+                [key: string]: components["schemas"]["CallSummaryUsage"];
+            };
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * CallEnd
+         * @description The end of a call. Keys not listed here are accepted and ignored.
+         */
+        CallEnd: {
+            id: string;
+            project_id: components["schemas"]["ProjectId"];
+            /**
+             * Format: date-time
+             * @description RFC 3339.
+             */
+            ended_at: string;
+            /** @description Any JSON value. */
+            output?: unknown;
+            /** @description Why the call failed; null or absent on success. */
+            exception?: string | null;
+            summary?: components["schemas"]["CallSummary"];
+        };
+        /** CallEndRequest */
+        CallEndRequest: {
+            end: components["schemas"]["CallEnd"];
+        };
+        /**
+         * CallEndResponse
+         * @description Empty on success.
+         */
+        CallEndResponse: Record<string, never>;
+        /**
+         * CallUpsertBatchRequest
+         * @description Starts and ends in any order; validated and applied as a whole.
+         */
+        CallUpsertBatchRequest: {
+            batch: ({
+                /** @constant */
+                mode: "start";
+                req: components["schemas"]["CallStartRequest"];
+            } | {
+                /** @constant */
+                mode: "end";
+                req: components["schemas"]["CallEndRequest"];
+            })[];
+        };
+        /** CallUpsertBatchResponse */
+        CallUpsertBatchResponse: {
+            /** @description One entry per batch item, in order: `{id, trace_id}` for a start, `{}` for an end. */
+            res: (components["schemas"]["CallStartResponse"] | components["schemas"]["CallEndResponse"])[];
+        };
+        /**
+         * CallsFilter
+         * @description All given conditions must hold; within a list, any value matches.
+         */
+        CallsFilter: {
+            trace_ids?: string[];
+            call_ids?: string[];
+            parent_ids?: string[];
+            op_names?: string[];
+            /**
+             * Format: date-time
+             * @description Inclusive.
+             */
+            started_after?: string;
+            /**
+             * Format: date-time
+             * @description Exclusive.
+             */
+            started_before?: string;
+            /**
+             * @description Only calls with no parent.
+             * @default false
+             */
+            trace_roots_only: boolean;
+        };
+        /** CallsQueryRequest */
+        CallsQueryRequest: {
+            project_id: components["schemas"]["ProjectId"];
+            filter?: components["schemas"]["CallsFilter"];
+            /** @default 1000 */
+            limit: number;
+            /** @default 0 */
+            offset: number;
+        };
+        /**
+         * Call
+         * @description A call record: a start merged with its end by `(project_id, id)`. A call whose end arrived
+         *     before its start is not visible until the start arrives.
+         */
+        Call: {
+            id: string;
+            project_id: string;
+            trace_id: string;
+            parent_id: string | null;
+            op_name: string;
+            display_name: string | null;
+            /** Format: date-time */
+            started_at: string;
+            /**
+             * Format: date-time
+             * @description Null while the call is unfinished.
+             */
+            ended_at: string | null;
+            inputs: {
+                [key: string]: unknown;
+            };
+            /** @description Any JSON value; null until the call ends. */
+            output: unknown;
+            exception: string | null;
+            attributes: {
+                [key: string]: unknown;
+            };
+            summary: components["schemas"]["CallSummary"];
+        };
+        /** CallsQueryResponse */
+        CallsQueryResponse: {
+            /** @description Ordered by `started_at`, then `id`. */
+            calls: components["schemas"]["Call"][];
+            /** @description More calls match beyond `offset + limit`. */
+            has_more: boolean;
+        };
+        /** CallsDeleteRequest */
+        CallsDeleteRequest: {
+            project_id: components["schemas"]["ProjectId"];
+            call_ids: string[];
+        };
+        /** CallsDeleteResponse */
+        CallsDeleteResponse: {
+            /** @description Calls deleted, descendants included. */
+            num_deleted: number;
+        };
     };
     responses: {
         /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
@@ -1355,6 +1758,113 @@ export interface components {
                  *     }
                  */
                 "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The API key is missing, malformed, unknown or revoked. */
+        CallsUnauthorized: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "Incorrect API key provided. Send `Authorization: Bearer <key>`."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description The key may not use the entity of `project_id`. */
+        CallsForbidden: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "The key may not use entity \"globex\"."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description More calls than `limit` match, or the body is over the size cap. Nothing is truncated: send fewer ids per request. */
+        CallsPayloadTooLarge: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "The requested traces hold 14210 calls, more than limit=10000. Send the root call ids in smaller batches."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description The body fails validation. Each entry names the offending input. */
+        CallsValidationError: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": [
+                 *         {
+                 *           "loc": [
+                 *             "body",
+                 *             "call_ids"
+                 *           ],
+                 *           "msg": "Field required",
+                 *           "type": "missing"
+                 *         },
+                 *         {
+                 *           "loc": [
+                 *             "body",
+                 *             "include_cost"
+                 *           ],
+                 *           "msg": "Extra inputs are not permitted",
+                 *           "type": "extra_forbidden"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["HTTPValidationError"];
+            };
+        };
+        /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
+        CallsInternalError: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "Internal server error (request 0193a0b4-5c1e-7f00-8000-1b2c3d4e5f60)."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description A call with this id already exists in the project with different content. */
+        CallsConflict: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "Call 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f already exists with a different start."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
             };
         };
     };
@@ -2655,6 +3165,381 @@ export interface operations {
             404: components["responses"]["ModelNotFound"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
+        };
+    };
+    getCallsUsage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "project_id": "acme/support-bot",
+                 *       "call_ids": [
+                 *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0"
+                 *       ],
+                 *       "include_costs": true,
+                 *       "limit": 10000
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsUsageRequest"];
+            };
+        };
+        responses: {
+            /** @description Usage per requested root call and model. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "call_usage": {
+                     *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f": {
+                     *           "acme/support-bot/agent:step3": {
+                     *             "requests": 3,
+                     *             "prompt_tokens": 412,
+                     *             "completion_tokens": 96,
+                     *             "total_tokens": 508,
+                     *             "cache_read_input_tokens": 0,
+                     *             "cache_creation_input_tokens": 0,
+                     *             "prompt_tokens_total_cost": 0.000412,
+                     *             "completion_tokens_total_cost": 0.000192,
+                     *             "cache_read_input_tokens_total_cost": 0,
+                     *             "cache_creation_input_tokens_total_cost": 0
+                     *           }
+                     *         },
+                     *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0": {}
+                     *       },
+                     *       "unfinished_call_ids": [
+                     *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8eb1"
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsUsageResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    startCall: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "start": {
+                 *         "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *         "project_id": "acme/support-bot",
+                 *         "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00",
+                 *         "parent_id": null,
+                 *         "op_name": "agent.solve",
+                 *         "display_name": "Solve ticket 4411",
+                 *         "started_at": "2026-11-23T09:00:00.000Z",
+                 *         "attributes": {
+                 *           "env": "staging"
+                 *         },
+                 *         "inputs": {
+                 *           "ticket": 4411
+                 *         }
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallStartRequest"];
+            };
+        };
+        responses: {
+            /** @description The call's id and trace id (generated when absent). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                     *       "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallStartResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            409: components["responses"]["CallsConflict"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    endCall: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "end": {
+                 *         "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *         "project_id": "acme/support-bot",
+                 *         "ended_at": "2026-11-23T09:00:04.250Z",
+                 *         "output": {
+                 *           "resolution": "Sent the reset link."
+                 *         },
+                 *         "exception": null,
+                 *         "summary": {
+                 *           "usage": {
+                 *             "acme/support-bot/agent:step3": {
+                 *               "requests": 1,
+                 *               "prompt_tokens": 140,
+                 *               "completion_tokens": 32,
+                 *               "total_tokens": 172
+                 *             }
+                 *           }
+                 *         }
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallEndRequest"];
+            };
+        };
+        responses: {
+            /** @description Recorded. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /** @example {} */
+                    "application/json": components["schemas"]["CallEndResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            409: components["responses"]["CallsConflict"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    upsertCallBatch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "batch": [
+                 *         {
+                 *           "mode": "start",
+                 *           "req": {
+                 *             "start": {
+                 *               "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0",
+                 *               "project_id": "acme/support-bot",
+                 *               "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00",
+                 *               "parent_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *               "op_name": "tool.search_kb",
+                 *               "started_at": "2026-11-23T09:00:01.000Z",
+                 *               "inputs": {
+                 *                 "query": "password reset"
+                 *               }
+                 *             }
+                 *           }
+                 *         },
+                 *         {
+                 *           "mode": "end",
+                 *           "req": {
+                 *             "end": {
+                 *               "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0",
+                 *               "project_id": "acme/support-bot",
+                 *               "ended_at": "2026-11-23T09:00:01.300Z",
+                 *               "output": [
+                 *                 "KB-12",
+                 *                 "KB-40"
+                 *               ]
+                 *             }
+                 *           }
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallUpsertBatchRequest"];
+            };
+        };
+        responses: {
+            /** @description One result per batch item, in order: `{id, trace_id}` for a start, `{}` for an end. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "res": [
+                     *         {
+                     *           "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0",
+                     *           "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00"
+                     *         },
+                     *         {}
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallUpsertBatchResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            409: components["responses"]["CallsConflict"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    queryCalls: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "project_id": "acme/support-bot",
+                 *       "filter": {
+                 *         "trace_ids": [
+                 *           "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00"
+                 *         ],
+                 *         "trace_roots_only": true
+                 *       },
+                 *       "limit": 100,
+                 *       "offset": 0
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsQueryRequest"];
+            };
+        };
+        responses: {
+            /** @description One page of calls. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "calls": [
+                     *         {
+                     *           "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                     *           "project_id": "acme/support-bot",
+                     *           "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00",
+                     *           "parent_id": null,
+                     *           "op_name": "agent.solve",
+                     *           "display_name": "Solve ticket 4411",
+                     *           "started_at": "2026-11-23T09:00:00.000Z",
+                     *           "ended_at": "2026-11-23T09:00:04.250Z",
+                     *           "inputs": {
+                     *             "ticket": 4411
+                     *           },
+                     *           "output": {
+                     *             "resolution": "Sent the reset link."
+                     *           },
+                     *           "exception": null,
+                     *           "attributes": {
+                     *             "env": "staging"
+                     *           },
+                     *           "summary": {
+                     *             "usage": {
+                     *               "acme/support-bot/agent:step3": {
+                     *                 "requests": 1,
+                     *                 "prompt_tokens": 140,
+                     *                 "completion_tokens": 32,
+                     *                 "total_tokens": 172
+                     *               }
+                     *             }
+                     *           }
+                     *         }
+                     *       ],
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsQueryResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    deleteCalls: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "project_id": "acme/support-bot",
+                 *       "call_ids": [
+                 *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f"
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsDeleteRequest"];
+            };
+        };
+        responses: {
+            /** @description How many calls were deleted. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "num_deleted": 2
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsDeleteResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
         };
     };
 }
