@@ -1571,26 +1571,6 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
-        /** @description No such resource, or one the key may not see. */
-        NotFound: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "No model with id \"0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01\".",
-                 *         "type": "not_found_error",
-                 *         "param": null,
-                 *         "code": null
-                 *       }
-                 *     }
-                 */
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
         /** @description The request is invalid: a body or parameter fails the spec, or names a value the server cannot honour. `param` is the offending JSON path. */
         BadRequest: {
             headers: {
@@ -1604,6 +1584,26 @@ export interface components {
                  *         "message": "\"learning_rate\" must be > 0.",
                  *         "type": "invalid_request_error",
                  *         "param": "experimental_config.learning_rate",
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description No such resource, or one the key may not see. */
+        NotFound: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "No model with id \"0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01\".",
+                 *         "type": "not_found_error",
+                 *         "param": null,
                  *         "code": null
                  *       }
                  *     }
@@ -1852,7 +1852,7 @@ export interface components {
                 "application/json": components["schemas"]["CallsError"];
             };
         };
-        /** @description A call with this id already exists in the project with different content. */
+        /** @description This call id already has a start (or an end) in the project with different content. Repeating identical content is not a conflict. */
         CallsConflict: {
             headers: {
                 "x-request-id": components["headers"]["RequestId"];
@@ -1861,7 +1861,7 @@ export interface components {
             content: {
                 /**
                  * @example {
-                 *       "detail": "Call 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f already exists with a different start."
+                 *       "detail": "Call 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f in acme/support-bot already has a start with different content."
                  *     }
                  */
                 "application/json": components["schemas"]["CallsError"];
@@ -2221,6 +2221,7 @@ export interface operations {
                     "application/json": components["schemas"]["DeleteModelResponse"];
                 };
             };
+            400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
@@ -2689,6 +2690,7 @@ export interface operations {
                     "application/json": components["schemas"]["TrainingJob"];
                 };
             };
+            400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
@@ -2735,6 +2737,7 @@ export interface operations {
                     "application/json": components["schemas"]["TrainingJob"];
                 };
             };
+            400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             /** @description The job has already ended (`succeeded`, `failed` or `cancelled`). */
