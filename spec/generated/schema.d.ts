@@ -1027,7 +1027,9 @@ export interface components {
                 name: string;
                 description?: string;
                 /** @description A JSON Schema the output must match. */
-                schema?: Record<string, never>;
+                schema?: {
+                    [key: string]: unknown;
+                };
                 /** @default false */
                 strict: boolean | null;
             };
@@ -1094,7 +1096,10 @@ export interface components {
                 function: {
                     name: string;
                     description?: string;
-                    parameters?: Record<string, never>;
+                    /** @description A JSON Schema of the arguments. */
+                    parameters?: {
+                        [key: string]: unknown;
+                    };
                     strict?: boolean | null;
                 };
             }[];
@@ -1571,23 +1576,13 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
-        /** @description The request is invalid: a body or parameter fails the spec, or names a value the server cannot honour. `param` is the offending JSON path. */
+        /** @description The request is invalid: a body field, parameter or header fails the spec, or names a value the server cannot honour. `param` is the offending JSON path, parameter or header. */
         BadRequest: {
             headers: {
                 "x-request-id": components["headers"]["RequestId"];
                 [name: string]: unknown;
             };
             content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "\"learning_rate\" must be > 0.",
-                 *         "type": "invalid_request_error",
-                 *         "param": "experimental_config.learning_rate",
-                 *         "code": null
-                 *       }
-                 *     }
-                 */
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
@@ -1901,8 +1896,9 @@ export interface components {
          */
         DatasetName: string;
         /**
-         * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
-         *     Malformed → 400; an entity the key cannot use → 403.
+         * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+         *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+         *     On the model listing it is only checked.
          * @example acme/support-bot
          */
         CompatProject: string;
@@ -2957,8 +2953,9 @@ export interface operations {
             query?: never;
             header?: {
                 /**
-                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
-                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
                  * @example acme/support-bot
                  */
                 "Compat-Project"?: components["parameters"]["CompatProject"];
@@ -3002,8 +2999,9 @@ export interface operations {
             query?: never;
             header?: {
                 /**
-                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
-                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
                  * @example acme/support-bot
                  */
                 "Compat-Project"?: components["parameters"]["CompatProject"];
@@ -3047,8 +3045,9 @@ export interface operations {
             query?: never;
             header?: {
                 /**
-                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
-                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
                  * @example acme/support-bot
                  */
                 "Compat-Project"?: components["parameters"]["CompatProject"];
@@ -3117,8 +3116,9 @@ export interface operations {
             query?: never;
             header?: {
                 /**
-                 * @description `<entity>/<project>` that inference usage is attributed to. Absent: `<default entity>/inference`.
-                 *     Malformed → 400; an entity the key cannot use → 403.
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
                  * @example acme/support-bot
                  */
                 "Compat-Project"?: components["parameters"]["CompatProject"];
