@@ -4,40 +4,49 @@
  */
 
 export interface paths {
-    "/v1/health": {
+    "/v1/chat/completions": {
         parameters: {
             query?: never;
             header?: never;
             path?: never;
             cookie?: never;
         };
-        /**
-         * Health check
-         * @description Liveness. Answers as long as the process serves HTTP.
-         */
-        get: operations["getHealth"];
+        get?: never;
         put?: never;
-        post?: never;
+        /**
+         * Create chat completion
+         * @description OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
+         *     as a call in the calls store under the project header's project (streamed, cancelled and
+         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
+         *     that disconnects stops the generation.
+         */
+        post: operations["createChatCompletion"];
         delete?: never;
         options?: never;
         head?: never;
         patch?: never;
         trace?: never;
     };
-    "/v1/system-check": {
+    "/v1/chat/completions/": {
         parameters: {
             query?: never;
             header?: never;
             path?: never;
             cookie?: never;
         };
-        /**
-         * System check
-         * @description Probes the database, the work queue and the engine. Readiness for load balancers.
-         */
-        get: operations["getSystemCheck"];
+        get?: never;
         put?: never;
-        post?: never;
+        /**
+         * Create chat completion (trailing-slash variant)
+         * @description The same operation as `createChatCompletion`, at `/v1/chat/completions/` for clients that
+         *     build the URL with a trailing slash. Prefer the path without it.
+         *
+         *     OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
+         *     as a call in the calls store under the project header's project (streamed, cancelled and
+         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
+         *     that disconnects stops the generation.
+         */
+        post: operations["createChatCompletionTrailingSlash"];
         delete?: never;
         options?: never;
         head?: never;
@@ -302,49 +311,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/chat/completions": {
+    "/v1/health": {
         parameters: {
             query?: never;
             header?: never;
             path?: never;
             cookie?: never;
         };
-        get?: never;
-        put?: never;
         /**
-         * Create chat completion
-         * @description OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
-         *     as a call in the calls store under the project header's project (streamed, cancelled and
-         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
-         *     that disconnects stops the generation.
+         * Health check
+         * @description Liveness. Answers as long as the process serves HTTP.
          */
-        post: operations["createChatCompletion"];
+        get: operations["getHealth"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
         patch?: never;
         trace?: never;
     };
-    "/v1/chat/completions/": {
+    "/v1/system-check": {
         parameters: {
             query?: never;
             header?: never;
             path?: never;
             cookie?: never;
         };
-        get?: never;
-        put?: never;
         /**
-         * Create chat completion (trailing-slash variant)
-         * @description The same operation as `createChatCompletion`, at `/v1/chat/completions/` for clients that
-         *     build the URL with a trailing slash. Prefer the path without it.
-         *
-         *     OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
-         *     as a call in the calls store under the project header's project (streamed, cancelled and
-         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
-         *     that disconnects stops the generation.
+         * System check
+         * @description Probes the database, the work queue and the engine. Readiness for load balancers.
          */
-        post: operations["createChatCompletionTrailingSlash"];
+        get: operations["getSystemCheck"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -531,9 +531,250 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        Health: {
+        /** ChatCompletionContentPartText */
+        ChatCompletionContentPartText: {
             /** @constant */
-            status: "ok";
+            type: "text";
+            text: string;
+        };
+        /**
+         * ChatCompletionMessageContent
+         * @description Message text, as a string or as text parts (joined in order).
+         */
+        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
+        /**
+         * ChatCompletionRequestMessage
+         * @description One message of the conversation. `content` is a string or an array of text parts. Unknown keys
+         *     are ignored (OpenAI clients send some, and trajectories carry what the sampler returned).
+         */
+        ChatCompletionRequestMessage: {
+            /** @constant */
+            role: "system";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "developer";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "user";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "assistant";
+            /** @description Null only when the turn carries tool calls. */
+            content?: components["schemas"]["ChatCompletionMessageContent"] | null;
+            name?: string;
+            refusal?: string | null;
+        } | {
+            /** @constant */
+            role: "tool";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            /** @description The id of the tool call this message answers. */
+            tool_call_id: string;
+        };
+        /**
+         * ResponseFormat
+         * @description `text` (default); `json_object`: the output is one JSON object; `json_schema`: the output
+         *     matches `json_schema.schema` (constrained decoding).
+         */
+        ResponseFormat: {
+            /** @constant */
+            type: "text";
+        } | {
+            /** @constant */
+            type: "json_object";
+        } | {
+            /** @constant */
+            type: "json_schema";
+            json_schema: {
+                name: string;
+                description?: string;
+                /** @description A JSON Schema the output must match. */
+                schema?: {
+                    [key: string]: unknown;
+                };
+                /** @default false */
+                strict: boolean | null;
+            };
+        };
+        /**
+         * CreateChatCompletionRequest
+         * @description OpenAI's chat completion request. Unknown keys are not rejected by the schema, because
+         *     OpenAI clients send extras; a field the model cannot honour (for example `tools` on an engine
+         *     without tool calling) is answered with 400 naming it, never silently ignored.
+         */
+        CreateChatCompletionRequest: {
+            /**
+             * @description A model id from `listModels`: `<owner>/<name>` (base), `<entity>/<project>/<name>` (the
+             *     latest checkpoint) or `<entity>/<project>/<name>:step<N>`.
+             */
+            model: string;
+            messages: components["schemas"]["ChatCompletionRequestMessage"][];
+            /** @default 1 */
+            temperature: number | null;
+            /** @default 1 */
+            top_p: number | null;
+            /**
+             * @description Choices to generate.
+             * @default 1
+             */
+            n: number | null;
+            /** @description Deprecated by OpenAI in favour of `max_completion_tokens`; both are honoured (the smaller wins). */
+            max_tokens?: number | null;
+            max_completion_tokens?: number | null;
+            /** @description Up to 4 sequences where generation stops; the sequence is not returned. */
+            stop?: string | string[] | null;
+            /** @description The same seed and the same request give the same output. */
+            seed?: number | null;
+            /** @default 0 */
+            presence_penalty: number | null;
+            /** @default 0 */
+            frequency_penalty: number | null;
+            /**
+             * @description Return per-token log probabilities (RL needs them on trajectories).
+             * @default false
+             */
+            logprobs: boolean | null;
+            /** @description Alternatives per position; needs `logprobs`. */
+            top_logprobs?: number | null;
+            response_format?: components["schemas"]["ResponseFormat"];
+            /**
+             * @description Answer with `text/event-stream` chunks instead of one JSON body.
+             * @default false
+             */
+            stream: boolean | null;
+            stream_options?: {
+                /** @description Send a last chunk with `usage` and `choices: []`. */
+                include_usage?: boolean;
+            } | null;
+            /** @description The end user's id, recorded with the call. */
+            user?: string;
+            /**
+             * @description Declared so it can be refused by name: an engine without tool calling answers 400 with
+             *     `param: tools`.
+             */
+            tools?: {
+                /** @constant */
+                type: "function";
+                function: {
+                    name: string;
+                    description?: string;
+                    /** @description A JSON Schema of the arguments. */
+                    parameters?: {
+                        [key: string]: unknown;
+                    };
+                    strict?: boolean | null;
+                };
+            }[];
+            /** @description As for `tools`: refused with 400 `param: tool_choice` where tools are unsupported. */
+            tool_choice?: ("none" | "auto" | "required") | {
+                /** @constant */
+                type: "function";
+                function: {
+                    name: string;
+                };
+            };
+        };
+        /**
+         * ChatCompletionResponseMessage
+         * @description The generated assistant turn.
+         */
+        ChatCompletionResponseMessage: {
+            /** @constant */
+            role: "assistant";
+            content: string | null;
+            /** @description Present for OpenAI compatibility; always null. */
+            refusal?: null;
+        };
+        /** ChatCompletionTokenLogprob */
+        ChatCompletionTokenLogprob: {
+            token: string;
+            logprob: number;
+            /** @description The token's UTF-8 bytes; null when it has no byte form. */
+            bytes: number[] | null;
+            /** @description The `top_logprobs` most likely tokens at this position, most likely first. */
+            top_logprobs: {
+                token: string;
+                logprob: number;
+                bytes: number[] | null;
+            }[];
+        };
+        /**
+         * ChatCompletionLogprobs
+         * @description Per-token log probabilities, when the request set `logprobs`. RL training uses them.
+         */
+        ChatCompletionLogprobs: {
+            content: components["schemas"]["ChatCompletionTokenLogprob"][] | null;
+        };
+        /** CompletionUsage */
+        CompletionUsage: {
+            prompt_tokens: number;
+            completion_tokens: number;
+            total_tokens: number;
+        };
+        /** ChatCompletion */
+        ChatCompletion: {
+            /** @description Opaque (`chatcmpl-…`). */
+            id: string;
+            /** @constant */
+            object: "chat.completion";
+            /** @description Unix seconds. */
+            created: number;
+            /**
+             * @description The resolved model id: a request for `<entity>/<project>/<name>` answers with the
+             *     `…:step<N>` checkpoint that served it.
+             */
+            model: string;
+            choices: {
+                index: number;
+                message: components["schemas"]["ChatCompletionResponseMessage"];
+                /**
+                 * @description `stop`: a stop sequence or the end-of-turn token; `length`: the token limit.
+                 * @enum {string}
+                 */
+                finish_reason: "stop" | "length";
+                logprobs: components["schemas"]["ChatCompletionLogprobs"] | null;
+            }[];
+            usage: components["schemas"]["CompletionUsage"];
+            /** @description Identifies the engine build and configuration that produced the completion. */
+            system_fingerprint: string;
+        };
+        /**
+         * ChatCompletionChunk
+         * @description One `data:` line of a streamed chat completion (`stream: true`, `text/event-stream`).
+         *     The first delta of each choice carries `role`; each choice ends with one chunk carrying its
+         *     `finish_reason`. With `stream_options.include_usage`, a last chunk has `choices: []` and
+         *     `usage`. The stream ends with `data: [DONE]`. An error after the headers went out is sent as
+         *     `data: {"error": {...}}` (the `ErrorResponse` envelope) and the stream closes.
+         */
+        ChatCompletionChunk: {
+            /** @description The same for every chunk of one completion. */
+            id: string;
+            /** @constant */
+            object: "chat.completion.chunk";
+            /** @description Unix seconds. */
+            created: number;
+            /** @description The resolved model id, as in `ChatCompletion.model`. */
+            model: string;
+            system_fingerprint: string;
+            choices: {
+                index: number;
+                delta: {
+                    /** @constant */
+                    role?: "assistant";
+                    content?: string | null;
+                    refusal?: null;
+                };
+                /** @enum {string|null} */
+                finish_reason: "stop" | "length" | null;
+                logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
+            }[];
+            /** @description Null on every chunk but the last when `stream_options.include_usage` is set. */
+            usage?: components["schemas"]["CompletionUsage"] | null;
         };
         /**
          * ErrorResponse
@@ -552,47 +793,6 @@ export interface components {
                 param: string | null;
                 /** @description A machine-readable code, such as `invalid_api_key` or `model_not_found`. */
                 code: string | null;
-            };
-        };
-        /**
-         * DependencyCheck
-         * @description The outcome of one probe.
-         */
-        DependencyCheck: {
-            success: boolean;
-            /** @description How long the probe took, in milliseconds. */
-            duration: number;
-            /** @description Why the probe failed; null on success. */
-            error: string | null;
-        };
-        /**
-         * SystemCheck
-         * @description One probe per dependency. Served with 200 when every probe succeeds, 503 otherwise.
-         */
-        SystemCheck: {
-            /**
-             * @description Always true; the process answered.
-             * @constant
-             */
-            api: true;
-            database: components["schemas"]["DependencyCheck"];
-            queue: {
-                success: boolean;
-                /** @description How long the probe took, in milliseconds. */
-                duration: number;
-                /** @description Why the probe failed; null on success. */
-                error: string | null;
-                /** @description Training jobs waiting in the queue, when the probe could read it. */
-                depth?: number;
-            };
-            engine: {
-                success: boolean;
-                /** @description How long the probe took, in milliseconds. */
-                duration: number;
-                /** @description Why the probe failed; null on success. */
-                error: string | null;
-                /** @description Base models the engine (or its upstreams) can serve. */
-                models?: number;
             };
         };
         /** CreateModelRequest */
@@ -685,71 +885,6 @@ export interface components {
             deleted_count: number;
             /** @description Requested steps that had no checkpoint. */
             not_found_steps: number[];
-        };
-        /** ChatCompletionContentPartText */
-        ChatCompletionContentPartText: {
-            /** @constant */
-            type: "text";
-            text: string;
-        };
-        /**
-         * ChatCompletionMessageContent
-         * @description Message text, as a string or as text parts (joined in order).
-         */
-        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
-        /**
-         * ChatCompletionRequestMessage
-         * @description One message of the conversation. `content` is a string or an array of text parts. Unknown keys
-         *     are ignored (OpenAI clients send some, and trajectories carry what the sampler returned).
-         */
-        ChatCompletionRequestMessage: {
-            /** @constant */
-            role: "system";
-            content: components["schemas"]["ChatCompletionMessageContent"];
-            name?: string;
-        } | {
-            /** @constant */
-            role: "developer";
-            content: components["schemas"]["ChatCompletionMessageContent"];
-            name?: string;
-        } | {
-            /** @constant */
-            role: "user";
-            content: components["schemas"]["ChatCompletionMessageContent"];
-            name?: string;
-        } | {
-            /** @constant */
-            role: "assistant";
-            /** @description Null only when the turn carries tool calls. */
-            content?: components["schemas"]["ChatCompletionMessageContent"] | null;
-            name?: string;
-            refusal?: string | null;
-        } | {
-            /** @constant */
-            role: "tool";
-            content: components["schemas"]["ChatCompletionMessageContent"];
-            /** @description The id of the tool call this message answers. */
-            tool_call_id: string;
-        };
-        /** ChatCompletionTokenLogprob */
-        ChatCompletionTokenLogprob: {
-            token: string;
-            logprob: number;
-            /** @description The token's UTF-8 bytes; null when it has no byte form. */
-            bytes: number[] | null;
-            /** @description The `top_logprobs` most likely tokens at this position, most likely first. */
-            top_logprobs: {
-                token: string;
-                logprob: number;
-                bytes: number[] | null;
-            }[];
-        };
-        /**
-         * ChatCompletionLogprobs
-         * @description Per-token log probabilities, when the request set `logprobs`. RL training uses them.
-         */
-        ChatCompletionLogprobs: {
-            content: components["schemas"]["ChatCompletionTokenLogprob"][] | null;
         };
         /**
          * TrajectoryChoice
@@ -1009,185 +1144,50 @@ export interface components {
             /** @description Unix seconds. */
             created_at: number;
         };
+        Health: {
+            /** @constant */
+            status: "ok";
+        };
         /**
-         * ResponseFormat
-         * @description `text` (default); `json_object`: the output is one JSON object; `json_schema`: the output
-         *     matches `json_schema.schema` (constrained decoding).
+         * DependencyCheck
+         * @description The outcome of one probe.
          */
-        ResponseFormat: {
-            /** @constant */
-            type: "text";
-        } | {
-            /** @constant */
-            type: "json_object";
-        } | {
-            /** @constant */
-            type: "json_schema";
-            json_schema: {
-                name: string;
-                description?: string;
-                /** @description A JSON Schema the output must match. */
-                schema?: {
-                    [key: string]: unknown;
-                };
-                /** @default false */
-                strict: boolean | null;
+        DependencyCheck: {
+            success: boolean;
+            /** @description How long the probe took, in milliseconds. */
+            duration: number;
+            /** @description Why the probe failed; null on success. */
+            error: string | null;
+        };
+        /**
+         * SystemCheck
+         * @description One probe per dependency. Served with 200 when every probe succeeds, 503 otherwise.
+         */
+        SystemCheck: {
+            /**
+             * @description Always true; the process answered.
+             * @constant
+             */
+            api: true;
+            database: components["schemas"]["DependencyCheck"];
+            queue: {
+                success: boolean;
+                /** @description How long the probe took, in milliseconds. */
+                duration: number;
+                /** @description Why the probe failed; null on success. */
+                error: string | null;
+                /** @description Training jobs waiting in the queue, when the probe could read it. */
+                depth?: number;
             };
-        };
-        /**
-         * CreateChatCompletionRequest
-         * @description OpenAI's chat completion request. Unknown keys are not rejected by the schema, because
-         *     OpenAI clients send extras; a field the model cannot honour (for example `tools` on an engine
-         *     without tool calling) is answered with 400 naming it, never silently ignored.
-         */
-        CreateChatCompletionRequest: {
-            /**
-             * @description A model id from `listModels`: `<owner>/<name>` (base), `<entity>/<project>/<name>` (the
-             *     latest checkpoint) or `<entity>/<project>/<name>:step<N>`.
-             */
-            model: string;
-            messages: components["schemas"]["ChatCompletionRequestMessage"][];
-            /** @default 1 */
-            temperature: number | null;
-            /** @default 1 */
-            top_p: number | null;
-            /**
-             * @description Choices to generate.
-             * @default 1
-             */
-            n: number | null;
-            /** @description Deprecated by OpenAI in favour of `max_completion_tokens`; both are honoured (the smaller wins). */
-            max_tokens?: number | null;
-            max_completion_tokens?: number | null;
-            /** @description Up to 4 sequences where generation stops; the sequence is not returned. */
-            stop?: string | string[] | null;
-            /** @description The same seed and the same request give the same output. */
-            seed?: number | null;
-            /** @default 0 */
-            presence_penalty: number | null;
-            /** @default 0 */
-            frequency_penalty: number | null;
-            /**
-             * @description Return per-token log probabilities (RL needs them on trajectories).
-             * @default false
-             */
-            logprobs: boolean | null;
-            /** @description Alternatives per position; needs `logprobs`. */
-            top_logprobs?: number | null;
-            response_format?: components["schemas"]["ResponseFormat"];
-            /**
-             * @description Answer with `text/event-stream` chunks instead of one JSON body.
-             * @default false
-             */
-            stream: boolean | null;
-            stream_options?: {
-                /** @description Send a last chunk with `usage` and `choices: []`. */
-                include_usage?: boolean;
-            } | null;
-            /** @description The end user's id, recorded with the call. */
-            user?: string;
-            /**
-             * @description Declared so it can be refused by name: an engine without tool calling answers 400 with
-             *     `param: tools`.
-             */
-            tools?: {
-                /** @constant */
-                type: "function";
-                function: {
-                    name: string;
-                    description?: string;
-                    /** @description A JSON Schema of the arguments. */
-                    parameters?: {
-                        [key: string]: unknown;
-                    };
-                    strict?: boolean | null;
-                };
-            }[];
-            /** @description As for `tools`: refused with 400 `param: tool_choice` where tools are unsupported. */
-            tool_choice?: ("none" | "auto" | "required") | {
-                /** @constant */
-                type: "function";
-                function: {
-                    name: string;
-                };
+            engine: {
+                success: boolean;
+                /** @description How long the probe took, in milliseconds. */
+                duration: number;
+                /** @description Why the probe failed; null on success. */
+                error: string | null;
+                /** @description Base models the engine (or its upstreams) can serve. */
+                models?: number;
             };
-        };
-        /**
-         * ChatCompletionResponseMessage
-         * @description The generated assistant turn.
-         */
-        ChatCompletionResponseMessage: {
-            /** @constant */
-            role: "assistant";
-            content: string | null;
-            /** @description Present for OpenAI compatibility; always null. */
-            refusal?: null;
-        };
-        /** CompletionUsage */
-        CompletionUsage: {
-            prompt_tokens: number;
-            completion_tokens: number;
-            total_tokens: number;
-        };
-        /** ChatCompletion */
-        ChatCompletion: {
-            /** @description Opaque (`chatcmpl-…`). */
-            id: string;
-            /** @constant */
-            object: "chat.completion";
-            /** @description Unix seconds. */
-            created: number;
-            /**
-             * @description The resolved model id: a request for `<entity>/<project>/<name>` answers with the
-             *     `…:step<N>` checkpoint that served it.
-             */
-            model: string;
-            choices: {
-                index: number;
-                message: components["schemas"]["ChatCompletionResponseMessage"];
-                /**
-                 * @description `stop`: a stop sequence or the end-of-turn token; `length`: the token limit.
-                 * @enum {string}
-                 */
-                finish_reason: "stop" | "length";
-                logprobs: components["schemas"]["ChatCompletionLogprobs"] | null;
-            }[];
-            usage: components["schemas"]["CompletionUsage"];
-            /** @description Identifies the engine build and configuration that produced the completion. */
-            system_fingerprint: string;
-        };
-        /**
-         * ChatCompletionChunk
-         * @description One `data:` line of a streamed chat completion (`stream: true`, `text/event-stream`).
-         *     The first delta of each choice carries `role`; each choice ends with one chunk carrying its
-         *     `finish_reason`. With `stream_options.include_usage`, a last chunk has `choices: []` and
-         *     `usage`. The stream ends with `data: [DONE]`. An error after the headers went out is sent as
-         *     `data: {"error": {...}}` (the `ErrorResponse` envelope) and the stream closes.
-         */
-        ChatCompletionChunk: {
-            /** @description The same for every chunk of one completion. */
-            id: string;
-            /** @constant */
-            object: "chat.completion.chunk";
-            /** @description Unix seconds. */
-            created: number;
-            /** @description The resolved model id, as in `ChatCompletion.model`. */
-            model: string;
-            system_fingerprint: string;
-            choices: {
-                index: number;
-                delta: {
-                    /** @constant */
-                    role?: "assistant";
-                    content?: string | null;
-                    refusal?: null;
-                };
-                /** @enum {string|null} */
-                finish_reason: "stop" | "length" | null;
-                logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
-            }[];
-            /** @description Null on every chunk but the last when `stream_options.include_usage` is set. */
-            usage?: components["schemas"]["CompletionUsage"] | null;
         };
         /**
          * ModelEntry
@@ -1492,140 +1492,6 @@ export interface components {
         };
     };
     responses: {
-        /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
-        InternalError: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "Internal server error (request 0193a0b4-5c1e-7f00-8000-1b2c3d4e5f60).",
-                 *         "type": "server_error",
-                 *         "param": null,
-                 *         "code": null
-                 *       }
-                 *     }
-                 */
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
-        /** @description The API key is missing, malformed, unknown or revoked. */
-        Unauthorized: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "Incorrect API key provided. Send `Authorization: Bearer <key>`.",
-                 *         "type": "authentication_error",
-                 *         "param": null,
-                 *         "code": "invalid_api_key"
-                 *       }
-                 *     }
-                 */
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
-        /** @description The key is valid but may not use the entity named by the request. */
-        Forbidden: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "The key may not use entity \"globex\".",
-                 *         "type": "permission_error",
-                 *         "param": null,
-                 *         "code": null
-                 *       }
-                 *     }
-                 */
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
-        /** @description Over the key's or project's rate limit (requests per minute or concurrent generations). Retry after `Retry-After` seconds. */
-        TooManyRequests: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                "Retry-After": components["headers"]["RetryAfter"];
-                "x-ratelimit-limit-requests": components["headers"]["RateLimitLimitRequests"];
-                "x-ratelimit-remaining-requests": components["headers"]["RateLimitRemainingRequests"];
-                "x-ratelimit-reset-requests": components["headers"]["RateLimitResetRequests"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "Rate limit reached for acme/support-bot: 600 requests per minute.",
-                 *         "type": "rate_limit_error",
-                 *         "param": null,
-                 *         "code": null
-                 *       }
-                 *     }
-                 */
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
-        /** @description The request is invalid: a body field, parameter or header fails the spec, or names a value the server cannot honour. `param` is the offending JSON path, parameter or header. */
-        BadRequest: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
-        /** @description No such resource, or one the key may not see. */
-        NotFound: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "No model with id \"0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01\".",
-                 *         "type": "not_found_error",
-                 *         "param": null,
-                 *         "code": null
-                 *       }
-                 *     }
-                 */
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
-        /** @description The body is over the cap: 10 MB for chat, 64 MB for RL jobs and dataset uploads. */
-        PayloadTooLarge: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "error": {
-                 *         "message": "Request body is 71303168 bytes; the limit is 67108864.",
-                 *         "type": "invalid_request_error",
-                 *         "param": null,
-                 *         "code": "request_too_large"
-                 *       }
-                 *     }
-                 */
-                "application/json": components["schemas"]["ErrorResponse"];
-            };
-        };
         /**
          * @description The completion. With `stream: false` (the default), one `application/json` body. With
          *     `stream: true`, `text/event-stream`: each `data:` line is one `ChatCompletionChunk`, then
@@ -1713,6 +1579,46 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
+        /** @description The API key is missing, malformed, unknown or revoked. */
+        Unauthorized: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Incorrect API key provided. Send `Authorization: Bearer <key>`.",
+                 *         "type": "authentication_error",
+                 *         "param": null,
+                 *         "code": "invalid_api_key"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The key is valid but may not use the entity named by the request. */
+        Forbidden: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "The key may not use entity \"globex\".",
+                 *         "type": "permission_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
         /** @description The model id is unknown, or belongs to an entity the key cannot use. */
         ModelNotFound: {
             headers: {
@@ -1733,6 +1639,70 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
+        /** @description The body is over the cap: 10 MB for chat, 64 MB for RL jobs and dataset uploads. */
+        PayloadTooLarge: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Request body is 71303168 bytes; the limit is 67108864.",
+                 *         "type": "invalid_request_error",
+                 *         "param": null,
+                 *         "code": "request_too_large"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description Over the key's or project's rate limit (requests per minute or concurrent generations). Retry after `Retry-After` seconds. */
+        TooManyRequests: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                "Retry-After": components["headers"]["RetryAfter"];
+                "x-ratelimit-limit-requests": components["headers"]["RateLimitLimitRequests"];
+                "x-ratelimit-remaining-requests": components["headers"]["RateLimitRemainingRequests"];
+                "x-ratelimit-reset-requests": components["headers"]["RateLimitResetRequests"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Rate limit reached for acme/support-bot: 600 requests per minute.",
+                 *         "type": "rate_limit_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
+        InternalError: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Internal server error (request 0193a0b4-5c1e-7f00-8000-1b2c3d4e5f60).",
+                 *         "type": "server_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
         /** @description The engine or upstream is temporarily unavailable or overloaded. Retry; `x-should-retry` and `Retry-After` say when. */
         ServiceUnavailable: {
             headers: {
@@ -1747,6 +1717,36 @@ export interface components {
                  *       "error": {
                  *         "message": "The engine is overloaded. Retry shortly.",
                  *         "type": "server_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The request is invalid: a body field, parameter or header fails the spec, or names a value the server cannot honour. `param` is the offending JSON path, parameter or header. */
+        BadRequest: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description No such resource, or one the key may not see. */
+        NotFound: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "No model with id \"0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01\".",
+                 *         "type": "not_found_error",
                  *         "param": null,
                  *         "code": null
                  *       }
@@ -1865,6 +1865,31 @@ export interface components {
     };
     parameters: {
         /**
+         * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+         *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+         *     On the model listing it is only checked.
+         * @example acme/support-bot
+         */
+        CompatProject: string;
+        /**
+         * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+         *     When both are sent, `Compat-Project` wins.
+         * @example acme/support-bot
+         */
+        OpenAIProject: string;
+        /**
+         * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+         *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+         */
+        ArborTraceId: string;
+        /**
+         * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+         *     trace id the model call starts its own trace.
+         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+         */
+        ArborParentCallId: string;
+        /**
          * @description The model's id, as returned by `createModel`.
          * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
          */
@@ -1895,31 +1920,6 @@ export interface components {
          * @example support-sft-v1
          */
         DatasetName: string;
-        /**
-         * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
-         *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
-         *     On the model listing it is only checked.
-         * @example acme/support-bot
-         */
-        CompatProject: string;
-        /**
-         * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
-         *     When both are sent, `Compat-Project` wins.
-         * @example acme/support-bot
-         */
-        OpenAIProject: string;
-        /**
-         * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
-         *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
-         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
-         */
-        ArborTraceId: string;
-        /**
-         * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
-         *     trace id the model call starts its own trace.
-         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
-         */
-        ArborParentCallId: string;
         /**
          * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
          *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
@@ -1992,106 +1992,96 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
-    getHealth: {
+    createChatCompletion: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody: components["requestBodies"]["CreateChatCompletion"];
         responses: {
-            /** @description The service is up. */
-            200: {
-                headers: {
-                    "x-request-id": components["headers"]["RequestId"];
-                    [name: string]: unknown;
-                };
-                content: {
-                    /**
-                     * @example {
-                     *       "status": "ok"
-                     *     }
-                     */
-                    "application/json": components["schemas"]["Health"];
-                };
-            };
+            200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
-    getSystemCheck: {
+    createChatCompletionTrailingSlash: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        requestBody: components["requestBodies"]["CreateChatCompletion"];
         responses: {
-            /** @description Every probe succeeded. */
-            200: {
-                headers: {
-                    "x-request-id": components["headers"]["RequestId"];
-                    [name: string]: unknown;
-                };
-                content: {
-                    /**
-                     * @example {
-                     *       "api": true,
-                     *       "database": {
-                     *         "success": true,
-                     *         "duration": 1.8,
-                     *         "error": null
-                     *       },
-                     *       "queue": {
-                     *         "success": true,
-                     *         "duration": 0.9,
-                     *         "error": null,
-                     *         "depth": 2
-                     *       },
-                     *       "engine": {
-                     *         "success": true,
-                     *         "duration": 12.4,
-                     *         "error": null,
-                     *         "models": 1
-                     *       }
-                     *     }
-                     */
-                    "application/json": components["schemas"]["SystemCheck"];
-                };
-            };
+            200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
-            /** @description At least one probe failed. Same body; the failing probe carries `error`. */
-            503: {
-                headers: {
-                    "x-request-id": components["headers"]["RequestId"];
-                    [name: string]: unknown;
-                };
-                content: {
-                    /**
-                     * @example {
-                     *       "api": true,
-                     *       "database": {
-                     *         "success": false,
-                     *         "duration": 5000,
-                     *         "error": "connect ECONNREFUSED 127.0.0.1:5432"
-                     *       },
-                     *       "queue": {
-                     *         "success": false,
-                     *         "duration": 0,
-                     *         "error": "Skipped; the database is unreachable."
-                     *       },
-                     *       "engine": {
-                     *         "success": true,
-                     *         "duration": 11.7,
-                     *         "error": null,
-                     *         "models": 1
-                     *       }
-                     *     }
-                     */
-                    "application/json": components["schemas"]["SystemCheck"];
-                };
-            };
+            503: components["responses"]["ServiceUnavailable"];
         };
     };
     createModel: {
@@ -2948,96 +2938,106 @@ export interface operations {
             500: components["responses"]["InternalError"];
         };
     };
-    createChatCompletion: {
+    getHealth: {
         parameters: {
             query?: never;
-            header?: {
-                /**
-                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
-                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
-                 *     On the model listing it is only checked.
-                 * @example acme/support-bot
-                 */
-                "Compat-Project"?: components["parameters"]["CompatProject"];
-                /**
-                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
-                 *     When both are sent, `Compat-Project` wins.
-                 * @example acme/support-bot
-                 */
-                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
-                /**
-                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
-                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
-                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
-                 */
-                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
-                /**
-                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
-                 *     trace id the model call starts its own trace.
-                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
-                 */
-                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
-            };
+            header?: never;
             path?: never;
             cookie?: never;
         };
-        requestBody: components["requestBodies"]["CreateChatCompletion"];
+        requestBody?: never;
         responses: {
-            200: components["responses"]["ChatCompletionOk"];
-            400: components["responses"]["ChatCompletionBadRequest"];
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["Forbidden"];
-            404: components["responses"]["ModelNotFound"];
-            413: components["responses"]["PayloadTooLarge"];
-            429: components["responses"]["TooManyRequests"];
+            /** @description The service is up. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "status": "ok"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Health"];
+                };
+            };
             500: components["responses"]["InternalError"];
-            503: components["responses"]["ServiceUnavailable"];
         };
     };
-    createChatCompletionTrailingSlash: {
+    getSystemCheck: {
         parameters: {
             query?: never;
-            header?: {
-                /**
-                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
-                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
-                 *     On the model listing it is only checked.
-                 * @example acme/support-bot
-                 */
-                "Compat-Project"?: components["parameters"]["CompatProject"];
-                /**
-                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
-                 *     When both are sent, `Compat-Project` wins.
-                 * @example acme/support-bot
-                 */
-                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
-                /**
-                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
-                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
-                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
-                 */
-                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
-                /**
-                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
-                 *     trace id the model call starts its own trace.
-                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
-                 */
-                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
-            };
+            header?: never;
             path?: never;
             cookie?: never;
         };
-        requestBody: components["requestBodies"]["CreateChatCompletion"];
+        requestBody?: never;
         responses: {
-            200: components["responses"]["ChatCompletionOk"];
-            400: components["responses"]["ChatCompletionBadRequest"];
-            401: components["responses"]["Unauthorized"];
-            403: components["responses"]["Forbidden"];
-            404: components["responses"]["ModelNotFound"];
-            413: components["responses"]["PayloadTooLarge"];
-            429: components["responses"]["TooManyRequests"];
+            /** @description Every probe succeeded. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "api": true,
+                     *       "database": {
+                     *         "success": true,
+                     *         "duration": 1.8,
+                     *         "error": null
+                     *       },
+                     *       "queue": {
+                     *         "success": true,
+                     *         "duration": 0.9,
+                     *         "error": null,
+                     *         "depth": 2
+                     *       },
+                     *       "engine": {
+                     *         "success": true,
+                     *         "duration": 12.4,
+                     *         "error": null,
+                     *         "models": 1
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["SystemCheck"];
+                };
+            };
             500: components["responses"]["InternalError"];
-            503: components["responses"]["ServiceUnavailable"];
+            /** @description At least one probe failed. Same body; the failing probe carries `error`. */
+            503: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "api": true,
+                     *       "database": {
+                     *         "success": false,
+                     *         "duration": 5000,
+                     *         "error": "connect ECONNREFUSED 127.0.0.1:5432"
+                     *       },
+                     *       "queue": {
+                     *         "success": false,
+                     *         "duration": 0,
+                     *         "error": "Skipped; the database is unreachable."
+                     *       },
+                     *       "engine": {
+                     *         "success": true,
+                     *         "duration": 11.7,
+                     *         "error": null,
+                     *         "models": 1
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["SystemCheck"];
+                };
+            };
         };
     };
     listModels: {
