@@ -4,6 +4,313 @@
  */
 
 export interface paths {
+    "/v1/chat/completions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create chat completion
+         * @description OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
+         *     as a call in the calls store under the project header's project (streamed, cancelled and
+         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
+         *     that disconnects stops the generation.
+         */
+        post: operations["createChatCompletion"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/chat/completions/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create chat completion (trailing-slash variant)
+         * @description The same operation as `createChatCompletion`, at `/v1/chat/completions/` for clients that
+         *     build the URL with a trailing slash. Prefer the path without it.
+         *
+         *     OpenAI-compatible chat completion on a base model or a trained checkpoint. Usage is recorded
+         *     as a call in the calls store under the project header's project (streamed, cancelled and
+         *     failed requests too), nested in the caller's trace when `Arbor-Trace-Id` is sent. A client
+         *     that disconnects stops the generation.
+         */
+        post: operations["createChatCompletionTrailingSlash"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create model
+         * @description Creates a trainable model on a base model and writes its step-0 checkpoint. A duplicate
+         *     `(entity, project, name)` answers 409 unless `return_existing` is true.
+         */
+        post: operations["createModel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models/{model_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Delete model
+         * @description Deletes the model, its checkpoints and their files. A job still running for it is cancelled
+         *     first.
+         */
+        delete: operations["deleteModel"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models/{model_id}/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List model checkpoints
+         * @description The model's checkpoints by step, paged by `after` and `limit`.
+         */
+        get: operations["listCheckpoints"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete model checkpoints
+         * @description Deletes the checkpoints at the given steps. The latest checkpoint cannot be deleted (409):
+         *     it is what `<entity>/<project>/<name>` without a step serves.
+         */
+        delete: operations["deleteCheckpoints"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models/{model_id}/log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Log
+         * @description Computes metrics of a split's trajectory groups (mean reward, mean within-group reward
+         *     standard deviation, exception rate, mean of each trajectory metric) and stores them on the
+         *     latest checkpoint as `<split>/<metric>`. Nothing is trained.
+         */
+        post: operations["logModelMetrics"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create RL training job
+         * @description Queues one RL training step on the given trajectory groups. Advantages are group-relative
+         *     (reward − group mean, divided by the group's standard deviation when `scale_rewards`). The job
+         *     writes checkpoint `step_from + 1`. Follow it with `listTrainingJobEvents`.
+         */
+        post: operations["createRlTrainingJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/sft-training-jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create SFT training job
+         * @description Queues supervised fine-tuning on a JSONL file of `{messages, tools?}` lines. Loss is on
+         *     assistant tokens only. Checkpoints are written as training goes (`config.checkpoint_every`)
+         *     and at the end.
+         */
+        post: operations["createSftTrainingJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs/{training_job_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get training job
+         * @description The job's current state.
+         */
+        get: operations["retrieveTrainingJob"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs/{training_job_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel training job
+         * @description Cancels a queued or running job. A running job stops after its current gradient step;
+         *     checkpoints already written stay. The job ends with a `training_failed` event ("cancelled").
+         */
+        post: operations["cancelTrainingJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/training-jobs/{training_job_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get training job events
+         * @description The job's events in creation order, paged by `after` and `limit`. Events are immutable, so
+         *     polling with `after` = the last id seen is safe.
+         *
+         *     With `Accept: text/event-stream` the same path follows the job live instead: it sends the
+         *     events after `after` (all when absent), then each new one as it is written, one JSON
+         *     `TrainingJobEvent` per `data:` line with the event id as the SSE `id:`. The stream closes after
+         *     the terminal event (`training_ended` or `training_failed`); `limit` is ignored.
+         */
+        get: operations["listTrainingJobEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/datasets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Upload dataset
+         * @description Stores a JSONL file for SFT: the raw body, one `{messages, tools?}` object per line (blank
+         *     lines are skipped). Every line is checked on upload; the answer's `url` is what
+         *     `createSftTrainingJob` takes as `training_data_url`. Capped at 64 MB.
+         */
+        post: operations["createDataset"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -24,13 +331,450 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/system-check": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * System check
+         * @description Probes the database, the work queue and the engine. Readiness for load balancers.
+         */
+        get: operations["getSystemCheck"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/models": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List models
+         * @description The base models and the trained models (with each live checkpoint) the key can use.
+         */
+        get: operations["listModels"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/models/{model}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
+                 *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
+                 *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+                 * @example acme/support-bot/agent:step3
+                 */
+                model: components["parameters"]["InferenceModel"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Retrieve model
+         * @description One entry of `listModels`, by id (percent-encoded or raw).
+         */
+        get: operations["retrieveModel"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/calls/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Get calls usage
+         * @description For each root call id, sums the usage of the call and of every descendant in its trace
+         *     (`parent_id` chain), per model. Loads every call of the requested traces into memory, so it
+         *     refuses (413) rather than truncates when they number more than `limit`; send root ids in
+         *     batches for large result sets.
+         */
+        post: operations["getCallsUsage"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/call/start": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Start call
+         * @description Records the start of a call. Idempotent: repeating a start with the same content answers the
+         *     same ids. A start and an end merge by `(project_id, id)` in either order.
+         */
+        post: operations["startCall"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/call/end": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * End call
+         * @description Records the end of a call: output, exception and the call's OWN usage in `summary.usage`.
+         *     An end that arrives before its start is kept and stays invisible until the start arrives.
+         */
+        post: operations["endCall"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/call/upsert_batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Upsert call batch
+         * @description Records up to 10,000 starts and ends in one request, as `startCall` and `endCall` would,
+         *     in one transaction: the whole batch is validated first (422 names the item by index), and a
+         *     conflicting start (409) applies nothing.
+         */
+        post: operations["upsertCallBatch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/calls/query": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Query calls
+         * @description Lists a project's calls that match the filter, ordered by `started_at` then `id`, paged by `offset` and `limit`.
+         */
+        post: operations["queryCalls"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/calls/delete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Delete calls
+         * @description Deletes the given calls and all their descendants. Deleted calls disappear from
+         *     `queryCalls` and count as missing in `getCallsUsage`. Unknown ids are skipped.
+         */
+        post: operations["deleteCalls"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        Health: {
+        /** ChatCompletionContentPartText */
+        ChatCompletionContentPartText: {
             /** @constant */
-            status: "ok";
+            type: "text";
+            text: string;
+        };
+        /**
+         * ChatCompletionMessageContent
+         * @description Message text, as a string or as text parts (joined in order).
+         */
+        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
+        /**
+         * ChatCompletionRequestMessage
+         * @description One message of the conversation. `content` is a string or an array of text parts. Unknown keys
+         *     are ignored (OpenAI clients send some, and trajectories carry what the sampler returned).
+         */
+        ChatCompletionRequestMessage: {
+            /** @constant */
+            role: "system";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "developer";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "user";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            name?: string;
+        } | {
+            /** @constant */
+            role: "assistant";
+            /** @description Null only when the turn carries tool calls. */
+            content?: components["schemas"]["ChatCompletionMessageContent"] | null;
+            name?: string;
+            refusal?: string | null;
+        } | {
+            /** @constant */
+            role: "tool";
+            content: components["schemas"]["ChatCompletionMessageContent"];
+            /** @description The id of the tool call this message answers. */
+            tool_call_id: string;
+        };
+        /**
+         * ResponseFormat
+         * @description `text` (default); `json_object`: the output is one JSON object; `json_schema`: the output
+         *     matches `json_schema.schema` (constrained decoding).
+         */
+        ResponseFormat: {
+            /** @constant */
+            type: "text";
+        } | {
+            /** @constant */
+            type: "json_object";
+        } | {
+            /** @constant */
+            type: "json_schema";
+            json_schema: {
+                name: string;
+                description?: string;
+                /** @description A JSON Schema the output must match. */
+                schema?: {
+                    [key: string]: unknown;
+                };
+                /** @default false */
+                strict: boolean | null;
+            };
+        };
+        /**
+         * CreateChatCompletionRequest
+         * @description OpenAI's chat completion request. Unknown keys are not rejected by the schema, because
+         *     OpenAI clients send extras; a field the model cannot honour (for example `tools` on an engine
+         *     without tool calling) is answered with 400 naming it, never silently ignored.
+         */
+        CreateChatCompletionRequest: {
+            /**
+             * @description A model id from `listModels`: `<owner>/<name>` (base), `<entity>/<project>/<name>` (the
+             *     latest checkpoint) or `<entity>/<project>/<name>:step<N>`.
+             */
+            model: string;
+            messages: components["schemas"]["ChatCompletionRequestMessage"][];
+            /** @default 1 */
+            temperature: number | null;
+            /** @default 1 */
+            top_p: number | null;
+            /**
+             * @description Choices to generate.
+             * @default 1
+             */
+            n: number | null;
+            /** @description Deprecated by OpenAI in favour of `max_completion_tokens`; both are honoured (the smaller wins). */
+            max_tokens?: number | null;
+            max_completion_tokens?: number | null;
+            /** @description Up to 4 sequences where generation stops; the sequence is not returned. */
+            stop?: string | string[] | null;
+            /** @description The same seed and the same request give the same output. */
+            seed?: number | null;
+            /** @default 0 */
+            presence_penalty: number | null;
+            /** @default 0 */
+            frequency_penalty: number | null;
+            /**
+             * @description Return per-token log probabilities (RL needs them on trajectories).
+             * @default false
+             */
+            logprobs: boolean | null;
+            /** @description Alternatives per position; needs `logprobs`. */
+            top_logprobs?: number | null;
+            response_format?: components["schemas"]["ResponseFormat"];
+            /**
+             * @description Answer with `text/event-stream` chunks instead of one JSON body.
+             * @default false
+             */
+            stream: boolean | null;
+            stream_options?: {
+                /** @description Send a last chunk with `usage` and `choices: []`. */
+                include_usage?: boolean;
+            } | null;
+            /** @description The end user's id, recorded with the call. */
+            user?: string;
+            /**
+             * @description Declared so it can be refused by name: an engine without tool calling answers 400 with
+             *     `param: tools`.
+             */
+            tools?: {
+                /** @constant */
+                type: "function";
+                function: {
+                    name: string;
+                    description?: string;
+                    /** @description A JSON Schema of the arguments. */
+                    parameters?: {
+                        [key: string]: unknown;
+                    };
+                    strict?: boolean | null;
+                };
+            }[];
+            /** @description As for `tools`: refused with 400 `param: tool_choice` where tools are unsupported. */
+            tool_choice?: ("none" | "auto" | "required") | {
+                /** @constant */
+                type: "function";
+                function: {
+                    name: string;
+                };
+            };
+        };
+        /**
+         * ChatCompletionResponseMessage
+         * @description The generated assistant turn.
+         */
+        ChatCompletionResponseMessage: {
+            /** @constant */
+            role: "assistant";
+            content: string | null;
+            /** @description Present for OpenAI compatibility; always null. */
+            refusal?: null;
+        };
+        /** ChatCompletionTokenLogprob */
+        ChatCompletionTokenLogprob: {
+            token: string;
+            logprob: number;
+            /** @description The token's UTF-8 bytes; null when it has no byte form. */
+            bytes: number[] | null;
+            /** @description The `top_logprobs` most likely tokens at this position, most likely first. */
+            top_logprobs: {
+                token: string;
+                logprob: number;
+                bytes: number[] | null;
+            }[];
+        };
+        /**
+         * ChatCompletionLogprobs
+         * @description Per-token log probabilities, when the request set `logprobs`. RL training uses them.
+         */
+        ChatCompletionLogprobs: {
+            content: components["schemas"]["ChatCompletionTokenLogprob"][] | null;
+        };
+        /** CompletionUsage */
+        CompletionUsage: {
+            prompt_tokens: number;
+            completion_tokens: number;
+            total_tokens: number;
+        };
+        /** ChatCompletion */
+        ChatCompletion: {
+            /** @description Opaque (`chatcmpl-…`). */
+            id: string;
+            /** @constant */
+            object: "chat.completion";
+            /** @description Unix seconds. */
+            created: number;
+            /**
+             * @description The resolved model id: a request for `<entity>/<project>/<name>` answers with the
+             *     `…:step<N>` checkpoint that served it.
+             */
+            model: string;
+            choices: {
+                index: number;
+                message: components["schemas"]["ChatCompletionResponseMessage"];
+                /**
+                 * @description `stop`: a stop sequence or the end-of-turn token; `length`: the token limit.
+                 * @enum {string}
+                 */
+                finish_reason: "stop" | "length";
+                logprobs: components["schemas"]["ChatCompletionLogprobs"] | null;
+            }[];
+            usage: components["schemas"]["CompletionUsage"];
+            /** @description Identifies the engine build and configuration that produced the completion. */
+            system_fingerprint: string;
+        };
+        /**
+         * ChatCompletionChunk
+         * @description One `data:` line of a streamed chat completion (`stream: true`, `text/event-stream`).
+         *     The first delta of each choice carries `role`; each choice ends with one chunk carrying its
+         *     `finish_reason`. With `stream_options.include_usage`, a last chunk has `choices: []` and
+         *     `usage`. The stream ends with `data: [DONE]`. An error after the headers went out is sent as
+         *     `data: {"error": {...}}` (the `ErrorResponse` envelope) and the stream closes.
+         */
+        ChatCompletionChunk: {
+            /** @description The same for every chunk of one completion. */
+            id: string;
+            /** @constant */
+            object: "chat.completion.chunk";
+            /** @description Unix seconds. */
+            created: number;
+            /** @description The resolved model id, as in `ChatCompletion.model`. */
+            model: string;
+            system_fingerprint: string;
+            choices: {
+                index: number;
+                delta: {
+                    /** @constant */
+                    role?: "assistant";
+                    content?: string | null;
+                    refusal?: null;
+                };
+                /** @enum {string|null} */
+                finish_reason: "stop" | "length" | null;
+                logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
+            }[];
+            /** @description Null on every chunk but the last when `stream_options.include_usage` is set. */
+            usage?: components["schemas"]["CompletionUsage"] | null;
         };
         /**
          * ErrorResponse
@@ -51,8 +795,894 @@ export interface components {
                 code: string | null;
             };
         };
+        /** CreateModelRequest */
+        CreateModelRequest: {
+            /** @description The team that owns the model. Absent or null means the key's default entity. */
+            entity?: string | null;
+            project: string;
+            /** @description Unique within `(entity, project)`. Chat with it as `<entity>/<project>/<name>`. */
+            name: string;
+            /** @description A base model id from `listModels` (`<owner>/<name>`). */
+            base_model: string;
+            /**
+             * @description When a model with this `(entity, project, name)` exists, return it instead of answering 409.
+             * @default false
+             */
+            return_existing: boolean;
+        };
+        /**
+         * Model
+         * @description A trainable model: a LoRA adapter line on a base model. Creating it writes a step-0
+         *     checkpoint (the untrained adapter), so it can be chatted with at once.
+         */
+        Model: {
+            /**
+             * Format: uuid
+             * @description UUID v7.
+             */
+            id: string;
+            /** @constant */
+            object: "model";
+            entity: string;
+            project: string;
+            name: string;
+            base_model: string;
+            /** @description Reserved for compatibility with hosted services; always null. */
+            run_id: null;
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @description Step of the newest checkpoint; what `<entity>/<project>/<name>` serves. */
+            latest_step: number;
+        };
+        /** DeleteModelResponse */
+        DeleteModelResponse: {
+            /** Format: uuid */
+            model_id: string;
+            /** @description Checkpoints removed with the model, files included. */
+            deleted_checkpoints: number;
+            /**
+             * @description Reserved for compatibility with hosted services; always false.
+             * @constant
+             */
+            deleted_run: false;
+        };
+        /**
+         * Checkpoint
+         * @description A saved adapter at one training step.
+         */
+        Checkpoint: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "checkpoint";
+            step: number;
+            /** @description Metrics stored on this step, such as `train/reward` from `logModelMetrics`. */
+            metrics: {
+                [key: string]: number;
+            };
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @description The chat model id that serves this checkpoint (`<entity>/<project>/<name>:step<N>`). */
+            model: string;
+        };
+        /** CheckpointList */
+        CheckpointList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Checkpoint"][];
+            /** @description Id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /** DeleteCheckpointsRequest */
+        DeleteCheckpointsRequest: {
+            steps: number[];
+        };
+        /** DeleteCheckpointsResponse */
+        DeleteCheckpointsResponse: {
+            deleted_count: number;
+            /** @description Requested steps that had no checkpoint. */
+            not_found_steps: number[];
+        };
+        /**
+         * TrajectoryChoice
+         * @description A sampled OpenAI choice inside `messages_and_choices`: a trainable assistant turn. Carry the
+         *     `logprobs` it was sampled with (request `logprobs: true`) to enable the PPO/CISPO ratio.
+         */
+        TrajectoryChoice: {
+            index: number;
+            message: {
+                /** @constant */
+                role: "assistant";
+                content?: string | null;
+            };
+            finish_reason: string;
+            logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
+        };
+        /**
+         * Trajectory
+         * @description One rollout and its reward. Unknown keys are accepted and ignored.
+         */
+        Trajectory: {
+            /**
+             * @description The rollout in order. An item with `role` is context; an item with `index`, `message` and
+             *     `finish_reason` (an OpenAI choice) is a trainable assistant turn.
+             */
+            messages_and_choices: (components["schemas"]["ChatCompletionRequestMessage"] | components["schemas"]["TrajectoryChoice"])[];
+            reward: number;
+            /** @description The tools offered during the rollout, in OpenAI's `tools` shape. */
+            tools?: {
+                [key: string]: unknown;
+            }[] | null;
+            /** @description Per-trajectory metrics; `logModelMetrics` averages each over the split. */
+            metrics?: {
+                [key: string]: number | boolean;
+            };
+            metadata?: {
+                [key: string]: unknown;
+            };
+            logs?: string[];
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * TrajectoryGroup
+         * @description Rollouts of one prompt. Advantages are relative to the group (reward − group mean); a group
+         *     whose rewards are all equal carries no signal and is skipped. Unknown keys are ignored.
+         */
+        TrajectoryGroup: {
+            trajectories: components["schemas"]["Trajectory"][];
+            /** @description Rollouts of this group that failed; they count in `exception_rate`. */
+            exceptions?: {
+                [key: string]: unknown;
+            }[];
+            metadata?: {
+                [key: string]: unknown;
+            };
+            metrics?: {
+                [key: string]: number | boolean;
+            };
+            logs?: string[];
+        } & {
+            [key: string]: unknown;
+        };
+        /** LogModelMetricsRequest */
+        LogModelMetricsRequest: {
+            /** @description The metric prefix, such as `train` or `val`: metrics are stored as `<split>/<metric>`. */
+            split: string;
+            trajectory_groups: components["schemas"]["TrajectoryGroup"][];
+        };
+        /** LogModelMetricsResponse */
+        LogModelMetricsResponse: {
+            /** @description The latest checkpoint's step, where the metrics were stored. */
+            step: number;
+            /**
+             * @description `<split>/reward` (mean), `<split>/reward_std_dev` (mean within-group standard deviation),
+             *     `<split>/exception_rate`, and `<split>/<metric>` for the mean of each trajectory metric.
+             */
+            metrics: {
+                [key: string]: number;
+            };
+        };
+        /**
+         * RlExperimentalConfig
+         * @description Every field is optional; absent or null means the default.
+         */
+        RlExperimentalConfig: {
+            /** @description AdamW learning rate. Default 1e-5. */
+            learning_rate?: number | null;
+            /**
+             * @description `ppo`: clipped importance ratio; `cispo`: clipped-importance-sampling policy gradient;
+             *     `pg`: plain policy gradient (advantage × log-probability, no ratio). `ppo` and `cispo`
+             *     need the sampling `logprobs` on each choice and fall back to `pg` without them. Default `ppo`.
+             * @enum {string|null}
+             */
+            loss_fn?: "ppo" | "cispo" | "pg" | null;
+            /** @description Lower clip range of the ratio. Default 0.2. */
+            epsilon?: number | null;
+            /** @description Upper clip range; defaults to `epsilon`. */
+            epsilon_high?: number | null;
+            /** @description Divide advantages by the group's standard deviation. Default true. */
+            scale_rewards?: boolean | null;
+            /** @description Normalize advantages across the whole batch. Default false. */
+            normalize_advantages?: boolean | null;
+            /** @description Gradient clipping norm. Default 1.0. */
+            max_grad_norm?: number | null;
+            /** @description Makes the step deterministic. */
+            seed?: number | null;
+        };
+        /** CreateRlTrainingJobRequest */
+        CreateRlTrainingJobRequest: {
+            /** Format: uuid */
+            model_id: string;
+            trajectory_groups: components["schemas"]["TrajectoryGroup"][];
+            experimental_config?: components["schemas"]["RlExperimentalConfig"] | null;
+        };
+        /**
+         * TrainingJob
+         * @description An RL or SFT job. `queued` → `running` → `succeeded` | `failed`; `queued` or `running` →
+         *     `cancelled`. One job runs per model at a time; the others wait in creation order.
+         */
+        TrainingJob: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job";
+            /** @enum {string} */
+            type: "rl" | "sft";
+            /** Format: uuid */
+            model_id: string;
+            /** @enum {string} */
+            status: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @description Unix seconds; null until the job runs. */
+            training_start: number | null;
+            /** @description Unix seconds; null until the job ends. */
+            training_end: number | null;
+            /** @description Why the job failed or was cancelled; null otherwise. */
+            error_message: string | null;
+            /** @description The checkpoint step training starts from. */
+            step_from: number;
+            /** @description The last checkpoint step written; null until one is. */
+            step_to: number | null;
+        };
+        /**
+         * SftConfig
+         * @description Every field is optional.
+         */
+        SftConfig: {
+            /** @description Sequences per gradient step, or `auto` to fit memory. Default `auto`. */
+            batch_size?: number | "auto";
+            /** @description One rate, or one per epoch (the last repeats). Default 2e-4 (LoRA). */
+            learning_rate?: number | number[];
+            /** @default 1 */
+            epochs: number;
+            /**
+             * @description Train on every assistant turn, or only on the last one of each line.
+             * @default all
+             * @enum {string}
+             */
+            assistant_turns: "all" | "last";
+            /**
+             * @default constant
+             * @enum {string}
+             */
+            lr_schedule: "constant" | "linear" | "cosine";
+            /** @default 0 */
+            warmup_steps: number;
+            /** @description Save a checkpoint every N gradient steps; the last step is always saved. */
+            checkpoint_every?: number;
+        };
+        /**
+         * SftExperimentalConfig
+         * @description Every field is optional; absent or null means the default.
+         */
+        SftExperimentalConfig: {
+            /** @description Fixed when the model's first job runs; later jobs must match. Default 8. */
+            lora_rank?: number | null;
+            /** @description Default 2 × `lora_rank`. */
+            lora_alpha?: number | null;
+            /** @description Longer lines are truncated from the left. Default the base model's context. */
+            max_seq_len?: number | null;
+            /** @description Default 1.0. */
+            max_grad_norm?: number | null;
+            /** @description Default 0. */
+            weight_decay?: number | null;
+            /** @description Makes shuffling and training deterministic. */
+            seed?: number | null;
+        };
+        /** CreateSftTrainingJobRequest */
+        CreateSftTrainingJobRequest: {
+            /** Format: uuid */
+            model_id: string;
+            /**
+             * @description A JSONL file of `{messages, tools?}` lines: `dataset://<id>` (from `createDataset`) or an
+             *     `https://` URL, fetched with a size cap and refused for loopback and private addresses
+             *     unless allow-listed. A bad line fails the job, naming the line, before any step.
+             */
+            training_data_url: string;
+            config?: components["schemas"]["SftConfig"] | null;
+            experimental_config?: components["schemas"]["SftExperimentalConfig"] | null;
+        };
+        /**
+         * TrainingJobEvent
+         * @description One immutable event of a job, in creation order. `data` by `type`:
+         *
+         *     - `training_started`: `{num_sequences}` — the gradient steps this job will take (int).
+         *     - `gradient_step`: flat numbers `loss`, `grad_norm`, `learning_rate`, `num_tokens`,
+         *       `num_trainable_tokens`, `tokens_per_second`, `gradient_step`, and `reward` for RL.
+         *     - `checkpoint_saved`: `{step}` — the checkpoint is listed before this event is written.
+         *     - `training_ended`: `{}`.
+         *     - `training_failed`: `{error_message}` (`cancelled` for a cancelled job).
+         *
+         *     `training_started` precedes every `gradient_step`. Exactly one terminal event
+         *     (`training_ended` or `training_failed`) ends every job. RL groups skipped for equal rewards
+         *     are reported in `training_started.data.skipped_groups`.
+         */
+        TrainingJobEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @enum {string} */
+            type: "training_started" | "gradient_step" | "checkpoint_saved" | "training_ended" | "training_failed";
+            data: {
+                [key: string]: unknown;
+            };
+            /** @description Unix seconds. */
+            created_at: number;
+        };
+        /** TrainingJobEventList */
+        TrainingJobEventList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["TrainingJobEvent"][];
+            /** @description Id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /**
+         * Dataset
+         * @description An uploaded JSONL file, usable as `training_data_url`.
+         */
+        Dataset: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "dataset";
+            /** @description `dataset://<id>`: pass it as `training_data_url`. */
+            url: string;
+            name: string | null;
+            bytes: number;
+            /** @description Non-empty lines (examples). */
+            lines: number;
+            /** @description Unix seconds. */
+            created_at: number;
+        };
+        Health: {
+            /** @constant */
+            status: "ok";
+        };
+        /**
+         * DependencyCheck
+         * @description The outcome of one probe.
+         */
+        DependencyCheck: {
+            success: boolean;
+            /** @description How long the probe took, in milliseconds. */
+            duration: number;
+            /** @description Why the probe failed; null on success. */
+            error: string | null;
+        };
+        /**
+         * SystemCheck
+         * @description One probe per dependency. Served with 200 when every probe succeeds, 503 otherwise.
+         */
+        SystemCheck: {
+            /**
+             * @description Always true; the process answered.
+             * @constant
+             */
+            api: true;
+            database: components["schemas"]["DependencyCheck"];
+            queue: {
+                success: boolean;
+                /** @description How long the probe took, in milliseconds. */
+                duration: number;
+                /** @description Why the probe failed; null on success. */
+                error: string | null;
+                /** @description Training jobs waiting in the queue, when the probe could read it. */
+                depth?: number;
+            };
+            engine: {
+                success: boolean;
+                /** @description How long the probe took, in milliseconds. */
+                duration: number;
+                /** @description Why the probe failed; null on success. */
+                error: string | null;
+                /** @description Base models the engine (or its upstreams) can serve. */
+                models?: number;
+            };
+        };
+        /**
+         * ModelEntry
+         * @description A model id usable as `model` in chat completions. Base models: `root` = `id`,
+         *     `owned_by` = `system`, `parent` null. Trained models appear as `<entity>/<project>/<name>`
+         *     (the latest checkpoint) and as `…:step<N>` per live checkpoint, with `root` the base model,
+         *     `parent` the model's latest id and `owned_by` the entity.
+         */
+        ModelEntry: {
+            id: string;
+            /** @constant */
+            object: "model";
+            /** @description Unix seconds. */
+            created: number;
+            owned_by: string;
+            root: string;
+            parent: string | null;
+        };
+        /**
+         * ModelList
+         * @description Every model the key can use. Not paged.
+         */
+        ModelList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["ModelEntry"][];
+        };
+        /**
+         * ProjectId
+         * @description `<entity>/<project>`. The key must be allowed on the entity.
+         */
+        ProjectId: string;
+        /** CallsUsageRequest */
+        CallsUsageRequest: {
+            project_id: components["schemas"]["ProjectId"];
+            /** @description Root call ids to aggregate. Duplicates are answered once. */
+            call_ids: string[];
+            /**
+             * @description Price each call; otherwise every `*_total_cost` is null.
+             * @default false
+             */
+            include_costs: boolean;
+            /**
+             * @description The most calls read across all requested traces. More matching calls → 413, never a
+             *     truncated sum: send the root ids in smaller batches.
+             * @default 10000
+             */
+            limit: number;
+        };
+        /**
+         * LLMUsage
+         * @description Usage of one model summed over a root call and all its descendants. Prompt tokens include
+         *     `input_tokens` and completion tokens include `output_tokens` as reported by calls;
+         *     `total_tokens` falls back to prompt + completion. Costs are null unless `include_costs`,
+         *     then priced per call at the price in effect at its start (0.0 when no price exists).
+         */
+        LLMUsage: {
+            /** @description Model requests; a call with usage but no `requests` counts as 1. */
+            requests: number;
+            prompt_tokens: number;
+            completion_tokens: number;
+            total_tokens: number;
+            cache_read_input_tokens: number;
+            cache_creation_input_tokens: number;
+            prompt_tokens_total_cost: number | null;
+            completion_tokens_total_cost: number | null;
+            cache_read_input_tokens_total_cost: number | null;
+            cache_creation_input_tokens_total_cost: number | null;
+        };
+        /** CallsUsageResponse */
+        CallsUsageResponse: {
+            /**
+             * @description One key per distinct requested id: model name → usage of that root and all its
+             *     descendants. An id that is missing, deleted or of another project maps to `{}`.
+             */
+            call_usage: {
+                [key: string]: {
+                    [key: string]: components["schemas"]["LLMUsage"];
+                };
+            };
+            /** @description Sorted ids of calls with no end yet (`ended_at` null) in the traces read. */
+            unfinished_call_ids: string[];
+        };
+        /**
+         * CallsError
+         * @description Error body of the calls surface (`/calls/*`, `/call/*`) for every status except 422.
+         */
+        CallsError: {
+            /** @description A human-readable explanation. Never a stack trace. */
+            detail: string;
+        };
+        /**
+         * ValidationError
+         * @description One failed check of a calls-surface request.
+         */
+        ValidationError: {
+            /** @description Where the offending input is, from the top (`body`, then keys and array indexes). */
+            loc: (string | number)[];
+            /** @description What is wrong. */
+            msg: string;
+            /** @description A machine-readable kind, such as `missing`, `int_parsing` or `extra_forbidden`. */
+            type: string;
+        };
+        /**
+         * HTTPValidationError
+         * @description The calls surface's validation error body (status 422).
+         */
+        HTTPValidationError: {
+            detail: components["schemas"]["ValidationError"][];
+        };
+        /**
+         * CallStart
+         * @description The start of a call. Keys not listed here are accepted and ignored.
+         */
+        CallStart: {
+            /** @description The client's id for the call; a UUID v7 is generated when absent. */
+            id?: string;
+            project_id: components["schemas"]["ProjectId"];
+            /** @description Defaults to the parent's trace, or to a new id for a root call. */
+            trace_id?: string;
+            /** @description Null or absent for a trace root. */
+            parent_id?: string | null;
+            /** @description What ran, such as `openai.chat.completions.create` or `agent.solve`. */
+            op_name: string;
+            display_name?: string | null;
+            /**
+             * Format: date-time
+             * @description RFC 3339.
+             */
+            started_at: string;
+            attributes?: {
+                [key: string]: unknown;
+            };
+            inputs?: {
+                [key: string]: unknown;
+            };
+        };
+        /** CallStartRequest */
+        CallStartRequest: {
+            start: components["schemas"]["CallStart"];
+        };
+        /** CallStartResponse */
+        CallStartResponse: {
+            id: string;
+            trace_id: string;
+        };
+        /**
+         * CallSummaryUsage
+         * @description One model's usage by this call ALONE, never its children (they report their own, or usage
+         *     would be counted twice). Either naming is accepted (`prompt_tokens` or `input_tokens`,
+         *     `completion_tokens` or `output_tokens`).
+         */
+        CallSummaryUsage: {
+            requests?: number;
+            prompt_tokens?: number;
+            input_tokens?: number;
+            completion_tokens?: number;
+            output_tokens?: number;
+            total_tokens?: number;
+            cache_read_input_tokens?: number;
+            cache_creation_input_tokens?: number;
+        };
+        /**
+         * CallSummary
+         * @description What a call reports about itself at its end. Keys other than `usage` are kept as sent.
+         */
+        CallSummary: {
+            /** @description Model name → the call's own usage of that model. */
+            usage?: {
+                [key: string]: components["schemas"]["CallSummaryUsage"];
+            };
+        } & {
+            [key: string]: unknown;
+        };
+        /**
+         * CallEnd
+         * @description The end of a call. Keys not listed here are accepted and ignored.
+         */
+        CallEnd: {
+            id: string;
+            project_id: components["schemas"]["ProjectId"];
+            /**
+             * Format: date-time
+             * @description RFC 3339.
+             */
+            ended_at: string;
+            /** @description Any JSON value. */
+            output?: unknown;
+            /** @description Why the call failed; null or absent on success. */
+            exception?: string | null;
+            summary?: components["schemas"]["CallSummary"];
+        };
+        /** CallEndRequest */
+        CallEndRequest: {
+            end: components["schemas"]["CallEnd"];
+        };
+        /**
+         * CallEndResponse
+         * @description Empty on success.
+         */
+        CallEndResponse: Record<string, never>;
+        /**
+         * CallUpsertBatchRequest
+         * @description Starts and ends in any order; validated and applied as a whole.
+         */
+        CallUpsertBatchRequest: {
+            batch: ({
+                /** @constant */
+                mode: "start";
+                req: components["schemas"]["CallStartRequest"];
+            } | {
+                /** @constant */
+                mode: "end";
+                req: components["schemas"]["CallEndRequest"];
+            })[];
+        };
+        /** CallUpsertBatchResponse */
+        CallUpsertBatchResponse: {
+            /** @description One entry per batch item, in order: `{id, trace_id}` for a start, `{}` for an end. */
+            res: (components["schemas"]["CallStartResponse"] | components["schemas"]["CallEndResponse"])[];
+        };
+        /**
+         * CallsFilter
+         * @description All given conditions must hold; within a list, any value matches.
+         */
+        CallsFilter: {
+            trace_ids?: string[];
+            call_ids?: string[];
+            parent_ids?: string[];
+            op_names?: string[];
+            /**
+             * Format: date-time
+             * @description Inclusive.
+             */
+            started_after?: string;
+            /**
+             * Format: date-time
+             * @description Exclusive.
+             */
+            started_before?: string;
+            /**
+             * @description Only calls with no parent.
+             * @default false
+             */
+            trace_roots_only: boolean;
+        };
+        /** CallsQueryRequest */
+        CallsQueryRequest: {
+            project_id: components["schemas"]["ProjectId"];
+            filter?: components["schemas"]["CallsFilter"];
+            /** @default 1000 */
+            limit: number;
+            /** @default 0 */
+            offset: number;
+        };
+        /**
+         * Call
+         * @description A call record: a start merged with its end by `(project_id, id)`. A call whose end arrived
+         *     before its start is not visible until the start arrives.
+         */
+        Call: {
+            id: string;
+            project_id: string;
+            trace_id: string;
+            parent_id: string | null;
+            op_name: string;
+            display_name: string | null;
+            /** Format: date-time */
+            started_at: string;
+            /**
+             * Format: date-time
+             * @description Null while the call is unfinished.
+             */
+            ended_at: string | null;
+            inputs: {
+                [key: string]: unknown;
+            };
+            /** @description Any JSON value; null until the call ends. */
+            output: unknown;
+            exception: string | null;
+            attributes: {
+                [key: string]: unknown;
+            };
+            summary: components["schemas"]["CallSummary"];
+        };
+        /** CallsQueryResponse */
+        CallsQueryResponse: {
+            /** @description Ordered by `started_at`, then `id`. */
+            calls: components["schemas"]["Call"][];
+            /** @description More calls match beyond `offset + limit`. */
+            has_more: boolean;
+        };
+        /** CallsDeleteRequest */
+        CallsDeleteRequest: {
+            project_id: components["schemas"]["ProjectId"];
+            call_ids: string[];
+        };
+        /** CallsDeleteResponse */
+        CallsDeleteResponse: {
+            /** @description Calls deleted, descendants included. */
+            num_deleted: number;
+        };
     };
     responses: {
+        /**
+         * @description The completion. With `stream: false` (the default), one `application/json` body. With
+         *     `stream: true`, `text/event-stream`: each `data:` line is one `ChatCompletionChunk`, then
+         *     `data: [DONE]`.
+         */
+        ChatCompletionOk: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "id": "chatcmpl-0193a0b7-3c4d-7e5f-8a6b-7c8d9e0f1a2b",
+                 *       "object": "chat.completion",
+                 *       "created": 1795425000,
+                 *       "model": "acme/support-bot/agent:step3",
+                 *       "choices": [
+                 *         {
+                 *           "index": 0,
+                 *           "message": {
+                 *             "role": "assistant",
+                 *             "content": "Open Settings, choose Security, then Reset password.",
+                 *             "refusal": null
+                 *           },
+                 *           "finish_reason": "stop",
+                 *           "logprobs": {
+                 *             "content": [
+                 *               {
+                 *                 "token": "Open",
+                 *                 "logprob": -0.02,
+                 *                 "bytes": [
+                 *                   79,
+                 *                   112,
+                 *                   101,
+                 *                   110
+                 *                 ],
+                 *                 "top_logprobs": [
+                 *                   {
+                 *                     "token": "Open",
+                 *                     "logprob": -0.02,
+                 *                     "bytes": [
+                 *                       79,
+                 *                       112,
+                 *                       101,
+                 *                       110
+                 *                     ]
+                 *                   },
+                 *                   {
+                 *                     "token": "Go",
+                 *                     "logprob": -4.1,
+                 *                     "bytes": [
+                 *                       71,
+                 *                       111
+                 *                     ]
+                 *                   }
+                 *                 ]
+                 *               }
+                 *             ]
+                 *           }
+                 *         }
+                 *       ],
+                 *       "usage": {
+                 *         "prompt_tokens": 31,
+                 *         "completion_tokens": 12,
+                 *         "total_tokens": 43
+                 *       },
+                 *       "system_fingerprint": "arbor-0.1.0-engine"
+                 *     }
+                 */
+                "application/json": components["schemas"]["ChatCompletion"];
+                "text/event-stream": components["schemas"]["ChatCompletionChunk"];
+            };
+        };
+        /**
+         * @description The body fails the spec (`param` is the offending JSON path), the project header is malformed,
+         *     or the request uses a field the model cannot honour (named in `param`; never silently ignored).
+         */
+        ChatCompletionBadRequest: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The API key is missing, malformed, unknown or revoked. */
+        Unauthorized: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Incorrect API key provided. Send `Authorization: Bearer <key>`.",
+                 *         "type": "authentication_error",
+                 *         "param": null,
+                 *         "code": "invalid_api_key"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The key is valid but may not use the entity named by the request. */
+        Forbidden: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "The key may not use entity \"globex\".",
+                 *         "type": "permission_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The model id is unknown, or belongs to an entity the key cannot use. */
+        ModelNotFound: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "The model \"acme/support-bot/agent:step9\" does not exist or you do not have access to it.",
+                 *         "type": "not_found_error",
+                 *         "param": "model",
+                 *         "code": "model_not_found"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The body is over the cap: 10 MB for chat, 64 MB for RL jobs and dataset uploads. */
+        PayloadTooLarge: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Request body is 71303168 bytes; the limit is 67108864.",
+                 *         "type": "invalid_request_error",
+                 *         "param": null,
+                 *         "code": "request_too_large"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description Over the key's or project's rate limit (requests per minute or concurrent generations). Retry after `Retry-After` seconds. */
+        TooManyRequests: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                "Retry-After": components["headers"]["RetryAfter"];
+                "x-ratelimit-limit-requests": components["headers"]["RateLimitLimitRequests"];
+                "x-ratelimit-remaining-requests": components["headers"]["RateLimitRemainingRequests"];
+                "x-ratelimit-reset-requests": components["headers"]["RateLimitResetRequests"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "Rate limit reached for acme/support-bot: 600 requests per minute.",
+                 *         "type": "rate_limit_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
         /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
         InternalError: {
             headers: {
@@ -73,20 +1703,1241 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
+        /** @description The engine or upstream is temporarily unavailable or overloaded. Retry; `x-should-retry` and `Retry-After` say when. */
+        ServiceUnavailable: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                "x-should-retry": components["headers"]["ShouldRetry"];
+                "Retry-After": components["headers"]["RetryAfter"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "The engine is overloaded. Retry shortly.",
+                 *         "type": "server_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The request is invalid: a body field, parameter or header fails the spec, or names a value the server cannot honour. `param` is the offending JSON path, parameter or header. */
+        BadRequest: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description No such resource, or one the key may not see. */
+        NotFound: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "error": {
+                 *         "message": "No model with id \"0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01\".",
+                 *         "type": "not_found_error",
+                 *         "param": null,
+                 *         "code": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /** @description The API key is missing, malformed, unknown or revoked. */
+        CallsUnauthorized: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "Incorrect API key provided. Send `Authorization: Bearer <key>`."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description The key may not use the entity of `project_id`. */
+        CallsForbidden: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "The key may not use entity \"globex\"."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description More calls than `limit` match, or the body is over the size cap. Nothing is truncated: send fewer ids per request. */
+        CallsPayloadTooLarge: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "The requested traces hold 14210 calls, more than limit=10000. Send the root call ids in smaller batches."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description The body fails validation. Each entry names the offending input. */
+        CallsValidationError: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": [
+                 *         {
+                 *           "loc": [
+                 *             "body",
+                 *             "call_ids"
+                 *           ],
+                 *           "msg": "Field required",
+                 *           "type": "missing"
+                 *         },
+                 *         {
+                 *           "loc": [
+                 *             "body",
+                 *             "include_cost"
+                 *           ],
+                 *           "msg": "Extra inputs are not permitted",
+                 *           "type": "extra_forbidden"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["HTTPValidationError"];
+            };
+        };
+        /** @description An unexpected failure. It is logged with the request id; no detail reaches the client. */
+        CallsInternalError: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "Internal server error (request 0193a0b4-5c1e-7f00-8000-1b2c3d4e5f60)."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description This call id already has a start (or an end) in the project with different content. Repeating identical content is not a conflict. */
+        CallsConflict: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "Call 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f in acme/support-bot already has a start with different content."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
     };
-    parameters: never;
-    requestBodies: never;
+    parameters: {
+        /**
+         * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+         *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+         *     On the model listing it is only checked.
+         * @example acme/support-bot
+         */
+        CompatProject: string;
+        /**
+         * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+         *     When both are sent, `Compat-Project` wins.
+         * @example acme/support-bot
+         */
+        OpenAIProject: string;
+        /**
+         * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+         *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+         */
+        ArborTraceId: string;
+        /**
+         * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+         *     trace id the model call starts its own trace.
+         * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+         */
+        ArborParentCallId: string;
+        /**
+         * @description The model's id, as returned by `createModel`.
+         * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+         */
+        ModelId: string;
+        /**
+         * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+         *     last item returns an empty page with `has_more: false`.
+         * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+         */
+        After: string;
+        /**
+         * @description Page size.
+         * @example 20
+         */
+        Limit: number;
+        /**
+         * @description Sort by step, newest (`desc`) or oldest (`asc`) first.
+         * @example desc
+         */
+        CheckpointOrder: "asc" | "desc";
+        /**
+         * @description The training job's id, as returned by the create operations.
+         * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+         */
+        TrainingJobId: string;
+        /**
+         * @description A label for the dataset; shown back as `name`.
+         * @example support-sft-v1
+         */
+        DatasetName: string;
+        /**
+         * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
+         *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
+         *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+         * @example acme/support-bot/agent:step3
+         */
+        InferenceModel: string;
+    };
+    requestBodies: {
+        /** @description The conversation and sampling options. Capped at 10 MB. */
+        CreateChatCompletion: {
+            content: {
+                /**
+                 * @example {
+                 *       "model": "acme/support-bot/agent",
+                 *       "messages": [
+                 *         {
+                 *           "role": "system",
+                 *           "content": "You are a concise support agent."
+                 *         },
+                 *         {
+                 *           "role": "user",
+                 *           "content": "How do I reset my password?"
+                 *         }
+                 *       ],
+                 *       "temperature": 0.7,
+                 *       "max_completion_tokens": 64,
+                 *       "seed": 7,
+                 *       "logprobs": true,
+                 *       "top_logprobs": 2
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateChatCompletionRequest"];
+            };
+        };
+    };
     headers: {
         /**
          * @description The request's id. Echoes the request's own `x-request-id` when one was sent.
          * @example 0193a0b4-5c1e-7f00-8000-1b2c3d4e5f60
          */
         RequestId: string;
+        /**
+         * @description Seconds to wait before retrying.
+         * @example 12
+         */
+        RetryAfter: number;
+        /**
+         * @description Requests allowed per minute for this key and project.
+         * @example 600
+         */
+        RateLimitLimitRequests: number;
+        /**
+         * @description Requests left in the current window.
+         * @example 0
+         */
+        RateLimitRemainingRequests: number;
+        /**
+         * @description Time until the window resets, as OpenAI writes it (for example `12s` or `1m3s`).
+         * @example 12s
+         */
+        RateLimitResetRequests: string;
+        /**
+         * @description `true` when the same request may succeed later. Clients honour it before any backoff.
+         * @example true
+         */
+        ShouldRetry: "true" | "false";
     };
     pathItems: never;
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    createChatCompletion: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: components["requestBodies"]["CreateChatCompletion"];
+        responses: {
+            200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    createChatCompletionTrailingSlash: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: components["requestBodies"]["CreateChatCompletion"];
+        responses: {
+            200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    createModel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "entity": "acme",
+                 *       "project": "support-bot",
+                 *       "name": "agent",
+                 *       "base_model": "arbor/tiny-chat-1m",
+                 *       "return_existing": false
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateModelRequest"];
+            };
+        };
+        responses: {
+            /** @description The model (new, or the existing one with `return_existing`). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "object": "model",
+                     *       "entity": "acme",
+                     *       "project": "support-bot",
+                     *       "name": "agent",
+                     *       "base_model": "arbor/tiny-chat-1m",
+                     *       "run_id": null,
+                     *       "created_at": 1795420800,
+                     *       "latest_step": 0
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Model"];
+                };
+            };
+            /** @description Invalid body, or a `base_model` the server does not serve (code `unsupported_base_model`, the supported ids in the message). */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Unsupported base_model \"meta/llama-9000\". Supported: arbor/tiny-chat-1m.",
+                     *         "type": "invalid_request_error",
+                     *         "param": "base_model",
+                     *         "code": "unsupported_base_model"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description A model with this `(entity, project, name)` exists and `return_existing` is false. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Model acme/support-bot/agent already exists. Send return_existing: true to get it.",
+                     *         "type": "conflict_error",
+                     *         "param": "name",
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    deleteModel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The model is gone. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "deleted_checkpoints": 4,
+                     *       "deleted_run": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["DeleteModelResponse"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listCheckpoints: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+                /**
+                 * @description Sort by step, newest (`desc`) or oldest (`asc`) first.
+                 * @example desc
+                 */
+                order?: components["parameters"]["CheckpointOrder"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of checkpoints. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12",
+                     *           "object": "checkpoint",
+                     *           "step": 3,
+                     *           "metrics": {
+                     *             "train/reward": 0.72,
+                     *             "train/reward_std_dev": 0.18,
+                     *             "train/exception_rate": 0
+                     *           },
+                     *           "created_at": 1795424400,
+                     *           "model": "acme/support-bot/agent:step3"
+                     *         },
+                     *         {
+                     *           "id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e11",
+                     *           "object": "checkpoint",
+                     *           "step": 2,
+                     *           "metrics": {},
+                     *           "created_at": 1795422600,
+                     *           "model": "acme/support-bot/agent:step2"
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12",
+                     *       "last_id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e11",
+                     *       "has_more": true
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CheckpointList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    deleteCheckpoints: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "steps": [
+                 *         1,
+                 *         2,
+                 *         7
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["DeleteCheckpointsRequest"];
+            };
+        };
+        responses: {
+            /** @description What was deleted, and which steps had no checkpoint. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "deleted_count": 2,
+                     *       "not_found_steps": [
+                     *         7
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["DeleteCheckpointsResponse"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The steps include the latest checkpoint. Nothing was deleted. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Step 3 is the latest checkpoint and cannot be deleted.",
+                     *         "type": "conflict_error",
+                     *         "param": "steps",
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    logModelMetrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "split": "val",
+                 *       "trajectory_groups": [
+                 *         {
+                 *           "trajectories": [
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "4"
+                 *                   },
+                 *                   "finish_reason": "stop"
+                 *                 }
+                 *               ],
+                 *               "reward": 1,
+                 *               "metrics": {
+                 *                 "correct": true
+                 *               }
+                 *             },
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "5"
+                 *                   },
+                 *                   "finish_reason": "stop"
+                 *                 }
+                 *               ],
+                 *               "reward": 0,
+                 *               "metrics": {
+                 *                 "correct": false
+                 *               }
+                 *             }
+                 *           ]
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["LogModelMetricsRequest"];
+            };
+        };
+        responses: {
+            /** @description The metrics stored, and the step they were stored on. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "step": 3,
+                     *       "metrics": {
+                     *         "val/reward": 0.5,
+                     *         "val/reward_std_dev": 0.5,
+                     *         "val/exception_rate": 0,
+                     *         "val/correct": 0.5
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["LogModelMetricsResponse"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createRlTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                 *       "trajectory_groups": [
+                 *         {
+                 *           "trajectories": [
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "4"
+                 *                   },
+                 *                   "finish_reason": "stop",
+                 *                   "logprobs": {
+                 *                     "content": [
+                 *                       {
+                 *                         "token": "4",
+                 *                         "logprob": -0.11,
+                 *                         "bytes": [
+                 *                           52
+                 *                         ],
+                 *                         "top_logprobs": []
+                 *                       }
+                 *                     ]
+                 *                   }
+                 *                 }
+                 *               ],
+                 *               "reward": 1
+                 *             },
+                 *             {
+                 *               "messages_and_choices": [
+                 *                 {
+                 *                   "role": "user",
+                 *                   "content": "What is 2 + 2?"
+                 *                 },
+                 *                 {
+                 *                   "index": 0,
+                 *                   "message": {
+                 *                     "role": "assistant",
+                 *                     "content": "5"
+                 *                   },
+                 *                   "finish_reason": "stop"
+                 *                 }
+                 *               ],
+                 *               "reward": 0
+                 *             }
+                 *           ]
+                 *         }
+                 *       ],
+                 *       "experimental_config": {
+                 *         "learning_rate": 0.00001,
+                 *         "loss_fn": "ppo",
+                 *         "scale_rewards": null
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateRlTrainingJobRequest"];
+            };
+        };
+        responses: {
+            /** @description The queued job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
+                     *       "object": "training_job",
+                     *       "type": "rl",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "queued",
+                     *       "created_at": 1795424400,
+                     *       "training_start": null,
+                     *       "training_end": null,
+                     *       "error_message": null,
+                     *       "step_from": 3,
+                     *       "step_to": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createSftTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                 *       "training_data_url": "dataset://0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                 *       "config": {
+                 *         "batch_size": "auto",
+                 *         "learning_rate": 0.0002,
+                 *         "epochs": 2,
+                 *         "assistant_turns": "all",
+                 *         "lr_schedule": "cosine",
+                 *         "warmup_steps": 5
+                 *       },
+                 *       "experimental_config": {
+                 *         "lora_rank": 8,
+                 *         "seed": 42
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateSftTrainingJobRequest"];
+            };
+        };
+        responses: {
+            /** @description The queued job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "object": "training_job",
+                     *       "type": "sft",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "queued",
+                     *       "created_at": 1795424400,
+                     *       "training_start": null,
+                     *       "training_end": null,
+                     *       "error_message": null,
+                     *       "step_from": 0,
+                     *       "step_to": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
+                     *       "object": "training_job",
+                     *       "type": "rl",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "succeeded",
+                     *       "created_at": 1795424400,
+                     *       "training_start": 1795424401,
+                     *       "training_end": 1795424409,
+                     *       "error_message": null,
+                     *       "step_from": 3,
+                     *       "step_to": 4
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    cancelTrainingJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job, now `cancelled`. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "object": "training_job",
+                     *       "type": "sft",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "status": "cancelled",
+                     *       "created_at": 1795424400,
+                     *       "training_start": 1795424401,
+                     *       "training_end": 1795424460,
+                     *       "error_message": "cancelled",
+                     *       "step_from": 0,
+                     *       "step_to": 10
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The job has already ended (`succeeded`, `failed` or `cancelled`). */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Training job 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03 has already succeeded.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listTrainingJobEvents: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The training job's id, as returned by the create operations.
+                 * @example 0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03
+                 */
+                training_job_id: components["parameters"]["TrainingJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of events (JSON), or the live stream (`text/event-stream`). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f14",
+                     *           "object": "training_job.event",
+                     *           "type": "training_started",
+                     *           "data": {
+                     *             "num_sequences": 1
+                     *           },
+                     *           "created_at": 1795424401
+                     *         },
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f15",
+                     *           "object": "training_job.event",
+                     *           "type": "gradient_step",
+                     *           "data": {
+                     *             "loss": 0.412,
+                     *             "grad_norm": 0.93,
+                     *             "learning_rate": 0.00001,
+                     *             "num_tokens": 1840,
+                     *             "num_trainable_tokens": 212,
+                     *             "tokens_per_second": 2310.5,
+                     *             "gradient_step": 1,
+                     *             "reward": 0.5
+                     *           },
+                     *           "created_at": 1795424408
+                     *         },
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f16",
+                     *           "object": "training_job.event",
+                     *           "type": "checkpoint_saved",
+                     *           "data": {
+                     *             "step": 4
+                     *           },
+                     *           "created_at": 1795424409
+                     *         },
+                     *         {
+                     *           "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f17",
+                     *           "object": "training_job.event",
+                     *           "type": "training_ended",
+                     *           "data": {},
+                     *           "created_at": 1795424409
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f14",
+                     *       "last_id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f17",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJobEventList"];
+                    /**
+                     * @example {
+                     *       "id": "0193a0b5-2b3c-7d4e-9f50-6b7c8d9e0f15",
+                     *       "object": "training_job.event",
+                     *       "type": "gradient_step",
+                     *       "data": {
+                     *         "loss": 0.412,
+                     *         "grad_norm": 0.93,
+                     *         "learning_rate": 0.00001,
+                     *         "num_tokens": 1840,
+                     *         "num_trainable_tokens": 212,
+                     *         "tokens_per_second": 2310.5,
+                     *         "gradient_step": 1,
+                     *         "reward": 0.5
+                     *       },
+                     *       "created_at": 1795424408
+                     *     }
+                     */
+                    "text/event-stream": components["schemas"]["TrainingJobEvent"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createDataset: {
+        parameters: {
+            query?: {
+                /**
+                 * @description A label for the dataset; shown back as `name`.
+                 * @example support-sft-v1
+                 */
+                name?: components["parameters"]["DatasetName"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]}
+                 *     {"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}
+                 */
+                "application/jsonl": string;
+                /** @example {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]} */
+                "application/x-ndjson": string;
+                /** @example {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]} */
+                "text/plain": string;
+            };
+        };
+        responses: {
+            /** @description The stored dataset. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *       "object": "dataset",
+                     *       "url": "dataset://0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *       "name": "support-sft-v1",
+                     *       "bytes": 208,
+                     *       "lines": 2,
+                     *       "created_at": 1795420000
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Dataset"];
+                };
+            };
+            /** @description A line is not a valid `{messages, tools?}` object, or the body is empty. The message names the first bad line. */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Line 17: \"messages\" must be a non-empty array.",
+                     *         "type": "invalid_request_error",
+                     *         "param": "body",
+                     *         "code": null
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
     getHealth: {
         parameters: {
             query?: never;
@@ -112,6 +2963,586 @@ export interface operations {
                 };
             };
             500: components["responses"]["InternalError"];
+        };
+    };
+    getSystemCheck: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every probe succeeded. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "api": true,
+                     *       "database": {
+                     *         "success": true,
+                     *         "duration": 1.8,
+                     *         "error": null
+                     *       },
+                     *       "queue": {
+                     *         "success": true,
+                     *         "duration": 0.9,
+                     *         "error": null,
+                     *         "depth": 2
+                     *       },
+                     *       "engine": {
+                     *         "success": true,
+                     *         "duration": 12.4,
+                     *         "error": null,
+                     *         "models": 1
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["SystemCheck"];
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description At least one probe failed. Same body; the failing probe carries `error`. */
+            503: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "api": true,
+                     *       "database": {
+                     *         "success": false,
+                     *         "duration": 5000,
+                     *         "error": "connect ECONNREFUSED 127.0.0.1:5432"
+                     *       },
+                     *       "queue": {
+                     *         "success": false,
+                     *         "duration": 0,
+                     *         "error": "Skipped; the database is unreachable."
+                     *       },
+                     *       "engine": {
+                     *         "success": true,
+                     *         "duration": 11.7,
+                     *         "error": null,
+                     *         "models": 1
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["SystemCheck"];
+                };
+            };
+        };
+    };
+    listModels: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The models. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "arbor/tiny-chat-1m",
+                     *           "object": "model",
+                     *           "created": 1795000000,
+                     *           "owned_by": "system",
+                     *           "root": "arbor/tiny-chat-1m",
+                     *           "parent": null
+                     *         },
+                     *         {
+                     *           "id": "acme/support-bot/agent",
+                     *           "object": "model",
+                     *           "created": 1795424409,
+                     *           "owned_by": "acme",
+                     *           "root": "arbor/tiny-chat-1m",
+                     *           "parent": "acme/support-bot/agent:step3"
+                     *         },
+                     *         {
+                     *           "id": "acme/support-bot/agent:step3",
+                     *           "object": "model",
+                     *           "created": 1795424409,
+                     *           "owned_by": "acme",
+                     *           "root": "arbor/tiny-chat-1m",
+                     *           "parent": "acme/support-bot/agent:step3"
+                     *         }
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ModelList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveModel: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+            };
+            path: {
+                /**
+                 * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
+                 *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
+                 *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+                 * @example acme/support-bot/agent:step3
+                 */
+                model: components["parameters"]["InferenceModel"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The model. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "acme/support-bot/agent:step3",
+                     *       "object": "model",
+                     *       "created": 1795424409,
+                     *       "owned_by": "acme",
+                     *       "root": "arbor/tiny-chat-1m",
+                     *       "parent": "acme/support-bot/agent:step3"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ModelEntry"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    getCallsUsage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "project_id": "acme/support-bot",
+                 *       "call_ids": [
+                 *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0"
+                 *       ],
+                 *       "include_costs": true,
+                 *       "limit": 10000
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsUsageRequest"];
+            };
+        };
+        responses: {
+            /** @description Usage per requested root call and model. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "call_usage": {
+                     *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f": {
+                     *           "acme/support-bot/agent:step3": {
+                     *             "requests": 3,
+                     *             "prompt_tokens": 412,
+                     *             "completion_tokens": 96,
+                     *             "total_tokens": 508,
+                     *             "cache_read_input_tokens": 0,
+                     *             "cache_creation_input_tokens": 0,
+                     *             "prompt_tokens_total_cost": 0.000412,
+                     *             "completion_tokens_total_cost": 0.000192,
+                     *             "cache_read_input_tokens_total_cost": 0,
+                     *             "cache_creation_input_tokens_total_cost": 0
+                     *           }
+                     *         },
+                     *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0": {}
+                     *       },
+                     *       "unfinished_call_ids": [
+                     *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8eb1"
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsUsageResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    startCall: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "start": {
+                 *         "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *         "project_id": "acme/support-bot",
+                 *         "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00",
+                 *         "parent_id": null,
+                 *         "op_name": "agent.solve",
+                 *         "display_name": "Solve ticket 4411",
+                 *         "started_at": "2026-11-23T09:00:00.000Z",
+                 *         "attributes": {
+                 *           "env": "staging"
+                 *         },
+                 *         "inputs": {
+                 *           "ticket": 4411
+                 *         }
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallStartRequest"];
+            };
+        };
+        responses: {
+            /** @description The call's id and trace id (generated when absent). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                     *       "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallStartResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            409: components["responses"]["CallsConflict"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    endCall: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "end": {
+                 *         "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *         "project_id": "acme/support-bot",
+                 *         "ended_at": "2026-11-23T09:00:04.250Z",
+                 *         "output": {
+                 *           "resolution": "Sent the reset link."
+                 *         },
+                 *         "exception": null,
+                 *         "summary": {
+                 *           "usage": {
+                 *             "acme/support-bot/agent:step3": {
+                 *               "requests": 1,
+                 *               "prompt_tokens": 140,
+                 *               "completion_tokens": 32,
+                 *               "total_tokens": 172
+                 *             }
+                 *           }
+                 *         }
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallEndRequest"];
+            };
+        };
+        responses: {
+            /** @description Recorded. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /** @example {} */
+                    "application/json": components["schemas"]["CallEndResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            409: components["responses"]["CallsConflict"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    upsertCallBatch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "batch": [
+                 *         {
+                 *           "mode": "start",
+                 *           "req": {
+                 *             "start": {
+                 *               "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0",
+                 *               "project_id": "acme/support-bot",
+                 *               "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00",
+                 *               "parent_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                 *               "op_name": "tool.search_kb",
+                 *               "started_at": "2026-11-23T09:00:01.000Z",
+                 *               "inputs": {
+                 *                 "query": "password reset"
+                 *               }
+                 *             }
+                 *           }
+                 *         },
+                 *         {
+                 *           "mode": "end",
+                 *           "req": {
+                 *             "end": {
+                 *               "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0",
+                 *               "project_id": "acme/support-bot",
+                 *               "ended_at": "2026-11-23T09:00:01.300Z",
+                 *               "output": [
+                 *                 "KB-12",
+                 *                 "KB-40"
+                 *               ]
+                 *             }
+                 *           }
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallUpsertBatchRequest"];
+            };
+        };
+        responses: {
+            /** @description One result per batch item, in order: `{id, trace_id}` for a start, `{}` for an end. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "res": [
+                     *         {
+                     *           "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0",
+                     *           "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00"
+                     *         },
+                     *         {}
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallUpsertBatchResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            409: components["responses"]["CallsConflict"];
+            413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    queryCalls: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "project_id": "acme/support-bot",
+                 *       "filter": {
+                 *         "trace_ids": [
+                 *           "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00"
+                 *         ],
+                 *         "trace_roots_only": true
+                 *       },
+                 *       "limit": 100,
+                 *       "offset": 0
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsQueryRequest"];
+            };
+        };
+        responses: {
+            /** @description One page of calls. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "calls": [
+                     *         {
+                     *           "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+                     *           "project_id": "acme/support-bot",
+                     *           "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00",
+                     *           "parent_id": null,
+                     *           "op_name": "agent.solve",
+                     *           "display_name": "Solve ticket 4411",
+                     *           "started_at": "2026-11-23T09:00:00.000Z",
+                     *           "ended_at": "2026-11-23T09:00:04.250Z",
+                     *           "inputs": {
+                     *             "ticket": 4411
+                     *           },
+                     *           "output": {
+                     *             "resolution": "Sent the reset link."
+                     *           },
+                     *           "exception": null,
+                     *           "attributes": {
+                     *             "env": "staging"
+                     *           },
+                     *           "summary": {
+                     *             "usage": {
+                     *               "acme/support-bot/agent:step3": {
+                     *                 "requests": 1,
+                     *                 "prompt_tokens": 140,
+                     *                 "completion_tokens": 32,
+                     *                 "total_tokens": 172
+                     *               }
+                     *             }
+                     *           }
+                     *         }
+                     *       ],
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsQueryResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    deleteCalls: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "project_id": "acme/support-bot",
+                 *       "call_ids": [
+                 *         "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f"
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsDeleteRequest"];
+            };
+        };
+        responses: {
+            /** @description How many calls were deleted. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "num_deleted": 2
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsDeleteResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
         };
     };
 }
