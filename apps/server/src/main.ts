@@ -6,7 +6,10 @@ import { timed } from "./modules/health/service.ts";
 
 const config = configFromEnv();
 const logger = pino({ level: config.logLevel });
-const notYet = (what: string) => () => timed(async () => { throw new Error(`${what} is not configured yet`); });
+const notYet = (what: string) => () =>
+  timed(async () => {
+    throw new Error(`${what} is not configured yet`);
+  });
 
 const app = createApp({
   config,

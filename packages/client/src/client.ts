@@ -51,14 +51,16 @@ export function createArborClient(options: ArborClientOptions): ArborClient {
 function identity(options: ArborClientOptions): Middleware {
   return {
     onRequest({ request }) {
-      for (const [name, value] of Object.entries(options.headers ?? {})) request.headers.set(name, value);
+      for (const [name, value] of Object.entries(options.headers ?? {}))
+        request.headers.set(name, value);
       if (options.apiKey && !request.headers.has("authorization")) {
         request.headers.set("authorization", `Bearer ${options.apiKey}`);
       }
       if (options.project && !request.headers.has("compat-project")) {
         request.headers.set("compat-project", options.project);
       }
-      if (!request.headers.has("x-request-id")) request.headers.set("x-request-id", crypto.randomUUID());
+      if (!request.headers.has("x-request-id"))
+        request.headers.set("x-request-id", crypto.randomUUID());
       return request;
     },
   };
@@ -84,7 +86,10 @@ function helpers(api: Client<paths>) {
         signal: init.signal,
       });
       if (!result.response.ok) {
-        unwrap({ ...result, error: result.error ?? (await result.response.json().catch(() => null)) });
+        unwrap({
+          ...result,
+          error: result.error ?? (await result.response.json().catch(() => null)),
+        });
       }
       yield* sseJson<ChatCompletionChunk>(result.response);
     },
@@ -118,7 +123,10 @@ function helpers(api: Client<paths>) {
           signal: init.signal,
         });
         if (!result.response.ok) {
-          unwrap({ ...result, error: result.error ?? (await result.response.json().catch(() => null)) });
+          unwrap({
+            ...result,
+            error: result.error ?? (await result.response.json().catch(() => null)),
+          });
         }
         for await (const event of sseJson<TrainingJobEvent>(result.response)) {
           yield event;

@@ -116,7 +116,9 @@ function messageOf(status: number, body: unknown): string {
     const detail = (body as { detail: unknown }).detail;
     if (typeof detail === "string") return `${status} ${detail}`;
     if (Array.isArray(detail)) {
-      const parts = detail.map((d: { loc?: unknown[]; msg?: string }) => `${(d.loc ?? []).join(".")}: ${d.msg}`);
+      const parts = detail.map(
+        (d: { loc?: unknown[]; msg?: string }) => `${(d.loc ?? []).join(".")}: ${d.msg}`,
+      );
       return `${status} ${parts.join("; ")}`;
     }
   }

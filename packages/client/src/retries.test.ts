@@ -49,7 +49,9 @@ describe("retryingFetch", () => {
   it("when a create POST has no idempotency key, then it is never retried", async () => {
     const s = scripted([new Response("", { status: 503 })]);
     const fetch = retryingFetch({ maxRetries: 2, fetch: s.fetch, sleep: s.sleep, random: () => 0 });
-    const res = await fetch(new Request(`${url}/v1/preview/models`, { method: "POST", body: "{}" }));
+    const res = await fetch(
+      new Request(`${url}/v1/preview/models`, { method: "POST", body: "{}" }),
+    );
     expect(res.status).toBe(503);
     expect(s.seen).toHaveLength(1);
   });
@@ -85,7 +87,11 @@ describe("retry policy", () => {
   });
 
   it("when x-should-retry is true on a 400, then it retries", () => {
-    expect(shouldRetryResponse(new Response(null, { status: 400, headers: { "x-should-retry": "true" } }))).toBe(true);
+    expect(
+      shouldRetryResponse(
+        new Response(null, { status: 400, headers: { "x-should-retry": "true" } }),
+      ),
+    ).toBe(true);
   });
 
   it.each([
@@ -112,6 +118,10 @@ describe("retry policy", () => {
     ["POST", "/v1/preview/models", {}, false],
     ["POST", "/v1/preview/models", { "idempotency-key": "k" }, true],
   ])("when %s %s, then retryable is %s", (method, path, headers, expected) => {
-    expect(isRetryableRequest(new Request(`${url}${path}`, { method, headers, body: method === "POST" ? "{}" : null }))).toBe(expected);
+    expect(
+      isRetryableRequest(
+        new Request(`${url}${path}`, { method, headers, body: method === "POST" ? "{}" : null }),
+      ),
+    ).toBe(expected);
   });
 });

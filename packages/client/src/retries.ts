@@ -39,12 +39,14 @@ export function retryDelayMs(
 ): number {
   const headers = response?.headers;
   const ms = Number(headers?.get("retry-after-ms"));
-  if (headers?.has("retry-after-ms") && Number.isFinite(ms) && ms >= 0 && ms <= maxRetryAfterMs) return ms;
+  if (headers?.has("retry-after-ms") && Number.isFinite(ms) && ms >= 0 && ms <= maxRetryAfterMs)
+    return ms;
   const after = headers?.get("retry-after");
   if (after) {
     const seconds = Number(after);
     const fromHeader = Number.isFinite(seconds) ? seconds * 1000 : Date.parse(after) - now;
-    if (Number.isFinite(fromHeader) && fromHeader >= 0 && fromHeader <= maxRetryAfterMs) return fromHeader;
+    if (Number.isFinite(fromHeader) && fromHeader >= 0 && fromHeader <= maxRetryAfterMs)
+      return fromHeader;
   }
   const base = Math.min(0.5 * 2 ** retriesDone, 8);
   return base * (1 - random() * 0.25) * 1000;

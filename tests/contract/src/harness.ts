@@ -7,15 +7,20 @@ export interface RunningServer {
   baseUrl: string;
   /** A client for this server; `maxRetries: 0` so a test sees each answer as sent. */
   client(options?: Partial<ArborClientOptions>): ArborClient;
+  /** A client with the first admin's key. */
+  authorizedClient(options?: Partial<ArborClientOptions>): ArborClient;
+  /** The operations this server answers 501 for. */
+  pending: string[];
   close(): Promise<void>;
 }
 
 /** Starts the real app on port 0 with real dependencies. */
 export async function startServer(): Promise<RunningServer> {
+  const spec = loadSpec();
   const app = createApp({
     config: defaultAppConfig(),
     logger: pino({ level: "silent" }),
-    spec: loadSpec(),
+    spec,
     probes: {
       database: () => timed(async () => ({})),
       queue: () => timed(async () => ({})),
@@ -28,7 +33,9 @@ export async function startServer(): Promise<RunningServer> {
   const baseUrl = `http://127.0.0.1:${port}`;
   return {
     baseUrl,
+    pending: app.locals.pendingOperations as string[],
     client: (options = {}) => createArborClient({ baseUrl, maxRetries: 0, ...options }),
+    authorizedClient: (options = {}) => createArborClient({ baseUrl, maxRetries: 0, ...options }),
     close: () =>
       new Promise<void>((resolve, reject) => {
         server.closeAllConnections();

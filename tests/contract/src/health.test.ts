@@ -17,7 +17,22 @@ describe("getHealth", () => {
   });
 
   it("when the request sends its own x-request-id, then the response echoes it", async () => {
-    const result = await server.client({ headers: { "x-request-id": "trace-abc.123" } }).GET("/v1/health");
+    const result = await server
+      .client({ headers: { "x-request-id": "trace-abc.123" } })
+      .GET("/v1/health");
     expect(result.response.headers.get("x-request-id")).toBe("trace-abc.123");
+  });
+});
+
+describe("getSystemCheck", () => {
+  it("when every dependency answers, then 200 with each probe's success and duration", async () => {
+    const result = await server.client().GET("/v1/system-check");
+    expect(result.response.status).toBe(200);
+    const report = unwrap(result);
+    expect(report.api).toBe(true);
+    for (const probe of [report.database, report.queue, report.engine]) {
+      expect(probe).toMatchObject({ success: true, error: null });
+      expect(probe.duration).toBeGreaterThanOrEqual(0);
+    }
   });
 });

@@ -10,15 +10,19 @@ const publicPaths = new Set(["/v1/health", "/v1/system-check"]);
 /** CONTRACT §2: every endpoint needs `Authorization: Bearer <key>`, except health,
  * system-check, the docs and the spec (which are mounted before this middleware). */
 export function authentication(authenticate: Authenticate) {
-  return (req: Request, res: Response, next: NextFunction): void => {
+  return (req: Request, res: Response, next: NextFunction) => {
     if (publicPaths.has(req.path)) return next();
     const header = req.header("authorization");
     if (!header) {
-      return next(ApiError.unauthorized("Missing API key: send `Authorization: Bearer <API key>`."));
+      return next(
+        ApiError.unauthorized("Missing API key: send `Authorization: Bearer <API key>`."),
+      );
     }
     const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
     if (!match?.[1]) {
-      return next(ApiError.unauthorized("Malformed Authorization header: expected `Bearer <API key>`."));
+      return next(
+        ApiError.unauthorized("Malformed Authorization header: expected `Bearer <API key>`."),
+      );
     }
     authenticate(match[1])
       .then((principal) => {

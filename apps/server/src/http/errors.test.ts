@@ -1,7 +1,7 @@
 import { Ajv2020 } from "ajv/dist/2020.js";
 import { describe, expect, it } from "vitest";
-import { loadSpec } from "./openapi.ts";
 import { ApiError, envelope, toApiError } from "./errors.ts";
+import { loadSpec } from "./openapi.ts";
 
 const spec = loadSpec();
 const ajv = new Ajv2020({ strict: false });
@@ -31,12 +31,20 @@ describe("error envelopes", () => {
     const { error } = toApiError({
       status: 400,
       message: "request/body/limit must be >= 1",
-      errors: [{ path: "/body/limit", message: "must be >= 1", errorCode: "minimum.openapi.validation" }],
+      errors: [
+        { path: "/body/limit", message: "must be >= 1", errorCode: "minimum.openapi.validation" },
+      ],
     });
     const { status, body } = envelope("calls", error, "rid");
     expect(status).toBe(422);
     expect(body).toEqual({
-      detail: [{ loc: ["body", "limit"], msg: "Input should be greater than or equal to 1", type: "greater_than_equal" }],
+      detail: [
+        {
+          loc: ["body", "limit"],
+          msg: "Input should be greater than or equal to 1",
+          type: "greater_than_equal",
+        },
+      ],
     });
     expect(schema("HTTPValidationError")(body)).toBe(true);
   });
@@ -45,7 +53,13 @@ describe("error envelopes", () => {
     const { error } = toApiError({
       status: 400,
       message: "bad",
-      errors: [{ path: "/body/messages/0/role", message: "must be equal to one of the allowed values", errorCode: "enum.openapi.validation" }],
+      errors: [
+        {
+          path: "/body/messages/0/role",
+          message: "must be equal to one of the allowed values",
+          errorCode: "enum.openapi.validation",
+        },
+      ],
     });
     const { status, body } = envelope("v1", error, "rid");
     expect(status).toBe(400);

@@ -135,7 +135,10 @@ function locOf(path: string | undefined): (string | number)[] {
 
 /** `["body", "messages", 0, "role"]` → `messages[0].role` (OpenAI's `param`). */
 function paramOf(loc: (string | number)[]): string | null {
-  const rest = loc[0] === "body" || loc[0] === "query" || loc[0] === "header" || loc[0] === "path" ? loc.slice(1) : loc;
+  const rest =
+    loc[0] === "body" || loc[0] === "query" || loc[0] === "header" || loc[0] === "path"
+      ? loc.slice(1)
+      : loc;
   if (rest.length === 0) return null;
   return rest.reduce<string>(
     (acc, part) => (typeof part === "number" ? `${acc}[${part}]` : acc ? `${acc}.${part}` : part),
@@ -154,21 +157,33 @@ function pydanticIssue(keyword: string, message: string): { type: string; msg: s
     case "unevaluatedProperties":
       return { type: "extra_forbidden", msg: "Extra inputs are not permitted" };
     case "minimum":
-      return { type: "greater_than_equal", msg: `Input should be greater than or equal to ${bound}` };
+      return {
+        type: "greater_than_equal",
+        msg: `Input should be greater than or equal to ${bound}`,
+      };
     case "exclusiveMinimum":
       return { type: "greater_than", msg: `Input should be greater than ${bound}` };
     case "maximum":
       return { type: "less_than_equal", msg: `Input should be less than or equal to ${bound}` };
     case "minLength":
-      return { type: "string_too_short", msg: `String should have at least ${count} character${count === "1" ? "" : "s"}` };
+      return {
+        type: "string_too_short",
+        msg: `String should have at least ${count} character${count === "1" ? "" : "s"}`,
+      };
     case "maxLength":
       return { type: "string_too_long", msg: `String should have at most ${count} characters` };
     case "minItems":
-      return { type: "too_short", msg: `List should have at least ${count} item${count === "1" ? "" : "s"}` };
+      return {
+        type: "too_short",
+        msg: `List should have at least ${count} item${count === "1" ? "" : "s"}`,
+      };
     case "maxItems":
       return { type: "too_long", msg: `List should have at most ${count} items` };
     case "pattern":
-      return { type: "string_pattern_mismatch", msg: `String should ${message.replace(/^must /, "")}` };
+      return {
+        type: "string_pattern_mismatch",
+        msg: `String should ${message.replace(/^must /, "")}`,
+      };
     case "enum":
       return { type: "enum", msg: `Input should be ${message.replace(/^must be /, "")}` };
     case "type": {
@@ -206,7 +221,10 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
         unexpected: false,
       };
     }
-    return { error: new ApiError(err.status || 400, "The request body could not be read."), unexpected: false };
+    return {
+      error: new ApiError(err.status || 400, "The request body could not be read."),
+      unexpected: false,
+    };
   }
   if (isValidatorError(err) && err.status < 500) {
     const entries = err.errors ?? [];
@@ -219,12 +237,22 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
     const status = err.status;
     if (status === 404) return { error: ApiError.notFound("Unknown path."), unexpected: false };
     if (status === 405) {
-      return { error: new ApiError(405, "Method not allowed for this path.", { code: "method_not_allowed", headers: err.headers ?? {} }), unexpected: false };
+      return {
+        error: new ApiError(405, "Method not allowed for this path.", {
+          code: "method_not_allowed",
+          headers: err.headers ?? {},
+        }),
+        unexpected: false,
+      };
     }
     if (status === 415) {
-      return { error: new ApiError(415, err.message, { code: "unsupported_media_type" }), unexpected: false };
+      return {
+        error: new ApiError(415, err.message, { code: "unsupported_media_type" }),
+        unexpected: false,
+      };
     }
-    if (status === 413) return { error: ApiError.tooLarge("Request body is too large."), unexpected: false };
+    if (status === 413)
+      return { error: ApiError.tooLarge("Request body is too large."), unexpected: false };
     const param = paramOf(firstLoc);
     const where = param ?? firstLoc.join(".");
     const message = first ? `${where}: ${first.message}` : err.message;
@@ -243,24 +271,37 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
 }
 
 /** The body of an error response in the surface's envelope, and its status. */
-export function envelope(surface: Surface, error: ApiError, requestId: string): { status: number; body: unknown } {
+export function envelope(
+  surface: Surface,
+  error: ApiError,
+  requestId: string,
+): { status: number; body: unknown } {
   if (surface === "calls") {
     if (error.issues && (error.status === 400 || error.status === 422)) {
       return { status: 422, body: { detail: error.issues } };
     }
-    const message = error.status === 500 ? `Internal server error (request ${requestId}).` : error.message;
+    const message =
+      error.status === 500 ? `Internal server error (request ${requestId}).` : error.message;
     return { status: error.status, body: { detail: message } };
   }
-  const message = error.status === 500 ? `Internal server error (request ${requestId}).` : error.message;
+  const message =
+    error.status === 500 ? `Internal server error (request ${requestId}).` : error.message;
   return {
     status: error.status,
-    body: { error: { message, type: errorTypeFor(error.status), param: error.param, code: error.code } },
+    body: {
+      error: { message, type: errorTypeFor(error.status), param: error.param, code: error.code },
+    },
   };
 }
 
 /** Sends an error in the surface's envelope. It bypasses response validation on purpose: the
  * envelopes are built only here, and a unit test checks them against the spec's schemas. */
-export function sendError(res: Response, surface: Surface, error: ApiError, requestId: string): void {
+export function sendError(
+  res: Response,
+  surface: Surface,
+  error: ApiError,
+  requestId: string,
+): void {
   const { status, body } = envelope(surface, error, requestId);
   for (const [name, value] of Object.entries(error.headers)) res.setHeader(name, value);
   if (status === 503 && !res.hasHeader("x-should-retry")) res.setHeader("x-should-retry", "true");

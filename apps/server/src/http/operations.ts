@@ -9,9 +9,8 @@ type Op<K extends OperationId> = operations[K];
 
 type JsonOf<T> = T extends { content: { "application/json": infer B } } ? B : undefined;
 
-export type RequestBody<K extends OperationId> = Op<K> extends { requestBody?: infer R }
-  ? JsonOf<NonNullable<R>>
-  : undefined;
+export type RequestBody<K extends OperationId> =
+  Op<K> extends { requestBody?: infer R } ? JsonOf<NonNullable<R>> : undefined;
 
 export type PathParams<K extends OperationId> = Op<K>["parameters"] extends { path?: infer P }
   ? NonNullable<P>

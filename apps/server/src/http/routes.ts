@@ -1,8 +1,8 @@
 import { type NextFunction, type Request, type Response, Router } from "express";
 import { ApiError } from "./errors.ts";
+import type { SpecOperation } from "./openapi.ts";
 import type { Handler, Handlers, OperationId } from "./operations.ts";
 import { RESPONDED } from "./operations.ts";
-import type { SpecOperation } from "./openapi.ts";
 import type { Principal } from "./principal.ts";
 
 /** Mounts one route per spec operation. An operation with no handler answers 501, so every

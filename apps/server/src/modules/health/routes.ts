@@ -1,4 +1,4 @@
-import { RESPONDED, type Handlers } from "../../http/operations.ts";
+import { type Handlers, RESPONDED } from "../../http/operations.ts";
 import { type Probes, systemCheck } from "./service.ts";
 
 export function healthHandlers(probes: Probes): Handlers {
