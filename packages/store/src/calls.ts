@@ -1,0 +1,534 @@
+import { createHash } from "node:crypto";
+import { type Clock, fromJson, type Json, strOrNull, toJson } from "./common.ts";
+import { ConflictError, LimitExceededError } from "./errors.ts";
+import { uuidv7 } from "./ids.ts";
+import { isoDate } from "./prices.ts";
+import type { Dialect, Row, Sql, SqlValue } from "./sql.ts";
+
+export interface CallStartInput {
+  project_id: string;
+  /** Generated (UUID v7) when absent. */
+  id?: string | null;
+  /** Generated when absent: the call starts a new trace. */
+  trace_id?: string | null;
+  parent_id?: string | null;
+  op_name: string;
+  display_name?: string | null;
+  started_at: string | Date;
+  attributes?: Json;
+  inputs?: Json;
+}
+
+export interface CallEndInput {
+  project_id: string;
+  id: string;
+  ended_at: string | Date;
+  output?: Json;
+  exception?: string | null;
+  summary?: Json;
+}
+
+export type CallBatchItem =
+  | { mode: "start"; start: CallStartInput }
+  | { mode: "end"; end: CallEndInput };
+
+export interface Call {
+  project_id: string;
+  id: string;
+  trace_id: string;
+  parent_id: string | null;
+  op_name: string;
+  display_name: string | null;
+  /** ISO 8601 UTC, millisecond precision. */
+  started_at: string;
+  ended_at: string | null;
+  inputs: Json;
+  output: Json;
+  exception: string | null;
+  attributes: Json;
+  summary: Json;
+  deleted_at: string | null;
+}
+
+export interface CallFilter {
+  trace_ids?: readonly string[];
+  call_ids?: readonly string[];
+  parent_ids?: readonly string[];
+  op_names?: readonly string[];
+  /** Inclusive lower bound on started_at. */
+  started_after?: string | Date;
+  /** Exclusive upper bound on started_at. */
+  started_before?: string | Date;
+  trace_roots_only?: boolean;
+}
+
+export interface ModelUsage {
+  requests: number;
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  cache_read_input_tokens: number;
+  cache_creation_input_tokens: number;
+  prompt_tokens_total_cost: number | null;
+  completion_tokens_total_cost: number | null;
+  cache_read_input_tokens_total_cost: number | null;
+  cache_creation_input_tokens_total_cost: number | null;
+}
+
+export interface CallUsageResult {
+  /** One key per distinct requested id; missing, deleted or foreign ids map to {}. */
+  call_usage: Record<string, Record<string, ModelUsage>>;
+  /** Sorted ids of the calls read that have no ended_at. */
+  unfinished_call_ids: string[];
+}
+
+interface PreparedStart {
+  project_id: string;
+  id: string;
+  trace_id: string;
+  parent_id: string | null;
+  op_name: string;
+  display_name: string | null;
+  started_at: string;
+  inputs: string | null;
+  attributes: string | null;
+  hash: string;
+}
+
+interface PreparedEnd {
+  project_id: string;
+  id: string;
+  ended_at: string;
+  output: string | null;
+  exception: string | null;
+  summary: string | null;
+}
+
+/** JSON with sorted keys: equal content gives an equal hash whatever the key order. */
+function canonical(value: unknown): string {
+  if (value === null || typeof value !== "object") return JSON.stringify(value ?? null);
+  if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
+  const obj = value as Record<string, unknown>;
+  const keys = Object.keys(obj)
+    .filter((k) => obj[k] !== undefined)
+    .sort();
+  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonical(obj[k])}`).join(",")}}`;
+}
+
+function prepareStart(s: CallStartInput, now: number): PreparedStart {
+  const id = s.id ?? uuidv7(now);
+  const start = {
+    trace_id: s.trace_id ?? uuidv7(now),
+    parent_id: s.parent_id ?? null,
+    op_name: s.op_name,
+    display_name: s.display_name ?? null,
+    started_at: isoDate(s.started_at),
+    inputs: s.inputs ?? null,
+    attributes: s.attributes ?? null,
+  };
+  return {
+    project_id: s.project_id,
+    id,
+    ...start,
+    inputs: toJson(start.inputs),
+    attributes: toJson(start.attributes),
+    hash: createHash("sha256").update(canonical(start)).digest("base64url"),
+  };
+}
+
+function prepareEnd(e: CallEndInput): PreparedEnd {
+  return {
+    project_id: e.project_id,
+    id: e.id,
+    ended_at: isoDate(e.ended_at),
+    output: toJson(e.output ?? null),
+    exception: e.exception ?? null,
+    summary: toJson(e.summary ?? null),
+  };
+}
+
+function toCall(r: Row): Call {
+  return {
+    project_id: String(r.project_id),
+    id: String(r.id),
+    trace_id: String(r.trace_id),
+    parent_id: strOrNull(r.parent_id),
+    op_name: String(r.op_name),
+    display_name: strOrNull(r.display_name),
+    started_at: String(r.started_at),
+    ended_at: strOrNull(r.ended_at),
+    inputs: fromJson(r.inputs),
+    output: fromJson(r.output),
+    exception: strOrNull(r.exception),
+    attributes: fromJson(r.attributes),
+    summary: fromJson(r.summary),
+    deleted_at: strOrNull(r.deleted_at),
+  };
+}
+
+/** `IN (…)` over a JSON array bound as one parameter, so id lists never hit parameter limits. */
+function jsonList(dialect: Dialect, param: number): string {
+  return dialect === "sqlite"
+    ? `(SELECT value FROM json_each($${param}))`
+    : `(SELECT jsonb_array_elements_text($${param}::jsonb))`;
+}
+
+const UPSERT_COLUMNS = [
+  "project_id",
+  "id",
+  "trace_id",
+  "parent_id",
+  "op_name",
+  "display_name",
+  "started_at",
+  "ended_at",
+  "inputs",
+  "output",
+  "exception",
+  "attributes",
+  "summary",
+  "started",
+  "start_hash",
+] as const;
+const START_FIELDS = [
+  "trace_id",
+  "parent_id",
+  "op_name",
+  "display_name",
+  "started_at",
+  "inputs",
+  "attributes",
+  "start_hash",
+];
+const END_FIELDS = ["ended_at", "output", "exception", "summary"];
+const UPSERT_CONFLICT = `ON CONFLICT (project_id, id) DO UPDATE SET ${[
+  ...START_FIELDS.map(
+    (f) => `${f} = CASE WHEN excluded.started = 1 THEN excluded.${f} ELSE calls.${f} END`,
+  ),
+  ...END_FIELDS.map(
+    (f) => `${f} = CASE WHEN excluded.ended_at IS NOT NULL THEN excluded.${f} ELSE calls.${f} END`,
+  ),
+  "started = CASE WHEN excluded.started = 1 THEN 1 ELSE calls.started END",
+].join(", ")}`;
+const ROWS_PER_STATEMENT = 400;
+
+function upsertText(rows: number): string {
+  const width = UPSERT_COLUMNS.length;
+  const values = Array.from(
+    { length: rows },
+    (_, r) => `(${Array.from({ length: width }, (_, c) => `$${r * width + c + 1}`).join(", ")})`,
+  ).join(", ");
+  return `INSERT INTO calls (${UPSERT_COLUMNS.join(", ")}) VALUES ${values} ${UPSERT_CONFLICT}`;
+}
+
+interface Merged {
+  project_id: string;
+  id: string;
+  start?: PreparedStart;
+  end?: PreparedEnd;
+}
+
+/** The usage numbers of one `summary.usage[model]` object, per dialect; non-numbers read as 0. */
+function usageSql(dialect: Dialect) {
+  const n = (k: string) =>
+    dialect === "sqlite"
+      ? `(CASE WHEN json_type(u, '$.${k}') IN ('integer', 'real') THEN json_extract(u, '$.${k}') ELSE 0 END)`
+      : `(CASE WHEN jsonb_typeof(u -> '${k}') = 'number' THEN (u ->> '${k}')::float8 ELSE 0 END)`;
+  const has = (k: string) =>
+    dialect === "sqlite"
+      ? `json_type(u, '$.${k}') IN ('integer', 'real')`
+      : `jsonb_typeof(u -> '${k}') = 'number'`;
+  const usageRows =
+    dialect === "sqlite"
+      ? `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
+         FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
+         JOIN json_each(c.summary, '$.usage') j
+         WHERE json_type(c.summary, '$.usage') = 'object' AND j.type = 'object'`
+      : `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
+         FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
+         CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(c.summary::jsonb -> 'usage') = 'object'
+                                       THEN c.summary::jsonb -> 'usage' ELSE '{}'::jsonb END) j
+         WHERE c.summary IS NOT NULL AND jsonb_typeof(j.value) = 'object'`;
+  return { n, has, usageRows };
+}
+
+export class CallsRepo {
+  readonly #sql: Sql;
+  readonly #now: Clock;
+  constructor(sql: Sql, now: Clock) {
+    this.#sql = sql;
+    this.#now = now;
+  }
+
+  /**
+   * Records a call's start. Repeating a start with identical content is harmless; with different
+   * content → ConflictError. An end that arrived first is merged in.
+   */
+  async startCall(start: CallStartInput): Promise<{ id: string; trace_id: string }> {
+    const prepared = prepareStart(start, this.#now());
+    await this.#sql.transaction((tx) => this.#write(tx, [{ ...prepared, start: prepared }]));
+    return { id: prepared.id, trace_id: prepared.trace_id };
+  }
+
+  /** Records a call's end; before its start it is stored but stays invisible. */
+  async endCall(end: CallEndInput): Promise<void> {
+    const prepared = prepareEnd(end);
+    await this.#sql.transaction((tx) =>
+      this.#write(tx, [{ project_id: prepared.project_id, id: prepared.id, end: prepared }]),
+    );
+  }
+
+  /**
+   * Applies starts and ends in order, in ONE transaction: all or nothing. A conflicting start
+   * anywhere rejects the whole batch with ConflictError.
+   */
+  async upsertBatch(items: readonly CallBatchItem[]): Promise<{ id: string; trace_id: string }[]> {
+    const now = this.#now();
+    const merged = new Map<string, Merged>();
+    const started: { id: string; trace_id: string }[] = [];
+    for (const item of items) {
+      const prepared = item.mode === "start" ? prepareStart(item.start, now) : prepareEnd(item.end);
+      const key = `${prepared.project_id}\u0000${prepared.id}`;
+      let m = merged.get(key);
+      if (!m) {
+        m = { project_id: prepared.project_id, id: prepared.id };
+        merged.set(key, m);
+      }
+      if (item.mode === "start") {
+        const s = prepared as PreparedStart;
+        if (m.start && m.start.hash !== s.hash) {
+          throw new ConflictError(`Call ${s.id} was started twice with different content`);
+        }
+        m.start = s;
+        started.push({ id: s.id, trace_id: s.trace_id });
+      } else {
+        m.end = prepared as PreparedEnd;
+      }
+    }
+    if (merged.size > 0) await this.#sql.transaction((tx) => this.#write(tx, [...merged.values()]));
+    return started;
+  }
+
+  async #write(tx: Sql, rows: Merged[]): Promise<void> {
+    // Conflict check against stored starts, per project, one query per chunk of ids.
+    const startsByProject = new Map<string, Map<string, string>>();
+    for (const r of rows) {
+      if (!r.start) continue;
+      let ids = startsByProject.get(r.project_id);
+      if (!ids) {
+        ids = new Map();
+        startsByProject.set(r.project_id, ids);
+      }
+      ids.set(r.id, r.start.hash);
+    }
+    for (const [project, ids] of startsByProject) {
+      const all = [...ids.keys()];
+      for (let i = 0; i < all.length; i += 5000) {
+        const chunk = all.slice(i, i + 5000);
+        const existing = await tx.query<{ id: string; start_hash: string }>(
+          `SELECT id, start_hash FROM calls WHERE project_id = $1 AND started = 1
+             AND id IN ${jsonList(tx.dialect, 2)}`,
+          [project, JSON.stringify(chunk)],
+        );
+        for (const e of existing) {
+          if (ids.get(String(e.id)) !== String(e.start_hash)) {
+            throw new ConflictError(`Call ${e.id} already exists with different content`);
+          }
+        }
+      }
+    }
+    for (let i = 0; i < rows.length; i += ROWS_PER_STATEMENT) {
+      const chunk = rows.slice(i, i + ROWS_PER_STATEMENT);
+      const params: SqlValue[] = [];
+      for (const r of chunk) {
+        const s = r.start;
+        const e = r.end;
+        params.push(
+          r.project_id,
+          r.id,
+          s?.trace_id ?? null,
+          s?.parent_id ?? null,
+          s?.op_name ?? null,
+          s?.display_name ?? null,
+          s?.started_at ?? null,
+          e?.ended_at ?? null,
+          s?.inputs ?? null,
+          e?.output ?? null,
+          e?.exception ?? null,
+          s?.attributes ?? null,
+          e?.summary ?? null,
+          s ? 1 : 0,
+          s?.hash ?? null,
+        );
+      }
+      await tx.exec(upsertText(chunk.length), params);
+    }
+  }
+
+  /** A visible (started, not deleted) call of this project. */
+  async getCall(projectId: string, id: string): Promise<Call | undefined> {
+    const row = await this.#sql.one(
+      "SELECT * FROM calls WHERE project_id = $1 AND id = $2 AND started = 1 AND deleted_at IS NULL",
+      [projectId, id],
+    );
+    return row ? toCall(row) : undefined;
+  }
+
+  /** Visible calls of the project matching every given filter, by started_at then id. */
+  async queryCalls(
+    projectId: string,
+    filter: CallFilter = {},
+    limit = 100,
+    offset = 0,
+  ): Promise<Call[]> {
+    const d = this.#sql.dialect;
+    const where = ["project_id = $1", "started = 1", "deleted_at IS NULL"];
+    const params: SqlValue[] = [projectId];
+    const list = (column: string, values: readonly string[] | undefined) => {
+      if (values === undefined) return;
+      params.push(JSON.stringify(values));
+      where.push(`${column} IN ${jsonList(d, params.length)}`);
+    };
+    list("trace_id", filter.trace_ids);
+    list("id", filter.call_ids);
+    list("parent_id", filter.parent_ids);
+    list("op_name", filter.op_names);
+    if (filter.started_after !== undefined) {
+      params.push(isoDate(filter.started_after));
+      where.push(`started_at >= $${params.length}`);
+    }
+    if (filter.started_before !== undefined) {
+      params.push(isoDate(filter.started_before));
+      where.push(`started_at < $${params.length}`);
+    }
+    if (filter.trace_roots_only) where.push("parent_id IS NULL");
+    params.push(Math.max(0, Math.floor(limit)), Math.max(0, Math.floor(offset)));
+    const rows = await this.#sql.query(
+      `SELECT * FROM calls WHERE ${where.join(" AND ")}
+       ORDER BY started_at, id LIMIT $${params.length - 1} OFFSET $${params.length}`,
+      params,
+    );
+    return rows.map(toCall);
+  }
+
+  /** Marks the calls and all their descendants deleted; returns how many were newly marked. */
+  async deleteCalls(projectId: string, ids: readonly string[]): Promise<number> {
+    if (ids.length === 0) return 0;
+    const d = this.#sql.dialect;
+    return this.#sql.transaction((tx) =>
+      tx.exec(
+        `WITH RECURSIVE tree(id) AS (
+           SELECT id FROM calls
+           WHERE project_id = $1 AND id IN ${jsonList(d, 2)} AND started = 1 AND deleted_at IS NULL
+           UNION
+           SELECT c.id FROM tree t JOIN calls c ON c.project_id = $1 AND c.parent_id = t.id
+           WHERE c.started = 1 AND c.deleted_at IS NULL
+         )
+         UPDATE calls SET deleted_at = $3
+         WHERE project_id = $1 AND id IN (SELECT id FROM tree) AND deleted_at IS NULL`,
+        [projectId, JSON.stringify(ids), new Date(this.#now()).toISOString()],
+      ),
+    );
+  }
+
+  /**
+   * Usage per requested call (its own plus every descendant's), per model, computed in the
+   * database. Throws LimitExceededError before aggregating when the trees hold more than `limit`
+   * calls.
+   */
+  async callUsage(
+    projectId: string,
+    callIds: readonly string[],
+    options: { includeCosts?: boolean; limit?: number } = {},
+  ): Promise<CallUsageResult> {
+    const distinct = [...new Set(callIds)];
+    const result: CallUsageResult = { call_usage: {}, unfinished_call_ids: [] };
+    for (const id of distinct) result.call_usage[id] = {};
+    if (distinct.length === 0) return result;
+    const d = this.#sql.dialect;
+    const limit = options.limit ?? 10000;
+    const includeCosts = options.includeCosts ?? false;
+    const tree = `WITH RECURSIVE tree(root_id, id) AS (
+        SELECT c.id, c.id FROM calls c
+        WHERE c.project_id = $1 AND c.id IN ${jsonList(d, 2)} AND c.started = 1 AND c.deleted_at IS NULL
+        UNION
+        SELECT t.root_id, c.id FROM tree t JOIN calls c ON c.project_id = $1 AND c.parent_id = t.id
+        WHERE c.started = 1 AND c.deleted_at IS NULL
+      )`;
+    const params = [projectId, JSON.stringify(distinct)];
+
+    const count = await this.#sql.one<{ n: number }>(
+      `${tree} SELECT COUNT(*) AS n FROM tree`,
+      params,
+    );
+    const matched = Number(count?.n ?? 0);
+    if (matched > limit) throw new LimitExceededError(matched, limit);
+    if (matched === 0) return result;
+
+    const { n, has, usageRows } = usageSql(d);
+    const priceId = includeCosts
+      ? `, (SELECT p.id FROM prices p
+            WHERE p.model = usage_rows.model AND (p.project_id = $1 OR p.project_id IS NULL)
+              AND p.effective_date <= usage_rows.started_at
+            ORDER BY CASE WHEN p.project_id IS NULL THEN 1 ELSE 0 END, p.effective_date DESC
+            LIMIT 1) AS price_id`
+      : "";
+    const costs = includeCosts
+      ? `, SUM(per_call.prompt * COALESCE(p.prompt_token_cost, 0)) AS prompt_cost,
+           SUM(per_call.completion * COALESCE(p.completion_token_cost, 0)) AS completion_cost,
+           SUM(per_call.cache_read * COALESCE(p.cache_read_input_token_cost, 0)) AS cache_read_cost,
+           SUM(per_call.cache_creation * COALESCE(p.cache_creation_input_token_cost, 0)) AS cache_creation_cost`
+      : "";
+    const rows = await this.#sql.query(
+      `${tree},
+       usage_rows AS (${usageRows}),
+       per_call AS (
+         SELECT root_id, model,
+           CASE WHEN ${has("requests")} THEN ${n("requests")} ELSE 1 END AS requests,
+           ${n("prompt_tokens")} + ${n("input_tokens")} AS prompt,
+           ${n("completion_tokens")} + ${n("output_tokens")} AS completion,
+           ${n("total_tokens")} AS total_raw,
+           ${n("cache_read_input_tokens")} AS cache_read,
+           ${n("cache_creation_input_tokens")} AS cache_creation
+           ${priceId}
+         FROM usage_rows
+       )
+       SELECT per_call.root_id, per_call.model,
+         SUM(per_call.requests) AS requests,
+         SUM(per_call.prompt) AS prompt_tokens,
+         SUM(per_call.completion) AS completion_tokens,
+         SUM(CASE WHEN per_call.total_raw > 0 THEN per_call.total_raw
+                  ELSE per_call.prompt + per_call.completion END) AS total_tokens,
+         SUM(per_call.cache_read) AS cache_read_input_tokens,
+         SUM(per_call.cache_creation) AS cache_creation_input_tokens
+         ${costs}
+       FROM per_call ${includeCosts ? "LEFT JOIN prices p ON p.id = per_call.price_id" : ""}
+       GROUP BY per_call.root_id, per_call.model`,
+      params,
+    );
+    for (const r of rows) {
+      const usage = result.call_usage[String(r.root_id)];
+      if (!usage) continue;
+      usage[String(r.model)] = {
+        requests: Number(r.requests),
+        prompt_tokens: Number(r.prompt_tokens),
+        completion_tokens: Number(r.completion_tokens),
+        total_tokens: Number(r.total_tokens),
+        cache_read_input_tokens: Number(r.cache_read_input_tokens),
+        cache_creation_input_tokens: Number(r.cache_creation_input_tokens),
+        prompt_tokens_total_cost: includeCosts ? Number(r.prompt_cost) : null,
+        completion_tokens_total_cost: includeCosts ? Number(r.completion_cost) : null,
+        cache_read_input_tokens_total_cost: includeCosts ? Number(r.cache_read_cost) : null,
+        cache_creation_input_tokens_total_cost: includeCosts ? Number(r.cache_creation_cost) : null,
+      };
+    }
+    const unfinished = await this.#sql.query<{ id: string }>(
+      `${tree} SELECT DISTINCT c.id FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
+       WHERE c.ended_at IS NULL`,
+      params,
+    );
+    // Sorted here, not in SQL: a database collation may not order like code points.
+    result.unfinished_call_ids = unfinished.map((u) => String(u.id)).sort();
+    return result;
+  }
+}

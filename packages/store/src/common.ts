@@ -1,0 +1,65 @@
+import type { SqlValue } from "./sql.ts";
+
+/** A page of a list, in the wire's shape minus `object`. */
+export interface Page<T> {
+  data: T[];
+  first_id: string | null;
+  last_id: string | null;
+  has_more: boolean;
+}
+
+export interface PageOptions {
+  /** The id of the last item seen. */
+  after?: string | null;
+  /** 1–1000, default 20. */
+  limit?: number;
+}
+
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+export function pageLimit(limit: number | undefined): number {
+  if (limit === undefined || !Number.isFinite(limit)) return 20;
+  return Math.min(1000, Math.max(1, Math.floor(limit)));
+}
+
+/** Rows were fetched with LIMIT limit+1; the extra row only says there is more. */
+export function toPage<T extends { id: string }>(rows: T[], limit: number): Page<T> {
+  const has_more = rows.length > limit;
+  const data = has_more ? rows.slice(0, limit) : rows;
+  return {
+    data,
+    first_id: data[0]?.id ?? null,
+    last_id: data[data.length - 1]?.id ?? null,
+    has_more,
+  };
+}
+
+export function toJson(value: unknown): string | null {
+  return value === undefined || value === null ? null : JSON.stringify(value);
+}
+
+export function fromJson<T = Json>(text: unknown): T | null {
+  if (typeof text !== "string") return null;
+  return JSON.parse(text) as T;
+}
+
+export function num(value: unknown): number {
+  return typeof value === "number" ? value : Number(value);
+}
+
+export function numOrNull(value: unknown): number | null {
+  return value === null || value === undefined ? null : Number(value);
+}
+
+export function strOrNull(value: unknown): string | null {
+  return value === null || value === undefined ? null : String(value);
+}
+
+/** `$from, $from+1, …` for n values: builds IN lists and multi-row VALUES. */
+export function placeholders(n: number, from: number): string {
+  return Array.from({ length: n }, (_, i) => `$${from + i}`).join(", ");
+}
+
+export type Params = SqlValue[];
+
+export type Clock = () => number;

@@ -1,0 +1,91 @@
+import { type Clock, type Page, type PageOptions, pageLimit, strOrNull, toPage } from "./common.ts";
+import { unixSeconds, uuidv7 } from "./ids.ts";
+import type { Row, Sql } from "./sql.ts";
+
+export interface Dataset {
+  id: string;
+  entity: string;
+  name: string | null;
+  blob_key: string;
+  bytes: number;
+  lines: number;
+  created_at: number;
+}
+
+function toDataset(r: Row): Dataset {
+  return {
+    id: String(r.id),
+    entity: String(r.entity),
+    name: strOrNull(r.name),
+    blob_key: String(r.blob_key),
+    bytes: Number(r.bytes),
+    lines: Number(r.lines),
+    created_at: Number(r.created_at),
+  };
+}
+
+/** Uploaded JSONL training data. The blob is written (atomically) before the row. */
+export class DatasetsRepo {
+  readonly #sql: Sql;
+  readonly #now: Clock;
+  constructor(sql: Sql, now: Clock) {
+    this.#sql = sql;
+    this.#now = now;
+  }
+
+  /** A fresh id, so the caller can name the blob before the row exists. */
+  newId(): string {
+    return uuidv7(this.#now());
+  }
+
+  async create(input: {
+    id?: string;
+    entity: string;
+    name?: string | null;
+    blob_key: string;
+    bytes: number;
+    lines: number;
+  }): Promise<Dataset> {
+    const now = this.#now();
+    const row = await this.#sql.one(
+      `INSERT INTO datasets (id, entity, name, blob_key, bytes, lines, created_at)
+       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *`,
+      [
+        input.id ?? uuidv7(now),
+        input.entity,
+        input.name ?? null,
+        input.blob_key,
+        input.bytes,
+        input.lines,
+        unixSeconds(now),
+      ],
+    );
+    return toDataset(row!);
+  }
+
+  async get(entity: string, id: string): Promise<Dataset | undefined> {
+    const row = await this.#sql.one("SELECT * FROM datasets WHERE entity = $1 AND id = $2", [
+      entity,
+      id,
+    ]);
+    return row ? toDataset(row) : undefined;
+  }
+
+  async list(entity: string, options: PageOptions = {}): Promise<Page<Dataset>> {
+    const limit = pageLimit(options.limit);
+    const rows = await this.#sql.query(
+      "SELECT * FROM datasets WHERE entity = $1 AND (CAST($2 AS TEXT) IS NULL OR id > $2) ORDER BY id LIMIT $3",
+      [entity, options.after ?? null, limit + 1],
+    );
+    return toPage(rows.map(toDataset), limit);
+  }
+
+  /** Deletes the row and returns it, so the caller can remove the blob afterwards. */
+  async delete(entity: string, id: string): Promise<Dataset | undefined> {
+    const row = await this.#sql.one(
+      "DELETE FROM datasets WHERE entity = $1 AND id = $2 RETURNING *",
+      [entity, id],
+    );
+    return row ? toDataset(row) : undefined;
+  }
+}

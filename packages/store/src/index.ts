@@ -1,0 +1,47 @@
+export { assertBlobKey, type BlobBody, type BlobStore, FsBlobStore } from "./blobs.ts";
+export type {
+  Call,
+  CallBatchItem,
+  CallEndInput,
+  CallFilter,
+  CallStartInput,
+  CallsRepo,
+  CallUsageResult,
+  ModelUsage,
+} from "./calls.ts";
+export type { Clock, Json, Page, PageOptions } from "./common.ts";
+export type { Dataset, DatasetsRepo } from "./datasets.ts";
+export {
+  ConflictError,
+  isUniqueViolation,
+  LimitExceededError,
+  NotFoundError,
+  StoreError,
+} from "./errors.ts";
+export {
+  API_KEY_PREFIX,
+  type ApiKey,
+  type ApiKeysRepo,
+  type EntitiesRepo,
+  type Entity,
+  type KeyIdentity,
+  type Membership,
+  type User,
+  type UsersRepo,
+} from "./identity.ts";
+export { unixSeconds, uuidv7 } from "./ids.ts";
+export {
+  type EnqueueInput,
+  type JobEvent,
+  type JobStatus,
+  type JobsRepo,
+  type JobType,
+  type ReclaimResult,
+  TERMINAL_STATUSES,
+  type TrainingJob,
+} from "./jobs.ts";
+export { MIGRATIONS, type Migration, migrate } from "./migrations.ts";
+export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.ts";
+export { isoDate, type Price, type PricesRepo, type SetPriceInput } from "./prices.ts";
+export { type Dialect, PostgresSql, type Sql, SqliteSql, type SqlValue } from "./sql.ts";
+export { openStore, type PingResult, type Store, type StoreOptions } from "./store.ts";

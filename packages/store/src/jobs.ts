@@ -1,0 +1,409 @@
+import {
+  type Clock,
+  fromJson,
+  type Json,
+  numOrNull,
+  type Page,
+  type PageOptions,
+  pageLimit,
+  strOrNull,
+  toJson,
+  toPage,
+} from "./common.ts";
+import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
+import { unixSeconds, uuidv7 } from "./ids.ts";
+import type { Row, Sql } from "./sql.ts";
+
+export type JobType = "rl" | "sft";
+export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+export const TERMINAL_STATUSES: readonly JobStatus[] = ["succeeded", "failed", "cancelled"];
+
+export interface TrainingJob {
+  id: string;
+  type: JobType;
+  model_id: string;
+  entity: string;
+  status: JobStatus;
+  config: Json;
+  /** Where the job's input lives (a blob key or a dataset:// URL); the row never holds it. */
+  payload_ref: string | null;
+  created_at: number;
+  training_start: number | null;
+  training_end: number | null;
+  error_message: string | null;
+  step_from: number | null;
+  step_to: number | null;
+  lease_owner: string | null;
+  /** Unix milliseconds. */
+  lease_expires_at: number | null;
+  attempts: number;
+}
+
+export interface JobEvent {
+  id: string;
+  job_id: string;
+  sequence: number;
+  type: string;
+  data: Json;
+  created_at: number;
+}
+
+export interface EnqueueInput {
+  type: JobType;
+  model_id: string;
+  entity: string;
+  config?: Json;
+  payload_ref?: string | null;
+  step_from?: number | null;
+}
+
+function toJob(r: Row): TrainingJob {
+  return {
+    id: String(r.id),
+    type: String(r.type) as JobType,
+    model_id: String(r.model_id),
+    entity: String(r.entity),
+    status: String(r.status) as JobStatus,
+    config: fromJson(r.config) ?? {},
+    payload_ref: strOrNull(r.payload_ref),
+    created_at: Number(r.created_at),
+    training_start: numOrNull(r.training_start),
+    training_end: numOrNull(r.training_end),
+    error_message: strOrNull(r.error_message),
+    step_from: numOrNull(r.step_from),
+    step_to: numOrNull(r.step_to),
+    lease_owner: strOrNull(r.lease_owner),
+    lease_expires_at: numOrNull(r.lease_expires_at),
+    attempts: Number(r.attempts),
+  };
+}
+
+function toEvent(r: Row): JobEvent {
+  return {
+    id: String(r.id),
+    job_id: String(r.job_id),
+    sequence: Number(r.sequence),
+    type: String(r.type),
+    data: fromJson(r.data) ?? {},
+    created_at: Number(r.created_at),
+  };
+}
+
+/** The oldest queued job whose model has neither a running job nor an older queued one. */
+const NEXT_RUNNABLE = `
+  SELECT j.id FROM training_jobs j
+  WHERE j.status = 'queued'
+    AND NOT EXISTS (SELECT 1 FROM training_jobs r
+                    WHERE r.model_id = j.model_id AND r.status = 'running')
+    AND NOT EXISTS (SELECT 1 FROM training_jobs e
+                    WHERE e.model_id = j.model_id AND e.status = 'queued' AND e.id < j.id)
+  ORDER BY j.id
+  LIMIT 1`;
+
+export interface ReclaimResult {
+  /** Jobs whose lease expired and that are queued again (to be resumed from their last step). */
+  requeued: TrainingJob[];
+  /** Jobs whose lease expired once too often: failed, with a terminal event. */
+  failed: TrainingJob[];
+}
+
+/**
+ * Training jobs, their events, and the work queue. The row is the truth: a job is queued by
+ * inserting it, claimed by leasing it, and ends with exactly one terminal event written in the
+ * same transaction as its terminal status.
+ */
+export class JobsRepo {
+  readonly #sql: Sql;
+  readonly #now: Clock;
+  readonly #maxAttempts: number;
+  constructor(sql: Sql, now: Clock, maxAttempts = 3) {
+    this.#sql = sql;
+    this.#now = now;
+    this.#maxAttempts = maxAttempts;
+  }
+
+  async enqueue(input: EnqueueInput): Promise<TrainingJob> {
+    const now = this.#now();
+    const row = await this.#sql.one(
+      `INSERT INTO training_jobs (id, type, model_id, entity, status, config, payload_ref, created_at, step_from)
+       SELECT $1, $2, m.id, m.entity, 'queued', $5, $6, CAST($7 AS BIGINT), CAST($8 AS INTEGER) FROM models m
+       WHERE m.id = $3 AND m.entity = $4
+       RETURNING *`,
+      [
+        uuidv7(now),
+        input.type,
+        input.model_id,
+        input.entity,
+        toJson(input.config ?? {}),
+        input.payload_ref ?? null,
+        unixSeconds(now),
+        input.step_from ?? null,
+      ],
+    );
+    if (!row) throw new NotFoundError(`Model ${input.model_id} not found`);
+    return toJob(row);
+  }
+
+  async get(entity: string, id: string): Promise<TrainingJob | undefined> {
+    const row = await this.#sql.one("SELECT * FROM training_jobs WHERE entity = $1 AND id = $2", [
+      entity,
+      id,
+    ]);
+    return row ? toJob(row) : undefined;
+  }
+
+  async list(
+    entity: string,
+    options: PageOptions & { model_id?: string; status?: JobStatus } = {},
+  ): Promise<Page<TrainingJob>> {
+    const limit = pageLimit(options.limit);
+    const rows = await this.#sql.query(
+      `SELECT * FROM training_jobs WHERE entity = $1 AND (CAST($2 AS TEXT) IS NULL OR id > $2)
+         AND (CAST($3 AS TEXT) IS NULL OR model_id = $3) AND (CAST($4 AS TEXT) IS NULL OR status = $4)
+       ORDER BY id LIMIT $5`,
+      [entity, options.after ?? null, options.model_id ?? null, options.status ?? null, limit + 1],
+    );
+    return toPage(rows.map(toJob), limit);
+  }
+
+  // ---- queue -----------------------------------------------------------------------------------
+
+  /**
+   * Leases the next runnable job to `workerId` for `leaseMs`, or returns undefined. PostgreSQL
+   * skips rows other claimers hold (FOR UPDATE SKIP LOCKED); SQLite claims inside an IMMEDIATE
+   * transaction, which already excludes every other writer.
+   */
+  async claimNextJob(workerId: string, leaseMs: number): Promise<TrainingJob | undefined> {
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const now = this.#now();
+      try {
+        const job = await this.#sql.transaction(async (tx) => {
+          const pick =
+            tx.dialect === "postgres"
+              ? `${NEXT_RUNNABLE} FOR UPDATE OF j SKIP LOCKED`
+              : NEXT_RUNNABLE;
+          const next = await tx.one<{ id: string }>(pick);
+          if (!next) return undefined;
+          const row = await tx.one(
+            `UPDATE training_jobs
+             SET status = 'running', lease_owner = $2, lease_expires_at = $3,
+                 attempts = attempts + 1, training_start = COALESCE(training_start, $4)
+             WHERE id = $1 AND status = 'queued' RETURNING *`,
+            [next.id, workerId, now + leaseMs, unixSeconds(now)],
+          );
+          return row ? toJob(row) : undefined;
+        });
+        return job;
+      } catch (err) {
+        // Two claimers picked different queued jobs of one model at once; the partial unique
+        // index refused the second. Look again.
+        if (isUniqueViolation(err)) continue;
+        throw err;
+      }
+    }
+    return undefined;
+  }
+
+  /** Extends the lease; false when the job is no longer running under this worker. */
+  async renewLease(workerId: string, jobId: string, leaseMs: number): Promise<boolean> {
+    const n = await this.#sql.exec(
+      `UPDATE training_jobs SET lease_expires_at = $3
+       WHERE id = $1 AND lease_owner = $2 AND status = 'running'`,
+      [jobId, workerId, this.#now() + leaseMs],
+    );
+    return n > 0;
+  }
+
+  /** Appends an event; its sequence follows the job's last one. */
+  async appendEvent(jobId: string, type: string, data: Json = {}): Promise<JobEvent> {
+    return this.#sql.transaction((tx) => this.#appendEvent(tx, jobId, type, data));
+  }
+
+  async #appendEvent(tx: Sql, jobId: string, type: string, data: Json): Promise<JobEvent> {
+    const now = this.#now();
+    if (tx.dialect === "postgres") {
+      // Serialises appends per job so two writers never pick the same sequence.
+      await tx.query("SELECT id FROM training_jobs WHERE id = $1 FOR UPDATE", [jobId]);
+    }
+    const row = await tx.one(
+      `INSERT INTO job_events (job_id, sequence, id, type, data, created_at)
+       SELECT $1, COALESCE(MAX(sequence), 0) + 1, $2, $3, $4, CAST($5 AS BIGINT) FROM job_events WHERE job_id = $1
+       RETURNING *`,
+      [jobId, uuidv7(now), type, toJson(data), unixSeconds(now)],
+    );
+    return toEvent(row!);
+  }
+
+  /** Events in creation order, paged by `after` (an event id). */
+  async listEvents(
+    entity: string,
+    jobId: string,
+    options: PageOptions = {},
+  ): Promise<Page<JobEvent>> {
+    const limit = pageLimit(options.limit);
+    const rows = await this.#sql.query(
+      `SELECT e.* FROM job_events e JOIN training_jobs j ON j.id = e.job_id
+       WHERE j.entity = $1 AND e.job_id = $2
+         AND (CAST($3 AS TEXT) IS NULL OR e.sequence > (SELECT a.sequence FROM job_events a WHERE a.job_id = $2 AND a.id = $3))
+       ORDER BY e.sequence LIMIT $4`,
+      [entity, jobId, options.after ?? null, limit + 1],
+    );
+    return toPage(rows.map(toEvent), limit);
+  }
+
+  /** Records the step range a running job covers (e.g. step_to once known). */
+  async updateProgress(
+    workerId: string,
+    jobId: string,
+    progress: { step_from?: number; step_to?: number },
+  ): Promise<boolean> {
+    const n = await this.#sql.exec(
+      `UPDATE training_jobs SET step_from = COALESCE($3, step_from), step_to = COALESCE($4, step_to)
+       WHERE id = $1 AND lease_owner = $2 AND status = 'running'`,
+      [jobId, workerId, progress.step_from ?? null, progress.step_to ?? null],
+    );
+    return n > 0;
+  }
+
+  /** running → succeeded, with the `training_ended` event. ConflictError if not leased to worker. */
+  async completeJob(
+    workerId: string,
+    jobId: string,
+    result: { step_to?: number } = {},
+  ): Promise<TrainingJob> {
+    return this.#finish(jobId, "succeeded", "training_ended", {}, null, {
+      workerId,
+      stepTo: result.step_to ?? null,
+    });
+  }
+
+  /** running → failed, with `training_failed`. ConflictError if not leased to this worker. */
+  async failJob(workerId: string, jobId: string, errorMessage: string): Promise<TrainingJob> {
+    return this.#finish(
+      jobId,
+      "failed",
+      "training_failed",
+      { error_message: errorMessage },
+      errorMessage,
+      {
+        workerId,
+        stepTo: null,
+      },
+    );
+  }
+
+  /**
+   * queued|running → cancelled, with `training_failed` ("cancelled"). A job already ended is
+   * returned unchanged. The worker notices on its next renewLease (false).
+   */
+  async cancelJob(entity: string, jobId: string): Promise<TrainingJob> {
+    const job = await this.get(entity, jobId);
+    if (!job) throw new NotFoundError(`Training job ${jobId} not found`);
+    if (TERMINAL_STATUSES.includes(job.status)) return job;
+    try {
+      return await this.#finish(
+        jobId,
+        "cancelled",
+        "training_failed",
+        { error_message: "cancelled" },
+        "cancelled",
+        {
+          entity,
+        },
+      );
+    } catch (err) {
+      if (err instanceof ConflictError) {
+        const now = await this.get(entity, jobId);
+        if (now) return now;
+      }
+      throw err;
+    }
+  }
+
+  async #finish(
+    jobId: string,
+    status: JobStatus,
+    eventType: string,
+    eventData: Json,
+    errorMessage: string | null,
+    guard: { workerId?: string; entity?: string; stepTo?: number | null },
+  ): Promise<TrainingJob> {
+    return this.#sql.transaction(async (tx) => {
+      const row = await tx.one(
+        `UPDATE training_jobs
+         SET status = $2, training_end = $3, error_message = COALESCE($4, error_message),
+             step_to = COALESCE($5, step_to), lease_owner = NULL, lease_expires_at = NULL
+         WHERE id = $1 AND status IN ('queued', 'running')
+           AND (CAST($6 AS TEXT) IS NULL OR (lease_owner = $6 AND status = 'running'))
+           AND (CAST($7 AS TEXT) IS NULL OR entity = $7)
+         RETURNING *`,
+        [
+          jobId,
+          status,
+          unixSeconds(this.#now()),
+          errorMessage,
+          guard.stepTo ?? null,
+          guard.workerId ?? null,
+          guard.entity ?? null,
+        ],
+      );
+      if (!row) throw new ConflictError(`Training job ${jobId} is not running under this worker`);
+      await this.#appendEvent(tx, jobId, eventType, eventData);
+      return toJob(row);
+    });
+  }
+
+  /**
+   * Running jobs whose lease expired (their worker died): queued again while attempts remain,
+   * else failed with a terminal event. Call it on start and periodically.
+   */
+  async reclaimExpiredLeases(): Promise<ReclaimResult> {
+    const now = this.#now();
+    return this.#sql.transaction(async (tx) => {
+      const lock = tx.dialect === "postgres" ? " FOR UPDATE SKIP LOCKED" : "";
+      const expired = await tx.query(
+        `SELECT * FROM training_jobs WHERE status = 'running' AND lease_expires_at < $1 ORDER BY id${lock}`,
+        [now],
+      );
+      const result: ReclaimResult = { requeued: [], failed: [] };
+      for (const r of expired) {
+        const job = toJob(r);
+        if (job.attempts < this.#maxAttempts) {
+          const row = await tx.one(
+            `UPDATE training_jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
+             WHERE id = $1 RETURNING *`,
+            [job.id],
+          );
+          result.requeued.push(toJob(row!));
+        } else {
+          const message = `The worker stopped renewing its lease ${job.attempts} times; giving up`;
+          const row = await tx.one(
+            `UPDATE training_jobs SET status = 'failed', training_end = $2, error_message = $3,
+               lease_owner = NULL, lease_expires_at = NULL
+             WHERE id = $1 RETURNING *`,
+            [job.id, unixSeconds(now), message],
+          );
+          await this.#appendEvent(tx, job.id, "training_failed", { error_message: message });
+          result.failed.push(toJob(row!));
+        }
+      }
+      return result;
+    });
+  }
+
+  /** Counts by status, for metrics and the system check. */
+  async depth(): Promise<Record<JobStatus, number>> {
+    const rows = await this.#sql.query<{ status: string; n: number }>(
+      "SELECT status, COUNT(*) AS n FROM training_jobs GROUP BY status",
+    );
+    const out: Record<JobStatus, number> = {
+      queued: 0,
+      running: 0,
+      succeeded: 0,
+      failed: 0,
+      cancelled: 0,
+    };
+    for (const r of rows) out[r.status as JobStatus] = Number(r.n);
+    return out;
+  }
+}

@@ -1,0 +1,314 @@
+import {
+  type Clock,
+  fromJson,
+  numOrNull,
+  type Page,
+  type PageOptions,
+  pageLimit,
+  placeholders,
+  toJson,
+  toPage,
+} from "./common.ts";
+import { ConflictError, NotFoundError } from "./errors.ts";
+import { unixSeconds, uuidv7 } from "./ids.ts";
+import type { Row, Sql } from "./sql.ts";
+
+export interface Model {
+  id: string;
+  entity: string;
+  project: string;
+  name: string;
+  base_model: string;
+  created_at: number;
+  latest_step: number | null;
+}
+
+export interface Checkpoint {
+  id: string;
+  model_id: string;
+  step: number;
+  metrics: Record<string, number>;
+  blob_key: string | null;
+  created_at: number;
+}
+
+export interface CreateModelInput {
+  entity: string;
+  project: string;
+  name: string;
+  base_model: string;
+  /** Written in the same transaction, e.g. the step-0 untrained adapter. */
+  initialCheckpoint?: { step?: number; blob_key?: string | null; metrics?: Record<string, number> };
+}
+
+function toModel(r: Row): Model {
+  return {
+    id: String(r.id),
+    entity: String(r.entity),
+    project: String(r.project),
+    name: String(r.name),
+    base_model: String(r.base_model),
+    created_at: Number(r.created_at),
+    latest_step: numOrNull(r.latest_step),
+  };
+}
+
+function toCheckpoint(r: Row): Checkpoint {
+  return {
+    id: String(r.id),
+    model_id: String(r.model_id),
+    step: Number(r.step),
+    metrics: fromJson<Record<string, number>>(r.metrics) ?? {},
+    blob_key: r.blob_key === null || r.blob_key === undefined ? null : String(r.blob_key),
+    created_at: Number(r.created_at),
+  };
+}
+
+const MODEL_COLUMNS = "id, entity, project, name, base_model, created_at, latest_step";
+
+export class ModelsRepo {
+  readonly #sql: Sql;
+  readonly #now: Clock;
+  constructor(sql: Sql, now: Clock) {
+    this.#sql = sql;
+    this.#now = now;
+  }
+
+  /**
+   * Creates a model (and its initial checkpoint when given). A duplicate (entity, project, name)
+   * → ConflictError, unless `returnExisting`, which returns the existing model instead.
+   */
+  async create(
+    input: CreateModelInput,
+    options: { returnExisting?: boolean } = {},
+  ): Promise<{ model: Model; created: boolean }> {
+    const now = this.#now();
+    const result = await this.#sql.transaction(async (tx) => {
+      const row = await tx.one(
+        `INSERT INTO models (${MODEL_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (entity, project, name) DO NOTHING RETURNING ${MODEL_COLUMNS}`,
+        [
+          uuidv7(now),
+          input.entity,
+          input.project,
+          input.name,
+          input.base_model,
+          unixSeconds(now),
+          input.initialCheckpoint ? (input.initialCheckpoint.step ?? 0) : null,
+        ],
+      );
+      if (!row) return undefined;
+      const model = toModel(row);
+      if (input.initialCheckpoint) {
+        await tx.exec(
+          `INSERT INTO checkpoints (id, model_id, step, metrics, blob_key, created_at)
+           VALUES ($1, $2, $3, $4, $5, $6)`,
+          [
+            uuidv7(now),
+            model.id,
+            input.initialCheckpoint.step ?? 0,
+            toJson(input.initialCheckpoint.metrics ?? {}),
+            input.initialCheckpoint.blob_key ?? null,
+            unixSeconds(now),
+          ],
+        );
+      }
+      return model;
+    });
+    if (result) return { model: result, created: true };
+    const existing = await this.getByName(input.entity, input.project, input.name);
+    if (options.returnExisting && existing) return { model: existing, created: false };
+    throw new ConflictError(`Model ${input.entity}/${input.project}/${input.name} already exists`);
+  }
+
+  async get(entity: string, id: string): Promise<Model | undefined> {
+    const row = await this.#sql.one(
+      `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND id = $2`,
+      [entity, id],
+    );
+    return row ? toModel(row) : undefined;
+  }
+
+  async getByName(entity: string, project: string, name: string): Promise<Model | undefined> {
+    const row = await this.#sql.one(
+      `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND project = $2 AND name = $3`,
+      [entity, project, name],
+    );
+    return row ? toModel(row) : undefined;
+  }
+
+  /** Models of the given entities (e.g. every entity a key may use), for model listings. */
+  async list(
+    entities: string | readonly string[],
+    options: PageOptions & { project?: string } = {},
+  ): Promise<Page<Model>> {
+    const list = typeof entities === "string" ? [entities] : [...entities];
+    const limit = pageLimit(options.limit);
+    if (list.length === 0) return toPage([], limit);
+    const rows = await this.#sql.query(
+      `SELECT ${MODEL_COLUMNS} FROM models
+       WHERE entity IN (${placeholders(list.length, 4)})
+         AND (CAST($1 AS TEXT) IS NULL OR id > $1) AND (CAST($2 AS TEXT) IS NULL OR project = $2)
+       ORDER BY id LIMIT $3`,
+      [options.after ?? null, options.project ?? null, limit + 1, ...list],
+    );
+    return toPage(rows.map(toModel), limit);
+  }
+
+  /** Deletes the model, its checkpoints, jobs and events; returns the checkpoints removed. */
+  async delete(
+    entity: string,
+    id: string,
+  ): Promise<{ model: Model; deleted_checkpoints: number; blob_keys: string[] }> {
+    return this.#sql.transaction(async (tx) => {
+      const row = await tx.one(
+        `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND id = $2`,
+        [entity, id],
+      );
+      if (!row) throw new NotFoundError(`Model ${id} not found`);
+      const keys = await tx.query<{ blob_key: string | null }>(
+        "SELECT blob_key FROM checkpoints WHERE model_id = $1",
+        [id],
+      );
+      await tx.exec("DELETE FROM checkpoints WHERE model_id = $1", [id]);
+      await tx.exec("DELETE FROM models WHERE entity = $1 AND id = $2", [entity, id]);
+      return {
+        model: toModel(row),
+        deleted_checkpoints: keys.length,
+        blob_keys: keys.flatMap((k) => (k.blob_key ? [String(k.blob_key)] : [])),
+      };
+    });
+  }
+
+  // ---- checkpoints -------------------------------------------------------------------------
+
+  /**
+   * Adds a checkpoint and raises the model's latest_step to it. A repeated step → ConflictError.
+   * The caller writes the blob first (atomically), then this row.
+   */
+  async addCheckpoint(
+    entity: string,
+    modelId: string,
+    input: { step: number; blob_key?: string | null; metrics?: Record<string, number> },
+  ): Promise<Checkpoint> {
+    const now = this.#now();
+    return this.#sql.transaction(async (tx) => {
+      const model = await tx.one("SELECT id FROM models WHERE entity = $1 AND id = $2", [
+        entity,
+        modelId,
+      ]);
+      if (!model) throw new NotFoundError(`Model ${modelId} not found`);
+      const row = await tx.one(
+        `INSERT INTO checkpoints (id, model_id, step, metrics, blob_key, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model_id, step) DO NOTHING RETURNING *`,
+        [
+          uuidv7(now),
+          modelId,
+          input.step,
+          toJson(input.metrics ?? {}),
+          input.blob_key ?? null,
+          unixSeconds(now),
+        ],
+      );
+      if (!row) throw new ConflictError(`Checkpoint step ${input.step} already exists`);
+      await tx.exec(
+        `UPDATE models SET latest_step = $2 WHERE id = $1 AND (latest_step IS NULL OR latest_step < $2)`,
+        [modelId, input.step],
+      );
+      return toCheckpoint(row);
+    });
+  }
+
+  async getCheckpoint(
+    entity: string,
+    modelId: string,
+    step?: number,
+  ): Promise<Checkpoint | undefined> {
+    const row = await this.#sql.one(
+      `SELECT c.* FROM checkpoints c JOIN models m ON m.id = c.model_id
+       WHERE m.entity = $1 AND c.model_id = $2 AND c.step = COALESCE($3, m.latest_step)`,
+      [entity, modelId, step ?? null],
+    );
+    return row ? toCheckpoint(row) : undefined;
+  }
+
+  /** Pages by step; `after` is the id of the last checkpoint seen. */
+  async listCheckpoints(
+    entity: string,
+    modelId: string,
+    options: PageOptions & { order?: "asc" | "desc" } = {},
+  ): Promise<Page<Checkpoint>> {
+    const limit = pageLimit(options.limit);
+    const desc = options.order === "desc";
+    const rows = await this.#sql.query(
+      `SELECT c.* FROM checkpoints c JOIN models m ON m.id = c.model_id
+       WHERE m.entity = $1 AND c.model_id = $2
+         AND (CAST($3 AS TEXT) IS NULL OR c.step ${desc ? "<" : ">"}
+              (SELECT a.step FROM checkpoints a WHERE a.model_id = $2 AND a.id = $3))
+       ORDER BY c.step ${desc ? "DESC" : "ASC"} LIMIT $4`,
+      [entity, modelId, options.after ?? null, limit + 1],
+    );
+    return toPage(rows.map(toCheckpoint), limit);
+  }
+
+  /** Merges metrics into a checkpoint (the log endpoint writes `<split>/<metric>` here). */
+  async mergeCheckpointMetrics(
+    entity: string,
+    modelId: string,
+    step: number,
+    metrics: Record<string, number>,
+  ): Promise<Checkpoint> {
+    return this.#sql.transaction(async (tx) => {
+      const row = await tx.one(
+        `SELECT c.* FROM checkpoints c JOIN models m ON m.id = c.model_id
+         WHERE m.entity = $1 AND c.model_id = $2 AND c.step = $3`,
+        [entity, modelId, step],
+      );
+      if (!row) throw new NotFoundError(`Checkpoint step ${step} not found`);
+      const merged = { ...(fromJson<Record<string, number>>(row.metrics) ?? {}), ...metrics };
+      await tx.exec("UPDATE checkpoints SET metrics = $2 WHERE id = $1", [
+        String(row.id),
+        toJson(merged),
+      ]);
+      return toCheckpoint({ ...row, metrics: toJson(merged) });
+    });
+  }
+
+  /**
+   * Deletes the given steps. Deleting the latest checkpoint is refused (ConflictError) since it is
+   * what the bare model name serves.
+   */
+  async deleteCheckpoints(
+    entity: string,
+    modelId: string,
+    steps: readonly number[],
+  ): Promise<{ deleted_count: number; not_found_steps: number[]; blob_keys: string[] }> {
+    return this.#sql.transaction(async (tx) => {
+      const model = await tx.one("SELECT latest_step FROM models WHERE entity = $1 AND id = $2", [
+        entity,
+        modelId,
+      ]);
+      if (!model) throw new NotFoundError(`Model ${modelId} not found`);
+      const unique = [...new Set(steps)];
+      if (unique.length === 0) return { deleted_count: 0, not_found_steps: [], blob_keys: [] };
+      const latest = numOrNull(model.latest_step);
+      if (latest !== null && unique.includes(latest)) {
+        throw new ConflictError(`Checkpoint step ${latest} is the latest and cannot be deleted`);
+      }
+      const found = await tx.query<{ step: number; blob_key: string | null }>(
+        `SELECT step, blob_key FROM checkpoints WHERE model_id = $1 AND step IN (${placeholders(unique.length, 2)})`,
+        [modelId, ...unique],
+      );
+      await tx.exec(
+        `DELETE FROM checkpoints WHERE model_id = $1 AND step IN (${placeholders(unique.length, 2)})`,
+        [modelId, ...unique],
+      );
+      const foundSteps = new Set(found.map((f) => Number(f.step)));
+      return {
+        deleted_count: found.length,
+        not_found_steps: unique.filter((s) => !foundSteps.has(s)).sort((a, b) => a - b),
+        blob_keys: found.flatMap((f) => (f.blob_key ? [String(f.blob_key)] : [])),
+      };
+    });
+  }
+}

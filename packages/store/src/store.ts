@@ -1,0 +1,141 @@
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { type BlobStore, FsBlobStore } from "./blobs.ts";
+import { CallsRepo } from "./calls.ts";
+import type { Clock } from "./common.ts";
+import { DatasetsRepo } from "./datasets.ts";
+import { ApiKeysRepo, EntitiesRepo, UsersRepo } from "./identity.ts";
+import { JobsRepo } from "./jobs.ts";
+import { migrate } from "./migrations.ts";
+import { ModelsRepo } from "./models.ts";
+import { PricesRepo } from "./prices.ts";
+import { type Dialect, PostgresSql, SCHEMA_NAME, type Sql, SqliteSql } from "./sql.ts";
+
+export interface StoreOptions {
+  /**
+   * SQLite: the data directory holding `arbor.db` (and `blobs/`), or ":memory:" (then blobs
+   * need `blobDir`). Ignored for the database when `databaseUrl` is set, but still the default
+   * home of blobs.
+   */
+  dataDir?: string;
+  /** A postgres:// URL: use PostgreSQL instead of SQLite. */
+  databaseUrl?: string;
+  /** PostgreSQL only: the schema to use (created when missing). */
+  schema?: string;
+  /** Where blobs go; default `<dataDir>/blobs`. */
+  blobDir?: string;
+  /** Injected clock (Unix ms), for leases and timestamps in tests. */
+  now?: Clock;
+  /** A job whose lease expires this many times is failed instead of requeued. Default 3. */
+  maxJobAttempts?: number;
+  /** PostgreSQL pool size. Default 10. */
+  poolSize?: number;
+}
+
+export interface PingResult {
+  success: boolean;
+  /** Milliseconds. */
+  duration: number;
+  error: string | null;
+}
+
+export interface Store {
+  readonly dialect: Dialect;
+  readonly sql: Sql;
+  readonly entities: EntitiesRepo;
+  readonly users: UsersRepo;
+  readonly apiKeys: ApiKeysRepo;
+  readonly models: ModelsRepo;
+  readonly jobs: JobsRepo;
+  readonly datasets: DatasetsRepo;
+  readonly calls: CallsRepo;
+  readonly prices: PricesRepo;
+  /** undefined when the store has no directory for blobs (":memory:" without blobDir). */
+  readonly blobs: BlobStore | undefined;
+  /** The migration versions applied by this open. */
+  readonly migrated: number[];
+  ping(): Promise<PingResult>;
+  close(): Promise<void>;
+}
+
+/**
+ * Opens the store: PostgreSQL when `databaseUrl` is given, else SQLite in `dataDir`
+ * (or in memory). Runs pending migrations before returning.
+ */
+export async function openStore(options: StoreOptions = {}): Promise<Store> {
+  const now = options.now ?? Date.now;
+  let sql: Sql;
+  if (options.databaseUrl) {
+    if (options.schema !== undefined && !SCHEMA_NAME.test(options.schema)) {
+      throw new Error(`Invalid schema name: ${options.schema}`);
+    }
+    const pg = new PostgresSql({
+      connectionString: options.databaseUrl,
+      ...(options.schema ? { schema: options.schema } : {}),
+      ...(options.poolSize ? { max: options.poolSize } : {}),
+    });
+    sql = pg;
+    if (options.schema) {
+      try {
+        await pg.exec(`CREATE SCHEMA IF NOT EXISTS ${options.schema}`);
+      } catch (err) {
+        // Two openers racing on CREATE SCHEMA: the loser sees a duplicate; the schema exists.
+        if ((err as { code?: string }).code !== "23505") {
+          await pg.close();
+          throw err;
+        }
+      }
+    }
+  } else {
+    const dir = options.dataDir ?? ":memory:";
+    let path = ":memory:";
+    if (dir !== ":memory:") {
+      mkdirSync(dir, { recursive: true });
+      path = join(dir, "arbor.db");
+    }
+    sql = new SqliteSql({ path });
+  }
+
+  let migrated: number[];
+  try {
+    migrated = await migrate(sql);
+  } catch (err) {
+    await sql.close();
+    throw err;
+  }
+
+  const blobDir =
+    options.blobDir ??
+    (options.dataDir && options.dataDir !== ":memory:"
+      ? join(options.dataDir, "blobs")
+      : undefined);
+
+  return {
+    dialect: sql.dialect,
+    sql,
+    entities: new EntitiesRepo(sql, now),
+    users: new UsersRepo(sql, now),
+    apiKeys: new ApiKeysRepo(sql, now),
+    models: new ModelsRepo(sql, now),
+    jobs: new JobsRepo(sql, now, options.maxJobAttempts ?? 3),
+    datasets: new DatasetsRepo(sql, now),
+    calls: new CallsRepo(sql, now),
+    prices: new PricesRepo(sql, now),
+    blobs: blobDir ? new FsBlobStore(blobDir) : undefined,
+    migrated,
+    async ping(): Promise<PingResult> {
+      const started = performance.now();
+      try {
+        await sql.one("SELECT 1 AS ok");
+        return { success: true, duration: performance.now() - started, error: null };
+      } catch (err) {
+        return {
+          success: false,
+          duration: performance.now() - started,
+          error: err instanceof Error ? err.message : String(err),
+        };
+      }
+    },
+    close: () => sql.close(),
+  };
+}

@@ -1,0 +1,76 @@
+import { expect, it } from "vitest";
+import { MIGRATIONS, migrate, openStore } from "../src/index.ts";
+import { describeBackends } from "./helpers.ts";
+
+describeBackends("openStore", (ctx) => {
+  it("when opened, then every migration is applied once and recorded", async () => {
+    expect(ctx.store.migrated).toEqual(MIGRATIONS.map((m) => m.version));
+    const again = await ctx.openAnother();
+    expect(again.migrated).toEqual([]);
+    expect(await migrate(ctx.store.sql)).toEqual([]);
+    const rows = await ctx.store.sql.query<{ version: number }>(
+      "SELECT version FROM schema_migrations ORDER BY version",
+    );
+    expect(rows.map((r) => Number(r.version))).toEqual(MIGRATIONS.map((m) => m.version));
+  });
+
+  it("when pinged, then it reports success and a duration", async () => {
+    const ping = await ctx.store.ping();
+    expect(ping.success).toBe(true);
+    expect(ping.error).toBeNull();
+    expect(ping.duration).toBeGreaterThanOrEqual(0);
+  });
+
+  it("when a transaction throws, then none of its writes remain", async () => {
+    await expect(
+      ctx.store.sql.transaction(async (tx) => {
+        await tx.exec("INSERT INTO entities (name, created_at) VALUES ($1, $2)", [
+          "rolled-back",
+          1,
+        ]);
+        throw new Error("boom");
+      }),
+    ).rejects.toThrow("boom");
+    expect(await ctx.store.entities.get("rolled-back")).toBeUndefined();
+  });
+
+  it("when transactions and plain statements interleave, then each transaction sees only its own writes", async () => {
+    const results = await Promise.all(
+      Array.from({ length: 10 }, (_, i) =>
+        ctx.store.sql.transaction(async (tx) => {
+          await tx.exec("INSERT INTO entities (name, created_at) VALUES ($1, $2)", [`tx-${i}`, i]);
+          await new Promise((r) => setImmediate(r));
+          const row = await tx.one<{ n: number }>(
+            "SELECT COUNT(*) AS n FROM entities WHERE name = $1",
+            [`tx-${i}`],
+          );
+          return Number(row?.n);
+        }),
+      ),
+    );
+    expect(results).toEqual(Array(10).fill(1));
+  });
+
+  it("when two openers migrate a fresh database at once, then both succeed", async () => {
+    const fresh =
+      ctx.backend === "sqlite"
+        ? { dataDir: `${ctx.dataDir}/fresh` }
+        : { schema: `${ctx.schema}_b` };
+    const [a, b] = await Promise.all([
+      openStore(ctx.options(fresh)),
+      openStore(ctx.options(fresh)),
+    ]);
+    expect([...a.migrated, ...b.migrated].sort()).toEqual(MIGRATIONS.map((m) => m.version));
+    await a.close();
+    await b.close();
+    if (ctx.backend === "postgres") await ctx.store.sql.exec(`DROP SCHEMA ${ctx.schema}_b CASCADE`);
+  });
+});
+
+it("opens an in-memory SQLite store by default", async () => {
+  const store = await openStore();
+  expect(store.dialect).toBe("sqlite");
+  expect(store.blobs).toBeUndefined();
+  expect((await store.ping()).success).toBe(true);
+  await store.close();
+});
