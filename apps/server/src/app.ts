@@ -1,10 +1,13 @@
+import type { KeyIdentity, Store } from "@arbor/store";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
 import type { AppConfig } from "./config.ts";
+import { authentication } from "./http/auth.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
 import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
 import type { Handlers } from "./http/operations.ts";
+import type { Principal } from "./http/principal.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations } from "./http/routes.ts";
 import { publicDocuments } from "./modules/docs/routes.ts";
@@ -15,6 +18,7 @@ export interface AppDeps {
   config: AppConfig;
   logger: Logger;
   spec: OpenApiDocument;
+  store: Store;
   probes: Probes;
 }
 
@@ -29,6 +33,7 @@ export function createApp(deps: AppDeps): Express {
   app.use(accessLog(logger));
   app.use(publicDocuments(spec));
   app.use(rawModelIdInPath);
+  app.use(authentication(async (token) => principalOf(await deps.store.apiKeys.verify(token))));
   app.use(["/v1/chat/completions"], express.json({ limit: "10mb" }));
   app.use(express.json({ limit: "64mb" }));
 
@@ -89,5 +94,16 @@ function accessLog(logger: Logger) {
       );
     });
     next();
+  };
+}
+
+function principalOf(identity: KeyIdentity | undefined): Principal | null {
+  if (!identity) return null;
+  return {
+    keyId: identity.key_id,
+    userId: identity.user_id,
+    userName: identity.user_name,
+    defaultEntity: identity.default_entity,
+    entities: identity.entities,
   };
 }

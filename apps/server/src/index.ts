@@ -1,5 +1,6 @@
 export { type AppDeps, createApp } from "./app.ts";
+export { ADMIN_ENTITY, ADMIN_USER, ensureFirstAdmin } from "./bootstrap.ts";
 export { type AppConfig, defaultAppConfig } from "./config.ts";
 export { loadSpec, type OpenApiDocument, specOperations } from "./http/openapi.ts";
-export { pendingOperations } from "./http/routes.ts";
+export { noEngine, storeProbes } from "./modules/health/probes.ts";
 export { type Probes, timed } from "./modules/health/service.ts";

@@ -1,45 +1,70 @@
+import { mkdtempSync, rmSync } from "node:fs";
 import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { type ArborClient, type ArborClientOptions, createArborClient } from "@arbor/client";
-import { createApp, defaultAppConfig, loadSpec, timed } from "@arbor/server";
+import {
+  createApp,
+  defaultAppConfig,
+  ensureFirstAdmin,
+  loadSpec,
+  noEngine,
+  storeProbes,
+} from "@arbor/server";
+import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 
 export interface RunningServer {
   baseUrl: string;
-  /** A client for this server; `maxRetries: 0` so a test sees each answer as sent. */
-  client(options?: Partial<ArborClientOptions>): ArborClient;
-  /** A client with the first admin's key. */
-  authorizedClient(options?: Partial<ArborClientOptions>): ArborClient;
+  store: Store;
   /** The operations this server answers 501 for. */
   pending: string[];
+  /** A client without a key; `maxRetries: 0` so a test sees each answer as sent. */
+  client(options?: Partial<ArborClientOptions>): ArborClient;
+  /** A client with the first admin's key (user `admin`, entity `default`). */
+  authorizedClient(options?: Partial<ArborClientOptions>): ArborClient;
+  /** A new user in a new entity, and a client with its key. */
+  newTenant(name: string): Promise<{ entity: string; apiKey: string; client: ArborClient }>;
   close(): Promise<void>;
 }
 
-/** Starts the real app on port 0 with real dependencies. */
+/** Starts the real app on port 0 with real dependencies: a SQLite store in a temp dir. */
 export async function startServer(): Promise<RunningServer> {
+  const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
+  const store = await openStore({ dataDir });
+  const admin = await ensureFirstAdmin(store, dataDir);
   const spec = loadSpec();
   const app = createApp({
     config: defaultAppConfig(),
     logger: pino({ level: "silent" }),
     spec,
-    probes: {
-      database: () => timed(async () => ({})),
-      queue: () => timed(async () => ({})),
-      engine: () => timed(async () => ({})),
-    },
+    store,
+    probes: storeProbes(store, noEngine),
   });
   const server = app.listen(0, "127.0.0.1");
   await new Promise<void>((resolve) => server.once("listening", () => resolve()));
   const { port } = server.address() as AddressInfo;
   const baseUrl = `http://127.0.0.1:${port}`;
+  const client = (options: Partial<ArborClientOptions> = {}) =>
+    createArborClient({ baseUrl, maxRetries: 0, ...options });
   return {
     baseUrl,
+    store,
     pending: app.locals.pendingOperations as string[],
-    client: (options = {}) => createArborClient({ baseUrl, maxRetries: 0, ...options }),
-    authorizedClient: (options = {}) => createArborClient({ baseUrl, maxRetries: 0, ...options }),
-    close: () =>
-      new Promise<void>((resolve, reject) => {
+    client,
+    authorizedClient: (options = {}) => client({ apiKey: admin!.token, ...options }),
+    async newTenant(name) {
+      const user = await store.users.create({ name, defaultEntity: name });
+      const { token } = await store.apiKeys.create(user.id);
+      return { entity: name, apiKey: token, client: client({ apiKey: token }) };
+    },
+    close: async () => {
+      await new Promise<void>((resolve, reject) => {
         server.closeAllConnections();
         server.close((err) => (err ? reject(err) : resolve()));
-      }),
+      });
+      await store.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    },
   };
 }

@@ -25,14 +25,23 @@ describe("getHealth", () => {
 });
 
 describe("getSystemCheck", () => {
-  it("when every dependency answers, then 200 with each probe's success and duration", async () => {
+  it("when a dependency fails, then 503 naming it, with the others' real results", async () => {
     const result = await server.client().GET("/v1/system-check");
-    expect(result.response.status).toBe(200);
-    const report = unwrap(result);
+    expect(result.response.status).toBe(503);
+    expect(result.response.headers.get("retry-after")).toBe("5");
+    const report = result.error as {
+      api: boolean;
+      database: { success: boolean; duration: number; error: string | null };
+      queue: { success: boolean; queued: number };
+      engine: { success: boolean; error: string };
+    };
     expect(report.api).toBe(true);
-    for (const probe of [report.database, report.queue, report.engine]) {
-      expect(probe).toMatchObject({ success: true, error: null });
-      expect(probe.duration).toBeGreaterThanOrEqual(0);
-    }
+    expect(report.database).toMatchObject({ success: true, error: null });
+    expect(report.database.duration).toBeGreaterThan(0);
+    expect(report.queue).toMatchObject({ success: true, queued: 0 });
+    expect(report.engine).toMatchObject({
+      success: false,
+      error: "no inference engine is configured",
+    });
   });
 });

@@ -1,3 +1,4 @@
+import { ConflictError, LimitExceededError, NotFoundError, StoreError } from "@arbor/store";
 import type { NextFunction, Request, Response } from "express";
 import type { Logger } from "pino";
 
@@ -208,6 +209,7 @@ function pydanticIssue(keyword: string, message: string): { type: string; msg: s
 /** Turns whatever was thrown into an ApiError; unknown throwables become an opaque 500. */
 export function toApiError(err: unknown): { error: ApiError; unexpected: boolean } {
   if (err instanceof ApiError) return { error: err, unexpected: false };
+  if (err instanceof StoreError) return { error: fromStoreError(err), unexpected: false };
   if (isBodyParserError(err)) {
     if (err.type === "entity.too.large") {
       return { error: ApiError.tooLarge("Request body is too large."), unexpected: false };
@@ -268,6 +270,14 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
     error: new ApiError(500, "Internal server error."),
     unexpected: true,
   };
+}
+
+/** The store's deliberate errors and their statuses. */
+function fromStoreError(err: StoreError): ApiError {
+  if (err instanceof ConflictError) return ApiError.conflict(err.message);
+  if (err instanceof NotFoundError) return ApiError.notFound(err.message);
+  if (err instanceof LimitExceededError) return ApiError.tooLarge(err.message);
+  return new ApiError(500, "Internal server error.");
 }
 
 /** The body of an error response in the surface's envelope, and its status. */
