@@ -598,7 +598,7 @@ export interface components {
                     [key: string]: unknown;
                 };
                 /** @default false */
-                strict: boolean | null;
+                strict?: boolean | null;
             };
         };
         /**
@@ -615,14 +615,14 @@ export interface components {
             model: string;
             messages: components["schemas"]["ChatCompletionRequestMessage"][];
             /** @default 1 */
-            temperature: number | null;
+            temperature?: number | null;
             /** @default 1 */
-            top_p: number | null;
+            top_p?: number | null;
             /**
              * @description Choices to generate.
              * @default 1
              */
-            n: number | null;
+            n?: number | null;
             /** @description Deprecated by OpenAI in favour of `max_completion_tokens`; both are honoured (the smaller wins). */
             max_tokens?: number | null;
             max_completion_tokens?: number | null;
@@ -631,14 +631,14 @@ export interface components {
             /** @description The same seed and the same request give the same output. */
             seed?: number | null;
             /** @default 0 */
-            presence_penalty: number | null;
+            presence_penalty?: number | null;
             /** @default 0 */
-            frequency_penalty: number | null;
+            frequency_penalty?: number | null;
             /**
              * @description Return per-token log probabilities (RL needs them on trajectories).
              * @default false
              */
-            logprobs: boolean | null;
+            logprobs?: boolean | null;
             /** @description Alternatives per position; needs `logprobs`. */
             top_logprobs?: number | null;
             response_format?: components["schemas"]["ResponseFormat"];
@@ -646,7 +646,7 @@ export interface components {
              * @description Answer with `text/event-stream` chunks instead of one JSON body.
              * @default false
              */
-            stream: boolean | null;
+            stream?: boolean | null;
             stream_options?: {
                 /** @description Send a last chunk with `usage` and `choices: []`. */
                 include_usage?: boolean;
@@ -808,7 +808,7 @@ export interface components {
              * @description When a model with this `(entity, project, name)` exists, return it instead of answering 409.
              * @default false
              */
-            return_existing: boolean;
+            return_existing?: boolean;
         };
         /**
          * Model
@@ -1039,20 +1039,20 @@ export interface components {
             /** @description One rate, or one per epoch (the last repeats). Default 2e-4 (LoRA). */
             learning_rate?: number | number[];
             /** @default 1 */
-            epochs: number;
+            epochs?: number;
             /**
              * @description Train on every assistant turn, or only on the last one of each line.
              * @default all
              * @enum {string}
              */
-            assistant_turns: "all" | "last";
+            assistant_turns?: "all" | "last";
             /**
              * @default constant
              * @enum {string}
              */
-            lr_schedule: "constant" | "linear" | "cosine";
+            lr_schedule?: "constant" | "linear" | "cosine";
             /** @default 0 */
-            warmup_steps: number;
+            warmup_steps?: number;
             /** @description Save a checkpoint every N gradient steps; the last step is always saved. */
             checkpoint_every?: number;
         };
@@ -1229,13 +1229,13 @@ export interface components {
              * @description Price each call; otherwise every `*_total_cost` is null.
              * @default false
              */
-            include_costs: boolean;
+            include_costs?: boolean;
             /**
              * @description The most calls read across all requested traces. More matching calls → 413, never a
              *     truncated sum: send the root ids in smaller batches.
              * @default 10000
              */
-            limit: number;
+            limit?: number;
         };
         /**
          * LLMUsage
@@ -1432,16 +1432,16 @@ export interface components {
              * @description Only calls with no parent.
              * @default false
              */
-            trace_roots_only: boolean;
+            trace_roots_only?: boolean;
         };
         /** CallsQueryRequest */
         CallsQueryRequest: {
             project_id: components["schemas"]["ProjectId"];
             filter?: components["schemas"]["CallsFilter"];
             /** @default 1000 */
-            limit: number;
+            limit?: number;
             /** @default 0 */
-            offset: number;
+            offset?: number;
         };
         /**
          * Call

@@ -29,16 +29,16 @@ describe("getSystemCheck", () => {
     const result = await server.client().GET("/v1/system-check");
     expect(result.response.status).toBe(503);
     expect(result.response.headers.get("retry-after")).toBe("5");
-    const report = result.error as {
+    const report = result.error as unknown as {
       api: boolean;
       database: { success: boolean; duration: number; error: string | null };
-      queue: { success: boolean; queued: number };
+      queue: { success: boolean; depth: number };
       engine: { success: boolean; error: string };
     };
     expect(report.api).toBe(true);
     expect(report.database).toMatchObject({ success: true, error: null });
     expect(report.database.duration).toBeGreaterThan(0);
-    expect(report.queue).toMatchObject({ success: true, queued: 0 });
+    expect(report.queue).toMatchObject({ success: true, depth: 0 });
     expect(report.engine).toMatchObject({
       success: false,
       error: "no inference engine is configured",

@@ -8,7 +8,7 @@ export function storeProbes(store: Store, engine: Probes["engine"]): Probes {
     queue: () =>
       timed(async () => {
         const depth = await store.jobs.depth();
-        return { queued: depth.queued, running: depth.running };
+        return { depth: depth.queued };
       }),
     engine,
   };
