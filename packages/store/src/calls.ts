@@ -241,9 +241,9 @@ function usageSql(dialect: Dialect) {
   const usageRows =
     dialect === "sqlite"
       ? `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
-         FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
-         JOIN json_each(c.summary, '$.usage') j
-         WHERE json_type(c.summary, '$.usage') = 'object' AND j.type = 'object'`
+         FROM tree t CROSS JOIN calls c CROSS JOIN json_each(c.summary, '$.usage') j
+         WHERE c.project_id = $1 AND c.id = t.id
+           AND json_type(c.summary, '$.usage') = 'object' AND j.type = 'object'`
       : `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
          FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
          CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(c.summary::jsonb -> 'usage') = 'object'
@@ -421,8 +421,8 @@ export class CallsRepo {
            SELECT id FROM calls
            WHERE project_id = $1 AND id IN ${jsonList(d, 2)} AND started = 1 AND deleted_at IS NULL
            UNION
-           SELECT c.id FROM tree t JOIN calls c ON c.project_id = $1 AND c.parent_id = t.id
-           WHERE c.started = 1 AND c.deleted_at IS NULL
+           SELECT c.id FROM tree t CROSS JOIN calls c
+           WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
          )
          UPDATE calls SET deleted_at = $3
          WHERE project_id = $1 AND id IN (SELECT id FROM tree) AND deleted_at IS NULL`,
@@ -448,12 +448,14 @@ export class CallsRepo {
     const d = this.#sql.dialect;
     const limit = options.limit ?? 10000;
     const includeCosts = options.includeCosts ?? false;
+    // CROSS JOIN pins the join order on SQLite (tree outside, the parent index inside); without
+    // it the planner walked the whole project per step.
     const tree = `WITH RECURSIVE tree(root_id, id) AS (
         SELECT c.id, c.id FROM calls c
         WHERE c.project_id = $1 AND c.id IN ${jsonList(d, 2)} AND c.started = 1 AND c.deleted_at IS NULL
         UNION
-        SELECT t.root_id, c.id FROM tree t JOIN calls c ON c.project_id = $1 AND c.parent_id = t.id
-        WHERE c.started = 1 AND c.deleted_at IS NULL
+        SELECT t.root_id, c.id FROM tree t CROSS JOIN calls c
+        WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
       )`;
     const params = [projectId, JSON.stringify(distinct)];
 
@@ -523,8 +525,8 @@ export class CallsRepo {
       };
     }
     const unfinished = await this.#sql.query<{ id: string }>(
-      `${tree} SELECT DISTINCT c.id FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
-       WHERE c.ended_at IS NULL`,
+      `${tree} SELECT DISTINCT c.id FROM tree t CROSS JOIN calls c
+       WHERE c.project_id = $1 AND c.id = t.id AND c.ended_at IS NULL`,
       params,
     );
     // Sorted here, not in SQL: a database collation may not order like code points.
