@@ -1338,17 +1338,29 @@ export interface components {
          * CallSummaryUsage
          * @description One model's usage by this call ALONE, never its children (they report their own, or usage
          *     would be counted twice). Either naming is accepted (`prompt_tokens` or `input_tokens`,
-         *     `completion_tokens` or `output_tokens`).
+         *     `completion_tokens` or `output_tokens`). Values should be non-negative integers; tracing SDKs
+         *     send what they have, so any other value is stored as sent and ignored by `POST /calls/usage`
+         *     rather than rejecting the whole call.
          */
         CallSummaryUsage: {
-            requests?: number;
-            prompt_tokens?: number;
-            input_tokens?: number;
-            completion_tokens?: number;
-            output_tokens?: number;
-            total_tokens?: number;
-            cache_read_input_tokens?: number;
-            cache_creation_input_tokens?: number;
+            /** @description Requests made; defaults to 1 per call that has usage for the model. */
+            requests?: unknown;
+            /** @description Prompt tokens (a non-negative integer; anything else is ignored when summing). */
+            prompt_tokens?: unknown;
+            /** @description Folded into `prompt_tokens` when summing. */
+            input_tokens?: unknown;
+            /** @description Completion tokens (a non-negative integer; anything else is ignored when summing). */
+            completion_tokens?: unknown;
+            /** @description Folded into `completion_tokens` when summing. */
+            output_tokens?: unknown;
+            /** @description When absent or 0, the sum uses prompt + completion. */
+            total_tokens?: unknown;
+            /** @description Prompt tokens read from a cache. */
+            cache_read_input_tokens?: unknown;
+            /** @description Prompt tokens written to a cache. */
+            cache_creation_input_tokens?: unknown;
+        } & {
+            [key: string]: unknown;
         };
         /**
          * CallSummary

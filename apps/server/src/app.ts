@@ -10,6 +10,7 @@ import type { Handlers } from "./http/operations.ts";
 import type { Principal } from "./http/principal.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations } from "./http/routes.ts";
+import { callsHandlers } from "./modules/calls/routes.ts";
 import { publicDocuments } from "./modules/docs/routes.ts";
 import { healthHandlers } from "./modules/health/routes.ts";
 import type { Probes } from "./modules/health/service.ts";
@@ -49,7 +50,7 @@ export function createApp(deps: AppDeps): Express {
     }),
   );
 
-  const handlers: Handlers = { ...healthHandlers(deps.probes) };
+  const handlers: Handlers = { ...healthHandlers(deps.probes), ...callsHandlers(deps.store) };
   const operations = specOperations(spec);
   app.use(mountOperations(operations, handlers));
   // The operations answering 501 until their issue lands; the contract tests compare it.

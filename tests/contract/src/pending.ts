@@ -22,10 +22,4 @@ export const pendingOperations: (keyof operations)[] = [
   "createDataset",
   "listModels",
   "retrieveModel",
-  "getCallsUsage",
-  "startCall",
-  "endCall",
-  "upsertCallBatch",
-  "queryCalls",
-  "deleteCalls",
 ];

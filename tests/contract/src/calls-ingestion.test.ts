@@ -1,0 +1,275 @@
+import { type ArborClient, unwrap } from "@arbor/client";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type RunningServer, startServer } from "./harness.ts";
+
+let server: RunningServer;
+let client: ArborClient;
+beforeAll(async () => {
+  server = await startServer();
+  client = server.authorizedClient();
+});
+afterAll(() => server.close());
+
+const start = (project_id: string, id: string, extra: Record<string, unknown> = {}) => ({
+  project_id,
+  id,
+  op_name: "agent.step",
+  started_at: "2026-11-01T10:00:00Z",
+  ...extra,
+});
+const end = (project_id: string, id: string, extra: Record<string, unknown> = {}) => ({
+  project_id,
+  id,
+  ended_at: "2026-11-01T10:00:05Z",
+  ...extra,
+});
+
+async function query(
+  project_id: string,
+  filter: Record<string, unknown> = {},
+  page: { limit?: number; offset?: number } = {},
+) {
+  return unwrap(await client.POST("/calls/query", { body: { project_id, filter, ...page } }));
+}
+
+describe("startCall", () => {
+  it("when a start has no id or trace id, then both are generated", async () => {
+    const result = unwrap(
+      await client.POST("/call/start", {
+        body: {
+          start: { project_id: "default/s1", op_name: "op", started_at: "2026-11-01T10:00:00Z" },
+        },
+      }),
+    );
+    expect(result.id).toMatch(/^[0-9a-f-]{36}$/);
+    expect(result.trace_id).toMatch(/^[0-9a-f-]{36}$/);
+    const [call] = (await query("default/s1")).calls;
+    expect(call).toMatchObject({
+      id: result.id,
+      trace_id: result.trace_id,
+      parent_id: null,
+      ended_at: null,
+    });
+  });
+
+  it("when the same start is sent twice, then the repeat is harmless; with other content, 409", async () => {
+    const body = { start: start("default/s2", "c1", { trace_id: "t1" }) };
+    const first = unwrap(await client.POST("/call/start", { body }));
+    expect(unwrap(await client.POST("/call/start", { body }))).toEqual(first);
+    const { response, error } = await client.POST("/call/start", {
+      body: { start: { ...body.start, op_name: "other" } },
+    });
+    expect(response.status).toBe(409);
+    expect(error).toEqual({ detail: expect.stringContaining("c1") });
+  });
+
+  it("when the project's entity is not the key's, then 403", async () => {
+    const { response, error } = await client.POST("/call/start", {
+      body: { start: start("nobody/p", "x") },
+    });
+    expect(response.status).toBe(403);
+    expect(error).toEqual({ detail: 'This API key may not act for entity "nobody".' });
+  });
+
+  it("when op_name is missing, then 422 locating it", async () => {
+    const { response, error } = await client.POST("/call/start", {
+      body: { start: { project_id: "default/s3", started_at: "2026-11-01T10:00:00Z" } } as never,
+    });
+    expect(response.status).toBe(422);
+    expect(error).toEqual({
+      detail: [{ loc: ["body", "start", "op_name"], msg: "Field required", type: "missing" }],
+    });
+  });
+});
+
+describe("endCall", () => {
+  it("when an end arrives before its start, then the call stays invisible until the start merges in", async () => {
+    const project = "default/e1";
+    const summary = { usage: { m: { prompt_tokens: 3, completion_tokens: 4 } } };
+    expect(
+      unwrap(
+        await client.POST("/call/end", {
+          body: { end: end(project, "late", { output: { answer: 42 }, summary }) },
+        }),
+      ),
+    ).toEqual({});
+    expect((await query(project)).calls).toEqual([]);
+    unwrap(
+      await client.POST("/call/start", {
+        body: { start: start(project, "late", { trace_id: "t", inputs: { q: "?" } }) },
+      }),
+    );
+    const [call] = (await query(project)).calls;
+    expect(call).toEqual({
+      id: "late",
+      project_id: project,
+      trace_id: "t",
+      parent_id: null,
+      op_name: "agent.step",
+      display_name: null,
+      started_at: "2026-11-01T10:00:00.000Z",
+      ended_at: "2026-11-01T10:00:05.000Z",
+      inputs: { q: "?" },
+      output: { answer: 42 },
+      exception: null,
+      attributes: {},
+      summary,
+    });
+  });
+});
+
+describe("upsertCallBatch", () => {
+  it("when a batch mixes starts and ends, then it answers one entry per item in order", async () => {
+    const project = "default/b1";
+    const result = unwrap(
+      await client.POST("/call/upsert_batch", {
+        body: {
+          batch: [
+            { mode: "end", req: { end: end(project, "a") } },
+            { mode: "start", req: { start: start(project, "a", { trace_id: "t" }) } },
+            {
+              mode: "start",
+              req: { start: start(project, "b", { trace_id: "t", parent_id: "a" }) },
+            },
+          ],
+        },
+      }),
+    );
+    expect(result.res).toEqual([{}, { id: "a", trace_id: "t" }, { id: "b", trace_id: "t" }]);
+    expect((await query(project)).calls.map((c) => [c.id, c.ended_at !== null])).toEqual([
+      ["a", true],
+      ["b", false],
+    ]);
+  });
+
+  it("when one start in a batch conflicts, then 409 and nothing of the batch is applied", async () => {
+    const project = "default/b2";
+    unwrap(
+      await client.POST("/call/start", {
+        body: { start: start(project, "taken", { trace_id: "t" }) },
+      }),
+    );
+    const { response } = await client.POST("/call/upsert_batch", {
+      body: {
+        batch: [
+          { mode: "start", req: { start: start(project, "fresh", { trace_id: "t" }) } },
+          {
+            mode: "start",
+            req: { start: start(project, "taken", { trace_id: "t", op_name: "changed" }) },
+          },
+        ],
+      },
+    });
+    expect(response.status).toBe(409);
+    expect((await query(project)).calls.map((c) => c.id)).toEqual(["taken"]);
+  });
+
+  it("when an item is invalid, then 422 locating it by index", async () => {
+    const { response, error } = await client.POST("/call/upsert_batch", {
+      body: {
+        batch: [
+          { mode: "start", req: { start: start("default/b3", "ok") } },
+          { mode: "start", req: { start: { project_id: "default/b3" } } },
+        ],
+      } as never,
+    });
+    expect(response.status).toBe(422);
+    const detail = (error as { detail: { loc: unknown[] }[] }).detail;
+    expect(detail.some((d) => d.loc[0] === "body" && d.loc[1] === "batch" && d.loc[2] === 1)).toBe(
+      true,
+    );
+  });
+});
+
+describe("queryCalls", () => {
+  const project = "default/q";
+  beforeAll(async () => {
+    const batch = [
+      start(project, "r1", { trace_id: "t1", started_at: "2026-11-01T10:00:00Z" }),
+      start(project, "r1c", {
+        trace_id: "t1",
+        parent_id: "r1",
+        op_name: "llm",
+        started_at: "2026-11-01T10:00:01Z",
+      }),
+      start(project, "r2", { trace_id: "t2", started_at: "2026-11-02T10:00:00Z" }),
+      start(project, "r2c", {
+        trace_id: "t2",
+        parent_id: "r2",
+        op_name: "llm",
+        started_at: "2026-11-02T10:00:01Z",
+      }),
+    ].map((s) => ({ mode: "start" as const, req: { start: s } }));
+    unwrap(await client.POST("/call/upsert_batch", { body: { batch } }));
+  });
+
+  it.each([
+    ["a trace", { trace_ids: ["t2"] }, ["r2", "r2c"]],
+    ["a parent", { parent_ids: ["r1"] }, ["r1c"]],
+    ["an op name", { op_names: ["llm"] }, ["r1c", "r2c"]],
+    ["call ids", { call_ids: ["r2", "r1"] }, ["r1", "r2"]],
+    [
+      "a time window",
+      { started_after: "2026-11-01T10:00:01Z", started_before: "2026-11-02T10:00:01Z" },
+      ["r1c", "r2"],
+    ],
+    ["trace roots only", { trace_roots_only: true }, ["r1", "r2"]],
+  ])(
+    "when filtering by %s, then only matching calls come back in start order",
+    async (_, filter, ids) => {
+      expect((await query(project, filter)).calls.map((c) => c.id)).toEqual(ids);
+    },
+  );
+
+  it("when paging with limit and offset, then pages neither skip nor repeat", async () => {
+    const first = await query(project, {}, { limit: 3 });
+    const second = await query(project, {}, { limit: 3, offset: 3 });
+    expect(first.has_more).toBe(true);
+    expect(second.has_more).toBe(false);
+    expect([...first.calls, ...second.calls].map((c) => c.id)).toEqual(["r1", "r1c", "r2", "r2c"]);
+  });
+
+  it("when another project is queried, then none of these calls come back", async () => {
+    expect((await query("default/other")).calls).toEqual([]);
+  });
+});
+
+describe("deleteCalls", () => {
+  it("when a call is deleted, then its descendants go too, and a repeat deletes nothing", async () => {
+    const project = "default/d1";
+    const batch = [
+      start(project, "root", { trace_id: "t" }),
+      start(project, "kid", { trace_id: "t", parent_id: "root" }),
+      start(project, "grandkid", { trace_id: "t", parent_id: "kid" }),
+      start(project, "sibling", { trace_id: "t", parent_id: "root" }),
+    ].map((s) => ({ mode: "start" as const, req: { start: s } }));
+    unwrap(await client.POST("/call/upsert_batch", { body: { batch } }));
+    expect(
+      unwrap(
+        await client.POST("/calls/delete", { body: { project_id: project, call_ids: ["kid"] } }),
+      ),
+    ).toEqual({ num_deleted: 2 });
+    expect((await query(project)).calls.map((c) => c.id)).toEqual(["root", "sibling"]);
+    expect(
+      unwrap(
+        await client.POST("/calls/delete", { body: { project_id: project, call_ids: ["kid"] } }),
+      ),
+    ).toEqual({ num_deleted: 0 });
+  });
+
+  it("when the ids belong to another project, then nothing is deleted", async () => {
+    unwrap(
+      await client.POST("/call/start", {
+        body: { start: start("default/d2", "keep", { trace_id: "t" }) },
+      }),
+    );
+    expect(
+      unwrap(
+        await client.POST("/calls/delete", {
+          body: { project_id: "default/d3", call_ids: ["keep"] },
+        }),
+      ),
+    ).toEqual({ num_deleted: 0 });
+    expect((await query("default/d2")).calls.map((c) => c.id)).toEqual(["keep"]);
+  });
+});
