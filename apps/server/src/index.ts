@@ -4,3 +4,4 @@ export { type AppConfig, defaultAppConfig } from "./config.ts";
 export { loadSpec, type OpenApiDocument, specOperations } from "./http/openapi.ts";
 export { noEngine, storeProbes } from "./modules/health/probes.ts";
 export { type Probes, timed } from "./modules/health/service.ts";
+export { serve } from "./serve.ts";

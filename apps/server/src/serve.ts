@@ -1,0 +1,49 @@
+import { openStore } from "@arbor/store";
+import { pino } from "pino";
+import { createApp } from "./app.ts";
+import { ensureFirstAdmin } from "./bootstrap.ts";
+import { configFromEnv, type ServerConfig } from "./config.ts";
+import { loadSpec } from "./http/openapi.ts";
+import { noEngine, storeProbes } from "./modules/health/probes.ts";
+
+/** Builds the dependencies from `config` (the environment by default), listens, and shuts down
+ * gracefully on SIGINT/SIGTERM. */
+export async function serve(config: ServerConfig = configFromEnv()): Promise<void> {
+  const logger = pino({ level: config.logLevel });
+  const store = await openStore({ dataDir: config.dataDir, databaseUrl: config.databaseUrl });
+
+  const first = await ensureFirstAdmin(store, config.dataDir);
+  if (first) {
+    // Printed once: only its hash is stored. The same key is in the file, readable by this user only.
+    process.stderr.write(
+      `\nFirst start: created user "admin" in entity "default" with this API key (shown once):\n\n  ${first.token}\n\nIt is also in ${first.keyPath} (mode 0600). Use it as:\n  curl -H "Authorization: Bearer $(cat ${first.keyPath})" http://${config.host}:${config.port}/v1/models\n\n`,
+    );
+  }
+
+  const app = createApp({
+    config,
+    logger,
+    spec: loadSpec(),
+    store,
+    probes: storeProbes(store, noEngine),
+  });
+
+  const server = app.listen(config.port, config.host, () => {
+    const address = server.address();
+    const port = typeof address === "object" && address ? address.port : config.port;
+    logger.info(
+      { port, dataDir: config.dataDir, database: store.dialect },
+      `Arbor listening on http://${config.host}:${port} (docs at /docs)`,
+    );
+  });
+
+  function shutdown(signal: string) {
+    logger.info({ signal }, "shutting down");
+    server.close(() => {
+      store.close().finally(() => process.exit(0));
+    });
+    setTimeout(() => process.exit(1), 10_000).unref();
+  }
+  process.on("SIGINT", () => shutdown("SIGINT"));
+  process.on("SIGTERM", () => shutdown("SIGTERM"));
+}
