@@ -34,17 +34,19 @@ export type ArborClient = Client<paths> & ReturnType<typeof helpers>;
  * response}`; `unwrap()` turns an error into the APIError subclass for its status. */
 export function createArborClient(options: ArborClientOptions): ArborClient {
   const baseFetch = options.fetch ?? ((request: Request) => globalThis.fetch(request));
+  const sleep =
+    options.sleep ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms)));
   const api = createClient<paths>({
     baseUrl: options.baseUrl.replace(/\/+$/, ""),
     fetch: retryingFetch({
       maxRetries: options.maxRetries ?? 2,
       fetch: baseFetch,
-      sleep: options.sleep ?? ((ms) => new Promise((resolve) => setTimeout(resolve, ms))),
+      sleep,
       random: options.random ?? Math.random,
     }),
   });
   api.use(identity(options));
-  return Object.assign(api, helpers(api));
+  return Object.assign(api, helpers(api, sleep));
 }
 
 /** Auth, project and request-id headers on every request. */
@@ -72,7 +74,10 @@ interface Page<T> {
   last_id?: string | null;
 }
 
-function helpers(api: Client<paths>) {
+/** Pause before following a job's events again after the stream closed without its end. */
+const reconnectDelayMs = 1000;
+
+function helpers(api: Client<paths>, sleep: (ms: number) => Promise<void>) {
   return {
     /** Streams a chat completion: yields each `chat.completion.chunk` until `[DONE]`. */
     async *streamChatCompletion(
@@ -134,6 +139,7 @@ function helpers(api: Client<paths>) {
           if (terminalEventTypes.has(event.type)) return;
         }
         if (init.signal?.aborted) return;
+        await sleep(reconnectDelayMs);
       }
     },
   };
