@@ -68,14 +68,15 @@ export function forwardBatch(
   const up = new Float32Array(rows * I);
   const scale = 1 / Math.sqrt(hd);
   const group = H / KV;
+  const ver = model.version;
   let scores = new Float32Array(256);
 
   for (let l = 0; l < config.numLayers; l++) {
     const layer = weights.layers[l]!;
     kernels.rmsNorm(h, x, layer.inputNorm, rows, D, config.rmsNormEps);
-    kernels.matmulNT(q, h, layer.q, rows, qDim, D);
-    kernels.matmulNT(k, h, layer.k, rows, kvDim, D);
-    kernels.matmulNT(v, h, layer.v, rows, kvDim, D);
+    kernels.matmulNT(q, h, layer.q, rows, qDim, D, false, ver);
+    kernels.matmulNT(k, h, layer.k, rows, kvDim, D, false, ver);
+    kernels.matmulNT(v, h, layer.v, rows, kvDim, D, false, ver);
     r = 0;
     for (const item of items) {
       const cache = item.cache;
@@ -117,13 +118,13 @@ export function forwardBatch(
         }
       }
     }
-    kernels.matmulNT(proj, att, layer.o, rows, D, qDim);
+    kernels.matmulNT(proj, att, layer.o, rows, D, qDim, false, ver);
     for (let i = 0; i < rows * D; i++) x[i] = x[i]! + proj[i]!;
     kernels.rmsNorm(h, x, layer.postNorm, rows, D, config.rmsNormEps);
-    kernels.matmulNT(gate, h, layer.gate, rows, I, D);
-    kernels.matmulNT(up, h, layer.up, rows, I, D);
+    kernels.matmulNT(gate, h, layer.gate, rows, I, D, false, ver);
+    kernels.matmulNT(up, h, layer.up, rows, I, D, false, ver);
     kernels.swiglu(gate, gate, up, rows * I);
-    kernels.matmulNT(proj, gate, layer.down, rows, D, I);
+    kernels.matmulNT(proj, gate, layer.down, rows, D, I, false, ver);
     for (let i = 0; i < rows * D; i++) x[i] = x[i]! + proj[i]!;
   }
   for (const item of items) item.cache.length += item.tokens.length;

@@ -4,7 +4,10 @@
  */
 export interface Kernels {
   readonly name: string;
-  /** out[M,N] (+)= a[M,K] · b[N,K]ᵀ — a Linear layer with PyTorch's [out, in] weights. */
+  /**
+   * out[M,N] (+)= a[M,K] · b[N,K]ᵀ — a Linear layer with PyTorch's [out, in] weights.
+   * A `bVersion` marks b as a weight that kernels may cache until the version changes.
+   */
   matmulNT(
     out: Float32Array,
     a: Float32Array,
@@ -13,6 +16,7 @@ export interface Kernels {
     N: number,
     K: number,
     accumulate?: boolean,
+    bVersion?: number,
   ): void;
   /** out[M,N] (+)= a[M,K] · b[K,N]. */
   matmulNN(
@@ -23,6 +27,7 @@ export interface Kernels {
     N: number,
     K: number,
     accumulate?: boolean,
+    bVersion?: number,
   ): void;
   /** out[M,N] (+)= a[K,M]ᵀ · b[K,N] (weight gradients). */
   matmulTN(

@@ -63,6 +63,7 @@ export function lossAndGradients(
   const eps = config.rmsNormEps;
   const scale = 1 / Math.sqrt(hd);
   const group = H / KV;
+  const ver = model.version;
   if (T > config.maxPositions) throw new Error("train: sequence longer than the context length");
 
   let x = new Float32Array(R * D);
@@ -90,9 +91,9 @@ export function lossAndGradients(
       act: new Float32Array(R * I),
     };
     rmsNormSaving(a.h1, a.inv1, x, layer.inputNorm, R, D, eps);
-    kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D);
-    kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D);
-    kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D);
+    kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
+    kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D, false, ver);
+    kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
     for (let r = 0; r < R; r++) {
       const pos = r % T;
       for (let h = 0; h < H; h++) applyRope(a.q, r * qDim + h * hd, pos, rope);
@@ -100,13 +101,13 @@ export function lossAndGradients(
     }
     attentionForward(a, B, T, H, hd, qDim, kvDim, group, scale);
     const proj = new Float32Array(R * D);
-    kernels.matmulNT(proj, a.att, layer.o, R, D, qDim);
+    kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
     for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
     rmsNormSaving(a.h2, a.inv2, a.xMid, layer.postNorm, R, D, eps);
-    kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D);
-    kernels.matmulNT(a.up, a.h2, layer.up, R, I, D);
+    kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D, false, ver);
+    kernels.matmulNT(a.up, a.h2, layer.up, R, I, D, false, ver);
     kernels.swiglu(a.act, a.gate, a.up, R * I);
-    kernels.matmulNT(proj, a.act, layer.down, R, D, I);
+    kernels.matmulNT(proj, a.act, layer.down, R, D, I, false, ver);
     const xOut = new Float32Array(R * D);
     for (let i = 0; i < R * D; i++) xOut[i] = a.xMid[i]! + proj[i]!;
     saved.push(a);
@@ -117,7 +118,7 @@ export function lossAndGradients(
   rmsNormSaving(hf, invF, x, weights.norm, R, D, eps);
   const head = weights.lmHead ?? weights.embed;
   const logits = new Float32Array(R * V);
-  kernels.matmulNT(logits, hf, head, R, V, D);
+  kernels.matmulNT(logits, hf, head, R, V, D, false, ver);
 
   // Softmax cross-entropy; logits become d(loss)/d(logits) in place.
   let weight = 0;
@@ -149,7 +150,7 @@ export function lossAndGradients(
 
   const dLogits = logits;
   const dHf = new Float32Array(R * D);
-  kernels.matmulNN(dHf, dLogits, head, R, D, V);
+  kernels.matmulNN(dHf, dLogits, head, R, D, V, false, ver);
   kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
   let dx = new Float32Array(R * D);
   rmsNormBackward(dx, grads.norm, dHf, x, invF, weights.norm, R, D);
@@ -167,7 +168,7 @@ export function lossAndGradients(
     const g = grads.layers[l]!;
     const a = saved[l]!;
     // MLP: x_out = x_mid + down(silu(gate) * up)
-    kernels.matmulNN(dAct, dx, layer.down, R, I, D);
+    kernels.matmulNN(dAct, dx, layer.down, R, I, D, false, ver);
     kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
     for (let i = 0; i < R * I; i++) {
       const gv = a.gate[i]!;
@@ -176,15 +177,15 @@ export function lossAndGradients(
       dUp[i] = dAct[i]! * silu;
       dGate[i] = dAct[i]! * a.up[i]! * s * (1 + gv * (1 - s));
     }
-    kernels.matmulNN(dH, dGate, layer.gate, R, D, I);
-    kernels.matmulNN(dH, dUp, layer.up, R, D, I, true);
+    kernels.matmulNN(dH, dGate, layer.gate, R, D, I, false, ver);
+    kernels.matmulNN(dH, dUp, layer.up, R, D, I, true, ver);
     kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
     kernels.matmulTN(g.up, dUp, a.h2, I, D, R, true);
     const dMid = new Float32Array(R * D);
     rmsNormBackward(dMid, g.postNorm, dH, a.xMid, a.inv2, layer.postNorm, R, D);
     for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
     // Attention: x_mid = x_in + o(attention(q, k, v))
-    kernels.matmulNN(dAtt, dMid, layer.o, R, qDim, D);
+    kernels.matmulNN(dAtt, dMid, layer.o, R, qDim, D, false, ver);
     kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
     attentionBackward(a, dAtt, dq, dk, dv, B, T, H, hd, qDim, kvDim, group, scale);
     for (let r = 0; r < R; r++) {
@@ -192,9 +193,9 @@ export function lossAndGradients(
       for (let h = 0; h < H; h++) applyRope(dq, r * qDim + h * hd, pos, rope, -1);
       for (let h = 0; h < KV; h++) applyRope(dk, r * kvDim + h * hd, pos, rope, -1);
     }
-    kernels.matmulNN(dH, dq, layer.q, R, D, qDim);
-    kernels.matmulNN(dH, dk, layer.k, R, D, kvDim, true);
-    kernels.matmulNN(dH, dv, layer.v, R, D, kvDim, true);
+    kernels.matmulNN(dH, dq, layer.q, R, D, qDim, false, ver);
+    kernels.matmulNN(dH, dk, layer.k, R, D, kvDim, true, ver);
+    kernels.matmulNN(dH, dv, layer.v, R, D, kvDim, true, ver);
     kernels.matmulTN(g.q, dq, a.h1, qDim, D, R, true);
     kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
     kernels.matmulTN(g.v, dv, a.h1, kvDim, D, R, true);
