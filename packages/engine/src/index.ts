@@ -21,6 +21,14 @@ export {
   type TokenLogprob,
 } from "./engine.ts";
 export { createKvCache, type ForwardItem, forwardBatch, type KvCache } from "./forward.ts";
+export {
+  exportGguf,
+  type GgufFile,
+  type GgufTensorInfo,
+  ggufBytes,
+  permuteForGguf,
+  readGguf,
+} from "./gguf.ts";
 export { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 export { jsKernels, type Kernels } from "./kernels.ts";
 export { createModel, loadModel, type Model, parameterCount, saveModel } from "./model.ts";
