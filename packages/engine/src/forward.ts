@@ -66,10 +66,7 @@ export function forwardBatch(
   const proj = new Float32Array(rows * D);
   const gate = new Float32Array(rows * I);
   const up = new Float32Array(rows * I);
-  const scale = 1 / Math.sqrt(hd);
-  const group = H / KV;
   const ver = model.version;
-  let scores = new Float32Array(256);
 
   for (let l = 0; l < config.numLayers; l++) {
     const layer = weights.layers[l]!;
@@ -82,41 +79,27 @@ export function forwardBatch(
       const cache = item.cache;
       const keys = cache.keys[l]!;
       const values = cache.values[l]!;
-      for (let t = 0; t < item.tokens.length; t++, r++) {
+      const n = item.tokens.length;
+      for (let t = 0; t < n; t++) {
         const pos = cache.length + t;
-        for (let hh = 0; hh < H; hh++) applyRope(q, r * qDim + hh * hd, pos, rope);
-        for (let hh = 0; hh < KV; hh++) applyRope(k, r * kvDim + hh * hd, pos, rope);
-        keys.set(k.subarray(r * kvDim, (r + 1) * kvDim), pos * kvDim);
-        values.set(v.subarray(r * kvDim, (r + 1) * kvDim), pos * kvDim);
-        const span = pos + 1;
-        if (scores.length < span) scores = new Float32Array(span * 2);
-        for (let hh = 0; hh < H; hh++) {
-          const qo = r * qDim + hh * hd;
-          const kvo = Math.floor(hh / group) * hd;
-          let max = Number.NEGATIVE_INFINITY;
-          for (let j = 0; j < span; j++) {
-            const ko = j * kvDim + kvo;
-            let s = 0;
-            for (let i = 0; i < hd; i++) s += q[qo + i]! * keys[ko + i]!;
-            s *= scale;
-            scores[j] = s;
-            if (s > max) max = s;
-          }
-          let sum = 0;
-          for (let j = 0; j < span; j++) {
-            const e = Math.exp(scores[j]! - max);
-            scores[j] = e;
-            sum += e;
-          }
-          const ao = r * qDim + hh * hd;
-          att.fill(0, ao, ao + hd);
-          for (let j = 0; j < span; j++) {
-            const p = scores[j]! / sum;
-            const vo = j * kvDim + kvo;
-            for (let i = 0; i < hd; i++) att[ao + i] = att[ao + i]! + p * values[vo + i]!;
-          }
-        }
+        const row = r + t;
+        for (let hh = 0; hh < H; hh++) applyRope(q, row * qDim + hh * hd, pos, rope);
+        for (let hh = 0; hh < KV; hh++) applyRope(k, row * kvDim + hh * hd, pos, rope);
       }
+      keys.set(k.subarray(r * kvDim, (r + n) * kvDim), cache.length * kvDim);
+      values.set(v.subarray(r * kvDim, (r + n) * kvDim), cache.length * kvDim);
+      kernels.attention(
+        att.subarray(r * qDim, (r + n) * qDim),
+        q.subarray(r * qDim, (r + n) * qDim),
+        keys,
+        values,
+        n,
+        cache.length,
+        H,
+        KV,
+        hd,
+      );
+      r += n;
     }
     kernels.matmulNT(proj, att, layer.o, rows, D, qDim, false, ver);
     for (let i = 0; i < rows * D; i++) x[i] = x[i]! + proj[i]!;

@@ -50,6 +50,21 @@ export interface Kernels {
   ): void;
   /** out = silu(gate) · up, element-wise. */
   swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
+  /**
+   * Causal attention of n new rows at positions start… against keys/values [≥start+n, KV·hd]
+   * (grouped-query: head h reads kv head ⌊h·KV/H⌋). q and out are [n, H·hd].
+   */
+  attention(
+    out: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    n: number,
+    start: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void;
 }
 
 export const jsKernels: Kernels = {
@@ -132,6 +147,41 @@ export const jsKernels: Kernels = {
     for (let i = 0; i < n; i++) {
       const g = gate[i]!;
       out[i] = (g / (1 + Math.exp(-g))) * up[i]!;
+    }
+  },
+  attention(out, q, keys, values, n, start, H, KV, hd) {
+    const qDim = H * hd;
+    const kvDim = KV * hd;
+    const group = H / KV;
+    const scale = 1 / Math.sqrt(hd);
+    const scores = new Float32Array(start + n);
+    for (let t = 0; t < n; t++) {
+      const span = start + t + 1;
+      for (let h = 0; h < H; h++) {
+        const qo = t * qDim + h * hd;
+        const kvo = Math.floor(h / group) * hd;
+        let max = Number.NEGATIVE_INFINITY;
+        for (let j = 0; j < span; j++) {
+          const ko = j * kvDim + kvo;
+          let s = 0;
+          for (let i = 0; i < hd; i++) s += q[qo + i]! * keys[ko + i]!;
+          s *= scale;
+          scores[j] = s;
+          if (s > max) max = s;
+        }
+        let sum = 0;
+        for (let j = 0; j < span; j++) {
+          const e = Math.exp(scores[j]! - max);
+          scores[j] = e;
+          sum += e;
+        }
+        out.fill(0, qo, qo + hd);
+        for (let j = 0; j < span; j++) {
+          const p = scores[j]! / sum;
+          const vo = j * kvDim + kvo;
+          for (let i = 0; i < hd; i++) out[qo + i] = out[qo + i]! + p * values[vo + i]!;
+        }
+      }
     }
   },
 };

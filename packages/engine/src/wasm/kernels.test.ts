@@ -64,4 +64,39 @@ describe("WASM kernels", () => {
       });
     }
   }
+
+  for (const variant of ["relaxed", "simd"] as const) {
+    const kernels = createWasmKernels(variant);
+    it(`when ${variant} rmsNorm, swiglu and attention run, then they match the JS kernels`, () => {
+      const rng = new Rng(99);
+      const rows = 5;
+      const D = 128;
+      const x = random(rows * D, rng);
+      const w = random(D, rng);
+      const want = new Float32Array(rows * D);
+      const got = new Float32Array(rows * D);
+      jsKernels.rmsNorm(want, x, w, rows, D, 1e-5);
+      kernels.rmsNorm(got, x, w, rows, D, 1e-5);
+      expectClose(got, want, 1e-5);
+
+      const gate = random(352, rng).map((v) => v * 10);
+      const up = random(352, rng);
+      const wantS = new Float32Array(352);
+      const gotS = new Float32Array(352);
+      jsKernels.swiglu(wantS, gate, up, 352);
+      kernels.swiglu(gotS, gate, up, 352);
+      expectClose(gotS, wantS, 1e-5);
+
+      // 3 new rows at positions 6..8 against 9 cached positions, 4 query heads over 2 kv heads.
+      const [H, KV, hd, n, start] = [4, 2, 64, 3, 6];
+      const q = random(n * H * hd, rng);
+      const keys = random((start + n) * KV * hd, rng);
+      const values = random((start + n) * KV * hd, rng);
+      const wantA = new Float32Array(n * H * hd);
+      const gotA = new Float32Array(n * H * hd);
+      jsKernels.attention(wantA, q, keys, values, n, start, H, KV, hd);
+      kernels.attention(gotA, q, keys, values, n, start, H, KV, hd);
+      expectClose(gotA, wantA, 1e-5);
+    });
+  }
 });

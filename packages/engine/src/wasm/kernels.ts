@@ -5,6 +5,21 @@ interface KernelExports {
   matmul_nt(out: number, a: number, b: number, M: number, N: number, K: number, acc: number): void;
   matmul_nn(out: number, a: number, b: number, M: number, N: number, K: number, acc: number): void;
   matmul_tn(out: number, a: number, b: number, M: number, N: number, K: number, acc: number): void;
+  rms_norm(out: number, x: number, w: number, rows: number, D: number, eps: number): void;
+  swiglu(out: number, gate: number, up: number, n: number): void;
+  attention(
+    out: number,
+    q: number,
+    k: number,
+    v: number,
+    n: number,
+    start: number,
+    H: number,
+    KV: number,
+    hd: number,
+    scale: number,
+    scores: number,
+  ): void;
 }
 
 interface Cached {
@@ -172,6 +187,22 @@ export class WasmKernels implements Kernels {
     );
   }
 
+  /** Copies arrays into consecutive scratch slots above the weights; returns their offsets. */
+  private stage(arrays: (Float32Array | number)[]): number[] {
+    let top = this.weightTop;
+    const offsets: number[] = [];
+    for (const a of arrays) {
+      offsets.push(top);
+      top += align((typeof a === "number" ? a : a.length) * 4 + 16);
+    }
+    this.ensure(top);
+    const buffer = this.memory.buffer;
+    arrays.forEach((a, i) => {
+      if (typeof a !== "number") new Float32Array(buffer, offsets[i]!, a.length).set(a);
+    });
+    return offsets;
+  }
+
   rmsNorm(
     out: Float32Array,
     x: Float32Array,
@@ -180,11 +211,54 @@ export class WasmKernels implements Kernels {
     D: number,
     eps: number,
   ): void {
-    jsKernels.rmsNorm(out, x, weight, rows, D, eps);
+    if (D % 4 !== 0) {
+      jsKernels.rmsNorm(out, x, weight, rows, D, eps);
+      return;
+    }
+    const [xo, wo, oo] = this.stage([x.subarray(0, rows * D), weight, rows * D]) as [
+      number,
+      number,
+      number,
+    ];
+    this.exports.rms_norm(oo, xo, wo, rows, D, eps);
+    out.set(new Float32Array(this.memory.buffer, oo, rows * D));
   }
 
   swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void {
-    jsKernels.swiglu(out, gate, up, n);
+    if (n % 4 !== 0) {
+      jsKernels.swiglu(out, gate, up, n);
+      return;
+    }
+    const [go, uo] = this.stage([gate.subarray(0, n), up.subarray(0, n)]) as [number, number];
+    this.exports.swiglu(go, go, uo, n);
+    out.set(new Float32Array(this.memory.buffer, go, n));
+  }
+
+  attention(
+    out: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    n: number,
+    start: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void {
+    if (hd % 4 !== 0) {
+      jsKernels.attention(out, q, keys, values, n, start, H, KV, hd);
+      return;
+    }
+    const span = (start + n) * KV * hd;
+    const [qo, ko, vo, oo, so] = this.stage([
+      q.subarray(0, n * H * hd),
+      keys.subarray(0, span),
+      values.subarray(0, span),
+      n * H * hd,
+      start + n + 4,
+    ]) as [number, number, number, number, number];
+    this.exports.attention(oo, qo, ko, vo, n, start, H, KV, hd, 1 / Math.sqrt(hd), so);
+    out.set(new Float32Array(this.memory.buffer, oo, n * H * hd));
   }
 }
 
