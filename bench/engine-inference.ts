@@ -64,7 +64,7 @@ function decode(model: Model, kernels: Kernels, sequences: number): number {
   return (sequences * DECODE) / ((performance.now() - start) / 1000);
 }
 
-const PYTORCH = String.raw`
+const PYTORCH = `
 import json, sys, time, os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch

@@ -180,7 +180,7 @@ function expFunction(madd: Madd): string {
   const c = (v: number) => `(v128.const f32x4 ${v} ${v} ${v} ${v})`;
   return `(func $exp (param $x v128) (result v128) (local $n v128) (local $r v128) (local $p v128)
     (local.set $x (f32x4.min (f32x4.max (local.get $x) ${c(-87.3)}) ${c(88.7)}))
-    (local.set $n (f32x4.nearest (f32x4.mul (local.get $x) ${c(1.4426950408889634)})))
+    (local.set $n (f32x4.nearest (f32x4.mul (local.get $x) ${c(Math.LOG2E)})))
     (local.set $r (f32x4.sub (local.get $x) (f32x4.mul (local.get $n) ${c(0.693145751953125)})))
     (local.set $r (f32x4.sub (local.get $r) (f32x4.mul (local.get $n) ${c(1.428606765330187e-6)})))
     (local.set $p ${c(1 / 720)})

@@ -72,7 +72,7 @@ export class WasmKernels implements Kernels {
   }
 
   private run(
-    kernel: keyof KernelExports,
+    kernel: "matmul_nt" | "matmul_nn" | "matmul_tn",
     out: Float32Array,
     a: Float32Array,
     b: Float32Array,
