@@ -1,0 +1,356 @@
+/**
+ * Generates the WebAssembly text for the SIMD kernels and assembles it with wabt into two
+ * committed binaries: one using relaxed-SIMD FMA, one plain SIMD. Run with node after changing
+ * the kernels; installing the package needs no toolchain.
+ */
+import { writeFile } from "node:fs/promises";
+import wabtInit from "wabt";
+
+type Madd = (a: string, b: string, c: string) => string;
+const relaxed: Madd = (a, b, c) => `(f32x4.relaxed_madd ${a} ${b} ${c})`;
+const plain: Madd = (a, b, c) => `(f32x4.add (f32x4.mul ${a} ${b}) ${c})`;
+
+const get = (name: string) => `(local.get $${name})`;
+const set = (name: string, value: string) => `(local.set $${name} ${value})`;
+const add = (a: string, b: string) => `(i32.add ${a} ${b})`;
+const mul = (a: string, b: string) => `(i32.mul ${a} ${b})`;
+const i32 = (n: number) => `(i32.const ${n})`;
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+const hsum = (v: string) =>
+  `(f32.add (f32.add (f32x4.extract_lane 0 ${get(v)}) (f32x4.extract_lane 1 ${get(v)})) (f32.add (f32x4.extract_lane 2 ${get(v)}) (f32x4.extract_lane 3 ${get(v)})))`;
+
+/** A `for (var = from; var + step <= limit; var += step)` loop; leaves var at the remainder. */
+function forLoop(
+  label: string,
+  variable: string,
+  step: number,
+  limit: string,
+  body: string,
+): string {
+  return `(block $${label}_done (loop $${label}
+    (br_if $${label}_done (i32.gt_u ${add(get(variable), i32(step))} ${limit}))
+    ${body}
+    ${set(variable, add(get(variable), i32(step)))}
+    (br $${label})))`;
+}
+
+/** out[M,N] (+)= a[M,K]·b[N,K]ᵀ as RM×RN tiles of dot products; K must be a multiple of 4. */
+function ntTile(madd: Madd, RM: number, RN: number): string {
+  const accs = range(RM).flatMap((i) => range(RN).map((j) => `c${i}${j}`));
+  return `
+    ${accs.map((c) => set(c, "(v128.const i32x4 0 0 0 0)")).join("\n")}
+    ${range(RM)
+      .map((i) => set(`pa${i}`, add(get("a"), mul(add(get("m"), i32(i)), get("Kb")))))
+      .join("\n")}
+    ${range(RN)
+      .map((j) => set(`pb${j}`, add(get("b"), mul(add(get("n"), i32(j)), get("Kb")))))
+      .join("\n")}
+    ${set("k", i32(0))}
+    (loop $k_${RM}${RN}
+      ${range(RM)
+        .map((i) => set(`va${i}`, `(v128.load ${add(get(`pa${i}`), get("k"))})`))
+        .join("\n")}
+      ${range(RN)
+        .map((j) => set(`vb${j}`, `(v128.load ${add(get(`pb${j}`), get("k"))})`))
+        .join("\n")}
+      ${range(RM)
+        .flatMap((i) =>
+          range(RN).map((j) =>
+            set(`c${i}${j}`, madd(get(`va${i}`), get(`vb${j}`), get(`c${i}${j}`))),
+          ),
+        )
+        .join("\n")}
+      ${set("k", add(get("k"), i32(16)))}
+      (br_if $k_${RM}${RN} (i32.lt_u ${get("k")} ${get("Kb")})))
+    ${range(RM)
+      .map((i) => {
+        const row = add(
+          get("out"),
+          mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4)),
+        );
+        return `${set("po", row)}
+        ${range(RN)
+          .map(
+            (j) =>
+              `(f32.store offset=${j * 4} ${get("po")} (f32.add ${hsum(`c${i}${j}`)} (select (f32.load offset=${j * 4} ${get("po")}) (f32.const 0) ${get("acc")})))`,
+          )
+          .join("\n")}`;
+      })
+      .join("\n")}`;
+}
+
+function matmulNT(madd: Madd): string {
+  const locals = [
+    ...[
+      "m",
+      "n",
+      "k",
+      "Kb",
+      "po",
+      ...range(4).map((i) => `pa${i}`),
+      ...range(4).map((j) => `pb${j}`),
+    ].map((l) => `(local $${l} i32)`),
+    ...[...range(4).map((i) => `va${i}`), ...range(4).map((j) => `vb${j}`)].map(
+      (l) => `(local $${l} v128)`,
+    ),
+    ...range(4).flatMap((i) => range(4).map((j) => `(local $c${i}${j} v128)`)),
+  ];
+  const rows = (RM: number, label: string) => `
+    ${set("n", i32(0))}
+    ${forLoop(`${label}n4`, "n", 4, get("N"), ntTile(madd, RM, 4))}
+    ${forLoop(`${label}n1`, "n", 1, get("N"), ntTile(madd, RM, 1))}`;
+  return `(func (export "matmul_nt") (param $out i32) (param $a i32) (param $b i32) (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
+    ${locals.join(" ")}
+    ${set("Kb", mul(get("K"), i32(4)))}
+    ${set("m", i32(0))}
+    ${forLoop("m4", "m", 4, get("M"), rows(4, "r4"))}
+    ${forLoop("m1", "m", 1, get("M"), rows(1, "r1"))})`;
+}
+
+/**
+ * out[M,N] (+)= Σ_k A(m,k)·b[k,N] with 8 output columns per tile (N must be a multiple of 8).
+ * `transposedA` reads A from a [K,M] layout (weight gradients) instead of [M,K].
+ */
+function nnTile(madd: Madd, RM: number, transposedA: boolean): string {
+  const accs = range(RM).flatMap((i) => [`c${i}0`, `c${i}1`]);
+  const aAddress = (i: number) =>
+    transposedA
+      ? add(get("a"), mul(add(mul(get("k"), get("M")), add(get("m"), i32(i))), i32(4)))
+      : add(get("a"), mul(add(mul(add(get("m"), i32(i)), get("K")), get("k")), i32(4)));
+  return `
+    ${range(RM)
+      .map(
+        (i) =>
+          set(
+            "po",
+            add(get("out"), mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4))),
+          ) +
+          `
+      ${set(`c${i}0`, `(select (v128.load ${get("po")}) (v128.const i32x4 0 0 0 0) ${get("acc")})`)}
+      ${set(`c${i}1`, `(select (v128.load offset=16 ${get("po")}) (v128.const i32x4 0 0 0 0) ${get("acc")})`)}`,
+      )
+      .join("\n")}
+    ${set("k", i32(0))}
+    ${set("pb", add(get("b"), mul(get("n"), i32(4))))}
+    (block $kd_${RM} (loop $k_${RM}
+      (br_if $kd_${RM} (i32.ge_u ${get("k")} ${get("K")}))
+      ${set("vb0", `(v128.load ${get("pb")})`)}
+      ${set("vb1", `(v128.load offset=16 ${get("pb")})`)}
+      ${range(RM)
+        .map(
+          (i) => `${set("va0", `(f32x4.splat (f32.load ${aAddress(i)}))`)}
+        ${set(`c${i}0`, madd(get("va0"), get("vb0"), get(`c${i}0`)))}
+        ${set(`c${i}1`, madd(get("va0"), get("vb1"), get(`c${i}1`)))}`,
+        )
+        .join("\n")}
+      ${set("pb", add(get("pb"), get("Nb")))}
+      ${set("k", add(get("k"), i32(1)))}
+      (br $k_${RM})))
+    ${accs.length > 0 ? "" : ""}
+    ${range(RM)
+      .map(
+        (
+          i,
+        ) => `${set("po", add(get("out"), mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4))))}
+      (v128.store ${get("po")} ${get(`c${i}0`)})
+      (v128.store offset=16 ${get("po")} ${get(`c${i}1`)})`,
+      )
+      .join("\n")}`;
+}
+
+function matmulNN(madd: Madd, name: string, transposedA: boolean): string {
+  const locals = [
+    ...["m", "n", "k", "Nb", "po", "pb"].map((l) => `(local $${l} i32)`),
+    ...["va0", "vb0", "vb1"].map((l) => `(local $${l} v128)`),
+    ...range(4).flatMap((i) => [`(local $c${i}0 v128)`, `(local $c${i}1 v128)`]),
+  ];
+  const rows = (RM: number, label: string) => `
+    ${set("n", i32(0))}
+    ${forLoop(`${label}n8`, "n", 8, get("N"), nnTile(madd, RM, transposedA))}`;
+  return `(func (export "${name}") (param $out i32) (param $a i32) (param $b i32) (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
+    ${locals.join(" ")}
+    ${set("Nb", mul(get("N"), i32(4)))}
+    ${set("m", i32(0))}
+    ${forLoop("m4", "m", 4, get("M"), rows(4, "r4"))}
+    ${forLoop("m1", "m", 1, get("M"), rows(1, "r1"))})`;
+}
+
+/** e^x for x ≤ 88: 2^n · p(r), r = x − n·ln2, degree-6 polynomial (≈1e-7 relative error). */
+function expFunction(madd: Madd): string {
+  const c = (v: number) => `(v128.const f32x4 ${v} ${v} ${v} ${v})`;
+  return `(func $exp (param $x v128) (result v128) (local $n v128) (local $r v128) (local $p v128)
+    (local.set $x (f32x4.min (f32x4.max (local.get $x) ${c(-87.3)}) ${c(88.7)}))
+    (local.set $n (f32x4.nearest (f32x4.mul (local.get $x) ${c(Math.LOG2E)})))
+    (local.set $r (f32x4.sub (local.get $x) (f32x4.mul (local.get $n) ${c(0.693145751953125)})))
+    (local.set $r (f32x4.sub (local.get $r) (f32x4.mul (local.get $n) ${c(1.428606765330187e-6)})))
+    (local.set $p ${c(1 / 720)})
+    ${[1 / 120, 1 / 24, 1 / 6, 0.5, 1, 1].map((k) => `(local.set $p ${madd("(local.get $p)", "(local.get $r)", c(k))})`).join("\n    ")}
+    (f32x4.mul (local.get $p)
+      (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $n)) (v128.const i32x4 127 127 127 127)) (i32.const 23))))`;
+}
+
+/** out[r] = x[r] · w / rms(x[r]); D must be a multiple of 4. */
+function rmsNorm(madd: Madd): string {
+  return `(func (export "rms_norm") (param $out i32) (param $x i32) (param $w i32) (param $rows i32) (param $D i32) (param $eps f32)
+    (local $r i32) (local $i i32) (local $Db i32) (local $px i32) (local $po i32) (local $acc v128) (local $s f32) (local $vs v128)
+    (local.set $Db (i32.mul (local.get $D) (i32.const 4)))
+    (block $done (loop $rows
+      (br_if $done (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $px (i32.add (local.get $x) (i32.mul (local.get $r) (local.get $Db))))
+      (local.set $po (i32.add (local.get $out) (i32.mul (local.get $r) (local.get $Db))))
+      (local.set $acc (v128.const i32x4 0 0 0 0))
+      (local.set $i (i32.const 0))
+      (block $d1 (loop $sum
+        (br_if $d1 (i32.ge_u (local.get $i) (local.get $Db)))
+        (local.set $vs (v128.load (i32.add (local.get $px) (local.get $i))))
+        (local.set $acc ${madd("(local.get $vs)", "(local.get $vs)", "(local.get $acc)")})
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $sum)))
+      (local.set $s (f32.div (f32.const 1) (f32.sqrt (f32.add (f32.div ${hsum("acc")} (f32.convert_i32_u (local.get $D))) (local.get $eps)))))
+      (local.set $vs (f32x4.splat (local.get $s)))
+      (local.set $i (i32.const 0))
+      (block $d2 (loop $scale
+        (br_if $d2 (i32.ge_u (local.get $i) (local.get $Db)))
+        (v128.store (i32.add (local.get $po) (local.get $i))
+          (f32x4.mul (f32x4.mul (v128.load (i32.add (local.get $px) (local.get $i))) (local.get $vs)) (v128.load (i32.add (local.get $w) (local.get $i)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $scale)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rows))))`;
+}
+
+/** out = silu(gate) · up over n elements (n a multiple of 4). */
+function swiglu(): string {
+  return `(func (export "swiglu") (param $out i32) (param $gate i32) (param $up i32) (param $n i32)
+    (local $i i32) (local $nb i32) (local $g v128)
+    (local.set $nb (i32.mul (local.get $n) (i32.const 4)))
+    (block $done (loop $l
+      (br_if $done (i32.ge_u (local.get $i) (local.get $nb)))
+      (local.set $g (v128.load (i32.add (local.get $gate) (local.get $i))))
+      (v128.store (i32.add (local.get $out) (local.get $i))
+        (f32x4.mul (f32x4.div (local.get $g) (f32x4.add (v128.const f32x4 1 1 1 1) (call $exp (f32x4.neg (local.get $g)))))
+          (v128.load (i32.add (local.get $up) (local.get $i)))))
+      (local.set $i (i32.add (local.get $i) (i32.const 16)))
+      (br $l))))`;
+}
+
+/**
+ * Causal attention of n new rows (positions start..start+n−1) against keys/values [span, kvDim];
+ * q and out are [n, H·hd]. scores is scratch of at least start+n floats (+4).
+ * Softmax is unnormalised during the weighted sum, then scaled by 1/Σ.
+ */
+function attention(madd: Madd): string {
+  return `(func (export "attention") (param $out i32) (param $q i32) (param $k i32) (param $v i32) (param $n i32) (param $start i32)
+      (param $H i32) (param $KV i32) (param $hd i32) (param $scale f32) (param $scores i32)
+    (local $t i32) (local $h i32) (local $j i32) (local $i i32) (local $span i32) (local $hdb i32) (local $kvb i32) (local $qb i32)
+    (local $pq i32) (local $pk i32) (local $po i32) (local $acc v128) (local $max f32) (local $sum f32) (local $s f32) (local $e v128)
+    (local $vp v128) (local $group i32) (local $ps i32)
+    (local.set $hdb (i32.mul (local.get $hd) (i32.const 4)))
+    (local.set $kvb (i32.mul (local.get $KV) (local.get $hdb)))
+    (local.set $qb (i32.mul (local.get $H) (local.get $hdb)))
+    (local.set $group (i32.div_u (local.get $H) (local.get $KV)))
+    (block $tdone (loop $tl
+      (br_if $tdone (i32.ge_u (local.get $t) (local.get $n)))
+      (local.set $span (i32.add (i32.add (local.get $start) (local.get $t)) (i32.const 1)))
+      (local.set $h (i32.const 0))
+      (block $hdone (loop $hl
+        (br_if $hdone (i32.ge_u (local.get $h) (local.get $H)))
+        (local.set $pq (i32.add (local.get $q) (i32.add (i32.mul (local.get $t) (local.get $qb)) (i32.mul (local.get $h) (local.get $hdb)))))
+        (local.set $pk (i32.add (local.get $k) (i32.mul (i32.div_u (local.get $h) (local.get $group)) (local.get $hdb))))
+        ;; scores and max
+        (local.set $max (f32.const -inf))
+        (local.set $j (i32.const 0))
+        (block $jd (loop $jl
+          (br_if $jd (i32.ge_u (local.get $j) (local.get $span)))
+          (local.set $acc (v128.const i32x4 0 0 0 0))
+          (local.set $i (i32.const 0))
+          (block $id (loop $il
+            (br_if $id (i32.ge_u (local.get $i) (local.get $hdb)))
+            (local.set $acc ${madd("(v128.load (i32.add (local.get $pq) (local.get $i)))", "(v128.load (i32.add (i32.add (local.get $pk) (i32.mul (local.get $j) (local.get $kvb))) (local.get $i)))", "(local.get $acc)")})
+            (local.set $i (i32.add (local.get $i) (i32.const 16)))
+            (br $il)))
+          (local.set $s (f32.mul ${hsum("acc")} (local.get $scale)))
+          (f32.store (i32.add (local.get $scores) (i32.shl (local.get $j) (i32.const 2))) (local.get $s))
+          (local.set $max (f32.max (local.get $max) (local.get $s)))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br $jl)))
+        ;; exponentials (padded to a multiple of 4; the padding is excluded from the sum)
+        (local.set $sum (f32.const 0))
+        (local.set $j (i32.const 0))
+        (block $ed (loop $el
+          (br_if $ed (i32.ge_u (local.get $j) (local.get $span)))
+          (local.set $ps (i32.add (local.get $scores) (i32.shl (local.get $j) (i32.const 2))))
+          (local.set $e (call $exp (f32x4.sub (v128.load (local.get $ps)) (f32x4.splat (local.get $max)))))
+          (v128.store (local.get $ps) (local.get $e))
+          (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 0 (local.get $e))))
+          (if (i32.lt_u (i32.add (local.get $j) (i32.const 1)) (local.get $span)) (then (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 1 (local.get $e))))))
+          (if (i32.lt_u (i32.add (local.get $j) (i32.const 2)) (local.get $span)) (then (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 2 (local.get $e))))))
+          (if (i32.lt_u (i32.add (local.get $j) (i32.const 3)) (local.get $span)) (then (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 3 (local.get $e))))))
+          (local.set $j (i32.add (local.get $j) (i32.const 4)))
+          (br $el)))
+        ;; weighted sum of values
+        (local.set $po (i32.add (local.get $out) (i32.add (i32.mul (local.get $t) (local.get $qb)) (i32.mul (local.get $h) (local.get $hdb)))))
+        (local.set $i (i32.const 0))
+        (block $zd (loop $zl
+          (br_if $zd (i32.ge_u (local.get $i) (local.get $hdb)))
+          (v128.store (i32.add (local.get $po) (local.get $i)) (v128.const i32x4 0 0 0 0))
+          (local.set $i (i32.add (local.get $i) (i32.const 16)))
+          (br $zl)))
+        (local.set $pk (i32.add (local.get $v) (i32.mul (i32.div_u (local.get $h) (local.get $group)) (local.get $hdb))))
+        (local.set $j (i32.const 0))
+        (block $wd (loop $wl
+          (br_if $wd (i32.ge_u (local.get $j) (local.get $span)))
+          (local.set $vp (f32x4.splat (f32.load (i32.add (local.get $scores) (i32.shl (local.get $j) (i32.const 2))))))
+          (local.set $i (i32.const 0))
+          (block $vd (loop $vl
+            (br_if $vd (i32.ge_u (local.get $i) (local.get $hdb)))
+            (v128.store (i32.add (local.get $po) (local.get $i))
+              ${madd("(local.get $vp)", "(v128.load (i32.add (i32.add (local.get $pk) (i32.mul (local.get $j) (local.get $kvb))) (local.get $i)))", "(v128.load (i32.add (local.get $po) (local.get $i)))")})
+            (local.set $i (i32.add (local.get $i) (i32.const 16)))
+            (br $vl)))
+          (local.set $j (i32.add (local.get $j) (i32.const 1)))
+          (br $wl)))
+        (local.set $vp (f32x4.splat (f32.div (f32.const 1) (local.get $sum))))
+        (local.set $i (i32.const 0))
+        (block $nd (loop $nl
+          (br_if $nd (i32.ge_u (local.get $i) (local.get $hdb)))
+          (v128.store (i32.add (local.get $po) (local.get $i)) (f32x4.mul (v128.load (i32.add (local.get $po) (local.get $i))) (local.get $vp)))
+          (local.set $i (i32.add (local.get $i) (i32.const 16)))
+          (br $nl)))
+        (local.set $h (i32.add (local.get $h) (i32.const 1)))
+        (br $hl)))
+      (local.set $t (i32.add (local.get $t) (i32.const 1)))
+      (br $tl))))`;
+}
+
+function module(madd: Madd): string {
+  return `(module
+  (memory (import "env" "memory") 1)
+  ${expFunction(madd)}
+  ${matmulNT(madd)}
+  ${matmulNN(madd, "matmul_nn", false)}
+  ${matmulNN(madd, "matmul_tn", true)}
+  ${rmsNorm(madd)}
+  ${swiglu()}
+  ${attention(madd)})`;
+}
+
+export async function assemble(): Promise<{ relaxed: Uint8Array; simd: Uint8Array }> {
+  const wabt = await wabtInit();
+  const build = (madd: Madd, name: string) => {
+    const parsed = wabt.parseWat(name, module(madd), { simd: true, relaxed_simd: true });
+    parsed.validate();
+    return new Uint8Array(parsed.toBinary({}).buffer);
+  };
+  return { relaxed: build(relaxed, "relaxed.wat"), simd: build(plain, "simd.wat") };
+}
+
+if (import.meta.main) {
+  const { relaxed: r, simd } = await assemble();
+  const dir = new URL("../src/wasm/", import.meta.url);
+  await writeFile(new URL("kernels-relaxed.wasm", dir), r);
+  await writeFile(new URL("kernels-simd.wasm", dir), simd);
+  console.log(
+    `wrote kernels-relaxed.wasm (${r.length} B) and kernels-simd.wasm (${simd.length} B)`,
+  );
+}

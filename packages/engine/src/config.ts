@@ -1,0 +1,75 @@
+/** The subset of a Hugging Face LlamaForCausalLM config.json the engine uses. */
+export interface ModelConfig {
+  hiddenSize: number;
+  intermediateSize: number;
+  numLayers: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  vocabSize: number;
+  maxPositions: number;
+  rmsNormEps: number;
+  ropeTheta: number;
+  tieWordEmbeddings: boolean;
+  bosTokenId: number | null;
+  eosTokenId: number[];
+}
+
+export function parseConfig(json: Record<string, unknown>): ModelConfig {
+  const num = (key: string, fallback?: number): number => {
+    const value = json[key];
+    if (typeof value === "number") return value;
+    if (fallback !== undefined) return fallback;
+    throw new Error(`config.json: missing number ${key}`);
+  };
+  const hiddenSize = num("hidden_size");
+  const numHeads = num("num_attention_heads");
+  const eos = json["eos_token_id"];
+  const config: ModelConfig = {
+    hiddenSize,
+    intermediateSize: num("intermediate_size"),
+    numLayers: num("num_hidden_layers"),
+    numHeads,
+    numKvHeads: num("num_key_value_heads", numHeads),
+    headDim: num("head_dim", hiddenSize / numHeads),
+    vocabSize: num("vocab_size"),
+    maxPositions: num("max_position_embeddings", 2048),
+    rmsNormEps: num("rms_norm_eps", 1e-6),
+    ropeTheta: num("rope_theta", 10000),
+    tieWordEmbeddings: json["tie_word_embeddings"] === true,
+    bosTokenId: typeof json["bos_token_id"] === "number" ? json["bos_token_id"] : null,
+    eosTokenId: Array.isArray(eos)
+      ? eos.filter((x): x is number => typeof x === "number")
+      : typeof eos === "number"
+        ? [eos]
+        : [],
+  };
+  if (config.numHeads % config.numKvHeads !== 0) {
+    throw new Error("config.json: num_attention_heads must be a multiple of num_key_value_heads");
+  }
+  return config;
+}
+
+export function configToJson(config: ModelConfig): Record<string, unknown> {
+  return {
+    architectures: ["LlamaForCausalLM"],
+    model_type: "llama",
+    hidden_size: config.hiddenSize,
+    intermediate_size: config.intermediateSize,
+    num_hidden_layers: config.numLayers,
+    num_attention_heads: config.numHeads,
+    num_key_value_heads: config.numKvHeads,
+    head_dim: config.headDim,
+    vocab_size: config.vocabSize,
+    max_position_embeddings: config.maxPositions,
+    rms_norm_eps: config.rmsNormEps,
+    rope_theta: config.ropeTheta,
+    tie_word_embeddings: config.tieWordEmbeddings,
+    bos_token_id: config.bosTokenId,
+    eos_token_id: config.eosTokenId.length === 1 ? config.eosTokenId[0] : config.eosTokenId,
+    hidden_act: "silu",
+    attention_bias: false,
+    mlp_bias: false,
+    torch_dtype: "float32",
+  };
+}

@@ -1,0 +1,507 @@
+import { type ChatMessage, END_OF_TEXT, IM_END, renderChat } from "./chat.ts";
+import { createKvCache, forwardBatch, type KvCache } from "./forward.ts";
+import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
+import type { Kernels } from "./kernels.ts";
+import type { Model } from "./model.ts";
+import { deriveSeed, Rng } from "./rng.ts";
+import { applyPenalties, logSoftmax, sampleToken, topLogprobs } from "./sampling.ts";
+import { bytesToSymbols } from "./tokenizer.ts";
+import { defaultKernels } from "./wasm/kernels.ts";
+
+export type ResponseFormat =
+  | { type: "text" }
+  | { type: "json_object" }
+  | { type: "json_schema"; schema: JsonSchema };
+
+export interface GenerateRequest {
+  /** Chat messages, rendered with the ChatML template and a generation prompt… */
+  messages?: readonly ChatMessage[];
+  /** …or a raw prompt, as text or token ids. */
+  prompt?: string | readonly number[];
+  /** Defaults to the rest of the context window. */
+  maxTokens?: number;
+  /** 0 is greedy. Default 1. */
+  temperature?: number;
+  topP?: number;
+  seed?: number;
+  stop?: readonly string[];
+  logprobs?: boolean;
+  /** Alternatives per token, 0–20 (needs logprobs). */
+  topLogprobs?: number;
+  presencePenalty?: number;
+  frequencyPenalty?: number;
+  responseFormat?: ResponseFormat;
+  /** Number of choices. Default 1. */
+  n?: number;
+}
+
+export type FinishReason = "stop" | "length";
+
+export interface TokenLogprob {
+  token: number;
+  text: string;
+  logprob: number;
+  topLogprobs: { token: number; text: string; logprob: number }[];
+}
+
+export type GenerationEvent =
+  | { type: "token"; choice: number; token: number; text: string; logprob?: TokenLogprob }
+  | {
+      type: "done";
+      choice: number;
+      finishReason: FinishReason;
+      /** Text not yet streamed (held back while it could have begun a stop string). */
+      delta: string;
+      text: string;
+      tokens: number[];
+      promptTokens: number;
+    };
+
+export interface CompletionChoice {
+  index: number;
+  text: string;
+  tokens: number[];
+  finishReason: FinishReason;
+  logprobs: TokenLogprob[] | null;
+}
+
+export interface Completion {
+  choices: CompletionChoice[];
+  usage: { promptTokens: number; completionTokens: number; totalTokens: number };
+}
+
+interface Sequence {
+  choice: number;
+  request: Required<Omit<GenerateRequest, "messages" | "prompt" | "responseFormat" | "stop">> & {
+    stop: readonly string[];
+    json: JsonSchema | null;
+  };
+  cache: KvCache;
+  capacity: number;
+  pending: number[];
+  promptTokens: number;
+  generated: number[];
+  counts: Map<number, number>;
+  rng: Rng;
+  json: JsonConstraint | null;
+  emittedChars: number;
+  queue: EventQueue;
+  finished: boolean;
+}
+
+/**
+ * Runs generation requests with continuous batching: every scheduler step stacks the pending
+ * tokens of all live sequences (prompt prefill and single-token decode alike) into one forward
+ * pass, so concurrent requests share each GEMM. Requests join and leave between steps.
+ */
+export class Engine {
+  readonly model: Model;
+  readonly kernels: Kernels;
+  private active: Sequence[] = [];
+  private running = false;
+  private readonly stopTokens: Set<number>;
+  private tokenTexts: (string | null)[] | null = null;
+  private readonly charTokens = new Map<string, number>();
+  /** Forward passes run so far, and the largest number of sequences in one (for tests/metrics). */
+  readonly stats = { steps: 0, maxBatch: 0, tokens: 0 };
+
+  constructor(model: Model, options: { kernels?: Kernels } = {}) {
+    this.model = model;
+    this.kernels = options.kernels ?? defaultKernels();
+    const t = model.tokenizer;
+    this.stopTokens = new Set(model.config.eosTokenId);
+    for (const name of [IM_END, END_OF_TEXT]) {
+      const id = t.tokenId(name);
+      if (id !== undefined) this.stopTokens.add(id);
+    }
+  }
+
+  get activeSequences(): number {
+    return this.active.length;
+  }
+
+  /** Streams token events for every choice, then one `done` event per choice. */
+  generate(
+    request: GenerateRequest,
+    options: { signal?: AbortSignal } = {},
+  ): AsyncIterableIterator<GenerationEvent> {
+    const signal = options.signal;
+    signal?.throwIfAborted();
+    const prompt = this.promptTokens(request);
+    const n = request.n ?? 1;
+    const limit = this.model.config.maxPositions;
+    if (prompt.length === 0) throw new Error("generate: empty prompt");
+    if (prompt.length >= limit)
+      throw new Error(
+        `generate: prompt of ${prompt.length} tokens fills the ${limit}-token context`,
+      );
+    const maxTokens = Math.min(request.maxTokens ?? limit, limit - prompt.length);
+    const topK = Math.min(20, Math.max(0, request.topLogprobs ?? 0));
+    const json =
+      request.responseFormat?.type === "json_object"
+        ? ({ type: "object" } as JsonSchema)
+        : request.responseFormat?.type === "json_schema"
+          ? request.responseFormat.schema
+          : null;
+    const normalized: Sequence["request"] = {
+      maxTokens,
+      temperature: request.temperature ?? 1,
+      topP: request.topP ?? 1,
+      seed: request.seed ?? 0,
+      stop: request.stop ?? [],
+      logprobs: request.logprobs ?? topK > 0,
+      topLogprobs: topK,
+      presencePenalty: request.presencePenalty ?? 0,
+      frequencyPenalty: request.frequencyPenalty ?? 0,
+      n,
+      json,
+    };
+    const sequences: Sequence[] = [];
+    const queue = new EventQueue(n, () => {
+      for (const s of sequences) s.finished = true;
+    });
+    for (let choice = 0; choice < n; choice++) {
+      const capacity = prompt.length + maxTokens;
+      sequences.push({
+        choice,
+        request: normalized,
+        cache: createKvCache(this.model, capacity),
+        capacity,
+        pending: [...prompt],
+        promptTokens: prompt.length,
+        generated: [],
+        counts: new Map(),
+        rng: new Rng(deriveSeed(normalized.seed, choice)),
+        json: json ? new JsonConstraint(json) : null,
+        emittedChars: 0,
+        queue,
+        finished: false,
+      });
+    }
+    if (signal) {
+      const onAbort = () => queue.fail(signal.reason ?? new Error("aborted"));
+      signal.addEventListener("abort", onAbort, { once: true });
+      queue.onSettle = () => signal.removeEventListener("abort", onAbort);
+    }
+    if (maxTokens <= 0) {
+      for (const s of sequences) this.finish(s, "length");
+    } else {
+      this.active.push(...sequences);
+      void this.run();
+    }
+    return queue;
+  }
+
+  /** Runs a request to the end and collects the choices. */
+  async complete(
+    request: GenerateRequest,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<Completion> {
+    const n = request.n ?? 1;
+    const choices: CompletionChoice[] = Array.from({ length: n }, (_, index) => ({
+      index,
+      text: "",
+      tokens: [],
+      finishReason: "length" as FinishReason,
+      logprobs: request.logprobs || (request.topLogprobs ?? 0) > 0 ? [] : null,
+    }));
+    let promptTokens = 0;
+    for await (const event of this.generate(request, options)) {
+      const choice = choices[event.choice]!;
+      if (event.type === "token") {
+        if (event.logprob) choice.logprobs?.push(event.logprob);
+      } else {
+        choice.text = event.text;
+        choice.tokens = event.tokens;
+        choice.finishReason = event.finishReason;
+        promptTokens = event.promptTokens;
+      }
+    }
+    const completionTokens = choices.reduce((sum, c) => sum + c.tokens.length, 0);
+    return {
+      choices,
+      usage: { promptTokens, completionTokens, totalTokens: promptTokens + completionTokens },
+    };
+  }
+
+  private promptTokens(request: GenerateRequest): number[] {
+    const t = this.model.tokenizer;
+    if (request.messages)
+      return renderChat(t, request.messages, { addGenerationPrompt: true }).tokens;
+    if (typeof request.prompt === "string") return t.encode(request.prompt);
+    if (request.prompt) return [...request.prompt];
+    throw new Error("generate: give messages or a prompt");
+  }
+
+  private async run(): Promise<void> {
+    if (this.running) return;
+    this.running = true;
+    try {
+      while (this.active.length > 0) {
+        // Let new requests join and consumers drain before each step.
+        await new Promise((resolve) => setImmediate(resolve));
+        const batch = this.active.filter((s) => !s.finished);
+        if (batch.length === 0) {
+          this.active = [];
+          break;
+        }
+        let logits: Float32Array[];
+        try {
+          logits = forwardBatch(
+            this.model,
+            this.kernels,
+            batch.map((s) => ({ cache: s.cache, tokens: s.pending })),
+          );
+        } catch (error) {
+          for (const s of batch) {
+            s.finished = true;
+            s.queue.fail(error);
+          }
+          continue;
+        }
+        this.stats.steps++;
+        this.stats.maxBatch = Math.max(this.stats.maxBatch, batch.length);
+        batch.forEach((s, i) => {
+          this.stats.tokens += s.pending.length;
+          this.advance(s, logits[i]!);
+        });
+        this.active = this.active.filter((s) => !s.finished);
+      }
+    } finally {
+      this.running = false;
+    }
+  }
+
+  private advance(s: Sequence, rawLogits: Float32Array): void {
+    const r = s.request;
+    const logits = Float32Array.from(rawLogits);
+    applyPenalties(logits, s.counts, r.presencePenalty, r.frequencyPenalty);
+    let allowed: Uint8Array | null = null;
+    let forced: number | null = null;
+    if (s.json) {
+      const remaining = r.maxTokens - s.generated.length;
+      const completion = s.json.completion();
+      if (remaining <= completion.length) forced = this.charToken(completion[0]!);
+      else {
+        // Near the budget, only allow tokens after which the value can still be closed in time.
+        // (A token can lengthen the completion by its own text plus a new key's minimal value.)
+        const near = remaining - completion.length <= this.maxTokenChars() + 64;
+        const budget = near ? remaining - 1 : null;
+        allowed = this.jsonMask(s.json, budget);
+        if (!allowed.includes(1)) forced = this.charToken(completion[0]!);
+      }
+    }
+    const logprobs = logSoftmax(logits, allowed);
+    const token =
+      forced ?? sampleToken(logprobs, { temperature: r.temperature, topP: r.topP }, s.rng);
+    if (this.stopTokens.has(token) && !s.json) {
+      this.finish(s, "stop");
+      return;
+    }
+    s.generated.push(token);
+    s.counts.set(token, (s.counts.get(token) ?? 0) + 1);
+    s.json?.feed(this.texts()[token] ?? "");
+
+    const full = this.model.tokenizer.decode(s.generated);
+    let end = full.length;
+    let stopped = false;
+    for (const stop of r.stop) {
+      const at = stop.length > 0 ? full.indexOf(stop) : -1;
+      if (at >= 0 && at < end) {
+        end = at;
+        stopped = true;
+      }
+    }
+    let safe = end;
+    if (!stopped) {
+      // Hold back text that may be the start of a stop string or of a split UTF-8 character.
+      for (const stop of r.stop) {
+        for (let k = Math.min(stop.length - 1, full.length); k > 0; k--) {
+          if (full.endsWith(stop.slice(0, k))) {
+            safe = Math.min(safe, full.length - k);
+            break;
+          }
+        }
+      }
+      if (full.endsWith("\uFFFD")) safe = Math.min(safe, full.length - 1);
+    }
+    const delta = full.slice(s.emittedChars, Math.max(s.emittedChars, safe));
+    s.emittedChars = Math.max(s.emittedChars, safe);
+    let logprob: TokenLogprob | undefined;
+    if (r.logprobs) {
+      const texts = this.texts();
+      logprob = {
+        token,
+        text: this.model.tokenizer.decode([token]),
+        logprob: logprobs[token]!,
+        topLogprobs: topLogprobs(logprobs, r.topLogprobs).map((t) => ({
+          token: t.token,
+          text: texts[t.token] ?? this.model.tokenizer.decode([t.token]),
+          logprob: t.logprob,
+        })),
+      };
+    }
+    s.queue.push({
+      type: "token",
+      choice: s.choice,
+      token,
+      text: delta,
+      ...(logprob ? { logprob } : {}),
+    });
+    if (stopped) {
+      this.finish(s, "stop", full.slice(0, end));
+      return;
+    }
+    if (s.json?.complete) {
+      this.finish(s, "stop");
+      return;
+    }
+    if (s.generated.length >= r.maxTokens || s.cache.length + 1 > s.capacity) {
+      this.finish(s, "length");
+      return;
+    }
+    s.pending = [token];
+  }
+
+  private finish(s: Sequence, reason: FinishReason, text?: string): void {
+    s.finished = true;
+    const full = text ?? this.model.tokenizer.decode(s.generated);
+    s.queue.push({
+      type: "done",
+      choice: s.choice,
+      finishReason: reason,
+      delta: full.slice(s.emittedChars),
+      text: full,
+      tokens: s.generated,
+      promptTokens: s.promptTokens,
+    });
+    s.queue.choiceDone();
+  }
+
+  /** Decoded text of each token, or null for special tokens and partial UTF-8. */
+  private texts(): (string | null)[] {
+    if (!this.tokenTexts) {
+      const t = this.model.tokenizer;
+      this.tokenTexts = Array.from({ length: this.model.config.vocabSize }, (_, id) => {
+        if (id >= t.vocabSize || t.isSpecial(id)) return null;
+        const text = t.decode([id]);
+        return text.length === 0 || text.includes("\uFFFD") ? null : text;
+      });
+    }
+    return this.tokenTexts;
+  }
+
+  private jsonMask(state: JsonConstraint, budget: number | null): Uint8Array {
+    const texts = this.texts();
+    const mask = new Uint8Array(texts.length);
+    texts.forEach((text, id) => {
+      if (text === null) return;
+      const next = state.clone();
+      if (!next.feed(text)) return;
+      if (budget !== null && next.completion().length > budget) return;
+      mask[id] = 1;
+    });
+    return mask;
+  }
+
+  private longestToken = 0;
+
+  private maxTokenChars(): number {
+    if (this.longestToken === 0) {
+      for (const text of this.texts())
+        this.longestToken = Math.max(this.longestToken, text?.length ?? 0);
+    }
+    return this.longestToken;
+  }
+
+  private charToken(ch: string): number {
+    let id = this.charTokens.get(ch);
+    if (id === undefined) {
+      id = this.model.tokenizer.vocab.get(bytesToSymbols(new TextEncoder().encode(ch)));
+      if (id === undefined) throw new Error(`tokenizer has no token for ${JSON.stringify(ch)}`);
+      this.charTokens.set(ch, id);
+    }
+    return id;
+  }
+}
+
+/** An async iterator fed by the scheduler; ends after every choice is done. */
+class EventQueue implements AsyncIterableIterator<GenerationEvent> {
+  private readonly events: GenerationEvent[] = [];
+  private waiting: {
+    resolve: (r: IteratorResult<GenerationEvent>) => void;
+    reject: (e: unknown) => void;
+  } | null = null;
+  private remaining: number;
+  private error: unknown = null;
+  private closed = false;
+  private readonly cancel: () => void;
+  onSettle: (() => void) | null = null;
+
+  constructor(choices: number, cancel: () => void) {
+    this.remaining = choices;
+    this.cancel = cancel;
+  }
+
+  push(event: GenerationEvent): void {
+    if (this.closed) return;
+    if (this.waiting) {
+      const { resolve } = this.waiting;
+      this.waiting = null;
+      resolve({ value: event, done: false });
+    } else {
+      this.events.push(event);
+    }
+  }
+
+  choiceDone(): void {
+    this.remaining--;
+    if (this.remaining === 0) this.settle();
+  }
+
+  fail(error: unknown): void {
+    if (this.closed) return;
+    this.error = error;
+    this.cancel();
+    this.settle();
+    if (this.waiting) {
+      const { reject } = this.waiting;
+      this.waiting = null;
+      reject(error);
+    }
+  }
+
+  private settle(): void {
+    this.closed = true;
+    this.onSettle?.();
+    if (this.waiting && this.events.length === 0 && this.error === null) {
+      const { resolve } = this.waiting;
+      this.waiting = null;
+      resolve({ value: undefined, done: true });
+    }
+  }
+
+  next(): Promise<IteratorResult<GenerationEvent>> {
+    const event = this.events.shift();
+    if (event) return Promise.resolve({ value: event, done: false });
+    if (this.error !== null) return Promise.reject(this.error);
+    if (this.closed) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve, reject) => {
+      this.waiting = { resolve, reject };
+    });
+  }
+
+  return(): Promise<IteratorResult<GenerationEvent>> {
+    if (!this.closed) {
+      this.cancel();
+      this.closed = true;
+      this.onSettle?.();
+    }
+    this.events.length = 0;
+    return Promise.resolve({ value: undefined, done: true });
+  }
+
+  [Symbol.asyncIterator](): AsyncIterableIterator<GenerationEvent> {
+    return this;
+  }
+}

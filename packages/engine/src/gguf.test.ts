@@ -1,0 +1,54 @@
+import { describe, expect, it } from "vitest";
+import { ggufBytes, permuteForGguf, readGguf } from "./gguf.ts";
+import { tinyModel } from "./test-fixtures.ts";
+
+describe("GGUF export", () => {
+  const model = tinyModel(12);
+  const file = readGguf(ggufBytes(model, "tiny"));
+
+  it("when read back, then the header and llama metadata round-trip", () => {
+    expect(file.version).toBe(3);
+    const m = file.metadata;
+    expect(m.get("general.architecture")).toBe("llama");
+    expect(m.get("general.name")).toBe("tiny");
+    expect(m.get("llama.block_count")).toBe(2);
+    expect(m.get("llama.embedding_length")).toBe(16);
+    expect(m.get("llama.attention.head_count")).toBe(2);
+    expect(m.get("llama.attention.head_count_kv")).toBe(1);
+    expect(m.get("llama.rope.dimension_count")).toBe(8);
+    expect(m.get("llama.attention.layer_norm_rms_epsilon")).toBeCloseTo(1e-5, 10);
+    expect(m.get("tokenizer.ggml.model")).toBe("gpt2");
+    const tokens = m.get("tokenizer.ggml.tokens") as string[];
+    expect(tokens).toHaveLength(model.config.vocabSize);
+    expect(tokens[model.tokenizer.tokenId("<|im_end|>")!]).toBe("<|im_end|>");
+    const types = m.get("tokenizer.ggml.token_type") as number[];
+    expect(types[model.tokenizer.tokenId("<|im_end|>")!]).toBe(3);
+    expect(types[0]).toBe(1);
+    expect((m.get("tokenizer.ggml.merges") as string[])[0]).toBe(
+      model.tokenizer.merges[0]!.join(" "),
+    );
+    expect(m.get("tokenizer.ggml.eos_token_id")).toBe(model.config.eosTokenId[0]);
+  });
+
+  it("when tensors are read back, then shapes use ggml order and Q/K rows are rope-permuted", () => {
+    const names = file.tensors.map((t) => t.name);
+    expect(names).toContain("blk.1.ffn_down.weight");
+    expect(names).toContain("output.weight");
+    const q = file.tensors.find((t) => t.name === "blk.0.attn_q.weight")!;
+    expect(q.dims).toEqual([16, 16]);
+    expect(file.tensors.find((t) => t.name === "blk.0.attn_k.weight")!.dims).toEqual([16, 8]);
+    expect(Array.from(file.tensorData("blk.0.ffn_up.weight"))).toEqual(
+      Array.from(model.weights.layers[0]!.up),
+    );
+    const permuted = file.tensorData("blk.0.attn_q.weight");
+    const original = model.weights.layers[0]!.q;
+    // Head 1, pair element j=1 of i=2: HF row 8 + 4 + 2 = 14 becomes GGUF row 8 + 2·2 + 1 = 13.
+    expect(Array.from(permuted.subarray(13 * 16, 14 * 16))).toEqual(
+      Array.from(original.subarray(14 * 16, 15 * 16)),
+    );
+    expect(Array.from(file.tensorData("blk.0.attn_k.weight"))).toEqual(
+      Array.from(permuteForGguf(model.weights.layers[0]!.k, 1, 16)),
+    );
+    for (const t of file.tensors) expect(t.offset % 32).toBe(0);
+  });
+});

@@ -1,0 +1,381 @@
+import { writeFile } from "node:fs/promises";
+import { configToJson } from "./config.ts";
+import type { Model } from "./model.ts";
+import type { LayerWeights } from "./weights.ts";
+
+/** GGUF v3 (llama.cpp): header, typed key/values, tensor infos, aligned tensor data. */
+
+const GGUF_MAGIC = 0x46554747; // "GGUF" little-endian
+const ALIGNMENT = 32;
+
+export const GgufType = {
+  UINT8: 0,
+  INT8: 1,
+  UINT16: 2,
+  INT16: 3,
+  UINT32: 4,
+  INT32: 5,
+  FLOAT32: 6,
+  BOOL: 7,
+  STRING: 8,
+  ARRAY: 9,
+  UINT64: 10,
+  INT64: 11,
+  FLOAT64: 12,
+} as const;
+
+export type GgufValue =
+  | { type: "u32"; value: number }
+  | { type: "i32"; value: number }
+  | { type: "f32"; value: number }
+  | { type: "bool"; value: boolean }
+  | { type: "string"; value: string }
+  | { type: "string[]"; value: string[] }
+  | { type: "i32[]"; value: number[] };
+
+export interface GgufTensorInfo {
+  name: string;
+  /** ggml order: dims[0] is the fastest-varying (the `in` size of a Linear). */
+  dims: number[];
+  /** ggml type; 0 = F32. */
+  ggmlType: number;
+  offset: number;
+}
+
+export interface GgufFile {
+  version: number;
+  metadata: Map<string, unknown>;
+  tensors: GgufTensorInfo[];
+  dataOffset: number;
+  tensorData(name: string): Float32Array;
+}
+
+class Writer {
+  private chunks: Uint8Array[] = [];
+  length = 0;
+  private push(bytes: Uint8Array): void {
+    this.chunks.push(bytes);
+    this.length += bytes.length;
+  }
+  u32(v: number): void {
+    const b = new Uint8Array(4);
+    new DataView(b.buffer).setUint32(0, v, true);
+    this.push(b);
+  }
+  i32(v: number): void {
+    const b = new Uint8Array(4);
+    new DataView(b.buffer).setInt32(0, v, true);
+    this.push(b);
+  }
+  u64(v: number): void {
+    const b = new Uint8Array(8);
+    new DataView(b.buffer).setBigUint64(0, BigInt(v), true);
+    this.push(b);
+  }
+  f32(v: number): void {
+    const b = new Uint8Array(4);
+    new DataView(b.buffer).setFloat32(0, v, true);
+    this.push(b);
+  }
+  string(s: string): void {
+    const bytes = new TextEncoder().encode(s);
+    this.u64(bytes.length);
+    this.push(bytes);
+  }
+  bytes(b: Uint8Array): void {
+    this.push(b);
+  }
+  pad(alignment: number): void {
+    const rest = this.length % alignment;
+    if (rest) this.push(new Uint8Array(alignment - rest));
+  }
+  value(v: GgufValue): void {
+    switch (v.type) {
+      case "u32":
+        this.u32(GgufType.UINT32);
+        this.u32(v.value);
+        return;
+      case "i32":
+        this.u32(GgufType.INT32);
+        this.i32(v.value);
+        return;
+      case "f32":
+        this.u32(GgufType.FLOAT32);
+        this.f32(v.value);
+        return;
+      case "bool":
+        this.u32(GgufType.BOOL);
+        this.push(Uint8Array.of(v.value ? 1 : 0));
+        return;
+      case "string":
+        this.u32(GgufType.STRING);
+        this.string(v.value);
+        return;
+      case "string[]":
+        this.u32(GgufType.ARRAY);
+        this.u32(GgufType.STRING);
+        this.u64(v.value.length);
+        for (const s of v.value) this.string(s);
+        return;
+      case "i32[]":
+        this.u32(GgufType.ARRAY);
+        this.u32(GgufType.INT32);
+        this.u64(v.value.length);
+        for (const n of v.value) this.i32(n);
+        return;
+    }
+  }
+  concat(): Uint8Array {
+    const out = new Uint8Array(this.length);
+    let o = 0;
+    for (const c of this.chunks) {
+      out.set(c, o);
+      o += c.length;
+    }
+    return out;
+  }
+}
+
+/**
+ * llama.cpp's rope works on interleaved pairs, HF's on halves: convert_hf_to_gguf.py's
+ * LlamaModel.permute reshapes each head's rows (2, hd/2) → (hd/2, 2). Row j·hd/2+i → i·2+j.
+ */
+export function permuteForGguf(weight: Float32Array, heads: number, inDim: number): Float32Array {
+  const rows = weight.length / inDim;
+  const headDim = rows / heads;
+  const half = headDim / 2;
+  const out = new Float32Array(weight.length);
+  for (let h = 0; h < heads; h++) {
+    for (let j = 0; j < 2; j++) {
+      for (let i = 0; i < half; i++) {
+        const from = h * headDim + j * half + i;
+        const to = h * headDim + i * 2 + j;
+        out.set(weight.subarray(from * inDim, (from + 1) * inDim), to * inDim);
+      }
+    }
+  }
+  return out;
+}
+
+const CHATML_TEMPLATE =
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const layerNames: Record<keyof LayerWeights, string> = {
+  inputNorm: "attn_norm",
+  q: "attn_q",
+  k: "attn_k",
+  v: "attn_v",
+  o: "attn_output",
+  postNorm: "ffn_norm",
+  gate: "ffn_gate",
+  up: "ffn_up",
+  down: "ffn_down",
+};
+
+/** Serialises a model as an F32 llama GGUF with a gpt2-style BPE tokenizer. */
+export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
+  const { config, weights, tokenizer } = model;
+  const D = config.hiddenSize;
+  const tensors: { name: string; dims: number[]; data: Float32Array }[] = [
+    { name: "token_embd.weight", dims: [D, config.vocabSize], data: weights.embed },
+  ];
+  weights.layers.forEach((layer, l) => {
+    for (const key of Object.keys(layerNames) as (keyof LayerWeights)[]) {
+      let data = layer[key];
+      const rows =
+        key === "inputNorm" || key === "postNorm"
+          ? 1
+          : data.length /
+            (key === "o"
+              ? config.numHeads * config.headDim
+              : key === "down"
+                ? config.intermediateSize
+                : D);
+      const inDim = data.length / rows;
+      if (key === "q") data = permuteForGguf(data, config.numHeads, inDim);
+      if (key === "k") data = permuteForGguf(data, config.numKvHeads, inDim);
+      tensors.push({
+        name: `blk.${l}.${layerNames[key]}.weight`,
+        dims: rows === 1 ? [inDim] : [inDim, rows],
+        data,
+      });
+    }
+  });
+  tensors.push({ name: "output_norm.weight", dims: [D], data: weights.norm });
+  if (weights.lmHead)
+    tensors.push({ name: "output.weight", dims: [D, config.vocabSize], data: weights.lmHead });
+
+  const tokens = Array.from(
+    { length: config.vocabSize },
+    (_, id) => tokenizer.idToToken[id] ?? `[PAD${id}]`,
+  );
+  const tokenTypes = tokens.map((_, id) =>
+    id >= tokenizer.vocabSize ? 5 : tokenizer.isSpecial(id) ? 3 : 1,
+  );
+  const hf = configToJson(config);
+  const metadata: [string, GgufValue][] = [
+    ["general.architecture", { type: "string", value: "llama" }],
+    ["general.name", { type: "string", value: name }],
+    ["general.alignment", { type: "u32", value: ALIGNMENT }],
+    ["general.file_type", { type: "u32", value: 0 }],
+    ["llama.vocab_size", { type: "u32", value: config.vocabSize }],
+    ["llama.context_length", { type: "u32", value: config.maxPositions }],
+    ["llama.embedding_length", { type: "u32", value: D }],
+    ["llama.block_count", { type: "u32", value: config.numLayers }],
+    ["llama.feed_forward_length", { type: "u32", value: config.intermediateSize }],
+    ["llama.attention.head_count", { type: "u32", value: config.numHeads }],
+    ["llama.attention.head_count_kv", { type: "u32", value: config.numKvHeads }],
+    ["llama.attention.key_length", { type: "u32", value: config.headDim }],
+    ["llama.attention.value_length", { type: "u32", value: config.headDim }],
+    ["llama.rope.dimension_count", { type: "u32", value: config.headDim }],
+    ["llama.rope.freq_base", { type: "f32", value: config.ropeTheta }],
+    ["llama.attention.layer_norm_rms_epsilon", { type: "f32", value: config.rmsNormEps }],
+    ["tokenizer.ggml.model", { type: "string", value: "gpt2" }],
+    ["tokenizer.ggml.pre", { type: "string", value: "qwen2" }],
+    ["tokenizer.ggml.tokens", { type: "string[]", value: tokens }],
+    ["tokenizer.ggml.token_type", { type: "i32[]", value: tokenTypes }],
+    [
+      "tokenizer.ggml.merges",
+      { type: "string[]", value: tokenizer.merges.map(([a, b]) => `${a} ${b}`) },
+    ],
+    ["tokenizer.ggml.add_bos_token", { type: "bool", value: false }],
+    ["tokenizer.chat_template", { type: "string", value: CHATML_TEMPLATE }],
+  ];
+  if (config.bosTokenId !== null)
+    metadata.push(["tokenizer.ggml.bos_token_id", { type: "u32", value: config.bosTokenId }]);
+  const eos = config.eosTokenId[0];
+  if (eos !== undefined)
+    metadata.push(["tokenizer.ggml.eos_token_id", { type: "u32", value: eos }]);
+  if (typeof hf["bos_token_id"] === "number") {
+    metadata.push(["tokenizer.ggml.padding_token_id", { type: "u32", value: hf["bos_token_id"] }]);
+  }
+
+  const w = new Writer();
+  w.u32(GGUF_MAGIC);
+  w.u32(3);
+  w.u64(tensors.length);
+  w.u64(metadata.length);
+  for (const [key, value] of metadata) {
+    w.string(key);
+    w.value(value);
+  }
+  let offset = 0;
+  for (const t of tensors) {
+    w.string(t.name);
+    w.u32(t.dims.length);
+    for (const d of t.dims) w.u64(d);
+    w.u32(0);
+    w.u64(offset);
+    offset += Math.ceil((t.data.length * 4) / ALIGNMENT) * ALIGNMENT;
+  }
+  w.pad(ALIGNMENT);
+  for (const t of tensors) {
+    const bytes = new Uint8Array(t.data.length * 4);
+    const view = new DataView(bytes.buffer);
+    for (let i = 0; i < t.data.length; i++) view.setFloat32(i * 4, t.data[i]!, true);
+    w.bytes(bytes);
+    w.pad(ALIGNMENT);
+  }
+  return w.concat();
+}
+
+export async function exportGguf(model: Model, path: string, name?: string): Promise<void> {
+  await writeFile(path, ggufBytes(model, name));
+}
+
+/** Reads a GGUF header, metadata and tensor infos (F32 tensor data on request). */
+export function readGguf(bytes: Uint8Array): GgufFile {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  let p = 0;
+  const u32 = () => {
+    const v = view.getUint32(p, true);
+    p += 4;
+    return v;
+  };
+  const u64 = () => {
+    const v = Number(view.getBigUint64(p, true));
+    p += 8;
+    return v;
+  };
+  const string = () => {
+    const n = u64();
+    const s = new TextDecoder().decode(bytes.subarray(p, p + n));
+    p += n;
+    return s;
+  };
+  const scalar = (type: number): unknown => {
+    switch (type) {
+      case GgufType.UINT8:
+        return view.getUint8(p++);
+      case GgufType.INT8:
+        return view.getInt8(p++);
+      case GgufType.BOOL:
+        return view.getUint8(p++) !== 0;
+      case GgufType.UINT16:
+        p += 2;
+        return view.getUint16(p - 2, true);
+      case GgufType.INT16:
+        p += 2;
+        return view.getInt16(p - 2, true);
+      case GgufType.UINT32:
+        return u32();
+      case GgufType.INT32:
+        p += 4;
+        return view.getInt32(p - 4, true);
+      case GgufType.FLOAT32:
+        p += 4;
+        return view.getFloat32(p - 4, true);
+      case GgufType.UINT64:
+        return u64();
+      case GgufType.INT64:
+        p += 8;
+        return Number(view.getBigInt64(p - 8, true));
+      case GgufType.FLOAT64:
+        p += 8;
+        return view.getFloat64(p - 8, true);
+      case GgufType.STRING:
+        return string();
+      case GgufType.ARRAY: {
+        const inner = u32();
+        const n = u64();
+        return Array.from({ length: n }, () => scalar(inner));
+      }
+      default:
+        throw new Error(`gguf: unknown value type ${type}`);
+    }
+  };
+  if (u32() !== GGUF_MAGIC) throw new Error("gguf: bad magic");
+  const version = u32();
+  const tensorCount = u64();
+  const kvCount = u64();
+  const metadata = new Map<string, unknown>();
+  for (let i = 0; i < kvCount; i++) {
+    const key = string();
+    metadata.set(key, scalar(u32()));
+  }
+  const tensors: GgufTensorInfo[] = [];
+  for (let i = 0; i < tensorCount; i++) {
+    const name = string();
+    const nd = u32();
+    const dims = Array.from({ length: nd }, () => u64());
+    tensors.push({ name, dims, ggmlType: u32(), offset: u64() });
+  }
+  const alignment = (metadata.get("general.alignment") as number | undefined) ?? ALIGNMENT;
+  const dataOffset = Math.ceil(p / alignment) * alignment;
+  return {
+    version,
+    metadata,
+    tensors,
+    dataOffset,
+    tensorData(name: string): Float32Array {
+      const info = tensors.find((t) => t.name === name);
+      if (!info) throw new Error(`gguf: no tensor ${name}`);
+      if (info.ggmlType !== 0) throw new Error("gguf: only F32 tensors can be read");
+      const n = info.dims.reduce((a, b) => a * b, 1);
+      const out = new Float32Array(n);
+      const start = dataOffset + info.offset;
+      for (let i = 0; i < n; i++) out[i] = view.getFloat32(start + i * 4, true);
+      return out;
+    },
+  };
+}

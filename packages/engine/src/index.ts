@@ -1,0 +1,68 @@
+export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
+export {
+  type ChatMessage,
+  type ChatRole,
+  END_OF_TEXT,
+  IM_END,
+  IM_START,
+  type RenderedChat,
+  renderChat,
+  type ToolCall,
+} from "./chat.ts";
+export { configToJson, type ModelConfig, parseConfig } from "./config.ts";
+export {
+  type Completion,
+  type CompletionChoice,
+  Engine,
+  type FinishReason,
+  type GenerateRequest,
+  type GenerationEvent,
+  type ResponseFormat,
+  type TokenLogprob,
+} from "./engine.ts";
+export { createKvCache, type ForwardItem, forwardBatch, type KvCache } from "./forward.ts";
+export {
+  exportGguf,
+  type GgufFile,
+  type GgufTensorInfo,
+  ggufBytes,
+  permuteForGguf,
+  readGguf,
+} from "./gguf.ts";
+export { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
+export { jsKernels, type Kernels } from "./kernels.ts";
+export { createModel, loadModel, type Model, parameterCount, saveModel } from "./model.ts";
+export {
+  AdamW,
+  type AdamWOptions,
+  clipGradients,
+  type LrSchedule,
+  learningRate,
+  type ScheduleKind,
+  type StepResult,
+  Trainer,
+  type TrainerOptions,
+} from "./optim.ts";
+export { deriveSeed, Rng } from "./rng.ts";
+export {
+  type NamedTensor,
+  readSafetensors,
+  saveSafetensors,
+  type TensorMap,
+} from "./safetensors.ts";
+export { type AddedToken, Tokenizer, trainBpe } from "./tokenizer.ts";
+export { type LossResult, lossAndGradients, type TrainBatch } from "./train.ts";
+export {
+  createWasmKernels,
+  defaultKernels,
+  relaxedSimdSupported,
+  WasmKernels,
+} from "./wasm/kernels.ts";
+export {
+  countParameters,
+  initWeights,
+  type LayerWeights,
+  type ModelWeights,
+  parameters,
+  zerosLike,
+} from "./weights.ts";

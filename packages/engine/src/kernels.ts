@@ -1,0 +1,187 @@
+/**
+ * The compute kernels the model runs on. Every output element is summed in the same order
+ * whatever the number of rows, so a sequence gives the same numbers alone or in a batch.
+ */
+export interface Kernels {
+  readonly name: string;
+  /**
+   * out[M,N] (+)= a[M,K] · b[N,K]ᵀ — a Linear layer with PyTorch's [out, in] weights.
+   * A `bVersion` marks b as a weight that kernels may cache until the version changes.
+   */
+  matmulNT(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate?: boolean,
+    bVersion?: number,
+  ): void;
+  /** out[M,N] (+)= a[M,K] · b[K,N]. */
+  matmulNN(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate?: boolean,
+    bVersion?: number,
+  ): void;
+  /** out[M,N] (+)= a[K,M]ᵀ · b[K,N] (weight gradients). */
+  matmulTN(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate?: boolean,
+  ): void;
+  /** out[r] = x[r] / rms(x[r]) · weight, per row of length D; returns nothing. */
+  rmsNorm(
+    out: Float32Array,
+    x: Float32Array,
+    weight: Float32Array,
+    rows: number,
+    D: number,
+    eps: number,
+  ): void;
+  /** out = silu(gate) · up, element-wise. */
+  swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
+  /**
+   * Causal attention of n new rows at positions start… against keys/values [≥start+n, KV·hd]
+   * (grouped-query: head h reads kv head ⌊h·KV/H⌋). q and out are [n, H·hd].
+   */
+  attention(
+    out: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    n: number,
+    start: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void;
+}
+
+export const jsKernels: Kernels = {
+  name: "js",
+  matmulNT(out, a, b, M, N, K, accumulate = false) {
+    for (let m = 0; m < M; m++) {
+      const ao = m * K;
+      const oo = m * N;
+      let n = 0;
+      for (; n + 4 <= N; n += 4) {
+        const b0 = n * K;
+        const b1 = b0 + K;
+        const b2 = b1 + K;
+        const b3 = b2 + K;
+        let s0 = 0;
+        let s1 = 0;
+        let s2 = 0;
+        let s3 = 0;
+        for (let k = 0; k < K; k++) {
+          const av = a[ao + k]!;
+          s0 += av * b[b0 + k]!;
+          s1 += av * b[b1 + k]!;
+          s2 += av * b[b2 + k]!;
+          s3 += av * b[b3 + k]!;
+        }
+        if (accumulate) {
+          out[oo + n] = out[oo + n]! + s0;
+          out[oo + n + 1] = out[oo + n + 1]! + s1;
+          out[oo + n + 2] = out[oo + n + 2]! + s2;
+          out[oo + n + 3] = out[oo + n + 3]! + s3;
+        } else {
+          out[oo + n] = s0;
+          out[oo + n + 1] = s1;
+          out[oo + n + 2] = s2;
+          out[oo + n + 3] = s3;
+        }
+      }
+      for (; n < N; n++) {
+        const bo = n * K;
+        let s = 0;
+        for (let k = 0; k < K; k++) s += a[ao + k]! * b[bo + k]!;
+        out[oo + n] = accumulate ? out[oo + n]! + s : s;
+      }
+    }
+  },
+  matmulNN(out, a, b, M, N, K, accumulate = false) {
+    if (!accumulate) out.fill(0, 0, M * N);
+    for (let m = 0; m < M; m++) {
+      const oo = m * N;
+      for (let k = 0; k < K; k++) {
+        const av = a[m * K + k]!;
+        if (av === 0) continue;
+        const bo = k * N;
+        for (let n = 0; n < N; n++) out[oo + n] = out[oo + n]! + av * b[bo + n]!;
+      }
+    }
+  },
+  matmulTN(out, a, b, M, N, K, accumulate = false) {
+    if (!accumulate) out.fill(0, 0, M * N);
+    for (let k = 0; k < K; k++) {
+      const bo = k * N;
+      for (let m = 0; m < M; m++) {
+        const av = a[k * M + m]!;
+        if (av === 0) continue;
+        const oo = m * N;
+        for (let n = 0; n < N; n++) out[oo + n] = out[oo + n]! + av * b[bo + n]!;
+      }
+    }
+  },
+  rmsNorm(out, x, weight, rows, D, eps) {
+    for (let r = 0; r < rows; r++) {
+      const o = r * D;
+      let ss = 0;
+      for (let i = 0; i < D; i++) ss += x[o + i]! * x[o + i]!;
+      const inv = 1 / Math.sqrt(ss / D + eps);
+      for (let i = 0; i < D; i++) out[o + i] = x[o + i]! * inv * weight[i]!;
+    }
+  },
+  swiglu(out, gate, up, n) {
+    for (let i = 0; i < n; i++) {
+      const g = gate[i]!;
+      out[i] = (g / (1 + Math.exp(-g))) * up[i]!;
+    }
+  },
+  attention(out, q, keys, values, n, start, H, KV, hd) {
+    const qDim = H * hd;
+    const kvDim = KV * hd;
+    const group = H / KV;
+    const scale = 1 / Math.sqrt(hd);
+    const scores = new Float32Array(start + n);
+    for (let t = 0; t < n; t++) {
+      const span = start + t + 1;
+      for (let h = 0; h < H; h++) {
+        const qo = t * qDim + h * hd;
+        const kvo = Math.floor(h / group) * hd;
+        let max = Number.NEGATIVE_INFINITY;
+        for (let j = 0; j < span; j++) {
+          const ko = j * kvDim + kvo;
+          let s = 0;
+          for (let i = 0; i < hd; i++) s += q[qo + i]! * keys[ko + i]!;
+          s *= scale;
+          scores[j] = s;
+          if (s > max) max = s;
+        }
+        let sum = 0;
+        for (let j = 0; j < span; j++) {
+          const e = Math.exp(scores[j]! - max);
+          scores[j] = e;
+          sum += e;
+        }
+        out.fill(0, qo, qo + hd);
+        for (let j = 0; j < span; j++) {
+          const p = scores[j]! / sum;
+          const vo = j * kvDim + kvo;
+          for (let i = 0; i < hd; i++) out[qo + i] = out[qo + i]! + p * values[vo + i]!;
+        }
+      }
+    }
+  },
+};

@@ -1,0 +1,50 @@
+import { mkdtemp } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { loadModel, saveModel } from "./model.ts";
+import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
+import { tinyModel } from "./test-fixtures.ts";
+
+describe("safetensors", () => {
+  it("when tensors are saved and read, then names, shapes, values and metadata survive", () => {
+    const tensors: TensorMap = new Map([
+      ["b.weight", { shape: [2, 3], data: Float32Array.from([1, -2, 3.5, 0, 1e-8, -7]) }],
+      ["a.bias", { shape: [1], data: Float32Array.from([42]) }],
+    ]);
+    const bytes = saveSafetensors(tensors, { format: "pt" });
+    const headerLength = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+    expect((8 + headerLength) % 8).toBe(0);
+    const { tensors: back, metadata } = readSafetensors(bytes);
+    expect(metadata).toEqual({ format: "pt" });
+    expect(back.get("b.weight")?.shape).toEqual([2, 3]);
+    expect(Array.from(back.get("b.weight")!.data)).toEqual(
+      Array.from(tensors.get("b.weight")!.data),
+    );
+    expect(Array.from(back.get("a.bias")!.data)).toEqual([42]);
+  });
+
+  it("when a BF16 tensor is read, then it widens to f32", () => {
+    const header = JSON.stringify({ x: { dtype: "BF16", shape: [2], data_offsets: [0, 4] } });
+    const bytes = new Uint8Array(8 + header.length + 4);
+    const view = new DataView(bytes.buffer);
+    view.setBigUint64(0, BigInt(header.length), true);
+    bytes.set(new TextEncoder().encode(header), 8);
+    view.setUint16(8 + header.length, 0x3f80, true); // 1.0
+    view.setUint16(8 + header.length + 2, 0xc000, true); // -2.0
+    expect(Array.from(readSafetensors(bytes).tensors.get("x")!.data)).toEqual([1, -2]);
+  });
+
+  it("when a model folder is saved and loaded, then config, tokenizer and weights match", async () => {
+    const model = tinyModel(2);
+    const dir = await mkdtemp(join(tmpdir(), "arbor-engine-"));
+    await saveModel(model, dir);
+    const loaded = await loadModel(dir);
+    expect(loaded.config).toEqual(model.config);
+    expect(Array.from(loaded.weights.layers[1]!.down)).toEqual(
+      Array.from(model.weights.layers[1]!.down),
+    );
+    expect(Array.from(loaded.weights.lmHead!)).toEqual(Array.from(model.weights.lmHead!));
+    expect(loaded.tokenizer.encode("The cat")).toEqual(model.tokenizer.encode("The cat"));
+  });
+});

@@ -1,0 +1,54 @@
+import type { ModelConfig } from "./config.ts";
+import { createModel, type Model } from "./model.ts";
+import { type Tokenizer, trainBpe } from "./tokenizer.ts";
+import { initWeights } from "./weights.ts";
+
+const sampleCorpus = [
+  "Hello there! What is 7 + 5? 7 + 5 = 12.",
+  "The cat sat on the mat. The dog sat on the log.",
+  'Answer in JSON: {"name": "Ada", "age": 36, "ok": true}',
+  "Reverse the word apple: elppa. Uppercase: APPLE.",
+];
+
+export function tinyTokenizer(vocabSize = 300): Tokenizer {
+  return trainBpe(sampleCorpus, {
+    vocabSize,
+    specialTokens: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+  });
+}
+
+export function tinyConfig(vocabSize: number, overrides: Partial<ModelConfig> = {}): ModelConfig {
+  return {
+    hiddenSize: 16,
+    intermediateSize: 24,
+    numLayers: 2,
+    numHeads: 2,
+    numKvHeads: 1,
+    headDim: 8,
+    vocabSize,
+    maxPositions: 64,
+    rmsNormEps: 1e-5,
+    ropeTheta: 10000,
+    tieWordEmbeddings: false,
+    bosTokenId: null,
+    eosTokenId: [vocabSize - 1],
+    ...overrides,
+  };
+}
+
+/** A small random model; weights are scaled up so logits differ visibly between tokens. */
+export function tinyModel(seed = 1, overrides: Partial<ModelConfig> = {}): Model {
+  const tokenizer = tinyTokenizer();
+  const config = tinyConfig(tokenizer.vocabSize, overrides);
+  const weights = initWeights(config, seed);
+  const boost = (a: Float32Array) => {
+    for (let i = 0; i < a.length; i++) a[i] = a[i]! * 8;
+  };
+  boost(weights.embed);
+  for (const layer of weights.layers) {
+    for (const w of [layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down])
+      boost(w);
+  }
+  if (weights.lmHead) boost(weights.lmHead);
+  return createModel(config, weights, tokenizer);
+}

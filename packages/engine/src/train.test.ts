@@ -1,0 +1,119 @@
+import { describe, expect, it } from "vitest";
+import { createKvCache, forwardBatch } from "./forward.ts";
+import { jsKernels } from "./kernels.ts";
+import { learningRate, Trainer } from "./optim.ts";
+import { Rng } from "./rng.ts";
+import { tinyModel } from "./test-fixtures.ts";
+import { lossAndGradients, type TrainBatch } from "./train.ts";
+import { parameters, zerosLike } from "./weights.ts";
+
+function randomBatch(vocab: number, B: number, T: number, seed: number): TrainBatch {
+  const rng = new Rng(seed);
+  const inputs = new Int32Array(B * T);
+  const targets = new Int32Array(B * T);
+  const lossMask = new Float32Array(B * T);
+  for (let i = 0; i < B * T; i++) {
+    inputs[i] = rng.int(vocab);
+    targets[i] = rng.int(vocab);
+    lossMask[i] = rng.next() < 0.7 ? 1 : 0;
+  }
+  return { batchSize: B, seqLen: T, inputs, targets, lossMask };
+}
+
+describe("lossAndGradients", () => {
+  for (const tied of [false, true]) {
+    it(`when compared with central finite differences (tied=${tied}), then every tensor's gradient agrees`, () => {
+      const model = tinyModel(7, { tieWordEmbeddings: tied });
+      if (tied) model.weights.lmHead = null;
+      // Small weights keep the loss smooth enough for float32 finite differences.
+      for (const p of parameters(model.config, model.weights)) {
+        if (p.shape.length === 2)
+          for (let i = 0; i < p.data.length; i++) p.data[i] = p.data[i]! * 0.5;
+      }
+      const batch = randomBatch(model.config.vocabSize, 2, 6, 11);
+      const grads = zerosLike(model.weights);
+      lossAndGradients(model, jsKernels, batch, grads);
+      const gradParams = parameters(model.config, grads);
+      const rng = new Rng(3);
+      parameters(model.config, model.weights).forEach((p, index) => {
+        const g = gradParams[index]!.data;
+        // Check the largest-gradient entries plus a few random ones.
+        const order = [...g.keys()].sort((a, b) => Math.abs(g[b]!) - Math.abs(g[a]!));
+        const picks = [...order.slice(0, 3), rng.int(g.length), rng.int(g.length)];
+        for (const i of picks) {
+          const original = p.data[i]!;
+          const h = 1e-2;
+          p.data[i] = original + h;
+          const up = lossAndGradients(model, jsKernels, batch, null).loss;
+          p.data[i] = original - h;
+          const down = lossAndGradients(model, jsKernels, batch, null).loss;
+          p.data[i] = original;
+          const numeric = (up - down) / (2 * h);
+          expect(Math.abs(numeric - g[i]!), `${p.name}[${i}]`).toBeLessThan(
+            2e-4 + 0.02 * Math.abs(numeric),
+          );
+        }
+      });
+    });
+  }
+
+  it("when the loss is computed, then it matches cross-entropy of the inference logits", () => {
+    const model = tinyModel(8);
+    const tokens = [3, 14, 15, 92, 65];
+    const targets = [14, 15, 92, 65, 35];
+    const batch: TrainBatch = {
+      batchSize: 1,
+      seqLen: 5,
+      inputs: Int32Array.from(tokens),
+      targets: Int32Array.from(targets),
+      lossMask: Float32Array.from([0, 1, 1, 0, 1]),
+    };
+    const { loss, tokenLogprobs } = lossAndGradients(model, jsKernels, batch, null);
+    const cache = createKvCache(model);
+    let expected = 0;
+    tokens.forEach((token, t) => {
+      const [logits] = forwardBatch(model, jsKernels, [{ cache, tokens: [token] }]);
+      const max = Math.max(...logits!);
+      const lse = max + Math.log(logits!.reduce((s, v) => s + Math.exp(v - max), 0));
+      const logp = logits![targets[t]!]! - lse;
+      expect(tokenLogprobs[t]).toBeCloseTo(logp, 4);
+      expect(batch.lossMask[t]).toBeDefined();
+      if (batch.lossMask[t] === 1) expected -= logp;
+    });
+    expect(loss).toBeCloseTo(expected / 3, 4);
+  });
+});
+
+describe("Trainer", () => {
+  it("when trained on one batch, then the loss falls and a same-seed rerun is bit-identical", () => {
+    const run = () => {
+      const model = tinyModel(9);
+      const trainer = new Trainer(model, jsKernels, {
+        schedule: { kind: "cosine", peak: 1e-2, warmupSteps: 2, totalSteps: 20 },
+      });
+      const batch = randomBatch(model.config.vocabSize, 2, 8, 5);
+      const losses = [];
+      for (let i = 0; i < 20; i++) losses.push(trainer.step(batch).loss);
+      return { losses, weights: Array.from(model.weights.layers[0]!.q.subarray(0, 16)) };
+    };
+    const a = run();
+    const b = run();
+    expect(a.losses.at(-1)!).toBeLessThan(a.losses[0]! * 0.5);
+    expect(b).toEqual(a);
+  });
+});
+
+describe("learningRate", () => {
+  const base = { peak: 1, warmupSteps: 10, totalSteps: 110, minRatio: 0.1 };
+  it("when warming up, then it rises linearly to the peak", () => {
+    expect(learningRate({ ...base, kind: "cosine" }, 0)).toBeCloseTo(0.1);
+    expect(learningRate({ ...base, kind: "cosine" }, 9)).toBeCloseTo(1);
+  });
+  it("when decaying, then cosine and linear reach the floor and constant stays", () => {
+    expect(learningRate({ ...base, kind: "cosine" }, 60)).toBeCloseTo(0.55);
+    expect(learningRate({ ...base, kind: "linear" }, 60)).toBeCloseTo(0.55);
+    expect(learningRate({ ...base, kind: "cosine" }, 110)).toBeCloseTo(0.1);
+    expect(learningRate({ ...base, kind: "linear" }, 35)).toBeCloseTo(0.775);
+    expect(learningRate({ ...base, kind: "constant" }, 100)).toBe(1);
+  });
+});

@@ -1,0 +1,351 @@
+import type { Kernels } from "./kernels.ts";
+import { applyRope, type Model } from "./model.ts";
+import type { ModelWeights } from "./weights.ts";
+
+/** B sequences of T tokens, row-major; a target and a loss weight per position. */
+export interface TrainBatch {
+  batchSize: number;
+  seqLen: number;
+  inputs: Int32Array;
+  targets: Int32Array;
+  /** Per-token loss weight (0 = ignore, e.g. padding or non-assistant tokens). */
+  lossMask: Float32Array;
+}
+
+export interface LossResult {
+  /** Mean cross-entropy over the weighted tokens. */
+  loss: number;
+  /** Sum of the loss weights (the number of trained tokens for a 0/1 mask). */
+  weight: number;
+  /** log p(target) at every position, for policy-gradient objectives. */
+  tokenLogprobs: Float32Array;
+}
+
+interface LayerActivations {
+  xIn: Float32Array;
+  h1: Float32Array;
+  inv1: Float32Array;
+  q: Float32Array;
+  k: Float32Array;
+  v: Float32Array;
+  probs: Float32Array;
+  att: Float32Array;
+  xMid: Float32Array;
+  h2: Float32Array;
+  inv2: Float32Array;
+  gate: Float32Array;
+  up: Float32Array;
+  act: Float32Array;
+}
+
+/**
+ * Forward with saved activations, then backward: adds d(loss)/d(weight) into `grads` and
+ * returns the loss. The loss is Σ mask·(−log p(target)) / Σ mask.
+ */
+export function lossAndGradients(
+  model: Model,
+  kernels: Kernels,
+  batch: TrainBatch,
+  grads: ModelWeights | null,
+): LossResult {
+  const { config, weights, rope } = model;
+  const B = batch.batchSize;
+  const T = batch.seqLen;
+  const R = B * T;
+  const D = config.hiddenSize;
+  const hd = config.headDim;
+  const H = config.numHeads;
+  const KV = config.numKvHeads;
+  const qDim = H * hd;
+  const kvDim = KV * hd;
+  const I = config.intermediateSize;
+  const V = config.vocabSize;
+  const eps = config.rmsNormEps;
+  const scale = 1 / Math.sqrt(hd);
+  const group = H / KV;
+  const ver = model.version;
+  if (T > config.maxPositions) throw new Error("train: sequence longer than the context length");
+
+  let x = new Float32Array(R * D);
+  for (let r = 0; r < R; r++) {
+    const token = batch.inputs[r]!;
+    x.set(weights.embed.subarray(token * D, token * D + D), r * D);
+  }
+  const saved: LayerActivations[] = [];
+  for (let l = 0; l < config.numLayers; l++) {
+    const layer = weights.layers[l]!;
+    const a: LayerActivations = {
+      xIn: x,
+      h1: new Float32Array(R * D),
+      inv1: new Float32Array(R),
+      q: new Float32Array(R * qDim),
+      k: new Float32Array(R * kvDim),
+      v: new Float32Array(R * kvDim),
+      probs: new Float32Array(B * H * T * T),
+      att: new Float32Array(R * qDim),
+      xMid: new Float32Array(R * D),
+      h2: new Float32Array(R * D),
+      inv2: new Float32Array(R),
+      gate: new Float32Array(R * I),
+      up: new Float32Array(R * I),
+      act: new Float32Array(R * I),
+    };
+    rmsNormSaving(a.h1, a.inv1, x, layer.inputNorm, R, D, eps);
+    kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
+    kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D, false, ver);
+    kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
+    for (let r = 0; r < R; r++) {
+      const pos = r % T;
+      for (let h = 0; h < H; h++) applyRope(a.q, r * qDim + h * hd, pos, rope);
+      for (let h = 0; h < KV; h++) applyRope(a.k, r * kvDim + h * hd, pos, rope);
+    }
+    attentionForward(a, B, T, H, hd, qDim, kvDim, group, scale);
+    const proj = new Float32Array(R * D);
+    kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
+    for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
+    rmsNormSaving(a.h2, a.inv2, a.xMid, layer.postNorm, R, D, eps);
+    kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D, false, ver);
+    kernels.matmulNT(a.up, a.h2, layer.up, R, I, D, false, ver);
+    kernels.swiglu(a.act, a.gate, a.up, R * I);
+    kernels.matmulNT(proj, a.act, layer.down, R, D, I, false, ver);
+    const xOut = new Float32Array(R * D);
+    for (let i = 0; i < R * D; i++) xOut[i] = a.xMid[i]! + proj[i]!;
+    saved.push(a);
+    x = xOut;
+  }
+  const hf = new Float32Array(R * D);
+  const invF = new Float32Array(R);
+  rmsNormSaving(hf, invF, x, weights.norm, R, D, eps);
+  const head = weights.lmHead ?? weights.embed;
+  const logits = new Float32Array(R * V);
+  kernels.matmulNT(logits, hf, head, R, V, D, false, ver);
+
+  // Softmax cross-entropy; logits become d(loss)/d(logits) in place.
+  let weight = 0;
+  for (let r = 0; r < R; r++) weight += batch.lossMask[r]!;
+  const norm = weight > 0 ? 1 / weight : 0;
+  const tokenLogprobs = new Float32Array(R);
+  let lossSum = 0;
+  for (let r = 0; r < R; r++) {
+    const o = r * V;
+    let max = Number.NEGATIVE_INFINITY;
+    for (let i = 0; i < V; i++) if (logits[o + i]! > max) max = logits[o + i]!;
+    let sum = 0;
+    for (let i = 0; i < V; i++) {
+      const e = Math.exp(logits[o + i]! - max);
+      logits[o + i] = e;
+      sum += e;
+    }
+    const target = batch.targets[r]!;
+    const logp = Math.log(logits[o + target]! / sum);
+    tokenLogprobs[r] = logp;
+    const m = batch.lossMask[r]!;
+    lossSum -= m * logp;
+    const g = m * norm;
+    for (let i = 0; i < V; i++) logits[o + i] = (logits[o + i]! / sum) * g;
+    logits[o + target] = logits[o + target]! - g;
+  }
+  const result = { loss: lossSum * norm, weight, tokenLogprobs };
+  if (!grads) return result;
+
+  const dLogits = logits;
+  const dHf = new Float32Array(R * D);
+  kernels.matmulNN(dHf, dLogits, head, R, D, V, false, ver);
+  kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
+  let dx = new Float32Array(R * D);
+  rmsNormBackward(dx, grads.norm, dHf, x, invF, weights.norm, R, D);
+
+  const dH = new Float32Array(R * D);
+  const dAct = new Float32Array(R * I);
+  const dGate = new Float32Array(R * I);
+  const dUp = new Float32Array(R * I);
+  const dAtt = new Float32Array(R * qDim);
+  const dq = new Float32Array(R * qDim);
+  const dk = new Float32Array(R * kvDim);
+  const dv = new Float32Array(R * kvDim);
+  for (let l = config.numLayers - 1; l >= 0; l--) {
+    const layer = weights.layers[l]!;
+    const g = grads.layers[l]!;
+    const a = saved[l]!;
+    // MLP: x_out = x_mid + down(silu(gate) * up)
+    kernels.matmulNN(dAct, dx, layer.down, R, I, D, false, ver);
+    kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
+    for (let i = 0; i < R * I; i++) {
+      const gv = a.gate[i]!;
+      const s = 1 / (1 + Math.exp(-gv));
+      const silu = gv * s;
+      dUp[i] = dAct[i]! * silu;
+      dGate[i] = dAct[i]! * a.up[i]! * s * (1 + gv * (1 - s));
+    }
+    kernels.matmulNN(dH, dGate, layer.gate, R, D, I, false, ver);
+    kernels.matmulNN(dH, dUp, layer.up, R, D, I, true, ver);
+    kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
+    kernels.matmulTN(g.up, dUp, a.h2, I, D, R, true);
+    const dMid = new Float32Array(R * D);
+    rmsNormBackward(dMid, g.postNorm, dH, a.xMid, a.inv2, layer.postNorm, R, D);
+    for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
+    // Attention: x_mid = x_in + o(attention(q, k, v))
+    kernels.matmulNN(dAtt, dMid, layer.o, R, qDim, D, false, ver);
+    kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
+    attentionBackward(a, dAtt, dq, dk, dv, B, T, H, hd, qDim, kvDim, group, scale);
+    for (let r = 0; r < R; r++) {
+      const pos = r % T;
+      for (let h = 0; h < H; h++) applyRope(dq, r * qDim + h * hd, pos, rope, -1);
+      for (let h = 0; h < KV; h++) applyRope(dk, r * kvDim + h * hd, pos, rope, -1);
+    }
+    kernels.matmulNN(dH, dq, layer.q, R, D, qDim, false, ver);
+    kernels.matmulNN(dH, dk, layer.k, R, D, kvDim, true, ver);
+    kernels.matmulNN(dH, dv, layer.v, R, D, kvDim, true, ver);
+    kernels.matmulTN(g.q, dq, a.h1, qDim, D, R, true);
+    kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
+    kernels.matmulTN(g.v, dv, a.h1, kvDim, D, R, true);
+    const dIn = new Float32Array(R * D);
+    rmsNormBackward(dIn, g.inputNorm, dH, a.xIn, a.inv1, layer.inputNorm, R, D);
+    for (let i = 0; i < R * D; i++) dIn[i] = dIn[i]! + dMid[i]!;
+    dx = dIn;
+  }
+  for (let r = 0; r < R; r++) {
+    const token = batch.inputs[r]!;
+    const o = token * D;
+    for (let i = 0; i < D; i++) grads.embed[o + i] = grads.embed[o + i]! + dx[r * D + i]!;
+  }
+  return result;
+}
+
+function rmsNormSaving(
+  out: Float32Array,
+  inv: Float32Array,
+  x: Float32Array,
+  w: Float32Array,
+  rows: number,
+  D: number,
+  eps: number,
+): void {
+  for (let r = 0; r < rows; r++) {
+    const o = r * D;
+    let ss = 0;
+    for (let i = 0; i < D; i++) ss += x[o + i]! * x[o + i]!;
+    const s = 1 / Math.sqrt(ss / D + eps);
+    inv[r] = s;
+    for (let i = 0; i < D; i++) out[o + i] = x[o + i]! * s * w[i]!;
+  }
+}
+
+function rmsNormBackward(
+  dx: Float32Array,
+  dw: Float32Array,
+  dy: Float32Array,
+  x: Float32Array,
+  inv: Float32Array,
+  w: Float32Array,
+  rows: number,
+  D: number,
+): void {
+  for (let r = 0; r < rows; r++) {
+    const o = r * D;
+    const s = inv[r]!;
+    let dot = 0;
+    for (let i = 0; i < D; i++) {
+      dot += dy[o + i]! * w[i]! * x[o + i]!;
+      dw[i] = dw[i]! + dy[o + i]! * x[o + i]! * s;
+    }
+    const c = (dot * s * s * s) / D;
+    for (let i = 0; i < D; i++) dx[o + i] = s * w[i]! * dy[o + i]! - x[o + i]! * c;
+  }
+}
+
+function attentionForward(
+  a: LayerActivations,
+  B: number,
+  T: number,
+  H: number,
+  hd: number,
+  qDim: number,
+  kvDim: number,
+  group: number,
+  scale: number,
+): void {
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < H; h++) {
+      const kvo = Math.floor(h / group) * hd;
+      const pBase = (b * H + h) * T * T;
+      for (let t = 0; t < T; t++) {
+        const qo = (b * T + t) * qDim + h * hd;
+        const po = pBase + t * T;
+        let max = Number.NEGATIVE_INFINITY;
+        for (let j = 0; j <= t; j++) {
+          const ko = (b * T + j) * kvDim + kvo;
+          let s = 0;
+          for (let i = 0; i < hd; i++) s += a.q[qo + i]! * a.k[ko + i]!;
+          s *= scale;
+          a.probs[po + j] = s;
+          if (s > max) max = s;
+        }
+        let sum = 0;
+        for (let j = 0; j <= t; j++) {
+          const e = Math.exp(a.probs[po + j]! - max);
+          a.probs[po + j] = e;
+          sum += e;
+        }
+        for (let j = 0; j <= t; j++) {
+          const p = a.probs[po + j]! / sum;
+          a.probs[po + j] = p;
+          const vo = (b * T + j) * kvDim + kvo;
+          for (let i = 0; i < hd; i++) a.att[qo + i] = a.att[qo + i]! + p * a.v[vo + i]!;
+        }
+      }
+    }
+  }
+}
+
+function attentionBackward(
+  a: LayerActivations,
+  dAtt: Float32Array,
+  dq: Float32Array,
+  dk: Float32Array,
+  dv: Float32Array,
+  B: number,
+  T: number,
+  H: number,
+  hd: number,
+  qDim: number,
+  kvDim: number,
+  group: number,
+  scale: number,
+): void {
+  dq.fill(0);
+  dk.fill(0);
+  dv.fill(0);
+  const dP = new Float32Array(T);
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < H; h++) {
+      const kvo = Math.floor(h / group) * hd;
+      const pBase = (b * H + h) * T * T;
+      for (let t = 0; t < T; t++) {
+        const qo = (b * T + t) * qDim + h * hd;
+        const po = pBase + t * T;
+        let dot = 0;
+        for (let j = 0; j <= t; j++) {
+          const vo = (b * T + j) * kvDim + kvo;
+          const p = a.probs[po + j]!;
+          let s = 0;
+          for (let i = 0; i < hd; i++) {
+            s += dAtt[qo + i]! * a.v[vo + i]!;
+            dv[vo + i] = dv[vo + i]! + p * dAtt[qo + i]!;
+          }
+          dP[j] = s;
+          dot += p * s;
+        }
+        for (let j = 0; j <= t; j++) {
+          const dS = a.probs[po + j]! * (dP[j]! - dot) * scale;
+          if (dS === 0) continue;
+          const ko = (b * T + j) * kvDim + kvo;
+          for (let i = 0; i < hd; i++) {
+            dq[qo + i] = dq[qo + i]! + dS * a.k[ko + i]!;
+            dk[ko + i] = dk[ko + i]! + dS * a.q[qo + i]!;
+          }
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,102 @@
+import { describe, expect, it } from "vitest";
+import { jsKernels } from "../kernels.ts";
+import { Rng } from "../rng.ts";
+import { createWasmKernels, relaxedSimdSupported } from "./kernels.ts";
+
+function random(n: number, rng: Rng): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = rng.normal();
+  return a;
+}
+
+function expectClose(actual: Float32Array, expected: Float32Array, tolerance: number): void {
+  expect(actual.length).toBe(expected.length);
+  let worst = 0;
+  for (let i = 0; i < actual.length; i++)
+    worst = Math.max(worst, Math.abs(actual[i]! - expected[i]!));
+  expect(worst).toBeLessThan(tolerance);
+}
+
+describe("WASM kernels", () => {
+  it("when Node 24 runs them, then relaxed SIMD is detected", () => {
+    expect(relaxedSimdSupported).toBe(true);
+  });
+
+  for (const variant of ["relaxed", "simd"] as const) {
+    const kernels = createWasmKernels(variant);
+    // Odd sizes exercise the edge tiles.
+    const shapes = [
+      [1, 5, 12],
+      [7, 13, 36],
+      [9, 64, 128],
+      [4, 8, 4],
+    ] as const;
+    for (const [M, N, K] of shapes) {
+      it(`when ${variant} matmuls run on ${M}×${N}×${K}, then they match the JS kernels`, () => {
+        const rng = new Rng(M * 1000 + N * 10 + K);
+        const a = random(M * K, rng);
+        const b = random(N * K, rng);
+        const want = new Float32Array(M * N);
+        const got = new Float32Array(M * N);
+        jsKernels.matmulNT(want, a, b, M, N, K);
+        kernels.matmulNT(got, a, b, M, N, K, false, 1);
+        expectClose(got, want, 1e-4);
+        // Accumulating, and a changed weight under a new version.
+        b[0] = b[0]! + 1;
+        jsKernels.matmulNT(want, a, b, M, N, K, true);
+        kernels.matmulNT(got, a, b, M, N, K, true, 2);
+        expectClose(got, want, 1e-4);
+
+        const N8 = Math.ceil(N / 8) * 8;
+        const bNN = random(K * N8, rng);
+        const wantNN = new Float32Array(M * N8);
+        const gotNN = new Float32Array(M * N8);
+        jsKernels.matmulNN(wantNN, a, bNN, M, N8, K);
+        kernels.matmulNN(gotNN, a, bNN, M, N8, K);
+        expectClose(gotNN, wantNN, 1e-4);
+
+        const aTN = random(K * M, rng);
+        const wantTN = random(M * N8, rng);
+        const gotTN = Float32Array.from(wantTN);
+        jsKernels.matmulTN(wantTN, aTN, bNN, M, N8, K, true);
+        kernels.matmulTN(gotTN, aTN, bNN, M, N8, K, true);
+        expectClose(gotTN, wantTN, 1e-4);
+      });
+    }
+  }
+
+  for (const variant of ["relaxed", "simd"] as const) {
+    const kernels = createWasmKernels(variant);
+    it(`when ${variant} rmsNorm, swiglu and attention run, then they match the JS kernels`, () => {
+      const rng = new Rng(99);
+      const rows = 5;
+      const D = 128;
+      const x = random(rows * D, rng);
+      const w = random(D, rng);
+      const want = new Float32Array(rows * D);
+      const got = new Float32Array(rows * D);
+      jsKernels.rmsNorm(want, x, w, rows, D, 1e-5);
+      kernels.rmsNorm(got, x, w, rows, D, 1e-5);
+      expectClose(got, want, 1e-5);
+
+      const gate = random(352, rng).map((v) => v * 10);
+      const up = random(352, rng);
+      const wantS = new Float32Array(352);
+      const gotS = new Float32Array(352);
+      jsKernels.swiglu(wantS, gate, up, 352);
+      kernels.swiglu(gotS, gate, up, 352);
+      expectClose(gotS, wantS, 1e-5);
+
+      // 3 new rows at positions 6..8 against 9 cached positions, 4 query heads over 2 kv heads.
+      const [H, KV, hd, n, start] = [4, 2, 64, 3, 6];
+      const q = random(n * H * hd, rng);
+      const keys = random((start + n) * KV * hd, rng);
+      const values = random((start + n) * KV * hd, rng);
+      const wantA = new Float32Array(n * H * hd);
+      const gotA = new Float32Array(n * H * hd);
+      jsKernels.attention(wantA, q, keys, values, n, start, H, KV, hd);
+      kernels.attention(gotA, q, keys, values, n, start, H, KV, hd);
+      expectClose(gotA, wantA, 1e-5);
+    });
+  }
+});

@@ -1,0 +1,288 @@
+import { readFileSync } from "node:fs";
+import { jsKernels, type Kernels } from "../kernels.ts";
+
+interface KernelExports {
+  matmul_nt(out: number, a: number, b: number, M: number, N: number, K: number, acc: number): void;
+  matmul_nn(out: number, a: number, b: number, M: number, N: number, K: number, acc: number): void;
+  matmul_tn(out: number, a: number, b: number, M: number, N: number, K: number, acc: number): void;
+  rms_norm(out: number, x: number, w: number, rows: number, D: number, eps: number): void;
+  swiglu(out: number, gate: number, up: number, n: number): void;
+  attention(
+    out: number,
+    q: number,
+    k: number,
+    v: number,
+    n: number,
+    start: number,
+    H: number,
+    KV: number,
+    hd: number,
+    scale: number,
+    scores: number,
+  ): void;
+}
+
+interface Cached {
+  offset: number;
+  version: number;
+}
+
+const PAGE = 65536;
+
+/**
+ * WebAssembly SIMD kernels over one WebAssembly.Memory arena. Weight operands passed with a
+ * version are copied into the arena once and reused until the version changes; other operands
+ * go through a scratch area above the weights. Views are re-made per call, so growing is safe.
+ */
+export class WasmKernels implements Kernels {
+  readonly name: string;
+  readonly memory: WebAssembly.Memory;
+  private readonly exports: KernelExports;
+  private readonly cache = new WeakMap<Float32Array, Cached>();
+  private weightTop = 64;
+
+  constructor(bytes: Uint8Array, name: string) {
+    this.name = name;
+    this.memory = new WebAssembly.Memory({ initial: 256, maximum: 65536 });
+    const module = new WebAssembly.Module(bytes);
+    const instance = new WebAssembly.Instance(module, { env: { memory: this.memory } });
+    this.exports = instance.exports as unknown as KernelExports;
+  }
+
+  private ensure(bytes: number): void {
+    const need = bytes - this.memory.buffer.byteLength;
+    if (need > 0) this.memory.grow(Math.ceil(need / PAGE));
+  }
+
+  /** Arena offset of a weight, copied in when first seen or when its version changed. */
+  private weight(array: Float32Array, version: number): number {
+    const cached = this.cache.get(array);
+    if (cached && cached.version === version) return cached.offset;
+    let offset = cached?.offset;
+    if (offset === undefined) {
+      offset = this.weightTop;
+      this.weightTop += align(array.length * 4);
+      this.ensure(this.weightTop);
+      this.cache.set(array, { offset, version });
+    } else {
+      cached!.version = version;
+    }
+    new Float32Array(this.memory.buffer, offset, array.length).set(array);
+    return offset;
+  }
+
+  private run(
+    kernel: "matmul_nt" | "matmul_nn" | "matmul_tn",
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    sizes: { a: number; b: number; out: number },
+    M: number,
+    N: number,
+    K: number,
+    accumulate: boolean,
+    bVersion: number | undefined,
+  ): void {
+    const bOffset = bVersion === undefined ? -1 : this.weight(b, bVersion);
+    let top = this.weightTop;
+    const aOffset = top;
+    top += align(sizes.a * 4);
+    let bScratch = bOffset;
+    if (bScratch < 0) {
+      bScratch = top;
+      top += align(sizes.b * 4);
+    }
+    const outOffset = top;
+    top += align(sizes.out * 4);
+    this.ensure(top);
+    const buffer = this.memory.buffer;
+    new Float32Array(buffer, aOffset, sizes.a).set(a.subarray(0, sizes.a));
+    if (bOffset < 0) new Float32Array(buffer, bScratch, sizes.b).set(b.subarray(0, sizes.b));
+    const outView = new Float32Array(buffer, outOffset, sizes.out);
+    if (accumulate) outView.set(out.subarray(0, sizes.out));
+    this.exports[kernel](outOffset, aOffset, bScratch, M, N, K, accumulate ? 1 : 0);
+    out.set(outView);
+  }
+
+  matmulNT(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate = false,
+    bVersion?: number,
+  ): void {
+    if (K % 4 !== 0) {
+      jsKernels.matmulNT(out, a, b, M, N, K, accumulate);
+      return;
+    }
+    this.run(
+      "matmul_nt",
+      out,
+      a,
+      b,
+      { a: M * K, b: N * K, out: M * N },
+      M,
+      N,
+      K,
+      accumulate,
+      bVersion,
+    );
+  }
+
+  matmulNN(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate = false,
+    bVersion?: number,
+  ): void {
+    if (N % 8 !== 0) {
+      jsKernels.matmulNN(out, a, b, M, N, K, accumulate);
+      return;
+    }
+    this.run(
+      "matmul_nn",
+      out,
+      a,
+      b,
+      { a: M * K, b: K * N, out: M * N },
+      M,
+      N,
+      K,
+      accumulate,
+      bVersion,
+    );
+  }
+
+  matmulTN(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate = false,
+  ): void {
+    if (N % 8 !== 0) {
+      jsKernels.matmulTN(out, a, b, M, N, K, accumulate);
+      return;
+    }
+    this.run(
+      "matmul_tn",
+      out,
+      a,
+      b,
+      { a: K * M, b: K * N, out: M * N },
+      M,
+      N,
+      K,
+      accumulate,
+      undefined,
+    );
+  }
+
+  /** Copies arrays into consecutive scratch slots above the weights; returns their offsets. */
+  private stage(arrays: (Float32Array | number)[]): number[] {
+    let top = this.weightTop;
+    const offsets: number[] = [];
+    for (const a of arrays) {
+      offsets.push(top);
+      top += align((typeof a === "number" ? a : a.length) * 4 + 16);
+    }
+    this.ensure(top);
+    const buffer = this.memory.buffer;
+    arrays.forEach((a, i) => {
+      if (typeof a !== "number") new Float32Array(buffer, offsets[i]!, a.length).set(a);
+    });
+    return offsets;
+  }
+
+  rmsNorm(
+    out: Float32Array,
+    x: Float32Array,
+    weight: Float32Array,
+    rows: number,
+    D: number,
+    eps: number,
+  ): void {
+    if (D % 4 !== 0) {
+      jsKernels.rmsNorm(out, x, weight, rows, D, eps);
+      return;
+    }
+    const [xo, wo, oo] = this.stage([x.subarray(0, rows * D), weight, rows * D]) as [
+      number,
+      number,
+      number,
+    ];
+    this.exports.rms_norm(oo, xo, wo, rows, D, eps);
+    out.set(new Float32Array(this.memory.buffer, oo, rows * D));
+  }
+
+  swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void {
+    if (n % 4 !== 0) {
+      jsKernels.swiglu(out, gate, up, n);
+      return;
+    }
+    const [go, uo] = this.stage([gate.subarray(0, n), up.subarray(0, n)]) as [number, number];
+    this.exports.swiglu(go, go, uo, n);
+    out.set(new Float32Array(this.memory.buffer, go, n));
+  }
+
+  attention(
+    out: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    n: number,
+    start: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void {
+    if (hd % 4 !== 0) {
+      jsKernels.attention(out, q, keys, values, n, start, H, KV, hd);
+      return;
+    }
+    const span = (start + n) * KV * hd;
+    const [qo, ko, vo, oo, so] = this.stage([
+      q.subarray(0, n * H * hd),
+      keys.subarray(0, span),
+      values.subarray(0, span),
+      n * H * hd,
+      start + n + 4,
+    ]) as [number, number, number, number, number];
+    this.exports.attention(oo, qo, ko, vo, n, start, H, KV, hd, 1 / Math.sqrt(hd), so);
+    out.set(new Float32Array(this.memory.buffer, oo, n * H * hd));
+  }
+}
+
+function align(bytes: number): number {
+  return Math.ceil(bytes / 64) * 64;
+}
+
+const relaxedBytes = readFileSync(new URL("./kernels-relaxed.wasm", import.meta.url));
+const simdBytes = readFileSync(new URL("./kernels-simd.wasm", import.meta.url));
+
+/** Whether this runtime accepts relaxed-SIMD (decided once, by WebAssembly.validate). */
+export const relaxedSimdSupported = WebAssembly.validate(relaxedBytes);
+
+export function createWasmKernels(variant: "auto" | "relaxed" | "simd" = "auto"): WasmKernels {
+  const useRelaxed = variant === "relaxed" || (variant === "auto" && relaxedSimdSupported);
+  return useRelaxed
+    ? new WasmKernels(relaxedBytes, "wasm-relaxed-simd")
+    : new WasmKernels(simdBytes, "wasm-simd");
+}
+
+let shared: WasmKernels | null = null;
+
+/** The process-wide default kernels: WASM SIMD (relaxed if supported). */
+export function defaultKernels(): Kernels {
+  shared ??= createWasmKernels();
+  return shared;
+}

@@ -1,0 +1,184 @@
+import type { ModelConfig } from "./config.ts";
+import { Rng } from "./rng.ts";
+import type { TensorMap } from "./safetensors.ts";
+
+/** Linear weights are stored [out, in], as in PyTorch's nn.Linear. */
+export interface LayerWeights {
+  inputNorm: Float32Array;
+  q: Float32Array;
+  k: Float32Array;
+  v: Float32Array;
+  o: Float32Array;
+  postNorm: Float32Array;
+  gate: Float32Array;
+  up: Float32Array;
+  down: Float32Array;
+}
+
+export interface ModelWeights {
+  embed: Float32Array;
+  layers: LayerWeights[];
+  norm: Float32Array;
+  /** Absent when the embeddings are tied. */
+  lmHead: Float32Array | null;
+}
+
+export interface ParameterRef {
+  name: string;
+  shape: number[];
+  data: Float32Array;
+}
+
+export const layerKeys = [
+  "inputNorm",
+  "q",
+  "k",
+  "v",
+  "o",
+  "postNorm",
+  "gate",
+  "up",
+  "down",
+] as const satisfies readonly (keyof LayerWeights)[];
+
+export function hfName(layer: number, key: keyof LayerWeights): string {
+  const prefix = `model.layers.${layer}`;
+  switch (key) {
+    case "inputNorm":
+      return `${prefix}.input_layernorm.weight`;
+    case "postNorm":
+      return `${prefix}.post_attention_layernorm.weight`;
+    case "q":
+    case "k":
+    case "v":
+    case "o":
+      return `${prefix}.self_attn.${key}_proj.weight`;
+    default:
+      return `${prefix}.mlp.${key}_proj.weight`;
+  }
+}
+
+export function layerShape(config: ModelConfig, key: keyof LayerWeights): number[] {
+  const d = config.hiddenSize;
+  const qDim = config.numHeads * config.headDim;
+  const kvDim = config.numKvHeads * config.headDim;
+  switch (key) {
+    case "inputNorm":
+    case "postNorm":
+      return [d];
+    case "q":
+      return [qDim, d];
+    case "k":
+    case "v":
+      return [kvDim, d];
+    case "o":
+      return [d, qDim];
+    case "gate":
+    case "up":
+      return [config.intermediateSize, d];
+    case "down":
+      return [d, config.intermediateSize];
+  }
+}
+
+/** Every parameter with its Hugging Face name, in a fixed order (used by optimizers and I/O). */
+export function parameters(config: ModelConfig, weights: ModelWeights): ParameterRef[] {
+  const out: ParameterRef[] = [
+    {
+      name: "model.embed_tokens.weight",
+      shape: [config.vocabSize, config.hiddenSize],
+      data: weights.embed,
+    },
+  ];
+  weights.layers.forEach((layer, i) => {
+    for (const key of layerKeys) {
+      out.push({ name: hfName(i, key), shape: layerShape(config, key), data: layer[key] });
+    }
+  });
+  out.push({ name: "model.norm.weight", shape: [config.hiddenSize], data: weights.norm });
+  if (weights.lmHead) {
+    out.push({
+      name: "lm_head.weight",
+      shape: [config.vocabSize, config.hiddenSize],
+      data: weights.lmHead,
+    });
+  }
+  return out;
+}
+
+export function countParameters(config: ModelConfig, weights: ModelWeights): number {
+  return parameters(config, weights).reduce((sum, p) => sum + p.data.length, 0);
+}
+
+/** Zero-filled weights with the same layout (gradients, optimizer moments). */
+export function zerosLike(weights: ModelWeights): ModelWeights {
+  return {
+    embed: new Float32Array(weights.embed.length),
+    layers: weights.layers.map((layer) => {
+      const copy = {} as LayerWeights;
+      for (const key of layerKeys) copy[key] = new Float32Array(layer[key].length);
+      return copy;
+    }),
+    norm: new Float32Array(weights.norm.length),
+    lmHead: weights.lmHead ? new Float32Array(weights.lmHead.length) : null,
+  };
+}
+
+/** GPT-2 style init: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers), norms at 1. */
+export function initWeights(config: ModelConfig, seed: number): ModelWeights {
+  const rng = new Rng(seed);
+  const normal = (n: number, std: number) => {
+    const a = new Float32Array(n);
+    for (let i = 0; i < n; i++) a[i] = rng.normal() * std;
+    return a;
+  };
+  const size = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
+  const std = 0.02;
+  const residualStd = std / Math.sqrt(2 * config.numLayers);
+  const layers: LayerWeights[] = [];
+  for (let i = 0; i < config.numLayers; i++) {
+    const layer = {} as LayerWeights;
+    for (const key of layerKeys) {
+      const n = size(layerShape(config, key));
+      layer[key] =
+        key === "inputNorm" || key === "postNorm"
+          ? new Float32Array(n).fill(1)
+          : normal(n, key === "o" || key === "down" ? residualStd : std);
+    }
+    layers.push(layer);
+  }
+  return {
+    embed: normal(config.vocabSize * config.hiddenSize, std),
+    layers,
+    norm: new Float32Array(config.hiddenSize).fill(1),
+    lmHead: config.tieWordEmbeddings ? null : normal(config.vocabSize * config.hiddenSize, std),
+  };
+}
+
+export function weightsFromTensors(config: ModelConfig, tensors: TensorMap): ModelWeights {
+  const get = (name: string, shape: number[]): Float32Array => {
+    const tensor = tensors.get(name);
+    if (!tensor) throw new Error(`model: missing tensor ${name}`);
+    if (tensor.shape.join(",") !== shape.join(",")) {
+      throw new Error(`model: ${name} has shape [${tensor.shape}], expected [${shape}]`);
+    }
+    return tensor.data;
+  };
+  const layers: LayerWeights[] = [];
+  for (let i = 0; i < config.numLayers; i++) {
+    const layer = {} as LayerWeights;
+    for (const key of layerKeys) layer[key] = get(hfName(i, key), layerShape(config, key));
+    layers.push(layer);
+  }
+  const vd = [config.vocabSize, config.hiddenSize];
+  const embed = get("model.embed_tokens.weight", vd);
+  const lmHead =
+    config.tieWordEmbeddings || !tensors.has("lm_head.weight") ? null : get("lm_head.weight", vd);
+  return { embed, layers, norm: get("model.norm.weight", [config.hiddenSize]), lmHead };
+}
+
+export function weightsToTensors(config: ModelConfig, weights: ModelWeights): TensorMap {
+  const map: TensorMap = new Map();
+  for (const p of parameters(config, weights)) map.set(p.name, { shape: p.shape, data: p.data });
+  return map;
+}
