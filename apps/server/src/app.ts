@@ -8,18 +8,23 @@ import { ApiError, errorHandler } from "./http/errors.ts";
 import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
 import type { Handlers } from "./http/operations.ts";
 import type { Principal } from "./http/principal.ts";
+import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations } from "./http/routes.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
 import { publicDocuments } from "./modules/docs/routes.ts";
 import { healthHandlers } from "./modules/health/routes.ts";
 import type { Probes } from "./modules/health/service.ts";
+import type { EngineHost } from "./modules/inference/engines.ts";
+import { ModelDirectory } from "./modules/inference/models.ts";
+import { inferenceHandlers } from "./modules/inference/routes.ts";
 
 export interface AppDeps {
   config: AppConfig;
   logger: Logger;
   spec: OpenApiDocument;
   store: Store;
+  engines: EngineHost;
   probes: Probes;
 }
 
@@ -35,7 +40,8 @@ export function createApp(deps: AppDeps): Express {
   app.use(publicDocuments(spec));
   app.use(rawModelIdInPath);
   app.use(authentication(async (token) => principalOf(await deps.store.apiKeys.verify(token))));
-  app.use(["/v1/chat/completions"], express.json({ limit: "10mb" }));
+  app.use("/v1/chat/completions", rateLimited(new RateLimiter(config.rateLimits)));
+  app.use("/v1/chat/completions", express.json({ limit: "10mb" }));
   app.use(express.json({ limit: "64mb" }));
 
   app.use(
@@ -50,7 +56,16 @@ export function createApp(deps: AppDeps): Express {
     }),
   );
 
-  const handlers: Handlers = { ...healthHandlers(deps.probes), ...callsHandlers(deps.store) };
+  const handlers: Handlers = {
+    ...healthHandlers(deps.probes),
+    ...callsHandlers(deps.store),
+    ...inferenceHandlers({
+      engines: deps.engines,
+      directory: new ModelDirectory(deps.engines),
+      calls: deps.store.calls,
+      logger,
+    }),
+  };
   const operations = specOperations(spec);
   app.use(mountOperations(operations, handlers));
   // The operations answering 501 until their issue lands; the contract tests compare it.

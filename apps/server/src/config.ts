@@ -1,5 +1,6 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
+import type { RateLimits } from "./http/rate-limit.ts";
 
 export type Role = "training" | "inference" | "calls";
 
@@ -10,6 +11,8 @@ export interface AppConfig {
   validateResponses: boolean;
   /** Validate requests against the spec (on by default; a bench turns it off). */
   validateRequests: boolean;
+  /** Limits on chat completions, per key and per project; unlimited by default. */
+  rateLimits: RateLimits;
 }
 
 export interface ServerConfig extends AppConfig {
@@ -34,11 +37,18 @@ export function parseRoles(value: string | undefined): Role[] {
 }
 
 export function defaultAppConfig(overrides: Partial<AppConfig> = {}): AppConfig {
-  return { roles: allRoles, validateResponses: true, validateRequests: true, ...overrides };
+  return {
+    roles: allRoles,
+    validateResponses: true,
+    validateRequests: true,
+    rateLimits: {},
+    ...overrides,
+  };
 }
 
 /** Configuration from the environment: ARBOR_PORT, ARBOR_HOST, ARBOR_DATA_DIR, DATABASE_URL,
- * ARBOR_ROLES, ARBOR_LOG_LEVEL. */
+ * ARBOR_ROLES, ARBOR_LOG_LEVEL, and the chat limits ARBOR_KEY_RPM, ARBOR_PROJECT_RPM,
+ * ARBOR_KEY_CONCURRENCY, ARBOR_PROJECT_CONCURRENCY. */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfig {
   const port = Number(env.ARBOR_PORT ?? 8080);
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
@@ -52,5 +62,20 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
     databaseUrl: env.DATABASE_URL || undefined,
     logLevel: env.ARBOR_LOG_LEVEL ?? "info",
+    rateLimits: {
+      keyRequestsPerMinute: positive(env, "ARBOR_KEY_RPM"),
+      projectRequestsPerMinute: positive(env, "ARBOR_PROJECT_RPM"),
+      keyConcurrent: positive(env, "ARBOR_KEY_CONCURRENCY"),
+      projectConcurrent: positive(env, "ARBOR_PROJECT_CONCURRENCY"),
+    },
   };
+}
+
+function positive(env: NodeJS.ProcessEnv, name: string): number | undefined {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return undefined;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < 1)
+    throw new Error(`${name} must be a positive integer, got "${raw}"`);
+  return value;
 }

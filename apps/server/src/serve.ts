@@ -4,7 +4,8 @@ import { createApp } from "./app.ts";
 import { ensureFirstAdmin } from "./bootstrap.ts";
 import { configFromEnv, type ServerConfig } from "./config.ts";
 import { loadSpec } from "./http/openapi.ts";
-import { noEngine, storeProbes } from "./modules/health/probes.ts";
+import { engineProbe, storeProbes } from "./modules/health/probes.ts";
+import { EngineHost } from "./modules/inference/engines.ts";
 
 /** Builds the dependencies from `config` (the environment by default), listens, and shuts down
  * gracefully on SIGINT/SIGTERM. */
@@ -20,12 +21,14 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     );
   }
 
+  const engines = new EngineHost();
   const app = createApp({
     config,
     logger,
     spec: loadSpec(),
     store,
-    probes: storeProbes(store, noEngine),
+    engines,
+    probes: storeProbes(store, engineProbe(engines)),
   });
 
   const server = app.listen(config.port, config.host, () => {

@@ -7,6 +7,7 @@ import { sseJson } from "./sse.ts";
 type Schemas = components["schemas"];
 export type ChatCompletionRequest = Schemas["CreateChatCompletionRequest"];
 export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
+export type ChatCompletion = Schemas["ChatCompletion"];
 export type TrainingJobEvent = Schemas["TrainingJobEvent"];
 
 export interface ArborClientOptions {
@@ -79,6 +80,19 @@ const reconnectDelayMs = 1000;
 
 function helpers(api: Client<paths>, sleep: (ms: number) => Promise<void>) {
   return {
+    /** A whole (non-streamed) chat completion, typed as `chat.completion`. */
+    async createChatCompletion(
+      body: Omit<ChatCompletionRequest, "stream" | "stream_options">,
+      init: { signal?: AbortSignal; headers?: Record<string, string> } = {},
+    ): Promise<FetchResult<ChatCompletion>> {
+      const result = await api.POST("/v1/chat/completions", {
+        body: { ...body, stream: false } as ChatCompletionRequest,
+        headers: init.headers,
+        signal: init.signal,
+      });
+      return result as FetchResult<ChatCompletion>;
+    },
+
     /** Streams a chat completion: yields each `chat.completion.chunk` until `[DONE]`. */
     async *streamChatCompletion(
       body: Omit<ChatCompletionRequest, "stream">,

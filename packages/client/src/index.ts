@@ -2,6 +2,7 @@ export type { components, operations, paths } from "@arbor/spec/schema";
 export {
   type ArborClient,
   type ArborClientOptions,
+  type ChatCompletion,
   type ChatCompletionChunk,
   type ChatCompletionRequest,
   createArborClient,

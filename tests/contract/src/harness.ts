@@ -4,11 +4,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ArborClient, type ArborClientOptions, createArborClient } from "@arbor/client";
 import {
+  type AppConfig,
   createApp,
   defaultAppConfig,
+  EngineHost,
+  engineProbe,
   ensureFirstAdmin,
   loadSpec,
-  noEngine,
   storeProbes,
 } from "@arbor/server";
 import { openStore, type Store } from "@arbor/store";
@@ -17,11 +19,14 @@ import { pino } from "pino";
 export interface RunningServer {
   baseUrl: string;
   store: Store;
+  engines: EngineHost;
   /** The operations this server answers 501 for. */
   pending: string[];
   /** A client without a key; `maxRetries: 0` so a test sees each answer as sent. */
   client(options?: Partial<ArborClientOptions>): ArborClient;
-  /** A client with the first admin's key (user `admin`, entity `default`). */
+  /** The first admin's key (user `admin`, entity `default`). */
+  adminKey: string;
+  /** A client with the first admin's key. */
   authorizedClient(options?: Partial<ArborClientOptions>): ArborClient;
   /** A new user in a new entity, and a client with its key. */
   newTenant(name: string): Promise<{ entity: string; apiKey: string; client: ArborClient }>;
@@ -29,17 +34,19 @@ export interface RunningServer {
 }
 
 /** Starts the real app on port 0 with real dependencies: a SQLite store in a temp dir. */
-export async function startServer(): Promise<RunningServer> {
+export async function startServer(config: Partial<AppConfig> = {}): Promise<RunningServer> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
   const store = await openStore({ dataDir });
   const admin = await ensureFirstAdmin(store, dataDir);
   const spec = loadSpec();
+  const engines = new EngineHost();
   const app = createApp({
-    config: defaultAppConfig(),
+    config: defaultAppConfig(config),
     logger: pino({ level: "silent" }),
     spec,
     store,
-    probes: storeProbes(store, noEngine),
+    engines,
+    probes: storeProbes(store, engineProbe(engines)),
   });
   const server = app.listen(0, "127.0.0.1");
   await new Promise<void>((resolve) => server.once("listening", () => resolve()));
@@ -50,7 +57,9 @@ export async function startServer(): Promise<RunningServer> {
   return {
     baseUrl,
     store,
+    engines,
     pending: app.locals.pendingOperations as string[],
+    adminKey: admin!.token,
     client,
     authorizedClient: (options = {}) => client({ apiKey: admin!.token, ...options }),
     async newTenant(name) {

@@ -7,8 +7,6 @@ import type { operations } from "@arbor/client";
  * until it is removed here and given its own contract tests.
  */
 export const pendingOperations: (keyof operations)[] = [
-  "createChatCompletion",
-  "createChatCompletionTrailingSlash",
   "createModel",
   "deleteModel",
   "listCheckpoints",
@@ -20,6 +18,4 @@ export const pendingOperations: (keyof operations)[] = [
   "cancelTrainingJob",
   "listTrainingJobEvents",
   "createDataset",
-  "listModels",
-  "retrieveModel",
 ];

@@ -1,3 +1,4 @@
+/// <reference path="./webassembly.d.ts" />
 import { readFileSync } from "node:fs";
 import { jsKernels, type Kernels } from "../kernels.ts";
 

@@ -1,4 +1,5 @@
 import type { Store } from "@arbor/store";
+import type { EngineHost } from "../inference/engines.ts";
 import { type Probes, timed } from "./service.ts";
 
 /** Real checks: a database round trip, the queue's depth, the engine's catalogue. */
@@ -14,8 +15,12 @@ export function storeProbes(store: Store, engine: Probes["engine"]): Probes {
   };
 }
 
-/** The engine probe until an engine is wired in: an honest failure. */
-export const noEngine: Probes["engine"] = () =>
-  timed(async () => {
-    throw new Error("no inference engine is configured");
-  });
+/** The engine serves: every base model loads (the first probe pays for loading). */
+export function engineProbe(engines: EngineHost): Probes["engine"] {
+  return () =>
+    timed(async () => {
+      const models = engines.baseModels();
+      await Promise.all(models.map((m) => engines.engine(m.entry.id)));
+      return { models: models.length };
+    });
+}

@@ -1,0 +1,43 @@
+import type { Response } from "express";
+
+/** Server-sent events on an Express response: `data: <json>` frames, flushed as written. */
+export class SseWriter {
+  readonly #res: Response;
+  #open = true;
+
+  constructor(res: Response) {
+    this.#res = res;
+    res.status(200);
+    res.setHeader("content-type", "text/event-stream; charset=utf-8");
+    res.setHeader("cache-control", "no-cache, no-transform");
+    res.setHeader("connection", "keep-alive");
+    res.setHeader("x-accel-buffering", "no");
+    res.flushHeaders();
+    res.on("close", () => {
+      this.#open = false;
+    });
+  }
+
+  /** False once the client went away. */
+  get open(): boolean {
+    return this.#open && !this.#res.writableEnded;
+  }
+
+  send(data: unknown): void {
+    if (!this.open) return;
+    this.#res.write(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`);
+  }
+
+  end(): void {
+    if (!this.#res.writableEnded) this.#res.end();
+  }
+}
+
+/** An AbortSignal that fires when the client disconnects before the response finished. */
+export function disconnectSignal(res: Response): AbortSignal {
+  const controller = new AbortController();
+  res.on("close", () => {
+    if (!res.writableFinished) controller.abort(new Error("client disconnected"));
+  });
+  return controller.signal;
+}

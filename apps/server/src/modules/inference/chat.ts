@@ -1,0 +1,129 @@
+import type { GenerateRequest, TokenLogprob } from "@arbor/engine";
+import type { components } from "@arbor/spec/schema";
+import { ApiError } from "../../http/errors.ts";
+
+type Schemas = components["schemas"];
+export type ChatRequest = Schemas["CreateChatCompletionRequest"];
+type ChatLogprobs = NonNullable<Schemas["ChatCompletion"]["choices"][number]["logprobs"]>;
+
+/** Fields the engine honours (CONTRACT §6). Anything else that is set is refused with 400,
+ * never silently ignored. */
+const honoured = new Set([
+  "model",
+  "messages",
+  "temperature",
+  "top_p",
+  "n",
+  "max_tokens",
+  "max_completion_tokens",
+  "stop",
+  "seed",
+  "presence_penalty",
+  "frequency_penalty",
+  "logprobs",
+  "top_logprobs",
+  "response_format",
+  "stream",
+  "stream_options",
+  "user",
+]);
+
+const messageFields = new Set(["role", "content", "tool_call_id"]);
+
+/** The most choices one request may ask for. */
+export const MAX_CHOICES = 8;
+
+function unsupported(param: string, why = "is not supported by this model"): ApiError {
+  return new ApiError(400, `\`${param}\` ${why}.`, { param, code: "unsupported_parameter" });
+}
+
+/** Translates an OpenAI chat request into an engine request, refusing what it cannot honour. */
+export function toGenerateRequest(body: ChatRequest): GenerateRequest {
+  for (const [key, value] of Object.entries(body)) {
+    if (value !== null && value !== undefined && !honoured.has(key)) throw unsupported(key);
+  }
+  const messages = body.messages.map((message, i) => {
+    for (const [key, value] of Object.entries(message)) {
+      if (value !== null && value !== undefined && !messageFields.has(key)) {
+        throw unsupported(`messages[${i}].${key}`);
+      }
+    }
+    return { role: message.role, content: textOf(message.content, i) };
+  });
+  if (messages.length === 0) throw ApiError.badRequest("`messages` must not be empty.", "messages");
+  const n = body.n ?? 1;
+  if (n > MAX_CHOICES) throw ApiError.badRequest(`\`n\` may be at most ${MAX_CHOICES}.`, "n");
+  if (body.stream_options && !body.stream) {
+    throw ApiError.badRequest(
+      "`stream_options` is only allowed when `stream` is true.",
+      "stream_options",
+    );
+  }
+  if (body.top_logprobs !== undefined && body.top_logprobs !== null && !body.logprobs) {
+    throw ApiError.badRequest("`top_logprobs` needs `logprobs: true`.", "top_logprobs");
+  }
+  const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? undefined;
+  const stop = typeof body.stop === "string" ? [body.stop] : (body.stop ?? []);
+  const request: GenerateRequest = {
+    messages,
+    n,
+    stop,
+    logprobs: body.logprobs ?? false,
+    topLogprobs: body.top_logprobs ?? 0,
+  };
+  if (maxTokens !== undefined) request.maxTokens = maxTokens;
+  if (body.temperature !== undefined && body.temperature !== null)
+    request.temperature = body.temperature;
+  if (body.top_p !== undefined && body.top_p !== null) request.topP = body.top_p;
+  if (body.seed !== undefined && body.seed !== null) request.seed = body.seed;
+  if (body.presence_penalty !== undefined && body.presence_penalty !== null)
+    request.presencePenalty = body.presence_penalty;
+  if (body.frequency_penalty !== undefined && body.frequency_penalty !== null)
+    request.frequencyPenalty = body.frequency_penalty;
+  const format = body.response_format;
+  if (format && format.type === "json_object") request.responseFormat = { type: "json_object" };
+  if (format && format.type === "json_schema") {
+    request.responseFormat = {
+      type: "json_schema",
+      schema: (format.json_schema.schema ?? {}) as never,
+    };
+  }
+  return request;
+}
+
+function textOf(content: unknown, i: number): string {
+  if (content === null || content === undefined) return "";
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) {
+    return content
+      .map((part: { type?: string; text?: string }, j) => {
+        if (part.type !== "text")
+          throw unsupported(
+            `messages[${i}].content[${j}].type`,
+            `"${part.type}" is not supported; only text parts are`,
+          );
+        return part.text ?? "";
+      })
+      .join("");
+  }
+  throw ApiError.badRequest(
+    `messages[${i}].content must be a string or text parts.`,
+    `messages[${i}].content`,
+  );
+}
+
+/** OpenAI's logprobs shape from the engine's. */
+export function toLogprobs(tokens: TokenLogprob[]): ChatLogprobs {
+  return {
+    content: tokens.map((t) => ({
+      token: t.text,
+      logprob: t.logprob,
+      bytes: [...Buffer.from(t.text, "utf8")],
+      top_logprobs: t.topLogprobs.map((alt) => ({
+        token: alt.text,
+        logprob: alt.logprob,
+        bytes: [...Buffer.from(alt.text, "utf8")],
+      })),
+    })),
+  };
+}

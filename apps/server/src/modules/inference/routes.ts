@@ -1,0 +1,92 @@
+import type { Request, Response } from "express";
+import type { ProjectRef } from "../../http/auth.ts";
+import { ApiError, envelope } from "../../http/errors.ts";
+import { type Handler, type Handlers, RESPONDED } from "../../http/operations.ts";
+import { disconnectSignal, SseWriter } from "../../http/sse.ts";
+import { type ChatRequest, toLogprobs } from "./chat.ts";
+import { type ChatCompletionChunk, type InferenceDeps, prepareChat, runChat } from "./service.ts";
+import type { InferenceCall } from "./usage.ts";
+
+/** The inference surface: chat completions (both paths) and the model listing. */
+export function inferenceHandlers(deps: InferenceDeps): Handlers {
+  const chat: Handler<"createChatCompletion"> = async ({ body, principal, req, res }) => {
+    const prepared = await prepareChat(deps, principal!, body);
+    const call = callOf(req, res, body);
+    const signal = disconnectSignal(res);
+    if (!body.stream) return runChat(deps, prepared, call, signal);
+
+    const sse = new SseWriter(res);
+    const chunk = (
+      choices: ChatCompletionChunk["choices"],
+      usage?: ChatCompletionChunk["usage"],
+    ): ChatCompletionChunk => ({
+      id: prepared.id,
+      object: "chat.completion.chunk",
+      created: prepared.created,
+      model: prepared.resolved.id,
+      system_fingerprint: prepared.fingerprint,
+      choices,
+      ...(usage ? { usage } : {}),
+    });
+    for (let index = 0; index < (prepared.request.n ?? 1); index++) {
+      sse.send(chunk([{ index, delta: { role: "assistant", content: "" }, finish_reason: null }]));
+    }
+    try {
+      const completion = await runChat(deps, prepared, call, signal, (progress) => {
+        if (progress.type === "delta") {
+          sse.send(
+            chunk([
+              {
+                index: progress.choice,
+                delta: { content: progress.content },
+                finish_reason: null,
+                ...(progress.logprob ? { logprobs: toLogprobs([progress.logprob]) } : {}),
+              },
+            ]),
+          );
+        } else {
+          const delta = progress.content ? { content: progress.content } : {};
+          sse.send(
+            chunk([{ index: progress.choice, delta, finish_reason: progress.finishReason }]),
+          );
+        }
+      });
+      if (body.stream_options?.include_usage) sse.send(chunk([], completion.usage));
+      sse.send("[DONE]");
+    } catch (err) {
+      if (sse.open) {
+        const error = err instanceof ApiError ? err : new ApiError(500, "Internal server error.");
+        if (!(err instanceof ApiError))
+          deps.logger.error({ err, requestId: res.locals.requestId }, "stream failed");
+        sse.send(envelope("v1", error, res.locals.requestId as string).body);
+      }
+    } finally {
+      sse.end();
+    }
+    return RESPONDED;
+  };
+
+  return {
+    createChatCompletion: chat,
+    createChatCompletionTrailingSlash: chat as never,
+    listModels: async ({ principal }) => ({
+      object: "list",
+      data: await deps.directory.list(principal!),
+    }),
+    retrieveModel: ({ principal, params }) => deps.directory.retrieve(principal!, params.model),
+  };
+}
+
+/** The call this request is recorded as: under the project header's project, nested in the
+ * client's trace when it sent `Arbor-Trace-Id` / `Arbor-Parent-Call-Id`. */
+function callOf(req: Request, res: Response, body: ChatRequest): InferenceCall {
+  const project = res.locals.project as ProjectRef;
+  return {
+    projectId: project.id,
+    traceId: req.header("arbor-trace-id") || undefined,
+    parentId: req.header("arbor-parent-call-id") || undefined,
+    startedAt: new Date(),
+    inputs: { ...body },
+    user: body.user ?? undefined,
+  };
+}

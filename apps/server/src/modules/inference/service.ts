@@ -1,0 +1,190 @@
+import { createHash } from "node:crypto";
+import {
+  type Engine,
+  type GenerateRequest,
+  JsonConstraint,
+  renderChat,
+  type TokenLogprob,
+} from "@arbor/engine";
+import type { components } from "@arbor/spec/schema";
+import type { CallsRepo } from "@arbor/store";
+import type { Logger } from "pino";
+import { v7 as uuidv7 } from "uuid";
+import { ApiError } from "../../http/errors.ts";
+import type { Principal } from "../../http/principal.ts";
+import { type ChatRequest, toGenerateRequest, toLogprobs } from "./chat.ts";
+import type { EngineHost } from "./engines.ts";
+import type { ModelDirectory, ResolvedModel } from "./models.ts";
+import { type InferenceCall, recordInferenceCall } from "./usage.ts";
+
+type Schemas = components["schemas"];
+export type ChatCompletion = Schemas["ChatCompletion"];
+export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
+
+export interface InferenceDeps {
+  engines: EngineHost;
+  directory: ModelDirectory;
+  calls: CallsRepo;
+  logger: Logger;
+}
+
+/** One choice as it is being generated. */
+interface ChoiceState {
+  text: string;
+  tokens: number;
+  logprobs: TokenLogprob[];
+  finishReason: "stop" | "length" | null;
+}
+
+/** What a streaming caller sees as the generation goes. */
+export type ChatProgress =
+  | { type: "delta"; choice: number; content: string; logprob?: TokenLogprob }
+  | { type: "finish"; choice: number; content: string; finishReason: "stop" | "length" };
+
+export interface PreparedChat {
+  resolved: ResolvedModel;
+  engine: Engine;
+  request: GenerateRequest;
+  promptTokens: number;
+  id: string;
+  created: number;
+  fingerprint: string;
+}
+
+/** Resolves the model and checks the request against it, before any response is started. */
+export async function prepareChat(
+  deps: InferenceDeps,
+  principal: Principal,
+  body: ChatRequest,
+): Promise<PreparedChat> {
+  const resolved = await deps.directory.resolve(principal, body.model);
+  const request = toGenerateRequest(body);
+  const engine = await deps.engines.engine(resolved.baseId);
+  const contextLength = engine.model.config.maxPositions;
+  const prompt = renderChat(engine.model.tokenizer, request.messages ?? [], {
+    addGenerationPrompt: true,
+  }).tokens;
+  if (prompt.length >= contextLength) {
+    throw new ApiError(
+      400,
+      `The messages take ${prompt.length} tokens; this model's context is ${contextLength} tokens.`,
+      {
+        param: "messages",
+        code: "context_length_exceeded",
+      },
+    );
+  }
+  if (request.responseFormat?.type === "json_schema") {
+    try {
+      new JsonConstraint(request.responseFormat.schema);
+    } catch (err) {
+      throw ApiError.badRequest(
+        `response_format.json_schema.schema is not supported: ${err instanceof Error ? err.message : String(err)}`,
+        "response_format.json_schema.schema",
+        "unsupported_parameter",
+      );
+    }
+  }
+  const { messages: _, ...rest } = request;
+  return {
+    resolved,
+    engine,
+    request: { ...rest, prompt },
+    promptTokens: prompt.length,
+    id: `chatcmpl-${uuidv7()}`,
+    created: Math.floor(Date.now() / 1000),
+    fingerprint: `fp_${createHash("sha256").update(resolved.id).digest("hex").slice(0, 10)}`,
+  };
+}
+
+/** Runs a prepared chat to its end (or its abort), reporting progress, and records the call
+ * with the tokens actually produced — streamed, cancelled and failed requests included. */
+export async function runChat(
+  deps: InferenceDeps,
+  chat: PreparedChat,
+  call: InferenceCall,
+  signal: AbortSignal,
+  onProgress: (progress: ChatProgress) => void = () => {},
+): Promise<ChatCompletion> {
+  const n = chat.request.n ?? 1;
+  const choices: ChoiceState[] = Array.from({ length: n }, () => ({
+    text: "",
+    tokens: 0,
+    logprobs: [],
+    finishReason: null,
+  }));
+  let failure: unknown;
+  try {
+    for await (const event of chat.engine.generate(chat.request, { signal })) {
+      const state = choices[event.choice]!;
+      if (event.type === "token") {
+        state.tokens += 1;
+        if (event.logprob) state.logprobs.push(event.logprob);
+        if (event.text) state.text += event.text;
+        onProgress({
+          type: "delta",
+          choice: event.choice,
+          content: event.text,
+          ...(event.logprob ? { logprob: event.logprob } : {}),
+        });
+      } else {
+        state.text = event.text;
+        state.finishReason = event.finishReason;
+        onProgress({
+          type: "finish",
+          choice: event.choice,
+          content: event.delta,
+          finishReason: event.finishReason,
+        });
+      }
+    }
+  } catch (err) {
+    failure = err;
+  }
+  const completion = toCompletion(chat, choices);
+  const exception =
+    failure === undefined
+      ? null
+      : signal.aborted
+        ? "cancelled: the client disconnected"
+        : errorText(failure);
+  try {
+    await recordInferenceCall(deps.calls, call, {
+      model: chat.resolved.id,
+      promptTokens: chat.promptTokens,
+      completionTokens: completion.usage.completion_tokens,
+      output: failure === undefined ? completion : null,
+      exception,
+    });
+  } catch (err) {
+    deps.logger.error({ err }, "could not record the inference call");
+  }
+  if (failure !== undefined) throw failure;
+  return completion;
+}
+
+function toCompletion(chat: PreparedChat, choices: ChoiceState[]): ChatCompletion {
+  const completionTokens = choices.reduce((sum, c) => sum + c.tokens, 0);
+  return {
+    id: chat.id,
+    object: "chat.completion",
+    created: chat.created,
+    model: chat.resolved.id,
+    system_fingerprint: chat.fingerprint,
+    choices: choices.map((c, index) => ({
+      index,
+      message: { role: "assistant", content: c.text, refusal: null },
+      finish_reason: c.finishReason ?? "stop",
+      logprobs: chat.request.logprobs ? toLogprobs(c.logprobs) : null,
+    })),
+    usage: {
+      prompt_tokens: chat.promptTokens,
+      completion_tokens: completionTokens,
+      total_tokens: chat.promptTokens + completionTokens,
+    },
+  };
+}
+
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}

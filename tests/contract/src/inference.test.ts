@@ -1,0 +1,390 @@
+import { type ArborClient, type ChatCompletionChunk, RateLimitError, unwrap } from "@arbor/client";
+import { loadSpec } from "@arbor/server";
+import { Ajv2020 } from "ajv/dist/2020.js";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { type RunningServer, startServer } from "./harness.ts";
+
+const MODEL = "arbor/tiny-chat";
+const ask = (content: string) => [{ role: "user" as const, content }];
+
+let server: RunningServer;
+let client: ArborClient;
+beforeAll(async () => {
+  server = await startServer();
+  client = server.authorizedClient();
+});
+afterAll(() => server.close());
+
+const ajv = new Ajv2020({ strict: false, validateFormats: false });
+ajv.addSchema({ ...loadSpec(), $id: "spec" });
+const validChunk = ajv.getSchema("spec#/components/schemas/ChatCompletionChunk")!;
+
+async function collect(stream: AsyncIterable<ChatCompletionChunk>): Promise<ChatCompletionChunk[]> {
+  const chunks: ChatCompletionChunk[] = [];
+  for await (const chunk of stream) {
+    expect(validChunk(chunk), JSON.stringify(validChunk.errors)).toBe(true);
+    chunks.push(chunk);
+  }
+  return chunks;
+}
+
+describe("listModels", () => {
+  it("when listed, then the shipped base model is there with root = id and owner system", async () => {
+    const list = unwrap(await client.GET("/v1/models"));
+    expect(list.object).toBe("list");
+    expect(list.data).toContainEqual({
+      id: MODEL,
+      object: "model",
+      created: expect.any(Number),
+      owned_by: "system",
+      root: MODEL,
+      parent: null,
+    });
+  });
+});
+
+describe("retrieveModel", () => {
+  it.each([
+    ["percent-encoded", encodeURIComponent(MODEL)],
+    ["raw", MODEL],
+  ])("when the id is sent %s, then the model comes back", async (_, path) => {
+    const response = await fetch(`${server.baseUrl}/v1/models/${path}`, {
+      headers: { authorization: `Bearer ${server.adminKey}` },
+    });
+    expect(response.status).toBe(200);
+    expect(await response.json()).toMatchObject({ id: MODEL, root: MODEL });
+  });
+
+  it("when the model is unknown, then 404 model_not_found", async () => {
+    const { response, error } = await client.GET("/v1/models/{model}", {
+      params: { path: { model: "nobody/nothing" } },
+    });
+    expect(response.status).toBe(404);
+    expect(error).toEqual({
+      error: {
+        message: 'The model "nobody/nothing" does not exist or you do not have access to it.',
+        type: "not_found_error",
+        param: "model",
+        code: "model_not_found",
+      },
+    });
+  });
+});
+
+describe("createChatCompletion", () => {
+  it("when asked, then it answers a chat.completion whose usage adds up", async () => {
+    const completion = unwrap(
+      await client.createChatCompletion({
+        model: MODEL,
+        messages: ask("What is 2 + 3?"),
+        max_tokens: 24,
+        temperature: 0,
+      }),
+    );
+    expect(completion).toMatchObject({
+      object: "chat.completion",
+      model: MODEL,
+      system_fingerprint: expect.stringMatching(/^fp_/),
+    });
+    expect(completion.id).toMatch(/^chatcmpl-/);
+    const [choice] = completion.choices;
+    expect(choice).toMatchObject({ index: 0, message: { role: "assistant" }, logprobs: null });
+    expect(choice!.message.content!.length).toBeGreaterThan(0);
+    expect(["stop", "length"]).toContain(choice!.finish_reason);
+    expect(completion.usage.total_tokens).toBe(
+      completion.usage.prompt_tokens + completion.usage.completion_tokens,
+    );
+    expect(completion.usage.completion_tokens).toBeGreaterThan(0);
+    expect(completion.usage.completion_tokens).toBeLessThanOrEqual(24);
+  });
+
+  it("when the same seed is sent twice, then the output is the same; another seed may differ", async () => {
+    const body = {
+      model: MODEL,
+      messages: ask("Say hello."),
+      max_tokens: 16,
+      temperature: 1,
+      seed: 1234,
+    };
+    const a = unwrap(await client.createChatCompletion(body));
+    const b = unwrap(await client.createChatCompletion(body));
+    expect(b.choices[0]!.message.content).toBe(a.choices[0]!.message.content);
+  });
+
+  it("when max_tokens is reached, then finish_reason is length", async () => {
+    const completion = unwrap(
+      await client.createChatCompletion({
+        model: MODEL,
+        messages: ask("Count to twenty."),
+        max_completion_tokens: 2,
+        temperature: 0,
+      }),
+    );
+    expect(completion.choices[0]!.finish_reason).toBe("length");
+    expect(completion.usage.completion_tokens).toBe(2);
+  });
+
+  it("when n is 3, then three choices come back, each indexed", async () => {
+    const completion = unwrap(
+      await client.createChatCompletion({
+        model: MODEL,
+        messages: ask("Hi!"),
+        n: 3,
+        max_tokens: 8,
+        seed: 7,
+      }),
+    );
+    expect(completion.choices.map((c) => c.index)).toEqual([0, 1, 2]);
+  });
+
+  it("when logprobs are asked with 5 alternatives, then every token carries them", async () => {
+    const completion = unwrap(
+      await client.createChatCompletion({
+        model: MODEL,
+        messages: ask("Hi!"),
+        max_tokens: 6,
+        logprobs: true,
+        top_logprobs: 5,
+        temperature: 0,
+      }),
+    );
+    const content = completion.choices[0]!.logprobs!.content!;
+    expect(content).toHaveLength(completion.usage.completion_tokens);
+    for (const token of content) {
+      expect(token.logprob).toBeLessThanOrEqual(0);
+      expect(token.top_logprobs).toHaveLength(5);
+      expect(token.top_logprobs[0]!.logprob).toBeGreaterThanOrEqual(token.top_logprobs[4]!.logprob);
+    }
+  });
+
+  it("when response_format is json_object, then the content parses as JSON", async () => {
+    const completion = unwrap(
+      await client.createChatCompletion({
+        model: MODEL,
+        messages: ask("Give me a JSON object."),
+        response_format: { type: "json_object" },
+        max_tokens: 64,
+        seed: 3,
+      }),
+    );
+    expect(() => JSON.parse(completion.choices[0]!.message.content!)).not.toThrow();
+  });
+
+  it("when a stop string is given, then the output does not contain it", async () => {
+    const completion = unwrap(
+      await client.createChatCompletion({
+        model: MODEL,
+        messages: ask("What is 2 + 3?"),
+        stop: ["="],
+        max_tokens: 24,
+        temperature: 0,
+      }),
+    );
+    expect(completion.choices[0]!.message.content).not.toContain("=");
+  });
+
+  it.each([
+    ["tools", { tools: [{ type: "function", function: { name: "f" } }] }],
+    ["tool_choice", { tool_choice: "auto" }],
+    ["logit_bias", { logit_bias: { "1": 5 } }],
+  ])("when %s is set, then 400 naming it", async (param, extra) => {
+    const { response, error } = await client.createChatCompletion({
+      model: MODEL,
+      messages: ask("Hi"),
+      ...extra,
+    } as never);
+    expect(response.status).toBe(400);
+    expect(error).toEqual({
+      error: {
+        message: `\`${param}\` is not supported by this model.`,
+        type: "invalid_request_error",
+        param,
+        code: "unsupported_parameter",
+      },
+    });
+  });
+
+  it("when the model is unknown, then 404 model_not_found", async () => {
+    const { response, error } = await client.createChatCompletion({
+      model: "acme/none",
+      messages: ask("Hi"),
+    });
+    expect(response.status).toBe(404);
+    expect((error as { error: { code: string } }).error.code).toBe("model_not_found");
+  });
+
+  it("when streamed with include_usage, then role first, one finish per choice, usage last", async () => {
+    const chunks = await collect(
+      client.streamChatCompletion({
+        model: MODEL,
+        messages: ask("What is 4 + 4?"),
+        n: 2,
+        max_tokens: 12,
+        seed: 5,
+        stream_options: { include_usage: true },
+      }),
+    );
+    for (const index of [0, 1]) {
+      const mine = chunks.filter((c) => c.choices[0]?.index === index);
+      expect(mine[0]!.choices[0]!.delta).toEqual({ role: "assistant", content: "" });
+      expect(mine.filter((c) => c.choices[0]!.finish_reason !== null)).toHaveLength(1);
+      expect(mine.at(-1)!.choices[0]!.finish_reason).not.toBeNull();
+    }
+    const last = chunks.at(-1)!;
+    expect(last.choices).toEqual([]);
+    expect(last.usage!.total_tokens).toBe(
+      last.usage!.prompt_tokens + last.usage!.completion_tokens,
+    );
+    const streamed = chunks
+      .filter((c) => c.choices[0]?.index === 0)
+      .map((c) => c.choices[0]!.delta.content ?? "")
+      .join("");
+    const whole = unwrap(
+      await client.createChatCompletion({
+        model: MODEL,
+        messages: ask("What is 4 + 4?"),
+        n: 2,
+        max_tokens: 12,
+        seed: 5,
+      }),
+    );
+    expect(streamed).toBe(whole.choices[0]!.message.content);
+  });
+
+  it("when the client disconnects mid-stream, then the engine stops and the call is recorded as cancelled", async () => {
+    const project = "default/disconnect";
+    const controller = new AbortController();
+    const stream = server
+      .authorizedClient({ project })
+      .streamChatCompletion(
+        {
+          model: MODEL,
+          messages: ask("Tell me a long story."),
+          max_tokens: 200,
+          temperature: 1,
+          seed: 9,
+          stop: ["\u0000"],
+        },
+        { signal: controller.signal },
+      );
+    for await (const _ of stream) {
+      controller.abort();
+      break;
+    }
+    const [engine] = await server.engines.loaded();
+    await vi.waitFor(() => expect(engine!.activeSequences).toBe(0), {
+      timeout: 5000,
+      interval: 20,
+    });
+    await vi.waitFor(async () => {
+      const { calls } = unwrap(
+        await client.POST("/calls/query", { body: { project_id: project } }),
+      );
+      expect(calls).toHaveLength(1);
+      expect(calls[0]!.exception).toMatch(/cancelled/);
+      const usage = (calls[0]!.summary.usage as Record<string, { completion_tokens: number }>)[
+        MODEL
+      ]!;
+      expect(usage.completion_tokens).toBeLessThan(200);
+    });
+  });
+
+  it("when a request names a project and a trace, then its usage is a call nested in that trace", async () => {
+    const project = "default/traced";
+    unwrap(
+      await client.POST("/call/start", {
+        body: {
+          start: {
+            project_id: project,
+            id: "agent-run",
+            trace_id: "trace-1",
+            op_name: "agent",
+            started_at: new Date().toISOString(),
+          },
+        },
+      }),
+    );
+    const completion = unwrap(
+      await server
+        .authorizedClient({
+          project,
+          headers: { "Arbor-Trace-Id": "trace-1", "Arbor-Parent-Call-Id": "agent-run" },
+        })
+        .createChatCompletion({ model: MODEL, messages: ask("Hi"), max_tokens: 4, user: "u-42" }),
+    );
+    const usage = unwrap(
+      await client.POST("/calls/usage", { body: { project_id: project, call_ids: ["agent-run"] } }),
+    );
+    expect(usage.call_usage["agent-run"]).toEqual({
+      [MODEL]: expect.objectContaining({
+        requests: 1,
+        prompt_tokens: completion.usage.prompt_tokens,
+        completion_tokens: completion.usage.completion_tokens,
+        total_tokens: completion.usage.total_tokens,
+      }),
+    });
+    const { calls } = unwrap(
+      await client.POST("/calls/query", {
+        body: { project_id: project, filter: { parent_ids: ["agent-run"] } },
+      }),
+    );
+    expect(calls[0]).toMatchObject({
+      op_name: "openai.chat.completions.create",
+      trace_id: "trace-1",
+      attributes: { user: "u-42" },
+    });
+  });
+
+  it("when no project header is sent, then usage goes to <default entity>/inference", async () => {
+    unwrap(await client.createChatCompletion({ model: MODEL, messages: ask("Hi"), max_tokens: 2 }));
+    const { calls } = unwrap(
+      await client.POST("/calls/query", { body: { project_id: "default/inference" } }),
+    );
+    expect(calls.length).toBeGreaterThan(0);
+  });
+});
+
+describe("createChatCompletionTrailingSlash", () => {
+  it("when the trailing-slash path is used, then it answers like the main one", async () => {
+    const { data, response } = await client.POST("/v1/chat/completions/", {
+      body: { model: MODEL, messages: ask("Hi"), max_tokens: 3, temperature: 0 },
+    });
+    expect(response.status).toBe(200);
+    expect(data).toMatchObject({ object: "chat.completion", model: MODEL });
+  });
+});
+
+describe("rate limits", () => {
+  it("when a key exceeds its requests per minute, then 429 RateLimitError with Retry-After and x-ratelimit headers", async () => {
+    const limited = await startServer({ rateLimits: { keyRequestsPerMinute: 1 } });
+    try {
+      const c = limited.authorizedClient();
+      const first = await c.createChatCompletion({
+        model: MODEL,
+        messages: ask("Hi"),
+        max_tokens: 1,
+      });
+      expect(first.response.status).toBe(200);
+      expect(first.response.headers.get("x-ratelimit-limit-requests")).toBe("1");
+      const second = await c.createChatCompletion({
+        model: MODEL,
+        messages: ask("Hi"),
+        max_tokens: 1,
+      });
+      expect(second.response.status).toBe(429);
+      expect(Number(second.response.headers.get("retry-after"))).toBeGreaterThan(0);
+      expect(second.response.headers.get("x-ratelimit-remaining-requests")).toBe("0");
+      expect(second.error).toEqual({
+        error: {
+          message: expect.stringContaining("1 requests per minute"),
+          type: "rate_limit_error",
+          param: null,
+          code: "rate_limit_exceeded",
+        },
+      });
+      expect(() => unwrap(second)).toThrow(RateLimitError);
+    } finally {
+      await limited.close();
+    }
+  });
+});
