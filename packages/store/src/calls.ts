@@ -166,11 +166,15 @@ function toCall(r: Row): Call {
   };
 }
 
-/** `IN (…)` over a JSON array bound as one parameter, so id lists never hit parameter limits. */
-function jsonList(dialect: Dialect, param: number): string {
+/**
+ * `column IN (…)` over a JSON array bound as one parameter, so id lists never hit parameter
+ * limits. On PostgreSQL `= ANY(ARRAY(…))` keeps the primary-key index (a plain IN-subquery over
+ * jsonb was planned as a scan of the whole project).
+ */
+function inList(dialect: Dialect, column: string, param: number): string {
   return dialect === "sqlite"
-    ? `(SELECT value FROM json_each($${param}))`
-    : `(SELECT jsonb_array_elements_text($${param}::jsonb))`;
+    ? `${column} IN (SELECT value FROM json_each($${param}))`
+    : `${column} = ANY(ARRAY(SELECT jsonb_array_elements_text($${param}::jsonb)))`;
 }
 
 const UPSERT_COLUMNS = [
@@ -327,7 +331,7 @@ export class CallsRepo {
         const chunk = all.slice(i, i + 5000);
         const existing = await tx.query<{ id: string; start_hash: string }>(
           `SELECT id, start_hash FROM calls WHERE project_id = $1 AND started = 1
-             AND id IN ${jsonList(tx.dialect, 2)}`,
+             AND ${inList(tx.dialect, "id", 2)}`,
           [project, JSON.stringify(chunk)],
         );
         for (const e of existing) {
@@ -387,7 +391,7 @@ export class CallsRepo {
     const list = (column: string, values: readonly string[] | undefined) => {
       if (values === undefined) return;
       params.push(JSON.stringify(values));
-      where.push(`${column} IN ${jsonList(d, params.length)}`);
+      where.push(inList(d, column, params.length));
     };
     list("trace_id", filter.trace_ids);
     list("id", filter.call_ids);
@@ -419,7 +423,7 @@ export class CallsRepo {
       tx.exec(
         `WITH RECURSIVE tree(id) AS (
            SELECT id FROM calls
-           WHERE project_id = $1 AND id IN ${jsonList(d, 2)} AND started = 1 AND deleted_at IS NULL
+           WHERE project_id = $1 AND ${inList(d, "id", 2)} AND started = 1 AND deleted_at IS NULL
            UNION
            SELECT c.id FROM tree t CROSS JOIN calls c
            WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
@@ -452,7 +456,7 @@ export class CallsRepo {
     // it the planner walked the whole project per step.
     const tree = `WITH RECURSIVE tree(root_id, id) AS (
         SELECT c.id, c.id FROM calls c
-        WHERE c.project_id = $1 AND c.id IN ${jsonList(d, 2)} AND c.started = 1 AND c.deleted_at IS NULL
+        WHERE c.project_id = $1 AND ${inList(d, "c.id", 2)} AND c.started = 1 AND c.deleted_at IS NULL
         UNION
         SELECT t.root_id, c.id FROM tree t CROSS JOIN calls c
         WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
