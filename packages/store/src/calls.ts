@@ -250,8 +250,9 @@ function usageSql(dialect: Dialect) {
            AND json_type(c.summary, '$.usage') = 'object' AND j.type = 'object'`
       : `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
          FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
-         CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(c.summary::jsonb -> 'usage') = 'object'
-                                       THEN c.summary::jsonb -> 'usage' ELSE '{}'::jsonb END) j
+         CROSS JOIN LATERAL (SELECT c.summary::jsonb -> 'usage' AS usage) s
+         CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(s.usage) = 'object'
+                                       THEN s.usage ELSE '{}'::jsonb END) j
          WHERE c.summary IS NOT NULL AND jsonb_typeof(j.value) = 'object'`;
   return { n, has, usageRows };
 }
@@ -309,7 +310,20 @@ export class CallsRepo {
         m.end = prepared as PreparedEnd;
       }
     }
-    if (merged.size > 0) await this.#sql.transaction((tx) => this.#write(tx, [...merged.values()]));
+    // Key order: two concurrent batches touching the same calls lock them in the same order,
+    // so PostgreSQL never deadlocks them against each other.
+    const rows = [...merged.values()].sort((a, b) =>
+      a.project_id === b.project_id
+        ? a.id < b.id
+          ? -1
+          : a.id > b.id
+            ? 1
+            : 0
+        : a.project_id < b.project_id
+          ? -1
+          : 1,
+    );
+    if (rows.length > 0) await this.#sql.transaction((tx) => this.#write(tx, rows));
     return started;
   }
 
@@ -445,26 +459,47 @@ export class CallsRepo {
     callIds: readonly string[],
     options: { includeCosts?: boolean; limit?: number } = {},
   ): Promise<CallUsageResult> {
+    if (this.#sql.dialect === "sqlite")
+      return this.#callUsage(this.#sql, projectId, callIds, options);
+    // One REPEATABLE READ snapshot for the count, the sums and the unfinished ids. The planner
+    // sorts the usage rows for the aggregate (a recursive CTE's estimates are tiny); more
+    // work_mem keeps 100k rows off the disk.
+    return this.#sql.transaction(async (tx) => {
+      await tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY");
+      await tx.exec("SET LOCAL work_mem = '64MB'");
+      return this.#callUsage(tx, projectId, callIds, options);
+    });
+  }
+
+  async #callUsage(
+    sql: Sql,
+    projectId: string,
+    callIds: readonly string[],
+    options: { includeCosts?: boolean; limit?: number },
+  ): Promise<CallUsageResult> {
     const distinct = [...new Set(callIds)];
     const result: CallUsageResult = { call_usage: {}, unfinished_call_ids: [] };
     for (const id of distinct) result.call_usage[id] = {};
     if (distinct.length === 0) return result;
-    const d = this.#sql.dialect;
+    const d = sql.dialect;
     const limit = options.limit ?? 10000;
     const includeCosts = options.includeCosts ?? false;
     // CROSS JOIN pins the join order on SQLite (tree outside, the parent index inside); without
     // it the planner walked the whole project per step.
-    const tree = `WITH RECURSIVE tree(root_id, id) AS (
-        SELECT c.id, c.id FROM calls c
+    // `open` = 1 for a call without ended_at, so counting also tells whether the unfinished-ids
+    // query is needed at all.
+    const tree = `WITH RECURSIVE tree(root_id, id, open) AS (
+        SELECT c.id, c.id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END FROM calls c
         WHERE c.project_id = $1 AND ${inList(d, "c.id", 2)} AND c.started = 1 AND c.deleted_at IS NULL
         UNION
-        SELECT t.root_id, c.id FROM tree t CROSS JOIN calls c
+        SELECT t.root_id, c.id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END
+        FROM tree t CROSS JOIN calls c
         WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
       )`;
     const params = [projectId, JSON.stringify(distinct)];
 
-    const count = await this.#sql.one<{ n: number }>(
-      `${tree} SELECT COUNT(*) AS n FROM tree`,
+    const count = await sql.one<{ n: number; open: number | null }>(
+      `${tree} SELECT COUNT(*) AS n, SUM(open) AS open FROM tree`,
       params,
     );
     const matched = Number(count?.n ?? 0);
@@ -485,7 +520,7 @@ export class CallsRepo {
            SUM(per_call.cache_read * COALESCE(p.cache_read_input_token_cost, 0)) AS cache_read_cost,
            SUM(per_call.cache_creation * COALESCE(p.cache_creation_input_token_cost, 0)) AS cache_creation_cost`
       : "";
-    const rows = await this.#sql.query(
+    const rows = await sql.query(
       `${tree},
        usage_rows AS (${usageRows}),
        per_call AS (
@@ -528,9 +563,9 @@ export class CallsRepo {
         cache_creation_input_tokens_total_cost: includeCosts ? Number(r.cache_creation_cost) : null,
       };
     }
-    const unfinished = await this.#sql.query<{ id: string }>(
-      `${tree} SELECT DISTINCT c.id FROM tree t CROSS JOIN calls c
-       WHERE c.project_id = $1 AND c.id = t.id AND c.ended_at IS NULL`,
+    if (!Number(count?.open ?? 0)) return result;
+    const unfinished = await sql.query<{ id: string }>(
+      `${tree} SELECT DISTINCT id FROM tree WHERE open = 1`,
       params,
     );
     // Sorted here, not in SQL: a database collation may not order like code points.
