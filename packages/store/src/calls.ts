@@ -86,6 +86,7 @@ interface PreparedStart {
   project_id: string;
   id: string;
   trace_id: string;
+  trace_generated: boolean;
   parent_id: string | null;
   op_name: string;
   display_name: string | null;
@@ -117,8 +118,10 @@ function canonical(value: unknown): string {
 
 function prepareStart(s: CallStartInput, now: number): PreparedStart {
   const id = s.id ?? uuidv7(now);
+  // The hash covers what the client sent: a retried start without trace_id must not conflict
+  // with itself just because a new trace id was generated for it.
   const start = {
-    trace_id: s.trace_id ?? uuidv7(now),
+    trace_id: s.trace_id ?? null,
     parent_id: s.parent_id ?? null,
     op_name: s.op_name,
     display_name: s.display_name ?? null,
@@ -130,6 +133,8 @@ function prepareStart(s: CallStartInput, now: number): PreparedStart {
     project_id: s.project_id,
     id,
     ...start,
+    trace_id: s.trace_id ?? uuidv7(now),
+    trace_generated: !s.trace_id,
     inputs: toJson(start.inputs),
     attributes: toJson(start.attributes),
     hash: createHash("sha256").update(canonical(start)).digest("base64url"),
@@ -206,8 +211,10 @@ const START_FIELDS = [
 ];
 const END_FIELDS = ["ended_at", "output", "exception", "summary"];
 const UPSERT_CONFLICT = `ON CONFLICT (project_id, id) DO UPDATE SET ${[
+  // Start fields are written once: a repeated (identical) start keeps the stored ones.
   ...START_FIELDS.map(
-    (f) => `${f} = CASE WHEN excluded.started = 1 THEN excluded.${f} ELSE calls.${f} END`,
+    (f) =>
+      `${f} = CASE WHEN excluded.started = 1 AND calls.started = 0 THEN excluded.${f} ELSE calls.${f} END`,
   ),
   ...END_FIELDS.map(
     (f) => `${f} = CASE WHEN excluded.ended_at IS NOT NULL THEN excluded.${f} ELSE calls.${f} END`,
@@ -272,7 +279,8 @@ export class CallsRepo {
   async startCall(start: CallStartInput): Promise<{ id: string; trace_id: string }> {
     const prepared = prepareStart(start, this.#now());
     await this.#sql.transaction((tx) => this.#write(tx, [{ ...prepared, start: prepared }]));
-    return { id: prepared.id, trace_id: prepared.trace_id };
+    const [stored] = await this.#storedTraces(prepared.project_id, [prepared]);
+    return { id: prepared.id, trace_id: stored ?? prepared.trace_id };
   }
 
   /** Records a call's end; before its start it is stored but stays invisible. */
@@ -290,7 +298,7 @@ export class CallsRepo {
   async upsertBatch(items: readonly CallBatchItem[]): Promise<{ id: string; trace_id: string }[]> {
     const now = this.#now();
     const merged = new Map<string, Merged>();
-    const started: { id: string; trace_id: string }[] = [];
+    const started: { project_id: string; id: string; trace_id: string; generated: boolean }[] = [];
     for (const item of items) {
       const prepared = item.mode === "start" ? prepareStart(item.start, now) : prepareEnd(item.end);
       const key = `${prepared.project_id}\u0000${prepared.id}`;
@@ -304,8 +312,13 @@ export class CallsRepo {
         if (m.start && m.start.hash !== s.hash) {
           throw new ConflictError(`Call ${s.id} was started twice with different content`);
         }
-        m.start = s;
-        started.push({ id: s.id, trace_id: s.trace_id });
+        m.start ??= s;
+        started.push({
+          project_id: s.project_id,
+          id: s.id,
+          trace_id: m.start.trace_id,
+          generated: s.trace_generated,
+        });
       } else {
         m.end = prepared as PreparedEnd;
       }
@@ -324,7 +337,40 @@ export class CallsRepo {
           : 1,
     );
     if (rows.length > 0) await this.#sql.transaction((tx) => this.#write(tx, rows));
-    return started;
+    // A repeated start without trace_id keeps the trace stored the first time: report that one.
+    const generated = started.filter((s) => s.generated);
+    const byProject = new Map<string, { id: string }[]>();
+    for (const g of generated)
+      byProject.set(g.project_id, [...(byProject.get(g.project_id) ?? []), g]);
+    const stored = new Map<string, string>();
+    for (const [project, list] of byProject) {
+      const traces = await this.#storedTraces(project, list);
+      list.forEach((g, i) => {
+        if (traces[i]) stored.set(`${project}\u0000${g.id}`, traces[i]);
+      });
+    }
+    return started.map((s) => ({
+      id: s.id,
+      trace_id: stored.get(`${s.project_id}\u0000${s.id}`) ?? s.trace_id,
+    }));
+  }
+
+  /** The stored trace ids of these calls (undefined where none), in the same order. */
+  async #storedTraces(
+    projectId: string,
+    calls: readonly { id: string }[],
+  ): Promise<(string | undefined)[]> {
+    if (calls.length === 0) return [];
+    const found = new Map<string, string>();
+    for (let i = 0; i < calls.length; i += 5000) {
+      const chunk = calls.slice(i, i + 5000).map((c) => c.id);
+      const rows = await this.#sql.query<{ id: string; trace_id: string }>(
+        `SELECT id, trace_id FROM calls WHERE project_id = $1 AND ${inList(this.#sql.dialect, "id", 2)}`,
+        [projectId, JSON.stringify(chunk)],
+      );
+      for (const r of rows) found.set(String(r.id), String(r.trace_id));
+    }
+    return calls.map((c) => found.get(c.id));
   }
 
   async #write(tx: Sql, rows: Merged[]): Promise<void> {
