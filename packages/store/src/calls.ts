@@ -28,9 +28,24 @@ export interface CallEndInput {
   summary?: Json;
 }
 
+/** A batch item; the wire's `{mode, req: {start}}` / `{mode, req: {end}}` shape is accepted too. */
 export type CallBatchItem =
   | { mode: "start"; start: CallStartInput }
-  | { mode: "end"; end: CallEndInput };
+  | { mode: "end"; end: CallEndInput }
+  | { mode: "start"; req: { start: CallStartInput } }
+  | { mode: "end"; req: { end: CallEndInput } };
+
+function startOf(item: CallBatchItem): CallStartInput {
+  return "req" in item
+    ? (item.req as { start: CallStartInput }).start
+    : (item as { start: CallStartInput }).start;
+}
+
+function endOf(item: CallBatchItem): CallEndInput {
+  return "req" in item
+    ? (item.req as { end: CallEndInput }).end
+    : (item as { end: CallEndInput }).end;
+}
 
 export interface Call {
   project_id: string;
@@ -300,7 +315,8 @@ export class CallsRepo {
     const merged = new Map<string, Merged>();
     const started: { project_id: string; id: string; trace_id: string; generated: boolean }[] = [];
     for (const item of items) {
-      const prepared = item.mode === "start" ? prepareStart(item.start, now) : prepareEnd(item.end);
+      const prepared =
+        item.mode === "start" ? prepareStart(startOf(item), now) : prepareEnd(endOf(item));
       const key = `${prepared.project_id}\u0000${prepared.id}`;
       let m = merged.get(key);
       if (!m) {

@@ -352,7 +352,7 @@ describeBackends("calls ingestion", (ctx) => {
     const first = await ctx.store.calls.startCall(input);
     const again = await ctx.store.calls.startCall(input);
     expect(again).toEqual(first);
-    const [batched] = await ctx.store.calls.upsertBatch([{ mode: "start", start: input }]);
+    const [batched] = await ctx.store.calls.upsertBatch([{ mode: "start", req: { start: input } }]);
     expect(batched).toEqual(first);
     const twice = await ctx.store.calls.upsertBatch([
       { mode: "start", start: { ...input, id: "fresh" } },
