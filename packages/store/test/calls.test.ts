@@ -392,6 +392,24 @@ describeBackends("calls ingestion", (ctx) => {
     await expect(ctx.store.calls.upsertBatch(twice)).rejects.toBeInstanceOf(ConflictError);
   });
 
+  it("when overlapping batches arrive at once on separate handles, then none deadlocks and all land", async () => {
+    const p = unique("ent/proj");
+    const calls: SeedCall[] = Array.from({ length: 600 }, (_, i) => ({
+      id: `o${i}`,
+      usage: { A: { prompt_tokens: 1 } },
+    }));
+    const other = await ctx.openAnother();
+    const forward = batch(p, calls);
+    const backward = batch(p, [...calls].reverse());
+    await Promise.all([
+      ctx.store.calls.upsertBatch(forward),
+      other.calls.upsertBatch(backward),
+      ctx.store.calls.upsertBatch(backward),
+      other.calls.upsertBatch(forward),
+    ]);
+    expect(await ctx.store.calls.queryCalls(p, {}, 1000)).toHaveLength(600);
+  });
+
   it("when calls are queried, then every filter narrows the visible calls", async () => {
     const p = unique("ent/proj");
     await ctx.store.calls.upsertBatch(
