@@ -28,9 +28,24 @@ export interface CallEndInput {
   summary?: Json;
 }
 
+/** A batch item; the wire's `{mode, req: {start}}` / `{mode, req: {end}}` shape is accepted too. */
 export type CallBatchItem =
   | { mode: "start"; start: CallStartInput }
-  | { mode: "end"; end: CallEndInput };
+  | { mode: "end"; end: CallEndInput }
+  | { mode: "start"; req: { start: CallStartInput } }
+  | { mode: "end"; req: { end: CallEndInput } };
+
+function startOf(item: CallBatchItem): CallStartInput {
+  return "req" in item
+    ? (item.req as { start: CallStartInput }).start
+    : (item as { start: CallStartInput }).start;
+}
+
+function endOf(item: CallBatchItem): CallEndInput {
+  return "req" in item
+    ? (item.req as { end: CallEndInput }).end
+    : (item as { end: CallEndInput }).end;
+}
 
 export interface Call {
   project_id: string;
@@ -86,6 +101,7 @@ interface PreparedStart {
   project_id: string;
   id: string;
   trace_id: string;
+  trace_generated: boolean;
   parent_id: string | null;
   op_name: string;
   display_name: string | null;
@@ -117,8 +133,10 @@ function canonical(value: unknown): string {
 
 function prepareStart(s: CallStartInput, now: number): PreparedStart {
   const id = s.id ?? uuidv7(now);
+  // The hash covers what the client sent: a retried start without trace_id must not conflict
+  // with itself just because a new trace id was generated for it.
   const start = {
-    trace_id: s.trace_id ?? uuidv7(now),
+    trace_id: s.trace_id ?? null,
     parent_id: s.parent_id ?? null,
     op_name: s.op_name,
     display_name: s.display_name ?? null,
@@ -130,6 +148,8 @@ function prepareStart(s: CallStartInput, now: number): PreparedStart {
     project_id: s.project_id,
     id,
     ...start,
+    trace_id: s.trace_id ?? uuidv7(now),
+    trace_generated: !s.trace_id,
     inputs: toJson(start.inputs),
     attributes: toJson(start.attributes),
     hash: createHash("sha256").update(canonical(start)).digest("base64url"),
@@ -166,11 +186,15 @@ function toCall(r: Row): Call {
   };
 }
 
-/** `IN (…)` over a JSON array bound as one parameter, so id lists never hit parameter limits. */
-function jsonList(dialect: Dialect, param: number): string {
+/**
+ * `column IN (…)` over a JSON array bound as one parameter, so id lists never hit parameter
+ * limits. On PostgreSQL `= ANY(ARRAY(…))` keeps the primary-key index (a plain IN-subquery over
+ * jsonb was planned as a scan of the whole project).
+ */
+function inList(dialect: Dialect, column: string, param: number): string {
   return dialect === "sqlite"
-    ? `(SELECT value FROM json_each($${param}))`
-    : `(SELECT jsonb_array_elements_text($${param}::jsonb))`;
+    ? `${column} IN (SELECT value FROM json_each($${param}))`
+    : `${column} = ANY(ARRAY(SELECT jsonb_array_elements_text($${param}::jsonb)))`;
 }
 
 const UPSERT_COLUMNS = [
@@ -202,8 +226,10 @@ const START_FIELDS = [
 ];
 const END_FIELDS = ["ended_at", "output", "exception", "summary"];
 const UPSERT_CONFLICT = `ON CONFLICT (project_id, id) DO UPDATE SET ${[
+  // Start fields are written once: a repeated (identical) start keeps the stored ones.
   ...START_FIELDS.map(
-    (f) => `${f} = CASE WHEN excluded.started = 1 THEN excluded.${f} ELSE calls.${f} END`,
+    (f) =>
+      `${f} = CASE WHEN excluded.started = 1 AND calls.started = 0 THEN excluded.${f} ELSE calls.${f} END`,
   ),
   ...END_FIELDS.map(
     (f) => `${f} = CASE WHEN excluded.ended_at IS NOT NULL THEN excluded.${f} ELSE calls.${f} END`,
@@ -246,8 +272,9 @@ function usageSql(dialect: Dialect) {
            AND json_type(c.summary, '$.usage') = 'object' AND j.type = 'object'`
       : `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
          FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
-         CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(c.summary::jsonb -> 'usage') = 'object'
-                                       THEN c.summary::jsonb -> 'usage' ELSE '{}'::jsonb END) j
+         CROSS JOIN LATERAL (SELECT c.summary::jsonb -> 'usage' AS usage) s
+         CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(s.usage) = 'object'
+                                       THEN s.usage ELSE '{}'::jsonb END) j
          WHERE c.summary IS NOT NULL AND jsonb_typeof(j.value) = 'object'`;
   return { n, has, usageRows };
 }
@@ -267,7 +294,8 @@ export class CallsRepo {
   async startCall(start: CallStartInput): Promise<{ id: string; trace_id: string }> {
     const prepared = prepareStart(start, this.#now());
     await this.#sql.transaction((tx) => this.#write(tx, [{ ...prepared, start: prepared }]));
-    return { id: prepared.id, trace_id: prepared.trace_id };
+    const [stored] = await this.#storedTraces(prepared.project_id, [prepared]);
+    return { id: prepared.id, trace_id: stored ?? prepared.trace_id };
   }
 
   /** Records a call's end; before its start it is stored but stays invisible. */
@@ -285,9 +313,10 @@ export class CallsRepo {
   async upsertBatch(items: readonly CallBatchItem[]): Promise<{ id: string; trace_id: string }[]> {
     const now = this.#now();
     const merged = new Map<string, Merged>();
-    const started: { id: string; trace_id: string }[] = [];
+    const started: { project_id: string; id: string; trace_id: string; generated: boolean }[] = [];
     for (const item of items) {
-      const prepared = item.mode === "start" ? prepareStart(item.start, now) : prepareEnd(item.end);
+      const prepared =
+        item.mode === "start" ? prepareStart(startOf(item), now) : prepareEnd(endOf(item));
       const key = `${prepared.project_id}\u0000${prepared.id}`;
       let m = merged.get(key);
       if (!m) {
@@ -299,14 +328,65 @@ export class CallsRepo {
         if (m.start && m.start.hash !== s.hash) {
           throw new ConflictError(`Call ${s.id} was started twice with different content`);
         }
-        m.start = s;
-        started.push({ id: s.id, trace_id: s.trace_id });
+        m.start ??= s;
+        started.push({
+          project_id: s.project_id,
+          id: s.id,
+          trace_id: m.start.trace_id,
+          generated: s.trace_generated,
+        });
       } else {
         m.end = prepared as PreparedEnd;
       }
     }
-    if (merged.size > 0) await this.#sql.transaction((tx) => this.#write(tx, [...merged.values()]));
-    return started;
+    // Key order: two concurrent batches touching the same calls lock them in the same order,
+    // so PostgreSQL never deadlocks them against each other.
+    const rows = [...merged.values()].sort((a, b) =>
+      a.project_id === b.project_id
+        ? a.id < b.id
+          ? -1
+          : a.id > b.id
+            ? 1
+            : 0
+        : a.project_id < b.project_id
+          ? -1
+          : 1,
+    );
+    if (rows.length > 0) await this.#sql.transaction((tx) => this.#write(tx, rows));
+    // A repeated start without trace_id keeps the trace stored the first time: report that one.
+    const generated = started.filter((s) => s.generated);
+    const byProject = new Map<string, { id: string }[]>();
+    for (const g of generated)
+      byProject.set(g.project_id, [...(byProject.get(g.project_id) ?? []), g]);
+    const stored = new Map<string, string>();
+    for (const [project, list] of byProject) {
+      const traces = await this.#storedTraces(project, list);
+      list.forEach((g, i) => {
+        if (traces[i]) stored.set(`${project}\u0000${g.id}`, traces[i]);
+      });
+    }
+    return started.map((s) => ({
+      id: s.id,
+      trace_id: stored.get(`${s.project_id}\u0000${s.id}`) ?? s.trace_id,
+    }));
+  }
+
+  /** The stored trace ids of these calls (undefined where none), in the same order. */
+  async #storedTraces(
+    projectId: string,
+    calls: readonly { id: string }[],
+  ): Promise<(string | undefined)[]> {
+    if (calls.length === 0) return [];
+    const found = new Map<string, string>();
+    for (let i = 0; i < calls.length; i += 5000) {
+      const chunk = calls.slice(i, i + 5000).map((c) => c.id);
+      const rows = await this.#sql.query<{ id: string; trace_id: string }>(
+        `SELECT id, trace_id FROM calls WHERE project_id = $1 AND ${inList(this.#sql.dialect, "id", 2)}`,
+        [projectId, JSON.stringify(chunk)],
+      );
+      for (const r of rows) found.set(String(r.id), String(r.trace_id));
+    }
+    return calls.map((c) => found.get(c.id));
   }
 
   async #write(tx: Sql, rows: Merged[]): Promise<void> {
@@ -327,7 +407,7 @@ export class CallsRepo {
         const chunk = all.slice(i, i + 5000);
         const existing = await tx.query<{ id: string; start_hash: string }>(
           `SELECT id, start_hash FROM calls WHERE project_id = $1 AND started = 1
-             AND id IN ${jsonList(tx.dialect, 2)}`,
+             AND ${inList(tx.dialect, "id", 2)}`,
           [project, JSON.stringify(chunk)],
         );
         for (const e of existing) {
@@ -387,7 +467,7 @@ export class CallsRepo {
     const list = (column: string, values: readonly string[] | undefined) => {
       if (values === undefined) return;
       params.push(JSON.stringify(values));
-      where.push(`${column} IN ${jsonList(d, params.length)}`);
+      where.push(inList(d, column, params.length));
     };
     list("trace_id", filter.trace_ids);
     list("id", filter.call_ids);
@@ -419,7 +499,7 @@ export class CallsRepo {
       tx.exec(
         `WITH RECURSIVE tree(id) AS (
            SELECT id FROM calls
-           WHERE project_id = $1 AND id IN ${jsonList(d, 2)} AND started = 1 AND deleted_at IS NULL
+           WHERE project_id = $1 AND ${inList(d, "id", 2)} AND started = 1 AND deleted_at IS NULL
            UNION
            SELECT c.id FROM tree t CROSS JOIN calls c
            WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
@@ -441,26 +521,47 @@ export class CallsRepo {
     callIds: readonly string[],
     options: { includeCosts?: boolean; limit?: number } = {},
   ): Promise<CallUsageResult> {
+    if (this.#sql.dialect === "sqlite")
+      return this.#callUsage(this.#sql, projectId, callIds, options);
+    // One REPEATABLE READ snapshot for the count, the sums and the unfinished ids. The planner
+    // sorts the usage rows for the aggregate (a recursive CTE's estimates are tiny); more
+    // work_mem keeps 100k rows off the disk.
+    return this.#sql.transaction(async (tx) => {
+      await tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY");
+      await tx.exec("SET LOCAL work_mem = '64MB'");
+      return this.#callUsage(tx, projectId, callIds, options);
+    });
+  }
+
+  async #callUsage(
+    sql: Sql,
+    projectId: string,
+    callIds: readonly string[],
+    options: { includeCosts?: boolean; limit?: number },
+  ): Promise<CallUsageResult> {
     const distinct = [...new Set(callIds)];
     const result: CallUsageResult = { call_usage: {}, unfinished_call_ids: [] };
     for (const id of distinct) result.call_usage[id] = {};
     if (distinct.length === 0) return result;
-    const d = this.#sql.dialect;
+    const d = sql.dialect;
     const limit = options.limit ?? 10000;
     const includeCosts = options.includeCosts ?? false;
     // CROSS JOIN pins the join order on SQLite (tree outside, the parent index inside); without
     // it the planner walked the whole project per step.
-    const tree = `WITH RECURSIVE tree(root_id, id) AS (
-        SELECT c.id, c.id FROM calls c
-        WHERE c.project_id = $1 AND c.id IN ${jsonList(d, 2)} AND c.started = 1 AND c.deleted_at IS NULL
+    // `open` = 1 for a call without ended_at, so counting also tells whether the unfinished-ids
+    // query is needed at all.
+    const tree = `WITH RECURSIVE tree(root_id, id, open) AS (
+        SELECT c.id, c.id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END FROM calls c
+        WHERE c.project_id = $1 AND ${inList(d, "c.id", 2)} AND c.started = 1 AND c.deleted_at IS NULL
         UNION
-        SELECT t.root_id, c.id FROM tree t CROSS JOIN calls c
+        SELECT t.root_id, c.id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END
+        FROM tree t CROSS JOIN calls c
         WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
       )`;
     const params = [projectId, JSON.stringify(distinct)];
 
-    const count = await this.#sql.one<{ n: number }>(
-      `${tree} SELECT COUNT(*) AS n FROM tree`,
+    const count = await sql.one<{ n: number; open: number | null }>(
+      `${tree} SELECT COUNT(*) AS n, SUM(open) AS open FROM tree`,
       params,
     );
     const matched = Number(count?.n ?? 0);
@@ -481,7 +582,7 @@ export class CallsRepo {
            SUM(per_call.cache_read * COALESCE(p.cache_read_input_token_cost, 0)) AS cache_read_cost,
            SUM(per_call.cache_creation * COALESCE(p.cache_creation_input_token_cost, 0)) AS cache_creation_cost`
       : "";
-    const rows = await this.#sql.query(
+    const rows = await sql.query(
       `${tree},
        usage_rows AS (${usageRows}),
        per_call AS (
@@ -524,9 +625,9 @@ export class CallsRepo {
         cache_creation_input_tokens_total_cost: includeCosts ? Number(r.cache_creation_cost) : null,
       };
     }
-    const unfinished = await this.#sql.query<{ id: string }>(
-      `${tree} SELECT DISTINCT c.id FROM tree t CROSS JOIN calls c
-       WHERE c.project_id = $1 AND c.id = t.id AND c.ended_at IS NULL`,
+    if (!Number(count?.open ?? 0)) return result;
+    const unfinished = await sql.query<{ id: string }>(
+      `${tree} SELECT DISTINCT id FROM tree WHERE open = 1`,
       params,
     );
     // Sorted here, not in SQL: a database collation may not order like code points.

@@ -214,6 +214,19 @@ export class JobsRepo {
     return n > 0;
   }
 
+  /**
+   * Hands a running job back to the queue (graceful shutdown): it will be claimed again and
+   * resumed from its last checkpoint. False when the job is not running under this worker.
+   */
+  async releaseJob(workerId: string, jobId: string): Promise<boolean> {
+    const n = await this.#sql.exec(
+      `UPDATE training_jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
+       WHERE id = $1 AND lease_owner = $2 AND status = 'running'`,
+      [jobId, workerId],
+    );
+    return n > 0;
+  }
+
   /** Appends an event; its sequence follows the job's last one. */
   async appendEvent(jobId: string, type: string, data: Json = {}): Promise<JobEvent> {
     return this.#sql.transaction((tx) => this.#appendEvent(tx, jobId, type, data));

@@ -59,6 +59,12 @@ class SqliteTx implements Sql {
   }
 }
 
+interface Prepared {
+  stmt: StatementSync;
+  /** Which given value binds each `?`; null when they are simply $1, $2, … in order. */
+  order: number[] | null;
+}
+
 interface Gate {
   active: Promise<void> | null;
   users: number;
@@ -80,7 +86,7 @@ const gates = new Map<string, Gate>();
 export class SqliteSql implements Sql {
   readonly dialect = "sqlite" as const;
   readonly db: DatabaseSync;
-  readonly #statements = new Map<string, StatementSync>();
+  readonly #statements = new Map<string, Prepared>();
   readonly #gate: Gate;
   readonly #gateKey: string | null;
   readonly #tx = new SqliteTx(this);
@@ -105,22 +111,40 @@ export class SqliteSql implements Sql {
     this.#gate = gate;
   }
 
-  #prepare(text: string): StatementSync {
-    let stmt = this.#statements.get(text);
-    if (!stmt) {
-      stmt = this.db.prepare(text.replace(PLACEHOLDER, "?$1"));
+  /**
+   * `$n` placeholders become anonymous `?` plus an index map that reorders (and repeats) the
+   * values at bind time: node:sqlite binds numbered `?NNN` parameters far more slowly (a 400-row
+   * insert took 460 ms with `?NNN`, 10 ms with `?`).
+   */
+  #prepare(text: string): Prepared {
+    let prepared = this.#statements.get(text);
+    if (!prepared) {
+      const order: number[] = [];
+      const translated = text.replace(PLACEHOLDER, (_, n: string) => {
+        order.push(Number(n) - 1);
+        return "?";
+      });
+      const identity = order.every((v, i) => v === i);
+      prepared = { stmt: this.db.prepare(translated), order: identity ? null : order };
       if (this.#statements.size > 500) this.#statements.clear();
-      this.#statements.set(text, stmt);
+      this.#statements.set(text, prepared);
     }
-    return stmt;
+    return prepared;
+  }
+
+  #bind(prepared: Prepared, params: readonly SqlValue[] | undefined) {
+    const values = sqliteParams(params);
+    return prepared.order ? prepared.order.map((i) => values[i] ?? null) : values;
   }
 
   allNow(text: string, params?: readonly SqlValue[]): Row[] {
-    return this.#prepare(text).all(...sqliteParams(params)) as Row[];
+    const prepared = this.#prepare(text);
+    return prepared.stmt.all(...this.#bind(prepared, params)) as Row[];
   }
 
   runNow(text: string, params?: readonly SqlValue[]): number {
-    return Number(this.#prepare(text).run(...sqliteParams(params)).changes);
+    const prepared = this.#prepare(text);
+    return Number(prepared.stmt.run(...this.#bind(prepared, params)).changes);
   }
 
   // Each caller re-checks the gate synchronously right before running: no await between the

@@ -346,6 +346,23 @@ describeBackends("calls ingestion", (ctx) => {
     expect((await ctx.store.calls.getCall(p, "s"))?.op_name).toBe("op");
   });
 
+  it("when a start without trace_id is retried, then it is idempotent and keeps the first trace", async () => {
+    const p = unique("ent/proj");
+    const input = { project_id: p, id: "no-trace", op_name: "op", started_at: T0 };
+    const first = await ctx.store.calls.startCall(input);
+    const again = await ctx.store.calls.startCall(input);
+    expect(again).toEqual(first);
+    const [batched] = await ctx.store.calls.upsertBatch([{ mode: "start", req: { start: input } }]);
+    expect(batched).toEqual(first);
+    const twice = await ctx.store.calls.upsertBatch([
+      { mode: "start", start: { ...input, id: "fresh" } },
+      { mode: "start", start: { ...input, id: "fresh" } },
+    ]);
+    expect(twice[0]?.trace_id).toBe(twice[1]?.trace_id);
+    expect((await ctx.store.calls.getCall(p, "fresh"))?.trace_id).toBe(twice[0]?.trace_id);
+    expect((await ctx.store.calls.getCall(p, "no-trace"))?.trace_id).toBe(first.trace_id);
+  });
+
   it("when a batch holds thousands of items, then all land in one transaction; a conflict rolls back all", async () => {
     const p = unique("ent/proj");
     const calls: SeedCall[] = Array.from({ length: 3000 }, (_, i) => ({
@@ -373,6 +390,24 @@ describeBackends("calls ingestion", (ctx) => {
       { mode: "start" as const, start: start(p, "dup", { op_name: "changed" }) },
     ];
     await expect(ctx.store.calls.upsertBatch(twice)).rejects.toBeInstanceOf(ConflictError);
+  });
+
+  it("when overlapping batches arrive at once on separate handles, then none deadlocks and all land", async () => {
+    const p = unique("ent/proj");
+    const calls: SeedCall[] = Array.from({ length: 600 }, (_, i) => ({
+      id: `o${i}`,
+      usage: { A: { prompt_tokens: 1 } },
+    }));
+    const other = await ctx.openAnother();
+    const forward = batch(p, calls);
+    const backward = batch(p, [...calls].reverse());
+    await Promise.all([
+      ctx.store.calls.upsertBatch(forward),
+      other.calls.upsertBatch(backward),
+      ctx.store.calls.upsertBatch(backward),
+      other.calls.upsertBatch(forward),
+    ]);
+    expect(await ctx.store.calls.queryCalls(p, {}, 1000)).toHaveLength(600);
   });
 
   it("when calls are queried, then every filter narrows the visible calls", async () => {

@@ -26,7 +26,9 @@ async function probePostgres(): Promise<string | null> {
 export const pgSkipReason = await probePostgres();
 if (pgSkipReason !== null) {
   console.log(
-    `[@arbor/store] Postgres half SKIPPED: cannot use ${PG_URL} (${pgSkipReason}). Set ARBOR_TEST_PG to a reachable URL to run it.`,
+    pgSkipReason === "ARBOR_TEST_PG=off"
+      ? "[@arbor/store] Postgres half SKIPPED: ARBOR_TEST_PG=off."
+      : `[@arbor/store] Postgres half SKIPPED: cannot use ${PG_URL} (${pgSkipReason}). Set ARBOR_TEST_PG to a reachable URL to run it.`,
   );
 }
 

@@ -157,6 +157,22 @@ describeBackends("training jobs and the queue", (ctx) => {
     expect((await ctx.store.jobs.depth()).running).toBe(0);
   });
 
+  it("when a worker releases its job, then it is queued again and claimable", async () => {
+    await drain();
+    const entity = unique("ent");
+    const model = await newModel(entity);
+    const job = await ctx.store.jobs.enqueue({ type: "rl", model_id: model.id, entity });
+    await ctx.store.jobs.claimNextJob("w1", 10_000);
+    expect(await ctx.store.jobs.releaseJob("other", job.id)).toBe(false);
+    expect(await ctx.store.jobs.releaseJob("w1", job.id)).toBe(true);
+    expect((await ctx.store.jobs.get(entity, job.id))?.status).toBe("queued");
+    expect(await ctx.store.jobs.claimNextJob("w2", 10_000)).toMatchObject({
+      id: job.id,
+      attempts: 2,
+      lease_owner: "w2",
+    });
+  });
+
   it("when several workers claim at once, then no job is claimed twice and no model runs two jobs", async () => {
     await drain();
     const entity = unique("ent");

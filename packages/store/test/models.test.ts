@@ -23,31 +23,36 @@ describeBackends("models and checkpoints", (ctx) => {
     expect(page.data[0]?.blob_key).toBe("k0");
   });
 
-  it("when the same model is created concurrently, then exactly one exists and the other gets ConflictError", async () => {
-    const entity = unique("ent");
-    await ctx.store.entities.ensure(entity);
-    const other = await ctx.openAnother();
-    const input = { entity, project: "p", name: "dup", base_model: "b", initialCheckpoint: {} };
-    const results = await Promise.allSettled([
-      ctx.store.models.create(input),
-      other.models.create(input),
-      ctx.store.models.create(input),
-      other.models.create(input),
-    ]);
-    const ok = results.filter((r) => r.status === "fulfilled");
-    const failed = results.filter((r) => r.status === "rejected");
-    expect(ok).toHaveLength(1);
-    expect(failed).toHaveLength(3);
-    for (const f of failed)
-      expect((f as PromiseRejectedResult).reason).toBeInstanceOf(ConflictError);
-    const rows = await ctx.store.sql.query("SELECT id FROM models WHERE entity = $1", [entity]);
-    expect(rows).toHaveLength(1);
-    const checkpoints = await ctx.store.sql.query(
-      "SELECT c.id FROM checkpoints c JOIN models m ON m.id = c.model_id WHERE m.entity = $1",
-      [entity],
-    );
-    expect(checkpoints).toHaveLength(1);
-  });
+  it.each([
+    { callers: 2, handles: 1 },
+    { callers: 2, handles: 2 },
+    { callers: 6, handles: 3 },
+  ])(
+    "when $callers callers on $handles handles create the same model at once, then exactly one exists and the rest get ConflictError",
+    async ({ callers, handles }) => {
+      const entity = unique("ent");
+      await ctx.store.entities.ensure(entity);
+      const stores = [ctx.store];
+      for (let h = 1; h < handles; h++) stores.push(await ctx.openAnother());
+      const input = { entity, project: "p", name: "dup", base_model: "b", initialCheckpoint: {} };
+      const results = await Promise.allSettled(
+        Array.from({ length: callers }, (_, i) => stores[i % handles]!.models.create(input)),
+      );
+      const ok = results.filter((r) => r.status === "fulfilled");
+      const failed = results.filter((r) => r.status === "rejected");
+      expect(ok).toHaveLength(1);
+      expect(failed).toHaveLength(callers - 1);
+      for (const f of failed)
+        expect((f as PromiseRejectedResult).reason).toBeInstanceOf(ConflictError);
+      const rows = await ctx.store.sql.query("SELECT id FROM models WHERE entity = $1", [entity]);
+      expect(rows).toHaveLength(1);
+      const checkpoints = await ctx.store.sql.query(
+        "SELECT c.id FROM checkpoints c JOIN models m ON m.id = c.model_id WHERE m.entity = $1",
+        [entity],
+      );
+      expect(checkpoints).toHaveLength(1);
+    },
+  );
 
   it("when returnExisting is set, then a duplicate returns the existing model", async () => {
     const model = await newModel();

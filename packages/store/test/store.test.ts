@@ -21,6 +21,22 @@ describeBackends("openStore", (ctx) => {
     expect(ping.duration).toBeGreaterThanOrEqual(0);
   });
 
+  it("when placeholders repeat or come out of order, then each binds its own value", async () => {
+    const row = await ctx.store.sql.one<{ a: string; b: string; c: string }>(
+      "SELECT CAST($2 AS TEXT) AS b, CAST($1 AS TEXT) AS a, CAST($2 AS TEXT) AS c",
+      ["one", "two"],
+    );
+    expect(row).toEqual({ b: "two", a: "one", c: "two" });
+  });
+
+  it("when the database is gone, then ping reports the failure instead of throwing", async () => {
+    const other = await ctx.openAnother();
+    await other.close();
+    const ping = await other.ping();
+    expect(ping.success).toBe(false);
+    expect(ping.error).toEqual(expect.any(String));
+  });
+
   it("when a transaction throws, then none of its writes remain", async () => {
     await expect(
       ctx.store.sql.transaction(async (tx) => {
