@@ -61,7 +61,7 @@ export function createApp(deps: AppDeps): Express {
     ...callsHandlers(deps.store),
     ...inferenceHandlers({
       engines: deps.engines,
-      directory: new ModelDirectory(deps.engines),
+      directory: new ModelDirectory(deps.engines, config.upstreams),
       calls: deps.store.calls,
       logger,
     }),
@@ -88,6 +88,8 @@ function rawModelIdInPath(req: Request, _res: Response, next: NextFunction): voi
     ];
     if (path.includes("/")) {
       req.url = `${prefix}${encodeURIComponent(decodeURIComponent(path))}${query ? `?${query}` : ""}`;
+      // The validator matches on originalUrl.
+      req.originalUrl = req.url;
     }
   }
   next();

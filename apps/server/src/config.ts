@@ -1,6 +1,7 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
 import type { RateLimits } from "./http/rate-limit.ts";
+import { parseUpstreams, type Upstreams } from "./modules/inference/upstream.ts";
 
 export type Role = "training" | "inference" | "calls";
 
@@ -13,6 +14,8 @@ export interface AppConfig {
   validateRequests: boolean;
   /** Limits on chat completions, per key and per project; unlimited by default. */
   rateLimits: RateLimits;
+  /** Model ids served by OpenAI-compatible upstreams instead of the engine. */
+  upstreams: Upstreams;
 }
 
 export interface ServerConfig extends AppConfig {
@@ -42,13 +45,15 @@ export function defaultAppConfig(overrides: Partial<AppConfig> = {}): AppConfig 
     validateResponses: true,
     validateRequests: true,
     rateLimits: {},
+    upstreams: {},
     ...overrides,
   };
 }
 
 /** Configuration from the environment: ARBOR_PORT, ARBOR_HOST, ARBOR_DATA_DIR, DATABASE_URL,
  * ARBOR_ROLES, ARBOR_LOG_LEVEL, and the chat limits ARBOR_KEY_RPM, ARBOR_PROJECT_RPM,
- * ARBOR_KEY_CONCURRENCY, ARBOR_PROJECT_CONCURRENCY. */
+ * ARBOR_KEY_CONCURRENCY, ARBOR_PROJECT_CONCURRENCY, and ARBOR_UPSTREAMS (JSON: model id →
+ * {url, apiKey?, model?}). */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfig {
   const port = Number(env.ARBOR_PORT ?? 8080);
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
@@ -62,6 +67,7 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
     databaseUrl: env.DATABASE_URL || undefined,
     logLevel: env.ARBOR_LOG_LEVEL ?? "info",
+    upstreams: parseUpstreams(env.ARBOR_UPSTREAMS),
     rateLimits: {
       keyRequestsPerMinute: positive(env, "ARBOR_KEY_RPM"),
       projectRequestsPerMinute: positive(env, "ARBOR_PROJECT_RPM"),

@@ -2,6 +2,7 @@ import type { components } from "@arbor/spec/schema";
 import { ApiError } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import type { EngineHost } from "./engines.ts";
+import type { UpstreamConfig, Upstreams } from "./upstream.ts";
 
 type ModelEntry = components["schemas"]["ModelEntry"];
 
@@ -11,25 +12,34 @@ export interface ResolvedModel {
   /** The id answered in `model` of the completion. */
   id: string;
   baseId: string;
+  /** Set when an OpenAI-compatible upstream serves this model instead of the engine. */
+  upstream?: UpstreamConfig;
 }
 
 /** CONTRACT §6: base ids from the catalogue; unknown (or another entity's) → 404. */
 export class ModelDirectory {
   readonly #engines: EngineHost;
+  readonly #upstreams: Upstreams;
 
-  constructor(engines: EngineHost) {
+  constructor(engines: EngineHost, upstreams: Upstreams = {}) {
     this.#engines = engines;
+    this.#upstreams = upstreams;
   }
 
   async list(_principal: Principal): Promise<ModelEntry[]> {
-    return this.#engines.baseModels().map(({ entry, created }) => ({
-      id: entry.id,
+    const base = (id: string, created: number): ModelEntry => ({
+      id,
       object: "model",
       created,
       owned_by: "system",
-      root: entry.id,
+      root: id,
       parent: null,
-    }));
+    });
+    const engine = this.#engines.baseModels().map(({ entry, created }) => base(entry.id, created));
+    const upstream = Object.keys(this.#upstreams)
+      .filter((id) => !this.#engines.baseModel(id))
+      .map((id) => base(id, 0));
+    return [...engine, ...upstream];
   }
 
   async retrieve(principal: Principal, id: string): Promise<ModelEntry> {
@@ -39,6 +49,8 @@ export class ModelDirectory {
   }
 
   async resolve(_principal: Principal, id: string): Promise<ResolvedModel> {
+    const upstream = this.#upstreams[id];
+    if (upstream) return { id, baseId: id, upstream };
     const base = this.#engines.baseModel(id);
     if (!base) throw modelNotFound(id);
     return { id, baseId: id };

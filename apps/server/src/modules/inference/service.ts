@@ -11,7 +11,6 @@ import type { CallsRepo } from "@arbor/store";
 import type { Logger } from "pino";
 import { v7 as uuidv7 } from "uuid";
 import { ApiError } from "../../http/errors.ts";
-import type { Principal } from "../../http/principal.ts";
 import { type ChatRequest, toGenerateRequest, toLogprobs } from "./chat.ts";
 import type { EngineHost } from "./engines.ts";
 import type { ModelDirectory, ResolvedModel } from "./models.ts";
@@ -51,13 +50,12 @@ export interface PreparedChat {
   fingerprint: string;
 }
 
-/** Resolves the model and checks the request against it, before any response is started. */
+/** Checks the request against the engine's model, before any response is started. */
 export async function prepareChat(
   deps: InferenceDeps,
-  principal: Principal,
+  resolved: ResolvedModel,
   body: ChatRequest,
 ): Promise<PreparedChat> {
-  const resolved = await deps.directory.resolve(principal, body.model);
   const request = toGenerateRequest(body);
   const engine = await deps.engines.engine(resolved.baseId);
   const contextLength = engine.model.config.maxPositions;

@@ -1,0 +1,131 @@
+import { type ArborClient, unwrap } from "@arbor/client";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type RunningServer, startServer } from "./harness.ts";
+
+/** A base model served by an OpenAI-compatible upstream: here a second, real Arbor server. */
+const REMOTE = "remote/tiny-chat";
+let upstream: RunningServer;
+let server: RunningServer;
+let client: ArborClient;
+beforeAll(async () => {
+  upstream = await startServer();
+  server = await startServer({
+    upstreams: {
+      [REMOTE]: {
+        url: `${upstream.baseUrl}/v1`,
+        apiKey: upstream.adminKey,
+        model: "arbor/tiny-chat",
+      },
+    },
+  });
+  client = server.authorizedClient({ project: "default/upstream" });
+});
+afterAll(async () => {
+  await server.close();
+  await upstream.close().catch(() => {});
+});
+
+describe("upstreams", () => {
+  it("when models are listed, then the upstream's model is there as a base model", async () => {
+    const { data } = unwrap(await client.GET("/v1/models"));
+    expect(data).toContainEqual({
+      id: REMOTE,
+      object: "model",
+      created: 0,
+      owned_by: "system",
+      root: REMOTE,
+      parent: null,
+    });
+  });
+
+  it("when a chat is forwarded, then the answer names our model id and its usage is recorded here", async () => {
+    const completion = unwrap(
+      await client.createChatCompletion({
+        model: REMOTE,
+        messages: [{ role: "user", content: "What is 2 + 2?" }],
+        max_tokens: 8,
+        temperature: 0,
+      }),
+    );
+    expect(completion.model).toBe(REMOTE);
+    expect(completion.usage.completion_tokens).toBeGreaterThan(0);
+    const direct = unwrap(
+      await upstream
+        .authorizedClient()
+        .createChatCompletion({
+          model: "arbor/tiny-chat",
+          messages: [{ role: "user", content: "What is 2 + 2?" }],
+          max_tokens: 8,
+          temperature: 0,
+        }),
+    );
+    expect(completion.choices[0]!.message.content).toBe(direct.choices[0]!.message.content);
+    const { calls } = unwrap(
+      await server
+        .authorizedClient()
+        .POST("/calls/query", { body: { project_id: "default/upstream" } }),
+    );
+    expect(calls[0]!.summary.usage).toEqual({
+      [REMOTE]: {
+        requests: 1,
+        prompt_tokens: completion.usage.prompt_tokens,
+        completion_tokens: completion.usage.completion_tokens,
+        total_tokens: completion.usage.total_tokens,
+      },
+    });
+  });
+
+  it("when a chat is streamed through, then the chunks name our model and the usage comes last only when asked", async () => {
+    const withUsage = [];
+    for await (const chunk of client.streamChatCompletion({
+      model: REMOTE,
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 6,
+      seed: 2,
+      stream_options: { include_usage: true },
+    })) {
+      expect(chunk.model).toBe(REMOTE);
+      withUsage.push(chunk);
+    }
+    expect(withUsage.at(-1)!.choices).toEqual([]);
+    expect(withUsage.at(-1)!.usage!.completion_tokens).toBeGreaterThan(0);
+    const without = [];
+    for await (const chunk of client.streamChatCompletion({
+      model: REMOTE,
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 6,
+      seed: 2,
+    }))
+      without.push(chunk);
+    expect(without.every((c) => c.usage === undefined && c.choices.length > 0)).toBe(true);
+  });
+
+  it("when the upstream refuses the request, then its 400 comes back in our envelope", async () => {
+    const { response, error } = await client.createChatCompletion({
+      model: REMOTE,
+      messages: [{ role: "user", content: "Hi" }],
+      tools: [{ type: "function", function: { name: "f" } }],
+    } as never);
+    expect(response.status).toBe(400);
+    expect(error).toEqual({
+      error: {
+        message: "`tools` is not supported by this model.",
+        type: "invalid_request_error",
+        param: null,
+        code: null,
+      },
+    });
+  });
+
+  it("when the upstream is down, then 503 server_error with x-should-retry", async () => {
+    await upstream.close();
+    const { response, error } = await client.createChatCompletion({
+      model: REMOTE,
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 2,
+    });
+    expect(response.status).toBe(503);
+    expect(response.headers.get("x-should-retry")).toBe("true");
+    expect((error as { error: { type: string } }).error.type).toBe("server_error");
+  });
+});
