@@ -50,14 +50,12 @@ describe("upstreams", () => {
     expect(completion.model).toBe(REMOTE);
     expect(completion.usage.completion_tokens).toBeGreaterThan(0);
     const direct = unwrap(
-      await upstream
-        .authorizedClient()
-        .createChatCompletion({
-          model: "arbor/tiny-chat",
-          messages: [{ role: "user", content: "What is 2 + 2?" }],
-          max_tokens: 8,
-          temperature: 0,
-        }),
+      await upstream.authorizedClient().createChatCompletion({
+        model: "arbor/tiny-chat",
+        messages: [{ role: "user", content: "What is 2 + 2?" }],
+        max_tokens: 8,
+        temperature: 0,
+      }),
     );
     expect(completion.choices[0]!.message.content).toBe(direct.choices[0]!.message.content);
     const { calls } = unwrap(

@@ -18,7 +18,7 @@ export async function runUpstreamChat(
   call: InferenceCall,
   signal: AbortSignal,
   onChunk?: (chunk: ChatCompletionChunk) => void,
-): Promise<void | ChatCompletion> {
+): Promise<ChatCompletion | undefined> {
   const upstream = resolved.upstream!;
   const outgoing = { ...body, model: upstream.model ?? resolved.id } as Record<string, unknown>;
   let promptTokens = 0;
