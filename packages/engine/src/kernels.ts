@@ -65,6 +65,23 @@ export interface Kernels {
     KV: number,
     hd: number,
   ): void;
+  /**
+   * Backward of causal self-attention over one sequence of n rows, recomputing probabilities.
+   * Adds into dq [n, H·hd], dk and dv [n, KV·hd].
+   */
+  attentionBackward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    dOut: Float32Array,
+    n: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void;
 }
 
 export const jsKernels: Kernels = {
@@ -180,6 +197,52 @@ export const jsKernels: Kernels = {
           const p = scores[j]! / sum;
           const vo = j * kvDim + kvo;
           for (let i = 0; i < hd; i++) out[qo + i] = out[qo + i]! + p * values[vo + i]!;
+        }
+      }
+    }
+  },
+  attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd) {
+    const qDim = H * hd;
+    const kvDim = KV * hd;
+    const group = H / KV;
+    const scale = 1 / Math.sqrt(hd);
+    const p = new Float32Array(n);
+    const dP = new Float32Array(n);
+    for (let t = 0; t < n; t++) {
+      for (let h = 0; h < H; h++) {
+        const qo = t * qDim + h * hd;
+        const kvo = Math.floor(h / group) * hd;
+        let max = Number.NEGATIVE_INFINITY;
+        for (let j = 0; j <= t; j++) {
+          let s = 0;
+          for (let i = 0; i < hd; i++) s += q[qo + i]! * keys[j * kvDim + kvo + i]!;
+          p[j] = s * scale;
+          if (p[j]! > max) max = p[j]!;
+        }
+        let sum = 0;
+        for (let j = 0; j <= t; j++) {
+          p[j] = Math.exp(p[j]! - max);
+          sum += p[j]!;
+        }
+        let dot = 0;
+        for (let j = 0; j <= t; j++) {
+          p[j] = p[j]! / sum;
+          const vo = j * kvDim + kvo;
+          let s = 0;
+          for (let i = 0; i < hd; i++) {
+            s += dOut[qo + i]! * values[vo + i]!;
+            dv[vo + i] = dv[vo + i]! + p[j]! * dOut[qo + i]!;
+          }
+          dP[j] = s;
+          dot += p[j]! * s;
+        }
+        for (let j = 0; j <= t; j++) {
+          const dS = p[j]! * (dP[j]! - dot) * scale;
+          const ko = j * kvDim + kvo;
+          for (let i = 0; i < hd; i++) {
+            dq[qo + i] = dq[qo + i]! + dS * keys[ko + i]!;
+            dk[ko + i] = dk[ko + i]! + dS * q[qo + i]!;
+          }
         }
       }
     }

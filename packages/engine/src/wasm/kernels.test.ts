@@ -97,6 +97,26 @@ describe("WASM kernels", () => {
       jsKernels.attention(wantA, q, keys, values, n, start, H, KV, hd);
       kernels.attention(gotA, q, keys, values, n, start, H, KV, hd);
       expectClose(gotA, wantA, 1e-5);
+
+      // Backward over a whole sequence of 7 rows, accumulating into non-zero gradients.
+      const T = 7;
+      const qs = random(T * H * hd, rng);
+      const ks = random(T * KV * hd, rng);
+      const vs = random(T * KV * hd, rng);
+      const dOut = random(T * H * hd, rng);
+      const grads = () =>
+        [
+          random(T * H * hd, new Rng(5)),
+          random(T * KV * hd, new Rng(6)),
+          random(T * KV * hd, new Rng(7)),
+        ] as const;
+      const [wq, wk, wv] = grads();
+      const [gq, gk, gv] = grads();
+      jsKernels.attentionBackward(wq, wk, wv, qs, ks, vs, dOut, T, H, KV, hd);
+      kernels.attentionBackward(gq, gk, gv, qs, ks, vs, dOut, T, H, KV, hd);
+      expectClose(gq, wq, 1e-4);
+      expectClose(gk, wk, 1e-4);
+      expectClose(gv, wv, 1e-4);
     });
   }
 });

@@ -20,6 +20,22 @@ interface KernelExports {
     scale: number,
     scores: number,
   ): void;
+  attention_backward(
+    dq: number,
+    dk: number,
+    dv: number,
+    q: number,
+    k: number,
+    v: number,
+    dout: number,
+    n: number,
+    H: number,
+    KV: number,
+    hd: number,
+    scale: number,
+    scores: number,
+    dps: number,
+  ): void;
 }
 
 interface Cached {
@@ -259,6 +275,58 @@ export class WasmKernels implements Kernels {
     ]) as [number, number, number, number, number];
     this.exports.attention(oo, qo, ko, vo, n, start, H, KV, hd, 1 / Math.sqrt(hd), so);
     out.set(new Float32Array(this.memory.buffer, oo, n * H * hd));
+  }
+
+  attentionBackward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    dOut: Float32Array,
+    n: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void {
+    if (hd % 4 !== 0) {
+      jsKernels.attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd);
+      return;
+    }
+    const qn = n * H * hd;
+    const kvn = n * KV * hd;
+    const [dqo, dko, dvo, qo, ko, vo, doo, so, po] = this.stage([
+      dq.subarray(0, qn),
+      dk.subarray(0, kvn),
+      dv.subarray(0, kvn),
+      q.subarray(0, qn),
+      keys.subarray(0, kvn),
+      values.subarray(0, kvn),
+      dOut.subarray(0, qn),
+      n + 4,
+      n + 4,
+    ]) as number[] as [number, number, number, number, number, number, number, number, number];
+    this.exports.attention_backward(
+      dqo,
+      dko,
+      dvo,
+      qo,
+      ko,
+      vo,
+      doo,
+      n,
+      H,
+      KV,
+      hd,
+      1 / Math.sqrt(hd),
+      so,
+      po,
+    );
+    const buffer = this.memory.buffer;
+    dq.set(new Float32Array(buffer, dqo, qn));
+    dk.set(new Float32Array(buffer, dko, kvn));
+    dv.set(new Float32Array(buffer, dvo, kvn));
   }
 }
 
