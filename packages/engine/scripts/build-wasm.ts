@@ -425,6 +425,64 @@ function attentionBackward(madd: Madd): string {
       (br $tl))))`;
 }
 
+/** dGate, dUp of out = silu(gate)·up given dOut (n a multiple of 4). */
+function swigluBackward(): string {
+  return `(func (export "swiglu_backward") (param $dgate i32) (param $dup i32) (param $dout i32) (param $gate i32) (param $up i32) (param $n i32)
+    (local $i i32) (local $nb i32) (local $g v128) (local $s v128) (local $d v128)
+    (local.set $nb (i32.mul (local.get $n) (i32.const 4)))
+    (block $done (loop $l
+      (br_if $done (i32.ge_u (local.get $i) (local.get $nb)))
+      (local.set $g (v128.load (i32.add (local.get $gate) (local.get $i))))
+      (local.set $d (v128.load (i32.add (local.get $dout) (local.get $i))))
+      (local.set $s (f32x4.div (v128.const f32x4 1 1 1 1) (f32x4.add (v128.const f32x4 1 1 1 1) (call $exp (f32x4.neg (local.get $g))))))
+      (v128.store (i32.add (local.get $dup) (local.get $i)) (f32x4.mul (local.get $d) (f32x4.mul (local.get $g) (local.get $s))))
+      (v128.store (i32.add (local.get $dgate) (local.get $i))
+        (f32x4.mul (f32x4.mul (local.get $d) (v128.load (i32.add (local.get $up) (local.get $i))))
+          (f32x4.mul (local.get $s) (f32x4.add (v128.const f32x4 1 1 1 1) (f32x4.mul (local.get $g) (f32x4.sub (v128.const f32x4 1 1 1 1) (local.get $s)))))))
+      (local.set $i (i32.add (local.get $i) (i32.const 16)))
+      (br $l))))`;
+}
+
+/** Row-wise x ← softmax(x)·scale[r]; writes each row's max and Σexp (cols a multiple of 4). */
+function softmaxRows(): string {
+  return `(func (export "softmax_rows") (param $x i32) (param $rows i32) (param $cols i32) (param $scale i32) (param $rmax i32) (param $rsum i32)
+    (local $r i32) (local $i i32) (local $cb i32) (local $px i32) (local $m v128) (local $e v128) (local $acc v128) (local $max f32) (local $f v128)
+    (local.set $cb (i32.mul (local.get $cols) (i32.const 4)))
+    (block $done (loop $rl
+      (br_if $done (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $px (i32.add (local.get $x) (i32.mul (local.get $r) (local.get $cb))))
+      (local.set $m (v128.const f32x4 -inf -inf -inf -inf))
+      (local.set $i (i32.const 0))
+      (block $d1 (loop $l1
+        (br_if $d1 (i32.ge_u (local.get $i) (local.get $cb)))
+        (local.set $m (f32x4.max (local.get $m) (v128.load (i32.add (local.get $px) (local.get $i)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $l1)))
+      (local.set $max (f32.max (f32.max (f32x4.extract_lane 0 (local.get $m)) (f32x4.extract_lane 1 (local.get $m)))
+        (f32.max (f32x4.extract_lane 2 (local.get $m)) (f32x4.extract_lane 3 (local.get $m)))))
+      (local.set $m (f32x4.splat (local.get $max)))
+      (local.set $acc (v128.const i32x4 0 0 0 0))
+      (local.set $i (i32.const 0))
+      (block $d2 (loop $l2
+        (br_if $d2 (i32.ge_u (local.get $i) (local.get $cb)))
+        (local.set $e (call $exp (f32x4.sub (v128.load (i32.add (local.get $px) (local.get $i))) (local.get $m))))
+        (v128.store (i32.add (local.get $px) (local.get $i)) (local.get $e))
+        (local.set $acc (f32x4.add (local.get $acc) (local.get $e)))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $l2)))
+      (f32.store (i32.add (local.get $rmax) (i32.shl (local.get $r) (i32.const 2))) (local.get $max))
+      (f32.store (i32.add (local.get $rsum) (i32.shl (local.get $r) (i32.const 2))) ${hsum("acc")})
+      (local.set $f (f32x4.splat (f32.div (f32.load (i32.add (local.get $scale) (i32.shl (local.get $r) (i32.const 2)))) ${hsum("acc")})))
+      (local.set $i (i32.const 0))
+      (block $d3 (loop $l3
+        (br_if $d3 (i32.ge_u (local.get $i) (local.get $cb)))
+        (v128.store (i32.add (local.get $px) (local.get $i)) (f32x4.mul (v128.load (i32.add (local.get $px) (local.get $i))) (local.get $f)))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $l3)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rl))))`;
+}
+
 function module(madd: Madd): string {
   return `(module
   (memory (import "env" "memory") 1)
@@ -435,7 +493,9 @@ function module(madd: Madd): string {
   ${rmsNorm(madd)}
   ${swiglu()}
   ${attention(madd)}
-  ${attentionBackward(madd)})`;
+  ${attentionBackward(madd)}
+  ${swigluBackward()}
+  ${softmaxRows()})`;
 }
 
 export async function assemble(): Promise<{ relaxed: Uint8Array; simd: Uint8Array }> {

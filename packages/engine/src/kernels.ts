@@ -65,6 +65,24 @@ export interface Kernels {
     KV: number,
     hd: number,
   ): void;
+  /** dGate and dUp of out = silu(gate)·up, given dOut. */
+  swigluBackward(
+    dGate: Float32Array,
+    dUp: Float32Array,
+    dOut: Float32Array,
+    gate: Float32Array,
+    up: Float32Array,
+    n: number,
+  ): void;
+  /** Row-wise x[r] ← softmax(x[r])·scale[r]; writes each row's max and Σexp(x − max). */
+  softmaxRows(
+    x: Float32Array,
+    rows: number,
+    cols: number,
+    scale: Float32Array,
+    rowMax: Float32Array,
+    rowSum: Float32Array,
+  ): void;
   /**
    * Backward of causal self-attention over one sequence of n rows, recomputing probabilities.
    * Adds into dq [n, H·hd], dk and dv [n, KV·hd].
@@ -245,6 +263,31 @@ export const jsKernels: Kernels = {
           }
         }
       }
+    }
+  },
+  swigluBackward(dGate, dUp, dOut, gate, up, n) {
+    for (let i = 0; i < n; i++) {
+      const g = gate[i]!;
+      const s = 1 / (1 + Math.exp(-g));
+      dUp[i] = dOut[i]! * g * s;
+      dGate[i] = dOut[i]! * up[i]! * s * (1 + g * (1 - s));
+    }
+  },
+  softmaxRows(x, rows, cols, scale, rowMax, rowSum) {
+    for (let r = 0; r < rows; r++) {
+      const o = r * cols;
+      let max = Number.NEGATIVE_INFINITY;
+      for (let i = 0; i < cols; i++) if (x[o + i]! > max) max = x[o + i]!;
+      let sum = 0;
+      for (let i = 0; i < cols; i++) {
+        const e = Math.exp(x[o + i]! - max);
+        x[o + i] = e;
+        sum += e;
+      }
+      rowMax[r] = max;
+      rowSum[r] = sum;
+      const f = scale[r]! / sum;
+      for (let i = 0; i < cols; i++) x[o + i] = x[o + i]! * f;
     }
   },
 };

@@ -133,25 +133,22 @@ export function lossAndGradients(
   for (let r = 0; r < R; r++) weight += batch.lossMask[r]!;
   const norm = weight > 0 ? 1 / weight : 0;
   const tokenLogprobs = new Float32Array(R);
+  const targetLogits = new Float32Array(R);
+  const rowScale = new Float32Array(R);
+  for (let r = 0; r < R; r++) {
+    targetLogits[r] = logits[r * V + batch.targets[r]!]!;
+    rowScale[r] = batch.lossMask[r]! * norm;
+  }
+  const rowMax = new Float32Array(R);
+  const rowSum = new Float32Array(R);
+  kernels.softmaxRows(logits, R, V, rowScale, rowMax, rowSum);
   let lossSum = 0;
   for (let r = 0; r < R; r++) {
-    const o = r * V;
-    let max = Number.NEGATIVE_INFINITY;
-    for (let i = 0; i < V; i++) if (logits[o + i]! > max) max = logits[o + i]!;
-    let sum = 0;
-    for (let i = 0; i < V; i++) {
-      const e = Math.exp(logits[o + i]! - max);
-      logits[o + i] = e;
-      sum += e;
-    }
-    const target = batch.targets[r]!;
-    const logp = Math.log(logits[o + target]! / sum);
+    const logp = targetLogits[r]! - rowMax[r]! - Math.log(rowSum[r]!);
     tokenLogprobs[r] = logp;
-    const m = batch.lossMask[r]!;
-    lossSum -= m * logp;
-    const g = m * norm;
-    for (let i = 0; i < V; i++) logits[o + i] = (logits[o + i]! / sum) * g;
-    logits[o + target] = logits[o + target]! - g;
+    lossSum -= batch.lossMask[r]! * logp;
+    const o = r * V + batch.targets[r]!;
+    logits[o] = logits[o]! - rowScale[r]!;
   }
   const result = { loss: lossSum * norm, weight, tokenLogprobs };
   if (!grads) return result;
@@ -178,13 +175,7 @@ export function lossAndGradients(
     // MLP: x_out = x_mid + down(silu(gate) * up)
     kernels.matmulNN(dAct, dx, layer.down, R, I, D, false, ver);
     kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
-    for (let i = 0; i < R * I; i++) {
-      const gv = a.gate[i]!;
-      const s = 1 / (1 + Math.exp(-gv));
-      const silu = gv * s;
-      dUp[i] = dAct[i]! * silu;
-      dGate[i] = dAct[i]! * a.up[i]! * s * (1 + gv * (1 - s));
-    }
+    kernels.swigluBackward(dGate, dUp, dAct, a.gate, a.up, R * I);
     kernels.matmulNN(dH, dGate, layer.gate, R, D, I, false, ver);
     kernels.matmulNN(dH, dUp, layer.up, R, D, I, true, ver);
     kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);

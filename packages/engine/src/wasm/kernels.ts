@@ -20,6 +20,22 @@ interface KernelExports {
     scale: number,
     scores: number,
   ): void;
+  swiglu_backward(
+    dgate: number,
+    dup: number,
+    dout: number,
+    gate: number,
+    up: number,
+    n: number,
+  ): void;
+  softmax_rows(
+    x: number,
+    rows: number,
+    cols: number,
+    scale: number,
+    rmax: number,
+    rsum: number,
+  ): void;
   attention_backward(
     dq: number,
     dk: number,
@@ -327,6 +343,55 @@ export class WasmKernels implements Kernels {
     dq.set(new Float32Array(buffer, dqo, qn));
     dk.set(new Float32Array(buffer, dko, kvn));
     dv.set(new Float32Array(buffer, dvo, kvn));
+  }
+
+  swigluBackward(
+    dGate: Float32Array,
+    dUp: Float32Array,
+    dOut: Float32Array,
+    gate: Float32Array,
+    up: Float32Array,
+    n: number,
+  ): void {
+    if (n % 4 !== 0) {
+      jsKernels.swigluBackward(dGate, dUp, dOut, gate, up, n);
+      return;
+    }
+    const [go, uo, dOutO, dgo, duo] = this.stage([
+      gate.subarray(0, n),
+      up.subarray(0, n),
+      dOut.subarray(0, n),
+      n,
+      n,
+    ]) as [number, number, number, number, number];
+    this.exports.swiglu_backward(dgo, duo, dOutO, go, uo, n);
+    dGate.set(new Float32Array(this.memory.buffer, dgo, n));
+    dUp.set(new Float32Array(this.memory.buffer, duo, n));
+  }
+
+  softmaxRows(
+    x: Float32Array,
+    rows: number,
+    cols: number,
+    scale: Float32Array,
+    rowMax: Float32Array,
+    rowSum: Float32Array,
+  ): void {
+    if (cols % 4 !== 0) {
+      jsKernels.softmaxRows(x, rows, cols, scale, rowMax, rowSum);
+      return;
+    }
+    const [xo, so, mo, sumo] = this.stage([
+      x.subarray(0, rows * cols),
+      scale.subarray(0, rows),
+      rows,
+      rows,
+    ]) as [number, number, number, number];
+    this.exports.softmax_rows(xo, rows, cols, so, mo, sumo);
+    const buffer = this.memory.buffer;
+    x.set(new Float32Array(buffer, xo, rows * cols));
+    rowMax.set(new Float32Array(buffer, mo, rows));
+    rowSum.set(new Float32Array(buffer, sumo, rows));
   }
 }
 
