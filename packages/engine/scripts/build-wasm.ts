@@ -323,6 +323,166 @@ function attention(madd: Madd): string {
       (br $tl))))`;
 }
 
+/**
+ * Backward of causal self-attention over one sequence of n rows (positions 0..n−1), recomputing
+ * the probabilities instead of storing them. Adds into dq [n, H·hd] and dk, dv [n, KV·hd].
+ */
+function attentionBackward(madd: Madd): string {
+  const L = (n: string) => `(local.get $${n})`;
+  const vecLoop = (label: string, body: string) => `(local.set $i (i32.const 0))
+          (block $${label}d (loop $${label}l
+            (br_if $${label}d (i32.ge_u (local.get $i) (local.get $hdb)))
+            ${body}
+            (local.set $i (i32.add (local.get $i) (i32.const 16)))
+            (br $${label}l)))`;
+  const at = (base: string, row: string, stride: string) =>
+    `(i32.add (i32.add ${L(base)} (i32.mul ${L(row)} ${L(stride)})) (local.get $i))`;
+  return `(func (export "attention_backward") (param $dq i32) (param $dk i32) (param $dv i32) (param $q i32) (param $k i32) (param $v i32)
+      (param $dout i32) (param $n i32) (param $H i32) (param $KV i32) (param $hd i32) (param $scale f32) (param $scores i32) (param $dps i32)
+    (local $t i32) (local $h i32) (local $j i32) (local $i i32) (local $span i32) (local $hdb i32) (local $kvb i32) (local $qb i32)
+    (local $pq i32) (local $pk i32) (local $pv i32) (local $pdo i32) (local $pdq i32) (local $pdk i32) (local $pdv i32)
+    (local $acc v128) (local $acc2 v128) (local $max f32) (local $sum f32) (local $s f32) (local $e v128) (local $vp v128)
+    (local $group i32) (local $ps i32) (local $dot f32) (local $p f32) (local $dp f32) (local $inv f32)
+    (local.set $hdb (i32.mul ${L("hd")} (i32.const 4)))
+    (local.set $kvb (i32.mul ${L("KV")} ${L("hdb")}))
+    (local.set $qb (i32.mul ${L("H")} ${L("hdb")}))
+    (local.set $group (i32.div_u ${L("H")} ${L("KV")}))
+    (block $tdone (loop $tl
+      (br_if $tdone (i32.ge_u ${L("t")} ${L("n")}))
+      (local.set $span (i32.add ${L("t")} (i32.const 1)))
+      (local.set $h (i32.const 0))
+      (block $hdone (loop $hl
+        (br_if $hdone (i32.ge_u ${L("h")} ${L("H")}))
+        (local.set $pq (i32.add ${L("q")} (i32.add (i32.mul ${L("t")} ${L("qb")}) (i32.mul ${L("h")} ${L("hdb")}))))
+        (local.set $pdo (i32.add ${L("dout")} (i32.add (i32.mul ${L("t")} ${L("qb")}) (i32.mul ${L("h")} ${L("hdb")}))))
+        (local.set $pdq (i32.add ${L("dq")} (i32.add (i32.mul ${L("t")} ${L("qb")}) (i32.mul ${L("h")} ${L("hdb")}))))
+        (local.set $pk (i32.add ${L("k")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
+        (local.set $pv (i32.add ${L("v")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
+        (local.set $pdk (i32.add ${L("dk")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
+        (local.set $pdv (i32.add ${L("dv")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
+        ;; recompute scores, max, exponentials and sum
+        (local.set $max (f32.const -inf))
+        (local.set $j (i32.const 0))
+        (block $jd (loop $jl
+          (br_if $jd (i32.ge_u ${L("j")} ${L("span")}))
+          (local.set $acc (v128.const i32x4 0 0 0 0))
+          ${vecLoop("s", `(local.set $acc ${madd(`(v128.load (i32.add ${L("pq")} ${L("i")}))`, `(v128.load ${at("pk", "j", "kvb")})`, L("acc"))})`)}
+          (local.set $s (f32.mul ${hsum("acc")} ${L("scale")}))
+          (f32.store (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))) ${L("s")})
+          (local.set $max (f32.max ${L("max")} ${L("s")}))
+          (local.set $j (i32.add ${L("j")} (i32.const 1)))
+          (br $jl)))
+        (local.set $sum (f32.const 0))
+        (local.set $j (i32.const 0))
+        (block $ed (loop $el
+          (br_if $ed (i32.ge_u ${L("j")} ${L("span")}))
+          (local.set $ps (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))))
+          (local.set $e (call $exp (f32x4.sub (v128.load ${L("ps")}) (f32x4.splat ${L("max")}))))
+          (v128.store ${L("ps")} ${L("e")})
+          (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 0 ${L("e")})))
+          (if (i32.lt_u (i32.add ${L("j")} (i32.const 1)) ${L("span")}) (then (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 1 ${L("e")})))))
+          (if (i32.lt_u (i32.add ${L("j")} (i32.const 2)) ${L("span")}) (then (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 2 ${L("e")})))))
+          (if (i32.lt_u (i32.add ${L("j")} (i32.const 3)) ${L("span")}) (then (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 3 ${L("e")})))))
+          (local.set $j (i32.add ${L("j")} (i32.const 4)))
+          (br $el)))
+        (local.set $inv (f32.div (f32.const 1) ${L("sum")}))
+        ;; dP_j = dout·v_j; dv_j += p_j·dout; dot = Σ p_j dP_j
+        (local.set $dot (f32.const 0))
+        (local.set $j (i32.const 0))
+        (block $vd (loop $vl
+          (br_if $vd (i32.ge_u ${L("j")} ${L("span")}))
+          (local.set $p (f32.mul (f32.load (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2)))) ${L("inv")}))
+          (f32.store (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))) ${L("p")})
+          (local.set $vp (f32x4.splat ${L("p")}))
+          (local.set $acc (v128.const i32x4 0 0 0 0))
+          ${vecLoop(
+            "v",
+            `(local.set $acc2 (v128.load (i32.add ${L("pdo")} ${L("i")})))
+            (local.set $acc ${madd(L("acc2"), `(v128.load ${at("pv", "j", "kvb")})`, L("acc"))})
+            (v128.store ${at("pdv", "j", "kvb")} ${madd(L("vp"), L("acc2"), `(v128.load ${at("pdv", "j", "kvb")})`)})`,
+          )}
+          (local.set $dp ${hsum("acc")})
+          (f32.store (i32.add ${L("dps")} (i32.shl ${L("j")} (i32.const 2))) ${L("dp")})
+          (local.set $dot (f32.add ${L("dot")} (f32.mul ${L("p")} ${L("dp")})))
+          (local.set $j (i32.add ${L("j")} (i32.const 1)))
+          (br $vl)))
+        ;; dS_j = p_j (dP_j − dot)·scale; dq += dS_j k_j; dk_j += dS_j q
+        (local.set $j (i32.const 0))
+        (block $kd (loop $kl
+          (br_if $kd (i32.ge_u ${L("j")} ${L("span")}))
+          (local.set $vp (f32x4.splat (f32.mul (f32.mul (f32.load (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))))
+            (f32.sub (f32.load (i32.add ${L("dps")} (i32.shl ${L("j")} (i32.const 2)))) ${L("dot")})) ${L("scale")})))
+          ${vecLoop(
+            "k",
+            `(v128.store (i32.add ${L("pdq")} ${L("i")}) ${madd(L("vp"), `(v128.load ${at("pk", "j", "kvb")})`, `(v128.load (i32.add ${L("pdq")} ${L("i")}))`)})
+            (v128.store ${at("pdk", "j", "kvb")} ${madd(L("vp"), `(v128.load (i32.add ${L("pq")} ${L("i")}))`, `(v128.load ${at("pdk", "j", "kvb")})`)})`,
+          )}
+          (local.set $j (i32.add ${L("j")} (i32.const 1)))
+          (br $kl)))
+        (local.set $h (i32.add ${L("h")} (i32.const 1)))
+        (br $hl)))
+      (local.set $t (i32.add ${L("t")} (i32.const 1)))
+      (br $tl))))`;
+}
+
+/** dGate, dUp of out = silu(gate)·up given dOut (n a multiple of 4). */
+function swigluBackward(): string {
+  return `(func (export "swiglu_backward") (param $dgate i32) (param $dup i32) (param $dout i32) (param $gate i32) (param $up i32) (param $n i32)
+    (local $i i32) (local $nb i32) (local $g v128) (local $s v128) (local $d v128)
+    (local.set $nb (i32.mul (local.get $n) (i32.const 4)))
+    (block $done (loop $l
+      (br_if $done (i32.ge_u (local.get $i) (local.get $nb)))
+      (local.set $g (v128.load (i32.add (local.get $gate) (local.get $i))))
+      (local.set $d (v128.load (i32.add (local.get $dout) (local.get $i))))
+      (local.set $s (f32x4.div (v128.const f32x4 1 1 1 1) (f32x4.add (v128.const f32x4 1 1 1 1) (call $exp (f32x4.neg (local.get $g))))))
+      (v128.store (i32.add (local.get $dup) (local.get $i)) (f32x4.mul (local.get $d) (f32x4.mul (local.get $g) (local.get $s))))
+      (v128.store (i32.add (local.get $dgate) (local.get $i))
+        (f32x4.mul (f32x4.mul (local.get $d) (v128.load (i32.add (local.get $up) (local.get $i))))
+          (f32x4.mul (local.get $s) (f32x4.add (v128.const f32x4 1 1 1 1) (f32x4.mul (local.get $g) (f32x4.sub (v128.const f32x4 1 1 1 1) (local.get $s)))))))
+      (local.set $i (i32.add (local.get $i) (i32.const 16)))
+      (br $l))))`;
+}
+
+/** Row-wise x ← softmax(x)·scale[r]; writes each row's max and Σexp (cols a multiple of 4). */
+function softmaxRows(): string {
+  return `(func (export "softmax_rows") (param $x i32) (param $rows i32) (param $cols i32) (param $scale i32) (param $rmax i32) (param $rsum i32)
+    (local $r i32) (local $i i32) (local $cb i32) (local $px i32) (local $m v128) (local $e v128) (local $acc v128) (local $max f32) (local $f v128)
+    (local.set $cb (i32.mul (local.get $cols) (i32.const 4)))
+    (block $done (loop $rl
+      (br_if $done (i32.ge_u (local.get $r) (local.get $rows)))
+      (local.set $px (i32.add (local.get $x) (i32.mul (local.get $r) (local.get $cb))))
+      (local.set $m (v128.const f32x4 -inf -inf -inf -inf))
+      (local.set $i (i32.const 0))
+      (block $d1 (loop $l1
+        (br_if $d1 (i32.ge_u (local.get $i) (local.get $cb)))
+        (local.set $m (f32x4.max (local.get $m) (v128.load (i32.add (local.get $px) (local.get $i)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $l1)))
+      (local.set $max (f32.max (f32.max (f32x4.extract_lane 0 (local.get $m)) (f32x4.extract_lane 1 (local.get $m)))
+        (f32.max (f32x4.extract_lane 2 (local.get $m)) (f32x4.extract_lane 3 (local.get $m)))))
+      (local.set $m (f32x4.splat (local.get $max)))
+      (local.set $acc (v128.const i32x4 0 0 0 0))
+      (local.set $i (i32.const 0))
+      (block $d2 (loop $l2
+        (br_if $d2 (i32.ge_u (local.get $i) (local.get $cb)))
+        (local.set $e (call $exp (f32x4.sub (v128.load (i32.add (local.get $px) (local.get $i))) (local.get $m))))
+        (v128.store (i32.add (local.get $px) (local.get $i)) (local.get $e))
+        (local.set $acc (f32x4.add (local.get $acc) (local.get $e)))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $l2)))
+      (f32.store (i32.add (local.get $rmax) (i32.shl (local.get $r) (i32.const 2))) (local.get $max))
+      (f32.store (i32.add (local.get $rsum) (i32.shl (local.get $r) (i32.const 2))) ${hsum("acc")})
+      (local.set $f (f32x4.splat (f32.div (f32.load (i32.add (local.get $scale) (i32.shl (local.get $r) (i32.const 2)))) ${hsum("acc")})))
+      (local.set $i (i32.const 0))
+      (block $d3 (loop $l3
+        (br_if $d3 (i32.ge_u (local.get $i) (local.get $cb)))
+        (v128.store (i32.add (local.get $px) (local.get $i)) (f32x4.mul (v128.load (i32.add (local.get $px) (local.get $i))) (local.get $f)))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $l3)))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rl))))`;
+}
+
 function module(madd: Madd): string {
   return `(module
   (memory (import "env" "memory") 1)
@@ -332,7 +492,10 @@ function module(madd: Madd): string {
   ${matmulNN(madd, "matmul_tn", true)}
   ${rmsNorm(madd)}
   ${swiglu()}
-  ${attention(madd)})`;
+  ${attention(madd)}
+  ${attentionBackward(madd)}
+  ${swigluBackward()}
+  ${softmaxRows()})`;
 }
 
 export async function assemble(): Promise<{ relaxed: Uint8Array; simd: Uint8Array }> {

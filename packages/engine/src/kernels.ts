@@ -65,6 +65,41 @@ export interface Kernels {
     KV: number,
     hd: number,
   ): void;
+  /** dGate and dUp of out = silu(gate)·up, given dOut. */
+  swigluBackward(
+    dGate: Float32Array,
+    dUp: Float32Array,
+    dOut: Float32Array,
+    gate: Float32Array,
+    up: Float32Array,
+    n: number,
+  ): void;
+  /** Row-wise x[r] ← softmax(x[r])·scale[r]; writes each row's max and Σexp(x − max). */
+  softmaxRows(
+    x: Float32Array,
+    rows: number,
+    cols: number,
+    scale: Float32Array,
+    rowMax: Float32Array,
+    rowSum: Float32Array,
+  ): void;
+  /**
+   * Backward of causal self-attention over one sequence of n rows, recomputing probabilities.
+   * Adds into dq [n, H·hd], dk and dv [n, KV·hd].
+   */
+  attentionBackward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    dOut: Float32Array,
+    n: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void;
 }
 
 export const jsKernels: Kernels = {
@@ -182,6 +217,77 @@ export const jsKernels: Kernels = {
           for (let i = 0; i < hd; i++) out[qo + i] = out[qo + i]! + p * values[vo + i]!;
         }
       }
+    }
+  },
+  attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd) {
+    const qDim = H * hd;
+    const kvDim = KV * hd;
+    const group = H / KV;
+    const scale = 1 / Math.sqrt(hd);
+    const p = new Float32Array(n);
+    const dP = new Float32Array(n);
+    for (let t = 0; t < n; t++) {
+      for (let h = 0; h < H; h++) {
+        const qo = t * qDim + h * hd;
+        const kvo = Math.floor(h / group) * hd;
+        let max = Number.NEGATIVE_INFINITY;
+        for (let j = 0; j <= t; j++) {
+          let s = 0;
+          for (let i = 0; i < hd; i++) s += q[qo + i]! * keys[j * kvDim + kvo + i]!;
+          p[j] = s * scale;
+          if (p[j]! > max) max = p[j]!;
+        }
+        let sum = 0;
+        for (let j = 0; j <= t; j++) {
+          p[j] = Math.exp(p[j]! - max);
+          sum += p[j]!;
+        }
+        let dot = 0;
+        for (let j = 0; j <= t; j++) {
+          p[j] = p[j]! / sum;
+          const vo = j * kvDim + kvo;
+          let s = 0;
+          for (let i = 0; i < hd; i++) {
+            s += dOut[qo + i]! * values[vo + i]!;
+            dv[vo + i] = dv[vo + i]! + p[j]! * dOut[qo + i]!;
+          }
+          dP[j] = s;
+          dot += p[j]! * s;
+        }
+        for (let j = 0; j <= t; j++) {
+          const dS = p[j]! * (dP[j]! - dot) * scale;
+          const ko = j * kvDim + kvo;
+          for (let i = 0; i < hd; i++) {
+            dq[qo + i] = dq[qo + i]! + dS * keys[ko + i]!;
+            dk[ko + i] = dk[ko + i]! + dS * q[qo + i]!;
+          }
+        }
+      }
+    }
+  },
+  swigluBackward(dGate, dUp, dOut, gate, up, n) {
+    for (let i = 0; i < n; i++) {
+      const g = gate[i]!;
+      const s = 1 / (1 + Math.exp(-g));
+      dUp[i] = dOut[i]! * g * s;
+      dGate[i] = dOut[i]! * up[i]! * s * (1 + g * (1 - s));
+    }
+  },
+  softmaxRows(x, rows, cols, scale, rowMax, rowSum) {
+    for (let r = 0; r < rows; r++) {
+      const o = r * cols;
+      let max = Number.NEGATIVE_INFINITY;
+      for (let i = 0; i < cols; i++) if (x[o + i]! > max) max = x[o + i]!;
+      let sum = 0;
+      for (let i = 0; i < cols; i++) {
+        const e = Math.exp(x[o + i]! - max);
+        x[o + i] = e;
+        sum += e;
+      }
+      rowMax[r] = max;
+      rowSum[r] = sum;
+      const f = scale[r]! / sum;
+      for (let i = 0; i < cols; i++) x[o + i] = x[o + i]! * f;
     }
   },
 };

@@ -5,6 +5,7 @@ import { learningRate, Trainer } from "./optim.ts";
 import { Rng } from "./rng.ts";
 import { tinyModel } from "./test-fixtures.ts";
 import { lossAndGradients, type TrainBatch } from "./train.ts";
+import { createWasmKernels } from "./wasm/kernels.ts";
 import { parameters, zerosLike } from "./weights.ts";
 
 function randomBatch(vocab: number, B: number, T: number, seed: number): TrainBatch {
@@ -81,6 +82,36 @@ describe("lossAndGradients", () => {
       if (batch.lossMask[t] === 1) expected -= logp;
     });
     expect(loss).toBeCloseTo(expected / 3, 4);
+  });
+});
+
+describe("lossAndGradients on WASM kernels", () => {
+  it("when run on the WASM kernels, then loss and gradients match the JS kernels", () => {
+    const config = {
+      hiddenSize: 64,
+      intermediateSize: 96,
+      headDim: 32,
+      numHeads: 2,
+      numKvHeads: 1,
+    };
+    const model = tinyModel(13, config);
+    const batch = randomBatch(model.config.vocabSize, 2, 9, 17);
+    const jsGrads = zerosLike(model.weights);
+    const wasmGrads = zerosLike(model.weights);
+    const a = lossAndGradients(model, jsKernels, batch, jsGrads);
+    const b = lossAndGradients(model, createWasmKernels(), batch, wasmGrads);
+    expect(b.loss).toBeCloseTo(a.loss, 4);
+    const want = parameters(model.config, jsGrads);
+    parameters(model.config, wasmGrads).forEach((p, i) => {
+      const w = want[i]!.data;
+      let worst = 0;
+      let scale = 0;
+      for (let j = 0; j < w.length; j++) {
+        worst = Math.max(worst, Math.abs(p.data[j]! - w[j]!));
+        scale = Math.max(scale, Math.abs(w[j]!));
+      }
+      expect(worst, p.name).toBeLessThan(1e-3 * scale + 1e-6);
+    });
   });
 });
 

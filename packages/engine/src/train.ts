@@ -28,7 +28,6 @@ interface LayerActivations {
   q: Float32Array;
   k: Float32Array;
   v: Float32Array;
-  probs: Float32Array;
   att: Float32Array;
   xMid: Float32Array;
   h2: Float32Array;
@@ -61,8 +60,6 @@ export function lossAndGradients(
   const I = config.intermediateSize;
   const V = config.vocabSize;
   const eps = config.rmsNormEps;
-  const scale = 1 / Math.sqrt(hd);
-  const group = H / KV;
   const ver = model.version;
   if (T > config.maxPositions) throw new Error("train: sequence longer than the context length");
 
@@ -81,7 +78,6 @@ export function lossAndGradients(
       q: new Float32Array(R * qDim),
       k: new Float32Array(R * kvDim),
       v: new Float32Array(R * kvDim),
-      probs: new Float32Array(B * H * T * T),
       att: new Float32Array(R * qDim),
       xMid: new Float32Array(R * D),
       h2: new Float32Array(R * D),
@@ -99,7 +95,19 @@ export function lossAndGradients(
       for (let h = 0; h < H; h++) applyRope(a.q, r * qDim + h * hd, pos, rope);
       for (let h = 0; h < KV; h++) applyRope(a.k, r * kvDim + h * hd, pos, rope);
     }
-    attentionForward(a, B, T, H, hd, qDim, kvDim, group, scale);
+    for (let b = 0; b < B; b++) {
+      kernels.attention(
+        a.att.subarray(b * T * qDim, (b + 1) * T * qDim),
+        a.q.subarray(b * T * qDim, (b + 1) * T * qDim),
+        a.k.subarray(b * T * kvDim, (b + 1) * T * kvDim),
+        a.v.subarray(b * T * kvDim, (b + 1) * T * kvDim),
+        T,
+        0,
+        H,
+        KV,
+        hd,
+      );
+    }
     const proj = new Float32Array(R * D);
     kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
     for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
@@ -125,25 +133,22 @@ export function lossAndGradients(
   for (let r = 0; r < R; r++) weight += batch.lossMask[r]!;
   const norm = weight > 0 ? 1 / weight : 0;
   const tokenLogprobs = new Float32Array(R);
+  const targetLogits = new Float32Array(R);
+  const rowScale = new Float32Array(R);
+  for (let r = 0; r < R; r++) {
+    targetLogits[r] = logits[r * V + batch.targets[r]!]!;
+    rowScale[r] = batch.lossMask[r]! * norm;
+  }
+  const rowMax = new Float32Array(R);
+  const rowSum = new Float32Array(R);
+  kernels.softmaxRows(logits, R, V, rowScale, rowMax, rowSum);
   let lossSum = 0;
   for (let r = 0; r < R; r++) {
-    const o = r * V;
-    let max = Number.NEGATIVE_INFINITY;
-    for (let i = 0; i < V; i++) if (logits[o + i]! > max) max = logits[o + i]!;
-    let sum = 0;
-    for (let i = 0; i < V; i++) {
-      const e = Math.exp(logits[o + i]! - max);
-      logits[o + i] = e;
-      sum += e;
-    }
-    const target = batch.targets[r]!;
-    const logp = Math.log(logits[o + target]! / sum);
+    const logp = targetLogits[r]! - rowMax[r]! - Math.log(rowSum[r]!);
     tokenLogprobs[r] = logp;
-    const m = batch.lossMask[r]!;
-    lossSum -= m * logp;
-    const g = m * norm;
-    for (let i = 0; i < V; i++) logits[o + i] = (logits[o + i]! / sum) * g;
-    logits[o + target] = logits[o + target]! - g;
+    lossSum -= batch.lossMask[r]! * logp;
+    const o = r * V + batch.targets[r]!;
+    logits[o] = logits[o]! - rowScale[r]!;
   }
   const result = { loss: lossSum * norm, weight, tokenLogprobs };
   if (!grads) return result;
@@ -170,13 +175,7 @@ export function lossAndGradients(
     // MLP: x_out = x_mid + down(silu(gate) * up)
     kernels.matmulNN(dAct, dx, layer.down, R, I, D, false, ver);
     kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
-    for (let i = 0; i < R * I; i++) {
-      const gv = a.gate[i]!;
-      const s = 1 / (1 + Math.exp(-gv));
-      const silu = gv * s;
-      dUp[i] = dAct[i]! * silu;
-      dGate[i] = dAct[i]! * a.up[i]! * s * (1 + gv * (1 - s));
-    }
+    kernels.swigluBackward(dGate, dUp, dAct, a.gate, a.up, R * I);
     kernels.matmulNN(dH, dGate, layer.gate, R, D, I, false, ver);
     kernels.matmulNN(dH, dUp, layer.up, R, D, I, true, ver);
     kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
@@ -187,7 +186,26 @@ export function lossAndGradients(
     // Attention: x_mid = x_in + o(attention(q, k, v))
     kernels.matmulNN(dAtt, dMid, layer.o, R, qDim, D, false, ver);
     kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
-    attentionBackward(a, dAtt, dq, dk, dv, B, T, H, hd, qDim, kvDim, group, scale);
+    dq.fill(0);
+    dk.fill(0);
+    dv.fill(0);
+    for (let b = 0; b < B; b++) {
+      const qs = (x: Float32Array) => x.subarray(b * T * qDim, (b + 1) * T * qDim);
+      const ks = (x: Float32Array) => x.subarray(b * T * kvDim, (b + 1) * T * kvDim);
+      kernels.attentionBackward(
+        qs(dq),
+        ks(dk),
+        ks(dv),
+        qs(a.q),
+        ks(a.k),
+        ks(a.v),
+        qs(dAtt),
+        T,
+        H,
+        KV,
+        hd,
+      );
+    }
     for (let r = 0; r < R; r++) {
       const pos = r % T;
       for (let h = 0; h < H; h++) applyRope(dq, r * qDim + h * hd, pos, rope, -1);
@@ -251,101 +269,5 @@ function rmsNormBackward(
     }
     const c = (dot * s * s * s) / D;
     for (let i = 0; i < D; i++) dx[o + i] = s * w[i]! * dy[o + i]! - x[o + i]! * c;
-  }
-}
-
-function attentionForward(
-  a: LayerActivations,
-  B: number,
-  T: number,
-  H: number,
-  hd: number,
-  qDim: number,
-  kvDim: number,
-  group: number,
-  scale: number,
-): void {
-  for (let b = 0; b < B; b++) {
-    for (let h = 0; h < H; h++) {
-      const kvo = Math.floor(h / group) * hd;
-      const pBase = (b * H + h) * T * T;
-      for (let t = 0; t < T; t++) {
-        const qo = (b * T + t) * qDim + h * hd;
-        const po = pBase + t * T;
-        let max = Number.NEGATIVE_INFINITY;
-        for (let j = 0; j <= t; j++) {
-          const ko = (b * T + j) * kvDim + kvo;
-          let s = 0;
-          for (let i = 0; i < hd; i++) s += a.q[qo + i]! * a.k[ko + i]!;
-          s *= scale;
-          a.probs[po + j] = s;
-          if (s > max) max = s;
-        }
-        let sum = 0;
-        for (let j = 0; j <= t; j++) {
-          const e = Math.exp(a.probs[po + j]! - max);
-          a.probs[po + j] = e;
-          sum += e;
-        }
-        for (let j = 0; j <= t; j++) {
-          const p = a.probs[po + j]! / sum;
-          a.probs[po + j] = p;
-          const vo = (b * T + j) * kvDim + kvo;
-          for (let i = 0; i < hd; i++) a.att[qo + i] = a.att[qo + i]! + p * a.v[vo + i]!;
-        }
-      }
-    }
-  }
-}
-
-function attentionBackward(
-  a: LayerActivations,
-  dAtt: Float32Array,
-  dq: Float32Array,
-  dk: Float32Array,
-  dv: Float32Array,
-  B: number,
-  T: number,
-  H: number,
-  hd: number,
-  qDim: number,
-  kvDim: number,
-  group: number,
-  scale: number,
-): void {
-  dq.fill(0);
-  dk.fill(0);
-  dv.fill(0);
-  const dP = new Float32Array(T);
-  for (let b = 0; b < B; b++) {
-    for (let h = 0; h < H; h++) {
-      const kvo = Math.floor(h / group) * hd;
-      const pBase = (b * H + h) * T * T;
-      for (let t = 0; t < T; t++) {
-        const qo = (b * T + t) * qDim + h * hd;
-        const po = pBase + t * T;
-        let dot = 0;
-        for (let j = 0; j <= t; j++) {
-          const vo = (b * T + j) * kvDim + kvo;
-          const p = a.probs[po + j]!;
-          let s = 0;
-          for (let i = 0; i < hd; i++) {
-            s += dAtt[qo + i]! * a.v[vo + i]!;
-            dv[vo + i] = dv[vo + i]! + p * dAtt[qo + i]!;
-          }
-          dP[j] = s;
-          dot += p * s;
-        }
-        for (let j = 0; j <= t; j++) {
-          const dS = a.probs[po + j]! * (dP[j]! - dot) * scale;
-          if (dS === 0) continue;
-          const ko = (b * T + j) * kvDim + kvo;
-          for (let i = 0; i < hd; i++) {
-            dq[qo + i] = dq[qo + i]! + dS * a.k[ko + i]!;
-            dk[ko + i] = dk[ko + i]! + dS * a.q[qo + i]!;
-          }
-        }
-      }
-    }
   }
 }

@@ -97,6 +97,56 @@ describe("WASM kernels", () => {
       jsKernels.attention(wantA, q, keys, values, n, start, H, KV, hd);
       kernels.attention(gotA, q, keys, values, n, start, H, KV, hd);
       expectClose(gotA, wantA, 1e-5);
+
+      // Backward over a whole sequence of 7 rows, accumulating into non-zero gradients.
+      const T = 7;
+      const qs = random(T * H * hd, rng);
+      const ks = random(T * KV * hd, rng);
+      const vs = random(T * KV * hd, rng);
+      const dOut = random(T * H * hd, rng);
+      const grads = () =>
+        [
+          random(T * H * hd, new Rng(5)),
+          random(T * KV * hd, new Rng(6)),
+          random(T * KV * hd, new Rng(7)),
+        ] as const;
+      const [wq, wk, wv] = grads();
+      const [gq, gk, gv] = grads();
+      jsKernels.attentionBackward(wq, wk, wv, qs, ks, vs, dOut, T, H, KV, hd);
+      kernels.attentionBackward(gq, gk, gv, qs, ks, vs, dOut, T, H, KV, hd);
+      expectClose(gq, wq, 1e-4);
+      expectClose(gk, wk, 1e-4);
+      expectClose(gv, wv, 1e-4);
+
+      const dOutS = random(352, rng);
+      const [wg, wu, gg, gu] = [0, 0, 0, 0].map(() => new Float32Array(352)) as [
+        Float32Array,
+        Float32Array,
+        Float32Array,
+        Float32Array,
+      ];
+      jsKernels.swigluBackward(wg, wu, dOutS, gate, up, 352);
+      kernels.swigluBackward(gg, gu, dOutS, gate, up, 352);
+      expectClose(gg, wg, 1e-5);
+      expectClose(gu, wu, 1e-5);
+
+      const rows2 = 3;
+      const cols = 20;
+      const logits = random(rows2 * cols, rng).map((v) => v * 5);
+      const scale = Float32Array.from([1, 0.5, 0]);
+      const [wantX, gotX] = [Float32Array.from(logits), Float32Array.from(logits)];
+      const [wm, ws, gm, gs] = [0, 0, 0, 0].map(() => new Float32Array(rows2)) as [
+        Float32Array,
+        Float32Array,
+        Float32Array,
+        Float32Array,
+      ];
+      jsKernels.softmaxRows(wantX, rows2, cols, scale, wm, ws);
+      kernels.softmaxRows(gotX, rows2, cols, scale, gm, gs);
+      expectClose(gotX, wantX, 1e-6);
+      expectClose(gm, wm, 1e-7);
+      expectClose(gs, ws, 1e-4);
+      expect(wantX.subarray(0, cols).reduce((a, b) => a + b, 0)).toBeCloseTo(1, 5);
     });
   }
 });

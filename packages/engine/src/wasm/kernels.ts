@@ -21,6 +21,38 @@ interface KernelExports {
     scale: number,
     scores: number,
   ): void;
+  swiglu_backward(
+    dgate: number,
+    dup: number,
+    dout: number,
+    gate: number,
+    up: number,
+    n: number,
+  ): void;
+  softmax_rows(
+    x: number,
+    rows: number,
+    cols: number,
+    scale: number,
+    rmax: number,
+    rsum: number,
+  ): void;
+  attention_backward(
+    dq: number,
+    dk: number,
+    dv: number,
+    q: number,
+    k: number,
+    v: number,
+    dout: number,
+    n: number,
+    H: number,
+    KV: number,
+    hd: number,
+    scale: number,
+    scores: number,
+    dps: number,
+  ): void;
 }
 
 interface Cached {
@@ -260,6 +292,107 @@ export class WasmKernels implements Kernels {
     ]) as [number, number, number, number, number];
     this.exports.attention(oo, qo, ko, vo, n, start, H, KV, hd, 1 / Math.sqrt(hd), so);
     out.set(new Float32Array(this.memory.buffer, oo, n * H * hd));
+  }
+
+  attentionBackward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    dOut: Float32Array,
+    n: number,
+    H: number,
+    KV: number,
+    hd: number,
+  ): void {
+    if (hd % 4 !== 0) {
+      jsKernels.attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd);
+      return;
+    }
+    const qn = n * H * hd;
+    const kvn = n * KV * hd;
+    const [dqo, dko, dvo, qo, ko, vo, doo, so, po] = this.stage([
+      dq.subarray(0, qn),
+      dk.subarray(0, kvn),
+      dv.subarray(0, kvn),
+      q.subarray(0, qn),
+      keys.subarray(0, kvn),
+      values.subarray(0, kvn),
+      dOut.subarray(0, qn),
+      n + 4,
+      n + 4,
+    ]) as number[] as [number, number, number, number, number, number, number, number, number];
+    this.exports.attention_backward(
+      dqo,
+      dko,
+      dvo,
+      qo,
+      ko,
+      vo,
+      doo,
+      n,
+      H,
+      KV,
+      hd,
+      1 / Math.sqrt(hd),
+      so,
+      po,
+    );
+    const buffer = this.memory.buffer;
+    dq.set(new Float32Array(buffer, dqo, qn));
+    dk.set(new Float32Array(buffer, dko, kvn));
+    dv.set(new Float32Array(buffer, dvo, kvn));
+  }
+
+  swigluBackward(
+    dGate: Float32Array,
+    dUp: Float32Array,
+    dOut: Float32Array,
+    gate: Float32Array,
+    up: Float32Array,
+    n: number,
+  ): void {
+    if (n % 4 !== 0) {
+      jsKernels.swigluBackward(dGate, dUp, dOut, gate, up, n);
+      return;
+    }
+    const [go, uo, dOutO, dgo, duo] = this.stage([
+      gate.subarray(0, n),
+      up.subarray(0, n),
+      dOut.subarray(0, n),
+      n,
+      n,
+    ]) as [number, number, number, number, number];
+    this.exports.swiglu_backward(dgo, duo, dOutO, go, uo, n);
+    dGate.set(new Float32Array(this.memory.buffer, dgo, n));
+    dUp.set(new Float32Array(this.memory.buffer, duo, n));
+  }
+
+  softmaxRows(
+    x: Float32Array,
+    rows: number,
+    cols: number,
+    scale: Float32Array,
+    rowMax: Float32Array,
+    rowSum: Float32Array,
+  ): void {
+    if (cols % 4 !== 0) {
+      jsKernels.softmaxRows(x, rows, cols, scale, rowMax, rowSum);
+      return;
+    }
+    const [xo, so, mo, sumo] = this.stage([
+      x.subarray(0, rows * cols),
+      scale.subarray(0, rows),
+      rows,
+      rows,
+    ]) as [number, number, number, number];
+    this.exports.softmax_rows(xo, rows, cols, so, mo, sumo);
+    const buffer = this.memory.buffer;
+    x.set(new Float32Array(buffer, xo, rows * cols));
+    rowMax.set(new Float32Array(buffer, mo, rows));
+    rowSum.set(new Float32Array(buffer, sumo, rows));
   }
 }
 

@@ -1,0 +1,33 @@
+import { describe, expect, it } from "vitest";
+import { catalogModelDir, listCatalog } from "./catalog.ts";
+import { Engine } from "./engine.ts";
+import { loadModel, parameterCount } from "./model.ts";
+
+describe("shipped catalogue", () => {
+  it("when listed, then arbor/tiny-chat is described with its real size and context", async () => {
+    const [entry] = listCatalog();
+    expect(entry?.id).toBe("arbor/tiny-chat");
+    const model = await loadModel(catalogModelDir("arbor/tiny-chat"));
+    expect(entry?.parameters).toBe(parameterCount(model));
+    expect(entry?.contextLength).toBe(model.config.maxPositions);
+    expect(model.config.headDim).toBeGreaterThanOrEqual(64);
+    expect(model.config.numKvHeads).toBeLessThan(model.config.numHeads);
+    expect(() => catalogModelDir("nope/missing")).toThrow("no shipped model");
+  });
+
+  it("when tiny-chat is asked in-domain questions, then it answers fluently and greedily", async () => {
+    const engine = new Engine(await loadModel(catalogModelDir("arbor/tiny-chat")));
+    const ask = async (content: string) =>
+      (
+        await engine.complete({
+          messages: [{ role: "user", content }],
+          temperature: 0,
+          maxTokens: 24,
+        })
+      ).choices[0]!;
+    const math = await ask("What is 7 + 5?");
+    expect(math.text).toBe("7 + 5 = 12.");
+    expect(math.finishReason).toBe("stop");
+    expect((await ask("Hello!")).text).toBe("Hello! How can I help you today?");
+  });
+});
