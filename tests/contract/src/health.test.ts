@@ -25,23 +25,33 @@ describe("getHealth", () => {
 });
 
 describe("getSystemCheck", () => {
-  it("when a dependency fails, then 503 naming it, with the others' real results", async () => {
+  it("when every dependency answers, then 200 with each probe's real result", async () => {
     const result = await server.client().GET("/v1/system-check");
-    expect(result.response.status).toBe(503);
-    expect(result.response.headers.get("retry-after")).toBe("5");
-    const report = result.error as unknown as {
-      api: boolean;
-      database: { success: boolean; duration: number; error: string | null };
-      queue: { success: boolean; depth: number };
-      engine: { success: boolean; error: string };
-    };
+    expect(result.response.status).toBe(200);
+    const report = unwrap(result);
     expect(report.api).toBe(true);
     expect(report.database).toMatchObject({ success: true, error: null });
     expect(report.database.duration).toBeGreaterThan(0);
-    expect(report.queue).toMatchObject({ success: true, depth: 0 });
-    expect(report.engine).toMatchObject({
-      success: false,
-      error: "no inference engine is configured",
-    });
+    expect(report.queue).toMatchObject({ success: true, error: null, depth: 0 });
+    expect(report.engine).toMatchObject({ success: true, error: null, models: 1 });
+  });
+
+  it("when the database is gone, then 503 naming it, with the other probes' results", async () => {
+    const broken = await startServer();
+    try {
+      await broken.store.close();
+      const result = await broken.client().GET("/v1/system-check");
+      expect(result.response.status).toBe(503);
+      expect(result.response.headers.get("retry-after")).toBe("5");
+      const report = result.error as unknown as Record<
+        string,
+        { success: boolean; error: string | null }
+      >;
+      expect(report.database!.success).toBe(false);
+      expect(report.database!.error).toEqual(expect.any(String));
+      expect(report.engine).toMatchObject({ success: true, error: null });
+    } finally {
+      await broken.close();
+    }
   });
 });
