@@ -18,6 +18,7 @@ import type { Probes } from "./modules/health/service.ts";
 import type { EngineHost } from "./modules/inference/engines.ts";
 import { ModelDirectory } from "./modules/inference/models.ts";
 import { inferenceHandlers } from "./modules/inference/routes.ts";
+import { modelsHandlers } from "./modules/models/routes.ts";
 
 export interface AppDeps {
   config: AppConfig;
@@ -59,9 +60,13 @@ export function createApp(deps: AppDeps): Express {
   const handlers: Handlers = {
     ...healthHandlers(deps.probes),
     ...callsHandlers(deps.store),
+    ...modelsHandlers({
+      store: deps.store,
+      baseModels: () => deps.engines.baseModels().map((m) => m.entry.id),
+    }),
     ...inferenceHandlers({
       engines: deps.engines,
-      directory: new ModelDirectory(deps.engines, config.upstreams),
+      directory: new ModelDirectory(deps.engines, deps.store, config.upstreams),
       calls: deps.store.calls,
       logger,
     }),

@@ -7,11 +7,6 @@ import type { operations } from "@arbor/client";
  * until it is removed here and given its own contract tests.
  */
 export const pendingOperations: (keyof operations)[] = [
-  "createModel",
-  "deleteModel",
-  "listCheckpoints",
-  "deleteCheckpoints",
-  "logModelMetrics",
   "createRlTrainingJob",
   "createSftTrainingJob",
   "retrieveTrainingJob",

@@ -1,4 +1,5 @@
 import type { components } from "@arbor/spec/schema";
+import type { Checkpoint, Model, Store } from "@arbor/store";
 import { ApiError } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import type { EngineHost } from "./engines.ts";
@@ -14,19 +15,26 @@ export interface ResolvedModel {
   baseId: string;
   /** Set when an OpenAI-compatible upstream serves this model instead of the engine. */
   upstream?: UpstreamConfig;
+  /** Set for a trained model: the checkpoint whose adapter serves it. */
+  checkpoint?: Checkpoint;
 }
+
+/** `<entity>/<project>/<name>` or `<entity>/<project>/<name>:step<N>`. */
+const trainedId = /^([^/:\s]+)\/([^/:\s]+)\/([^/:\s]+)(?::step(\d+))?$/;
 
 /** CONTRACT §6: base ids from the catalogue; unknown (or another entity's) → 404. */
 export class ModelDirectory {
   readonly #engines: EngineHost;
   readonly #upstreams: Upstreams;
+  readonly #store: Store;
 
-  constructor(engines: EngineHost, upstreams: Upstreams = {}) {
+  constructor(engines: EngineHost, store: Store, upstreams: Upstreams = {}) {
     this.#engines = engines;
+    this.#store = store;
     this.#upstreams = upstreams;
   }
 
-  async list(_principal: Principal): Promise<ModelEntry[]> {
+  async list(principal: Principal): Promise<ModelEntry[]> {
     const base = (id: string, created: number): ModelEntry => ({
       id,
       object: "model",
@@ -39,7 +47,62 @@ export class ModelDirectory {
     const upstream = Object.keys(this.#upstreams)
       .filter((id) => !this.#engines.baseModel(id))
       .map((id) => base(id, 0));
-    return [...engine, ...upstream];
+    return [...engine, ...upstream, ...(await this.#trained(principal))];
+  }
+
+  /** Each trained model the key can see, twice: `<e>/<p>/<n>` (its latest checkpoint) and
+   * `…:step<N>` per live checkpoint. */
+  async #trained(principal: Principal): Promise<ModelEntry[]> {
+    const entries: ModelEntry[] = [];
+    for (const model of await this.#models(principal)) {
+      const alias = `${model.entity}/${model.project}/${model.name}`;
+      const latest = `${alias}:step${model.latest_step ?? 0}`;
+      entries.push({
+        id: alias,
+        object: "model",
+        created: model.created_at,
+        owned_by: model.entity,
+        root: model.base_model,
+        parent: latest,
+      });
+      for (const checkpoint of await this.#checkpoints(model)) {
+        entries.push({
+          id: `${alias}:step${checkpoint.step}`,
+          object: "model",
+          created: checkpoint.created_at,
+          owned_by: model.entity,
+          root: model.base_model,
+          parent: alias,
+        });
+      }
+    }
+    return entries;
+  }
+
+  async #models(principal: Principal): Promise<Model[]> {
+    const models: Model[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.#store.models.list(principal.entities, { after, limit: 100 });
+      models.push(...page.data);
+      if (!page.has_more || !page.last_id) return models;
+      after = page.last_id;
+    }
+  }
+
+  async #checkpoints(model: Model): Promise<Checkpoint[]> {
+    const checkpoints: Checkpoint[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.#store.models.listCheckpoints(model.entity, model.id, {
+        after,
+        limit: 100,
+        order: "asc",
+      });
+      checkpoints.push(...page.data);
+      if (!page.has_more || !page.last_id) return checkpoints;
+      after = page.last_id;
+    }
   }
 
   async retrieve(principal: Principal, id: string): Promise<ModelEntry> {
@@ -48,12 +111,43 @@ export class ModelDirectory {
     return entry;
   }
 
-  async resolve(_principal: Principal, id: string): Promise<ResolvedModel> {
+  async resolve(principal: Principal, id: string): Promise<ResolvedModel> {
     const upstream = this.#upstreams[id];
     if (upstream) return { id, baseId: id, upstream };
+    const trained = trainedId.exec(id);
+    if (trained) return this.#resolveTrained(principal, id, trained);
     const base = this.#engines.baseModel(id);
     if (!base) throw modelNotFound(id);
     return { id, baseId: id };
+  }
+
+  /** Another entity's model reads as unknown, exactly like a missing one. */
+  async #resolveTrained(
+    principal: Principal,
+    id: string,
+    match: RegExpExecArray,
+  ): Promise<ResolvedModel> {
+    const [, entity, project, name, step] = match as unknown as [
+      string,
+      string,
+      string,
+      string,
+      string | undefined,
+    ];
+    if (!principal.entities.includes(entity)) throw modelNotFound(id);
+    const model = await this.#store.models.getByName(entity, project, name);
+    if (!model) throw modelNotFound(id);
+    const checkpoint = await this.#store.models.getCheckpoint(
+      entity,
+      model.id,
+      step === undefined ? undefined : Number(step),
+    );
+    if (!checkpoint) throw modelNotFound(id);
+    return {
+      id: `${entity}/${project}/${name}:step${checkpoint.step}`,
+      baseId: model.base_model,
+      checkpoint,
+    };
   }
 }
 

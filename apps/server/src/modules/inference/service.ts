@@ -56,6 +56,15 @@ export async function prepareChat(
   resolved: ResolvedModel,
   body: ChatRequest,
 ): Promise<PreparedChat> {
+  if (resolved.checkpoint?.blob_key) {
+    // Trained adapters are served once the engine's LoRA support is wired in; until then a
+    // trained checkpoint is refused rather than answered by the base model.
+    throw new ApiError(
+      501,
+      `Serving trained checkpoints is not implemented yet (${resolved.id}).`,
+      { code: "not_implemented" },
+    );
+  }
   const request = toGenerateRequest(body);
   const engine = await deps.engines.engine(resolved.baseId);
   const contextLength = engine.model.config.maxPositions;

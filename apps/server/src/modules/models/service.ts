@@ -1,0 +1,141 @@
+import type { components } from "@arbor/spec/schema";
+import type { Checkpoint, Model, Store } from "@arbor/store";
+import { ConflictError } from "@arbor/store";
+import { requireEntity } from "../../http/auth.ts";
+import { ApiError } from "../../http/errors.ts";
+import type { Principal } from "../../http/principal.ts";
+
+type Schemas = components["schemas"];
+
+/** `<entity>/<project>/<name>`: the chat id of a model's latest checkpoint. */
+export function chatIdOf(model: Pick<Model, "entity" | "project" | "name">): string {
+  return `${model.entity}/${model.project}/${model.name}`;
+}
+
+export function modelToWire(model: Model): Schemas["Model"] {
+  return {
+    id: model.id,
+    object: "model",
+    entity: model.entity,
+    project: model.project,
+    name: model.name,
+    base_model: model.base_model,
+    run_id: null,
+    created_at: model.created_at,
+    latest_step: model.latest_step ?? 0,
+  };
+}
+
+export function checkpointToWire(model: Model, checkpoint: Checkpoint): Schemas["Checkpoint"] {
+  return {
+    id: checkpoint.id,
+    object: "checkpoint",
+    step: checkpoint.step,
+    metrics: checkpoint.metrics,
+    created_at: checkpoint.created_at,
+    model: `${chatIdOf(model)}:step${checkpoint.step}`,
+  };
+}
+
+/** A model of an entity the principal may use; any other reads as missing (404). */
+export async function findModel(
+  store: Store,
+  principal: Principal,
+  modelId: string,
+): Promise<Model> {
+  for (const entity of principal.entities) {
+    const model = await store.models.get(entity, modelId);
+    if (model) return model;
+  }
+  throw ApiError.notFound(`Model ${modelId} not found.`, "model_not_found");
+}
+
+export interface CreateModelDeps {
+  store: Store;
+  /** The base models training can start from. */
+  baseModels: () => string[];
+}
+
+/** CONTRACT §5: create with `return_existing`, 409 on a duplicate, 400 on an unknown base; the
+ * step-0 checkpoint (the identity adapter: the base model itself) is written with the row. */
+export async function createModel(
+  deps: CreateModelDeps,
+  principal: Principal,
+  body: Schemas["CreateModelRequest"],
+) {
+  const entity = body.entity ?? principal.defaultEntity;
+  requireEntity(principal, entity);
+  const supported = deps.baseModels();
+  if (!supported.includes(body.base_model)) {
+    throw ApiError.badRequest(
+      `Unsupported base_model "${body.base_model}". Supported: ${supported.join(", ")}.`,
+      "base_model",
+      "unsupported_base_model",
+    );
+  }
+  try {
+    const { model } = await deps.store.models.create(
+      {
+        entity,
+        project: body.project,
+        name: body.name,
+        base_model: body.base_model,
+        initialCheckpoint: { step: 0, blob_key: null },
+      },
+      { returnExisting: body.return_existing ?? false },
+    );
+    return modelToWire(model);
+  } catch (err) {
+    if (err instanceof ConflictError) {
+      throw ApiError.conflict(
+        `Model ${entity}/${body.project}/${body.name} already exists; send return_existing: true to get it.`,
+        "model_exists",
+      );
+    }
+    throw err;
+  }
+}
+
+/** The mean, and the mean within-group standard deviation, of the groups' rewards; the
+ * exception rate; the mean of each trajectory metric (CONTRACT §5 "Log"). */
+export function splitMetrics(
+  split: string,
+  groups: Schemas["TrajectoryGroup"][],
+): Record<string, number> {
+  const rewards: number[] = [];
+  const stds: number[] = [];
+  const sums = new Map<string, { total: number; count: number }>();
+  let exceptions = 0;
+  for (const group of groups) {
+    const groupRewards = group.trajectories.map((t) => t.reward);
+    rewards.push(...groupRewards);
+    stds.push(std(groupRewards));
+    exceptions += Array.isArray(group.exceptions) ? group.exceptions.length : 0;
+    for (const trajectory of group.trajectories) {
+      for (const [name, value] of Object.entries(trajectory.metrics ?? {})) {
+        const v = typeof value === "boolean" ? Number(value) : value;
+        if (typeof v !== "number" || !Number.isFinite(v)) continue;
+        const s = sums.get(name) ?? { total: 0, count: 0 };
+        s.total += v;
+        s.count += 1;
+        sums.set(name, s);
+      }
+    }
+  }
+  const metrics: Record<string, number> = {
+    [`${split}/reward`]: mean(rewards),
+    [`${split}/reward_std_dev`]: mean(stds),
+    [`${split}/exception_rate`]: exceptions / (rewards.length + exceptions || 1),
+  };
+  for (const [name, { total, count }] of sums) metrics[`${split}/${name}`] = total / count;
+  return metrics;
+}
+
+function mean(values: number[]): number {
+  return values.length === 0 ? 0 : values.reduce((a, b) => a + b, 0) / values.length;
+}
+
+function std(values: number[]): number {
+  const m = mean(values);
+  return Math.sqrt(mean(values.map((v) => (v - m) ** 2)));
+}
