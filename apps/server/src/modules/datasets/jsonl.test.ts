@@ -1,0 +1,198 @@
+import { describe, expect, it } from "vitest";
+import {
+  DatasetLineError,
+  InvalidDatasetError,
+  parseSftJsonl,
+  SFT_ROLES,
+  validateSftJsonl,
+} from "./jsonl.ts";
+
+const ok = (user = "hi", assistant = "hello") =>
+  JSON.stringify({
+    messages: [
+      { role: "user", content: user },
+      { role: "assistant", content: assistant },
+    ],
+  });
+
+function failure(text: string): InvalidDatasetError {
+  try {
+    parseSftJsonl(text);
+  } catch (err) {
+    if (err instanceof InvalidDatasetError) return err;
+    throw err;
+  }
+  throw new Error("expected the dataset to be refused");
+}
+
+describe("parseSftJsonl", () => {
+  it("when lines are valid, then every example is returned with its line number", () => {
+    const { examples, lines } = parseSftJsonl(`${ok("a", "b")}\n\n${ok("c", "d")}\n`);
+    expect(lines).toBe(2);
+    expect(examples).toEqual([
+      {
+        line: 1,
+        messages: [
+          { role: "user", content: "a" },
+          { role: "assistant", content: "b" },
+        ],
+      },
+      {
+        line: 3,
+        messages: [
+          { role: "user", content: "c" },
+          { role: "assistant", content: "d" },
+        ],
+      },
+    ]);
+  });
+
+  it("when the file has a BOM, CRLF endings and blank lines, then they are accepted", () => {
+    const { lines, examples } = parseSftJsonl(`\ufeff${ok()}\r\n  \r\n${ok()}\r\n`);
+    expect(lines).toBe(2);
+    expect(examples.map((e) => e.line)).toEqual([1, 3]);
+  });
+
+  it("when content is text parts and tools are used, then it is normalized for the engine", () => {
+    const line = JSON.stringify({
+      messages: [
+        {
+          role: "developer",
+          content: [
+            { type: "text", text: "Be " },
+            { type: "text", text: "brief." },
+          ],
+        },
+        { role: "user", content: "Weather?" },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [
+            {
+              id: "c1",
+              type: "function",
+              function: { name: "weather", arguments: '{"city":"Oslo"}' },
+            },
+          ],
+        },
+        { role: "tool", tool_call_id: "c1", content: "sunny" },
+        { role: "assistant", content: "Sunny.", extra: "ignored" },
+      ],
+      tools: [{ type: "function", function: { name: "weather" } }],
+    });
+    const [example] = parseSftJsonl(line).examples;
+    expect(example).toEqual({
+      line: 1,
+      messages: [
+        { role: "developer", content: "Be brief." },
+        { role: "user", content: "Weather?" },
+        {
+          role: "assistant",
+          content: "",
+          toolCalls: [{ id: "c1", name: "weather", arguments: '{"city":"Oslo"}' }],
+        },
+        { role: "tool", content: "sunny", toolCallId: "c1" },
+        { role: "assistant", content: "Sunny." },
+      ],
+      tools: [{ type: "function", function: { name: "weather" } }],
+    });
+  });
+
+  it.each([
+    ["not JSON", `${ok()}\n${ok()}\n{"messages": [`, 3, "not valid JSON"],
+    ["an array", "[1, 2]", 1, "must be a JSON object with `messages`"],
+    ["no messages", '{"prompt": "x"}', 1, '"messages" must be a non-empty array'],
+    ["empty messages", '{"messages": []}', 1, '"messages" must be a non-empty array'],
+    [
+      "a message that is a string",
+      '{"messages": ["hi"]}',
+      1,
+      'messages[0] must be an object with "role" and "content"',
+    ],
+    [
+      "an unknown role",
+      `${ok()}\n\n\n\n\n\n${JSON.stringify({
+        messages: [
+          { role: "user", content: "a" },
+          { role: "assistant", content: "b" },
+          { role: "bot", content: "c" },
+        ],
+      })}`,
+      7,
+      `messages[2].role must be one of ${SFT_ROLES.join(", ")}`,
+    ],
+    [
+      "numeric content",
+      JSON.stringify({ messages: [{ role: "assistant", content: 4 }] }),
+      1,
+      'messages[0].content must be a string or an array of {"type": "text", "text": string} parts',
+    ],
+    [
+      "an image part",
+      JSON.stringify({ messages: [{ role: "assistant", content: [{ type: "image_url" }] }] }),
+      1,
+      'messages[0].content[0] must be a {"type": "text", "text": string} part',
+    ],
+    [
+      "a text part without text",
+      JSON.stringify({ messages: [{ role: "assistant", content: [{ type: "text" }] }] }),
+      1,
+      "messages[0].content[0].text must be a string",
+    ],
+    [
+      "no assistant turn",
+      `${ok()}\n${ok()}\n\n\n\n\n\n\n${JSON.stringify({ messages: [{ role: "user", content: "a" }] })}`,
+      9,
+      "no assistant message to learn from",
+    ],
+    [
+      "tools that are not an array",
+      JSON.stringify({ messages: [{ role: "assistant", content: "a" }], tools: {} }),
+      1,
+      '"tools" must be an array',
+    ],
+    [
+      "a tool call on a user message",
+      JSON.stringify({
+        messages: [
+          { role: "user", content: "a", tool_calls: [] },
+          { role: "assistant", content: "b" },
+        ],
+      }),
+      1,
+      "messages[0].tool_calls is only allowed on assistant messages",
+    ],
+    [
+      "a tool call without a name",
+      JSON.stringify({
+        messages: [
+          { role: "assistant", tool_calls: [{ type: "function", function: { arguments: "{}" } }] },
+        ],
+      }),
+      1,
+      "messages[0].tool_calls[0].function.name must be a non-empty string",
+    ],
+  ])("when a line is %s, then DatasetLineError names the line", (_, text, line, reason) => {
+    const err = failure(text);
+    expect(err).toBeInstanceOf(DatasetLineError);
+    expect(err.line).toBe(line);
+    expect(err.reason).toBe(reason);
+    expect(err.message).toBe(`Line ${line}: ${reason}.`);
+  });
+
+  it.each(["", "\n\n", "  \r\n"])(
+    "when the file has no example (%j), then it is refused as empty",
+    (text) => {
+      const err = failure(text);
+      expect(err).not.toBeInstanceOf(DatasetLineError);
+      expect(err.line).toBeNull();
+      expect(err.message).toBe("The dataset is empty: no JSONL lines.");
+    },
+  );
+});
+
+describe("validateSftJsonl", () => {
+  it("when the file is valid, then only the count is returned", () => {
+    expect(validateSftJsonl(`${ok()}\n${ok()}\n${ok()}`)).toEqual({ lines: 3 });
+  });
+});
