@@ -12,7 +12,12 @@ import {
   renderChat,
 } from "@arbor/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LlamaCppBackend, parseLlamaModels } from "./llama-cpp.ts";
+import {
+  checkSupported,
+  LlamaCppBackend,
+  LlamaUnsupportedError,
+  parseLlamaModels,
+} from "./llama-cpp.ts";
 
 /** Skipped only when node-llama-cpp (an optional dependency) cannot be installed or loaded. */
 const unavailable = await (async () => {
@@ -182,6 +187,21 @@ describe.skipIf(unavailable !== null)(
     });
   },
 );
+
+describe("checkSupported", () => {
+  it("names the field it cannot honour", () => {
+    expect(() => checkSupported({ messages, topLogprobs: 2 })).toThrow(LlamaUnsupportedError);
+    try {
+      checkSupported({ messages, responseFormat: { type: "json_schema", schema: {} } });
+      expect.unreachable();
+    } catch (err) {
+      expect((err as LlamaUnsupportedError).field).toBe("responseFormat.json_schema");
+    }
+    expect(() =>
+      checkSupported({ messages, temperature: 0.5, topP: 0.9, seed: 1, stop: ["x"], n: 2 }),
+    ).not.toThrow();
+  });
+});
 
 describe("parseLlamaModels", () => {
   it("maps model ids to GGUF paths and checks them", async () => {

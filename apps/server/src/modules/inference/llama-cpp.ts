@@ -396,9 +396,21 @@ export class LlamaCppBackend {
   }
 }
 
-function checkSupported(request: GenerateRequest): void {
+/** A GenerateRequest field this backend cannot honour; `field` names it (map to a 400). */
+export class LlamaUnsupportedError extends Error {
+  readonly field: string;
+  constructor(field: string, why: string) {
+    super(`${field} is not supported by the llama.cpp backend: ${why}`);
+    this.name = "LlamaUnsupportedError";
+    this.field = field;
+  }
+}
+
+/** Throws a LlamaUnsupportedError for the first field the backend cannot honour. `generate`
+ * calls it too, but a server should call it before it starts a (streamed) response. */
+export function checkSupported(request: GenerateRequest): void {
   const refuse = (field: string, why: string) => {
-    throw new Error(`${field} is not supported by the llama.cpp backend: ${why}`);
+    throw new LlamaUnsupportedError(field, why);
   };
   if (request.logprobs || (request.topLogprobs ?? 0) > 0)
     refuse(request.logprobs ? "logprobs" : "topLogprobs", "it does not report token logprobs");
