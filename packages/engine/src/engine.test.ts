@@ -189,6 +189,19 @@ describe("Engine", () => {
     );
   });
 
+  it("when the consumer stops iterating early, then its sequences are dropped", async () => {
+    const engine = new Engine(model);
+    let count = 0;
+    for await (const event of engine.generate({ prompt, maxTokens: 50, temperature: 0, n: 2 })) {
+      if (event.type === "token") count++;
+      if (count === 2) break;
+    }
+    await new Promise((resolve) => setImmediate(resolve));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(engine.activeSequences).toBe(0);
+    expect(engine.stats.tokens).toBeLessThan(2 * prompt.length + 10);
+  });
+
   it("when json_object is requested, then every sampled output parses as a JSON object", async () => {
     const engine = new Engine(model);
     for (let seed = 0; seed < 6; seed++) {

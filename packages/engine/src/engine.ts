@@ -129,6 +129,8 @@ export class Engine {
     signal?.throwIfAborted();
     const prompt = this.promptTokens(request);
     const n = request.n ?? 1;
+    if (!Number.isInteger(n) || n < 1 || n > 128)
+      throw new Error("generate: n must be an integer from 1 to 128");
     const limit = this.model.config.maxPositions;
     if (prompt.length === 0) throw new Error("generate: empty prompt");
     if (prompt.length >= limit)
@@ -263,7 +265,13 @@ export class Engine {
         this.stats.maxBatch = Math.max(this.stats.maxBatch, batch.length);
         batch.forEach((s, i) => {
           this.stats.tokens += s.pending.length;
-          this.advance(s, logits[i]!);
+          if (s.finished) return;
+          try {
+            this.advance(s, logits[i]!);
+          } catch (error) {
+            s.finished = true;
+            s.queue.fail(error);
+          }
         });
         this.active = this.active.filter((s) => !s.finished);
       }
