@@ -2,6 +2,7 @@ import { type ChatMessage, END_OF_TEXT, IM_END, renderChat } from "./chat.ts";
 import { createKvCache, forwardBatch, type KvCache } from "./forward.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import type { Kernels } from "./kernels.ts";
+import type { LoraAdapter } from "./lora.ts";
 import type { Model } from "./model.ts";
 import { deriveSeed, Rng } from "./rng.ts";
 import { applyPenalties, logSoftmax, sampleToken, topLogprobs } from "./sampling.ts";
@@ -33,6 +34,12 @@ export interface GenerateRequest {
   responseFormat?: ResponseFormat;
   /** Number of choices. Default 1. */
   n?: number;
+  /**
+   * A LoRA adapter of this engine's base model. Sequences with different adapters (or none)
+   * share each forward pass: the base GEMMs run over all rows, each adapter's low-rank update
+   * over its own rows.
+   */
+  adapter?: LoraAdapter | null;
 }
 
 export type FinishReason = "stop" | "length";
@@ -72,11 +79,14 @@ export interface Completion {
 
 interface Sequence {
   choice: number;
-  request: Required<Omit<GenerateRequest, "messages" | "prompt" | "responseFormat" | "stop">> & {
+  request: Required<
+    Omit<GenerateRequest, "messages" | "prompt" | "responseFormat" | "stop" | "adapter">
+  > & {
     stop: readonly string[];
     json: JsonSchema | null;
   };
   cache: KvCache;
+  adapter: LoraAdapter | null;
   capacity: number;
   pending: number[];
   promptTokens: number;
@@ -168,6 +178,7 @@ export class Engine {
         choice,
         request: normalized,
         cache: createKvCache(this.model, capacity),
+        adapter: request.adapter ?? null,
         capacity,
         pending: [...prompt],
         promptTokens: prompt.length,
@@ -252,7 +263,7 @@ export class Engine {
           logits = forwardBatch(
             this.model,
             this.kernels,
-            batch.map((s) => ({ cache: s.cache, tokens: s.pending })),
+            batch.map((s) => ({ cache: s.cache, tokens: s.pending, adapter: s.adapter })),
           );
         } catch (error) {
           for (const s of batch) {

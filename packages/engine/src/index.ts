@@ -31,6 +31,29 @@ export {
 } from "./gguf.ts";
 export { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 export { jsKernels, type Kernels } from "./kernels.ts";
+export {
+  adapterConfigJson,
+  adapterFromFiles,
+  adapterToFiles,
+  addLoraRows,
+  cloneAdapter,
+  createLoraAdapter,
+  type LinearHooks,
+  type LinearKey,
+  LORA_TARGETS,
+  type LoraAdapter,
+  type LoraConfig,
+  type LoraModule,
+  type LoraParameter,
+  type LoraTarget,
+  loadAdapter,
+  loraHooks,
+  loraParameterCount,
+  loraParameters,
+  saveAdapter,
+  zerosLikeAdapter,
+} from "./lora.ts";
+export { LoraTrainer, type LoraTrainerOptions } from "./lora-train.ts";
 export { createModel, loadModel, type Model, parameterCount, saveModel } from "./model.ts";
 export {
   AdamW,
@@ -50,8 +73,33 @@ export {
   saveSafetensors,
   type TensorMap,
 } from "./safetensors.ts";
+export {
+  microBatches,
+  planSft,
+  type SftConfig,
+  type SftExample,
+  type SftOptions,
+  type SftProgress,
+  type SftResult,
+  type SftStepMetrics,
+  trainSft,
+} from "./sft.ts";
 export { type AddedToken, Tokenizer, trainBpe } from "./tokenizer.ts";
-export { type LossResult, lossAndGradients, type TrainBatch } from "./train.ts";
+export {
+  type LossOptions,
+  type LossResult,
+  lossAndGradients,
+  type TrainBatch,
+} from "./train.ts";
+export {
+  packBatch,
+  type TokenizedChat,
+  TrainingInputError,
+  toChatMessage,
+  tokenizeChat,
+  type WeightedSequence,
+  withTools,
+} from "./training-data.ts";
 export {
   createWasmKernels,
   defaultKernels,
