@@ -197,10 +197,8 @@ export function trainRlStep(
   }
   const sequences: RlSequence[] = kept.map(({ trajectory, advantage }) => {
     const choices = new Set(trajectory.choiceIndices);
-    const chat = tokenizeChat(
-      tokenizer,
-      withTools(trajectory.messages, trajectory.tools),
-      (i) => choices.has(i),
+    const chat = tokenizeChat(tokenizer, withTools(trajectory.messages, trajectory.tools), (i) =>
+      choices.has(i),
     );
     const offset = chat.ranges.length - trajectory.messages.length;
     const old = new Float32Array(chat.tokens.length).fill(Number.NaN);
