@@ -66,6 +66,14 @@ export {
   Trainer,
   type TrainerOptions,
 } from "./optim.ts";
+export {
+  type RlConfig,
+  type RlLoss,
+  type RlStepMetrics,
+  type Trajectory,
+  type TrajectoryGroup,
+  trainRlStep,
+} from "./rl.ts";
 export { deriveSeed, Rng } from "./rng.ts";
 export {
   type NamedTensor,

@@ -1,0 +1,37 @@
+import { describe, expect, it } from "vitest";
+import { catalogModelDir } from "./catalog.ts";
+import { Engine } from "./engine.ts";
+import { createLoraAdapter } from "./lora.ts";
+import { loadModel } from "./model.ts";
+import { trainSft } from "./sft.ts";
+
+describe("Engine with LoRA adapters", () => {
+  it("when adapters are served side by side, then the identity adapter equals the base and a trained one changes the answer", async () => {
+    const model = await loadModel(catalogModelDir("arbor/tiny-chat"));
+    const engine = new Engine(model);
+    const messages = [{ role: "user" as const, content: "What is 3 + 4?" }];
+    const identity = createLoraAdapter(model, { rank: 4 }, 5);
+    const { adapter: trained } = await trainSft(
+      model,
+      Array.from({ length: 8 }, () => ({
+        messages: [...messages, { role: "assistant", content: "Banana banana." }],
+      })),
+      { learningRate: 1e-2, batchSize: 4, epochs: 5, schedule: "constant", seed: 3 },
+    );
+    const request = { messages, temperature: 0.7, seed: 11, maxTokens: 12, logprobs: true };
+    // All three in flight at once: they share each forward pass.
+    const [base, same, changed] = await Promise.all([
+      engine.complete(request),
+      engine.complete({ ...request, adapter: identity }),
+      engine.complete({ ...request, adapter: trained }),
+    ]);
+    expect(engine.stats.maxBatch).toBeGreaterThanOrEqual(3);
+    expect(same.choices[0]!.tokens).toEqual(base.choices[0]!.tokens);
+    expect(same.choices[0]!.logprobs).toEqual(base.choices[0]!.logprobs);
+    expect(changed.choices[0]!.text).not.toBe(base.choices[0]!.text);
+    expect(changed.choices[0]!.text).toContain("banana.");
+    // Alone, the adapted request gives the same answer as in the mixed batch.
+    const alone = await engine.complete({ ...request, adapter: trained });
+    expect(alone.choices[0]!.tokens).toEqual(changed.choices[0]!.tokens);
+  }, 60_000);
+});
