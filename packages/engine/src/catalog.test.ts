@@ -30,4 +30,27 @@ describe("shipped catalogue", () => {
     expect(math.finishReason).toBe("stop");
     expect((await ask("Hello!")).text).toBe("Hello! How can I help you today?");
   });
+  it("when tiny-chat must answer in a JSON schema, then the reply parses and validates", async () => {
+    const engine = new Engine(await loadModel(catalogModelDir("arbor/tiny-chat")));
+    const result = await engine.complete({
+      messages: [{ role: "user", content: "What is 3 + 4? Answer in JSON." }],
+      temperature: 0.8,
+      seed: 1,
+      n: 3,
+      maxTokens: 40,
+      responseFormat: {
+        type: "json_schema",
+        schema: {
+          type: "object",
+          properties: { answer: { type: "integer" } },
+          required: ["answer"],
+        },
+      },
+    });
+    for (const choice of result.choices) {
+      const value = JSON.parse(choice.text) as { answer: unknown };
+      expect(Object.keys(value)).toEqual(["answer"]);
+      expect(Number.isInteger(value.answer)).toBe(true);
+    }
+  });
 });
