@@ -72,6 +72,15 @@ export class WasmKernels implements Kernels {
   private readonly exports: KernelExports;
   private readonly cache = new WeakMap<Float32Array, Cached>();
   private weightTop = 64;
+  /** Arena slots of weights that were garbage-collected, by byte size, for reuse. */
+  private readonly freed = new Map<number, number[]>();
+  private readonly reclaim = new FinalizationRegistry<{ offset: number; size: number }>(
+    ({ offset, size }) => {
+      const list = this.freed.get(size) ?? [];
+      list.push(offset);
+      this.freed.set(size, list);
+    },
+  );
 
   constructor(bytes: Uint8Array, name: string) {
     this.name = name;
@@ -92,10 +101,15 @@ export class WasmKernels implements Kernels {
     if (cached && cached.version === version) return cached.offset;
     let offset = cached?.offset;
     if (offset === undefined) {
-      offset = this.weightTop;
-      this.weightTop += align(array.length * 4);
-      this.ensure(this.weightTop);
+      const size = align(array.length * 4);
+      offset = this.freed.get(size)?.pop();
+      if (offset === undefined) {
+        offset = this.weightTop;
+        this.weightTop += size;
+        this.ensure(this.weightTop);
+      }
       this.cache.set(array, { offset, version });
+      this.reclaim.register(array, { offset, size });
     } else {
       cached!.version = version;
     }
