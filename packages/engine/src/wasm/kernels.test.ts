@@ -98,6 +98,20 @@ describe("WASM kernels", () => {
       kernels.attention(gotA, q, keys, values, n, start, H, KV, hd);
       expectClose(gotA, wantA, 1e-5);
 
+      // Decoding: the cache grows one row per call; the kernel's arena mirror must follow it.
+      const cacheK = new Float32Array(12 * KV * hd);
+      const cacheV = new Float32Array(12 * KV * hd);
+      for (let pos = 0; pos < 12; pos++) {
+        cacheK.set(random(KV * hd, rng), pos * KV * hd);
+        cacheV.set(random(KV * hd, rng), pos * KV * hd);
+        const q1 = random(H * hd, rng);
+        const want1 = new Float32Array(H * hd);
+        const got1 = new Float32Array(H * hd);
+        jsKernels.attention(want1, q1, cacheK, cacheV, 1, pos, H, KV, hd);
+        kernels.attention(got1, q1, cacheK, cacheV, 1, pos, H, KV, hd);
+        expectClose(got1, want1, 1e-5);
+      }
+
       // Backward over a whole sequence of 7 rows, accumulating into non-zero gradients.
       const T = 7;
       const qs = random(T * H * hd, rng);

@@ -71,6 +71,7 @@ export class WasmKernels implements Kernels {
   readonly memory: WebAssembly.Memory;
   private readonly exports: KernelExports;
   private readonly cache = new WeakMap<Float32Array, Cached>();
+  private readonly mirrors = new WeakMap<Float32Array, { offset: number; synced: number }>();
   private weightTop = 64;
   /** Arena slots of weights that were garbage-collected, by byte size, for reuse. */
   private readonly freed = new Map<number, number[]>();
@@ -115,6 +116,32 @@ export class WasmKernels implements Kernels {
     }
     new Float32Array(this.memory.buffer, offset, array.length).set(array);
     return offset;
+  }
+
+  /**
+   * Arena offset of a mirror of an append-only cache array, synced up to `valid` floats.
+   * Rows before `fresh` are assumed unchanged since the last sync (a cache only appends).
+   */
+  private mirror(array: Float32Array, fresh: number, valid: number): number {
+    let entry = this.mirrors.get(array);
+    if (!entry) {
+      const size = align(array.length * 4);
+      let offset = this.freed.get(size)?.pop();
+      if (offset === undefined) {
+        offset = this.weightTop;
+        this.weightTop += size;
+        this.ensure(this.weightTop);
+      }
+      entry = { offset, synced: 0 };
+      this.mirrors.set(array, entry);
+      this.reclaim.register(array, { offset, size });
+    }
+    const from = Math.min(entry.synced, fresh);
+    new Float32Array(this.memory.buffer, entry.offset + from * 4, valid - from).set(
+      array.subarray(from, valid),
+    );
+    entry.synced = valid;
+    return entry.offset;
   }
 
   private run(
@@ -296,6 +323,19 @@ export class WasmKernels implements Kernels {
       return;
     }
     const span = (start + n) * KV * hd;
+    if (start > 0) {
+      // Decoding against a KV cache: keep an arena mirror of it and copy only the new rows.
+      const ko = this.mirror(keys, start * KV * hd, span);
+      const vo = this.mirror(values, start * KV * hd, span);
+      const [qo, oo, so] = this.stage([q.subarray(0, n * H * hd), n * H * hd, start + n + 4]) as [
+        number,
+        number,
+        number,
+      ];
+      this.exports.attention(oo, qo, ko, vo, n, start, H, KV, hd, 1 / Math.sqrt(hd), so);
+      out.set(new Float32Array(this.memory.buffer, oo, n * H * hd));
+      return;
+    }
     const [qo, ko, vo, oo, so] = this.stage([
       q.subarray(0, n * H * hd),
       keys.subarray(0, span),
