@@ -1,5 +1,6 @@
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
 export {
+  CHATML_TEMPLATE,
   type ChatMessage,
   type ChatRole,
   END_OF_TEXT,
@@ -31,7 +32,14 @@ export {
 } from "./gguf.ts";
 export { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 export { jsKernels, type Kernels } from "./kernels.ts";
-export { createModel, loadModel, type Model, parameterCount, saveModel } from "./model.ts";
+export {
+  createModel,
+  loadModel,
+  type Model,
+  parameterCount,
+  saveModel,
+  tokenizerConfig,
+} from "./model.ts";
 export {
   AdamW,
   type AdamWOptions,
