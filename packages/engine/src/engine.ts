@@ -426,14 +426,47 @@ export class Engine {
   private jsonMask(state: JsonConstraint, budget: number | null): Uint8Array {
     const texts = this.texts();
     const mask = new Uint8Array(texts.length);
+    // Inside a free-text string, text without quotes, backslashes or control characters is
+    // always valid and leaves the shortest completion unchanged: skip simulating it.
+    const freeString =
+      state.inFreeString && (budget === null || state.completion().length <= budget);
+    const firstChar = new Map<string, boolean>();
     texts.forEach((text, id) => {
       if (text === null) return;
+      if (freeString && this.plain(id)) {
+        mask[id] = 1;
+        return;
+      }
+      const first = text[0]!;
+      let ok = firstChar.get(first);
+      if (ok === undefined) {
+        ok = state.clone().feed(first);
+        firstChar.set(first, ok);
+      }
+      if (!ok) return;
       const next = state.clone();
       if (!next.feed(text)) return;
       if (budget !== null && next.completion().length > budget) return;
       mask[id] = 1;
     });
     return mask;
+  }
+
+  private plainTokens: Uint8Array | null = null;
+
+  /** Whether a token's text can sit inside a JSON string as is. */
+  private plain(id: number): boolean {
+    if (!this.plainTokens) {
+      this.plainTokens = Uint8Array.from(this.texts(), (text) => {
+        if (text === null) return 0;
+        for (let i = 0; i < text.length; i++) {
+          const code = text.charCodeAt(i);
+          if (code < 0x20 || code === 0x22 || code === 0x5c) return 0;
+        }
+        return 1;
+      });
+    }
+    return this.plainTokens[id] === 1;
   }
 
   private longestToken = 0;
