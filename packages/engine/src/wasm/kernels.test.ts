@@ -65,6 +65,22 @@ describe("WASM kernels", () => {
     }
   }
 
+  it("when a weight-gradient GEMM sums more rows than one chunk, then it still matches JS", () => {
+    const kernels = createWasmKernels();
+    const rng = new Rng(77);
+    const [M, N, K] = [12, 16, 300];
+    const a = random(K * M, rng);
+    const b = random(K * N, rng);
+    const want = random(M * N, rng);
+    const got = Float32Array.from(want);
+    jsKernels.matmulTN(want, a, b, M, N, K, true);
+    kernels.matmulTN(got, a, b, M, N, K, true);
+    expectClose(got, want, 1e-3);
+    jsKernels.matmulTN(want, a, b, M, N, K);
+    kernels.matmulTN(got, a, b, M, N, K);
+    expectClose(got, want, 1e-3);
+  });
+
   for (const variant of ["relaxed", "simd"] as const) {
     const kernels = createWasmKernels(variant);
     it(`when ${variant} rmsNorm, swiglu and attention run, then they match the JS kernels`, () => {
