@@ -49,4 +49,20 @@ describe("parseConfig", () => {
       }),
     ).toThrow("multiple");
   });
+
+  it("when a config needs features the engine lacks, then it refuses rather than run wrongly", () => {
+    const base = {
+      hidden_size: 64,
+      intermediate_size: 8,
+      num_hidden_layers: 1,
+      num_attention_heads: 1,
+      vocab_size: 9,
+    };
+    expect(() =>
+      parseConfig({ ...base, rope_scaling: { rope_type: "llama3", factor: 8 } }),
+    ).toThrow("llama3");
+    expect(() => parseConfig({ ...base, attention_bias: true })).toThrow("bias");
+    expect(() => parseConfig({ ...base, hidden_act: "gelu" })).toThrow("gelu");
+    expect(parseConfig({ ...base, rope_scaling: null }).hiddenSize).toBe(64);
+  });
 });

@@ -2,7 +2,7 @@ import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { CHATML_TEMPLATE, END_OF_TEXT } from "./chat.ts";
 import { configToJson, type ModelConfig, parseConfig } from "./config.ts";
-import { readSafetensors, saveSafetensors } from "./safetensors.ts";
+import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
 import { Tokenizer } from "./tokenizer.ts";
 import {
   countParameters,
@@ -56,8 +56,27 @@ export async function loadModel(dir: string): Promise<Model> {
   const tokenizer = Tokenizer.fromJson(
     JSON.parse(await readFile(join(dir, "tokenizer.json"), "utf8")),
   );
-  const { tensors } = readSafetensors(await readFile(join(dir, "model.safetensors")));
+  const tensors = await readWeights(dir);
   return createModel(config, weightsFromTensors(config, tensors), tokenizer);
+}
+
+/** model.safetensors, or the shards listed in model.safetensors.index.json. */
+async function readWeights(dir: string): Promise<TensorMap> {
+  let index: { weight_map?: Record<string, string> } | null = null;
+  try {
+    index = JSON.parse(await readFile(join(dir, "model.safetensors.index.json"), "utf8"));
+  } catch {
+    index = null;
+  }
+  const files = index?.weight_map
+    ? [...new Set(Object.values(index.weight_map))]
+    : ["model.safetensors"];
+  const tensors: TensorMap = new Map();
+  for (const file of files) {
+    for (const [name, tensor] of readSafetensors(await readFile(join(dir, file))).tensors)
+      tensors.set(name, tensor);
+  }
+  return tensors;
 }
 
 export async function saveModel(model: Model, dir: string): Promise<void> {
