@@ -1,3 +1,4 @@
+export { batchFromChats } from "./batch.ts";
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
 export {
   CHATML_TEMPLATE,
