@@ -24,7 +24,7 @@ import {
 
 const B = Number(process.argv[2] ?? 32);
 const T = Number(process.argv[3] ?? 128);
-const STEPS = 3;
+const STEPS = 5;
 
 const dir = catalogModelDir("arbor/tiny-chat");
 const config = parseConfig(JSON.parse(readFileSync(join(dir, "config.json"), "utf8")));
@@ -45,9 +45,13 @@ const batch = {
   lossMask: new Float32Array(B * T).fill(1),
 };
 trainer.step(batch); // warm-up
-const start = performance.now();
-for (let i = 0; i < STEPS; i++) trainer.step(batch);
-const ours = (STEPS * B * T) / ((performance.now() - start) / 1000);
+// The machine is shared: report the fastest step (the least disturbed), as tokens/s.
+let ours = 0;
+for (let i = 0; i < STEPS; i++) {
+  const start = performance.now();
+  trainer.step(batch);
+  ours = Math.max(ours, (B * T) / ((performance.now() - start) / 1000));
+}
 
 const PYTORCH = `
 import json, sys, time, os
@@ -101,9 +105,11 @@ def step():
     opt.zero_grad(); loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
 step()
-t0 = time.perf_counter()
-for _ in range(STEPS): step()
-print(json.dumps({"tokens_per_s": STEPS * B * T / (time.perf_counter() - t0), "parameters": sum(p.numel() for p in m.parameters())}))
+best = 0.0
+for _ in range(STEPS):
+    t0 = time.perf_counter(); step()
+    best = max(best, B * T / (time.perf_counter() - t0))
+print(json.dumps({"tokens_per_s": best, "parameters": sum(p.numel() for p in m.parameters())}))
 `;
 
 let torch: { tokens_per_s: number; parameters: number } | null = null;

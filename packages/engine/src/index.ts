@@ -1,5 +1,7 @@
+export { batchFromChats } from "./batch.ts";
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
 export {
+  CHATML_TEMPLATE,
   type ChatMessage,
   type ChatRole,
   END_OF_TEXT,
@@ -54,7 +56,14 @@ export {
   zerosLikeAdapter,
 } from "./lora.ts";
 export { LoraTrainer, type LoraTrainerOptions } from "./lora-train.ts";
-export { createModel, loadModel, type Model, parameterCount, saveModel } from "./model.ts";
+export {
+  createModel,
+  loadModel,
+  type Model,
+  parameterCount,
+  saveModel,
+  tokenizerConfig,
+} from "./model.ts";
 export {
   AdamW,
   type AdamWOptions,

@@ -141,15 +141,16 @@ describe("RL on the shipped model", () => {
     const engine = new Engine(model);
     const adapter = createLoraAdapter(model, { rank: 8, alpha: 16 }, 1);
     const trainer = new LoraTrainer(model, adapter);
+    // Uppercasing a word: in the pretraining domain, but sampled answers are often wrong.
+    const words = ["apple", "horse", "table", "lemon", "green", "clock", "mouse", "peach"];
     const task = (rng: Rng): [string, (text: string) => number] => {
-      const a = rng.int(11);
-      const b = rng.int(11);
-      return [`What is ${a} * ${b}?`, (t) => (t.includes(`= ${a * b}.`) ? 1 : 0)];
+      const word = rng.pick(words);
+      return [`Uppercase the word ${word}.`, (t) => (t.trim() === word.toUpperCase() ? 1 : 0)];
     };
     const meanReward = async (current: LoraAdapter) => {
       const rng = new Rng(1000);
       const rewards = await Promise.all(
-        Array.from({ length: 48 }, (_, i) => {
+        Array.from({ length: 128 }, (_, i) => {
           const [q, reward] = task(rng);
           return engine
             .complete({
@@ -168,7 +169,7 @@ describe("RL on the shipped model", () => {
     for (let step = 0; step < 30; step++) {
       const rng = new Rng(step + 1);
       const groups = await Promise.all(
-        Array.from({ length: 8 }, async (_, g): Promise<TrajectoryGroup> => {
+        Array.from({ length: 12 }, async (_, g): Promise<TrajectoryGroup> => {
           const [q, reward] = task(rng);
           const c = await engine.complete({
             messages: [{ role: "user", content: q }],
@@ -197,6 +198,7 @@ describe("RL on the shipped model", () => {
     }
     const after = await meanReward(adapter);
     expect(loraParameters(adapter).some((p) => p.data.some((x) => x !== 0))).toBe(true);
-    expect(after).toBeGreaterThanOrEqual(before + 0.1);
+    expect(before).toBeLessThan(0.7);
+    expect(after).toBeGreaterThanOrEqual(before + 0.2);
   }, 120_000);
 });
