@@ -185,7 +185,7 @@ describe("trainSft", () => {
 });
 
 describe("SFT on the shipped model", () => {
-  it("when trained on the held-out JSON-answer task, then greedy answers on new prompts switch to the JSON format", async () => {
+  it("when trained on the held-out JSON-answer task, then greedy exact-match accuracy on unseen prompts rises", async () => {
     const model = await loadModel(catalogModelDir("arbor/tiny-chat"));
     const rng = new Rng(1);
     const train = Array.from({ length: 320 }, () => {
@@ -194,15 +194,15 @@ describe("SFT on the shipped model", () => {
     });
     const seen = new Set(train.map((e) => (e.messages[0] as { content: string }).content));
     const testRng = new Rng(99);
-    const test: string[] = [];
+    const test: [string, string][] = [];
     while (test.length < 30) {
-      const [q] = jsonAnswerExample(testRng);
-      if (!seen.has(q)) test.push(q);
+      const example = jsonAnswerExample(testRng);
+      if (!seen.has(example[0])) test.push(example);
     }
     const engine = new Engine(model);
-    const formatRate = async (adapter: LoraAdapter | null) => {
+    const score = async (adapter: LoraAdapter | null) => {
       const outs = await Promise.all(
-        test.map((q) =>
+        test.map(([q]) =>
           engine.complete({
             messages: [{ role: "user", content: q }],
             temperature: 0,
@@ -211,22 +211,25 @@ describe("SFT on the shipped model", () => {
           }),
         ),
       );
-      return (
-        outs.filter((c) => /^\{"answer": ?\d+\}$/.test(c.choices[0]!.text.trim())).length /
-        test.length
-      );
+      const texts = outs.map((c) => c.choices[0]!.text.trim());
+      return {
+        exact: texts.filter((t, i) => t === test[i]![1]).length / test.length,
+        format: texts.filter((t) => /^\{"answer": ?\d+\}$/.test(t)).length / test.length,
+      };
     };
-    const before = await formatRate(null);
+    const before = await score(null);
     const result = await trainSft(model, train, {
       learningRate: 3e-3,
       schedule: "constant",
       batchSize: 8,
-      epochs: 4,
+      epochs: 8,
       seed: 1,
       lora: { rank: 8, alpha: 16 },
     });
-    const after = await formatRate(result.adapter);
-    expect(before).toBeLessThanOrEqual(0.1);
-    expect(after).toBeGreaterThanOrEqual(0.8);
+    const after = await score(result.adapter);
+    expect(before.exact).toBeLessThanOrEqual(0.1);
+    expect(before.format).toBeLessThanOrEqual(0.1);
+    expect(after.format).toBeGreaterThanOrEqual(0.9);
+    expect(after.exact).toBeGreaterThanOrEqual(0.5);
   }, 120_000);
 });
