@@ -119,7 +119,10 @@ class Block(torch.nn.Module):
         k = s.k(h).view(b, t, KV, hd).transpose(1, 2)
         v = s.v(h).view(b, t, KV, hd).transpose(1, 2)
         q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
-        a = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), is_causal=True)
+        kk, vv = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+        sc = (q @ kk.transpose(-1, -2)) / hd ** 0.5
+        sc = sc.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        a = torch.softmax(sc, -1) @ vv
         x = x + s.o(a.transpose(1, 2).reshape(b, t, H*hd))
         h = s.n2(x)
         return x + s.d(torch.nn.functional.silu(s.g(h)) * s.u(h))
