@@ -67,6 +67,10 @@ export class LoraTrainer {
   /** Clips, applies AdamW at `lr`, zeroes the gradients; returns the norm before clipping. */
   step(lr: number): { gradNorm: number } {
     const gradNorm = clipGradients(this.gradList, this.maxGradNorm);
+    if (!Number.isFinite(gradNorm)) {
+      this.zeroGrad();
+      throw new Error("LoRA training: non-finite gradient; the step was not applied");
+    }
     this.optimizer.step(this.gradList, lr);
     this.zeroGrad();
     return { gradNorm };

@@ -42,6 +42,11 @@ export interface RlConfig {
   epsilon?: number;
   /** Upper clip; defaults to `epsilon`. */
   epsilonHigh?: number;
+  /**
+   * Dual-clip PPO bound for negative advantages: tokens with ρ > dualClip get no gradient, so a
+   * stale or misaligned sampling logprob cannot blow up the step. Default 3; ppo only.
+   */
+  dualClip?: number;
   /** Divide advantages by the group's reward standard deviation. Default true. */
   scaleRewards?: boolean;
   /** Normalise all advantages of the step to mean 0, std 1. Default false. */
@@ -232,6 +237,7 @@ export function trainRlStep(
   const lossFn = config.lossFn ?? "ppo";
   const lo = 1 - (config.epsilon ?? 0.2);
   const hi = 1 + (config.epsilonHigh ?? config.epsilon ?? 0.2);
+  const dualClip = config.dualClip ?? 3;
   let loss = 0;
   let entropySum = 0;
   if (trainable > 0) {
@@ -271,7 +277,10 @@ export function trainRlStep(
               } else {
                 const unclippedObj = ratio * a;
                 const clippedObj = clipped * a;
-                if (unclippedObj <= clippedObj) {
+                if (a < 0 && ratio > dualClip) {
+                  tokenLoss = -dualClip * a;
+                  g = 0;
+                } else if (unclippedObj <= clippedObj) {
                   tokenLoss = -unclippedObj;
                   g = -unclippedObj; // d(−ρA)/d log π = −ρA
                 } else {
