@@ -2,7 +2,7 @@ import { type ChatMessage, END_OF_TEXT, IM_END, renderChat } from "./chat.ts";
 import { createKvCache, forwardBatch, type KvCache } from "./forward.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import type { Kernels } from "./kernels.ts";
-import type { LoraAdapter } from "./lora.ts";
+import { checkAdapter, type LoraAdapter } from "./lora.ts";
 import type { Model } from "./model.ts";
 import { deriveSeed, Rng } from "./rng.ts";
 import { applyPenalties, logSoftmax, sampleToken, topLogprobs } from "./sampling.ts";
@@ -141,6 +141,7 @@ export class Engine {
   ): AsyncIterableIterator<GenerationEvent> {
     const signal = options.signal;
     signal?.throwIfAborted();
+    if (request.adapter) checkAdapter(this.model, request.adapter);
     const prompt = this.promptTokens(request);
     const n = request.n ?? 1;
     if (!Number.isInteger(n) || n < 1 || n > 128)

@@ -38,6 +38,7 @@ export {
   adapterFromFiles,
   adapterToFiles,
   addLoraRows,
+  checkAdapter,
   cloneAdapter,
   createLoraAdapter,
   type LinearHooks,

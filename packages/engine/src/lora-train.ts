@@ -1,5 +1,11 @@
 import type { Kernels } from "./kernels.ts";
-import { type LoraAdapter, loraHooks, loraParameters, zerosLikeAdapter } from "./lora.ts";
+import {
+  checkAdapter,
+  type LoraAdapter,
+  loraHooks,
+  loraParameters,
+  zerosLikeAdapter,
+} from "./lora.ts";
 import type { Model } from "./model.ts";
 import { AdamW, type AdamWOptions, clipGradients } from "./optim.ts";
 import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
@@ -29,6 +35,7 @@ export class LoraTrainer {
   private readonly names: string[];
 
   constructor(model: Model, adapter: LoraAdapter, options: LoraTrainerOptions = {}) {
+    checkAdapter(model, adapter);
     this.model = model;
     this.adapter = adapter;
     this.kernels = options.kernels ?? defaultKernels();

@@ -111,6 +111,28 @@ export function createLoraAdapter(model: Model, config: LoraConfig = {}, seed = 
   };
 }
 
+/** Throws unless the adapter's layers and module shapes fit the model. */
+export function checkAdapter(model: Model, adapter: LoraAdapter): void {
+  if (adapter.layers.length !== model.config.numLayers) {
+    throw new Error(
+      `lora: adapter has ${adapter.layers.length} layers, the model ${model.config.numLayers}`,
+    );
+  }
+  adapter.layers.forEach((modules, l) => {
+    for (const [key, m] of Object.entries(modules) as [LinearKey, LoraModule][]) {
+      const [out, inF] = layerShape(model.config, key) as [number, number];
+      if (
+        m.inFeatures !== inF ||
+        m.outFeatures !== out ||
+        m.a.length !== adapter.rank * inF ||
+        m.b.length !== out * adapter.rank
+      ) {
+        throw new Error(`lora: layer ${l} ${key}_proj does not fit the model's [${out}, ${inF}]`);
+      }
+    }
+  });
+}
+
 function peftPrefix(layer: number, key: LinearKey): string {
   const group = key === "q" || key === "k" || key === "v" || key === "o" ? "self_attn" : "mlp";
   return `base_model.model.model.layers.${layer}.${group}.${key}_proj`;

@@ -88,6 +88,8 @@ export interface SftOptions {
 
 export interface SftResult {
   adapter: LoraAdapter;
+  /** The AdamW state after the last step, as bytes (for a later `resume`). */
+  optimizerState(): Uint8Array;
   /** Metrics of the steps run by this call. */
   steps: SftStepMetrics[];
   totalSteps: number;
@@ -261,7 +263,7 @@ export async function trainSft(
       optimizerState: () => trainer.optimizerStateToBytes(),
     });
   }
-  return { adapter, steps, totalSteps };
+  return { adapter, steps, totalSteps, optimizerState: () => trainer.optimizerStateToBytes() };
 }
 
 /** Splits a step's sequences into padded micro-batches of at most `budget` tokens (≥ 1 each). */
