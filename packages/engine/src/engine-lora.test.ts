@@ -1,9 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { catalogModelDir } from "./catalog.ts";
 import { Engine } from "./engine.ts";
-import { createLoraAdapter } from "./lora.ts";
+import { addLoraRows, createLoraAdapter, loraParameters } from "./lora.ts";
 import { loadModel } from "./model.ts";
+import { Rng } from "./rng.ts";
 import { trainSft } from "./sft.ts";
+import { tinyModel } from "./test-fixtures.ts";
+import { createWasmKernels } from "./wasm/kernels.ts";
 
 describe("Engine with LoRA adapters", () => {
   it("when adapters are served side by side, then the identity adapter equals the base and a trained one changes the answer", async () => {
@@ -44,4 +47,41 @@ describe("Engine with LoRA adapters", () => {
     );
     expect(() => engine.generate({ ...request, adapter: foreign })).toThrow(/2 layers/);
   }, 60_000);
+});
+
+describe("addLoraRows", () => {
+  it("when sequences with one adapter are not adjacent in the batch, then each row gets the same update as alone", () => {
+    const model = tinyModel(51);
+    const kernels = createWasmKernels();
+    const rng = new Rng(2);
+    const [a, b] = [
+      createLoraAdapter(model, { rank: 3 }, 1),
+      createLoraAdapter(model, { rank: 2 }, 2),
+    ];
+    for (const adapter of [a, b]) {
+      for (const p of loraParameters(adapter))
+        for (let i = 0; i < p.data.length; i++) p.data[i] = rng.normal();
+    }
+    const D = model.config.hiddenSize;
+    const Q = model.config.numHeads * model.config.headDim;
+    const items = [
+      { tokens: [1, 2, 3], adapter: a },
+      { tokens: [4, 5], adapter: b },
+      { tokens: [6], adapter: null },
+      { tokens: [7, 8], adapter: a },
+    ];
+    const x = Float32Array.from({ length: 8 * D }, () => rng.normal());
+    const mixed = new Float32Array(8 * Q);
+    addLoraRows(kernels, items, 0, "q", mixed, x, Q, D);
+    let row = 0;
+    for (const item of items) {
+      const n = item.tokens.length;
+      const alone = new Float32Array(n * Q);
+      addLoraRows(kernels, [item], 0, "q", alone, x.subarray(row * D, (row + n) * D), Q, D);
+      expect(mixed.subarray(row * Q, (row + n) * Q)).toEqual(alone);
+      if (!item.adapter) expect(alone.every((v) => v === 0)).toBe(true);
+      else expect(alone.some((v) => v !== 0)).toBe(true);
+      row += n;
+    }
+  });
 });

@@ -326,7 +326,10 @@ export function loraHooks(
       const xa = new Float32Array(rows * r);
       kernels.matmulNT(xa, x, m.a, rows, r, m.inFeatures);
       for (let i = 0; i < xa.length; i++) xa[i] = xa[i]! * s;
-      kernels.matmulNT(out, xa, m.b, rows, m.outFeatures, r, true);
+      // Update computed apart and then added, as in inference (`addLoraRows`).
+      const delta = new Float32Array(rows * m.outFeatures);
+      kernels.matmulNT(delta, xa, m.b, rows, m.outFeatures, r);
+      for (let i = 0; i < delta.length; i++) out[i] = out[i]! + delta[i]!;
       if (grads) saved.set(`${layer}.${key}`, xa);
     },
   };
@@ -349,7 +352,11 @@ export function loraHooks(
   return hooks;
 }
 
-/** The adapter's part of a batched inference linear, for the items that carry an adapter. */
+/**
+ * The adapters' part of a batched inference linear: rows are grouped by adapter (all sequences
+ * with the same adapter form one pair of low-rank GEMMs, gathered if not adjacent), and each
+ * group's update is added to `out`. A row's result does not depend on the grouping.
+ */
 export function addLoraRows(
   kernels: Kernels,
   items: readonly { tokens: readonly number[]; adapter?: LoraAdapter | null }[],
@@ -360,27 +367,48 @@ export function addLoraRows(
   outDim: number,
   inDim: number,
 ): void {
+  const groups = new Map<LoraAdapter, [number, number][]>();
   let row = 0;
-  let i = 0;
-  while (i < items.length) {
-    const adapter = items[i]!.adapter ?? null;
-    // Consecutive items with the same adapter form one GEMM.
-    let rows = 0;
-    let j = i;
-    while (j < items.length && (items[j]!.adapter ?? null) === adapter) {
-      rows += items[j]!.tokens.length;
-      j++;
+  for (const item of items) {
+    const n = item.tokens.length;
+    const adapter = item.adapter;
+    if (adapter && n > 0) {
+      const segments = groups.get(adapter) ?? [];
+      const last = segments.at(-1);
+      if (last && last[0] + last[1] === row) last[1] += n;
+      else segments.push([row, n]);
+      groups.set(adapter, segments);
     }
-    const m = adapter?.layers[layer]?.[key];
-    if (adapter && m && rows > 0) {
-      const r = adapter.rank;
-      const xa = new Float32Array(rows * r);
-      kernels.matmulNT(xa, x.subarray(row * inDim, (row + rows) * inDim), m.a, rows, r, inDim);
-      for (let k = 0; k < xa.length; k++) xa[k] = xa[k]! * adapter.scale;
-      const o = out.subarray(row * outDim, (row + rows) * outDim);
-      kernels.matmulNT(o, xa, m.b, rows, outDim, r, true);
+    row += n;
+  }
+  for (const [adapter, segments] of groups) {
+    const m = adapter.layers[layer]?.[key];
+    if (!m) continue;
+    const r = adapter.rank;
+    const rows = segments.reduce((sum, [, n]) => sum + n, 0);
+    let xs: Float32Array;
+    if (segments.length === 1) {
+      const [start] = segments[0]!;
+      xs = x.subarray(start * inDim, (start + rows) * inDim);
+    } else {
+      xs = new Float32Array(rows * inDim);
+      let at = 0;
+      for (const [start, n] of segments) {
+        xs.set(x.subarray(start * inDim, (start + n) * inDim), at * inDim);
+        at += n;
+      }
     }
-    row += rows;
-    i = j;
+    const xa = new Float32Array(rows * r);
+    kernels.matmulNT(xa, xs, m.a, rows, r, inDim);
+    for (let k = 0; k < xa.length; k++) xa[k] = xa[k]! * adapter.scale;
+    const delta = new Float32Array(rows * outDim);
+    kernels.matmulNT(delta, xa, m.b, rows, outDim, r);
+    let at = 0;
+    for (const [start, n] of segments) {
+      const o = start * outDim;
+      const d = at * outDim;
+      for (let i = 0; i < n * outDim; i++) out[o + i] = out[o + i]! + delta[d + i]!;
+      at += n;
+    }
   }
 }
