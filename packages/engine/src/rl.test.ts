@@ -8,7 +8,7 @@ import { loadModel } from "./model.ts";
 import { type TrajectoryGroup, trainRlStep } from "./rl.ts";
 import { Rng } from "./rng.ts";
 import { tinyModel } from "./test-fixtures.ts";
-import { TrainingInputError } from "./training-data.ts";
+import { packBatch, TrainingInputError, toChatMessage, tokenizeChat } from "./training-data.ts";
 
 const choice = (content: string, logprobs?: number[]) => ({
   index: 0,
@@ -102,6 +102,55 @@ describe("trainRlStep", () => {
     const pg = run("pg");
     expect(run("ppo")).toEqual(pg);
     expect(run("cispo")).toEqual(pg);
+  });
+
+  it("when the sampling logprobs equal the current policy's, then ppo and cispo equal pg, and context turns are not trained", () => {
+    const model = tinyModel(45, { maxPositions: 256 });
+    const messagesOf = (answer: string) => [
+      { role: "system", content: "Be short." },
+      { role: "user", content: "Hi" },
+      { role: "assistant", content: "The cat sat." },
+      { role: "user", content: "And?" },
+      { role: "assistant", content: answer },
+    ];
+    const answers = ["The dog sat on the log.", "Hello there!", "The mat."];
+    // The current policy's log-probs of each answer's content tokens, as a sampler would report.
+    const probe = new LoraTrainer(model, createLoraAdapter(model, { rank: 2 }, 1), {
+      kernels: jsKernels,
+    });
+    const sampled = answers.map((answer) => {
+      const chat = tokenizeChat(
+        model.tokenizer,
+        messagesOf(answer).map((m, i) => toChatMessage(m, `m${i}`)),
+        (i) => i === 4,
+      );
+      const lp = probe.evaluate(
+        packBatch([{ tokens: chat.tokens, weights: chat.mask }], 256),
+      ).tokenLogprobs;
+      const out: number[] = [];
+      for (let t = 1; t < chat.tokens.length; t++) if (chat.mask[t]) out.push(lp[t - 1]!);
+      return out.slice(0, -1); // without <|im_end|>
+    });
+    const groups: TrajectoryGroup[] = [
+      {
+        trajectories: answers.map((answer, i) => ({
+          reward: i,
+          messages_and_choices: [...messagesOf(answer).slice(0, 4), choice(answer, sampled[i])],
+        })),
+      },
+    ];
+    const run = (lossFn: "ppo" | "cispo" | "pg") => {
+      const adapter = createLoraAdapter(model, { rank: 2 }, 1);
+      const trainer = new LoraTrainer(model, adapter, { kernels: jsKernels });
+      const m = trainRlStep(trainer, groups, 1e-2, { lossFn });
+      return { m, bytes: adapterToFiles(adapter)["adapter_model.safetensors"] };
+    };
+    const pg = run("pg");
+    expect(run("ppo").bytes).toEqual(pg.bytes);
+    expect(run("cispo").bytes).toEqual(pg.bytes);
+    // Only the choices are trained: content tokens plus <|im_end|> each.
+    const expected = sampled.reduce((n, s) => n + s.length + 1, 0);
+    expect(pg.m.num_trainable_tokens).toBe(expected);
   });
 
   it("when sampling logprobs make the ratio leave the clip range, then ppo stops the gradient and cispo does not", () => {
