@@ -84,6 +84,19 @@ describe("trainSft", () => {
       if (step.examples.length > 1) expect(step.examples.length * longest).toBeLessThanOrEqual(60);
     }
     expect(totalSteps).toBe(prepared.plan.length);
+    // Length grouping: a step's examples have similar lengths, so little of it is padding.
+    const mixed = Array.from({ length: 60 }, (_, i) =>
+      chat("Hello there!", "The cat sat. ".repeat(1 + (i % 6))),
+    );
+    const grouped = planSft(model, mixed, { batchSize: "auto", tokensPerStep: 200 }).prepared;
+    let padded = 0;
+    let real = 0;
+    for (const step of grouped.plan) {
+      const lens = step.examples.map((i) => grouped.sequences[i]!.tokens.length);
+      padded += lens.length * Math.max(...lens);
+      real += lens.reduce((a, b) => a + b, 0);
+    }
+    expect(real / padded).toBeGreaterThan(0.9);
     expect(planSft(model, examples, { batchSize: 2, epochs: 3 }).totalSteps).toBe(9);
   });
 

@@ -27,7 +27,10 @@ export interface SftConfig {
   warmupSteps?: number;
   /** Floor of linear/cosine decay, as a fraction of the peak. Default 0. */
   minLrRatio?: number;
-  /** Examples per optimizer step, or "auto": pack by `tokensPerStep`. Default "auto". */
+  /**
+   * Examples per optimizer step, or "auto": pack by `tokensPerStep`, grouping similar lengths
+   * (sorted within windows of 256 shuffled examples, then the steps shuffled). Default "auto".
+   */
   batchSize?: number | "auto";
   /** Token budget per step for "auto" (padded batch × length). Default 4096. */
   tokensPerStep?: number;
@@ -148,23 +151,41 @@ export function planSft(
       [order[i], order[j]] = [order[j]!, order[i]!];
     }
     const before = plan.length;
+    const steps: number[][] = [];
     let current: number[] = [];
     let longest = 0;
-    for (const index of order) {
-      const n = sequences[index]!.tokens.length;
-      const full =
-        batchSize === "auto"
-          ? current.length > 0 && (current.length + 1) * Math.max(longest, n) > budget
-          : current.length >= batchSize;
-      if (full) {
-        plan.push({ epoch, examples: current });
-        current = [];
-        longest = 0;
+    // "auto" groups by length inside windows of the shuffled order (less padding), then shuffles
+    // the steps; a fixed batch size keeps the shuffled order as is.
+    const window = batchSize === "auto" ? 256 : order.length;
+    for (let w = 0; w < order.length; w += window) {
+      const chunk = order.slice(w, w + window);
+      if (batchSize === "auto") {
+        const len = (i: number) => sequences[i]!.tokens.length;
+        chunk.sort((a, b) => len(a) - len(b) || a - b);
       }
-      current.push(index);
-      longest = Math.max(longest, n);
+      for (const index of chunk) {
+        const n = sequences[index]!.tokens.length;
+        const full =
+          batchSize === "auto"
+            ? current.length > 0 && (current.length + 1) * Math.max(longest, n) > budget
+            : current.length >= batchSize;
+        if (full) {
+          steps.push(current);
+          current = [];
+          longest = 0;
+        }
+        current.push(index);
+        longest = Math.max(longest, n);
+      }
     }
-    if (current.length > 0) plan.push({ epoch, examples: current });
+    if (current.length > 0) steps.push(current);
+    if (batchSize === "auto") {
+      for (let i = steps.length - 1; i > 0; i--) {
+        const j = rng.int(i + 1);
+        [steps[i], steps[j]] = [steps[j]!, steps[i]!];
+      }
+    }
+    for (const examples of steps) plan.push({ epoch, examples });
     stepsPerEpoch = plan.length - before;
   }
   return { totalSteps: plan.length, stepsPerEpoch, prepared: { sequences, plan } };
