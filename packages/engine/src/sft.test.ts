@@ -174,6 +174,30 @@ describe("trainSft", () => {
     expect(bytes(resumed.adapter)).toEqual(bytes(a.adapter));
   });
 
+  it("when a step is split into micro-batches, then loss and update match one batch (global token mean)", async () => {
+    const model = tinyModel(37);
+    const config = { learningRate: 1e-2, batchSize: 5, seed: 2, lora: { rank: 2 } };
+    const whole = await trainSft(
+      model,
+      examples,
+      { ...config, microBatchTokens: 100_000 },
+      {
+        kernels: jsKernels,
+      },
+    );
+    const split = await trainSft(
+      model,
+      examples,
+      { ...config, microBatchTokens: 1 },
+      {
+        kernels: jsKernels,
+      },
+    );
+    expect(split.steps[0]!.loss).toBeCloseTo(whole.steps[0]!.loss, 5);
+    expect(split.steps[0]!.grad_norm).toBeCloseTo(whole.steps[0]!.grad_norm, 5);
+    expect(split.steps[0]!.num_trainable_tokens).toBe(whole.steps[0]!.num_trainable_tokens);
+  });
+
   it("when the signal is aborted during a step callback, then training stops before the next step", async () => {
     const model = tinyModel(36);
     const controller = new AbortController();
