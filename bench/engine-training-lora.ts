@@ -11,6 +11,7 @@ import { writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { syntheticDialogue } from "../packages/engine/scripts/synthetic-chat.ts";
 import {
   catalogModelDir,
   createLoraAdapter,
@@ -21,6 +22,7 @@ import {
   parameterCount,
   Rng,
   Trainer,
+  trainSft,
 } from "../packages/engine/src/index.ts";
 
 const B = Number(process.argv[2] ?? 32);
@@ -35,7 +37,35 @@ interface JobResult {
   trainable: number;
 }
 
-async function job(kind: "full" | "lora"): Promise<JobResult> {
+/** End-to-end `trainSft` on synthetic chats ("auto" batches of 4096 tokens): real tokens/s. */
+async function sftJob(): Promise<JobResult> {
+  const model = await loadModel(dir);
+  const rng = new Rng(5);
+  const examples = Array.from({ length: 400 }, () => ({ messages: syntheticDialogue(rng) }));
+  const rates: number[] = [];
+  const result = await trainSft(
+    model,
+    examples,
+    {
+      learningRate: 1e-4,
+      lora: { rank: RANK, alpha: 2 * RANK },
+    },
+    {
+      onStep: (p) => {
+        rates.push(p.metrics.tokens_per_second);
+      },
+    },
+  );
+  rates.shift(); // warm-up
+  return {
+    tokens_per_s: Math.max(...rates),
+    max_rss_mb: process.resourceUsage().maxRSS / 1024,
+    trainable: loraParameterCount(result.adapter),
+  };
+}
+
+async function job(kind: "full" | "lora" | "sft"): Promise<JobResult> {
+  if (kind === "sft") return sftJob();
   const model = await loadModel(dir);
   const kernels = defaultKernels();
   const rng = new Rng(1);
@@ -174,11 +204,11 @@ function torchJob(kind: "full" | "lora"): JobResult {
 
 const jobArg = process.argv.indexOf("--job");
 if (jobArg >= 0) {
-  const kind = process.argv[jobArg + 1] as "full" | "lora";
+  const kind = process.argv[jobArg + 1] as "full" | "lora" | "sft";
   console.log(JSON.stringify(await job(kind)));
 } else {
   const self = fileURLToPath(import.meta.url);
-  const engineJob = (kind: "full" | "lora"): JobResult =>
+  const engineJob = (kind: "full" | "lora" | "sft"): JobResult =>
     JSON.parse(
       execFileSync(process.execPath, [self, String(B), String(T), "--job", kind]).toString(),
     ) as JobResult;
@@ -202,6 +232,10 @@ if (jobArg >= 0) {
       } |`,
     );
   }
+  const sft = engineJob("sft");
+  console.log(
+    `| trainSft end to end (LoRA, synthetic chats, auto batches, real tokens excl. padding) | ${sft.trainable} | ${sft.tokens_per_s.toFixed(0)} | ${sft.max_rss_mb.toFixed(0)} | – | – | – |`,
+  );
   if (!hasTorch) {
     console.log("\nPyTorch not found: apt-get install python3-torch libopenblas0-pthread");
   }
