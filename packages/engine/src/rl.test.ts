@@ -100,6 +100,7 @@ describe("trainRlStep", () => {
       return adapterToFiles(adapter)["adapter_model.safetensors"];
     };
     const pg = run("pg");
+    expect(run("pg")).toEqual(pg); // deterministic
     expect(run("ppo")).toEqual(pg);
     expect(run("cispo")).toEqual(pg);
   });

@@ -257,9 +257,9 @@ describe("SFT on the shipped model", () => {
     const before = await score(null);
     const result = await trainSft(model, train, {
       learningRate: 3e-3,
-      schedule: "constant",
+      schedule: "cosine",
       batchSize: 8,
-      epochs: 8,
+      epochs: 10,
       seed: 1,
       lora: { rank: 8, alpha: 16 },
     });
