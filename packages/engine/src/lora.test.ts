@@ -212,6 +212,18 @@ describe("LoRA files", () => {
     const files = adapterToFiles(createLoraAdapter(other, { rank: 2 }));
     expect(() => adapterFromFiles(files, model)).toThrow(/q_proj\.lora_A\.weight has shape/);
     expect(() => adapterFromFiles({}, model)).toThrow(/adapter_config\.json/);
+    const config = (targets: unknown) =>
+      new TextEncoder().encode(
+        JSON.stringify({ peft_type: "LORA", r: 2, lora_alpha: 4, target_modules: targets }),
+      );
+    const own = adapterToFiles(createLoraAdapter(model, { rank: 2, alpha: 4 }));
+    expect(() =>
+      adapterFromFiles({ ...own, "adapter_config.json": config(["lm_head"]) }, model),
+    ).toThrow(/no supported target module/);
+    expect(
+      adapterFromFiles({ ...own, "adapter_config.json": config("all-linear") }, model)
+        .targetModules,
+    ).toHaveLength(7);
   });
 
   it("when the optimizer state is saved and restored, then training continues identically", () => {

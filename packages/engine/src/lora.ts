@@ -246,7 +246,13 @@ export function adapterFromFiles(
   let targets = json["target_modules"];
   if (typeof targets === "string") targets = [targets];
   if (!Array.isArray(targets)) throw new Error("lora: adapter_config.json needs target_modules");
-  const targetModules = LORA_TARGETS.filter((t) => (targets as unknown[]).includes(t));
+  const listed = targets as unknown[];
+  const targetModules = listed.includes("all-linear")
+    ? [...LORA_TARGETS]
+    : LORA_TARGETS.filter((t) => listed.includes(t));
+  if (targetModules.length === 0) {
+    throw new Error(`lora: no supported target module in ${JSON.stringify(targets)}`);
+  }
   const adapter = createLoraAdapter(baseModel, {
     rank,
     alpha,
