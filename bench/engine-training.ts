@@ -83,7 +83,12 @@ class Block(torch.nn.Module):
         k = s.k(h).view(b, t, KV, hd).transpose(1, 2)
         v = s.v(h).view(b, t, KV, hd).transpose(1, 2)
         q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
-        a = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), is_causal=True)
+        kk, vv = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+        if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            a = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+        else:  # PyTorch < 2.0 (Debian bookworm's python3-torch is 1.13)
+            sc = (q @ kk.transpose(-1, -2)) / hd ** 0.5
+            a = torch.softmax(sc.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")), -1) @ vv
         x = x + s.o(a.transpose(1, 2).reshape(b, t, H*hd))
         h = s.n2(x)
         return x + s.d(torch.nn.functional.silu(s.g(h)) * s.u(h))
