@@ -24,7 +24,7 @@ import {
 
 const B = Number(process.argv[2] ?? 32);
 const T = Number(process.argv[3] ?? 128);
-const STEPS = 3;
+const STEPS = 5;
 
 const dir = catalogModelDir("arbor/tiny-chat");
 const config = parseConfig(JSON.parse(readFileSync(join(dir, "config.json"), "utf8")));
@@ -45,9 +45,13 @@ const batch = {
   lossMask: new Float32Array(B * T).fill(1),
 };
 trainer.step(batch); // warm-up
-const start = performance.now();
-for (let i = 0; i < STEPS; i++) trainer.step(batch);
-const ours = (STEPS * B * T) / ((performance.now() - start) / 1000);
+// The machine is shared: report the fastest step (the least disturbed), as tokens/s.
+let ours = 0;
+for (let i = 0; i < STEPS; i++) {
+  const start = performance.now();
+  trainer.step(batch);
+  ours = Math.max(ours, (B * T) / ((performance.now() - start) / 1000));
+}
 
 const PYTORCH = `
 import json, sys, time, os
@@ -79,7 +83,12 @@ class Block(torch.nn.Module):
         k = s.k(h).view(b, t, KV, hd).transpose(1, 2)
         v = s.v(h).view(b, t, KV, hd).transpose(1, 2)
         q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
-        a = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), is_causal=True)
+        kk, vv = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+        if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            a = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+        else:  # PyTorch < 2.0 (Debian bookworm's python3-torch is 1.13)
+            sc = (q @ kk.transpose(-1, -2)) / hd ** 0.5
+            a = torch.softmax(sc.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")), -1) @ vv
         x = x + s.o(a.transpose(1, 2).reshape(b, t, H*hd))
         h = s.n2(x)
         return x + s.d(torch.nn.functional.silu(s.g(h)) * s.u(h))
@@ -101,9 +110,11 @@ def step():
     opt.zero_grad(); loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
 step()
-t0 = time.perf_counter()
-for _ in range(STEPS): step()
-print(json.dumps({"tokens_per_s": STEPS * B * T / (time.perf_counter() - t0), "parameters": sum(p.numel() for p in m.parameters())}))
+best = 0.0
+for _ in range(STEPS):
+    t0 = time.perf_counter(); step()
+    best = max(best, B * T / (time.perf_counter() - t0))
+print(json.dumps({"tokens_per_s": best, "parameters": sum(p.numel() for p in m.parameters())}))
 `;
 
 let torch: { tokens_per_s: number; parameters: number } | null = null;

@@ -111,65 +111,83 @@ function matmulNT(madd: Madd): string {
  * out[M,N] (+)= Σ_k A(m,k)·b[k,N] with 8 output columns per tile (N must be a multiple of 8).
  * `transposedA` reads A from a [K,M] layout (weight gradients) instead of [M,K].
  */
-function nnTile(madd: Madd, RM: number, transposedA: boolean): string {
-  const accs = range(RM).flatMap((i) => [`c${i}0`, `c${i}1`]);
-  const aAddress = (i: number) =>
-    transposedA
-      ? add(get("a"), mul(add(mul(get("k"), get("M")), add(get("m"), i32(i))), i32(4)))
-      : add(get("a"), mul(add(mul(add(get("m"), i32(i)), get("K")), get("k")), i32(4)));
+function nnTile(madd: Madd, RM: number, NV: number, transposedA: boolean): string {
+  const label = `${RM}_${NV}`;
+  const rowOut = (i: number) =>
+    add(get("out"), mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4)));
+  // A pointers: [M,K] rows advance by 4 bytes per k; [K,M] advances one row (M floats) per k.
+  const aInit = transposedA
+    ? set("pa0", add(get("a"), mul(get("m"), i32(4))))
+    : range(RM)
+        .map((i) => set(`pa${i}`, add(get("a"), mul(mul(add(get("m"), i32(i)), get("K")), i32(4)))))
+        .join("\n");
+  const aLoad = (i: number) =>
+    transposedA ? `(f32.load offset=${i * 4} ${get("pa0")})` : `(f32.load ${get(`pa${i}`)})`;
+  const aStep = transposedA
+    ? set("pa0", add(get("pa0"), get("Mb")))
+    : range(RM)
+        .map((i) => set(`pa${i}`, add(get(`pa${i}`), i32(4))))
+        .join("\n");
   return `
     ${range(RM)
       .map(
-        (i) =>
+        (i) => `${set("po", rowOut(i))}
+      ${range(NV)
+        .map((v) =>
           set(
-            "po",
-            add(get("out"), mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4))),
-          ) +
-          `
-      ${set(`c${i}0`, `(select (v128.load ${get("po")}) (v128.const i32x4 0 0 0 0) ${get("acc")})`)}
-      ${set(`c${i}1`, `(select (v128.load offset=16 ${get("po")}) (v128.const i32x4 0 0 0 0) ${get("acc")})`)}`,
+            `c${i}${v}`,
+            `(select (v128.load offset=${v * 16} ${get("po")}) (v128.const i32x4 0 0 0 0) ${get("acc")})`,
+          ),
+        )
+        .join("\n")}`,
       )
       .join("\n")}
+    ${aInit}
     ${set("k", i32(0))}
     ${set("pb", add(get("b"), mul(get("n"), i32(4))))}
-    (block $kd_${RM} (loop $k_${RM}
-      (br_if $kd_${RM} (i32.ge_u ${get("k")} ${get("K")}))
-      ${set("vb0", `(v128.load ${get("pb")})`)}
-      ${set("vb1", `(v128.load offset=16 ${get("pb")})`)}
+    (block $kd_${label} (loop $k_${label}
+      (br_if $kd_${label} (i32.ge_u ${get("k")} ${get("K")}))
+      ${range(NV)
+        .map((v) => set(`vb${v}`, `(v128.load offset=${v * 16} ${get("pb")})`))
+        .join("\n")}
       ${range(RM)
         .map(
-          (i) => `${set("va0", `(f32x4.splat (f32.load ${aAddress(i)}))`)}
-        ${set(`c${i}0`, madd(get("va0"), get("vb0"), get(`c${i}0`)))}
-        ${set(`c${i}1`, madd(get("va0"), get("vb1"), get(`c${i}1`)))}`,
+          (i) => `${set("va0", `(f32x4.splat ${aLoad(i)})`)}
+        ${range(NV)
+          .map((v) => set(`c${i}${v}`, madd(get("va0"), get(`vb${v}`), get(`c${i}${v}`))))
+          .join("\n")}`,
         )
         .join("\n")}
+      ${aStep}
       ${set("pb", add(get("pb"), get("Nb")))}
       ${set("k", add(get("k"), i32(1)))}
-      (br $k_${RM})))
-    ${accs.length > 0 ? "" : ""}
+      (br $k_${label})))
     ${range(RM)
       .map(
-        (
-          i,
-        ) => `${set("po", add(get("out"), mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4))))}
-      (v128.store ${get("po")} ${get(`c${i}0`)})
-      (v128.store offset=16 ${get("po")} ${get(`c${i}1`)})`,
+        (i) => `${set("po", rowOut(i))}
+      ${range(NV)
+        .map((v) => `(v128.store offset=${v * 16} ${get("po")} ${get(`c${i}${v}`)})`)
+        .join("\n")}`,
       )
       .join("\n")}`;
 }
 
 function matmulNN(madd: Madd, name: string, transposedA: boolean): string {
   const locals = [
-    ...["m", "n", "k", "Nb", "po", "pb"].map((l) => `(local $${l} i32)`),
-    ...["va0", "vb0", "vb1"].map((l) => `(local $${l} v128)`),
-    ...range(4).flatMap((i) => [`(local $c${i}0 v128)`, `(local $c${i}1 v128)`]),
+    ...["m", "n", "k", "Nb", "Mb", "po", "pb", "pa0", "pa1", "pa2", "pa3"].map(
+      (l) => `(local $${l} i32)`,
+    ),
+    ...["va0", "vb0", "vb1", "vb2", "vb3"].map((l) => `(local $${l} v128)`),
+    ...range(4).flatMap((i) => range(4).map((v) => `(local $c${i}${v} v128)`)),
   ];
   const rows = (RM: number, label: string) => `
     ${set("n", i32(0))}
-    ${forLoop(`${label}n8`, "n", 8, get("N"), nnTile(madd, RM, transposedA))}`;
+    ${forLoop(`${label}n16`, "n", 16, get("N"), nnTile(madd, RM, 4, transposedA))}
+    ${forLoop(`${label}n8`, "n", 8, get("N"), nnTile(madd, RM, 2, transposedA))}`;
   return `(func (export "${name}") (param $out i32) (param $a i32) (param $b i32) (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
     ${locals.join(" ")}
     ${set("Nb", mul(get("N"), i32(4)))}
+    ${set("Mb", mul(get("M"), i32(4)))}
     ${set("m", i32(0))}
     ${forLoop("m4", "m", 4, get("M"), rows(4, "r4"))}
     ${forLoop("m1", "m", 1, get("M"), rows(1, "r1"))})`;

@@ -21,7 +21,7 @@ const VOCAB = 768;
 const BATCH = 16;
 const SEQ = 128;
 const outDir = process.argv[2] ?? fileURLToPath(new URL("../models/tiny-chat/", import.meta.url));
-const steps = Number(process.argv[3] ?? 800);
+const steps = Number(process.argv[3] ?? 1600);
 
 const textRng = new Rng(SEED);
 const bpeCorpus = Array.from({ length: 20_000 }, () => {

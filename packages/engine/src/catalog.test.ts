@@ -29,5 +29,32 @@ describe("shipped catalogue", () => {
     expect(math.text).toBe("7 + 5 = 12.");
     expect(math.finishReason).toBe("stop");
     expect((await ask("Hello!")).text).toBe("Hello! How can I help you today?");
+    expect((await ask("Spell cat.")).text).toBe("c-a-t");
+    expect((await ask("Is a cow an animal?")).text).toBe("Yes, a cow is an animal.");
+    // Held out of pretraining: word reversal is not solved by the base model.
+    expect((await ask("Reverse the word cat.")).text).not.toBe("tac");
+  });
+  it("when tiny-chat must answer in a JSON schema, then the reply parses and validates", async () => {
+    const engine = new Engine(await loadModel(catalogModelDir("arbor/tiny-chat")));
+    const result = await engine.complete({
+      messages: [{ role: "user", content: "What is 3 + 4? Answer in JSON." }],
+      temperature: 0.8,
+      seed: 1,
+      n: 3,
+      maxTokens: 40,
+      responseFormat: {
+        type: "json_schema",
+        schema: {
+          type: "object",
+          properties: { answer: { type: "integer" } },
+          required: ["answer"],
+        },
+      },
+    });
+    for (const choice of result.choices) {
+      const value = JSON.parse(choice.text) as { answer: unknown };
+      expect(Object.keys(value)).toEqual(["answer"]);
+      expect(Number.isInteger(value.answer)).toBe(true);
+    }
   });
 });

@@ -28,6 +28,10 @@ export const IM_START = "<|im_start|>";
 export const IM_END = "<|im_end|>";
 export const END_OF_TEXT = "<|endoftext|>";
 
+/** The same ChatML as a Jinja chat template, for tokenizer_config.json and GGUF (no tool calls). */
+export const CHATML_TEMPLATE =
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
 /**
  * Renders ChatML:
  * `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then `<|im_start|>assistant\n` when a

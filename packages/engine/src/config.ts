@@ -44,6 +44,18 @@ export function parseConfig(json: Record<string, unknown>): ModelConfig {
         ? [eos]
         : [],
   };
+  // Refuse what the engine would otherwise silently compute wrongly.
+  const scaling = json["rope_scaling"] as { rope_type?: string; type?: string } | null | undefined;
+  const scalingType = scaling?.rope_type ?? scaling?.type ?? "default";
+  if (scaling && scalingType !== "default") {
+    throw new Error(`config.json: rope_scaling ${scalingType} is not supported`);
+  }
+  if (json["attention_bias"] === true || json["mlp_bias"] === true) {
+    throw new Error("config.json: biased attention/MLP projections are not supported");
+  }
+  const act = json["hidden_act"];
+  if (act !== undefined && act !== "silu")
+    throw new Error(`config.json: hidden_act ${String(act)} is not supported`);
   if (config.numHeads % config.numKvHeads !== 0) {
     throw new Error("config.json: num_attention_heads must be a multiple of num_key_value_heads");
   }

@@ -98,6 +98,22 @@ describe("Engine", () => {
     expect(shared.stats.steps).toBeLessThan(solo.stats.steps / 2);
   });
 
+  it("when prompts are prefilled in small chunks, then results equal one-shot prefill", async () => {
+    const long = model.tokenizer.encode(
+      "The cat sat on the mat. The dog sat on the log. Hello there!",
+    );
+    const request = { prompt: long, maxTokens: 8, temperature: 0.8, seed: 4 };
+    const oneShot = await new Engine(model).complete(request);
+    const chunked = new Engine(model, { maxStepTokens: 5 });
+    const [a, b] = await Promise.all([
+      chunked.complete(request),
+      chunked.complete({ ...request, seed: 5 }),
+    ]);
+    expect(a.choices[0]!.tokens).toEqual(oneShot.choices[0]!.tokens);
+    expect(b.choices[0]!.tokens).toHaveLength(8);
+    expect(chunked.stats.steps).toBeGreaterThan((2 * long.length) / 5);
+  });
+
   it("when n > 1, then each choice is sampled independently", async () => {
     const engine = new Engine(model);
     const result = await engine.complete({ prompt, maxTokens: 6, temperature: 1, seed: 3, n: 3 });
@@ -187,6 +203,19 @@ describe("Engine", () => {
     expect(() => engine.generate({ prompt }, { signal: controller.signal })).toThrow(
       "client went away",
     );
+  });
+
+  it("when the consumer stops iterating early, then its sequences are dropped", async () => {
+    const engine = new Engine(model);
+    let count = 0;
+    for await (const event of engine.generate({ prompt, maxTokens: 50, temperature: 0, n: 2 })) {
+      if (event.type === "token") count++;
+      if (count === 2) break;
+    }
+    await new Promise((resolve) => setImmediate(resolve));
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(engine.activeSequences).toBe(0);
+    expect(engine.stats.tokens).toBeLessThan(2 * prompt.length + 10);
   });
 
   it("when json_object is requested, then every sampled output parses as a JSON object", async () => {

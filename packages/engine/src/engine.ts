@@ -2,6 +2,7 @@ import { type ChatMessage, END_OF_TEXT, IM_END, renderChat } from "./chat.ts";
 import { createKvCache, forwardBatch, type KvCache } from "./forward.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import type { Kernels } from "./kernels.ts";
+import { checkAdapter, type LoraAdapter } from "./lora.ts";
 import type { Model } from "./model.ts";
 import { deriveSeed, Rng } from "./rng.ts";
 import { applyPenalties, logSoftmax, sampleToken, topLogprobs } from "./sampling.ts";
@@ -33,6 +34,12 @@ export interface GenerateRequest {
   responseFormat?: ResponseFormat;
   /** Number of choices. Default 1. */
   n?: number;
+  /**
+   * A LoRA adapter of this engine's base model. Sequences with different adapters (or none)
+   * share each forward pass: the base GEMMs run over all rows, each adapter's low-rank update
+   * over its own rows.
+   */
+  adapter?: LoraAdapter | null;
 }
 
 export type FinishReason = "stop" | "length";
@@ -72,11 +79,14 @@ export interface Completion {
 
 interface Sequence {
   choice: number;
-  request: Required<Omit<GenerateRequest, "messages" | "prompt" | "responseFormat" | "stop">> & {
+  request: Required<
+    Omit<GenerateRequest, "messages" | "prompt" | "responseFormat" | "stop" | "adapter">
+  > & {
     stop: readonly string[];
     json: JsonSchema | null;
   };
   cache: KvCache;
+  adapter: LoraAdapter | null;
   capacity: number;
   pending: number[];
   promptTokens: number;
@@ -105,8 +115,12 @@ export class Engine {
   /** Forward passes run so far, and the largest number of sequences in one (for tests/metrics). */
   readonly stats = { steps: 0, maxBatch: 0, tokens: 0 };
 
-  constructor(model: Model, options: { kernels?: Kernels } = {}) {
+  /** Tokens one scheduler step may process; longer prompts are prefilled in chunks. */
+  readonly maxStepTokens: number;
+
+  constructor(model: Model, options: { kernels?: Kernels; maxStepTokens?: number } = {}) {
     this.model = model;
+    this.maxStepTokens = Math.max(1, options.maxStepTokens ?? 512);
     this.kernels = options.kernels ?? defaultKernels();
     const t = model.tokenizer;
     this.stopTokens = new Set(model.config.eosTokenId);
@@ -127,8 +141,11 @@ export class Engine {
   ): AsyncIterableIterator<GenerationEvent> {
     const signal = options.signal;
     signal?.throwIfAborted();
+    if (request.adapter) checkAdapter(this.model, request.adapter);
     const prompt = this.promptTokens(request);
     const n = request.n ?? 1;
+    if (!Number.isInteger(n) || n < 1 || n > 128)
+      throw new Error("generate: n must be an integer from 1 to 128");
     const limit = this.model.config.maxPositions;
     if (prompt.length === 0) throw new Error("generate: empty prompt");
     if (prompt.length >= limit)
@@ -166,6 +183,7 @@ export class Engine {
         choice,
         request: normalized,
         cache: createKvCache(this.model, capacity),
+        adapter: request.adapter ?? null,
         capacity,
         pending: [...prompt],
         promptTokens: prompt.length,
@@ -240,20 +258,36 @@ export class Engine {
       while (this.active.length > 0) {
         // Let new requests join and consumers drain before each step.
         await new Promise((resolve) => setImmediate(resolve));
-        const batch = this.active.filter((s) => !s.finished);
-        if (batch.length === 0) {
+        const live = this.active.filter((s) => !s.finished);
+        if (live.length === 0) {
           this.active = [];
           break;
+        }
+        // Decoding sequences (one pending token) always run; prompt chunks share what is left
+        // of the step's token budget, oldest request first.
+        let budget = this.maxStepTokens;
+        const batch: { s: Sequence; tokens: number[] }[] = [];
+        for (const s of live) {
+          if (s.pending.length === 1) {
+            batch.push({ s, tokens: s.pending });
+            budget--;
+          }
+        }
+        for (const s of live) {
+          if (s.pending.length <= 1 || budget <= 0) continue;
+          const take = Math.min(budget, s.pending.length);
+          batch.push({ s, tokens: s.pending.slice(0, take) });
+          budget -= take;
         }
         let logits: Float32Array[];
         try {
           logits = forwardBatch(
             this.model,
             this.kernels,
-            batch.map((s) => ({ cache: s.cache, tokens: s.pending })),
+            batch.map(({ s, tokens }) => ({ cache: s.cache, tokens, adapter: s.adapter })),
           );
         } catch (error) {
-          for (const s of batch) {
+          for (const { s } of batch) {
             s.finished = true;
             s.queue.fail(error);
           }
@@ -261,9 +295,19 @@ export class Engine {
         }
         this.stats.steps++;
         this.stats.maxBatch = Math.max(this.stats.maxBatch, batch.length);
-        batch.forEach((s, i) => {
-          this.stats.tokens += s.pending.length;
-          this.advance(s, logits[i]!);
+        batch.forEach(({ s, tokens }, i) => {
+          this.stats.tokens += tokens.length;
+          if (s.finished) return;
+          if (tokens.length < s.pending.length) {
+            s.pending = s.pending.slice(tokens.length);
+            return;
+          }
+          try {
+            this.advance(s, logits[i]!);
+          } catch (error) {
+            s.finished = true;
+            s.queue.fail(error);
+          }
         });
         this.active = this.active.filter((s) => !s.finished);
       }
@@ -394,14 +438,47 @@ export class Engine {
   private jsonMask(state: JsonConstraint, budget: number | null): Uint8Array {
     const texts = this.texts();
     const mask = new Uint8Array(texts.length);
+    // Inside a free-text string, text without quotes, backslashes or control characters is
+    // always valid and leaves the shortest completion unchanged: skip simulating it.
+    const freeString =
+      state.inFreeString && (budget === null || state.completion().length <= budget);
+    const firstChar = new Map<string, boolean>();
     texts.forEach((text, id) => {
       if (text === null) return;
+      if (freeString && this.plain(id)) {
+        mask[id] = 1;
+        return;
+      }
+      const first = text[0]!;
+      let ok = firstChar.get(first);
+      if (ok === undefined) {
+        ok = state.clone().feed(first);
+        firstChar.set(first, ok);
+      }
+      if (!ok) return;
       const next = state.clone();
       if (!next.feed(text)) return;
       if (budget !== null && next.completion().length > budget) return;
       mask[id] = 1;
     });
     return mask;
+  }
+
+  private plainTokens: Uint8Array | null = null;
+
+  /** Whether a token's text can sit inside a JSON string as is. */
+  private plain(id: number): boolean {
+    if (!this.plainTokens) {
+      this.plainTokens = Uint8Array.from(this.texts(), (text) => {
+        if (text === null) return 0;
+        for (let i = 0; i < text.length; i++) {
+          const code = text.charCodeAt(i);
+          if (code < 0x20 || code === 0x22 || code === 0x5c) return 0;
+        }
+        return 1;
+      });
+    }
+    return this.plainTokens[id] === 1;
   }
 
   private longestToken = 0;

@@ -1,4 +1,5 @@
 import type { Kernels } from "./kernels.ts";
+import { addLoraRows, type LoraAdapter } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
 
 /** Keys and values of one sequence, per layer, [maxPositions, kvHeads·headDim]. */
@@ -22,6 +23,8 @@ export interface ForwardItem {
   cache: KvCache;
   /** New tokens appended after the cache's current length. */
   tokens: readonly number[];
+  /** A LoRA adapter applied to this item's rows only (the base GEMMs stay shared). */
+  adapter?: LoraAdapter | null;
 }
 
 /**
@@ -67,6 +70,7 @@ export function forwardBatch(
   const gate = new Float32Array(rows * I);
   const up = new Float32Array(rows * I);
   const ver = model.version;
+  const lora = items.some((item) => item.adapter);
 
   for (let l = 0; l < config.numLayers; l++) {
     const layer = weights.layers[l]!;
@@ -74,6 +78,11 @@ export function forwardBatch(
     kernels.matmulNT(q, h, layer.q, rows, qDim, D, false, ver);
     kernels.matmulNT(k, h, layer.k, rows, kvDim, D, false, ver);
     kernels.matmulNT(v, h, layer.v, rows, kvDim, D, false, ver);
+    if (lora) {
+      addLoraRows(kernels, items, l, "q", q, h, qDim, D);
+      addLoraRows(kernels, items, l, "k", k, h, kvDim, D);
+      addLoraRows(kernels, items, l, "v", v, h, kvDim, D);
+    }
     r = 0;
     for (const item of items) {
       const cache = item.cache;
@@ -102,12 +111,18 @@ export function forwardBatch(
       r += n;
     }
     kernels.matmulNT(proj, att, layer.o, rows, D, qDim, false, ver);
+    if (lora) addLoraRows(kernels, items, l, "o", proj, att, D, qDim);
     for (let i = 0; i < rows * D; i++) x[i] = x[i]! + proj[i]!;
     kernels.rmsNorm(h, x, layer.postNorm, rows, D, config.rmsNormEps);
     kernels.matmulNT(gate, h, layer.gate, rows, I, D, false, ver);
     kernels.matmulNT(up, h, layer.up, rows, I, D, false, ver);
+    if (lora) {
+      addLoraRows(kernels, items, l, "gate", gate, h, I, D);
+      addLoraRows(kernels, items, l, "up", up, h, I, D);
+    }
     kernels.swiglu(gate, gate, up, rows * I);
     kernels.matmulNT(proj, gate, layer.down, rows, D, I, false, ver);
+    if (lora) addLoraRows(kernels, items, l, "down", proj, gate, D, I);
     for (let i = 0; i < rows * D; i++) x[i] = x[i]! + proj[i]!;
   }
   for (const item of items) item.cache.length += item.tokens.length;

@@ -1,5 +1,10 @@
+import { mkdtemp } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { gguf } from "@huggingface/gguf";
 import { describe, expect, it } from "vitest";
-import { ggufBytes, permuteForGguf, readGguf } from "./gguf.ts";
+import { exportGguf, ggufBytes, permuteForGguf, readGguf } from "./gguf.ts";
+import { parameterCount } from "./model.ts";
 import { tinyModel } from "./test-fixtures.ts";
 
 describe("GGUF export", () => {
@@ -50,5 +55,21 @@ describe("GGUF export", () => {
       Array.from(permuteForGguf(model.weights.layers[0]!.k, 1, 16)),
     );
     for (const t of file.tensors) expect(t.offset % 32).toBe(0);
+  });
+
+  it("when parsed by Hugging Face's independent GGUF reader, then it agrees with ours", async () => {
+    const path = join(await mkdtemp(join(tmpdir(), "arbor-gguf-")), "tiny.gguf");
+    await exportGguf(model, path, "tiny");
+    const parsed = await gguf(path, { allowLocalFile: true, computeParametersCount: true });
+    const metadata = parsed.metadata as unknown as Record<string, unknown>;
+    expect(metadata["version"]).toBe(3);
+    expect(metadata["general.architecture"]).toBe("llama");
+    expect(metadata["llama.attention.head_count_kv"]).toBe(1);
+    expect(metadata["tokenizer.ggml.model"]).toBe("gpt2");
+    expect(parsed.parameterCount).toBe(parameterCount(model));
+    expect(Number(parsed.tensorDataOffset)).toBe(file.dataOffset);
+    expect(parsed.tensorInfos.map((t) => [t.name, t.shape.map(Number), Number(t.offset)])).toEqual(
+      file.tensors.map((t) => [t.name, t.dims, t.offset]),
+    );
   });
 });

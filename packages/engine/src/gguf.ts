@@ -1,4 +1,5 @@
 import { writeFile } from "node:fs/promises";
+import { CHATML_TEMPLATE } from "./chat.ts";
 import { configToJson } from "./config.ts";
 import type { Model } from "./model.ts";
 import type { LayerWeights } from "./weights.ts";
@@ -156,9 +157,6 @@ export function permuteForGguf(weight: Float32Array, heads: number, inDim: numbe
   }
   return out;
 }
-
-const CHATML_TEMPLATE =
-  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 const layerNames: Record<keyof LayerWeights, string> = {
   inputNorm: "attn_norm",

@@ -1,5 +1,7 @@
+export { batchFromChats } from "./batch.ts";
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
 export {
+  CHATML_TEMPLATE,
   type ChatMessage,
   type ChatRole,
   END_OF_TEXT,
@@ -31,7 +33,38 @@ export {
 } from "./gguf.ts";
 export { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 export { jsKernels, type Kernels } from "./kernels.ts";
-export { createModel, loadModel, type Model, parameterCount, saveModel } from "./model.ts";
+export {
+  adapterConfigJson,
+  adapterFromFiles,
+  adapterToFiles,
+  addLoraRows,
+  checkAdapter,
+  cloneAdapter,
+  createLoraAdapter,
+  type LinearHooks,
+  type LinearKey,
+  LORA_TARGETS,
+  type LoraAdapter,
+  type LoraConfig,
+  type LoraModule,
+  type LoraParameter,
+  type LoraTarget,
+  loadAdapter,
+  loraHooks,
+  loraParameterCount,
+  loraParameters,
+  saveAdapter,
+  zerosLikeAdapter,
+} from "./lora.ts";
+export { LoraTrainer, type LoraTrainerOptions } from "./lora-train.ts";
+export {
+  createModel,
+  loadModel,
+  type Model,
+  parameterCount,
+  saveModel,
+  tokenizerConfig,
+} from "./model.ts";
 export {
   AdamW,
   type AdamWOptions,
@@ -43,6 +76,14 @@ export {
   Trainer,
   type TrainerOptions,
 } from "./optim.ts";
+export {
+  type RlConfig,
+  type RlLoss,
+  type RlStepMetrics,
+  type Trajectory,
+  type TrajectoryGroup,
+  trainRlStep,
+} from "./rl.ts";
 export { deriveSeed, Rng } from "./rng.ts";
 export {
   type NamedTensor,
@@ -50,8 +91,33 @@ export {
   saveSafetensors,
   type TensorMap,
 } from "./safetensors.ts";
+export {
+  microBatches,
+  planSft,
+  type SftConfig,
+  type SftExample,
+  type SftOptions,
+  type SftProgress,
+  type SftResult,
+  type SftStepMetrics,
+  trainSft,
+} from "./sft.ts";
 export { type AddedToken, Tokenizer, trainBpe } from "./tokenizer.ts";
-export { type LossResult, lossAndGradients, type TrainBatch } from "./train.ts";
+export {
+  type LossOptions,
+  type LossResult,
+  lossAndGradients,
+  type TrainBatch,
+} from "./train.ts";
+export {
+  packBatch,
+  type TokenizedChat,
+  TrainingInputError,
+  toChatMessage,
+  tokenizeChat,
+  type WeightedSequence,
+  withTools,
+} from "./training-data.ts";
 export {
   createWasmKernels,
   defaultKernels,

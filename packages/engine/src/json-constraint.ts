@@ -60,6 +60,12 @@ export class JsonConstraint {
     return copy;
   }
 
+  /** True inside a string value with no enum or key options (any plain text continues it). */
+  get inFreeString(): boolean {
+    const top = this.stack[this.stack.length - 1];
+    return top?.kind === "string" && top.options === null && top.escape === "";
+  }
+
   /** True once a complete top-level value has been read. */
   get complete(): boolean {
     if (this.done) return true;

@@ -1,7 +1,8 @@
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import { CHATML_TEMPLATE, END_OF_TEXT } from "./chat.ts";
 import { configToJson, type ModelConfig, parseConfig } from "./config.ts";
-import { readSafetensors, saveSafetensors } from "./safetensors.ts";
+import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
 import { Tokenizer } from "./tokenizer.ts";
 import {
   countParameters,
@@ -55,8 +56,27 @@ export async function loadModel(dir: string): Promise<Model> {
   const tokenizer = Tokenizer.fromJson(
     JSON.parse(await readFile(join(dir, "tokenizer.json"), "utf8")),
   );
-  const { tensors } = readSafetensors(await readFile(join(dir, "model.safetensors")));
+  const tensors = await readWeights(dir);
   return createModel(config, weightsFromTensors(config, tensors), tokenizer);
+}
+
+/** model.safetensors, or the shards listed in model.safetensors.index.json. */
+async function readWeights(dir: string): Promise<TensorMap> {
+  let index: { weight_map?: Record<string, string> } | null = null;
+  try {
+    index = JSON.parse(await readFile(join(dir, "model.safetensors.index.json"), "utf8"));
+  } catch {
+    index = null;
+  }
+  const files = index?.weight_map
+    ? [...new Set(Object.values(index.weight_map))]
+    : ["model.safetensors"];
+  const tensors: TensorMap = new Map();
+  for (const file of files) {
+    for (const [name, tensor] of readSafetensors(await readFile(join(dir, file))).tensors)
+      tensors.set(name, tensor);
+  }
+  return tensors;
 }
 
 export async function saveModel(model: Model, dir: string): Promise<void> {
@@ -67,9 +87,43 @@ export async function saveModel(model: Model, dir: string): Promise<void> {
   );
   await writeFile(join(dir, "tokenizer.json"), JSON.stringify(model.tokenizer.toJson()));
   await writeFile(
+    join(dir, "tokenizer_config.json"),
+    `${JSON.stringify(tokenizerConfig(model), null, 2)}\n`,
+  );
+  await writeFile(
     join(dir, "model.safetensors"),
     saveSafetensors(weightsToTensors(model.config, model.weights), { format: "pt" }),
   );
+}
+
+/** HF tokenizer_config.json: special tokens and the ChatML chat template. */
+export function tokenizerConfig(model: Model): Record<string, unknown> {
+  const t = model.tokenizer;
+  const name = (id: number | null | undefined) => (id == null ? null : (t.idToToken[id] ?? null));
+  return {
+    tokenizer_class: "PreTrainedTokenizerFast",
+    add_bos_token: false,
+    add_eos_token: false,
+    bos_token: name(model.config.bosTokenId),
+    eos_token: name(model.config.eosTokenId[0]),
+    pad_token: t.tokenId(END_OF_TEXT) === undefined ? null : END_OF_TEXT,
+    model_max_length: model.config.maxPositions,
+    clean_up_tokenization_spaces: false,
+    chat_template: CHATML_TEMPLATE,
+    added_tokens_decoder: Object.fromEntries(
+      t.addedTokens.map((a) => [
+        String(a.id),
+        {
+          content: a.content,
+          lstrip: false,
+          rstrip: false,
+          normalized: false,
+          single_word: false,
+          special: a.special,
+        },
+      ]),
+    ),
+  };
 }
 
 export function parameterCount(model: Model): number {

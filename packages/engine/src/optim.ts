@@ -12,11 +12,15 @@ export interface LrSchedule {
   totalSteps: number;
   /** The floor, as a fraction of the peak, that linear and cosine decay towards. */
   minRatio?: number;
+  /** An explicit per-step list; overrides everything else (the last value holds after its end). */
+  values?: readonly number[];
 }
 
 /** Linear warm-up to the peak, then constant, linear or cosine decay to peak·minRatio. */
 export function learningRate(schedule: LrSchedule, step: number): number {
   const { peak, warmupSteps, totalSteps, kind } = schedule;
+  const values = schedule.values;
+  if (values && values.length > 0) return values[Math.min(Math.max(0, step), values.length - 1)]!;
   if (warmupSteps > 0 && step < warmupSteps) return (peak * (step + 1)) / warmupSteps;
   if (kind === "constant") return peak;
   const min = peak * (schedule.minRatio ?? 0);
@@ -56,6 +60,26 @@ export class AdamW {
 
   get stepCount(): number {
     return this.t;
+  }
+
+  /** The moments (live arrays, in parameter order) and the step count, for checkpoints. */
+  getState(): { step: number; m: Float32Array[]; v: Float32Array[] } {
+    return { step: this.t, m: this.m, v: this.v };
+  }
+
+  /** Restores moments and step count saved by `getState` (shapes must match). */
+  setState(state: { step: number; m: readonly Float32Array[]; v: readonly Float32Array[] }): void {
+    if (state.m.length !== this.m.length || state.v.length !== this.v.length) {
+      throw new Error("AdamW: state has a different number of parameters");
+    }
+    state.m.forEach((m, i) => {
+      if (m.length !== this.m[i]!.length || state.v[i]!.length !== this.v[i]!.length) {
+        throw new Error(`AdamW: state tensor ${i} has a different size`);
+      }
+      this.m[i]!.set(m);
+      this.v[i]!.set(state.v[i]!);
+    });
+    this.t = state.step;
   }
 
   step(grads: Float32Array[], lr: number): void {

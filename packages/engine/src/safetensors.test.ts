@@ -1,4 +1,4 @@
-import { mkdtemp } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -46,5 +46,28 @@ describe("safetensors", () => {
     );
     expect(Array.from(loaded.weights.lmHead!)).toEqual(Array.from(model.weights.lmHead!));
     expect(loaded.tokenizer.encode("The cat")).toEqual(model.tokenizer.encode("The cat"));
+  });
+
+  it("when weights are sharded with an index, then the model loads from the shards", async () => {
+    const model = tinyModel(2);
+    const dir = await mkdtemp(join(tmpdir(), "arbor-engine-"));
+    await saveModel(model, dir);
+    const { tensors } = readSafetensors(await readFile(join(dir, "model.safetensors")));
+    const names = [...tensors.keys()];
+    const half = Math.floor(names.length / 2);
+    const shard = (part: string[]) => new Map(part.map((n) => [n, tensors.get(n)!]));
+    await writeFile(join(dir, "a.safetensors"), saveSafetensors(shard(names.slice(0, half))));
+    await writeFile(join(dir, "b.safetensors"), saveSafetensors(shard(names.slice(half))));
+    const weightMap = Object.fromEntries(
+      names.map((n, i) => [n, i < half ? "a.safetensors" : "b.safetensors"]),
+    );
+    await writeFile(
+      join(dir, "model.safetensors.index.json"),
+      JSON.stringify({ weight_map: weightMap }),
+    );
+    await rm(join(dir, "model.safetensors"));
+    const loaded = await loadModel(dir);
+    expect(Array.from(loaded.weights.norm)).toEqual(Array.from(model.weights.norm));
+    expect(Array.from(loaded.weights.layers[1]!.q)).toEqual(Array.from(model.weights.layers[1]!.q));
   });
 });

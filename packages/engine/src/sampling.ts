@@ -40,6 +40,7 @@ export function logSoftmax(logits: Float32Array, allowed: Uint8Array | null): Fl
 
 export function topLogprobs(logprobs: Float64Array, k: number): TopLogprob[] {
   const best: TopLogprob[] = [];
+  if (k <= 0) return best;
   for (let i = 0; i < logprobs.length; i++) {
     const logprob = logprobs[i]!;
     if (logprob === Number.NEGATIVE_INFINITY) continue;

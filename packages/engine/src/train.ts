@@ -1,4 +1,5 @@
 import type { Kernels } from "./kernels.ts";
+import type { LinearHooks } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
 import type { ModelWeights } from "./weights.ts";
 
@@ -19,6 +20,21 @@ export interface LossResult {
   weight: number;
   /** log p(target) at every position, for policy-gradient objectives. */
   tokenLogprobs: Float32Array;
+  /** Entropy of the predicted distribution at positions with a non-zero mask (when asked for). */
+  entropy?: Float32Array;
+}
+
+/** Extras for adapters and custom objectives (all optional). */
+export interface LossOptions {
+  /** Adds to every base linear (e.g. LoRA); with `backward`, base gradients may be skipped. */
+  hooks?: LinearHooks;
+  /**
+   * A custom objective of the token log-probs: returns the loss and d(loss)/d(log p) per
+   * position. Replaces the masked mean cross-entropy (the mask then only selects entropy rows).
+   */
+  objective?: (tokenLogprobs: Float32Array) => { loss: number; grad: Float32Array };
+  /** Compute the entropy at masked positions. */
+  entropy?: boolean;
 }
 
 interface LayerActivations {
@@ -46,7 +62,9 @@ export function lossAndGradients(
   kernels: Kernels,
   batch: TrainBatch,
   grads: ModelWeights | null,
+  options: LossOptions = {},
 ): LossResult {
+  const hooks = options.hooks;
   const { config, weights, rope } = model;
   const B = batch.batchSize;
   const T = batch.seqLen;
@@ -90,6 +108,9 @@ export function lossAndGradients(
     kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
     kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D, false, ver);
     kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
+    hooks?.forward(l, "q", a.q, a.h1, R);
+    hooks?.forward(l, "k", a.k, a.h1, R);
+    hooks?.forward(l, "v", a.v, a.h1, R);
     for (let r = 0; r < R; r++) {
       const pos = r % T;
       for (let h = 0; h < H; h++) applyRope(a.q, r * qDim + h * hd, pos, rope);
@@ -110,12 +131,16 @@ export function lossAndGradients(
     }
     const proj = new Float32Array(R * D);
     kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
+    hooks?.forward(l, "o", proj, a.att, R);
     for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
     rmsNormSaving(a.h2, a.inv2, a.xMid, layer.postNorm, R, D, eps);
     kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D, false, ver);
     kernels.matmulNT(a.up, a.h2, layer.up, R, I, D, false, ver);
+    hooks?.forward(l, "gate", a.gate, a.h2, R);
+    hooks?.forward(l, "up", a.up, a.h2, R);
     kernels.swiglu(a.act, a.gate, a.up, R * I);
     kernels.matmulNT(proj, a.act, layer.down, R, D, I, false, ver);
+    hooks?.forward(l, "down", proj, a.act, R);
     const xOut = new Float32Array(R * D);
     for (let i = 0; i < R * D; i++) xOut[i] = a.xMid[i]! + proj[i]!;
     saved.push(a);
@@ -141,24 +166,39 @@ export function lossAndGradients(
   }
   const rowMax = new Float32Array(R);
   const rowSum = new Float32Array(R);
+  if (options.objective || options.entropy) rowScale.fill(1);
   kernels.softmaxRows(logits, R, V, rowScale, rowMax, rowSum);
   let lossSum = 0;
   for (let r = 0; r < R; r++) {
     const logp = targetLogits[r]! - rowMax[r]! - Math.log(rowSum[r]!);
     tokenLogprobs[r] = logp;
     lossSum -= batch.lossMask[r]! * logp;
+  }
+  const result: LossResult = { loss: lossSum * norm, weight, tokenLogprobs };
+  if (options.entropy) result.entropy = rowEntropy(logits, batch.lossMask, R, V);
+  if (options.objective) {
+    // Rows hold probabilities: d(loss)/d(logits) = −g·(onehot − p) per row.
+    const { loss, grad } = options.objective(tokenLogprobs);
+    result.loss = loss;
+    for (let r = 0; r < R; r++) rowScale[r] = -grad[r]!;
+    scaleRows(logits, rowScale, R, V);
+  } else if (options.entropy) {
+    for (let r = 0; r < R; r++) rowScale[r] = batch.lossMask[r]! * norm;
+    scaleRows(logits, rowScale, R, V);
+  }
+  for (let r = 0; r < R; r++) {
     const o = r * V + batch.targets[r]!;
     logits[o] = logits[o]! - rowScale[r]!;
   }
-  const result = { loss: lossSum * norm, weight, tokenLogprobs };
-  if (!grads) return result;
+  if (!grads && !hooks?.backward) return result;
 
   const dLogits = logits;
   const dHf = new Float32Array(R * D);
   kernels.matmulNN(dHf, dLogits, head, R, D, V, false, ver);
-  kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
+  if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
   let dx = new Float32Array(R * D);
-  rmsNormBackward(dx, grads.norm, dHf, x, invF, weights.norm, R, D);
+  const noGrad = new Float32Array(D);
+  rmsNormBackward(dx, grads?.norm ?? noGrad, dHf, x, invF, weights.norm, R, D);
 
   const dH = new Float32Array(R * D);
   const dAct = new Float32Array(R * I);
@@ -170,22 +210,26 @@ export function lossAndGradients(
   const dv = new Float32Array(R * kvDim);
   for (let l = config.numLayers - 1; l >= 0; l--) {
     const layer = weights.layers[l]!;
-    const g = grads.layers[l]!;
+    const g = grads?.layers[l];
     const a = saved[l]!;
     // MLP: x_out = x_mid + down(silu(gate) * up)
     kernels.matmulNN(dAct, dx, layer.down, R, I, D, false, ver);
-    kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
+    hooks?.backward?.(l, "down", dx, a.act, dAct, R);
+    if (g) kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
     kernels.swigluBackward(dGate, dUp, dAct, a.gate, a.up, R * I);
     kernels.matmulNN(dH, dGate, layer.gate, R, D, I, false, ver);
     kernels.matmulNN(dH, dUp, layer.up, R, D, I, true, ver);
-    kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
-    kernels.matmulTN(g.up, dUp, a.h2, I, D, R, true);
+    hooks?.backward?.(l, "gate", dGate, a.h2, dH, R);
+    hooks?.backward?.(l, "up", dUp, a.h2, dH, R);
+    if (g) kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
+    if (g) kernels.matmulTN(g.up, dUp, a.h2, I, D, R, true);
     const dMid = new Float32Array(R * D);
-    rmsNormBackward(dMid, g.postNorm, dH, a.xMid, a.inv2, layer.postNorm, R, D);
+    rmsNormBackward(dMid, g?.postNorm ?? noGrad, dH, a.xMid, a.inv2, layer.postNorm, R, D);
     for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
     // Attention: x_mid = x_in + o(attention(q, k, v))
     kernels.matmulNN(dAtt, dMid, layer.o, R, qDim, D, false, ver);
-    kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
+    hooks?.backward?.(l, "o", dMid, a.att, dAtt, R);
+    if (g) kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
     dq.fill(0);
     dk.fill(0);
     dv.fill(0);
@@ -214,20 +258,48 @@ export function lossAndGradients(
     kernels.matmulNN(dH, dq, layer.q, R, D, qDim, false, ver);
     kernels.matmulNN(dH, dk, layer.k, R, D, kvDim, true, ver);
     kernels.matmulNN(dH, dv, layer.v, R, D, kvDim, true, ver);
-    kernels.matmulTN(g.q, dq, a.h1, qDim, D, R, true);
-    kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
-    kernels.matmulTN(g.v, dv, a.h1, kvDim, D, R, true);
+    hooks?.backward?.(l, "q", dq, a.h1, dH, R);
+    hooks?.backward?.(l, "k", dk, a.h1, dH, R);
+    hooks?.backward?.(l, "v", dv, a.h1, dH, R);
+    if (g) kernels.matmulTN(g.q, dq, a.h1, qDim, D, R, true);
+    if (g) kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
+    if (g) kernels.matmulTN(g.v, dv, a.h1, kvDim, D, R, true);
     const dIn = new Float32Array(R * D);
-    rmsNormBackward(dIn, g.inputNorm, dH, a.xIn, a.inv1, layer.inputNorm, R, D);
+    rmsNormBackward(dIn, g?.inputNorm ?? noGrad, dH, a.xIn, a.inv1, layer.inputNorm, R, D);
     for (let i = 0; i < R * D; i++) dIn[i] = dIn[i]! + dMid[i]!;
     dx = dIn;
   }
+  if (!grads) return result;
   for (let r = 0; r < R; r++) {
     const token = batch.inputs[r]!;
     const o = token * D;
     for (let i = 0; i < D; i++) grads.embed[o + i] = grads.embed[o + i]! + dx[r * D + i]!;
   }
   return result;
+}
+
+/** −Σ p·log p of each row of probabilities whose mask is non-zero (0 elsewhere). */
+function rowEntropy(p: Float32Array, mask: Float32Array, R: number, V: number): Float32Array {
+  const out = new Float32Array(R);
+  for (let r = 0; r < R; r++) {
+    if (mask[r] === 0) continue;
+    let h = 0;
+    for (let i = r * V; i < (r + 1) * V; i++) {
+      const pi = p[i]!;
+      if (pi > 0) h -= pi * Math.log(pi);
+    }
+    out[r] = h;
+  }
+  return out;
+}
+
+function scaleRows(x: Float32Array, scale: Float32Array, R: number, V: number): void {
+  for (let r = 0; r < R; r++) {
+    const s = scale[r]!;
+    const row = x.subarray(r * V, (r + 1) * V);
+    if (s === 0) row.fill(0);
+    else for (let i = 0; i < V; i++) row[i] = row[i]! * s;
+  }
 }
 
 function rmsNormSaving(

@@ -65,6 +65,22 @@ describe("WASM kernels", () => {
     }
   }
 
+  it("when a weight-gradient GEMM sums more rows than one chunk, then it still matches JS", () => {
+    const kernels = createWasmKernels();
+    const rng = new Rng(77);
+    const [M, N, K] = [12, 16, 300];
+    const a = random(K * M, rng);
+    const b = random(K * N, rng);
+    const want = random(M * N, rng);
+    const got = Float32Array.from(want);
+    jsKernels.matmulTN(want, a, b, M, N, K, true);
+    kernels.matmulTN(got, a, b, M, N, K, true);
+    expectClose(got, want, 1e-3);
+    jsKernels.matmulTN(want, a, b, M, N, K);
+    kernels.matmulTN(got, a, b, M, N, K);
+    expectClose(got, want, 1e-3);
+  });
+
   for (const variant of ["relaxed", "simd"] as const) {
     const kernels = createWasmKernels(variant);
     it(`when ${variant} rmsNorm, swiglu and attention run, then they match the JS kernels`, () => {
@@ -97,6 +113,20 @@ describe("WASM kernels", () => {
       jsKernels.attention(wantA, q, keys, values, n, start, H, KV, hd);
       kernels.attention(gotA, q, keys, values, n, start, H, KV, hd);
       expectClose(gotA, wantA, 1e-5);
+
+      // Decoding: the cache grows one row per call; the kernel's arena mirror must follow it.
+      const cacheK = new Float32Array(12 * KV * hd);
+      const cacheV = new Float32Array(12 * KV * hd);
+      for (let pos = 0; pos < 12; pos++) {
+        cacheK.set(random(KV * hd, rng), pos * KV * hd);
+        cacheV.set(random(KV * hd, rng), pos * KV * hd);
+        const q1 = random(H * hd, rng);
+        const want1 = new Float32Array(H * hd);
+        const got1 = new Float32Array(H * hd);
+        jsKernels.attention(want1, q1, cacheK, cacheV, 1, pos, H, KV, hd);
+        kernels.attention(got1, q1, cacheK, cacheV, 1, pos, H, KV, hd);
+        expectClose(got1, want1, 1e-5);
+      }
 
       // Backward over a whole sequence of 7 rows, accumulating into non-zero gradients.
       const T = 7;

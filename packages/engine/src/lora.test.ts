@@ -1,0 +1,250 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { jsKernels } from "./kernels.ts";
+import {
+  adapterFromFiles,
+  adapterToFiles,
+  createLoraAdapter,
+  loadAdapter,
+  loraHooks,
+  loraParameters,
+  saveAdapter,
+  zerosLikeAdapter,
+} from "./lora.ts";
+import { LoraTrainer } from "./lora-train.ts";
+import { Rng } from "./rng.ts";
+import { readSafetensors } from "./safetensors.ts";
+import { tinyModel } from "./test-fixtures.ts";
+import { lossAndGradients, type TrainBatch } from "./train.ts";
+import { createWasmKernels } from "./wasm/kernels.ts";
+import { parameters } from "./weights.ts";
+
+function randomBatch(vocab: number, B: number, T: number, seed: number): TrainBatch {
+  const rng = new Rng(seed);
+  const inputs = new Int32Array(B * T);
+  const targets = new Int32Array(B * T);
+  const lossMask = new Float32Array(B * T);
+  for (let i = 0; i < B * T; i++) {
+    inputs[i] = rng.int(vocab);
+    targets[i] = rng.int(vocab);
+    lossMask[i] = rng.next() < 0.7 ? 1 : 0;
+  }
+  return { batchSize: B, seqLen: T, inputs, targets, lossMask };
+}
+
+/** An adapter with non-zero B, so both A and B get gradients. */
+function randomAdapter(model: ReturnType<typeof tinyModel>, seed: number) {
+  const adapter = createLoraAdapter(model, { rank: 3, alpha: 6 }, seed);
+  const rng = new Rng(seed + 1);
+  for (const p of loraParameters(adapter)) {
+    for (let i = 0; i < p.data.length; i++) p.data[i] = rng.normal() * 0.1;
+  }
+  return adapter;
+}
+
+describe("LoRA gradients", () => {
+  it("when compared with central finite differences, then every A and B gradient agrees and base weights get none", () => {
+    const model = tinyModel(21);
+    for (const p of parameters(model.config, model.weights)) {
+      if (p.shape.length === 2)
+        for (let i = 0; i < p.data.length; i++) p.data[i] = p.data[i]! * 0.5;
+    }
+    const adapter = randomAdapter(model, 4);
+    const batch = randomBatch(model.config.vocabSize, 2, 6, 12);
+    const grads = zerosLikeAdapter(adapter);
+    const before = parameters(model.config, model.weights).map((p) => Float32Array.from(p.data));
+    lossAndGradients(model, jsKernels, batch, null, {
+      hooks: loraHooks(adapter, jsKernels, grads),
+    });
+    parameters(model.config, model.weights).forEach((p, i) => {
+      expect(p.data, p.name).toEqual(before[i]);
+    });
+    const loss = () =>
+      lossAndGradients(model, jsKernels, batch, null, {
+        hooks: loraHooks(adapter, jsKernels, null),
+      }).loss;
+    const gradParams = loraParameters(grads);
+    const rng = new Rng(5);
+    loraParameters(adapter).forEach((p, index) => {
+      const g = gradParams[index]!.data;
+      const order = [...g.keys()].sort((a, b) => Math.abs(g[b]!) - Math.abs(g[a]!));
+      for (const i of [...order.slice(0, 2), rng.int(g.length)]) {
+        const original = p.data[i]!;
+        const h = 1e-2;
+        p.data[i] = original + h;
+        const up = loss();
+        p.data[i] = original - h;
+        const down = loss();
+        p.data[i] = original;
+        const numeric = (up - down) / (2 * h);
+        expect(Math.abs(numeric - g[i]!), `${p.name}[${i}]`).toBeLessThan(
+          2e-4 + 0.02 * Math.abs(numeric),
+        );
+      }
+    });
+  });
+
+  it("when a custom objective is given, then its gradient matches finite differences", () => {
+    const model = tinyModel(22);
+    const adapter = randomAdapter(model, 6);
+    const batch = randomBatch(model.config.vocabSize, 1, 7, 13);
+    const coef = Float32Array.from({ length: 7 }, (_, i) => (i % 3) - 1);
+    // loss = Σ coef·exp(logp) (a ratio-like, non-linear objective of the log-probs).
+    const objective = (lp: Float32Array) => {
+      const grad = new Float32Array(lp.length);
+      let loss = 0;
+      for (let r = 0; r < lp.length; r++) {
+        loss += coef[r]! * Math.exp(lp[r]!);
+        grad[r] = coef[r]! * Math.exp(lp[r]!);
+      }
+      return { loss, grad };
+    };
+    const grads = zerosLikeAdapter(adapter);
+    lossAndGradients(model, jsKernels, batch, null, {
+      hooks: loraHooks(adapter, jsKernels, grads),
+      objective,
+    });
+    const p = loraParameters(adapter)[1]!;
+    const g = loraParameters(grads)[1]!.data;
+    for (const i of [0, 5, 11]) {
+      const original = p.data[i]!;
+      const h = 1e-2;
+      const at = (x: number) => {
+        p.data[i] = x;
+        return lossAndGradients(model, jsKernels, batch, null, {
+          hooks: loraHooks(adapter, jsKernels, null),
+          objective,
+        }).loss;
+      };
+      const numeric = (at(original + h) - at(original - h)) / (2 * h);
+      p.data[i] = original;
+      expect(Math.abs(numeric - g[i]!)).toBeLessThan(1e-4 + 0.02 * Math.abs(numeric));
+    }
+  });
+
+  it("when B is zero (a fresh adapter), then the loss equals the base model's exactly", () => {
+    const model = tinyModel(23);
+    const adapter = createLoraAdapter(model, {}, 1);
+    const batch = randomBatch(model.config.vocabSize, 2, 5, 14);
+    const kernels = createWasmKernels();
+    const base = lossAndGradients(model, kernels, batch, null);
+    const withAdapter = lossAndGradients(model, kernels, batch, null, {
+      hooks: loraHooks(adapter, kernels, null),
+    });
+    expect(withAdapter.loss).toBe(base.loss);
+  });
+
+  it("when trained with LoraTrainer, then the loss falls and only the adapter changes", () => {
+    const model = tinyModel(24);
+    const before = parameters(model.config, model.weights).map((p) => Float32Array.from(p.data));
+    const adapter = createLoraAdapter(model, { rank: 4, alpha: 8 }, 2);
+    const trainer = new LoraTrainer(model, adapter, { kernels: jsKernels });
+    const batch = randomBatch(model.config.vocabSize, 2, 8, 15);
+    const losses: number[] = [];
+    for (let i = 0; i < 30; i++) {
+      losses.push(trainer.backward(batch).loss);
+      trainer.step(2e-2);
+    }
+    expect(losses.at(-1)!).toBeLessThan(losses[0]! * 0.7);
+    parameters(model.config, model.weights).forEach((p, i) => {
+      expect(p.data, p.name).toEqual(before[i]);
+    });
+  });
+});
+
+describe("LoRA files", () => {
+  it("when saved, then the files follow PEFT's layout and load back bit-identically", async () => {
+    const model = tinyModel(25);
+    const adapter = randomAdapter(model, 7);
+    adapter.baseModel = "arbor/tiny";
+    const files = adapterToFiles(adapter);
+    const config = JSON.parse(new TextDecoder().decode(files["adapter_config.json"]));
+    expect(config).toMatchObject({
+      peft_type: "LORA",
+      task_type: "CAUSAL_LM",
+      r: 3,
+      lora_alpha: 6,
+      base_model_name_or_path: "arbor/tiny",
+      target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    });
+    const { tensors } = readSafetensors(files["adapter_model.safetensors"]!);
+    const qa = tensors.get("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+    const qb = tensors.get("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
+    const down = tensors.get("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+    const c = model.config;
+    expect(qa?.shape).toEqual([3, c.hiddenSize]);
+    expect(qb?.shape).toEqual([c.numHeads * c.headDim, 3]);
+    expect(down?.shape).toEqual([c.hiddenSize, 3]);
+    expect(tensors.size).toBe(2 * 7 * c.numLayers);
+
+    const back = adapterFromFiles(files, model);
+    expect(adapterToFiles(back)).toEqual(files);
+    const dir = await mkdtemp(join(tmpdir(), "arbor-lora-"));
+    try {
+      await saveAdapter(adapter, dir);
+      expect(adapterToFiles(await loadAdapter(dir, model))).toEqual(files);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("when the target modules are a subset, then only those are adapted and saved", () => {
+    const model = tinyModel(26);
+    const adapter = createLoraAdapter(model, { targetModules: ["v_proj", "q_proj"], rank: 2 });
+    expect(adapter.targetModules).toEqual(["q_proj", "v_proj"]);
+    expect(loraParameters(adapter).map((p) => p.name)).toEqual([
+      "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+      "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight",
+      "base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight",
+      "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight",
+      "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight",
+      "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight",
+      "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight",
+      "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight",
+    ]);
+  });
+
+  it("when a file does not fit the base model, then loading throws naming the tensor", () => {
+    const model = tinyModel(27);
+    const other = tinyModel(27, { hiddenSize: 24, headDim: 12 });
+    const files = adapterToFiles(createLoraAdapter(other, { rank: 2 }));
+    expect(() => adapterFromFiles(files, model)).toThrow(/q_proj\.lora_A\.weight has shape/);
+    expect(() => adapterFromFiles({}, model)).toThrow(/adapter_config\.json/);
+    const config = (targets: unknown) =>
+      new TextEncoder().encode(
+        JSON.stringify({ peft_type: "LORA", r: 2, lora_alpha: 4, target_modules: targets }),
+      );
+    const own = adapterToFiles(createLoraAdapter(model, { rank: 2, alpha: 4 }));
+    expect(() =>
+      adapterFromFiles({ ...own, "adapter_config.json": config(["lm_head"]) }, model),
+    ).toThrow(/no supported target module/);
+    expect(
+      adapterFromFiles({ ...own, "adapter_config.json": config("all-linear") }, model)
+        .targetModules,
+    ).toHaveLength(7);
+  });
+
+  it("when the optimizer state is saved and restored, then training continues identically", () => {
+    const model = tinyModel(28);
+    const batch = randomBatch(model.config.vocabSize, 2, 6, 16);
+    const run = (split: boolean) => {
+      let adapter = createLoraAdapter(model, { rank: 2 }, 3);
+      let trainer = new LoraTrainer(model, adapter, { kernels: jsKernels });
+      for (let i = 0; i < 6; i++) {
+        if (split && i === 3) {
+          const state = trainer.optimizerStateToBytes();
+          adapter = adapterFromFiles(adapterToFiles(adapter), model);
+          trainer = new LoraTrainer(model, adapter, { kernels: jsKernels });
+          trainer.loadOptimizerState(state);
+          expect(trainer.stepCount).toBe(3);
+        }
+        trainer.backward(batch);
+        trainer.step(1e-2);
+      }
+      return adapterToFiles(adapter)["adapter_model.safetensors"];
+    };
+    expect(run(true)).toEqual(run(false));
+  });
+});

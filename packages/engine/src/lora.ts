@@ -1,0 +1,420 @@
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Kernels } from "./kernels.ts";
+import type { Model } from "./model.ts";
+import { Rng } from "./rng.ts";
+import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
+import { type LayerWeights, layerShape } from "./weights.ts";
+
+/** The linear layers an adapter can target, by their Hugging Face / PEFT module names. */
+export type LoraTarget =
+  | "q_proj"
+  | "k_proj"
+  | "v_proj"
+  | "o_proj"
+  | "gate_proj"
+  | "up_proj"
+  | "down_proj";
+
+export const LORA_TARGETS: readonly LoraTarget[] = [
+  "q_proj",
+  "k_proj",
+  "v_proj",
+  "o_proj",
+  "gate_proj",
+  "up_proj",
+  "down_proj",
+];
+
+export type LinearKey = "q" | "k" | "v" | "o" | "gate" | "up" | "down";
+
+const targetKey: Record<LoraTarget, LinearKey> = {
+  q_proj: "q",
+  k_proj: "k",
+  v_proj: "v",
+  o_proj: "o",
+  gate_proj: "gate",
+  up_proj: "up",
+  down_proj: "down",
+};
+
+export interface LoraConfig {
+  /** Rank r of the update B·A. Default 8. */
+  rank?: number;
+  /** The update is scaled by alpha / r. Default 16. */
+  alpha?: number;
+  /** Default: all seven linears of every layer. */
+  targetModules?: readonly LoraTarget[];
+  /** Written as `base_model_name_or_path`. */
+  baseModel?: string;
+}
+
+/** One adapted linear: W·x + scale·B·(A·x), with A [r, in] and B [out, r] (PyTorch layout). */
+export interface LoraModule {
+  a: Float32Array;
+  b: Float32Array;
+  inFeatures: number;
+  outFeatures: number;
+}
+
+export interface LoraAdapter {
+  rank: number;
+  alpha: number;
+  /** alpha / rank. */
+  scale: number;
+  targetModules: LoraTarget[];
+  baseModel: string;
+  /** Per base layer, the adapted linears. */
+  layers: Partial<Record<LinearKey, LoraModule>>[];
+}
+
+export interface LoraParameter {
+  /** PEFT tensor name, e.g. `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`. */
+  name: string;
+  shape: number[];
+  data: Float32Array;
+}
+
+/**
+ * A fresh adapter for a model: A drawn like PEFT's default (Kaiming-uniform, bound 1/√in) under
+ * the seed, B = 0, so step 0 is exactly the base model.
+ */
+export function createLoraAdapter(model: Model, config: LoraConfig = {}, seed = 0): LoraAdapter {
+  const rank = config.rank ?? 8;
+  const alpha = config.alpha ?? 16;
+  if (!Number.isInteger(rank) || rank < 1) throw new Error("lora: rank must be a positive integer");
+  const targetModules = [...(config.targetModules ?? LORA_TARGETS)];
+  for (const t of targetModules) {
+    if (!(t in targetKey)) throw new Error(`lora: unknown target module ${t}`);
+  }
+  const rng = new Rng(seed);
+  const layers = model.weights.layers.map(() => {
+    const modules: Partial<Record<LinearKey, LoraModule>> = {};
+    for (const target of LORA_TARGETS) {
+      if (!targetModules.includes(target)) continue;
+      const key = targetKey[target];
+      const [outFeatures, inFeatures] = layerShape(model.config, key) as [number, number];
+      const a = new Float32Array(rank * inFeatures);
+      const bound = 1 / Math.sqrt(inFeatures);
+      for (let i = 0; i < a.length; i++) a[i] = (2 * rng.next() - 1) * bound;
+      modules[key] = { a, b: new Float32Array(outFeatures * rank), inFeatures, outFeatures };
+    }
+    return modules;
+  });
+  return {
+    rank,
+    alpha,
+    scale: alpha / rank,
+    targetModules: LORA_TARGETS.filter((t) => targetModules.includes(t)),
+    baseModel: config.baseModel ?? "",
+    layers,
+  };
+}
+
+/** Throws unless the adapter's layers and module shapes fit the model. */
+export function checkAdapter(model: Model, adapter: LoraAdapter): void {
+  if (adapter.layers.length !== model.config.numLayers) {
+    throw new Error(
+      `lora: adapter has ${adapter.layers.length} layers, the model ${model.config.numLayers}`,
+    );
+  }
+  adapter.layers.forEach((modules, l) => {
+    for (const [key, m] of Object.entries(modules) as [LinearKey, LoraModule][]) {
+      const [out, inF] = layerShape(model.config, key) as [number, number];
+      if (
+        m.inFeatures !== inF ||
+        m.outFeatures !== out ||
+        m.a.length !== adapter.rank * inF ||
+        m.b.length !== out * adapter.rank
+      ) {
+        throw new Error(`lora: layer ${l} ${key}_proj does not fit the model's [${out}, ${inF}]`);
+      }
+    }
+  });
+}
+
+function peftPrefix(layer: number, key: LinearKey): string {
+  const group = key === "q" || key === "k" || key === "v" || key === "o" ? "self_attn" : "mlp";
+  return `base_model.model.model.layers.${layer}.${group}.${key}_proj`;
+}
+
+/** The trainable tensors, A then B per module, in a fixed order (optimizer and file order). */
+export function loraParameters(adapter: LoraAdapter): LoraParameter[] {
+  const out: LoraParameter[] = [];
+  adapter.layers.forEach((modules, l) => {
+    for (const target of LORA_TARGETS) {
+      const key = targetKey[target];
+      const m = modules[key];
+      if (!m) continue;
+      const prefix = peftPrefix(l, key);
+      out.push({ name: `${prefix}.lora_A.weight`, shape: [adapter.rank, m.inFeatures], data: m.a });
+      out.push({
+        name: `${prefix}.lora_B.weight`,
+        shape: [m.outFeatures, adapter.rank],
+        data: m.b,
+      });
+    }
+  });
+  return out;
+}
+
+export function loraParameterCount(adapter: LoraAdapter): number {
+  return loraParameters(adapter).reduce((n, p) => n + p.data.length, 0);
+}
+
+/** A deep copy (e.g. to keep a snapshot while training goes on). */
+export function cloneAdapter(adapter: LoraAdapter): LoraAdapter {
+  return {
+    ...adapter,
+    targetModules: [...adapter.targetModules],
+    layers: adapter.layers.map((modules) => {
+      const copy: Partial<Record<LinearKey, LoraModule>> = {};
+      for (const [key, m] of Object.entries(modules) as [LinearKey, LoraModule][]) {
+        copy[key] = { ...m, a: Float32Array.from(m.a), b: Float32Array.from(m.b) };
+      }
+      return copy;
+    }),
+  };
+}
+
+/** Zero-filled tensors with the adapter's layout (gradients). */
+export function zerosLikeAdapter(adapter: LoraAdapter): LoraAdapter {
+  const copy = cloneAdapter(adapter);
+  for (const p of loraParameters(copy)) p.data.fill(0);
+  return copy;
+}
+
+/** `adapter_config.json` in PEFT's LoraConfig layout. */
+export function adapterConfigJson(adapter: LoraAdapter): Record<string, unknown> {
+  return {
+    peft_type: "LORA",
+    task_type: "CAUSAL_LM",
+    base_model_name_or_path: adapter.baseModel,
+    r: adapter.rank,
+    lora_alpha: adapter.alpha,
+    lora_dropout: 0,
+    target_modules: adapter.targetModules,
+    bias: "none",
+    fan_in_fan_out: false,
+    inference_mode: true,
+    init_lora_weights: true,
+    modules_to_save: null,
+    use_rslora: false,
+    use_dora: false,
+    revision: null,
+  };
+}
+
+/** The two files of a PEFT adapter folder, as bytes (for blob stores). */
+export function adapterToFiles(adapter: LoraAdapter): Record<string, Uint8Array> {
+  const tensors: TensorMap = new Map();
+  for (const p of loraParameters(adapter)) tensors.set(p.name, { shape: p.shape, data: p.data });
+  return {
+    "adapter_config.json": new TextEncoder().encode(
+      `${JSON.stringify(adapterConfigJson(adapter), null, 2)}\n`,
+    ),
+    "adapter_model.safetensors": saveSafetensors(tensors, { format: "pt" }),
+  };
+}
+
+/**
+ * Reads a PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) for a base model,
+ * checking every tensor's shape against the base. Tensor names may carry PEFT's adapter-name
+ * infix (`lora_A.default.weight`).
+ */
+export function adapterFromFiles(
+  files: Record<string, Uint8Array | undefined>,
+  baseModel: Model,
+): LoraAdapter {
+  const configBytes = files["adapter_config.json"];
+  const weightBytes = files["adapter_model.safetensors"];
+  if (!configBytes || !weightBytes) {
+    throw new Error("lora: need adapter_config.json and adapter_model.safetensors");
+  }
+  const json = JSON.parse(new TextDecoder().decode(configBytes)) as Record<string, unknown>;
+  if (json["peft_type"] !== undefined && json["peft_type"] !== "LORA") {
+    throw new Error(`lora: unsupported peft_type ${String(json["peft_type"])}`);
+  }
+  const rank = json["r"];
+  const alpha = json["lora_alpha"] ?? rank;
+  if (typeof rank !== "number" || typeof alpha !== "number") {
+    throw new Error("lora: adapter_config.json needs numeric r and lora_alpha");
+  }
+  if (json["use_rslora"] === true || json["use_dora"] === true) {
+    throw new Error("lora: rsLoRA and DoRA adapters are not supported");
+  }
+  let targets = json["target_modules"];
+  if (typeof targets === "string") targets = [targets];
+  if (!Array.isArray(targets)) throw new Error("lora: adapter_config.json needs target_modules");
+  const listed = targets as unknown[];
+  const targetModules = listed.includes("all-linear")
+    ? [...LORA_TARGETS]
+    : LORA_TARGETS.filter((t) => listed.includes(t));
+  if (targetModules.length === 0) {
+    throw new Error(`lora: no supported target module in ${JSON.stringify(targets)}`);
+  }
+  const adapter = createLoraAdapter(baseModel, {
+    rank,
+    alpha,
+    targetModules,
+    baseModel:
+      typeof json["base_model_name_or_path"] === "string" ? json["base_model_name_or_path"] : "",
+  });
+  const { tensors } = readSafetensors(weightBytes);
+  const byName = new Map<string, { shape: number[]; data: Float32Array }>();
+  for (const [name, t] of tensors)
+    byName.set(name.replace(/\.lora_([AB])\.default\./, ".lora_$1."), t);
+  for (const p of loraParameters(adapter)) {
+    const t = byName.get(p.name);
+    if (!t) throw new Error(`lora: missing tensor ${p.name}`);
+    if (t.shape.join(",") !== p.shape.join(",")) {
+      throw new Error(`lora: ${p.name} has shape [${t.shape}], expected [${p.shape}]`);
+    }
+    p.data.set(t.data);
+    byName.delete(p.name);
+  }
+  if (byName.size > 0) {
+    throw new Error(`lora: unexpected tensor ${[...byName.keys()][0]} for this base model`);
+  }
+  return adapter;
+}
+
+export async function saveAdapter(adapter: LoraAdapter, dir: string): Promise<void> {
+  await mkdir(dir, { recursive: true });
+  for (const [name, bytes] of Object.entries(adapterToFiles(adapter))) {
+    await writeFile(join(dir, name), bytes);
+  }
+}
+
+export async function loadAdapter(dir: string, baseModel: Model): Promise<LoraAdapter> {
+  return adapterFromFiles(
+    {
+      "adapter_config.json": await readFile(join(dir, "adapter_config.json")),
+      "adapter_model.safetensors": await readFile(join(dir, "adapter_model.safetensors")),
+    },
+    baseModel,
+  );
+}
+
+/**
+ * Hooks the training forward/backward calls around every base linear. `forward` adds the
+ * adapter's output; `backward` (present when training) adds its input gradient and
+ * accumulates its own A/B gradients.
+ */
+export interface LinearHooks {
+  forward(layer: number, key: LinearKey, out: Float32Array, x: Float32Array, rows: number): void;
+  backward?(
+    layer: number,
+    key: LinearKey,
+    dOut: Float32Array,
+    x: Float32Array,
+    dX: Float32Array,
+    rows: number,
+  ): void;
+}
+
+/**
+ * LoRA hooks for `lossAndGradients`: pass `grads` (e.g. from `zerosLikeAdapter`) to train the
+ * adapter; A·x is kept from forward to backward.
+ */
+export function loraHooks(
+  adapter: LoraAdapter,
+  kernels: Kernels,
+  grads: LoraAdapter | null,
+): LinearHooks {
+  const r = adapter.rank;
+  const s = adapter.scale;
+  const saved = new Map<string, Float32Array>();
+  const hooks: LinearHooks = {
+    forward(layer, key, out, x, rows) {
+      const m = adapter.layers[layer]?.[key];
+      if (!m) return;
+      const xa = new Float32Array(rows * r);
+      kernels.matmulNT(xa, x, m.a, rows, r, m.inFeatures);
+      for (let i = 0; i < xa.length; i++) xa[i] = xa[i]! * s;
+      // Update computed apart and then added, as in inference (`addLoraRows`).
+      const delta = new Float32Array(rows * m.outFeatures);
+      kernels.matmulNT(delta, xa, m.b, rows, m.outFeatures, r);
+      for (let i = 0; i < delta.length; i++) out[i] = out[i]! + delta[i]!;
+      if (grads) saved.set(`${layer}.${key}`, xa);
+    },
+  };
+  if (grads) {
+    hooks.backward = (layer, key, dOut, x, dX, rows) => {
+      const m = adapter.layers[layer]?.[key];
+      const g = grads.layers[layer]?.[key];
+      const xa = saved.get(`${layer}.${key}`);
+      if (!m || !g || !xa) return;
+      saved.delete(`${layer}.${key}`);
+      // dB = dOutᵀ·(s·A·x); d(s·A·x) = dOut·B; dA = s·(dOut·B)ᵀ·x; dX += s·(dOut·B)·A.
+      kernels.matmulTN(g.b, dOut, xa, m.outFeatures, r, rows, true);
+      const dxa = new Float32Array(rows * r);
+      kernels.matmulNN(dxa, dOut, m.b, rows, r, m.outFeatures);
+      for (let i = 0; i < dxa.length; i++) dxa[i] = dxa[i]! * s;
+      kernels.matmulTN(g.a, dxa, x, r, m.inFeatures, rows, true);
+      kernels.matmulNN(dX, dxa, m.a, rows, m.inFeatures, r, true);
+    };
+  }
+  return hooks;
+}
+
+/**
+ * The adapters' part of a batched inference linear: rows are grouped by adapter (all sequences
+ * with the same adapter form one pair of low-rank GEMMs, gathered if not adjacent), and each
+ * group's update is added to `out`. A row's result does not depend on the grouping.
+ */
+export function addLoraRows(
+  kernels: Kernels,
+  items: readonly { tokens: readonly number[]; adapter?: LoraAdapter | null }[],
+  layer: number,
+  key: keyof LayerWeights & LinearKey,
+  out: Float32Array,
+  x: Float32Array,
+  outDim: number,
+  inDim: number,
+): void {
+  const groups = new Map<LoraAdapter, [number, number][]>();
+  let row = 0;
+  for (const item of items) {
+    const n = item.tokens.length;
+    const adapter = item.adapter;
+    if (adapter && n > 0) {
+      const segments = groups.get(adapter) ?? [];
+      const last = segments.at(-1);
+      if (last && last[0] + last[1] === row) last[1] += n;
+      else segments.push([row, n]);
+      groups.set(adapter, segments);
+    }
+    row += n;
+  }
+  for (const [adapter, segments] of groups) {
+    const m = adapter.layers[layer]?.[key];
+    if (!m) continue;
+    const r = adapter.rank;
+    const rows = segments.reduce((sum, [, n]) => sum + n, 0);
+    let xs: Float32Array;
+    if (segments.length === 1) {
+      const [start] = segments[0]!;
+      xs = x.subarray(start * inDim, (start + rows) * inDim);
+    } else {
+      xs = new Float32Array(rows * inDim);
+      let at = 0;
+      for (const [start, n] of segments) {
+        xs.set(x.subarray(start * inDim, (start + n) * inDim), at * inDim);
+        at += n;
+      }
+    }
+    const xa = new Float32Array(rows * r);
+    kernels.matmulNT(xa, xs, m.a, rows, r, inDim);
+    for (let k = 0; k < xa.length; k++) xa[k] = xa[k]! * adapter.scale;
+    const delta = new Float32Array(rows * outDim);
+    kernels.matmulNT(delta, xa, m.b, rows, outDim, r);
+    let at = 0;
+    for (const [start, n] of segments) {
+      const o = start * outDim;
+      const d = at * outDim;
+      for (let i = 0; i < n * outDim; i++) out[o + i] = out[o + i]! + delta[d + i]!;
+      at += n;
+    }
+  }
+}
