@@ -1036,7 +1036,7 @@ export interface components {
         SftConfig: {
             /** @description Sequences per gradient step, or `auto` to fit memory. Default `auto`. */
             batch_size?: number | "auto";
-            /** @description One rate, or one per epoch (the last repeats). Default 2e-4 (LoRA). */
+            /** @description One peak rate for the schedule, or an explicit rate per optimizer step (the last repeats). Default 2e-4 (LoRA). */
             learning_rate?: number | number[];
             /** @default 1 */
             epochs?: number;
@@ -2936,8 +2936,8 @@ export interface operations {
                      *       "error": {
                      *         "message": "Line 17: \"messages\" must be a non-empty array.",
                      *         "type": "invalid_request_error",
-                     *         "param": "body",
-                     *         "code": null
+                     *         "param": null,
+                     *         "code": "invalid_dataset"
                      *       }
                      *     }
                      */

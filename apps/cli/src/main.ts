@@ -1,10 +1,14 @@
 #!/usr/bin/env node
+import { existsSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { createInterface } from "node:readline/promises";
 import { parseArgs } from "node:util";
+import { createArborClient } from "@arbor/client";
 import { serve } from "@arbor/server";
 import { openStore } from "@arbor/store";
 import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
+import * as remote from "./remote.ts";
 
 const usage = `arbor — Arbor's command line
 
@@ -17,7 +21,19 @@ const usage = `arbor — Arbor's command line
   arbor prices list [--project E/P] [--model M]   (defaults, plus the project's own)
   arbor prices delete <price id> [--project E/P]
 
-Admin commands open the store directly: ARBOR_DATA_DIR (default ~/.arbor) or DATABASE_URL.`;
+  arbor models create --project P --name N [--base arbor/tiny-chat] [--entity E]
+  arbor datasets upload FILE.jsonl [--name N]
+  arbor train sft --model MODEL_ID --data FILE.jsonl|dataset://ID|https://… [--epochs N]
+                  [--batch-size N|auto] [--lr X] [--checkpoint-every N] [--follow]
+  arbor train rl --model MODEL_ID --groups GROUPS.json [--follow]
+  arbor jobs get|cancel|follow JOB_ID
+  arbor checkpoints list MODEL_ID
+  arbor checkpoints delete MODEL_ID --steps 1,2
+  arbor chat MODEL [--message TEXT] [--max-tokens N]   (no --message: a conversation on stdin)
+
+Admin commands (keys, prices) open the store directly: ARBOR_DATA_DIR (default ~/.arbor) or
+DATABASE_URL. The others call the server: ARBOR_BASE_URL (default http://127.0.0.1:8080),
+ARBOR_API_KEY (default: the first-start key in ARBOR_DATA_DIR/admin.key), ARBOR_PROJECT.`;
 
 const out = { line: (text: string) => process.stdout.write(`${text}\n`) };
 
@@ -35,11 +51,22 @@ async function main(argv: string[]): Promise<void> {
     args: rest,
     allowPositionals: true,
     options: {
+      project: { type: "string" },
+      base: { type: "string" },
+      data: { type: "string" },
+      groups: { type: "string" },
+      epochs: { type: "string" },
+      "batch-size": { type: "string" },
+      lr: { type: "string" },
+      "checkpoint-every": { type: "string" },
+      follow: { type: "boolean" },
+      steps: { type: "string" },
+      message: { type: "string" },
+      "max-tokens": { type: "string" },
       user: { type: "string" },
       entity: { type: "string" },
       name: { type: "string" },
       model: { type: "string" },
-      project: { type: "string" },
       prompt: { type: "string" },
       completion: { type: "string" },
       effective: { type: "string" },
@@ -47,12 +74,16 @@ async function main(argv: string[]): Promise<void> {
       "cache-creation": { type: "string" },
     },
   });
+  const key = `${group} ${command ?? ""}`.trim();
+  if (!["keys", "prices"].includes(group)) {
+    await runRemote(key, group, command, values, positionals);
+    return;
+  }
   const store = await openStore({
     dataDir: process.env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
     databaseUrl: process.env.DATABASE_URL || undefined,
   });
   try {
-    const key = `${group} ${command ?? ""}`.trim();
     switch (key) {
       case "keys create":
         await createKey(
@@ -108,6 +139,168 @@ async function main(argv: string[]): Promise<void> {
   } finally {
     await store.close();
   }
+}
+
+type Values = Record<string, string | boolean | undefined>;
+
+function dataDir(): string {
+  return process.env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor");
+}
+
+function remoteClient() {
+  const keyFile = join(dataDir(), "admin.key");
+  const apiKey =
+    process.env.ARBOR_API_KEY ??
+    (existsSync(keyFile) ? readFileSync(keyFile, "utf8").trim() : undefined);
+  return createArborClient({
+    baseUrl: process.env.ARBOR_BASE_URL ?? "http://127.0.0.1:8080",
+    ...(apiKey ? { apiKey } : {}),
+    ...(process.env.ARBOR_PROJECT ? { project: process.env.ARBOR_PROJECT } : {}),
+  });
+}
+
+async function runRemote(
+  key: string,
+  group: string,
+  command: string | undefined,
+  values: Values,
+  positionals: string[],
+): Promise<void> {
+  const client = remoteClient();
+  const str = (name: string) =>
+    typeof values[name] === "string" ? (values[name] as string) : undefined;
+  const opt = (name: string) =>
+    str(name) === undefined ? undefined : num(str(name)!, `--${name}`);
+  const bar = process.stdout.isTTY
+    ? (text: string) => process.stdout.write(`\r${text}`)
+    : undefined;
+  const follow = async (job: string) => {
+    const last = await remote.followJob(
+      client,
+      { job },
+      { line: (t) => out.line(bar ? `\n${t}` : t), ...(bar ? { bar } : {}) },
+    );
+    if (last?.type === "training_failed") process.exitCode = 1;
+  };
+  switch (key) {
+    case "models create":
+      await remote.createModel(
+        client,
+        {
+          project: required(str("project"), "--project"),
+          name: required(str("name"), "--name"),
+          base: str("base") ?? "arbor/tiny-chat",
+          entity: str("entity"),
+        },
+        out,
+      );
+      return;
+    case "datasets upload":
+      await remote.uploadDataset(
+        client,
+        { file: required(positionals[0], "FILE"), name: str("name") },
+        out,
+      );
+      return;
+    case "train sft": {
+      const batch = str("batch-size");
+      const job = await remote.trainSft(
+        client,
+        {
+          model: required(str("model"), "--model"),
+          data: required(str("data"), "--data"),
+          epochs: opt("epochs"),
+          batchSize:
+            batch === "auto"
+              ? "auto"
+              : batch === undefined
+                ? undefined
+                : num(batch, "--batch-size"),
+          learningRate: opt("lr"),
+          checkpointEvery: opt("checkpoint-every"),
+        },
+        out,
+      );
+      if (values.follow) await follow(job);
+      return;
+    }
+    case "train rl": {
+      const job = await remote.trainRl(
+        client,
+        { model: required(str("model"), "--model"), groups: required(str("groups"), "--groups") },
+        out,
+      );
+      if (values.follow) await follow(job);
+      return;
+    }
+    case "jobs get":
+      await remote.getJob(client, { job: required(positionals[0], "JOB_ID") }, out);
+      return;
+    case "jobs cancel":
+      await remote.cancelJob(client, { job: required(positionals[0], "JOB_ID") }, out);
+      return;
+    case "jobs follow":
+      await follow(required(positionals[0], "JOB_ID"));
+      return;
+    case "checkpoints list":
+      await remote.listCheckpoints(client, { model: required(positionals[0], "MODEL_ID") }, out);
+      return;
+    case "checkpoints delete":
+      await remote.deleteCheckpoints(
+        client,
+        {
+          model: required(positionals[0], "MODEL_ID"),
+          steps: required(str("steps"), "--steps")
+            .split(",")
+            .map((s) => num(s, "--steps")),
+        },
+        out,
+      );
+      return;
+    default:
+      if (group === "chat" && command) {
+        await chatCommand(client, command, str("message"), opt("max-tokens"));
+        return;
+      }
+      throw new Error(`Unknown command "${key}".\n\n${usage}`);
+  }
+}
+
+/** One message, or a conversation read line by line from stdin. */
+async function chatCommand(
+  client: ReturnType<typeof remoteClient>,
+  model: string,
+  message: string | undefined,
+  maxTokens: number | undefined,
+): Promise<void> {
+  const write = (text: string) => process.stdout.write(text);
+  if (message !== undefined) {
+    await remote.chat(
+      client,
+      { model, messages: [{ role: "user", content: message }], maxTokens },
+      write,
+    );
+    write("\n");
+    return;
+  }
+  const messages: { role: "user" | "assistant"; content: string }[] = [];
+  const rl = createInterface({
+    input: process.stdin,
+    output: process.stdout,
+    terminal: process.stdin.isTTY,
+  });
+  for (;;) {
+    const line = await rl.question(process.stdin.isTTY ? "you> " : "").catch(() => undefined);
+    if (line === undefined || line.trim() === "/exit") break;
+    messages.push({ role: "user", content: line });
+    if (process.stdin.isTTY) write("model> ");
+    messages.push({
+      role: "assistant",
+      content: await remote.chat(client, { model, messages, maxTokens }, write),
+    });
+    write("\n");
+  }
+  rl.close();
 }
 
 function required(value: string | undefined, name: string): string {

@@ -12,6 +12,7 @@ import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations } from "./http/routes.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
+import { datasetsHandlers } from "./modules/datasets/routes.ts";
 import { publicDocuments } from "./modules/docs/routes.ts";
 import { healthHandlers } from "./modules/health/routes.ts";
 import type { Probes } from "./modules/health/service.ts";
@@ -19,6 +20,7 @@ import type { EngineHost } from "./modules/inference/engines.ts";
 import { ModelDirectory } from "./modules/inference/models.ts";
 import { inferenceHandlers } from "./modules/inference/routes.ts";
 import { modelsHandlers } from "./modules/models/routes.ts";
+import { trainingHandlers } from "./modules/training/routes.ts";
 
 export interface AppDeps {
   config: AppConfig;
@@ -43,6 +45,13 @@ export function createApp(deps: AppDeps): Express {
   app.use(authentication(async (token) => principalOf(await deps.store.apiKeys.verify(token))));
   app.use("/v1/chat/completions", rateLimited(new RateLimiter(config.rateLimits)));
   app.use("/v1/chat/completions", express.json({ limit: "10mb" }));
+  app.use(
+    "/v1/preview/datasets",
+    express.text({
+      type: ["application/jsonl", "application/x-ndjson", "text/plain"],
+      limit: "64mb",
+    }),
+  );
   app.use(express.json({ limit: "64mb" }));
 
   app.use(
@@ -64,10 +73,13 @@ export function createApp(deps: AppDeps): Express {
       store: deps.store,
       baseModels: () => deps.engines.baseModels().map((m) => m.entry.id),
     }),
+    ...trainingHandlers({ store: deps.store }),
+    ...datasetsHandlers(deps.store),
     ...inferenceHandlers({
       engines: deps.engines,
       directory: new ModelDirectory(deps.engines, deps.store, config.upstreams),
       calls: deps.store.calls,
+      blobs: deps.store.blobs,
       logger,
     }),
   };

@@ -19,6 +19,15 @@ export interface AppConfig {
 }
 
 export interface ServerConfig extends AppConfig {
+  /** Run the training worker in this process (default); off when separate workers run. */
+  embeddedWorker: boolean;
+  /** How long a worker's claim on a job lasts without renewal (a dead worker's job is
+   * reclaimed after it). */
+  workerLeaseMs: number;
+  /** Largest `https://` training file fetched, in bytes. */
+  maxTrainingDataBytes: number;
+  /** Hosts an `https://` training URL may name even if they resolve to private addresses. */
+  trainingDataAllowHosts: string[];
   host: string;
   port: number;
   dataDir: string;
@@ -52,8 +61,9 @@ export function defaultAppConfig(overrides: Partial<AppConfig> = {}): AppConfig 
 
 /** Configuration from the environment: ARBOR_PORT, ARBOR_HOST, ARBOR_DATA_DIR, DATABASE_URL,
  * ARBOR_ROLES, ARBOR_LOG_LEVEL, and the chat limits ARBOR_KEY_RPM, ARBOR_PROJECT_RPM,
- * ARBOR_KEY_CONCURRENCY, ARBOR_PROJECT_CONCURRENCY, and ARBOR_UPSTREAMS (JSON: model id →
- * {url, apiKey?, model?}). */
+ * ARBOR_KEY_CONCURRENCY, ARBOR_PROJECT_CONCURRENCY, ARBOR_UPSTREAMS (JSON: model id →
+ * {url, apiKey?, model?}), ARBOR_EMBEDDED_WORKER (on|off), ARBOR_WORKER_LEASE_MS, ARBOR_TRAINING_DATA_MAX_BYTES and
+ * ARBOR_TRAINING_DATA_ALLOW_HOSTS (comma-separated). */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfig {
   const port = Number(env.ARBOR_PORT ?? 8080);
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
@@ -67,6 +77,13 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
     databaseUrl: env.DATABASE_URL || undefined,
     logLevel: env.ARBOR_LOG_LEVEL ?? "info",
+    embeddedWorker: env.ARBOR_EMBEDDED_WORKER !== "off",
+    workerLeaseMs: positive(env, "ARBOR_WORKER_LEASE_MS") ?? 60_000,
+    maxTrainingDataBytes: positive(env, "ARBOR_TRAINING_DATA_MAX_BYTES") ?? 64 * 1024 * 1024,
+    trainingDataAllowHosts: (env.ARBOR_TRAINING_DATA_ALLOW_HOSTS ?? "")
+      .split(",")
+      .map((h) => h.trim())
+      .filter(Boolean),
     upstreams: parseUpstreams(env.ARBOR_UPSTREAMS),
     rateLimits: {
       keyRequestsPerMinute: positive(env, "ARBOR_KEY_RPM"),

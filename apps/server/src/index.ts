@@ -6,3 +6,4 @@ export { engineProbe, storeProbes } from "./modules/health/probes.ts";
 export { type Probes, timed } from "./modules/health/service.ts";
 export { EngineHost } from "./modules/inference/engines.ts";
 export { serve } from "./serve.ts";
+export { createTrainingWorker } from "./worker.ts";

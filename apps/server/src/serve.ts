@@ -6,6 +6,7 @@ import { configFromEnv, type ServerConfig } from "./config.ts";
 import { loadSpec } from "./http/openapi.ts";
 import { engineProbe, storeProbes } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
+import { createTrainingWorker } from "./worker.ts";
 
 /** Builds the dependencies from `config` (the environment by default), listens, and shuts down
  * gracefully on SIGINT/SIGTERM. */
@@ -31,6 +32,15 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     probes: storeProbes(store, engineProbe(engines)),
   });
 
+  const worker = config.embeddedWorker
+    ? createTrainingWorker(store, engines, logger, {
+        maxTrainingDataBytes: config.maxTrainingDataBytes,
+        allowHosts: config.trainingDataAllowHosts,
+        leaseMs: config.workerLeaseMs,
+      })
+    : undefined;
+  worker?.start();
+
   const server = app.listen(config.port, config.host, () => {
     const address = server.address();
     const port = typeof address === "object" && address ? address.port : config.port;
@@ -43,7 +53,10 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
   function shutdown(signal: string) {
     logger.info({ signal }, "shutting down");
     server.close(() => {
-      store.close().finally(() => process.exit(0));
+      // A running job goes back to the queue, to resume from its last checkpoint.
+      (worker?.stop() ?? Promise.resolve())
+        .then(() => store.close())
+        .finally(() => process.exit(0));
     });
     setTimeout(() => process.exit(1), 10_000).unref();
   }

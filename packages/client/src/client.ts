@@ -9,6 +9,7 @@ export type ChatCompletionRequest = Schemas["CreateChatCompletionRequest"];
 export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
 export type ChatCompletion = Schemas["ChatCompletion"];
 export type TrainingJobEvent = Schemas["TrainingJobEvent"];
+export type TrainingJobEventList = Schemas["TrainingJobEventList"];
 
 export interface ArborClientOptions {
   /** Where the server is, e.g. `http://localhost:8080` (no `/v1`: paths carry it). */
@@ -91,6 +92,18 @@ function helpers(api: Client<paths>, sleep: (ms: number) => Promise<void>) {
         signal: init.signal,
       });
       return result as FetchResult<ChatCompletion>;
+    },
+
+    /** One page of a job's events as JSON (the same path streams with `followTrainingJob`). */
+    async listTrainingJobEvents(
+      trainingJobId: string,
+      query: { after?: string | undefined; limit?: number } = {},
+    ): Promise<FetchResult<TrainingJobEventList>> {
+      const result = await api.GET("/v1/preview/training-jobs/{training_job_id}/events", {
+        params: { path: { training_job_id: trainingJobId }, query },
+        headers: { accept: "application/json" },
+      });
+      return result as FetchResult<TrainingJobEventList>;
     },
 
     /** Streams a chat completion: yields each `chat.completion.chunk` until `[DONE]`. */

@@ -7,6 +7,7 @@ export {
   type ChatCompletionRequest,
   createArborClient,
   type TrainingJobEvent,
+  type TrainingJobEventList,
 } from "./client.ts";
 export {
   APIConnectionError,

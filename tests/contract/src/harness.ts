@@ -6,6 +6,7 @@ import { type ArborClient, type ArborClientOptions, createArborClient } from "@a
 import {
   type AppConfig,
   createApp,
+  createTrainingWorker,
   defaultAppConfig,
   EngineHost,
   engineProbe,
@@ -34,7 +35,10 @@ export interface RunningServer {
 }
 
 /** Starts the real app on port 0 with real dependencies: a SQLite store in a temp dir. */
-export async function startServer(config: Partial<AppConfig> = {}): Promise<RunningServer> {
+export async function startServer(
+  config: Partial<AppConfig> = {},
+  options: { worker?: boolean } = {},
+): Promise<RunningServer> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
   const store = await openStore({ dataDir });
   const admin = await ensureFirstAdmin(store, dataDir);
@@ -48,6 +52,14 @@ export async function startServer(config: Partial<AppConfig> = {}): Promise<Runn
     engines,
     probes: storeProbes(store, engineProbe(engines)),
   });
+  const worker = options.worker
+    ? createTrainingWorker(store, engines, pino({ level: "silent" }), {
+        maxTrainingDataBytes: 1 << 20,
+        allowHosts: [],
+        pollMs: 50,
+      })
+    : undefined;
+  worker?.start();
   const server = app.listen(0, "127.0.0.1");
   await new Promise<void>((resolve) => server.once("listening", () => resolve()));
   const { port } = server.address() as AddressInfo;
@@ -72,6 +84,7 @@ export async function startServer(config: Partial<AppConfig> = {}): Promise<Runn
         server.closeAllConnections();
         server.close((err) => (err ? reject(err) : resolve()));
       });
+      await worker?.stop();
       await store.close();
       rmSync(dataDir, { recursive: true, force: true });
     },

@@ -17,7 +17,7 @@ describe("pending operations", () => {
   });
 
   const rows = operations.filter((op) => pendingOperations.includes(op.operationId));
-  it.each(rows.map((op) => [op.operationId, op]))(
+  it.skipIf(rows.length === 0).each(rows.map((op) => [op.operationId, op]))(
     "when %s is called with its spec example, then 501 in its surface's envelope",
     async (_, op) => {
       const path = op.path

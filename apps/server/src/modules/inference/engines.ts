@@ -1,4 +1,17 @@
-import { type CatalogEntry, catalogModelDir, Engine, listCatalog, loadModel } from "@arbor/engine";
+import {
+  adapterFromFiles,
+  type CatalogEntry,
+  catalogModelDir,
+  Engine,
+  type LoraAdapter,
+  listCatalog,
+  loadModel,
+} from "@arbor/engine";
+import type { BlobStore, Checkpoint } from "@arbor/store";
+import { readCheckpointFiles } from "@arbor/worker";
+
+/** Adapters kept in memory at once, most recently used first. */
+const ADAPTER_CACHE_SIZE = 64;
 
 /** A base model the server can serve, with when it was first seen. */
 export interface BaseModel {
@@ -11,6 +24,7 @@ export interface BaseModel {
 export class EngineHost {
   readonly #catalog: Map<string, BaseModel>;
   readonly #engines = new Map<string, Promise<Engine>>();
+  readonly #adapters = new Map<string, Promise<LoraAdapter>>();
 
   constructor(catalog: CatalogEntry[] = listCatalog(), created = catalogCreated) {
     this.#catalog = new Map(catalog.map((entry) => [entry.id, { entry, created }]));
@@ -34,6 +48,33 @@ export class EngineHost {
       this.#engines.set(baseId, engine);
     }
     return engine;
+  }
+
+  /** The adapter a trained checkpoint serves with, loaded from its files once and shared by
+   * every request: one base model in memory, many adapters beside it. A checkpoint without
+   * files (step 0) is the identity: the base model itself. */
+  async adapter(
+    baseId: string,
+    checkpoint: Checkpoint,
+    blobs: BlobStore | undefined,
+  ): Promise<LoraAdapter | null> {
+    if (!checkpoint.blob_key) return null;
+    const key = checkpoint.id;
+    let adapter = this.#adapters.get(key);
+    if (adapter) {
+      this.#adapters.delete(key);
+    } else {
+      const prefix = checkpoint.blob_key;
+      if (!blobs) throw new Error("the store has no blob directory");
+      adapter = Promise.all([this.engine(baseId), readCheckpointFiles(blobs, prefix)]).then(
+        ([engine, files]) => adapterFromFiles(files, engine.model),
+      );
+      adapter.catch(() => this.#adapters.delete(key));
+    }
+    this.#adapters.set(key, adapter);
+    if (this.#adapters.size > ADAPTER_CACHE_SIZE)
+      this.#adapters.delete(this.#adapters.keys().next().value!);
+    return adapter;
   }
 
   /** Loaded engines, for tests and metrics. */

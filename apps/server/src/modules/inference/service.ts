@@ -7,7 +7,7 @@ import {
   type TokenLogprob,
 } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
-import type { CallsRepo } from "@arbor/store";
+import type { BlobStore, CallsRepo } from "@arbor/store";
 import type { Logger } from "pino";
 import { v7 as uuidv7 } from "uuid";
 import { ApiError } from "../../http/errors.ts";
@@ -22,6 +22,8 @@ export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
 
 export interface InferenceDeps {
   engines: EngineHost;
+  /** Where trained checkpoints' adapter files are. */
+  blobs: BlobStore | undefined;
   directory: ModelDirectory;
   calls: CallsRepo;
   logger: Logger;
@@ -56,16 +58,10 @@ export async function prepareChat(
   resolved: ResolvedModel,
   body: ChatRequest,
 ): Promise<PreparedChat> {
-  if (resolved.checkpoint?.blob_key) {
-    // Trained adapters are served once the engine's LoRA support is wired in; until then a
-    // trained checkpoint is refused rather than answered by the base model.
-    throw new ApiError(
-      501,
-      `Serving trained checkpoints is not implemented yet (${resolved.id}).`,
-      { code: "not_implemented" },
-    );
-  }
   const request = toGenerateRequest(body);
+  if (resolved.checkpoint) {
+    request.adapter = await deps.engines.adapter(resolved.baseId, resolved.checkpoint, deps.blobs);
+  }
   const engine = await deps.engines.engine(resolved.baseId);
   const contextLength = engine.model.config.maxPositions;
   const prompt = renderChat(engine.model.tokenizer, request.messages ?? [], {

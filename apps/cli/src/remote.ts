@@ -1,0 +1,216 @@
+import { readFileSync } from "node:fs";
+import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import type { Output } from "./admin.ts";
+
+/** The commands that talk to a running server through @arbor/client. */
+
+export async function uploadDataset(
+  client: ArborClient,
+  args: { file: string; name?: string | undefined },
+  out: Output,
+): Promise<string> {
+  const text = readFileSync(args.file, "utf8");
+  const dataset = unwrap(
+    await client.POST("/v1/preview/datasets", {
+      params: { query: args.name ? { name: args.name } : {} },
+      body: text as never,
+      bodySerializer: (b: unknown) => b as string,
+      headers: { "content-type": "application/jsonl" },
+    }),
+  );
+  out.line(`Uploaded ${dataset.lines} lines (${dataset.bytes} bytes): ${dataset.url}`);
+  return dataset.url;
+}
+
+export async function createModel(
+  client: ArborClient,
+  args: { project: string; name: string; base: string; entity?: string | undefined },
+  out: Output,
+): Promise<string> {
+  const model = unwrap(
+    await client.POST("/v1/preview/models", {
+      body: {
+        entity: args.entity ?? null,
+        project: args.project,
+        name: args.name,
+        base_model: args.base,
+        return_existing: true,
+      },
+    }),
+  );
+  out.line(
+    `Model ${model.id}: ${model.entity}/${model.project}/${model.name} (base ${model.base_model}, step ${model.latest_step})`,
+  );
+  return model.id;
+}
+
+export interface SftArgs {
+  model: string;
+  data: string;
+  epochs?: number | undefined;
+  batchSize?: number | "auto" | undefined;
+  learningRate?: number | undefined;
+  checkpointEvery?: number | undefined;
+}
+
+export async function trainSft(client: ArborClient, args: SftArgs, out: Output): Promise<string> {
+  const url = /^(dataset|https):\/\//.test(args.data)
+    ? args.data
+    : await uploadDataset(client, { file: args.data }, out);
+  const job = unwrap(
+    await client.POST("/v1/preview/sft-training-jobs", {
+      body: {
+        model_id: args.model,
+        training_data_url: url,
+        config: {
+          ...(args.epochs !== undefined ? { epochs: args.epochs } : {}),
+          ...(args.batchSize !== undefined ? { batch_size: args.batchSize } : {}),
+          ...(args.learningRate !== undefined ? { learning_rate: args.learningRate } : {}),
+          ...(args.checkpointEvery !== undefined ? { checkpoint_every: args.checkpointEvery } : {}),
+        },
+      },
+    }),
+  );
+  out.line(`SFT job ${job.id} ${job.status}.`);
+  return job.id;
+}
+
+export async function trainRl(
+  client: ArborClient,
+  args: { model: string; groups: string },
+  out: Output,
+): Promise<string> {
+  const groups = JSON.parse(readFileSync(args.groups, "utf8")) as unknown;
+  const job = unwrap(
+    await client.POST("/v1/preview/training-jobs", {
+      body: {
+        model_id: args.model,
+        trajectory_groups: (Array.isArray(groups) ? groups : [groups]) as never,
+      },
+    }),
+  );
+  out.line(`RL job ${job.id} ${job.status}.`);
+  return job.id;
+}
+
+export async function getJob(
+  client: ArborClient,
+  args: { job: string },
+  out: Output,
+): Promise<void> {
+  const job = unwrap(
+    await client.GET("/v1/preview/training-jobs/{training_job_id}", {
+      params: { path: { training_job_id: args.job } },
+    }),
+  );
+  out.line(JSON.stringify(job, null, 2));
+}
+
+export async function cancelJob(
+  client: ArborClient,
+  args: { job: string },
+  out: Output,
+): Promise<void> {
+  const job = unwrap(
+    await client.POST("/v1/preview/training-jobs/{training_job_id}/cancel", {
+      params: { path: { training_job_id: args.job } },
+    }),
+  );
+  out.line(`Job ${job.id} ${job.status}.`);
+}
+
+/** Draws a progress bar with the loss from the job's events; ends with its terminal event. */
+export async function followJob(
+  client: ArborClient,
+  args: { job: string },
+  out: Output & { bar?: (text: string) => void },
+): Promise<TrainingJobEvent | undefined> {
+  let total = 0;
+  let last: TrainingJobEvent | undefined;
+  for await (const event of client.followTrainingJob(args.job)) {
+    last = event;
+    const data = event.data as Record<string, unknown>;
+    if (event.type === "training_started") {
+      total = Number(data.num_sequences ?? 0);
+      out.line(`Training started: ${total} step${total === 1 ? "" : "s"}.`);
+    } else if (event.type === "gradient_step") {
+      const step = Number(data.gradient_step ?? 0);
+      const line = `${progressBar(step, total)} step ${step}/${total}  loss ${Number(data.loss).toFixed(4)}${typeof data.reward === "number" ? `  reward ${data.reward.toFixed(3)}` : ""}`;
+      if (out.bar) out.bar(line);
+      else out.line(line);
+    } else if (event.type === "checkpoint_saved") {
+      out.line(`Checkpoint saved at step ${String(data.step)}.`);
+    } else if (event.type === "training_ended") {
+      out.line("Training ended.");
+    } else if (event.type === "training_failed") {
+      out.line(`Training failed: ${String(data.error_message)}`);
+    }
+  }
+  return last;
+}
+
+export function progressBar(done: number, total: number, width = 24): string {
+  const filled = total > 0 ? Math.min(width, Math.round((done / total) * width)) : 0;
+  return `[${"#".repeat(filled)}${".".repeat(width - filled)}]`;
+}
+
+export async function listCheckpoints(
+  client: ArborClient,
+  args: { model: string },
+  out: Output,
+): Promise<void> {
+  out.line(["step", "model", "created", "metrics"].join("\t"));
+  for await (const c of client.paginate((after) =>
+    client.GET("/v1/preview/models/{model_id}/checkpoints", {
+      params: { path: { model_id: args.model }, query: { after, limit: 100, order: "asc" } },
+    }),
+  )) {
+    out.line(
+      [
+        c.step,
+        c.model,
+        new Date(c.created_at * 1000).toISOString(),
+        JSON.stringify(c.metrics),
+      ].join("\t"),
+    );
+  }
+}
+
+export async function deleteCheckpoints(
+  client: ArborClient,
+  args: { model: string; steps: number[] },
+  out: Output,
+): Promise<void> {
+  const result = unwrap(
+    await client.DELETE("/v1/preview/models/{model_id}/checkpoints", {
+      params: { path: { model_id: args.model } },
+      body: { steps: args.steps },
+    }),
+  );
+  out.line(
+    `Deleted ${result.deleted_count}${result.not_found_steps.length ? `; not found: ${result.not_found_steps.join(", ")}` : ""}.`,
+  );
+}
+
+/** One chat turn, streamed to the output as it is generated. */
+export async function chat(
+  client: ArborClient,
+  args: {
+    model: string;
+    messages: { role: "system" | "user" | "assistant"; content: string }[];
+    maxTokens?: number | undefined;
+  },
+  write: (text: string) => void,
+): Promise<string> {
+  let text = "";
+  for await (const chunk of client.streamChatCompletion({
+    model: args.model,
+    messages: args.messages,
+    ...(args.maxTokens ? { max_tokens: args.maxTokens } : {}),
+  })) {
+    const piece = chunk.choices[0]?.delta.content ?? "";
+    text += piece;
+    write(piece);
+  }
+  return text;
+}

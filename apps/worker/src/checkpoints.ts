@@ -1,0 +1,35 @@
+import type { BlobStore } from "@arbor/store";
+import { v7 as uuidv7 } from "uuid";
+
+/** The PEFT adapter files, plus the optimizer state a resumed job continues from. */
+export const ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"] as const;
+export const OPTIMIZER_FILE = "optimizer.bin";
+
+export type CheckpointFiles = Record<string, Uint8Array>;
+
+/** Writes a checkpoint's files under a fresh prefix (each write atomic) and returns the prefix,
+ * which the caller then records in the checkpoint row: files first, then the row. */
+export async function writeCheckpointFiles(
+  blobs: BlobStore,
+  modelId: string,
+  step: number,
+  files: CheckpointFiles,
+): Promise<string> {
+  const prefix = `checkpoints/${modelId}/${step}-${uuidv7()}/`;
+  for (const [name, bytes] of Object.entries(files)) await blobs.put(`${prefix}${name}`, bytes);
+  return prefix;
+}
+
+/** Reads what a checkpoint has of `names`. */
+export async function readCheckpointFiles(
+  blobs: BlobStore,
+  prefix: string,
+  names: readonly string[] = [...ADAPTER_FILES, OPTIMIZER_FILE],
+): Promise<CheckpointFiles> {
+  const files: CheckpointFiles = {};
+  for (const name of names) {
+    const bytes = await blobs.get(`${prefix}${name}`);
+    if (bytes) files[name] = bytes;
+  }
+  return files;
+}

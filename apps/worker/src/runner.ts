@@ -1,0 +1,367 @@
+import { hostname } from "node:os";
+import {
+  adapterFromFiles,
+  adapterToFiles,
+  createLoraAdapter,
+  type LoraAdapter,
+  type LoraConfig,
+  LoraTrainer,
+  type Model,
+  planSft,
+  type RlLoss,
+  type SftConfig,
+  type SftExample,
+  TrainingInputError,
+  type TrajectoryGroup,
+  trainRlStep,
+  trainSft,
+} from "@arbor/engine";
+import type { BlobStore, Json, Store, TrainingJob } from "@arbor/store";
+import type { Logger } from "pino";
+import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "./checkpoints.ts";
+
+export interface TrainingWorkerOptions {
+  store: Store;
+  logger: Logger;
+  /** The base model a trained model starts from, loaded once. */
+  loadBaseModel: (baseId: string) => Promise<Model>;
+  /** The SFT examples behind a `training_data_url` (`dataset://` or `https://`), validated;
+   * throws TrainingInputError naming the bad line. */
+  loadSftExamples: (entity: string, url: string) => Promise<SftExample[]>;
+  workerId?: string;
+  /** How long a claim lasts without renewal; a dead worker's job is reclaimed after it. */
+  leaseMs?: number;
+  /** Pause between queue polls when idle. */
+  pollMs?: number;
+}
+
+/** Why a running job stopped without failing: cancelled or deleted elsewhere, or shutdown. */
+class Interrupted extends Error {
+  override name = "Interrupted";
+  readonly release: boolean;
+  constructor(message: string, release: boolean) {
+    super(message);
+    this.release = release;
+  }
+}
+
+/**
+ * Takes queued jobs one at a time (one running job per model is the store's rule), trains, and
+ * writes checkpoints and events. Checkpoint files go first, then the row, then the event; the
+ * terminal event is written by the store with the terminal status. A job whose lease expires
+ * (this worker died) is requeued and resumed from its last checkpoint.
+ */
+export class TrainingWorker {
+  readonly #o: Required<TrainingWorkerOptions>;
+  #stopping = false;
+  #loop: Promise<void> | undefined;
+  #current: AbortController | undefined;
+  #wake: (() => void) | undefined;
+  #lastReclaim = 0;
+
+  constructor(options: TrainingWorkerOptions) {
+    this.#o = {
+      workerId: `${hostname()}:${process.pid}:${Math.random().toString(36).slice(2, 8)}`,
+      leaseMs: 60_000,
+      pollMs: 500,
+      ...options,
+    };
+  }
+
+  get workerId(): string {
+    return this.#o.workerId;
+  }
+
+  start(): void {
+    this.#loop ??= this.#run();
+  }
+
+  /** Wakes an idle worker now (a job was just queued in this process). */
+  poke(): void {
+    this.#wake?.();
+  }
+
+  /** Stops after handing a running job back to the queue. */
+  async stop(): Promise<void> {
+    this.#stopping = true;
+    this.#current?.abort(new Interrupted("worker shutting down", true));
+    this.#wake?.();
+    await this.#loop;
+  }
+
+  async #run(): Promise<void> {
+    const { store, logger } = this.#o;
+    while (!this.#stopping) {
+      try {
+        await this.#reclaim();
+        const job = await store.jobs.claimNextJob(this.#o.workerId, this.#o.leaseMs);
+        if (job) await this.runJob(job);
+        else await this.#idle();
+      } catch (err) {
+        logger.error({ err }, "training worker loop failed");
+        await this.#idle();
+      }
+    }
+  }
+
+  async #reclaim(): Promise<void> {
+    const now = Date.now();
+    if (now - this.#lastReclaim < this.#o.leaseMs / 4) return;
+    this.#lastReclaim = now;
+    const { requeued, failed } = await this.#o.store.jobs.reclaimExpiredLeases();
+    for (const job of requeued)
+      this.#o.logger.warn(
+        { jobId: job.id },
+        "lease expired: job requeued, to resume from its last checkpoint",
+      );
+    for (const job of failed)
+      this.#o.logger.warn({ jobId: job.id }, "lease expired too often: job failed");
+  }
+
+  #idle(): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, this.#o.pollMs);
+      function done() {
+        clearTimeout(timer);
+        resolve();
+      }
+      this.#wake = done;
+    });
+  }
+
+  /** Runs one claimed job to its end: succeeded, failed, cancelled elsewhere, or released. */
+  async runJob(job: TrainingJob): Promise<void> {
+    const { store, logger, workerId, leaseMs } = this.#o;
+    const abort = new AbortController();
+    this.#current = abort;
+    const renew = setInterval(() => {
+      store.jobs
+        .renewLease(workerId, job.id, leaseMs)
+        .then((held) => {
+          if (!held) abort.abort(new Interrupted("the job was cancelled or deleted", false));
+        })
+        .catch((err: unknown) => logger.warn({ err, jobId: job.id }, "lease renewal failed"));
+    }, leaseMs / 3);
+    const log = logger.child({ jobId: job.id, type: job.type, attempt: job.attempts });
+    try {
+      log.info("training job started");
+      const stepTo =
+        job.type === "sft"
+          ? await this.#runSft(job, abort.signal)
+          : await this.#runRl(job, abort.signal);
+      abort.signal.throwIfAborted();
+      await store.jobs.completeJob(workerId, job.id, { step_to: stepTo });
+      log.info({ stepTo }, "training job succeeded");
+    } catch (err) {
+      const reason = abort.signal.aborted ? abort.signal.reason : err;
+      if (reason instanceof Interrupted) {
+        if (reason.release) await store.jobs.releaseJob(workerId, job.id).catch(() => false);
+        log.info({ reason: reason.message }, "training job interrupted");
+      } else {
+        const message =
+          err instanceof TrainingInputError || err instanceof JobInputError
+            ? err.message
+            : `training failed: ${err instanceof Error ? err.message : String(err)}`;
+        if (!(err instanceof TrainingInputError || err instanceof JobInputError))
+          log.error({ err }, "training job failed");
+        await store.jobs
+          .failJob(workerId, job.id, message)
+          .catch((e: unknown) => log.warn({ err: e }, "could not fail the job"));
+      }
+    } finally {
+      clearInterval(renew);
+      this.#current = undefined;
+    }
+  }
+
+  /** The adapter the job starts from (the model's checkpoint at `step`), or a fresh one. */
+  async #startAdapter(
+    job: TrainingJob,
+    base: Model,
+    step: number,
+    lora: LoraConfig,
+    seed: number,
+  ): Promise<LoraAdapter> {
+    const checkpoint = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, step);
+    if (!checkpoint) throw new JobInputError(`checkpoint step ${step} of the model is gone`);
+    if (!checkpoint.blob_key) return createLoraAdapter(base, lora, seed);
+    return adapterFromFiles(await readCheckpointFiles(this.#blobs(), checkpoint.blob_key), base);
+  }
+
+  /** Where the job starts: fixed on its first run, so a resumed job keeps its range. */
+  async #stepFrom(job: TrainingJob): Promise<{ stepFrom: number; baseId: string }> {
+    const model = await this.#o.store.models.get(job.entity, job.model_id);
+    if (!model) throw new JobInputError("the model was deleted");
+    if (job.attempts > 1 && job.step_from !== null)
+      return { stepFrom: job.step_from, baseId: model.base_model };
+    const stepFrom = model.latest_step ?? 0;
+    await this.#o.store.jobs.updateProgress(this.#o.workerId, job.id, { step_from: stepFrom });
+    return { stepFrom, baseId: model.base_model };
+  }
+
+  async #runSft(job: TrainingJob, signal: AbortSignal): Promise<number> {
+    const { store } = this.#o;
+    const { config = {}, experimental_config: experimental = {} } = job.config as {
+      config?: Record<string, unknown>;
+      experimental_config?: Record<string, unknown>;
+    };
+    const { stepFrom, baseId } = await this.#stepFrom(job);
+    const base = await this.#o.loadBaseModel(baseId);
+    const examples = await this.#o
+      .loadSftExamples(job.entity, job.payload_ref ?? "")
+      .catch((err: unknown) => {
+        // Bad data is the job's input, not a crash: its message (naming the line) is the error.
+        throw new JobInputError(err instanceof Error ? err.message : String(err));
+      });
+    const lora: LoraConfig = {
+      baseModel: baseId,
+      ...(num(experimental.lora_rank) ? { rank: num(experimental.lora_rank) } : {}),
+      ...(num(experimental.lora_alpha) ? { alpha: num(experimental.lora_alpha) } : {}),
+    };
+    const seed = num(experimental.seed) ?? 0;
+    const sftConfig: SftConfig = {
+      seed,
+      lora,
+      epochs: num(config.epochs) ?? 1,
+      batchSize:
+        config.batch_size === "auto" ||
+        config.batch_size === undefined ||
+        config.batch_size === null
+          ? "auto"
+          : (config.batch_size as number),
+      assistantTurns: config.assistant_turns === "last" ? "last" : "all",
+      schedule: (config.lr_schedule as SftConfig["schedule"]) ?? "constant",
+      warmupSteps: num(config.warmup_steps) ?? 0,
+      ...(config.learning_rate !== undefined && config.learning_rate !== null
+        ? { learningRate: config.learning_rate as number | number[] }
+        : {}),
+      ...(num(experimental.max_seq_len) ? { maxLength: num(experimental.max_seq_len) } : {}),
+      ...(num(experimental.max_grad_norm) ? { maxGradNorm: num(experimental.max_grad_norm) } : {}),
+      ...(num(experimental.weight_decay) !== undefined
+        ? { adamW: { weightDecay: num(experimental.weight_decay)! } }
+        : {}),
+    };
+    const { totalSteps } = planSft(base, examples, sftConfig);
+    const every = num(config.checkpoint_every) ?? totalSteps;
+    const resume = await this.#resumePoint(job, base, stepFrom);
+    if (!resume)
+      await store.jobs.appendEvent(job.id, "training_started", { num_sequences: totalSteps });
+    const adapter = resume ? undefined : await this.#startAdapter(job, base, stepFrom, lora, seed);
+    await trainSft(base, examples, sftConfig, {
+      signal,
+      ...(adapter ? { adapter } : {}),
+      ...(resume ? { resume } : {}),
+      onStep: async (progress) => {
+        signal.throwIfAborted();
+        await store.jobs.appendEvent(job.id, "gradient_step", progress.metrics as unknown as Json);
+        if (progress.step % every === 0 || progress.step === totalSteps) {
+          await this.#saveCheckpoint(
+            job,
+            stepFrom + progress.step,
+            { ...adapterToFiles(progress.adapter), [OPTIMIZER_FILE]: progress.optimizerState() },
+            signal,
+          );
+        }
+      },
+    });
+    return stepFrom + totalSteps;
+  }
+
+  /** After a crash: the last checkpoint this job wrote, with its optimizer state. */
+  async #resumePoint(job: TrainingJob, base: Model, stepFrom: number) {
+    if (job.attempts <= 1) return undefined;
+    const latest = await this.#o.store.models.getCheckpoint(job.entity, job.model_id);
+    if (!latest || latest.step <= stepFrom || !latest.blob_key) return undefined;
+    const files = await readCheckpointFiles(this.#blobs(), latest.blob_key);
+    const optimizerState = files[OPTIMIZER_FILE];
+    if (!optimizerState) return undefined;
+    this.#o.logger.info({ jobId: job.id, step: latest.step }, "resuming from the last checkpoint");
+    return { step: latest.step - stepFrom, adapter: adapterFromFiles(files, base), optimizerState };
+  }
+
+  /** One optimizer step on the job's trajectory groups → checkpoint `step_from + 1`. The Adam
+   * moments carry over from the starting checkpoint, so successive RL jobs continue one run. */
+  async #runRl(job: TrainingJob, signal: AbortSignal): Promise<number> {
+    const { store } = this.#o;
+    const config = job.config as Record<string, unknown>;
+    const { stepFrom, baseId } = await this.#stepFrom(job);
+    const base = await this.#o.loadBaseModel(baseId);
+    const payload = job.payload_ref ? await this.#blobs().get(job.payload_ref) : undefined;
+    if (!payload) throw new JobInputError("the job's trajectory groups are missing");
+    const groups = JSON.parse(payload.toString("utf8")) as TrajectoryGroup[];
+    const skipped = groups.filter(
+      (g) => new Set(g.trajectories.map((t) => t.reward)).size <= 1,
+    ).length;
+    await store.jobs.appendEvent(job.id, "training_started", {
+      num_sequences: 1,
+      skipped_groups: skipped,
+    });
+    const seed = num(config.seed) ?? 0;
+    const start = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, stepFrom);
+    if (!start) throw new JobInputError(`checkpoint step ${stepFrom} of the model is gone`);
+    const files = start.blob_key ? await readCheckpointFiles(this.#blobs(), start.blob_key) : {};
+    const adapter = start.blob_key
+      ? adapterFromFiles(files, base)
+      : createLoraAdapter(base, { baseModel: baseId }, seed);
+    const trainer = new LoraTrainer(base, adapter, { maxGradNorm: num(config.max_grad_norm) ?? 1 });
+    const optimizerState = files[OPTIMIZER_FILE];
+    if (optimizerState) trainer.loadOptimizerState(optimizerState);
+    signal.throwIfAborted();
+    const metrics = trainRlStep(trainer, groups, num(config.learning_rate) ?? 1e-5, {
+      ...(typeof config.loss_fn === "string" ? { lossFn: config.loss_fn as RlLoss } : {}),
+      ...(num(config.epsilon) !== undefined ? { epsilon: num(config.epsilon)! } : {}),
+      ...(num(config.epsilon_high) !== undefined ? { epsilonHigh: num(config.epsilon_high)! } : {}),
+      ...(typeof config.scale_rewards === "boolean" ? { scaleRewards: config.scale_rewards } : {}),
+      ...(typeof config.normalize_advantages === "boolean"
+        ? { normalizeAdvantages: config.normalize_advantages }
+        : {}),
+    });
+    await store.jobs.appendEvent(job.id, "gradient_step", {
+      ...metrics,
+      gradient_step: 1,
+    } as unknown as Json);
+    await this.#saveCheckpoint(
+      job,
+      stepFrom + 1,
+      { ...adapterToFiles(trainer.adapter), [OPTIMIZER_FILE]: trainer.optimizerStateToBytes() },
+      signal,
+    );
+    return stepFrom + 1;
+  }
+
+  /** Files, then the row, then the event: the checkpoint is listed before anyone hears of it. */
+  async #saveCheckpoint(
+    job: TrainingJob,
+    step: number,
+    files: Record<string, Uint8Array>,
+    signal: AbortSignal,
+  ): Promise<void> {
+    const blobs = this.#blobs();
+    const prefix = await writeCheckpointFiles(blobs, job.model_id, step, files);
+    if (signal.aborted) {
+      await blobs.deletePrefix(prefix);
+      signal.throwIfAborted();
+    }
+    await this.#o.store.models.addCheckpoint(job.entity, job.model_id, {
+      step,
+      blob_key: prefix,
+      metrics: {},
+    });
+    await this.#o.store.jobs.appendEvent(job.id, "checkpoint_saved", { step });
+  }
+
+  #blobs(): BlobStore {
+    const blobs = this.#o.store.blobs;
+    if (!blobs) throw new Error("the store has no blob directory");
+    return blobs;
+  }
+}
+
+/** Input that cannot train (a model gone, a checkpoint missing): the job fails with this. */
+export class JobInputError extends Error {
+  override name = "JobInputError";
+}
+
+function num(value: unknown): number | undefined {
+  return typeof value === "number" && Number.isFinite(value) ? value : undefined;
+}

@@ -1,0 +1,137 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { type ArborClient, createArborClient, unwrap } from "@arbor/client";
+import { afterAll, describe, expect, it, vi } from "vitest";
+
+/** The real server as a child process, killed with SIGKILL mid-job and started again. */
+const serverMain = join(
+  dirname(createRequire(import.meta.url).resolve("@arbor/server")),
+  "main.ts",
+);
+const dataDir = mkdtempSync(join(tmpdir(), "arbor-faults-"));
+let child: ChildProcess | undefined;
+
+async function startChild(): Promise<ArborClient> {
+  child = spawn(process.execPath, [serverMain], {
+    env: {
+      ...process.env,
+      ARBOR_DATA_DIR: dataDir,
+      ARBOR_PORT: "0",
+      ARBOR_LOG_LEVEL: "info",
+      ARBOR_WORKER_LEASE_MS: "1500",
+    },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const port = await new Promise<number>((resolve, reject) => {
+    const lines = createInterface({ input: child!.stdout! });
+    lines.on("line", (line) => {
+      const entry = JSON.parse(line) as { msg?: string; port?: number };
+      if (entry.msg?.startsWith("Arbor listening")) resolve(entry.port!);
+    });
+    child!.once("exit", (code) => reject(new Error(`server exited with ${code}`)));
+  });
+  const apiKey = readFileSync(join(dataDir, "admin.key"), "utf8").trim();
+  return createArborClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey, maxRetries: 0 });
+}
+
+function kill9(): Promise<void> {
+  return new Promise((resolve) => {
+    child!.once("exit", () => resolve());
+    child!.kill("SIGKILL");
+  });
+}
+
+afterAll(async () => {
+  if (child && child.exitCode === null && child.signalCode === null) await kill9();
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+const lines = ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"].map((w) =>
+  JSON.stringify({
+    messages: [
+      { role: "user", content: `Reverse the word ${w}.` },
+      { role: "assistant", content: [...w].reverse().join("") },
+    ],
+  }),
+);
+
+describe("kill -9 during a job", () => {
+  it("when the server dies mid-job and restarts, then the job resumes or fails with one terminal event, no partial checkpoint is listed, and the queue goes on", async () => {
+    let client = await startChild();
+    const model = unwrap(
+      await client.POST("/v1/preview/models", {
+        body: { project: "faults", name: "victim", base_model: "arbor/tiny-chat" },
+      }),
+    );
+    const dataset = unwrap(
+      await client.POST("/v1/preview/datasets", {
+        body: lines.join("\n") as never,
+        bodySerializer: (b: unknown) => b as string,
+        headers: { "content-type": "application/jsonl" },
+      }),
+    );
+    const body = {
+      model_id: model.id,
+      training_data_url: dataset.url,
+      config: { epochs: 12, batch_size: 2, checkpoint_every: 1 },
+    };
+    const job = unwrap(await client.POST("/v1/preview/sft-training-jobs", { body }));
+    const next = unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: { ...body, config: { epochs: 1, batch_size: 4 } },
+      }),
+    );
+
+    // Wait until the first job has saved a checkpoint, then kill the process.
+    await vi.waitFor(
+      async () => {
+        const { data } = unwrap(await client.listTrainingJobEvents(job.id, { limit: 100 }));
+        expect(data.some((e) => e.type === "checkpoint_saved")).toBe(true);
+      },
+      { timeout: 60_000, interval: 100 },
+    );
+    await kill9();
+
+    client = await startChild();
+    for (const id of [job.id, next.id]) {
+      const events = [];
+      for await (const event of client.followTrainingJob(id)) events.push(event);
+      const terminal = events.filter(
+        (e) => e.type === "training_ended" || e.type === "training_failed",
+      );
+      expect(terminal).toHaveLength(1);
+      expect(events.at(-1)).toEqual(terminal[0]);
+    }
+    const [first, second] = await Promise.all(
+      [job.id, next.id].map(async (id) =>
+        unwrap(
+          await client.GET("/v1/preview/training-jobs/{training_job_id}", {
+            params: { path: { training_job_id: id } },
+          }),
+        ),
+      ),
+    );
+    expect(["succeeded", "failed"]).toContain(first!.status);
+    expect(second!.status).toBe("succeeded");
+
+    // Every listed checkpoint serves: none points at missing or partial files.
+    const { data } = unwrap(
+      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
+        params: { path: { model_id: model.id }, query: { limit: 100 } },
+      }),
+    );
+    for (const checkpoint of data) {
+      const chat = await client.createChatCompletion({
+        model: checkpoint.model,
+        messages: [{ role: "user", content: "Reverse the word cat." }],
+        max_tokens: 4,
+      });
+      expect(chat.response.status).toBe(200);
+    }
+    await kill9();
+  }, 240_000);
+});

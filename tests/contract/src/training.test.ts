@@ -1,0 +1,276 @@
+import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type RunningServer, startServer } from "./harness.ts";
+
+/** Training jobs end to end on the shipped model: real steps, real checkpoints. */
+const BASE = "arbor/tiny-chat";
+let server: RunningServer;
+let client: ArborClient;
+beforeAll(async () => {
+  server = await startServer({}, { worker: true });
+  client = server.authorizedClient();
+});
+afterAll(() => server.close());
+
+const words = ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "bus", "owl", "fig", "jam"];
+const reversal = (word: string) => ({
+  messages: [
+    { role: "user", content: `Reverse the word ${word}.` },
+    { role: "assistant", content: [...word].reverse().join("") },
+  ],
+});
+
+async function upload(lines: unknown[]): Promise<string> {
+  const body = lines.map((l) => JSON.stringify(l)).join("\n");
+  const dataset = unwrap(
+    await client.POST("/v1/preview/datasets", {
+      body: body as never,
+      bodySerializer: (b: unknown) => b as string,
+      headers: { "content-type": "application/jsonl" },
+    }),
+  );
+  return dataset.url;
+}
+
+async function newModel(name: string): Promise<string> {
+  return unwrap(
+    await client.POST("/v1/preview/models", { body: { project: "train", name, base_model: BASE } }),
+  ).id;
+}
+
+async function follow(jobId: string): Promise<TrainingJobEvent[]> {
+  const events: TrainingJobEvent[] = [];
+  for await (const event of client.followTrainingJob(jobId)) events.push(event);
+  return events;
+}
+
+describe("createSftTrainingJob", () => {
+  it("when an SFT job runs, then it steps, saves checkpoints, ends once, and the checkpoint answers differently", async () => {
+    const modelId = await newModel("reverser");
+    const url = await upload(words.map(reversal));
+    const job = unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: {
+          model_id: modelId,
+          training_data_url: url,
+          config: { epochs: 3, batch_size: 4, learning_rate: 3e-3, checkpoint_every: 3 },
+        },
+      }),
+    );
+    expect(job).toMatchObject({
+      object: "training_job",
+      type: "sft",
+      model_id: modelId,
+      step_from: 0,
+      error_message: null,
+    });
+    expect(["queued", "running"]).toContain(job.status);
+
+    const events = await follow(job.id);
+    const types = events.map((e) => e.type);
+    expect(types[0]).toBe("training_started");
+    expect(events[0]!.data).toEqual({ num_sequences: 9 });
+    expect(types.filter((t) => t === "gradient_step")).toHaveLength(9);
+    expect(types.filter((t) => t === "training_ended" || t === "training_failed")).toEqual([
+      "training_ended",
+    ]);
+    expect(types.at(-1)).toBe("training_ended");
+    expect(
+      events.filter((e) => e.type === "checkpoint_saved").map((e) => e.data.step as number),
+    ).toEqual([3, 6, 9]);
+    const steps = events
+      .filter((e) => e.type === "gradient_step")
+      .map((e) => e.data as Record<string, number>);
+    for (const step of steps) {
+      for (const key of [
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "num_tokens",
+        "num_trainable_tokens",
+        "tokens_per_second",
+        "gradient_step",
+      ]) {
+        expect(typeof step[key]).toBe("number");
+      }
+    }
+    expect(steps.at(-1)!.loss!).toBeLessThan(steps[0]!.loss!);
+
+    const done = unwrap(
+      await client.GET("/v1/preview/training-jobs/{training_job_id}", {
+        params: { path: { training_job_id: job.id } },
+      }),
+    );
+    expect(done).toMatchObject({
+      status: "succeeded",
+      step_from: 0,
+      step_to: 9,
+      error_message: null,
+    });
+    expect(done.training_end).toBeGreaterThanOrEqual(done.training_start!);
+
+    const { data } = unwrap(
+      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
+        params: { path: { model_id: modelId }, query: { order: "asc" } },
+      }),
+    );
+    expect(data.map((c) => c.step)).toEqual([0, 3, 6, 9]);
+
+    const ask = async (model: string) =>
+      unwrap(
+        await client.createChatCompletion({
+          model,
+          messages: [{ role: "user", content: "Reverse the word cat." }],
+          max_tokens: 8,
+          temperature: 0,
+        }),
+      );
+    const before = await ask("default/train/reverser:step0");
+    const after = await ask("default/train/reverser");
+    expect(after.model).toBe("default/train/reverser:step9");
+    expect(after.choices[0]!.message.content).not.toBe(before.choices[0]!.message.content);
+  });
+
+  it("when the model does not exist, then 404 and nothing is queued", async () => {
+    const { response, error } = await client.POST("/v1/preview/sft-training-jobs", {
+      body: {
+        model_id: "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f",
+        training_data_url: "dataset://nope",
+      },
+    });
+    expect(response.status).toBe(404);
+    expect((error as { error: { type: string } }).error.type).toBe("not_found_error");
+  });
+
+  it("when the dataset is unknown, then 404 dataset_not_found", async () => {
+    const modelId = await newModel("nodata");
+    const { response, error } = await client.POST("/v1/preview/sft-training-jobs", {
+      body: { model_id: modelId, training_data_url: "dataset://missing" },
+    });
+    expect(response.status).toBe(404);
+    expect((error as { error: { code: string } }).error.code).toBe("dataset_not_found");
+    expect((await server.store.jobs.list("default", { model_id: modelId })).data).toEqual([]);
+  });
+});
+
+describe("createRlTrainingJob", () => {
+  const choice = (content: string) => ({
+    index: 0,
+    finish_reason: "stop",
+    message: { role: "assistant", content },
+  });
+
+  it.each([
+    [
+      "a trajectory with no trainable turn",
+      { trajectories: [{ messages_and_choices: [{ role: "user", content: "1+1?" }], reward: 1 }] },
+      "trajectory_groups[0].trajectories[0].messages_and_choices",
+    ],
+  ])("when given %s, then 400 naming it and nothing stored", async (_, group, param) => {
+    const modelId = await newModel(`rl-bad-${param.length}`);
+    const { response, error } = await client.POST("/v1/preview/training-jobs", {
+      body: { model_id: modelId, trajectory_groups: [group] } as never,
+    });
+    expect(response.status).toBe(400);
+    expect((error as { error: { param: string; code: string } }).error).toMatchObject({
+      param,
+      code: "invalid_trajectory",
+    });
+    expect((await server.store.jobs.list("default", { model_id: modelId })).data).toEqual([]);
+  });
+
+  it("when a reward is not a number, then 400 from validation", async () => {
+    const modelId = await newModel("rl-reward");
+    const { response } = await client.POST("/v1/preview/training-jobs", {
+      body: {
+        model_id: modelId,
+        trajectory_groups: [
+          {
+            trajectories: [
+              {
+                messages_and_choices: [{ role: "user", content: "1+1?" }, choice("2")],
+                reward: "high",
+              },
+            ],
+          },
+        ],
+      } as never,
+    });
+    expect(response.status).toBe(400);
+  });
+});
+
+describe("cancelTrainingJob", () => {
+  it("when a queued job is cancelled, then it ends with training_failed cancelled, and a second cancel is 409", async () => {
+    const modelId = await newModel("cancelled");
+    const url = await upload(words.map(reversal));
+    const first = unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: { model_id: modelId, training_data_url: url, config: { epochs: 2 } },
+      }),
+    );
+    const second = unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: { model_id: modelId, training_data_url: url },
+      }),
+    );
+    const cancelled = unwrap(
+      await client.POST("/v1/preview/training-jobs/{training_job_id}/cancel", {
+        params: { path: { training_job_id: second.id } },
+      }),
+    );
+    expect(cancelled.status).toBe("cancelled");
+    expect(cancelled.error_message).toBe("cancelled");
+    const events = await follow(second.id);
+    expect(events.map((e) => [e.type, e.data])).toEqual([
+      ["training_failed", { error_message: "cancelled" }],
+    ]);
+    const again = await client.POST("/v1/preview/training-jobs/{training_job_id}/cancel", {
+      params: { path: { training_job_id: second.id } },
+    });
+    expect(again.response.status).toBe(409);
+    await follow(first.id);
+  });
+});
+
+describe("retrieveTrainingJob", () => {
+  it("when another entity asks for a job, then 404", async () => {
+    const modelId = await newModel("secret-job");
+    const url = await upload(words.slice(0, 4).map(reversal));
+    const job = unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: { model_id: modelId, training_data_url: url },
+      }),
+    );
+    const stranger = (await server.newTenant("job-snoop")).client;
+    const path = { params: { path: { training_job_id: job.id } } };
+    for (const answer of await Promise.all([
+      stranger.GET("/v1/preview/training-jobs/{training_job_id}", path),
+      stranger.GET("/v1/preview/training-jobs/{training_job_id}/events", path),
+      stranger.POST("/v1/preview/training-jobs/{training_job_id}/cancel", path),
+    ])) {
+      expect(answer.response.status).toBe(404);
+    }
+    await follow(job.id);
+  });
+});
+
+describe("listTrainingJobEvents", () => {
+  it("when paged by after, then every event comes once, in order", async () => {
+    const modelId = await newModel("paged-events");
+    const url = await upload(words.slice(0, 8).map(reversal));
+    const job = unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: { model_id: modelId, training_data_url: url, config: { batch_size: 2 } },
+      }),
+    );
+    const live = await follow(job.id);
+    const paged = [];
+    for await (const event of client.paginate((after) =>
+      client.listTrainingJobEvents(job.id, { after, limit: 2 }),
+    )) {
+      paged.push(event);
+    }
+    expect(paged).toEqual(live);
+  });
+});
