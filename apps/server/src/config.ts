@@ -32,6 +32,8 @@ export interface ServerConfig extends AppConfig {
   port: number;
   dataDir: string;
   databaseUrl: string | undefined;
+  /** PostgreSQL only: the schema to use (created when missing); default the search path's. */
+  databaseSchema: string | undefined;
   logLevel: string;
 }
 
@@ -60,7 +62,7 @@ export function defaultAppConfig(overrides: Partial<AppConfig> = {}): AppConfig 
 }
 
 /** Configuration from the environment: ARBOR_PORT, ARBOR_HOST, ARBOR_DATA_DIR, DATABASE_URL,
- * ARBOR_ROLES, ARBOR_LOG_LEVEL, and the chat limits ARBOR_KEY_RPM, ARBOR_PROJECT_RPM,
+ * ARBOR_DATABASE_SCHEMA, ARBOR_ROLES, ARBOR_LOG_LEVEL, and the chat limits ARBOR_KEY_RPM, ARBOR_PROJECT_RPM,
  * ARBOR_KEY_CONCURRENCY, ARBOR_PROJECT_CONCURRENCY, ARBOR_UPSTREAMS (JSON: model id →
  * {url, apiKey?, model?}), ARBOR_EMBEDDED_WORKER (on|off), ARBOR_WORKER_LEASE_MS, ARBOR_TRAINING_DATA_MAX_BYTES and
  * ARBOR_TRAINING_DATA_ALLOW_HOSTS (comma-separated). */
@@ -76,6 +78,7 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     port,
     dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
     databaseUrl: env.DATABASE_URL || undefined,
+    databaseSchema: env.ARBOR_DATABASE_SCHEMA || undefined,
     logLevel: env.ARBOR_LOG_LEVEL ?? "info",
     embeddedWorker: env.ARBOR_EMBEDDED_WORKER !== "off",
     workerLeaseMs: positive(env, "ARBOR_WORKER_LEASE_MS") ?? 60_000,

@@ -12,7 +12,11 @@ import { createTrainingWorker } from "./worker.ts";
  * gracefully on SIGINT/SIGTERM. */
 export async function serve(config: ServerConfig = configFromEnv()): Promise<void> {
   const logger = pino({ level: config.logLevel });
-  const store = await openStore({ dataDir: config.dataDir, databaseUrl: config.databaseUrl });
+  const store = await openStore({
+    dataDir: config.dataDir,
+    databaseUrl: config.databaseUrl,
+    ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
+  });
 
   const first = await ensureFirstAdmin(store, config.dataDir);
   if (first) {

@@ -1,8 +1,6 @@
 import type { Store } from "@arbor/store";
-import { TrainingWorker } from "@arbor/worker";
+import { sftExamplesLoader, TrainingWorker } from "@arbor/worker";
 import type { Logger } from "pino";
-import { loadTrainingData } from "./modules/datasets/fetch.ts";
-import { parseSftJsonl } from "./modules/datasets/jsonl.ts";
 import type { EngineHost } from "./modules/inference/engines.ts";
 
 export interface WorkerSettings {
@@ -14,7 +12,8 @@ export interface WorkerSettings {
   leaseMs?: number;
 }
 
-/** The training worker, sharing the server's store and base models (one copy in memory). */
+/** The embedded training worker, sharing the server's store and base models (one copy in
+ * memory). A separate process for scale is `apps/worker/src/main.ts`. */
 export function createTrainingWorker(
   store: Store,
   engines: EngineHost,
@@ -25,13 +24,10 @@ export function createTrainingWorker(
     store,
     logger: logger.child({ component: "worker" }),
     loadBaseModel: async (baseId) => (await engines.engine(baseId)).model,
-    loadSftExamples: async (entity, url) => {
-      const text = await loadTrainingData(store, entity, url, {
-        maxBytes: settings.maxTrainingDataBytes,
-        allowHosts: settings.allowHosts,
-      });
-      return parseSftJsonl(text).examples;
-    },
+    loadSftExamples: sftExamplesLoader(store, {
+      maxBytes: settings.maxTrainingDataBytes,
+      allowHosts: settings.allowHosts,
+    }),
     ...(settings.pollMs !== undefined ? { pollMs: settings.pollMs } : {}),
     ...(settings.leaseMs !== undefined ? { leaseMs: settings.leaseMs } : {}),
   });

@@ -5,4 +5,21 @@ export {
   readCheckpointFiles,
   writeCheckpointFiles,
 } from "./checkpoints.ts";
+export {
+  classifyAddress,
+  datasetIdOf,
+  type FetchTrainingDataOptions,
+  fetchTrainingData,
+  loadTrainingData,
+  resolveDatasetUrl,
+  TrainingDataError,
+} from "./data/fetch.ts";
+export {
+  DatasetLineError,
+  InvalidDatasetError,
+  parseSftJsonl,
+  type SftExample as DatasetExample,
+  validateSftJsonl,
+} from "./data/jsonl.ts";
+export { catalogModels, sftExamplesLoader, type TrainingDataSettings } from "./loaders.ts";
 export { JobInputError, TrainingWorker, type TrainingWorkerOptions } from "./runner.ts";

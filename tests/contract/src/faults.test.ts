@@ -1,52 +1,24 @@
-import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { createRequire } from "node:module";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { createInterface } from "node:readline";
-import { type ArborClient, createArborClient, unwrap } from "@arbor/client";
+import { join } from "node:path";
+import { type ArborClient, unwrap } from "@arbor/client";
 import { afterAll, describe, expect, it, vi } from "vitest";
+import { type Child, startServerProcess } from "./processes.ts";
 
 /** The real server as a child process, killed with SIGKILL mid-job and started again. */
-const serverMain = join(
-  dirname(createRequire(import.meta.url).resolve("@arbor/server")),
-  "main.ts",
-);
 const dataDir = mkdtempSync(join(tmpdir(), "arbor-faults-"));
-let child: ChildProcess | undefined;
+let child: Child | undefined;
 
 async function startChild(): Promise<ArborClient> {
-  child = spawn(process.execPath, [serverMain], {
-    env: {
-      ...process.env,
-      ARBOR_DATA_DIR: dataDir,
-      ARBOR_PORT: "0",
-      ARBOR_LOG_LEVEL: "info",
-      ARBOR_WORKER_LEASE_MS: "1500",
-    },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const port = await new Promise<number>((resolve, reject) => {
-    const lines = createInterface({ input: child!.stdout! });
-    lines.on("line", (line) => {
-      const entry = JSON.parse(line) as { msg?: string; port?: number };
-      if (entry.msg?.startsWith("Arbor listening")) resolve(entry.port!);
-    });
-    child!.once("exit", (code) => reject(new Error(`server exited with ${code}`)));
-  });
-  const apiKey = readFileSync(join(dataDir, "admin.key"), "utf8").trim();
-  return createArborClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey, maxRetries: 0 });
+  const started = await startServerProcess(dataDir, { ARBOR_WORKER_LEASE_MS: "1500" });
+  child = started.child;
+  return started.client;
 }
 
-function kill9(): Promise<void> {
-  return new Promise((resolve) => {
-    child!.once("exit", () => resolve());
-    child!.kill("SIGKILL");
-  });
-}
+const kill9 = () => child!.kill9();
 
 afterAll(async () => {
-  if (child && child.exitCode === null && child.signalCode === null) await kill9();
+  await child?.kill9();
   rmSync(dataDir, { recursive: true, force: true });
 });
 

@@ -1,4 +1,5 @@
 import { ConflictError, LimitExceededError, NotFoundError, StoreError } from "@arbor/store";
+import { TrainingDataError } from "@arbor/worker";
 import type { NextFunction, Request, Response } from "express";
 import type { Logger } from "pino";
 
@@ -210,6 +211,12 @@ function pydanticIssue(keyword: string, message: string): { type: string; msg: s
 export function toApiError(err: unknown): { error: ApiError; unexpected: boolean } {
   if (err instanceof ApiError) return { error: err, unexpected: false };
   if (err instanceof StoreError) return { error: fromStoreError(err), unexpected: false };
+  if (err instanceof TrainingDataError) {
+    return {
+      error: new ApiError(err.status, err.message, { code: err.code, param: err.param }),
+      unexpected: false,
+    };
+  }
   if (isBodyParserError(err)) {
     if (err.type === "entity.too.large") {
       return { error: ApiError.tooLarge("Request body is too large."), unexpected: false };

@@ -1,7 +1,7 @@
 import type { components } from "@arbor/spec/schema";
 import type { Dataset, Store } from "@arbor/store";
+import { InvalidDatasetError, validateSftJsonl } from "@arbor/worker";
 import { ApiError } from "../../http/errors.ts";
-import { InvalidDatasetError, validateSftJsonl } from "./jsonl.ts";
 
 /** The cap on an upload; the text parser mounted for this path enforces it (413). */
 export const DATASET_MAX_BYTES = 64 * 1024 * 1024;

@@ -1,9 +1,9 @@
 import type { components } from "@arbor/spec/schema";
 import type { JobEvent, Store, TrainingJob } from "@arbor/store";
+import { datasetIdOf } from "@arbor/worker";
 import { v7 as uuidv7 } from "uuid";
 import { ApiError } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
-import { datasetIdOf } from "../datasets/fetch.ts";
 import { findModel } from "../models/service.ts";
 
 type Schemas = components["schemas"];

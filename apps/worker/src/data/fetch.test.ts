@@ -4,7 +4,6 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { openStore } from "@arbor/store";
 import { describe, expect, it } from "vitest";
-import { ApiError } from "../../http/errors.ts";
 import {
   type AddressClass,
   classifyAddress,
@@ -13,18 +12,18 @@ import {
   loadTrainingData,
   readBodyCapped,
   resolveDatasetUrl,
+  TrainingDataError,
   type Transport,
 } from "./fetch.ts";
-import { createDataset } from "./service.ts";
 
-async function refusal(promise: Promise<unknown>): Promise<ApiError> {
+async function refusal(promise: Promise<unknown>): Promise<TrainingDataError> {
   try {
     await promise;
   } catch (err) {
-    if (err instanceof ApiError) return err;
+    if (err instanceof TrainingDataError) return err;
     throw err;
   }
-  throw new Error("expected an ApiError");
+  throw new Error("expected an TrainingDataError");
 }
 
 const resolvesTo =
@@ -312,7 +311,15 @@ describe("resolveDatasetUrl", () => {
       await store.entities.ensure("acme");
       await store.entities.ensure("other");
       const text = '{"messages": [{"role": "assistant", "content": "x"}]}\n';
-      const dataset = await createDataset(store, { entity: "acme", name: null, text });
+      await store.blobs!.put("datasets/acme.jsonl", Buffer.from(text));
+      const created = await store.datasets.create({
+        entity: "acme",
+        name: null,
+        blob_key: "datasets/acme.jsonl",
+        bytes: text.length,
+        lines: 1,
+      });
+      const dataset = { url: `dataset://${created.id}` };
       expect(await resolveDatasetUrl(store, "acme", dataset.url)).toBe(text);
       expect(await loadTrainingData(store, "acme", dataset.url, { maxBytes: 10 })).toBe(text);
 

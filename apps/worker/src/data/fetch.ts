@@ -4,7 +4,6 @@ import { request as httpsRequest } from "node:https";
 import { isIP, type LookupFunction } from "node:net";
 import { Readable } from "node:stream";
 import type { Store } from "@arbor/store";
-import { ApiError } from "../../http/errors.ts";
 
 /**
  * Where `training_data_url` points (CONTRACT §5): `dataset://<id>` (an upload of the same entity)
@@ -46,11 +45,25 @@ export interface FetchTrainingDataOptions {
   timeoutMs?: number;
 }
 
+/** Why training data cannot be had, with the HTTP status it means to an API caller. */
+export class TrainingDataError extends Error {
+  override name = "TrainingDataError";
+  readonly status: number;
+  readonly code: string;
+  readonly param: string | null;
+  constructor(status: number, message: string, code: string, param: string | null = null) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.param = param;
+  }
+}
+
 const defaultLookup: Lookup = (hostname) => dnsLookup(hostname, { all: true, verbatim: true });
 
 /** Fetches an `https://` JSONL file and returns its text. Each hop (redirects included) is
  * resolved once, checked, and connected to exactly the checked addresses, so a second DNS answer
- * cannot swap in a private address. Errors are ApiErrors (400, 413), with messages fit for a
+ * cannot swap in a private address. Errors are TrainingDataErrors (400, 413), with messages fit for a
  * job's `error_message`. */
 export async function fetchTrainingData(
   url: string,
@@ -79,7 +92,7 @@ export async function fetchTrainingData(
       return await readBodyCapped(response, options.maxBytes);
     }
   } catch (err) {
-    if (err instanceof ApiError) throw err;
+    if (err instanceof TrainingDataError) throw err;
     if (signal.aborted) throw badUrl(`Training data URL timed out: ${redact(current)}.`);
     throw badUrl(`Training data URL could not be fetched: ${redact(current)}.`);
   }
@@ -289,12 +302,16 @@ function redact(url: URL): string {
   return `${url.origin}${url.pathname}`;
 }
 
-function badUrl(message: string): ApiError {
-  return ApiError.badRequest(message, "training_data_url", "invalid_training_data_url");
+function badUrl(message: string): TrainingDataError {
+  return new TrainingDataError(400, message, "invalid_training_data_url", "training_data_url");
 }
 
-function tooLarge(maxBytes: number): ApiError {
-  return ApiError.tooLarge(`Training data is over the ${maxBytes}-byte limit.`);
+function tooLarge(maxBytes: number): TrainingDataError {
+  return new TrainingDataError(
+    413,
+    `Training data is over the ${maxBytes}-byte limit.`,
+    "request_too_large",
+  );
 }
 
 /** node:https with a `lookup` that answers only the vetted addresses (no second DNS query). */
@@ -346,7 +363,11 @@ export async function resolveDatasetUrl(
   }
   const dataset = await store.datasets.get(entity, id);
   if (!dataset)
-    throw ApiError.notFound(`No dataset "${id}" in entity "${entity}".`, "dataset_not_found");
+    throw new TrainingDataError(
+      404,
+      `No dataset "${id}" in entity "${entity}".`,
+      "dataset_not_found",
+    );
   if (!store.blobs) throw new Error("The store has no blob directory; datasets need one.");
   const blob = await store.blobs.get(dataset.blob_key);
   if (!blob) throw new Error(`Dataset ${id} has a row but no blob at ${dataset.blob_key}.`);

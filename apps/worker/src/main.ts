@@ -1,0 +1,44 @@
+/**
+ * A separate training worker process, for scale: `DATABASE_URL=postgres://… node apps/worker/src/main.ts`
+ * (or `pnpm --filter @arbor/worker start`). Several of them, on several machines, share one
+ * PostgreSQL queue; a claim is a lease (FOR UPDATE SKIP LOCKED), so no job runs twice. Run the
+ * API servers with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR (a shared directory).
+ */
+import { homedir } from "node:os";
+import { join } from "node:path";
+import { openStore } from "@arbor/store";
+import { pino } from "pino";
+import { catalogModels, sftExamplesLoader } from "./loaders.ts";
+import { TrainingWorker } from "./runner.ts";
+
+const env = process.env;
+const logger = pino({ level: env.ARBOR_LOG_LEVEL ?? "info" });
+const store = await openStore({
+  dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
+  databaseUrl: env.DATABASE_URL || undefined,
+  ...(env.ARBOR_DATABASE_SCHEMA ? { schema: env.ARBOR_DATABASE_SCHEMA } : {}),
+});
+const worker = new TrainingWorker({
+  store,
+  logger,
+  loadBaseModel: catalogModels(),
+  loadSftExamples: sftExamplesLoader(store, {
+    maxBytes: Number(env.ARBOR_TRAINING_DATA_MAX_BYTES ?? 64 * 1024 * 1024),
+    allowHosts: (env.ARBOR_TRAINING_DATA_ALLOW_HOSTS ?? "")
+      .split(",")
+      .map((h) => h.trim())
+      .filter(Boolean),
+  }),
+  ...(env.ARBOR_WORKER_LEASE_MS ? { leaseMs: Number(env.ARBOR_WORKER_LEASE_MS) } : {}),
+});
+worker.start();
+logger.info({ workerId: worker.workerId, database: store.dialect }, "training worker started");
+
+async function shutdown(signal: string) {
+  logger.info({ signal }, "stopping: a running job goes back to the queue");
+  await worker.stop();
+  await store.close();
+  process.exit(0);
+}
+process.on("SIGINT", () => void shutdown("SIGINT"));
+process.on("SIGTERM", () => void shutdown("SIGTERM"));

@@ -1,0 +1,102 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import pg from "pg";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type Child, spawnLogged, startServerProcess, workerMain } from "./processes.ts";
+
+/** Scale-out: an API server with no embedded worker and two worker processes on one
+ * PostgreSQL queue. Every job runs exactly once. */
+const databaseUrl = process.env.ARBOR_TEST_PG ?? "postgres://postgres@127.0.0.1:5432/test";
+const schema = `arbor_contract_${process.pid}_${Date.now()}`;
+const dataDir = mkdtempSync(join(tmpdir(), "arbor-pg-workers-"));
+const children: Child[] = [];
+let client: ArborClient;
+
+const reachable = await (async () => {
+  const c = new pg.Client({ connectionString: databaseUrl });
+  try {
+    await c.connect();
+    await c.end();
+    return true;
+  } catch (err) {
+    console.log(
+      `[contract] PostgreSQL at ${databaseUrl} unreachable (${(err as Error).message}): the scale-out test is SKIPPED`,
+    );
+    return false;
+  }
+})();
+
+beforeAll(async () => {
+  if (!reachable) return;
+  const env = { DATABASE_URL: databaseUrl, ARBOR_DATABASE_SCHEMA: schema, ARBOR_DATA_DIR: dataDir };
+  const server = await startServerProcess(dataDir, { ...env, ARBOR_EMBEDDED_WORKER: "off" });
+  children.push(server.child);
+  client = server.client;
+  for (let i = 0; i < 2; i++)
+    children.push((await spawnLogged(workerMain, env, "training worker started")).child);
+});
+
+afterAll(async () => {
+  await Promise.all(children.map((c) => c.kill9()));
+  if (reachable) {
+    const c = new pg.Client({ connectionString: databaseUrl });
+    await c.connect();
+    await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await c.end();
+  }
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
+  it("when several jobs are queued, then each runs exactly once and ends with one terminal event", async () => {
+    const line = (w: string) =>
+      JSON.stringify({
+        messages: [
+          { role: "user", content: `Reverse ${w}.` },
+          { role: "assistant", content: [...w].reverse().join("") },
+        ],
+      });
+    const dataset = unwrap(
+      await client.POST("/v1/preview/datasets", {
+        body: ["cat", "dog", "sun", "map"].map(line).join("\n") as never,
+        bodySerializer: (b: unknown) => b as string,
+        headers: { "content-type": "application/jsonl" },
+      }),
+    );
+    const jobs = [];
+    for (let i = 0; i < 4; i++) {
+      const model = unwrap(
+        await client.POST("/v1/preview/models", {
+          body: { project: "scale", name: `m${i}`, base_model: "arbor/tiny-chat" },
+        }),
+      );
+      jobs.push(
+        unwrap(
+          await client.POST("/v1/preview/sft-training-jobs", {
+            body: {
+              model_id: model.id,
+              training_data_url: dataset.url,
+              config: { epochs: 2, batch_size: 2 },
+            },
+          }),
+        ),
+      );
+    }
+    for (const job of jobs) {
+      const events: TrainingJobEvent[] = [];
+      for await (const event of client.followTrainingJob(job.id)) events.push(event);
+      const types = events.map((e) => e.type);
+      expect(types.filter((t) => t === "training_started")).toHaveLength(1);
+      expect(types.filter((t) => t === "gradient_step")).toHaveLength(4);
+      expect(types.at(-1)).toBe("training_ended");
+      const done = unwrap(
+        await client.GET("/v1/preview/training-jobs/{training_job_id}", {
+          params: { path: { training_job_id: job.id } },
+        }),
+      );
+      expect(done).toMatchObject({ status: "succeeded", step_from: 0, step_to: 4 });
+    }
+  }, 180_000);
+});

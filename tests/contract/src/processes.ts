@@ -1,0 +1,70 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { type ArborClient, createArborClient } from "@arbor/client";
+
+/** Real server and worker processes, for tests of crashes and of several workers. */
+const require = createRequire(import.meta.url);
+export const serverMain = join(dirname(require.resolve("@arbor/server")), "main.ts");
+export const workerMain = join(dirname(require.resolve("@arbor/worker")), "main.ts");
+
+export interface Child {
+  process: ChildProcess;
+  kill9(): Promise<void>;
+}
+
+/** Starts `main` and resolves once a log line whose `msg` starts with `ready` appears. */
+export async function spawnLogged(
+  main: string,
+  env: Record<string, string>,
+  ready: string,
+): Promise<{ child: Child; entry: Record<string, unknown> }> {
+  const proc = spawn(process.execPath, [main], {
+    env: { ...process.env, ARBOR_LOG_LEVEL: "info", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const entry = await new Promise<Record<string, unknown>>((resolve, reject) => {
+    createInterface({ input: proc.stdout! }).on("line", (line) => {
+      try {
+        const parsed = JSON.parse(line) as Record<string, unknown>;
+        if (typeof parsed.msg === "string" && parsed.msg.startsWith(ready)) resolve(parsed);
+      } catch {
+        // not a log line
+      }
+    });
+    proc.once("exit", (code) => reject(new Error(`${main} exited with ${code}`)));
+  });
+  const child: Child = {
+    process: proc,
+    kill9: () =>
+      new Promise((resolve) => {
+        if (proc.exitCode !== null || proc.signalCode !== null) return resolve();
+        proc.once("exit", () => resolve());
+        proc.kill("SIGKILL");
+      }),
+  };
+  return { child, entry };
+}
+
+/** A server process on port 0 over `dataDir`, and a client with its first admin key. */
+export async function startServerProcess(
+  dataDir: string,
+  env: Record<string, string> = {},
+): Promise<{ child: Child; client: ArborClient }> {
+  const { child, entry } = await spawnLogged(
+    serverMain,
+    { ARBOR_DATA_DIR: dataDir, ARBOR_PORT: "0", ...env },
+    "Arbor listening",
+  );
+  const apiKey = readFileSync(join(dataDir, "admin.key"), "utf8").trim();
+  return {
+    child,
+    client: createArborClient({
+      baseUrl: `http://127.0.0.1:${entry.port as number}`,
+      apiKey,
+      maxRetries: 0,
+    }),
+  };
+}
