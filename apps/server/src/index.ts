@@ -5,5 +5,6 @@ export { loadSpec, type OpenApiDocument, specOperations } from "./http/openapi.t
 export { engineProbe, storeProbes } from "./modules/health/probes.ts";
 export { type Probes, timed } from "./modules/health/service.ts";
 export { EngineHost } from "./modules/inference/engines.ts";
+export { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
 export { serve } from "./serve.ts";
 export { createTrainingWorker } from "./worker.ts";

@@ -6,6 +6,7 @@ import { configFromEnv, type ServerConfig } from "./config.ts";
 import { loadSpec } from "./http/openapi.ts";
 import { engineProbe, storeProbes } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
+import { LlamaCppBackend, parseLlamaModels } from "./modules/inference/llama-cpp.ts";
 import { createTrainingWorker } from "./worker.ts";
 
 /** Builds the dependencies from `config` (the environment by default), listens, and shuts down
@@ -26,7 +27,10 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     );
   }
 
-  const engines = new EngineHost();
+  const llama = new Map(
+    [...parseLlamaModels(process.env)].map(([id, path]) => [id, new LlamaCppBackend(path)]),
+  );
+  const engines = new EngineHost(undefined, llama);
   const app = createApp({
     config,
     logger,
@@ -59,6 +63,7 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     server.close(() => {
       // A running job goes back to the queue, to resume from its last checkpoint.
       (worker?.stop() ?? Promise.resolve())
+        .then(() => engines.dispose())
         .then(() => store.close())
         .finally(() => process.exit(0));
     });

@@ -11,6 +11,7 @@ import {
   EngineHost,
   engineProbe,
   ensureFirstAdmin,
+  type LlamaCppBackend,
   loadSpec,
   storeProbes,
 } from "@arbor/server";
@@ -37,13 +38,13 @@ export interface RunningServer {
 /** Starts the real app on port 0 with real dependencies: a SQLite store in a temp dir. */
 export async function startServer(
   config: Partial<AppConfig> = {},
-  options: { worker?: boolean } = {},
+  options: { worker?: boolean; llama?: Map<string, LlamaCppBackend> } = {},
 ): Promise<RunningServer> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
   const store = await openStore({ dataDir });
   const admin = await ensureFirstAdmin(store, dataDir);
   const spec = loadSpec();
-  const engines = new EngineHost();
+  const engines = new EngineHost(undefined, options.llama);
   const app = createApp({
     config: defaultAppConfig(config),
     logger: pino({ level: "silent" }),

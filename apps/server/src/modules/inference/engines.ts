@@ -9,6 +9,7 @@ import {
 } from "@arbor/engine";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { readCheckpointFiles } from "@arbor/worker";
+import type { LlamaCppBackend } from "./llama-cpp.ts";
 
 /** Adapters kept in memory at once, most recently used first. */
 const ADAPTER_CACHE_SIZE = 64;
@@ -26,8 +27,24 @@ export class EngineHost {
   readonly #engines = new Map<string, Promise<Engine>>();
   readonly #adapters = new Map<string, Promise<LoraAdapter>>();
 
-  constructor(catalog: CatalogEntry[] = listCatalog(), created = catalogCreated) {
+  readonly #llama: Map<string, LlamaCppBackend>;
+
+  /** `llama`: user-supplied GGUF models (ARBOR_LLAMA_MODELS), served by llama.cpp. */
+  constructor(
+    catalog: CatalogEntry[] = listCatalog(),
+    llama: Map<string, LlamaCppBackend> = new Map(),
+    created = catalogCreated,
+  ) {
     this.#catalog = new Map(catalog.map((entry) => [entry.id, { entry, created }]));
+    this.#llama = llama;
+  }
+
+  llamaModels(): ReadonlyMap<string, LlamaCppBackend> {
+    return this.#llama;
+  }
+
+  async dispose(): Promise<void> {
+    await Promise.all([...this.#llama.values()].map((b) => b.dispose()));
   }
 
   baseModels(): BaseModel[] {

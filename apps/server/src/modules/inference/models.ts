@@ -3,6 +3,7 @@ import type { Checkpoint, Model, Store } from "@arbor/store";
 import { ApiError } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import type { EngineHost } from "./engines.ts";
+import type { LlamaCppBackend } from "./llama-cpp.ts";
 import type { UpstreamConfig, Upstreams } from "./upstream.ts";
 
 type ModelEntry = components["schemas"]["ModelEntry"];
@@ -15,6 +16,8 @@ export interface ResolvedModel {
   baseId: string;
   /** Set when an OpenAI-compatible upstream serves this model instead of the engine. */
   upstream?: UpstreamConfig;
+  /** Set when a user-supplied GGUF on llama.cpp serves this model. */
+  llama?: LlamaCppBackend;
   /** Set for a trained model: the checkpoint whose adapter serves it. */
   checkpoint?: Checkpoint;
 }
@@ -47,7 +50,8 @@ export class ModelDirectory {
     const upstream = Object.keys(this.#upstreams)
       .filter((id) => !this.#engines.baseModel(id))
       .map((id) => base(id, 0));
-    return [...engine, ...upstream, ...(await this.#trained(principal))];
+    const llama = [...this.#engines.llamaModels().keys()].map((id) => base(id, 0));
+    return [...engine, ...upstream, ...llama, ...(await this.#trained(principal))];
   }
 
   /** Each trained model the key can see, twice: `<e>/<p>/<n>` (its latest checkpoint) and
@@ -114,6 +118,8 @@ export class ModelDirectory {
   async resolve(principal: Principal, id: string): Promise<ResolvedModel> {
     const upstream = this.#upstreams[id];
     if (upstream) return { id, baseId: id, upstream };
+    const llama = this.#engines.llamaModels().get(id);
+    if (llama) return { id, baseId: id, llama };
     const trained = trainedId.exec(id);
     if (trained) return this.#resolveTrained(principal, id, trained);
     const base = this.#engines.baseModel(id);

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import {
-  type Engine,
   type GenerateRequest,
+  type GenerationEvent,
   JsonConstraint,
   renderChat,
   type TokenLogprob,
@@ -13,6 +13,7 @@ import { v7 as uuidv7 } from "uuid";
 import { ApiError } from "../../http/errors.ts";
 import { type ChatRequest, toGenerateRequest, toLogprobs } from "./chat.ts";
 import type { EngineHost } from "./engines.ts";
+import { checkSupported, type LlamaCppBackend, LlamaUnsupportedError } from "./llama-cpp.ts";
 import type { ModelDirectory, ResolvedModel } from "./models.ts";
 import { type InferenceCall, recordInferenceCall } from "./usage.ts";
 
@@ -42,9 +43,17 @@ export type ChatProgress =
   | { type: "delta"; choice: number; content: string; logprob?: TokenLogprob }
   | { type: "finish"; choice: number; content: string; finishReason: "stop" | "length" };
 
+/** What generates: the embedded engine, or a llama.cpp backend with the same events. */
+export interface Generator {
+  generate(
+    request: GenerateRequest,
+    options: { signal?: AbortSignal },
+  ): AsyncIterable<GenerationEvent>;
+}
+
 export interface PreparedChat {
   resolved: ResolvedModel;
-  engine: Engine;
+  engine: Generator;
   request: GenerateRequest;
   promptTokens: number;
   id: string;
@@ -59,6 +68,7 @@ export async function prepareChat(
   body: ChatRequest,
 ): Promise<PreparedChat> {
   const request = toGenerateRequest(body);
+  if (resolved.llama) return prepareLlamaChat(resolved, resolved.llama, request);
   if (resolved.checkpoint) {
     request.adapter = await deps.engines.adapter(resolved.baseId, resolved.checkpoint, deps.blobs);
   }
@@ -89,11 +99,53 @@ export async function prepareChat(
     }
   }
   const { messages: _, ...rest } = request;
+  return prepared(resolved, engine, { ...rest, prompt }, prompt.length);
+}
+
+/** A user-supplied GGUF on llama.cpp: its own tokenizer counts the prompt; what it cannot
+ * honour is a 400 naming the field. */
+async function prepareLlamaChat(
+  resolved: ResolvedModel,
+  backend: LlamaCppBackend,
+  request: GenerateRequest,
+): Promise<PreparedChat> {
+  try {
+    checkSupported(request);
+  } catch (err) {
+    if (err instanceof LlamaUnsupportedError) {
+      throw new ApiError(400, `\`${err.field}\` is not supported by this model.`, {
+        param: err.field,
+        code: "unsupported_parameter",
+      });
+    }
+    throw err;
+  }
+  await backend.load();
+  const promptTokens = await backend.countPromptTokens(request.messages ?? []);
+  if (promptTokens >= backend.contextLength) {
+    throw new ApiError(
+      400,
+      `The messages take ${promptTokens} tokens; this model's context is ${backend.contextLength} tokens.`,
+      {
+        param: "messages",
+        code: "context_length_exceeded",
+      },
+    );
+  }
+  return prepared(resolved, backend, request, promptTokens);
+}
+
+function prepared(
+  resolved: ResolvedModel,
+  engine: Generator,
+  request: GenerateRequest,
+  promptTokens: number,
+): PreparedChat {
   return {
     resolved,
     engine,
-    request: { ...rest, prompt },
-    promptTokens: prompt.length,
+    request,
+    promptTokens,
     id: `chatcmpl-${uuidv7()}`,
     created: Math.floor(Date.now() / 1000),
     fingerprint: `fp_${createHash("sha256").update(resolved.id).digest("hex").slice(0, 10)}`,

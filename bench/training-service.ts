@@ -1,0 +1,575 @@
+/**
+ * The training service end to end, over HTTP: queue latency, SFT wall time, RL step time, and
+ * what a second worker process buys on PostgreSQL.
+ *
+ * Usage: node bench/training-service.ts [--sft-repeats 2] [--rl-steps 3] [--pg-jobs 4]
+ *                                        [--pg-url postgres://postgres@127.0.0.1:5432/test]
+ *
+ * Part 1 (SQLite): the real app (`createApp`) with the embedded training worker
+ * (`createTrainingWorker`, default poll interval, as `serve()` makes it) in a child process (this
+ * file with `--serve`), temp data dir, first admin key, on 127.0.0.1 port 0.
+ * - Queue latency: the API's created_at has seconds resolution, so it is measured here as the
+ *   arrival of the `training_started` event (`client.followTrainingJob`, opened right after the
+ *   create call) minus the moment just before the create call, in ms, for every job of part 1
+ *   (one at a time, so the worker is idle when each is created).
+ * - SFT: 200 examples of the JSON-answer task of examples/sft-quickstart.ts (uploaded once as a
+ *   dataset), LoRA rank 8, batch 8, on a fresh model each time, epochs 1 and epochs 3: wall time
+ *   from before the create call to the arrival of `training_ended`, and the training part
+ *   (`training_started` → `training_ended`).
+ * - RL: 8 groups × 4 trajectories sampled through `POST /v1/chat/completions` (n 4, logprobs,
+ *   temperature 1, the uppercase task of examples/rl-loop.ts), submitted as one training job (PPO);
+ *   the step time is create → `training_ended`, with the sampling time beside it.
+ *
+ * Part 2 (PostgreSQL, if reachable at --pg-url): a fresh schema (dropped after), an API server
+ * process without a worker (what ARBOR_EMBEDDED_WORKER=off does) and separate worker processes
+ * (this file with `--work`: `createTrainingWorker` against `openStore({ databaseUrl, schema })`),
+ * sharing the data dir for blobs. The same --pg-jobs SFT jobs (epochs 1, each on its own model so
+ * they can run in parallel) are created at once with one worker, then with two; wall time from the
+ * first create to the last `training_ended`. The machine has 2 cores, so 2 is the ceiling on the
+ * speed-up, and less while other jobs use the machine.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { once } from "node:events";
+import { mkdtempSync, rmSync } from "node:fs";
+import type { AddressInfo } from "node:net";
+import { cpus, loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { type ArborClient, createArborClient, unwrap } from "@arbor/client";
+import {
+  createApp,
+  createTrainingWorker,
+  defaultAppConfig,
+  EngineHost,
+  engineProbe,
+  ensureFirstAdmin,
+  loadSpec,
+  storeProbes,
+} from "@arbor/server";
+import { openStore, type StoreOptions } from "@arbor/store";
+import { pino } from "pino";
+
+const SELF = fileURLToPath(import.meta.url);
+const BASE = "arbor/tiny-chat";
+
+const { values: args } = parseArgs({
+  options: {
+    serve: { type: "string" },
+    work: { type: "string" },
+    "sft-repeats": { type: "string", default: "2" },
+    "rl-steps": { type: "string", default: "3" },
+    "pg-jobs": { type: "string", default: "4" },
+    "pg-url": { type: "string", default: "postgres://postgres@127.0.0.1:5432/test" },
+  },
+});
+
+/** How a child opens its store (JSON in its argument). */
+interface ChildSpec {
+  dataDir: string;
+  databaseUrl?: string;
+  schema?: string;
+  /** Server only: run the embedded worker. */
+  worker?: boolean;
+}
+
+const storeOptions = (spec: ChildSpec): StoreOptions => ({
+  dataDir: spec.dataDir,
+  ...(spec.databaseUrl
+    ? { databaseUrl: spec.databaseUrl, schema: spec.schema, blobDir: join(spec.dataDir, "blobs") }
+    : {}),
+});
+
+const WORKER_SETTINGS = { maxTrainingDataBytes: 64 * 1024 * 1024, allowHosts: [] };
+
+function onShutdown(close: () => Promise<void>): void {
+  let closing = false;
+  const shutdown = async () => {
+    if (closing) return;
+    closing = true;
+    await close();
+    process.exit(0);
+  };
+  process.on("SIGTERM", shutdown);
+  process.on("SIGINT", shutdown);
+  process.stdin.on("end", shutdown);
+  process.stdin.resume();
+}
+
+/** Child: the API server (with or without the embedded worker); prints {port, apiKey}. */
+async function serve(spec: ChildSpec): Promise<void> {
+  const store = await openStore(storeOptions(spec));
+  const admin = await ensureFirstAdmin(store, spec.dataDir);
+  if (!admin) throw new Error("a fresh store has no users, so ensureFirstAdmin must make one");
+  const engines = new EngineHost();
+  const logger = pino({ level: "error" }, pino.destination(2));
+  const app = createApp({
+    config: defaultAppConfig(),
+    logger,
+    spec: loadSpec(),
+    store,
+    engines,
+    probes: storeProbes(store, engineProbe(engines)),
+  });
+  const worker = spec.worker
+    ? createTrainingWorker(store, engines, logger, WORKER_SETTINGS)
+    : undefined;
+  worker?.start();
+  const server = app.listen(0, "127.0.0.1");
+  await new Promise<void>((resolve) => server.once("listening", () => resolve()));
+  const { port } = server.address() as AddressInfo;
+  process.stdout.write(`${JSON.stringify({ port, apiKey: admin.token })}\n`);
+  onShutdown(async () => {
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+    await worker?.stop();
+    await store.close();
+  });
+}
+
+/** Child: a separate training worker process; prints {ready: true}. */
+async function work(spec: ChildSpec): Promise<void> {
+  const store = await openStore(storeOptions(spec));
+  const worker = createTrainingWorker(
+    store,
+    new EngineHost(),
+    pino({ level: "error" }, pino.destination(2)),
+    WORKER_SETTINGS,
+  );
+  worker.start();
+  process.stdout.write(`${JSON.stringify({ ready: true })}\n`);
+  onShutdown(async () => {
+    await worker.stop();
+    await store.close();
+  });
+}
+
+async function startChild<T>(
+  mode: "--serve" | "--work",
+  spec: ChildSpec,
+): Promise<{ child: ChildProcess; info: T }> {
+  const child = spawn(process.execPath, [SELF, mode, JSON.stringify(spec)], {
+    stdio: ["pipe", "pipe", "inherit"],
+  });
+  let out = "";
+  child.stdout!.setEncoding("utf8");
+  const info = await new Promise<T>((resolve, reject) => {
+    child.once("exit", (code) => reject(new Error(`child ${mode} exited with ${code}`)));
+    child.stdout!.on("data", (chunk: string) => {
+      out += chunk;
+      const newline = out.indexOf("\n");
+      if (newline >= 0) resolve(JSON.parse(out.slice(0, newline)) as T);
+    });
+  });
+  return { child, info };
+}
+
+async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null) return;
+  const exited = once(child, "exit");
+  child.kill("SIGTERM");
+  await exited;
+}
+
+/** `What is A + B? Answer in JSON.` → `{"answer": A+B}` (examples/sft-quickstart.ts). */
+function sftJsonl(seed: number, count: number): string {
+  let state = seed;
+  const next = () => {
+    state = (state * 1103515245 + 12345) % 2 ** 31;
+    return state / 2 ** 31;
+  };
+  const lines: string[] = [];
+  for (let i = 0; i < count; i++) {
+    const a = Math.floor(next() * 10);
+    const b = Math.floor(next() * 10);
+    lines.push(
+      JSON.stringify({
+        messages: [
+          { role: "user", content: `What is ${a} + ${b}? Answer in JSON.` },
+          { role: "assistant", content: `{"answer": ${a + b}}` },
+        ],
+      }),
+    );
+  }
+  return lines.join("\n");
+}
+
+async function uploadDataset(client: ArborClient, count: number): Promise<string> {
+  const dataset = unwrap(
+    await client.POST("/v1/preview/datasets", {
+      params: { query: { name: "bench-json-answers" } },
+      body: sftJsonl(1, count) as never,
+      bodySerializer: (b: unknown) => b as string,
+      headers: { "content-type": "application/jsonl" },
+    }),
+  );
+  if (dataset.lines !== count) throw new Error(`uploaded ${dataset.lines} lines, not ${count}`);
+  return dataset.url;
+}
+
+let modelCount = 0;
+async function newModel(client: ArborClient): Promise<{ id: string; alias: string }> {
+  const model = unwrap(
+    await client.POST("/v1/preview/models", {
+      body: {
+        project: "bench",
+        name: `bench-${Date.now()}-${modelCount++}`,
+        base_model: BASE,
+      },
+    }),
+  );
+  return { id: model.id, alias: `${model.entity}/${model.project}/${model.name}` };
+}
+
+/** The Unix ms in a UUID v7 (the store's job and event ids: 48-bit ms first). */
+function uuidMs(id: string): number {
+  const uuid = /[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}/i.exec(id)?.[0];
+  if (!uuid) throw new Error(`not a UUID v7: ${id}`);
+  return Number.parseInt(uuid.replace(/-/g, "").slice(0, 12), 16);
+}
+
+/** A job's times, in ms. `*Arrival`: when the bench saw the event, from just before the create
+ * call. `queue`, `training`: the server's own clock, from the UUID v7 of the job and of its
+ * `training_started` and `training_ended` events (enqueued → started → ended). */
+interface JobTimes {
+  startedArrival: number;
+  endedArrival: number;
+  queue: number;
+  training: number;
+}
+
+/** Creates a job with `create` and follows it to its end. */
+async function timedJob(
+  client: ArborClient,
+  create: () => Promise<{ id: string }>,
+): Promise<JobTimes> {
+  const t0 = performance.now();
+  const job = await create();
+  let startedArrival = Number.NaN;
+  let endedArrival = Number.NaN;
+  let startedAt = Number.NaN;
+  let endedAt = Number.NaN;
+  for await (const event of client.followTrainingJob(job.id)) {
+    const at = performance.now() - t0;
+    if (event.type === "training_started" && Number.isNaN(startedArrival)) {
+      startedArrival = at;
+      startedAt = uuidMs(event.id);
+    }
+    if (event.type === "training_ended") {
+      endedArrival = at;
+      endedAt = uuidMs(event.id);
+    }
+    if (event.type === "training_failed") {
+      throw new Error(`job ${job.id} failed: ${String(event.data.error_message)}`);
+    }
+  }
+  if (Number.isNaN(startedArrival) || Number.isNaN(endedArrival)) {
+    throw new Error(`job ${job.id} ended without training_started/training_ended`);
+  }
+  return {
+    startedArrival,
+    endedArrival,
+    queue: startedAt - uuidMs(job.id),
+    training: endedAt - startedAt,
+  };
+}
+
+/** Latencies of GET /v1/health, one after another every 20 ms, until `done` settles. */
+async function healthDuring(baseUrl: string, done: Promise<unknown>): Promise<number[]> {
+  let finished = false;
+  done.then(
+    () => {
+      finished = true;
+    },
+    () => {
+      finished = true;
+    },
+  );
+  const latencies: number[] = [];
+  while (!finished) {
+    const t = performance.now();
+    await (await fetch(`${baseUrl}/v1/health`)).arrayBuffer();
+    latencies.push(performance.now() - t);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return latencies;
+}
+
+function sftJob(client: ArborClient, modelId: string, datasetUrl: string, epochs: number) {
+  return async () =>
+    unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: {
+          model_id: modelId,
+          training_data_url: datasetUrl,
+          config: { epochs, batch_size: 8, learning_rate: 3e-3, lr_schedule: "cosine" },
+          experimental_config: { lora_rank: 8, lora_alpha: 16, seed: 1 },
+        },
+      }),
+    );
+}
+
+const WORDS = ["apple", "horse", "table", "lemon", "green", "clock", "mouse", "peach"];
+
+/** 8 groups × 4 trajectories of the uppercase task, sampled with logprobs. */
+async function sampleGroups(client: ArborClient, alias: string, step: number) {
+  return Promise.all(
+    WORDS.map(async (word, g) => {
+      const messages = [{ role: "user" as const, content: `Uppercase the word ${word}.` }];
+      const sampled = unwrap(
+        await client.createChatCompletion({
+          model: alias,
+          messages,
+          n: 4,
+          max_tokens: 16,
+          temperature: 1,
+          logprobs: true,
+          seed: step * 100 + g,
+        }),
+      );
+      return {
+        trajectories: sampled.choices.map((choice) => ({
+          messages_and_choices: [...messages, choice],
+          reward: (choice.message.content ?? "").trim() === word.toUpperCase() ? 1 : 0,
+        })),
+      };
+    }),
+  );
+}
+
+function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+}
+
+function table(header: string[], rows: (string | number)[][]): string {
+  const cells = [header, ...rows.map((r) => r.map(String))];
+  const widths = header.map((_, i) => Math.max(3, ...cells.map((r) => r[i]!.length)));
+  const right = header.map((_, i) => i > 0);
+  const line = (r: string[]) =>
+    `| ${r.map((c, i) => (right[i] ? c.padStart(widths[i]!) : c.padEnd(widths[i]!))).join(" | ")} |`;
+  const rule = `| ${widths.map((w, i) => (right[i] ? `${"-".repeat(w - 1)}:` : "-".repeat(w))).join(" | ")} |`;
+  return [line(header), rule, ...cells.slice(1).map(line)].join("\n");
+}
+
+const sec = (ms: number) => (ms / 1000).toFixed(2);
+const load1 = () => loadavg()[0]!.toFixed(2);
+
+async function part1(): Promise<void> {
+  const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-training-"));
+  const { child, info } = await startChild<{ port: number; apiKey: string }>("--serve", {
+    dataDir,
+    worker: true,
+  });
+  try {
+    const client = createArborClient({
+      baseUrl: `http://127.0.0.1:${info.port}`,
+      apiKey: info.apiKey,
+      maxRetries: 0,
+    });
+    const datasetUrl = await uploadDataset(client, 200);
+    const baseUrl = `http://127.0.0.1:${info.port}`;
+    const queue: number[] = [];
+    const queueArrival: number[] = [];
+    const rows: (string | number)[][] = [];
+    let health: number[] = [];
+    const repeats = Number(args["sft-repeats"]);
+    for (const epochs of [1, 3]) {
+      const walls: number[] = [];
+      const trains: number[] = [];
+      for (let r = 0; r < repeats; r++) {
+        const model = await newModel(client);
+        const loadBefore = load1();
+        const job = timedJob(client, sftJob(client, model.id, datasetUrl, epochs));
+        // While the first epochs-3 job trains: does the API still answer?
+        if (epochs === 3 && r === 0) health = await healthDuring(baseUrl, job);
+        const t = await job;
+        queue.push(t.queue);
+        queueArrival.push(t.startedArrival);
+        walls.push(t.endedArrival);
+        trains.push(t.training);
+        console.error(
+          `SFT epochs ${epochs} #${r + 1}: ${sec(t.endedArrival)} s (load ${loadBefore} → ${load1()})`,
+        );
+      }
+      rows.push([
+        `SFT, 200 examples, epochs ${epochs} (${(200 / 8) * epochs} steps of 8)`,
+        repeats,
+        sec(median(walls)),
+        sec(median(trains)),
+        walls.map(sec).join(", "),
+      ]);
+    }
+    // RL: one model, --rl-steps steps, each sampled then trained.
+    const model = await newModel(client);
+    const steps = Number(args["rl-steps"]);
+    const sampling: number[] = [];
+    const stepWalls: number[] = [];
+    const stepTrains: number[] = [];
+    for (let step = 0; step < steps; step++) {
+      const s0 = performance.now();
+      const groups = await sampleGroups(client, model.alias, step);
+      sampling.push(performance.now() - s0);
+      const t = await timedJob(client, async () =>
+        unwrap(
+          await client.POST("/v1/preview/training-jobs", {
+            body: {
+              model_id: model.id,
+              trajectory_groups: groups as never,
+              experimental_config: { learning_rate: 1e-3, loss_fn: "ppo" },
+            },
+          }),
+        ),
+      );
+      queue.push(t.queue);
+      queueArrival.push(t.startedArrival);
+      stepWalls.push(t.endedArrival);
+      stepTrains.push(t.training);
+      console.error(
+        `RL step ${step + 1}: sampling ${sec(sampling.at(-1)!)} s, step ${sec(t.endedArrival)} s`,
+      );
+    }
+    rows.push([
+      "RL step, 8 groups × 4 trajectories (PPO)",
+      steps,
+      sec(median(stepWalls)),
+      sec(median(stepTrains)),
+      stepWalls.map(sec).join(", "),
+    ]);
+    rows.push([
+      "RL sampling of those 32 trajectories (8 requests of n 4, in parallel)",
+      steps,
+      sec(median(sampling)),
+      "",
+      sampling.map(sec).join(", "),
+    ]);
+    const stats = (name: string, values: number[]) => [
+      name,
+      values.length,
+      Math.round(median(values)),
+      Math.round(Math.min(...values)),
+      Math.round(Math.max(...values)),
+      values.map(Math.round).join(", "),
+    ];
+    console.log(
+      `## Queue latency (SQLite, embedded worker, its default poll interval; ${queue.length} jobs created one at a time, the worker idle)\n`,
+    );
+    console.log(
+      table(
+        ["measured as", "jobs", "p50 ms", "min ms", "max ms", "each job, ms"],
+        [
+          stats("server clock: job id → training_started event id (UUID v7 ms)", queue),
+          stats("bench: before the create call → training_started event arrives", queueArrival),
+        ],
+      ),
+    );
+    console.log(
+      `\n## SFT and RL over the API (SQLite, embedded worker; wall = before the create call → training_ended arrives; training = the server's training_started → training_ended; load average now ${load1()})\n`,
+    );
+    console.log(
+      table(["job", "runs", "wall s (median)", "training s (median)", "each run, wall s"], rows),
+    );
+    console.log(
+      `\nGET /v1/health while an epochs-3 SFT job trains in the embedded worker: ${health.length} requests, p50 ${median(health).toFixed(1)} ms, max ${Math.max(...health).toFixed(0)} ms.`,
+    );
+  } finally {
+    await stopChild(child);
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+}
+
+async function part2(): Promise<void> {
+  const databaseUrl = args["pg-url"];
+  const schema = `arbor_bench_${randomBytes(4).toString("hex")}`;
+  const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-training-pg-"));
+  let admin: Awaited<ReturnType<typeof openStore>>;
+  try {
+    admin = await openStore({ dataDir, databaseUrl, schema, blobDir: join(dataDir, "blobs") });
+  } catch (err) {
+    console.log(
+      `\n## Workers on PostgreSQL: skipped (${databaseUrl} not reachable: ${(err as Error).message})`,
+    );
+    rmSync(dataDir, { recursive: true, force: true });
+    return;
+  }
+  const spec: ChildSpec = { dataDir, databaseUrl, schema };
+  const children: ChildProcess[] = [];
+  try {
+    const server = await startChild<{ port: number; apiKey: string }>("--serve", spec);
+    children.push(server.child);
+    const client = createArborClient({
+      baseUrl: `http://127.0.0.1:${server.info.port}`,
+      apiKey: server.info.apiKey,
+      maxRetries: 0,
+    });
+    const datasetUrl = await uploadDataset(client, 200);
+    const jobs = Number(args["pg-jobs"]);
+    const rows: (string | number)[][] = [];
+    let oneWorker = Number.NaN;
+    for (const workers of [1, 2]) {
+      const models = [];
+      for (let i = 0; i < jobs; i++) models.push(await newModel(client));
+      const started = [];
+      for (let i = 0; i < workers; i++)
+        started.push(await startChild<{ ready: boolean }>("--work", spec));
+      const loadBefore = load1();
+      const t0 = performance.now();
+      const times = await Promise.all(
+        models.map(async (model) => {
+          return timedJob(client, sftJob(client, model.id, datasetUrl, 1));
+        }),
+      );
+      const wall = performance.now() - t0;
+      for (const w of started) await stopChild(w.child);
+      if (workers === 1) oneWorker = wall;
+      console.error(`${workers} worker(s): ${sec(wall)} s`);
+      rows.push([
+        workers,
+        jobs,
+        sec(wall),
+        sec(median(times.map((t) => t.endedArrival))),
+        Math.round(median(times.map((t) => t.queue))),
+        sec(median(times.map((t) => t.training))),
+        workers === 1 ? "1.00×" : `${(oneWorker / wall).toFixed(2)}×`,
+        `${loadBefore} → ${load1()}`,
+      ]);
+    }
+    console.log(
+      `\n## Workers on PostgreSQL (${jobs} SFT jobs, 200 examples, epochs 1, each on its own model, created at once; API server without a worker; at most 2× here: 2 cores)\n`,
+    );
+    console.log(
+      table(
+        [
+          "worker processes",
+          "jobs",
+          "wall s (first create → last ended)",
+          "job wall s (median)",
+          "queue ms (median)",
+          "training s (median)",
+          "speed-up",
+          "load avg (1 min)",
+        ],
+        rows,
+      ),
+    );
+  } finally {
+    for (const child of children) await stopChild(child);
+    await admin.sql.exec(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await admin.close();
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+}
+
+if (args.serve) await serve(JSON.parse(args.serve) as ChildSpec);
+else if (args.work) await work(JSON.parse(args.work) as ChildSpec);
+else {
+  console.log(
+    `# training-service: ${new Date().toISOString()}, Node ${process.version}, ${cpus().length} × ${cpus()[0]?.model ?? "?"}, load average (1/5/15 min) ${loadavg()
+      .map((l) => l.toFixed(2))
+      .join(" / ")}\n`,
+  );
+  await part1();
+  await part2();
+}
