@@ -3,7 +3,7 @@
  * what a second worker process buys on PostgreSQL.
  *
  * Usage: node bench/training-service.ts [--sft-repeats 2] [--rl-steps 3] [--pg-jobs 4]
- *                                        [--pg-url postgres://postgres@127.0.0.1:5432/test]
+ *                                        [--pg-rounds 2] [--pg-url postgres://postgres@127.0.0.1:5432/test]
  *
  * Part 1 (SQLite): the real app (`createApp`) with the embedded training worker
  * (`createTrainingWorker`, default poll interval, as `serve()` makes it) in a child process (this
@@ -24,8 +24,9 @@
  * process without a worker (what ARBOR_EMBEDDED_WORKER=off does) and separate worker processes
  * (this file with `--work`: `createTrainingWorker` against `openStore({ databaseUrl, schema })`),
  * sharing the data dir for blobs. The same --pg-jobs SFT jobs (epochs 1, each on its own model so
- * they can run in parallel) are created at once with one worker, then with two; wall time from the
- * first create to the last `training_ended`. The machine has 2 cores, so 2 is the ceiling on the
+ * they can run in parallel) are created at once with one worker, then with two (fresh models and
+ * worker processes each time; --pg-rounds rounds, the order alternating); wall time from the
+ * first create to the last `training_ended`, and the workers' CPU time (each prints it on exit). The machine has 2 cores, so 2 is the ceiling on the
  * speed-up, and less while other jobs use the machine.
  */
 import { type ChildProcess, spawn } from "node:child_process";
@@ -61,6 +62,7 @@ const { values: args } = parseArgs({
     "sft-repeats": { type: "string", default: "2" },
     "rl-steps": { type: "string", default: "3" },
     "pg-jobs": { type: "string", default: "4" },
+    "pg-rounds": { type: "string", default: "2" },
     "pg-url": { type: "string", default: "postgres://postgres@127.0.0.1:5432/test" },
   },
 });
@@ -142,27 +144,34 @@ async function work(spec: ChildSpec): Promise<void> {
   onShutdown(async () => {
     await worker.stop();
     await store.close();
+    const cpu = process.cpuUsage();
+    process.stdout.write(`${JSON.stringify({ cpuMs: (cpu.user + cpu.system) / 1000 })}\n`);
   });
 }
 
 async function startChild<T>(
   mode: "--serve" | "--work",
   spec: ChildSpec,
-): Promise<{ child: ChildProcess; info: T }> {
+): Promise<{ child: ChildProcess; info: T; lines: string[] }> {
   const child = spawn(process.execPath, [SELF, mode, JSON.stringify(spec)], {
     stdio: ["pipe", "pipe", "inherit"],
   });
   let out = "";
+  const lines: string[] = [];
   child.stdout!.setEncoding("utf8");
+  child.stdout!.on("data", (chunk: string) => {
+    out += chunk;
+    for (let newline = out.indexOf("\n"); newline >= 0; newline = out.indexOf("\n")) {
+      lines.push(out.slice(0, newline));
+      out = out.slice(newline + 1);
+      child.emit("line");
+    }
+  });
   const info = await new Promise<T>((resolve, reject) => {
     child.once("exit", (code) => reject(new Error(`child ${mode} exited with ${code}`)));
-    child.stdout!.on("data", (chunk: string) => {
-      out += chunk;
-      const newline = out.indexOf("\n");
-      if (newline >= 0) resolve(JSON.parse(out.slice(0, newline)) as T);
-    });
+    child.once("line", () => resolve(JSON.parse(lines[0]!) as T));
   });
-  return { child, info };
+  return { child, info, lines };
 }
 
 async function stopChild(child: ChildProcess): Promise<void> {
@@ -507,6 +516,60 @@ async function part2(): Promise<void> {
     const datasetUrl = await uploadDataset(client, 200);
     const jobs = Number(args["pg-jobs"]);
     const rows: (string | number)[][] = [];
+    const rounds = Number(args["pg-rounds"]);
+    const walls: Record<number, number[]> = { 1: [], 2: [] };
+    for (let round = 0; round < rounds; round++) {
+      for (const workers of round % 2 ? [2, 1] : [1, 2]) {
+        const models = [];
+        for (let i = 0; i < jobs; i++) models.push(await newModel(client));
+        const started = [];
+        for (let i = 0; i < workers; i++)
+          started.push(await startChild<{ ready: boolean }>("--work", spec));
+        const loadBefore = load1();
+        const t0 = performance.now();
+        const times = await Promise.all(
+          models.map((model) => timedJob(client, sftJob(client, model.id, datasetUrl, 1))),
+        );
+        const wall = performance.now() - t0;
+        let cpuMs = 0;
+        for (const w of started) {
+          await stopChild(w.child);
+          cpuMs += (JSON.parse(w.lines.at(-1)!) as { cpuMs: number }).cpuMs;
+        }
+        walls[workers]!.push(wall);
+        console.error(`round ${round + 1}, ${workers} worker(s): ${sec(wall)} s`);
+        rows.push([
+          round + 1,
+          workers,
+          jobs,
+          sec(wall),
+          sec(median(times.map((t) => t.endedArrival))),
+          Math.round(median(times.map((t) => t.queue))),
+          sec(median(times.map((t) => t.training))),
+          sec(cpuMs),
+          `${loadBefore} → ${load1()}`,
+        ]);
+      }
+    }
+    console.log(
+      `\n## Workers on PostgreSQL: skipped (${databaseUrl} not reachable: ${(err as Error).message})`,
+    );
+    rmSync(dataDir, { recursive: true, force: true });
+    return;
+  }
+  const spec: ChildSpec = { dataDir, databaseUrl, schema };
+  const children: ChildProcess[] = [];
+  try {
+    const server = await startChild<{ port: number; apiKey: string }>("--serve", spec);
+    children.push(server.child);
+    const client = createArborClient({
+      baseUrl: `http://127.0.0.1:${server.info.port}`,
+      apiKey: server.info.apiKey,
+      maxRetries: 0,
+    });
+    const datasetUrl = await uploadDataset(client, 200);
+    const jobs = Number(args["pg-jobs"]);
+    const rows: (string | number)[][] = [];
     let oneWorker = Number.NaN;
     for (const workers of [1, 2]) {
       const models = [];
@@ -542,17 +605,23 @@ async function part2(): Promise<void> {
     console.log(
       table(
         [
+          "round",
           "worker processes",
           "jobs",
           "wall s (first create → last ended)",
           "job wall s (median)",
           "queue ms (median)",
           "training s (median)",
-          "speed-up",
+          "workers' CPU s",
           "load avg (1 min)",
         ],
         rows,
       ),
+    );
+    const one = median(walls[1]!);
+    const two = median(walls[2]!);
+    console.log(
+      `\nMedian wall time: 1 worker ${sec(one)} s, 2 workers ${sec(two)} s: speed-up ${(one / two).toFixed(2)}× (at most 2× on this 2-core machine, and only if nothing else runs).`,
     );
   } finally {
     for (const child of children) await stopChild(child);

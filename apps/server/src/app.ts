@@ -2,7 +2,7 @@ import type { KeyIdentity, Store } from "@arbor/store";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
-import type { AppConfig } from "./config.ts";
+import type { AppConfig, Role } from "./config.ts";
 import { authentication } from "./http/auth.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
 import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
@@ -86,7 +86,10 @@ export function createApp(deps: AppDeps): Express {
       logger,
     }),
   };
-  const operations = specOperations(spec);
+  // `--role`: a deployment may serve only some surfaces; the others' paths answer 404 here.
+  const operations = specOperations(spec).filter((op) =>
+    config.roles.some((role) => servesPath(role, op.path)),
+  );
   app.use(mountOperations(operations, handlers));
   // The operations answering 501 until their issue lands; the contract tests compare it.
   app.locals.pendingOperations = pendingOperations(operations, handlers);
@@ -144,4 +147,18 @@ function principalOf(identity: KeyIdentity | undefined): Principal | null {
     defaultEntity: identity.default_entity,
     entities: identity.entities,
   };
+}
+
+/** CONTRACT §1: which paths each surface serves (health and chat belong to more than one). */
+export function servesPath(role: Role, path: string): boolean {
+  if (path === "/v1/health" || path === "/v1/system-check") return true;
+  const chat = path.startsWith("/v1/chat/completions");
+  switch (role) {
+    case "training":
+      return chat || path.startsWith("/v1/preview/");
+    case "inference":
+      return chat || path.startsWith("/v1/models");
+    case "calls":
+      return path.startsWith("/calls") || path.startsWith("/call/");
+  }
 }
