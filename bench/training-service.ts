@@ -552,54 +552,6 @@ async function part2(): Promise<void> {
       }
     }
     console.log(
-      `\n## Workers on PostgreSQL: skipped (${databaseUrl} not reachable: ${(err as Error).message})`,
-    );
-    rmSync(dataDir, { recursive: true, force: true });
-    return;
-  }
-  const spec: ChildSpec = { dataDir, databaseUrl, schema };
-  const children: ChildProcess[] = [];
-  try {
-    const server = await startChild<{ port: number; apiKey: string }>("--serve", spec);
-    children.push(server.child);
-    const client = createArborClient({
-      baseUrl: `http://127.0.0.1:${server.info.port}`,
-      apiKey: server.info.apiKey,
-      maxRetries: 0,
-    });
-    const datasetUrl = await uploadDataset(client, 200);
-    const jobs = Number(args["pg-jobs"]);
-    const rows: (string | number)[][] = [];
-    let oneWorker = Number.NaN;
-    for (const workers of [1, 2]) {
-      const models = [];
-      for (let i = 0; i < jobs; i++) models.push(await newModel(client));
-      const started = [];
-      for (let i = 0; i < workers; i++)
-        started.push(await startChild<{ ready: boolean }>("--work", spec));
-      const loadBefore = load1();
-      const t0 = performance.now();
-      const times = await Promise.all(
-        models.map(async (model) => {
-          return timedJob(client, sftJob(client, model.id, datasetUrl, 1));
-        }),
-      );
-      const wall = performance.now() - t0;
-      for (const w of started) await stopChild(w.child);
-      if (workers === 1) oneWorker = wall;
-      console.error(`${workers} worker(s): ${sec(wall)} s`);
-      rows.push([
-        workers,
-        jobs,
-        sec(wall),
-        sec(median(times.map((t) => t.endedArrival))),
-        Math.round(median(times.map((t) => t.queue))),
-        sec(median(times.map((t) => t.training))),
-        workers === 1 ? "1.00×" : `${(oneWorker / wall).toFixed(2)}×`,
-        `${loadBefore} → ${load1()}`,
-      ]);
-    }
-    console.log(
       `\n## Workers on PostgreSQL (${jobs} SFT jobs, 200 examples, epochs 1, each on its own model, created at once; API server without a worker; at most 2× here: 2 cores)\n`,
     );
     console.log(

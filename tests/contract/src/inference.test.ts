@@ -387,3 +387,26 @@ describe("rate limits", () => {
     }
   });
 });
+
+describe("continuous batching through the server", () => {
+  it("when requests arrive together, then they share the engine's forward passes", async () => {
+    const fresh = await startServer();
+    try {
+      const c = fresh.authorizedClient();
+      await Promise.all(
+        Array.from({ length: 6 }, (_, i) =>
+          c.createChatCompletion({
+            model: MODEL,
+            messages: ask(`What is ${i} + 1?`),
+            max_tokens: 16,
+            temperature: 0,
+          }),
+        ),
+      );
+      const [engine] = await fresh.engines.loaded();
+      expect(engine!.stats.maxBatch).toBeGreaterThan(1);
+    } finally {
+      await fresh.close();
+    }
+  });
+});
