@@ -537,6 +537,7 @@ async function part2(): Promise<void> {
           cpuMs += (JSON.parse(w.lines.at(-1)!) as { cpuMs: number }).cpuMs;
         }
         walls[workers]!.push(wall);
+        const paired = walls[workers === 1 ? 2 : 1]![round];
         console.error(`round ${round + 1}, ${workers} worker(s): ${sec(wall)} s`);
         rows.push([
           round + 1,
@@ -548,6 +549,10 @@ async function part2(): Promise<void> {
           sec(median(times.map((t) => t.training))),
           sec(cpuMs),
           `${loadBefore} → ${load1()}`,
+          // The round's speed-up, on the row of whichever ran second.
+          paired === undefined
+            ? ""
+            : `${(workers === 2 ? paired / wall : wall / paired).toFixed(2)}×`,
         ]);
       }
     }
@@ -566,14 +571,16 @@ async function part2(): Promise<void> {
           "training s (median)",
           "workers' CPU s",
           "load avg (1 min)",
+          "round's speed-up",
         ],
         rows,
       ),
     );
     const one = median(walls[1]!);
     const two = median(walls[2]!);
+    const perRound = walls[1]!.map((w, i) => w / walls[2]![i]!);
     console.log(
-      `\nMedian wall time: 1 worker ${sec(one)} s, 2 workers ${sec(two)} s: speed-up ${(one / two).toFixed(2)}× (at most 2× on this 2-core machine, and only if nothing else runs).`,
+      `\nMedian wall time: 1 worker ${sec(one)} s, 2 workers ${sec(two)} s: ${(one / two).toFixed(2)}×; per round ${perRound.map((r) => `${r.toFixed(2)}×`).join(", ")}, median ${median(perRound).toFixed(2)}× (at most 2× on this 2-core machine, and only if nothing else runs).`,
     );
   } finally {
     for (const child of children) await stopChild(child);

@@ -1,5 +1,5 @@
 import type { BlobStore } from "@arbor/store";
-import { v7 as uuidv7 } from "uuid";
+import { uuidv7 } from "@arbor/store";
 
 /** The PEFT adapter files, plus the optimizer state a resumed job continues from. */
 export const ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"] as const;

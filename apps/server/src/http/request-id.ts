@@ -1,5 +1,5 @@
+import { uuidv7 } from "@arbor/store";
 import type { NextFunction, Request, Response } from "express";
-import { v7 as uuidv7 } from "uuid";
 
 const acceptable = /^[\w.:-]{1,128}$/;
 

@@ -8,8 +8,8 @@ import {
 } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
 import type { BlobStore, CallsRepo } from "@arbor/store";
+import { uuidv7 } from "@arbor/store";
 import type { Logger } from "pino";
-import { v7 as uuidv7 } from "uuid";
 import { ApiError } from "../../http/errors.ts";
 import { type ChatRequest, toGenerateRequest, toLogprobs } from "./chat.ts";
 import type { EngineHost } from "./engines.ts";

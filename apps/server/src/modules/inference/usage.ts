@@ -1,5 +1,5 @@
 import type { CallsRepo } from "@arbor/store";
-import { v7 as uuidv7 } from "uuid";
+import { uuidv7 } from "@arbor/store";
 
 /** One model call, recorded in the calls store (CONTRACT §6 "Usage is recorded"). */
 export interface InferenceCall {

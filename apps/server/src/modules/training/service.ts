@@ -1,7 +1,7 @@
 import type { components } from "@arbor/spec/schema";
 import type { JobEvent, Store, TrainingJob } from "@arbor/store";
+import { uuidv7 } from "@arbor/store";
 import { datasetIdOf } from "@arbor/worker";
-import { v7 as uuidv7 } from "uuid";
 import { ApiError } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import { findModel } from "../models/service.ts";
