@@ -311,6 +311,7 @@ async function main(): Promise<void> {
         ms(p50(ttft)),
         ms(p99(ttft)),
         Math.round(total / wall),
+        Math.round((streams - failed) / wall),
         Math.round(p50(perStream)),
         Math.round(p50(decode)),
         (total / (streams - failed)).toFixed(1),
@@ -330,6 +331,7 @@ async function main(): Promise<void> {
           "TTFT p50 ms",
           "TTFT p99 ms",
           "aggregate tokens/s",
+          "requests/s",
           "per-stream tokens/s (p50)",
           "per-stream after first token (p50)",
           "tokens/request",
@@ -338,7 +340,7 @@ async function main(): Promise<void> {
           "errors",
         ],
         rows,
-        [true, true, true, true, true, true, true, true, true, false, true],
+        [true, true, true, true, true, true, true, true, true, true, false, true],
       ),
     );
   } finally {
