@@ -29,6 +29,8 @@ export interface AppDeps {
   store: Store;
   engines: EngineHost;
   probes: Probes;
+  /** Called when a training job was queued, so an idle worker looks at once. */
+  onJobQueued?: () => void;
 }
 
 /** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */
@@ -76,7 +78,10 @@ export function createApp(deps: AppDeps): Express {
       store: deps.store,
       baseModels: () => deps.engines.baseModels().map((m) => m.entry.id),
     }),
-    ...trainingHandlers({ store: deps.store }),
+    ...trainingHandlers({
+      store: deps.store,
+      ...(deps.onJobQueued ? { onJobQueued: deps.onJobQueued } : {}),
+    }),
     ...datasetsHandlers(deps.store),
     ...inferenceHandlers({
       engines: deps.engines,

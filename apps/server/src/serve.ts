@@ -1,4 +1,5 @@
 import { openStore } from "@arbor/store";
+import { EmbeddedWorker } from "@arbor/worker";
 import { pino } from "pino";
 import { createApp } from "./app.ts";
 import { ensureFirstAdmin } from "./bootstrap.ts";
@@ -7,7 +8,6 @@ import { loadSpec } from "./http/openapi.ts";
 import { engineProbe, storeProbes } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
 import { LlamaCppBackend, parseLlamaModels } from "./modules/inference/llama-cpp.ts";
-import { createTrainingWorker } from "./worker.ts";
 
 /** Builds the dependencies from `config` (the environment by default), listens, and shuts down
  * gracefully on SIGINT/SIGTERM. */
@@ -31,6 +31,19 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     [...parseLlamaModels(process.env)].map(([id, path]) => [id, new LlamaCppBackend(path)]),
   );
   const engines = new EngineHost(undefined, llama);
+  // Training runs on its own thread, so a step never stalls a request.
+  const worker = config.embeddedWorker
+    ? await EmbeddedWorker.start({
+        dataDir: config.dataDir,
+        databaseUrl: config.databaseUrl,
+        schema: config.databaseSchema,
+        logLevel: config.logLevel,
+        leaseMs: config.workerLeaseMs,
+        maxTrainingDataBytes: config.maxTrainingDataBytes,
+        allowHosts: config.trainingDataAllowHosts,
+      })
+    : undefined;
+
   const app = createApp({
     config,
     logger,
@@ -38,16 +51,8 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     store,
     engines,
     probes: storeProbes(store, engineProbe(engines)),
+    onJobQueued: () => worker?.poke(),
   });
-
-  const worker = config.embeddedWorker
-    ? createTrainingWorker(store, engines, logger, {
-        maxTrainingDataBytes: config.maxTrainingDataBytes,
-        allowHosts: config.trainingDataAllowHosts,
-        leaseMs: config.workerLeaseMs,
-      })
-    : undefined;
-  worker?.start();
 
   const server = app.listen(config.port, config.host, () => {
     const address = server.address();

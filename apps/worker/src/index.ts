@@ -21,5 +21,7 @@ export {
   type SftExample as DatasetExample,
   validateSftJsonl,
 } from "./data/jsonl.ts";
+export { EmbeddedWorker } from "./embedded.ts";
 export { catalogModels, sftExamplesLoader, type TrainingDataSettings } from "./loaders.ts";
 export { JobInputError, TrainingWorker, type TrainingWorkerOptions } from "./runner.ts";
+export type { WorkerThreadSettings } from "./thread.ts";

@@ -52,6 +52,7 @@ export async function startServer(
     store,
     engines,
     probes: storeProbes(store, engineProbe(engines)),
+    onJobQueued: () => worker?.poke(),
   });
   const worker = options.worker
     ? createTrainingWorker(store, engines, pino({ level: "silent" }), {

@@ -15,15 +15,22 @@ export interface TrainingDeps {
   store: Store;
   /** How often a live follower looks for new events. */
   followPollMs?: number;
+  onJobQueued?: () => void;
 }
 
 /** Training jobs and their events (CONTRACT §5). */
 export function trainingHandlers(deps: TrainingDeps): Handlers {
   const { store } = deps;
   const pollMs = deps.followPollMs ?? 200;
+  const queued = <T>(job: T): T => {
+    deps.onJobQueued?.();
+    return job;
+  };
   return {
-    createRlTrainingJob: ({ body, principal }) => createRlJob(store, principal!, body),
-    createSftTrainingJob: ({ body, principal }) => createSftJob(store, principal!, body),
+    createRlTrainingJob: async ({ body, principal }) =>
+      queued(await createRlJob(store, principal!, body)),
+    createSftTrainingJob: async ({ body, principal }) =>
+      queued(await createSftJob(store, principal!, body)),
     retrieveTrainingJob: async ({ params, principal }) =>
       jobToWire(await findJob(store, principal!, params.training_job_id)),
 

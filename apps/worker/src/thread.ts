@@ -1,0 +1,50 @@
+/**
+ * The embedded training worker, on its own thread: training steps are CPU-bound, and on the
+ * server's thread they would stall every HTTP request while a step runs. The thread opens its
+ * own connection to the same store and loads its own copy of the base models.
+ */
+import { parentPort, workerData } from "node:worker_threads";
+import { openStore } from "@arbor/store";
+import { pino } from "pino";
+import { catalogModels, sftExamplesLoader } from "./loaders.ts";
+import { TrainingWorker } from "./runner.ts";
+
+export interface WorkerThreadSettings {
+  dataDir: string;
+  databaseUrl?: string | undefined;
+  schema?: string | undefined;
+  logLevel: string;
+  leaseMs: number;
+  maxTrainingDataBytes: number;
+  allowHosts: string[];
+}
+
+const settings = workerData as WorkerThreadSettings;
+const logger = pino({ level: settings.logLevel }).child({ component: "worker" });
+const store = await openStore({
+  dataDir: settings.dataDir,
+  databaseUrl: settings.databaseUrl,
+  ...(settings.schema ? { schema: settings.schema } : {}),
+});
+const worker = new TrainingWorker({
+  store,
+  logger,
+  leaseMs: settings.leaseMs,
+  loadBaseModel: catalogModels(),
+  loadSftExamples: sftExamplesLoader(store, {
+    maxBytes: settings.maxTrainingDataBytes,
+    allowHosts: settings.allowHosts,
+  }),
+});
+worker.start();
+parentPort?.on("message", (message: unknown) => {
+  if (message === "poke") worker.poke();
+  if (message === "stop") {
+    // A running job goes back to the queue, to resume from its last checkpoint.
+    void worker
+      .stop()
+      .then(() => store.close())
+      .then(() => parentPort?.postMessage("stopped"));
+  }
+});
+parentPort?.postMessage("started");
