@@ -50,6 +50,7 @@ import {
   storeProbes,
 } from "@arbor/server";
 import { openStore, type StoreOptions } from "@arbor/store";
+import { EmbeddedWorker } from "@arbor/worker";
 import { pino } from "pino";
 
 const SELF = fileURLToPath(import.meta.url);
@@ -106,6 +107,18 @@ async function serve(spec: ChildSpec): Promise<void> {
   if (!admin) throw new Error("a fresh store has no users, so ensureFirstAdmin must make one");
   const engines = new EngineHost();
   const logger = pino({ level: "error" }, pino.destination(2));
+  // The embedded worker as `serve()` runs it: on its own thread, woken when a job is queued.
+  const worker = spec.worker
+    ? await EmbeddedWorker.start({
+        dataDir: spec.dataDir,
+        databaseUrl: spec.databaseUrl,
+        schema: spec.schema,
+        logLevel: "error",
+        leaseMs: 60_000,
+        maxTrainingDataBytes: WORKER_SETTINGS.maxTrainingDataBytes,
+        allowHosts: [...WORKER_SETTINGS.allowHosts],
+      })
+    : undefined;
   const app = createApp({
     config: defaultAppConfig(),
     logger,
@@ -113,11 +126,8 @@ async function serve(spec: ChildSpec): Promise<void> {
     store,
     engines,
     probes: storeProbes(store, engineProbe(engines)),
+    onJobQueued: () => worker?.poke(),
   });
-  const worker = spec.worker
-    ? createTrainingWorker(store, engines, logger, WORKER_SETTINGS)
-    : undefined;
-  worker?.start();
   const server = app.listen(0, "127.0.0.1");
   await new Promise<void>((resolve) => server.once("listening", () => resolve()));
   const { port } = server.address() as AddressInfo;
