@@ -95,7 +95,15 @@ def forward(tokens, caches, pos):
         if caches[l] is not None:
             k, v = torch.cat([caches[l][0], k], 2), torch.cat([caches[l][1], v], 2)
         caches[l] = (k, v)
-        a = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), is_causal=t > 1)
+        kk, vv = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+        if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            a = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=t > 1)
+        else:  # PyTorch < 2.0 (Debian bookworm's python3-torch is 1.13)
+            sc = (q @ kk.transpose(-1, -2)) / hd ** 0.5
+            if t > 1:
+                n = kk.shape[2]
+                sc = sc.masked_fill(torch.ones(t, n, dtype=torch.bool).triu(1 + n - t), float("-inf"))
+            a = torch.softmax(sc, -1) @ vv
         x = x + a.transpose(1, 2).reshape(b, t, H * hd) @ w["o"].T
         h = rms(x, w["n2"])
         x = x + (torch.nn.functional.silu(h @ w["g"].T) * (h @ w["u"].T)) @ w["d"].T
