@@ -47,10 +47,7 @@ export function trainingHandlers(deps: TrainingDeps): Handlers {
 
     listTrainingJobEvents: async ({ params, query, principal, req, res }) => {
       const job = await findJob(store, principal!, params.training_job_id);
-      if (
-        !req.accepts(["application/json", "text/event-stream"]) ||
-        req.accepts(["application/json", "text/event-stream"]) === "application/json"
-      ) {
+      if (req.accepts(["application/json", "text/event-stream"]) !== "text/event-stream") {
         const page = await store.jobs.listEvents(job.entity, job.id, {
           after: query.after,
           limit: query.limit ?? 20,
