@@ -6,7 +6,7 @@
  *                                        [--pg-rounds 2] [--pg-url postgres://postgres@127.0.0.1:5432/test]
  *
  * Part 1 (SQLite): the real app (`createApp`) with the embedded training worker
- * (`createTrainingWorker`, default poll interval, as `serve()` makes it) in a child process (this
+ * (`EmbeddedWorker`, on its own thread, as `serve()` makes it) in a child process (this
  * file with `--serve`), temp data dir, first admin key, on 127.0.0.1 port 0.
  * - Queue latency: the API's created_at has seconds resolution, so it is measured here as the
  *   arrival of the `training_started` event (`client.followTrainingJob`, opened right after the
@@ -22,7 +22,8 @@
  *
  * Part 2 (PostgreSQL, if reachable at --pg-url): a fresh schema (dropped after), an API server
  * process without a worker (what ARBOR_EMBEDDED_WORKER=off does) and separate worker processes
- * (this file with `--work`: `createTrainingWorker` against `openStore({ databaseUrl, schema })`),
+ * (this file with `--work`: a `TrainingWorker` as apps/worker/src/main.ts builds it, against
+ * `openStore({ databaseUrl, schema })`),
  * sharing the data dir for blobs. The same --pg-jobs SFT jobs (epochs 1, each on its own model so
  * they can run in parallel) are created at once with one worker, then with two (fresh models and
  * worker processes each time; --pg-rounds rounds, the order alternating); wall time from the
@@ -41,7 +42,6 @@ import { parseArgs } from "node:util";
 import { type ArborClient, createArborClient, unwrap } from "@arbor/client";
 import {
   createApp,
-  createTrainingWorker,
   defaultAppConfig,
   EngineHost,
   engineProbe,
@@ -50,7 +50,7 @@ import {
   storeProbes,
 } from "@arbor/server";
 import { openStore, type StoreOptions } from "@arbor/store";
-import { EmbeddedWorker } from "@arbor/worker";
+import { catalogModels, EmbeddedWorker, sftExamplesLoader, TrainingWorker } from "@arbor/worker";
 import { pino } from "pino";
 
 const SELF = fileURLToPath(import.meta.url);
@@ -143,12 +143,16 @@ async function serve(spec: ChildSpec): Promise<void> {
 /** Child: a separate training worker process; prints {ready: true}. */
 async function work(spec: ChildSpec): Promise<void> {
   const store = await openStore(storeOptions(spec));
-  const worker = createTrainingWorker(
+  // What apps/worker/src/main.ts runs, with its store options.
+  const worker = new TrainingWorker({
     store,
-    new EngineHost(),
-    pino({ level: "error" }, pino.destination(2)),
-    WORKER_SETTINGS,
-  );
+    logger: pino({ level: "error" }, pino.destination(2)),
+    loadBaseModel: catalogModels(),
+    loadSftExamples: sftExamplesLoader(store, {
+      maxBytes: WORKER_SETTINGS.maxTrainingDataBytes,
+      allowHosts: WORKER_SETTINGS.allowHosts,
+    }),
+  });
   worker.start();
   process.stdout.write(`${JSON.stringify({ ready: true })}\n`);
   onShutdown(async () => {

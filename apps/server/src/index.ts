@@ -7,4 +7,3 @@ export { type Probes, timed } from "./modules/health/service.ts";
 export { EngineHost } from "./modules/inference/engines.ts";
 export { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
 export { serve } from "./serve.ts";
-export { createTrainingWorker } from "./worker.ts";

@@ -6,7 +6,6 @@ import { type ArborClient, type ArborClientOptions, createArborClient } from "@a
 import {
   type AppConfig,
   createApp,
-  createTrainingWorker,
   defaultAppConfig,
   EngineHost,
   engineProbe,
@@ -16,6 +15,7 @@ import {
   storeProbes,
 } from "@arbor/server";
 import { openStore, type Store } from "@arbor/store";
+import { EmbeddedWorker } from "@arbor/worker";
 import { pino } from "pino";
 
 export interface RunningServer {
@@ -44,6 +44,16 @@ export async function startServer(
   const store = await openStore({ dataDir });
   const admin = await ensureFirstAdmin(store, dataDir);
   const spec = loadSpec();
+  // The embedded worker as `serve()` runs it: on its own thread, over the same data dir.
+  const worker = options.worker
+    ? await EmbeddedWorker.start({
+        dataDir,
+        logLevel: "silent",
+        leaseMs: 60_000,
+        maxTrainingDataBytes: 1 << 20,
+        allowHosts: [],
+      })
+    : undefined;
   const engines = new EngineHost(undefined, options.llama);
   const app = createApp({
     config: defaultAppConfig(config),
@@ -54,14 +64,6 @@ export async function startServer(
     probes: storeProbes(store, engineProbe(engines)),
     onJobQueued: () => worker?.poke(),
   });
-  const worker = options.worker
-    ? createTrainingWorker(store, engines, pino({ level: "silent" }), {
-        maxTrainingDataBytes: 1 << 20,
-        allowHosts: [],
-        pollMs: 50,
-      })
-    : undefined;
-  worker?.start();
   const server = app.listen(0, "127.0.0.1");
   await new Promise<void>((resolve) => server.once("listening", () => resolve()));
   const { port } = server.address() as AddressInfo;

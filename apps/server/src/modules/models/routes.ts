@@ -1,4 +1,4 @@
-import type { Store } from "@arbor/store";
+import { ConflictError, type Store } from "@arbor/store";
 import { ApiError } from "../../http/errors.ts";
 import type { Handlers } from "../../http/operations.ts";
 import { checkpointToWire, createModel, findModel, splitMetrics } from "./service.ts";
@@ -57,7 +57,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       const result = await store.models
         .deleteCheckpoints(model.entity, model.id, body.steps)
         .catch((err: unknown) => {
-          if (err instanceof Error && err.name === "ConflictError") {
+          if (err instanceof ConflictError) {
             throw ApiError.conflict(
               `${err.message}: it is what ${model.entity}/${model.project}/${model.name} serves.`,
               "latest_checkpoint",
