@@ -34,163 +34,174 @@ function forLoop(
     (br $${label})))`;
 }
 
-/** out[M,N] (+)= a[M,K]·b[N,K]ᵀ as RM×RN tiles of dot products; K must be a multiple of 4. */
-function ntTile(madd: Madd, RM: number, RN: number): string {
-  const accs = range(RM).flatMap((i) => range(RN).map((j) => `c${i}${j}`));
-  return `
-    ${accs.map((c) => set(c, "(v128.const i32x4 0 0 0 0)")).join("\n")}
-    ${range(RM)
-      .map((i) => set(`pa${i}`, add(get("a"), mul(add(get("m"), i32(i)), get("Kb")))))
-      .join("\n")}
-    ${range(RN)
-      .map((j) => set(`pb${j}`, add(get("b"), mul(add(get("n"), i32(j)), get("Kb")))))
-      .join("\n")}
-    ${set("k", i32(0))}
-    (loop $k_${RM}${RN}
-      ${range(RM)
-        .map((i) => set(`va${i}`, `(v128.load ${add(get(`pa${i}`), get("k"))})`))
-        .join("\n")}
-      ${range(RN)
-        .map((j) => set(`vb${j}`, `(v128.load ${add(get(`pb${j}`), get("k"))})`))
-        .join("\n")}
-      ${range(RM)
-        .flatMap((i) =>
-          range(RN).map((j) =>
-            set(`c${i}${j}`, madd(get(`va${i}`), get(`vb${j}`), get(`c${i}${j}`))),
-          ),
-        )
-        .join("\n")}
-      ${set("k", add(get("k"), i32(16)))}
-      (br_if $k_${RM}${RN} (i32.lt_u ${get("k")} ${get("Kb")})))
-    ${range(RM)
-      .map((i) => {
-        const row = add(
-          get("out"),
-          mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4)),
-        );
-        return `${set("po", row)}
-        ${range(RN)
-          .map(
-            (j) =>
-              `(f32.store offset=${j * 4} ${get("po")} (f32.add ${hsum(`c${i}${j}`)} (select (f32.load offset=${j * 4} ${get("po")}) (f32.const 0) ${get("acc")})))`,
-          )
-          .join("\n")}`;
-      })
-      .join("\n")}`;
-}
-
-function matmulNT(madd: Madd): string {
+/**
+ * GEMM on packed B panels: out[M,N] (+)= A·B, where B is held as panels of 8 columns, panel p
+ * at `p + p·ps` bytes, laid out [K][8] (zero past N; see `pack`). Register tiles are MR rows ×
+ * NP panels (6×1 for the bulk, wider for the last 1–5 rows so decode keeps 8–12 accumulators
+ * in flight). Every output element is summed over k in order, from 0 or from its old value
+ * when accumulating, whatever its tile: a row gives the same bits alone or in a batch, and
+ * the rows can be split among threads without changing a bit. Columns are written in whole
+ * panels, so `out` needs room for N rounded up to 8 per row (`ldo` bytes apart).
+ * `transposedA`: A(m,k) at a + k·lda + 4m (weight gradients) instead of a + m·lda + 4k.
+ */
+function gemm(madd: Madd, name: string, transposedA: boolean): string {
+  const U = 4;
+  const L = (n: string) => `(local.get $${n})`;
+  const zero = "(v128.const i32x4 0 0 0 0)";
+  const tile = (MR: number, NP: number): string => {
+    const acc = (i: number, j: number, v: number) => `c${i}_${j}_${v}`;
+    const label = `${MR}_${NP}`;
+    const rowOut = (i: number) =>
+      set(
+        "po",
+        add(get("out"), add(mul(add(get("m"), i32(i)), get("ldo")), mul(get("n"), i32(4)))),
+      );
+    const eachAcc = (f: (j: number, v: number) => string) =>
+      range(NP)
+        .flatMap((j) => range(2).map((v) => f(j, v)))
+        .join("\n");
+    const init = range(MR)
+      .map(
+        (i) => `${rowOut(i)}
+        ${eachAcc((j, v) => set(acc(i, j, v), `(select (v128.load offset=${j * 32 + v * 16} ${L("po")}) ${zero} ${L("acc")})`))}`,
+      )
+      .join("\n");
+    const pointers = [
+      ...(transposedA
+        ? [set("pa0", add(get("a"), mul(get("m"), i32(4))))]
+        : range(MR).map((i) =>
+            set(`pa${i}`, add(get("a"), mul(add(get("m"), i32(i)), get("lda")))),
+          )),
+      ...range(NP).map((j) =>
+        set(
+          `pb${j}`,
+          add(get("p"), mul(add(`(i32.shr_u ${L("n")} (i32.const 3))`, i32(j)), get("ps"))),
+        ),
+      ),
+    ].join("\n");
+    // One k step, `u` steps into the unrolled group (immediate offsets where the layout allows).
+    const step = (u: number): string => {
+      const aAt = (i: number) =>
+        transposedA
+          ? `(v128.load32_splat offset=${i * 4} ${L(u === 0 ? "pa0" : `pk${u}`)})`
+          : `(v128.load32_splat offset=${u * 4} ${L(`pa${i}`)})`;
+      const lines: string[] = [];
+      if (transposedA && u > 0)
+        lines.push(set(`pk${u}`, add(L(u === 1 ? "pa0" : `pk${u - 1}`), L("lda"))));
+      if (MR === 1) lines.push(set("s", aAt(0)));
+      for (let j = 0; j < NP; j++) {
+        lines.push(set("b0", `(v128.load offset=${u * 32} ${L(`pb${j}`)})`));
+        lines.push(set("b1", `(v128.load offset=${u * 32 + 16} ${L(`pb${j}`)})`));
+        for (let i = 0; i < MR; i++) {
+          if (MR > 1) lines.push(set("s", aAt(i)));
+          lines.push(set(acc(i, j, 0), madd(L("s"), L("b0"), L(acc(i, j, 0)))));
+          lines.push(set(acc(i, j, 1), madd(L("s"), L("b1"), L(acc(i, j, 1)))));
+        }
+      }
+      return lines.join("\n");
+    };
+    const advance = (steps: number) =>
+      [
+        ...(transposedA
+          ? [set("pa0", add(L(steps === 1 ? "pa0" : `pk${steps - 1}`), L("lda")))]
+          : range(MR).map((i) => set(`pa${i}`, add(L(`pa${i}`), i32(steps * 4))))),
+        ...range(NP).map((j) => set(`pb${j}`, add(L(`pb${j}`), i32(steps * 32)))),
+      ].join("\n");
+    const store = range(MR)
+      .map(
+        (i) => `${rowOut(i)}
+        ${eachAcc((j, v) => `(v128.store offset=${j * 32 + v * 16} ${L("po")} ${L(acc(i, j, v))})`)}`,
+      )
+      .join("\n");
+    return `${init}
+      ${pointers}
+      ${set("k", i32(0))}
+      (block $u${label}_d (loop $u${label}
+        (br_if $u${label}_d (i32.gt_u ${add(L("k"), i32(U))} ${L("K")}))
+        ${range(U).map(step).join("\n")}
+        ${advance(U)}
+        ${set("k", add(L("k"), i32(U)))}
+        (br $u${label})))
+      (block $t${label}_d (loop $t${label}
+        (br_if $t${label}_d (i32.ge_u ${L("k")} ${L("K")}))
+        ${step(0)}
+        ${advance(1)}
+        ${set("k", add(L("k"), i32(1)))}
+        (br $t${label})))
+      ${store}`;
+  };
+  /** All panels for MR rows starting at m: NP panels per tile, then one at a time. */
+  const panels = (MR: number, NP: number) => `${set("n", i32(0))}
+      ${NP > 1 ? forLoop(`w${MR}`, "n", NP * 8, L("N8"), tile(MR, NP)) : ""}
+      ${forLoop(`n${MR}`, "n", 8, L("N8"), tile(MR, 1))}`;
+  const widths: Record<number, number> = { 1: 4, 2: 3, 3: 2, 4: 1, 5: 1 };
   const locals = [
-    ...[
-      "m",
-      "n",
-      "k",
-      "Kb",
-      "po",
-      ...range(4).map((i) => `pa${i}`),
-      ...range(4).map((j) => `pb${j}`),
-    ].map((l) => `(local $${l} i32)`),
-    ...[...range(4).map((i) => `va${i}`), ...range(4).map((j) => `vb${j}`)].map(
-      (l) => `(local $${l} v128)`,
+    ...["m", "n", "k", "N8", "po", ...range(6).map((i) => `pa${i}`)]
+      .concat(
+        range(4).map((j) => `pb${j}`),
+        range(U).map((u) => `pk${u}`),
+      )
+      .map((l) => `(local $${l} i32)`),
+    ...["s", "b0", "b1"].map((l) => `(local $${l} v128)`),
+    ...range(6).flatMap((i) =>
+      range(4).flatMap((j) => range(2).map((v) => `(local $c${i}_${j}_${v} v128)`)),
     ),
-    ...range(4).flatMap((i) => range(4).map((j) => `(local $c${i}${j} v128)`)),
   ];
-  const rows = (RM: number, label: string) => `
-    ${set("n", i32(0))}
-    ${forLoop(`${label}n4`, "n", 4, get("N"), ntTile(madd, RM, 4))}
-    ${forLoop(`${label}n1`, "n", 1, get("N"), ntTile(madd, RM, 1))}`;
-  return `(func (export "matmul_nt") (param $out i32) (param $a i32) (param $b i32) (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
+  return `(func (export "${name}") (param $out i32) (param $ldo i32) (param $a i32) (param $lda i32) (param $p i32) (param $ps i32)
+      (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
     ${locals.join(" ")}
-    ${set("Kb", mul(get("K"), i32(4)))}
+    ${set("N8", `(i32.and ${add(L("N"), i32(7))} (i32.const -8))`)}
     ${set("m", i32(0))}
-    ${forLoop("m4", "m", 4, get("M"), rows(4, "r4"))}
-    ${forLoop("m1", "m", 1, get("M"), rows(1, "r1"))})`;
+    ${forLoop("m6", "m", 6, L("M"), panels(6, 1))}
+    ${[5, 4, 3, 2, 1]
+      .map(
+        (r) =>
+          `(if (i32.eq (i32.sub ${L("M")} ${L("m")}) ${i32(r)}) (then ${panels(r, widths[r]!)}))`,
+      )
+      .join("\n")})`;
 }
 
 /**
- * out[M,N] (+)= Σ_k A(m,k)·b[k,N] with 8 output columns per tile (N must be a multiple of 8).
- * `transposedA` reads A from a [K,M] layout (weight gradients) instead of [M,K].
+ * Packs B into the panels `gemm` reads: [ceil(N/8)][K][8] floats, `ps` bytes per panel, zero
+ * past N. `fromWeight`: the source is a Linear weight W[N,K] (B = Wᵀ) instead of B[K,N].
  */
-function nnTile(madd: Madd, RM: number, NV: number, transposedA: boolean): string {
-  const label = `${RM}_${NV}`;
-  const rowOut = (i: number) =>
-    add(get("out"), mul(add(mul(add(get("m"), i32(i)), get("N")), get("n")), i32(4)));
-  // A pointers: [M,K] rows advance by 4 bytes per k; [K,M] advances one row (M floats) per k.
-  const aInit = transposedA
-    ? set("pa0", add(get("a"), mul(get("m"), i32(4))))
-    : range(RM)
-        .map((i) => set(`pa${i}`, add(get("a"), mul(mul(add(get("m"), i32(i)), get("K")), i32(4)))))
-        .join("\n");
-  const aLoad = (i: number) =>
-    transposedA ? `(f32.load offset=${i * 4} ${get("pa0")})` : `(f32.load ${get(`pa${i}`)})`;
-  const aStep = transposedA
-    ? set("pa0", add(get("pa0"), get("Mb")))
-    : range(RM)
-        .map((i) => set(`pa${i}`, add(get(`pa${i}`), i32(4))))
-        .join("\n");
-  return `
-    ${range(RM)
-      .map(
-        (i) => `${set("po", rowOut(i))}
-      ${range(NV)
-        .map((v) =>
-          set(
-            `c${i}${v}`,
-            `(select (v128.load offset=${v * 16} ${get("po")}) (v128.const i32x4 0 0 0 0) ${get("acc")})`,
-          ),
-        )
-        .join("\n")}`,
-      )
-      .join("\n")}
-    ${aInit}
-    ${set("k", i32(0))}
-    ${set("pb", add(get("b"), mul(get("n"), i32(4))))}
-    (block $kd_${label} (loop $k_${label}
-      (br_if $kd_${label} (i32.ge_u ${get("k")} ${get("K")}))
-      ${range(NV)
-        .map((v) => set(`vb${v}`, `(v128.load offset=${v * 16} ${get("pb")})`))
-        .join("\n")}
-      ${range(RM)
-        .map(
-          (i) => `${set("va0", `(f32x4.splat ${aLoad(i)})`)}
-        ${range(NV)
-          .map((v) => set(`c${i}${v}`, madd(get("va0"), get(`vb${v}`), get(`c${i}${v}`))))
-          .join("\n")}`,
-        )
-        .join("\n")}
-      ${aStep}
-      ${set("pb", add(get("pb"), get("Nb")))}
-      ${set("k", add(get("k"), i32(1)))}
-      (br $k_${label})))
-    ${range(RM)
-      .map(
-        (i) => `${set("po", rowOut(i))}
-      ${range(NV)
-        .map((v) => `(v128.store offset=${v * 16} ${get("po")} ${get(`c${i}${v}`)})`)
-        .join("\n")}`,
-      )
-      .join("\n")}`;
-}
-
-function matmulNN(madd: Madd, name: string, transposedA: boolean): string {
-  const locals = [
-    ...["m", "n", "k", "Nb", "Mb", "po", "pb", "pa0", "pa1", "pa2", "pa3"].map(
-      (l) => `(local $${l} i32)`,
-    ),
-    ...["va0", "vb0", "vb1", "vb2", "vb3"].map((l) => `(local $${l} v128)`),
-    ...range(4).flatMap((i) => range(4).map((v) => `(local $c${i}${v} v128)`)),
-  ];
-  const rows = (RM: number, label: string) => `
-    ${set("n", i32(0))}
-    ${forLoop(`${label}n16`, "n", 16, get("N"), nnTile(madd, RM, 4, transposedA))}
-    ${forLoop(`${label}n8`, "n", 8, get("N"), nnTile(madd, RM, 2, transposedA))}`;
-  return `(func (export "${name}") (param $out i32) (param $a i32) (param $b i32) (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
-    ${locals.join(" ")}
-    ${set("Nb", mul(get("N"), i32(4)))}
-    ${set("Mb", mul(get("M"), i32(4)))}
-    ${set("m", i32(0))}
-    ${forLoop("m4", "m", 4, get("M"), rows(4, "r4"))}
-    ${forLoop("m1", "m", 1, get("M"), rows(1, "r1"))})`;
+function pack(name: string, fromWeight: boolean): string {
+  const L = (n: string) => `(local.get $${n})`;
+  const at = (col: string) =>
+    fromWeight
+      ? `(i32.add ${L("src")} (i32.shl (i32.add (i32.mul ${col} ${L("K")}) ${L("k")}) (i32.const 2)))`
+      : `(i32.add ${L("src")} (i32.shl (i32.add (i32.mul ${L("k")} ${L("N")}) ${col}) (i32.const 2)))`;
+  // B[K,N] with a whole panel in range: two vector copies per k.
+  const whole = fromWeight
+    ? ""
+    : `(if (i32.le_u ${add(L("n"), i32(8))} ${L("N")}) (then
+          (v128.store ${L("pd")} (v128.load ${at(L("n"))}))
+          (v128.store offset=16 ${L("pd")} (v128.load offset=16 ${at(L("n"))}))
+          ${set("pd", add(L("pd"), i32(32)))}
+          ${set("k", add(L("k"), i32(1)))}
+          (br $kl)))`;
+  return `(func (export "${name}") (param $dst i32) (param $src i32) (param $N i32) (param $K i32) (param $ps i32)
+    (local $n i32) (local $k i32) (local $j i32) (local $pd i32)
+    (block $nd (loop $nl
+      (br_if $nd (i32.ge_u ${L("n")} ${L("N")}))
+      ${set("pd", add(L("dst"), mul(`(i32.shr_u ${L("n")} (i32.const 3))`, L("ps"))))}
+      ${set("k", i32(0))}
+      (block $kd (loop $kl
+        (br_if $kd (i32.ge_u ${L("k")} ${L("K")}))
+        ${whole}
+        ${set("j", i32(0))}
+        (block $jd (loop $jl
+          (br_if $jd (i32.ge_u ${L("j")} (i32.const 8)))
+          (if (i32.lt_u ${add(L("n"), L("j"))} ${L("N")})
+            (then (f32.store ${L("pd")} (f32.load ${at(add(L("n"), L("j")))})))
+            (else (f32.store ${L("pd")} (f32.const 0))))
+          ${set("pd", add(L("pd"), i32(4)))}
+          ${set("j", add(L("j"), i32(1)))}
+          (br $jl)))
+        ${set("k", add(L("k"), i32(1)))}
+        (br $kl)))
+      ${set("n", add(L("n"), i32(8)))}
+      (br $nl))))`;
 }
 
 /** e^x for x ≤ 88: 2^n · p(r), r = x − n·ln2, degree-6 polynomial (≈1e-7 relative error). */
@@ -505,9 +516,10 @@ function module(madd: Madd): string {
   return `(module
   (memory (import "env" "memory") 1)
   ${expFunction(madd)}
-  ${matmulNT(madd)}
-  ${matmulNN(madd, "matmul_nn", false)}
-  ${matmulNN(madd, "matmul_tn", true)}
+  ${gemm(madd, "gemm", false)}
+  ${gemm(madd, "gemm_at", true)}
+  ${pack("pack_b", false)}
+  ${pack("pack_w", true)}
   ${rmsNorm(madd)}
   ${swiglu()}
   ${attention(madd)}

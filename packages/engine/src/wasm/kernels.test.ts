@@ -1,4 +1,6 @@
+import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
+import { assemble } from "../../scripts/build-wasm.ts";
 import { jsKernels } from "../kernels.ts";
 import { Rng } from "../rng.ts";
 import { createWasmKernels, relaxedSimdSupported } from "./kernels.ts";
@@ -22,14 +24,26 @@ describe("WASM kernels", () => {
     expect(relaxedSimdSupported).toBe(true);
   });
 
+  it("when the generator is run, then it assembles exactly the committed binaries", async () => {
+    const { relaxed, simd } = await assemble();
+    const committed = (name: string) =>
+      new Uint8Array(readFileSync(new URL(name, import.meta.url)));
+    expect(relaxed).toEqual(committed("./kernels-relaxed.wasm"));
+    expect(simd).toEqual(committed("./kernels-simd.wasm"));
+  });
+
   for (const variant of ["relaxed", "simd"] as const) {
     const kernels = createWasmKernels(variant);
-    // Odd sizes exercise the edge tiles.
+    // Every row remainder (1–5 rows after blocks of 6), partial panels (N % 8) and k tails.
     const shapes = [
       [1, 5, 12],
+      [2, 40, 7],
+      [3, 24, 9],
+      [4, 8, 4],
+      [5, 13, 36],
       [7, 13, 36],
       [9, 64, 128],
-      [4, 8, 4],
+      [17, 70, 33],
     ] as const;
     for (const [M, N, K] of shapes) {
       it(`when ${variant} matmuls run on ${M}×${N}×${K}, then they match the JS kernels`, () => {
@@ -47,20 +61,34 @@ describe("WASM kernels", () => {
         kernels.matmulNT(got, a, b, M, N, K, true, 2);
         expectClose(got, want, 1e-4);
 
-        const N8 = Math.ceil(N / 8) * 8;
-        const bNN = random(K * N8, rng);
-        const wantNN = new Float32Array(M * N8);
-        const gotNN = new Float32Array(M * N8);
-        jsKernels.matmulNN(wantNN, a, bNN, M, N8, K);
-        kernels.matmulNN(gotNN, a, bNN, M, N8, K);
+        const bNN = random(K * N, rng);
+        const wantNN = new Float32Array(M * N);
+        const gotNN = new Float32Array(M * N);
+        jsKernels.matmulNN(wantNN, a, bNN, M, N, K);
+        kernels.matmulNN(gotNN, a, bNN, M, N, K);
+        expectClose(gotNN, wantNN, 1e-4);
+        kernels.matmulNN(gotNN, a, bNN, M, N, K, false, 3);
         expectClose(gotNN, wantNN, 1e-4);
 
         const aTN = random(K * M, rng);
-        const wantTN = random(M * N8, rng);
+        const wantTN = random(M * N, rng);
         const gotTN = Float32Array.from(wantTN);
-        jsKernels.matmulTN(wantTN, aTN, bNN, M, N8, K, true);
-        kernels.matmulTN(gotTN, aTN, bNN, M, N8, K, true);
+        jsKernels.matmulTN(wantTN, aTN, bNN, M, N, K, true);
+        kernels.matmulTN(gotTN, aTN, bNN, M, N, K, true);
         expectClose(gotTN, wantTN, 1e-4);
+      });
+
+      it(`when ${variant} matmuls run on ${M}×${N}×${K}, then each row has the same bits alone as in the batch`, () => {
+        const rng = new Rng(M + N + K);
+        const a = random(M * K, rng);
+        const b = random(N * K, rng);
+        const batch = new Float32Array(M * N);
+        kernels.matmulNT(batch, a, b, M, N, K, false, 1);
+        const row = new Float32Array(N);
+        for (let m = 0; m < M; m++) {
+          kernels.matmulNT(row, a.subarray(m * K, (m + 1) * K), b, 1, N, K, false, 1);
+          expect(row).toEqual(batch.subarray(m * N, (m + 1) * N));
+        }
       });
     }
   }
