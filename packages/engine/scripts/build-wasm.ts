@@ -514,7 +514,7 @@ function softmaxRows(): string {
 
 function module(madd: Madd): string {
   return `(module
-  (memory (import "env" "memory") 1)
+  (memory (import "env" "memory") 1 65536 shared)
   ${expFunction(madd)}
   ${gemm(madd, "gemm", false)}
   ${gemm(madd, "gemm_at", true)}
@@ -531,8 +531,10 @@ function module(madd: Madd): string {
 export async function assemble(): Promise<{ relaxed: Uint8Array; simd: Uint8Array }> {
   const wabt = await wabtInit();
   const build = (madd: Madd, name: string) => {
-    const parsed = wabt.parseWat(name, module(madd), { simd: true, relaxed_simd: true });
-    parsed.validate();
+    const features = { simd: true, relaxed_simd: true, threads: true };
+    const parsed = wabt.parseWat(name, module(madd), features);
+    // wabt's types omit validate's feature argument; without it, shared memory is rejected.
+    (parsed.validate as (f: typeof features) => void)(features);
     return new Uint8Array(parsed.toBinary({}).buffer);
   };
   return { relaxed: build(relaxed, "relaxed.wat"), simd: build(plain, "simd.wat") };

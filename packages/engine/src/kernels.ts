@@ -52,7 +52,9 @@ export interface Kernels {
   swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
   /**
    * Causal attention of n new rows at positions start… against keys/values [≥start+n, KV·hd]
-   * (grouped-query: head h reads kv head ⌊h·KV/H⌋). q and out are [n, H·hd].
+   * (grouped-query: head h reads kv head ⌊h·KV/H⌋). q and out are [n, H·hd]. With
+   * `sequences` > 1 (start 0 only), that many independent sequences of n rows are stacked in
+   * every operand.
    */
   attention(
     out: Float32Array,
@@ -64,6 +66,7 @@ export interface Kernels {
     H: number,
     KV: number,
     hd: number,
+    sequences?: number,
   ): void;
   /** dGate and dUp of out = silu(gate)·up, given dOut. */
   swigluBackward(
@@ -85,7 +88,8 @@ export interface Kernels {
   ): void;
   /**
    * Backward of causal self-attention over one sequence of n rows, recomputing probabilities.
-   * Adds into dq [n, H·hd], dk and dv [n, KV·hd].
+   * Adds into dq [n, H·hd], dk and dv [n, KV·hd]. `sequences` stacks independent sequences
+   * as in `attention`.
    */
   attentionBackward(
     dq: Float32Array,
@@ -99,6 +103,7 @@ export interface Kernels {
     H: number,
     KV: number,
     hd: number,
+    sequences?: number,
   ): void;
 }
 
@@ -184,7 +189,18 @@ export const jsKernels: Kernels = {
       out[i] = (g / (1 + Math.exp(-g))) * up[i]!;
     }
   },
-  attention(out, q, keys, values, n, start, H, KV, hd) {
+  attention(out, q, keys, values, n, start, H, KV, hd, sequences = 1) {
+    if (sequences > 1) {
+      const [qs, ks] = [n * H * hd, n * KV * hd];
+      for (let s = 0; s < sequences; s++) {
+        const [sq, sk] = [
+          (a: Float32Array) => a.subarray(s * qs),
+          (a: Float32Array) => a.subarray(s * ks),
+        ];
+        jsKernels.attention(sq(out), sq(q), sk(keys), sk(values), n, 0, H, KV, hd);
+      }
+      return;
+    }
     const qDim = H * hd;
     const kvDim = KV * hd;
     const group = H / KV;
@@ -219,7 +235,30 @@ export const jsKernels: Kernels = {
       }
     }
   },
-  attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd) {
+  attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd, sequences = 1) {
+    if (sequences > 1) {
+      const [qs, ks] = [n * H * hd, n * KV * hd];
+      for (let s = 0; s < sequences; s++) {
+        const [sq, sk] = [
+          (a: Float32Array) => a.subarray(s * qs),
+          (a: Float32Array) => a.subarray(s * ks),
+        ];
+        jsKernels.attentionBackward(
+          sq(dq),
+          sk(dk),
+          sk(dv),
+          sq(q),
+          sk(keys),
+          sk(values),
+          sq(dOut),
+          n,
+          H,
+          KV,
+          hd,
+        );
+      }
+      return;
+    }
     const qDim = H * hd;
     const kvDim = KV * hd;
     const group = H / KV;

@@ -116,19 +116,7 @@ export function lossAndGradients(
       for (let h = 0; h < H; h++) applyRope(a.q, r * qDim + h * hd, pos, rope);
       for (let h = 0; h < KV; h++) applyRope(a.k, r * kvDim + h * hd, pos, rope);
     }
-    for (let b = 0; b < B; b++) {
-      kernels.attention(
-        a.att.subarray(b * T * qDim, (b + 1) * T * qDim),
-        a.q.subarray(b * T * qDim, (b + 1) * T * qDim),
-        a.k.subarray(b * T * kvDim, (b + 1) * T * kvDim),
-        a.v.subarray(b * T * kvDim, (b + 1) * T * kvDim),
-        T,
-        0,
-        H,
-        KV,
-        hd,
-      );
-    }
+    kernels.attention(a.att, a.q, a.k, a.v, T, 0, H, KV, hd, B);
     const proj = new Float32Array(R * D);
     kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
     hooks?.forward(l, "o", proj, a.att, R);
@@ -233,23 +221,7 @@ export function lossAndGradients(
     dq.fill(0);
     dk.fill(0);
     dv.fill(0);
-    for (let b = 0; b < B; b++) {
-      const qs = (x: Float32Array) => x.subarray(b * T * qDim, (b + 1) * T * qDim);
-      const ks = (x: Float32Array) => x.subarray(b * T * kvDim, (b + 1) * T * kvDim);
-      kernels.attentionBackward(
-        qs(dq),
-        ks(dk),
-        ks(dv),
-        qs(a.q),
-        ks(a.k),
-        ks(a.v),
-        qs(dAtt),
-        T,
-        H,
-        KV,
-        hd,
-      );
-    }
+    kernels.attentionBackward(dq, dk, dv, a.q, a.k, a.v, dAtt, T, H, KV, hd, B);
     for (let r = 0; r < R; r++) {
       const pos = r % T;
       for (let h = 0; h < H; h++) applyRope(dq, r * qDim + h * hd, pos, rope, -1);

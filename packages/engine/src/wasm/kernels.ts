@@ -1,6 +1,9 @@
 /// <reference path="./webassembly.d.ts" />
 import { readFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
 import { jsKernels, type Kernels } from "../kernels.ts";
+import { Op, runJob } from "./jobs.ts";
+import { type Job, ThreadPool } from "./pool.ts";
 
 type Gemm = (
   out: number,
@@ -105,12 +108,37 @@ export class WasmKernels implements Kernels {
     },
   );
 
-  constructor(bytes: Uint8Array, name: string) {
+  /** Threads that share each large kernel call (1 = this thread only). */
+  readonly threads: number;
+  /** Kernel calls so far that were split among threads. */
+  splitCalls = 0;
+  private readonly pool: ThreadPool | null;
+
+  constructor(bytes: Uint8Array, name: string, threads = 1) {
     this.name = name;
-    this.memory = new WebAssembly.Memory({ initial: 256, maximum: 65536 });
+    this.threads = Math.max(1, Math.floor(threads));
+    this.memory = new WebAssembly.Memory({ initial: 256, maximum: 65536, shared: true });
     const module = new WebAssembly.Module(bytes);
     const instance = new WebAssembly.Instance(module, { env: { memory: this.memory } });
     this.exports = instance.exports as unknown as KernelExports;
+    this.pool = this.threads > 1 ? new ThreadPool(module, this.memory, this.threads - 1) : null;
+  }
+
+  /** Runs jobs (at most one per thread; this thread takes the first) and waits for them all. */
+  private runJobs(jobs: Job[]): void {
+    if (!this.pool || jobs.length === 1) {
+      for (const job of jobs) runJob(this.exports, job.op, job.args);
+      return;
+    }
+    const all = [...jobs];
+    while (all.length < this.threads) all.push({ op: Op.idle, args: [] });
+    this.splitCalls++;
+    this.pool.run(this.exports, all);
+  }
+
+  /** How many threads a call of `flops` work should use: small calls stay on this thread. */
+  private parts(flops: number): number {
+    return this.pool && flops >= PARALLEL_FLOPS ? this.threads : 1;
   }
 
   private ensure(bytes: number): void {
@@ -223,18 +251,41 @@ export class WasmKernels implements Kernels {
     new Float32Array(buffer, aOffset, M * K).set(a.subarray(0, M * K));
     const outView = new Float32Array(buffer, outOffset, M * N8);
     if (accumulate) copyRows(outView, N8, out, N, M);
-    const fn = transposedA ? this.exports.gemm_at : this.exports.gemm;
     const lda = transposedA ? M * 4 : K * 4;
-    if (transposedA && K > this.tnChunk) {
-      // Weight gradients sum over many rows: walk them in chunks whose rows stay in cache.
-      for (let k0 = 0; k0 < K; k0 += this.tnChunk) {
-        const kc = Math.min(this.tnChunk, K - k0);
-        const acc = accumulate || k0 > 0 ? 1 : 0;
-        fn(outOffset, N8 * 4, aOffset + k0 * M * 4, lda, panels + k0 * 32, K * 32, M, N, kc, acc);
-      }
-    } else {
-      fn(outOffset, N8 * 4, aOffset, lda, panels, K * 32, M, N, K, accumulate ? 1 : 0);
+    const ldo = N8 * 4;
+    const acc = accumulate ? 1 : 0;
+    const parts = this.parts(2 * M * N * K);
+    const jobs: Job[] = [];
+    for (let i = 0; i < parts; i++) {
+      // Rows split in whole 6-row tiles; every element's sum is the same whichever thread runs it.
+      const m0 = Math.min(M, Math.round((M * i) / parts / 6) * 6);
+      const m1 = i === parts - 1 ? M : Math.min(M, Math.round((M * (i + 1)) / parts / 6) * 6);
+      const o = outOffset + m0 * ldo;
+      jobs.push(
+        transposedA
+          ? {
+              op: Op.gemmAt,
+              args: [
+                o,
+                ldo,
+                aOffset + m0 * 4,
+                lda,
+                panels,
+                K * 32,
+                m1 - m0,
+                N,
+                K,
+                acc,
+                this.tnChunk,
+              ],
+            }
+          : {
+              op: Op.gemm,
+              args: [o, ldo, aOffset + m0 * lda, lda, panels, K * 32, m1 - m0, N, K, acc],
+            },
+      );
     }
+    this.runJobs(jobs);
     copyRows(out, N, outView, N8, M);
   }
 
@@ -333,34 +384,81 @@ export class WasmKernels implements Kernels {
     H: number,
     KV: number,
     hd: number,
+    sequences = 1,
   ): void {
     if (hd % 4 !== 0) {
-      jsKernels.attention(out, q, keys, values, n, start, H, KV, hd);
+      jsKernels.attention(out, q, keys, values, n, start, H, KV, hd, sequences);
+      return;
+    }
+    const scale = 1 / Math.sqrt(hd);
+    const qn = sequences * n * H * hd;
+    const qb = H * hd * 4;
+    if (sequences > 1) {
+      const kvn = sequences * n * KV * hd;
+      const parts = this.parts(sequences * n * n * H * hd * 2);
+      const [qo, ko, vo, oo, ...scores] = this.stage([
+        q.subarray(0, qn),
+        keys.subarray(0, kvn),
+        values.subarray(0, kvn),
+        qn,
+        ...Array<number>(parts).fill(n + 4),
+      ]) as number[] as [number, number, number, number, ...number[]];
+      this.runJobs(
+        splitEven(sequences, parts).map(([s0, s1], i) => ({
+          op: Op.attentionStacked,
+          args: [
+            oo + s0 * n * qb,
+            qo + s0 * n * qb,
+            ko + s0 * n * KV * hd * 4,
+            vo + s0 * n * KV * hd * 4,
+            n,
+            H,
+            KV,
+            hd,
+            scale,
+            scores[i]!,
+            s1 - s0,
+          ],
+        })),
+      );
+      out.set(new Float32Array(this.memory.buffer, oo, qn));
       return;
     }
     const span = (start + n) * KV * hd;
-    if (start > 0) {
-      // Decoding against a KV cache: keep an arena mirror of it and copy only the new rows.
-      const ko = this.mirror(keys, start * KV * hd, span);
-      const vo = this.mirror(values, start * KV * hd, span);
-      const [qo, oo, so] = this.stage([q.subarray(0, n * H * hd), n * H * hd, start + n + 4]) as [
-        number,
-        number,
-        number,
-      ];
-      this.exports.attention(oo, qo, ko, vo, n, start, H, KV, hd, 1 / Math.sqrt(hd), so);
-      out.set(new Float32Array(this.memory.buffer, oo, n * H * hd));
-      return;
-    }
-    const [qo, ko, vo, oo, so] = this.stage([
-      q.subarray(0, n * H * hd),
-      keys.subarray(0, span),
-      values.subarray(0, span),
-      n * H * hd,
-      start + n + 4,
-    ]) as [number, number, number, number, number];
-    this.exports.attention(oo, qo, ko, vo, n, start, H, KV, hd, 1 / Math.sqrt(hd), so);
-    out.set(new Float32Array(this.memory.buffer, oo, n * H * hd));
+    // Decoding against a KV cache: keep an arena mirror of it and copy only the new rows.
+    const ko = start > 0 ? this.mirror(keys, start * KV * hd, span) : -1;
+    const vo = start > 0 ? this.mirror(values, start * KV * hd, span) : -1;
+    const parts = this.parts(n * (start + n) * H * hd * 2);
+    const staged = this.stage([
+      q.subarray(0, qn),
+      qn,
+      ...(start > 0 ? [] : [keys.subarray(0, span), values.subarray(0, span)]),
+      ...Array<number>(parts).fill(start + n + 4),
+    ]);
+    const [qo, oo] = staged as [number, number];
+    const [kOff, vOff] = start > 0 ? [ko, vo] : [staged[2]!, staged[3]!];
+    const scores = staged.slice(start > 0 ? 2 : 4);
+    // Row t costs start + t + 1: split the rows so that each thread gets an equal share.
+    const bounds = splitCausal(n, start, parts);
+    this.runJobs(
+      bounds.map(([t0, t1], i) => ({
+        op: Op.attention,
+        args: [
+          oo + t0 * qb,
+          qo + t0 * qb,
+          kOff,
+          vOff,
+          t1 - t0,
+          start + t0,
+          H,
+          KV,
+          hd,
+          scale,
+          scores[i]!,
+        ],
+      })),
+    );
+    out.set(new Float32Array(this.memory.buffer, oo, qn));
   }
 
   attentionBackward(
@@ -375,14 +473,17 @@ export class WasmKernels implements Kernels {
     H: number,
     KV: number,
     hd: number,
+    sequences = 1,
   ): void {
     if (hd % 4 !== 0) {
-      jsKernels.attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd);
+      jsKernels.attentionBackward(dq, dk, dv, q, keys, values, dOut, n, H, KV, hd, sequences);
       return;
     }
-    const qn = n * H * hd;
-    const kvn = n * KV * hd;
-    const [dqo, dko, dvo, qo, ko, vo, doo, so, po] = this.stage([
+    const qn = sequences * n * H * hd;
+    const kvn = sequences * n * KV * hd;
+    // Sequences are independent, so they are shared out whole: dk and dv never race.
+    const parts = Math.min(sequences, this.parts(sequences * n * n * H * hd * 4));
+    const [dqo, dko, dvo, qo, ko, vo, doo, ...scratch] = this.stage([
       dq.subarray(0, qn),
       dk.subarray(0, kvn),
       dv.subarray(0, kvn),
@@ -390,25 +491,31 @@ export class WasmKernels implements Kernels {
       keys.subarray(0, kvn),
       values.subarray(0, kvn),
       dOut.subarray(0, qn),
-      n + 4,
-      n + 4,
-    ]) as number[] as [number, number, number, number, number, number, number, number, number];
-    this.exports.attention_backward(
-      dqo,
-      dko,
-      dvo,
-      qo,
-      ko,
-      vo,
-      doo,
-      n,
-      H,
-      KV,
-      hd,
-      1 / Math.sqrt(hd),
-      so,
-      po,
-    );
+      ...Array<number>(2 * parts).fill(n + 4),
+    ]) as number[] as [number, number, number, number, number, number, number, ...number[]];
+    const qb = n * H * hd * 4;
+    const kb = n * KV * hd * 4;
+    const jobs = splitEven(sequences, parts).map(([s0, s1], i) => ({
+      op: Op.attentionBackward,
+      args: [
+        dqo + s0 * qb,
+        dko + s0 * kb,
+        dvo + s0 * kb,
+        qo + s0 * qb,
+        ko + s0 * kb,
+        vo + s0 * kb,
+        doo + s0 * qb,
+        n,
+        H,
+        KV,
+        hd,
+        1 / Math.sqrt(hd),
+        scratch[2 * i]!,
+        scratch[2 * i + 1]!,
+        s1 - s0,
+      ],
+    }));
+    this.runJobs(jobs);
     const buffer = this.memory.buffer;
     dq.set(new Float32Array(buffer, dqo, qn));
     dk.set(new Float32Array(buffer, dko, kvn));
@@ -465,6 +572,35 @@ export class WasmKernels implements Kernels {
   }
 }
 
+/** Kernel calls below this many FLOPs stay on the calling thread (a hand-off costs ~5–50 µs). */
+const PARALLEL_FLOPS = 1 << 20;
+
+/** [from, to) ranges splitting `count` items into `parts` nearly equal runs. */
+function splitEven(count: number, parts: number): [number, number][] {
+  return Array.from({ length: parts }, (_, i) => [
+    Math.round((count * i) / parts),
+    Math.round((count * (i + 1)) / parts),
+  ]);
+}
+
+/** [from, to) rows of a causal attention, row t costing start + t + 1, in equal-cost parts. */
+function splitCausal(n: number, start: number, parts: number): [number, number][] {
+  const total = n * start + (n * (n + 1)) / 2;
+  const bounds: [number, number][] = [];
+  let t = 0;
+  let cost = 0;
+  for (let i = 0; i < parts; i++) {
+    const from = t;
+    const target = (total * (i + 1)) / parts;
+    while (t < n && (i === parts - 1 || cost + start + t + 1 <= target)) {
+      cost += start + t + 1;
+      t++;
+    }
+    bounds.push([from, t]);
+  }
+  return bounds;
+}
+
 /** Bytes of B[K,N] in 8-column panels. */
 function panelBytes(N: number, K: number): number {
   return Math.ceil(N / 8) * K * 32;
@@ -496,17 +632,42 @@ const simdBytes = readFileSync(new URL("./kernels-simd.wasm", import.meta.url));
 /** Whether this runtime accepts relaxed-SIMD (decided once, by WebAssembly.validate). */
 export const relaxedSimdSupported = WebAssembly.validate(relaxedBytes);
 
-export function createWasmKernels(variant: "auto" | "relaxed" | "simd" = "auto"): WasmKernels {
+export interface WasmKernelOptions {
+  /** Threads sharing each large kernel call, this one included (default 1). */
+  threads?: number;
+}
+
+export function createWasmKernels(
+  variant: "auto" | "relaxed" | "simd" = "auto",
+  options: WasmKernelOptions = {},
+): WasmKernels {
   const useRelaxed = variant === "relaxed" || (variant === "auto" && relaxedSimdSupported);
   return useRelaxed
-    ? new WasmKernels(relaxedBytes, "wasm-relaxed-simd")
-    : new WasmKernels(simdBytes, "wasm-simd");
+    ? new WasmKernels(relaxedBytes, "wasm-relaxed-simd", options.threads)
+    : new WasmKernels(simdBytes, "wasm-simd", options.threads);
+}
+
+/**
+ * Threads for the default kernels: `ARBOR_ENGINE_THREADS` if set, else one per available
+ * core. Results are bit-identical whatever the count (work is split by rows and sequences).
+ */
+export function defaultKernelThreads(): number {
+  const raw = process.env.ARBOR_ENGINE_THREADS;
+  if (raw !== undefined && raw !== "") {
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < 1 || n > 64)
+      throw new Error(
+        `ARBOR_ENGINE_THREADS must be an integer from 1 to 64, got ${JSON.stringify(raw)}`,
+      );
+    return n;
+  }
+  return availableParallelism();
 }
 
 let shared: WasmKernels | null = null;
 
-/** The process-wide default kernels: WASM SIMD (relaxed if supported). */
+/** The kernels shared by this thread: WASM SIMD (relaxed if supported) on `defaultKernelThreads()`. */
 export function defaultKernels(): Kernels {
-  shared ??= createWasmKernels();
+  shared ??= createWasmKernels("auto", { threads: defaultKernelThreads() });
   return shared;
 }

@@ -3,10 +3,11 @@ declare namespace WebAssembly {
   interface MemoryDescriptor {
     initial: number;
     maximum?: number;
+    shared?: boolean;
   }
   class Memory {
     constructor(descriptor: MemoryDescriptor);
-    readonly buffer: ArrayBuffer;
+    readonly buffer: ArrayBuffer | SharedArrayBuffer;
     grow(delta: number): number;
   }
   class Module {

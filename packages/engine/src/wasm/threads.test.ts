@@ -1,0 +1,138 @@
+import { describe, expect, it } from "vitest";
+import { jsKernels, type Kernels } from "../kernels.ts";
+import { Rng } from "../rng.ts";
+import { tinyModel } from "../test-fixtures.ts";
+import { lossAndGradients } from "../train.ts";
+import { parameters, zerosLike } from "../weights.ts";
+import { createWasmKernels, defaultKernelThreads } from "./kernels.ts";
+
+function random(n: number, rng: Rng): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = rng.normal();
+  return a;
+}
+
+/** Runs `f` on fresh outputs with each kernel set and returns what each wrote. */
+function outputs(kernels: Kernels[], f: (k: Kernels) => Float32Array[]): Float32Array[][] {
+  return kernels.map((k) => f(k));
+}
+
+describe("kernels on worker threads", () => {
+  const one = createWasmKernels("auto", { threads: 1 });
+  const two = createWasmKernels("auto", { threads: 2 });
+  const three = createWasmKernels("auto", { threads: 3 });
+  const all = [one, two, three];
+
+  it("when GEMMs large enough to split run on 1, 2 and 3 threads, then the bits are the same", () => {
+    const rng = new Rng(3);
+    // 301 rows: the row split leaves uneven shares and a 1-row tail.
+    const [M, N, K] = [301, 72, 130];
+    const a = random(M * K, rng);
+    const w = random(N * K, rng);
+    const bKN = random(K * N, rng);
+    const aT = random(K * M, rng);
+    const start = random(M * N, rng);
+    const results = outputs(all, (k) => {
+      const nt = Float32Array.from(start);
+      k.matmulNT(nt, a, w, M, N, K, true, 1);
+      const nn = new Float32Array(M * N);
+      k.matmulNN(nn, a, bKN, M, N, K);
+      const tn = Float32Array.from(start);
+      k.matmulTN(tn, aT, bKN, M, N, K, true);
+      return [nt, nn, tn];
+    });
+    expect(two.splitCalls).toBe(3);
+    expect(three.splitCalls).toBe(3);
+    expect(one.splitCalls).toBe(0);
+    expect(results[1]).toEqual(results[0]);
+    expect(results[2]).toEqual(results[0]);
+    const want = new Float32Array(M * N);
+    jsKernels.matmulNN(want, a, bKN, M, N, K);
+    let worst = 0;
+    for (let i = 0; i < want.length; i++)
+      worst = Math.max(worst, Math.abs(want[i]! - results[1]![1]![i]!));
+    expect(worst).toBeLessThan(1e-3);
+  });
+
+  it("when attention splits rows (prefill) or sequences (training), then the bits are the same", () => {
+    const rng = new Rng(4);
+    const [H, KV, hd, n, start] = [4, 2, 64, 150, 10];
+    const q = random(n * H * hd, rng);
+    const keys = random((start + n) * KV * hd, rng);
+    const values = random((start + n) * KV * hd, rng);
+    const S = 5;
+    const T = 40;
+    const qs = random(S * T * H * hd, rng);
+    const ks = random(S * T * KV * hd, rng);
+    const vs = random(S * T * KV * hd, rng);
+    const dOut = random(S * T * H * hd, rng);
+    const results = outputs(all, (k) => {
+      const prefill = new Float32Array(n * H * hd);
+      k.attention(prefill, q, keys, values, n, start, H, KV, hd);
+      const stacked = new Float32Array(S * T * H * hd);
+      k.attention(stacked, qs, ks, vs, T, 0, H, KV, hd, S);
+      const [dq, dk, dv] = [S * T * H * hd, S * T * KV * hd, S * T * KV * hd].map(
+        (size) => new Float32Array(size),
+      ) as [Float32Array, Float32Array, Float32Array];
+      k.attentionBackward(dq, dk, dv, qs, ks, vs, dOut, T, H, KV, hd, S);
+      return [prefill, stacked, dq, dk, dv];
+    });
+    expect(two.splitCalls).toBe(3 + 3);
+    expect(results[1]).toEqual(results[0]);
+    expect(results[2]).toEqual(results[0]);
+    // Stacked sequences give what one call per sequence gives.
+    const seq1 = new Float32Array(T * H * hd);
+    one.attention(
+      seq1,
+      qs.subarray(T * H * hd),
+      ks.subarray(T * KV * hd),
+      vs.subarray(T * KV * hd),
+      T,
+      0,
+      H,
+      KV,
+      hd,
+    );
+    expect(seq1).toEqual(results[0]![1]!.subarray(T * H * hd, 2 * T * H * hd));
+  });
+
+  it("when a training step's forward and backward run on 2 threads, then loss and gradients have the same bits", () => {
+    const model = tinyModel(5, { hiddenSize: 64, intermediateSize: 128, headDim: 32 });
+    const [B, T] = [4, 48];
+    const rng = new Rng(9);
+    const vocab = model.config.vocabSize;
+    const batch = {
+      batchSize: B,
+      seqLen: T,
+      inputs: Int32Array.from({ length: B * T }, () => rng.int(vocab)),
+      targets: Int32Array.from({ length: B * T }, () => rng.int(vocab)),
+      lossMask: Float32Array.from({ length: B * T }, () => (rng.next() < 0.8 ? 1 : 0)),
+    };
+    const run = (k: Kernels) => {
+      const grads = zerosLike(model.weights);
+      const { loss } = lossAndGradients(model, k, batch, grads);
+      return { loss, grads: parameters(model.config, grads).map((p) => p.data) };
+    };
+    const single = run(one);
+    const before = two.splitCalls;
+    const threaded = run(two);
+    expect(two.splitCalls - before).toBeGreaterThan(10);
+    expect(threaded.loss).toBe(single.loss);
+    expect(threaded.grads).toEqual(single.grads);
+  });
+
+  it("when ARBOR_ENGINE_THREADS is set, then the default kernels use it, and a bad value is refused", () => {
+    const saved = process.env.ARBOR_ENGINE_THREADS;
+    try {
+      process.env.ARBOR_ENGINE_THREADS = "3";
+      expect(defaultKernelThreads()).toBe(3);
+      process.env.ARBOR_ENGINE_THREADS = "0";
+      expect(() => defaultKernelThreads()).toThrow(/ARBOR_ENGINE_THREADS must be an integer/);
+      delete process.env.ARBOR_ENGINE_THREADS;
+      expect(defaultKernelThreads()).toBeGreaterThanOrEqual(1);
+    } finally {
+      if (saved === undefined) delete process.env.ARBOR_ENGINE_THREADS;
+      else process.env.ARBOR_ENGINE_THREADS = saved;
+    }
+  });
+});
