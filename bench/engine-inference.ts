@@ -1,26 +1,24 @@
 /**
- * Inference throughput of @arbor/engine on one thread: prefill and decode tokens/s, for one
- * sequence and for 8 concurrent sequences batched into shared forward passes.
+ * Inference throughput of @arbor/engine on one thread and on one per core: prefill and decode
+ * tokens/s, for one sequence and for 8 concurrent sequences batched into shared forward passes.
  * Usage: node bench/engine-inference.ts [modelDir]   (defaults to the shipped arbor/tiny-chat)
  *
  * For the PyTorch comparison on the same shapes:
  *   apt-get install python3-torch libopenblas0-pthread
- * The script then runs PyTorch pinned to one thread (torch.set_num_threads(1), OMP/OPENBLAS=1).
+ * The script then runs PyTorch pinned to one thread (torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "1"))), OMP/OPENBLAS=1).
  */
-import { execFileSync, spawnSync } from "node:child_process";
-import { writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
   catalogModelDir,
   createKvCache,
-  defaultKernels,
+  createWasmKernels,
   forwardBatch,
   type Kernels,
   loadModel,
   type Model,
   parameterCount,
 } from "../packages/engine/src/index.ts";
+import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 
 const PROMPT = 128;
 const DECODE = 128;
@@ -68,7 +66,7 @@ const PYTORCH = `
 import json, sys, time, os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
-torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "1")))
 torch.manual_seed(0)
 c = json.load(open(sys.argv[1]))
 D, I, L, H, KV = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
@@ -128,63 +126,54 @@ print(json.dumps(out))
 
 const dir = process.argv[2] ?? catalogModelDir("arbor/tiny-chat");
 const model = await loadModel(dir);
-const kernels = defaultKernels();
-decode(model, kernels, 1); // warm-up
+const cases: [string, string, (k: Kernels) => number][] = [
+  ["prefill, 1 sequence", "prefill1", (k) => prefill(model, k, 1)],
+  [`prefill, ${BATCH} sequences`, "prefill8", (k) => prefill(model, k, BATCH)],
+  ["decode, 1 sequence", "decode1", (k) => decode(model, k, 1)],
+  [`decode, ${BATCH} sequences`, "decode8", (k) => decode(model, k, BATCH)],
+];
 // The machine is shared: keep the best of three runs (the least disturbed).
 const best = (run: () => number) => Math.max(run(), run(), run());
-const ours = {
-  prefill1: best(() => prefill(model, kernels, 1)),
-  prefill8: best(() => prefill(model, kernels, BATCH)),
-  decode1: best(() => decode(model, kernels, 1)),
-  decode8: best(() => decode(model, kernels, BATCH)),
-};
+const ours = THREAD_COUNTS.map((threads) => {
+  const kernels = createWasmKernels("auto", { threads });
+  decode(model, kernels, 1); // warm-up
+  return Object.fromEntries(cases.map(([, key, run]) => [key, best(() => run(kernels))]));
+});
+const torch = torchInstalled()
+  ? THREAD_COUNTS.map((threads) =>
+      runTorch<Record<string, number>>(
+        "inference",
+        PYTORCH,
+        [join(dir, "config.json"), String(PROMPT), String(DECODE), String(BATCH)],
+        threads,
+      ),
+    )
+  : null;
 
-let torch: Record<string, number> | null = null;
-if (spawnSync("/usr/bin/python3", ["-c", "import torch"]).status === 0) {
-  const script = join(tmpdir(), "arbor-bench-torch.py");
-  writeFileSync(script, PYTORCH);
-  const output = execFileSync(
-    "/usr/bin/python3",
-    [script, join(dir, "config.json"), String(PROMPT), String(DECODE), String(BATCH)],
-    {
-      env: {
-        ...process.env,
-        OMP_NUM_THREADS: "1",
-        OPENBLAS_NUM_THREADS: "1",
-        MKL_NUM_THREADS: "1",
-      },
-    },
-  );
-  torch = JSON.parse(output.toString()) as Record<string, number>;
-}
-
+const kernelName = createWasmKernels("auto").name;
 console.log(`\n@arbor/engine inference, ${dir}`);
 console.log(
-  `${parameterCount(model)} parameters, kernels ${kernels.name}, prompt ${PROMPT}, decode ${DECODE}, one thread\n`,
+  `${parameterCount(model)} parameters, kernels ${kernelName}, prompt ${PROMPT}, decode ${DECODE}; tokens/s\n`,
 );
-console.log(
-  torch ? "| case | engine tok/s | PyTorch tok/s | engine / PyTorch |" : "| case | engine tok/s |",
+const threadsLabel = (n: number) => `${n} thread${n === 1 ? "" : "s"}`;
+printTable(
+  [
+    "case",
+    ...THREAD_COUNTS.map((n) => `engine, ${threadsLabel(n)}`),
+    ...(torch ? THREAD_COUNTS.map((n) => `PyTorch, ${threadsLabel(n)}`) : []),
+    ...(torch ? ["engine / PyTorch, 1 thread each", "engine / PyTorch, best of each"] : []),
+  ],
+  cases.map(([label, key]) => {
+    const mine = ours.map((o) => o[key]!);
+    if (!torch) return [label, ...mine];
+    const theirs = torch.map((t) => t[key] ?? Number.NaN);
+    return [
+      label,
+      ...mine,
+      ...theirs,
+      mine[0]! / theirs[0]!,
+      Math.max(...mine) / Math.max(...theirs),
+    ];
+  }),
 );
-console.log(torch ? "|---|---:|---:|---:|" : "|---|---:|");
-const rows: [string, keyof typeof ours][] = [
-  ["prefill, 1 sequence", "prefill1"],
-  [`prefill, ${BATCH} sequences`, "prefill8"],
-  ["decode, 1 sequence", "decode1"],
-  [`decode, ${BATCH} sequences`, "decode8"],
-];
-for (const [label, key] of rows) {
-  const value = ours[key].toFixed(0);
-  if (torch) {
-    const theirs = torch[key] ?? Number.NaN;
-    console.log(
-      `| ${label} | ${value} | ${theirs.toFixed(0)} | ${(ours[key] / theirs).toFixed(2)} |`,
-    );
-  } else {
-    console.log(`| ${label} | ${value} |`);
-  }
-}
-if (!torch) {
-  console.log(
-    "\nPyTorch not found: `apt-get install python3-torch libopenblas0-pthread` to compare (run on one thread).",
-  );
-}
+if (!torch) console.log(`\n${TORCH_MISSING}`);

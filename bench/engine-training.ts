@@ -1,67 +1,134 @@
 /**
- * Training throughput of @arbor/engine on one thread (forward + backward + AdamW), on the
- * shipped tiny-chat shape, against PyTorch on the same shape when it is installed.
+ * Training throughput and peak memory of @arbor/engine, full fine-tuning vs LoRA (rank 8, all
+ * seven linears), on the shipped tiny-chat shape, on one thread and on one per core, side by
+ * side with PyTorch on the same shapes and thread counts when `/usr/bin/python3 -c "import
+ * torch"` works. Every job runs in its own process, so its peak RSS is its own.
  * Usage: node bench/engine-training.ts [batch=32] [seqLen=128]
  *
- * For the PyTorch comparison: apt-get install python3-torch libopenblas0-pthread
- * (the script pins PyTorch to one thread: torch.set_num_threads(1), OMP/OPENBLAS=1).
+ * PyTorch: apt-get install python3-torch libopenblas0-pthread.
  */
-import { execFileSync, spawnSync } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { execFileSync } from "node:child_process";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { syntheticDialogue } from "../packages/engine/scripts/synthetic-chat.ts";
 import {
   catalogModelDir,
-  createModel,
+  createLoraAdapter,
   defaultKernels,
-  initWeights,
+  LoraTrainer,
+  loadModel,
+  loraParameterCount,
   parameterCount,
-  parseConfig,
   Rng,
-  Tokenizer,
   Trainer,
+  trainSft,
 } from "../packages/engine/src/index.ts";
+import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 
 const B = Number(process.argv[2] ?? 32);
 const T = Number(process.argv[3] ?? 128);
-const STEPS = 5;
-
+const STEPS = 4;
+const RANK = 8;
 const dir = catalogModelDir("arbor/tiny-chat");
-const config = parseConfig(JSON.parse(readFileSync(join(dir, "config.json"), "utf8")));
-const tokenizer = Tokenizer.fromJson(JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8")));
-const model = createModel(config, initWeights(config, 1), tokenizer);
-const kernels = defaultKernels();
-const trainer = new Trainer(model, kernels, {
-  schedule: { kind: "constant", peak: 1e-3, warmupSteps: 0, totalSteps: STEPS + 1 },
-});
-const rng = new Rng(1);
-const inputs = Int32Array.from({ length: B * T }, () => rng.int(config.vocabSize));
-const targets = Int32Array.from({ length: B * T }, () => rng.int(config.vocabSize));
-const batch = {
-  batchSize: B,
-  seqLen: T,
-  inputs,
-  targets,
-  lossMask: new Float32Array(B * T).fill(1),
-};
-trainer.step(batch); // warm-up
-// The machine is shared: report the fastest step (the least disturbed), as tokens/s.
-let ours = 0;
-for (let i = 0; i < STEPS; i++) {
-  const start = performance.now();
-  trainer.step(batch);
-  ours = Math.max(ours, (B * T) / ((performance.now() - start) / 1000));
+
+interface JobResult {
+  tokens_per_s: number;
+  max_rss_mb: number;
+  trainable: number;
+}
+
+/** End-to-end `trainSft` on synthetic chats ("auto" batches of 4096 tokens): real tokens/s. */
+async function sftJob(): Promise<JobResult> {
+  const model = await loadModel(dir);
+  const rng = new Rng(5);
+  const examples = Array.from({ length: 400 }, () => ({ messages: syntheticDialogue(rng) }));
+  const rates: number[] = [];
+  const result = await trainSft(
+    model,
+    examples,
+    {
+      learningRate: 1e-4,
+      lora: { rank: RANK, alpha: 2 * RANK },
+    },
+    {
+      onStep: (p) => {
+        rates.push(p.metrics.tokens_per_second);
+      },
+    },
+  );
+  rates.shift(); // warm-up
+  return {
+    tokens_per_s: Math.max(...rates),
+    max_rss_mb: process.resourceUsage().maxRSS / 1024,
+    trainable: loraParameterCount(result.adapter),
+  };
+}
+
+async function job(kind: "full" | "lora" | "sft"): Promise<JobResult> {
+  if (kind === "sft") return sftJob();
+  const model = await loadModel(dir);
+  const kernels = defaultKernels();
+  const rng = new Rng(1);
+  const V = model.config.vocabSize;
+  const batch = {
+    batchSize: B,
+    seqLen: T,
+    inputs: Int32Array.from({ length: B * T }, () => rng.int(V)),
+    targets: Int32Array.from({ length: B * T }, () => rng.int(V)),
+    lossMask: new Float32Array(B * T).fill(1),
+  };
+  let step: () => void;
+  let trainable: number;
+  if (kind === "full") {
+    const trainer = new Trainer(model, kernels, {
+      schedule: { kind: "constant", peak: 1e-4, warmupSteps: 0, totalSteps: 100 },
+    });
+    step = () => trainer.step(batch);
+    trainable = parameterCount(model);
+  } else {
+    const adapter = createLoraAdapter(model, { rank: RANK, alpha: 2 * RANK }, 1);
+    const trainer = new LoraTrainer(model, adapter, { kernels });
+    step = () => {
+      trainer.backward(batch);
+      trainer.step(1e-4);
+    };
+    trainable = loraParameterCount(adapter);
+  }
+  step(); // warm-up
+  // The machine is shared: report the fastest step (the least disturbed).
+  let best = 0;
+  for (let i = 0; i < STEPS; i++) {
+    const start = performance.now();
+    step();
+    best = Math.max(best, (B * T) / ((performance.now() - start) / 1000));
+  }
+  return {
+    tokens_per_s: best,
+    max_rss_mb: process.resourceUsage().maxRSS / 1024,
+    trainable,
+  };
 }
 
 const PYTORCH = `
-import json, sys, time, os
+import json, os, sys, time, resource
 import torch
-torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "1")))
 torch.manual_seed(0)
 c = json.load(open(sys.argv[1]))
-B, T, STEPS = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+B, T, STEPS, KIND, RANK = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 D, I, L, H, KV = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
 hd, V, eps, theta = c["head_dim"], c["vocab_size"], c["rms_norm_eps"], c["rope_theta"]
+class Lin(torch.nn.Module):
+    def __init__(s, i, o):
+        super().__init__()
+        s.w = torch.nn.Linear(i, o, bias=False)
+        s.lora = KIND == "lora"
+        if s.lora:
+            s.a = torch.nn.Parameter(torch.randn(RANK, i) / i ** 0.5)
+            s.b = torch.nn.Parameter(torch.zeros(o, RANK))
+    def forward(s, x):
+        y = s.w(x)
+        return y + (x @ s.a.T) @ s.b.T * 2.0 if s.lora else y
 class Norm(torch.nn.Module):
     def __init__(s): super().__init__(); s.w = torch.nn.Parameter(torch.ones(D))
     def forward(s, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * s.w
@@ -73,9 +140,8 @@ class Block(torch.nn.Module):
     def __init__(s):
         super().__init__()
         s.n1, s.n2 = Norm(), Norm()
-        s.q, s.k, s.v = torch.nn.Linear(D, H*hd, bias=False), torch.nn.Linear(D, KV*hd, bias=False), torch.nn.Linear(D, KV*hd, bias=False)
-        s.o = torch.nn.Linear(H*hd, D, bias=False)
-        s.g, s.u, s.d = torch.nn.Linear(D, I, bias=False), torch.nn.Linear(D, I, bias=False), torch.nn.Linear(I, D, bias=False)
+        s.q, s.k, s.v, s.o = Lin(D, H*hd), Lin(D, KV*hd), Lin(D, KV*hd), Lin(H*hd, D)
+        s.g, s.u, s.d = Lin(D, I), Lin(D, I), Lin(I, D)
     def forward(s, x):
         b, t, _ = x.shape
         h = s.n1(x)
@@ -84,11 +150,9 @@ class Block(torch.nn.Module):
         v = s.v(h).view(b, t, KV, hd).transpose(1, 2)
         q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
         kk, vv = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
-        if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
-            a = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True)
-        else:  # PyTorch < 2.0 (Debian bookworm's python3-torch is 1.13)
-            sc = (q @ kk.transpose(-1, -2)) / hd ** 0.5
-            a = torch.softmax(sc.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")), -1) @ vv
+        sc = (q @ kk.transpose(-1, -2)) / hd ** 0.5
+        sc = sc.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        a = torch.softmax(sc, -1) @ vv
         x = x + s.o(a.transpose(1, 2).reshape(b, t, H*hd))
         h = s.n2(x)
         return x + s.d(torch.nn.functional.silu(s.g(h)) * s.u(h))
@@ -103,51 +167,89 @@ class Model(torch.nn.Module):
         for blk in s.blocks: x = blk(x)
         return s.norm(x) @ s.emb.weight.T
 m = Model()
-opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+if KIND == "lora":
+    for n, p in m.named_parameters(): p.requires_grad = n.endswith(".a") or n.endswith(".b")
+params = [p for p in m.parameters() if p.requires_grad]
+opt = torch.optim.AdamW(params, lr=1e-4)
 x = torch.randint(0, V, (B, T)); y = torch.randint(0, V, (B, T))
 def step():
     loss = torch.nn.functional.cross_entropy(m(x).view(-1, V), y.view(-1))
     opt.zero_grad(); loss.backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0); opt.step()
+    torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step()
 step()
 best = 0.0
 for _ in range(STEPS):
     t0 = time.perf_counter(); step()
     best = max(best, B * T / (time.perf_counter() - t0))
-print(json.dumps({"tokens_per_s": best, "parameters": sum(p.numel() for p in m.parameters())}))
+print(json.dumps({"tokens_per_s": best, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "trainable": sum(p.numel() for p in params)}))
 `;
 
-let torch: { tokens_per_s: number; parameters: number } | null = null;
-if (spawnSync("/usr/bin/python3", ["-c", "import torch"]).status === 0) {
-  const script = join(tmpdir(), "arbor-bench-torch-train.py");
-  writeFileSync(script, PYTORCH);
-  const output = execFileSync(
-    "/usr/bin/python3",
-    [script, join(dir, "config.json"), String(B), String(T), String(STEPS)],
-    {
-      env: {
-        ...process.env,
-        OMP_NUM_THREADS: "1",
-        OPENBLAS_NUM_THREADS: "1",
-        MKL_NUM_THREADS: "1",
-      },
-    },
+const torchJob = (kind: "full" | "lora", threads: number): JobResult =>
+  runTorch<JobResult>(
+    "training",
+    PYTORCH,
+    [join(dir, "config.json"), String(B), String(T), String(STEPS), kind, String(RANK)],
+    threads,
   );
-  torch = JSON.parse(output.toString()) as { tokens_per_s: number; parameters: number };
-}
 
-console.log(`\n@arbor/engine training, tiny-chat shape, ${parameterCount(model)} parameters`);
-console.log(`batch ${B} × ${T} tokens, kernels ${kernels.name}, one thread\n`);
-if (torch) {
-  console.log("| engine tok/s | PyTorch tok/s | engine / PyTorch |");
-  console.log("|---:|---:|---:|");
-  console.log(
-    `| ${ours.toFixed(0)} | ${torch.tokens_per_s.toFixed(0)} | ${(ours / torch.tokens_per_s).toFixed(2)} |`,
-  );
+const jobArg = process.argv.indexOf("--job");
+if (jobArg >= 0) {
+  const kind = process.argv[jobArg + 1] as "full" | "lora" | "sft";
+  console.log(JSON.stringify(await job(kind)));
 } else {
-  console.log("| engine tok/s |\n|---:|");
-  console.log(`| ${ours.toFixed(0)} |`);
+  const self = fileURLToPath(import.meta.url);
+  // Each job in its own process (its own peak RSS), with the kernel threads set for it.
+  const engineJob = (kind: "full" | "lora" | "sft", threads: number): JobResult =>
+    JSON.parse(
+      execFileSync(process.execPath, [self, String(B), String(T), "--job", kind], {
+        env: { ...process.env, ARBOR_ENGINE_THREADS: String(threads) },
+      }).toString(),
+    ) as JobResult;
+  const hasTorch = torchInstalled();
+  const label = (n: number) => `${n} thread${n === 1 ? "" : "s"}`;
+  console.log(`\n@arbor/engine training, tiny-chat shape, batch ${B} × ${T}; tokens/s`);
   console.log(
-    "\nPyTorch not found: `apt-get install python3-torch libopenblas0-pthread` to compare (run on one thread).",
+    `LoRA: rank ${RANK}, all seven linears; best of ${STEPS} steps; peak RSS per process (MB)\n`,
   );
+  const rows: (string | number | null)[][] = [];
+  for (const kind of ["full", "lora"] as const) {
+    const ours = THREAD_COUNTS.map((n) => engineJob(kind, n));
+    const torch = hasTorch ? THREAD_COUNTS.map((n) => torchJob(kind, n)) : null;
+    const speed = (r: JobResult[]) => r.map((j) => j.tokens_per_s);
+    rows.push([
+      kind === "full" ? "full fine-tune" : `LoRA r ${RANK}`,
+      ours[0]!.trainable,
+      ...speed(ours),
+      ...(torch ? speed(torch) : THREAD_COUNTS.map(() => null)),
+      torch ? speed(ours)[0]! / speed(torch)[0]! : null,
+      torch ? Math.max(...speed(ours)) / Math.max(...speed(torch)) : null,
+      Math.max(...ours.map((j) => j.max_rss_mb)),
+      torch ? Math.max(...torch.map((j) => j.max_rss_mb)) : null,
+    ]);
+  }
+  const sft = THREAD_COUNTS.map((n) => engineJob("sft", n));
+  rows.push([
+    "trainSft end to end (LoRA, synthetic chats, auto batches, real tokens excl. padding)",
+    sft[0]!.trainable,
+    ...sft.map((j) => j.tokens_per_s),
+    ...THREAD_COUNTS.map(() => null),
+    null,
+    null,
+    Math.max(...sft.map((j) => j.max_rss_mb)),
+    null,
+  ]);
+  printTable(
+    [
+      "job",
+      "trainable params",
+      ...THREAD_COUNTS.map((n) => `engine, ${label(n)}`),
+      ...THREAD_COUNTS.map((n) => `PyTorch, ${label(n)}`),
+      "engine / PyTorch, 1 thread each",
+      "engine / PyTorch, best of each",
+      "engine peak RSS",
+      "PyTorch peak RSS",
+    ],
+    rows,
+  );
+  if (!hasTorch) console.log(`\n${TORCH_MISSING}`);
 }

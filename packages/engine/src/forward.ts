@@ -144,6 +144,8 @@ export function forwardBatch(
     items.length,
     config.vocabSize,
     D,
+    false,
+    ver,
   );
   return items.map((_, i) => logits.subarray(i * config.vocabSize, (i + 1) * config.vocabSize));
 }
