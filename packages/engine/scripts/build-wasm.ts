@@ -263,6 +263,79 @@ function swiglu(): string {
       (br $l))))`;
 }
 
+/** Shared pieces of the attention kernels, which walk keys in groups of 4 then singly. */
+const A = (n: string) => `(local.get $${n})`;
+const attentionLocals = `(local $t i32) (local $h i32) (local $j i32) (local $i i32) (local $span i32) (local $hdb i32)
+    (local $kvb i32) (local $qb i32) (local $group i32) (local $kvh i32) (local $max f32) (local $sum f32) (local $s f32)
+    (local $e v128) (local $ps i32) (local $d v128) (local $qv v128) (local $tv v128)
+    ${range(4)
+      .map(
+        (r) => `(local $a${r} v128) (local $pv${r} v128) (local $kp${r} i32) (local $xp${r} i32)`,
+      )
+      .join(" ")}`;
+/** Loops `j` over [0, span) in groups of R = 4 while they fit, then one at a time. */
+const keyGroups = (label: string, body: (R: number) => string) => `${set("j", i32(0))}
+        ${forLoop(`${label}4`, "j", 4, A("span"), body(4))}
+        ${forLoop(`${label}1`, "j", 1, A("span"), body(1))}`;
+/** `$name_r` = base + (j + r)·kvb: row j + r of a [span, KV·hd] operand (at the head's column). */
+const rowPtrs = (R: number, name: string, base: string) =>
+  range(R)
+    .map((r) => set(`${name}${r}`, add(A(base), mul(add(A("j"), i32(r)), A("kvb")))))
+    .join("\n");
+const scoreAt = (r: number) => add(A("scores"), `(i32.shl ${add(A("j"), i32(r))} (i32.const 2))`);
+const vecLoop = (label: string, body: string) => `${set("i", i32(0))}
+          (block $${label}d (loop $${label}l
+            (br_if $${label}d (i32.ge_u ${A("i")} ${A("hdb")}))
+            ${body}
+            ${set("i", add(A("i"), i32(16)))}
+            (br $${label}l)))`;
+const at = (ptr: string) => `(i32.add ${A(ptr)} ${A("i")})`;
+/** scores[j] = q·k_j·scale for R keys at once (R accumulators), tracking the maximum. */
+const scoreGroup = (madd: Madd, R: number) => `${rowPtrs(R, "kp", "pk")}
+          ${range(R)
+            .map((r) => set(`a${r}`, "(v128.const i32x4 0 0 0 0)"))
+            .join("\n")}
+          ${vecLoop(
+            `s${R}`,
+            `${set("qv", `(v128.load ${at("pq")})`)}
+            ${range(R)
+              .map((r) => set(`a${r}`, madd(A("qv"), `(v128.load ${at(`kp${r}`)})`, A(`a${r}`))))
+              .join("\n")}`,
+          )}
+          ${range(R)
+            .map(
+              (r) => `${set("s", `(f32.mul ${hsum(`a${r}`)} ${A("scale")})`)}
+          (f32.store ${scoreAt(r)} ${A("s")})
+          ${set("max", `(f32.max ${A("max")} ${A("s")})`)}`,
+            )
+            .join("\n")}`;
+/** Scores of row t against keys 0..span−1 for head h, then exponentials and their sum. */
+const scoresAndExps = (madd: Madd) => `${set("max", "(f32.const -inf)")}
+        ${keyGroups("sc", (R) => scoreGroup(madd, R))}
+        ;; exponentials (padded to a multiple of 4; the padding is excluded from the sum)
+        ${set("sum", "(f32.const 0)")}
+        ${set("j", i32(0))}
+        (block $ed (loop $el
+          (br_if $ed (i32.ge_u ${A("j")} ${A("span")}))
+          ${set("ps", scoreAt(0))}
+          ${set("e", `(call $exp (f32x4.sub (v128.load ${A("ps")}) (f32x4.splat ${A("max")})))`)}
+          (v128.store ${A("ps")} ${A("e")})
+          ${range(4)
+            .map((lane) =>
+              lane === 0
+                ? set("sum", `(f32.add ${A("sum")} (f32x4.extract_lane 0 ${A("e")}))`)
+                : `(if (i32.lt_u ${add(A("j"), i32(lane))} ${A("span")}) (then ${set("sum", `(f32.add ${A("sum")} (f32x4.extract_lane ${lane} ${A("e")}))`)}))`,
+            )
+            .join("\n")}
+          ${set("j", add(A("j"), i32(4)))}
+          (br $el)))`;
+const attentionSetup = `${set("hdb", mul(A("hd"), i32(4)))}
+    ${set("kvb", mul(A("KV"), A("hdb")))}
+    ${set("qb", mul(A("H"), A("hdb")))}
+    ${set("group", `(i32.div_u ${A("H")} ${A("KV")})`)}`;
+/** Pointer to row t, head h of a [n, H·hd] operand. */
+const headRow = (base: string) => add(A(base), add(mul(A("t"), A("qb")), mul(A("h"), A("hdb"))));
+
 /**
  * Causal attention of n new rows (positions start..start+n−1) against keys/values [span, kvDim];
  * q and out are [n, H·hd]. scores is scratch of at least start+n floats (+4).
@@ -271,85 +344,48 @@ function swiglu(): string {
 function attention(madd: Madd): string {
   return `(func (export "attention") (param $out i32) (param $q i32) (param $k i32) (param $v i32) (param $n i32) (param $start i32)
       (param $H i32) (param $KV i32) (param $hd i32) (param $scale f32) (param $scores i32)
-    (local $t i32) (local $h i32) (local $j i32) (local $i i32) (local $span i32) (local $hdb i32) (local $kvb i32) (local $qb i32)
-    (local $pq i32) (local $pk i32) (local $po i32) (local $acc v128) (local $max f32) (local $sum f32) (local $s f32) (local $e v128)
-    (local $vp v128) (local $group i32) (local $ps i32)
-    (local.set $hdb (i32.mul (local.get $hd) (i32.const 4)))
-    (local.set $kvb (i32.mul (local.get $KV) (local.get $hdb)))
-    (local.set $qb (i32.mul (local.get $H) (local.get $hdb)))
-    (local.set $group (i32.div_u (local.get $H) (local.get $KV)))
-    (block $tdone (loop $tl
-      (br_if $tdone (i32.ge_u (local.get $t) (local.get $n)))
-      (local.set $span (i32.add (i32.add (local.get $start) (local.get $t)) (i32.const 1)))
-      (local.set $h (i32.const 0))
-      (block $hdone (loop $hl
-        (br_if $hdone (i32.ge_u (local.get $h) (local.get $H)))
-        (local.set $pq (i32.add (local.get $q) (i32.add (i32.mul (local.get $t) (local.get $qb)) (i32.mul (local.get $h) (local.get $hdb)))))
-        (local.set $pk (i32.add (local.get $k) (i32.mul (i32.div_u (local.get $h) (local.get $group)) (local.get $hdb))))
-        ;; scores and max
-        (local.set $max (f32.const -inf))
-        (local.set $j (i32.const 0))
-        (block $jd (loop $jl
-          (br_if $jd (i32.ge_u (local.get $j) (local.get $span)))
-          (local.set $acc (v128.const i32x4 0 0 0 0))
-          (local.set $i (i32.const 0))
-          (block $id (loop $il
-            (br_if $id (i32.ge_u (local.get $i) (local.get $hdb)))
-            (local.set $acc ${madd("(v128.load (i32.add (local.get $pq) (local.get $i)))", "(v128.load (i32.add (i32.add (local.get $pk) (i32.mul (local.get $j) (local.get $kvb))) (local.get $i)))", "(local.get $acc)")})
-            (local.set $i (i32.add (local.get $i) (i32.const 16)))
-            (br $il)))
-          (local.set $s (f32.mul ${hsum("acc")} (local.get $scale)))
-          (f32.store (i32.add (local.get $scores) (i32.shl (local.get $j) (i32.const 2))) (local.get $s))
-          (local.set $max (f32.max (local.get $max) (local.get $s)))
-          (local.set $j (i32.add (local.get $j) (i32.const 1)))
-          (br $jl)))
-        ;; exponentials (padded to a multiple of 4; the padding is excluded from the sum)
-        (local.set $sum (f32.const 0))
-        (local.set $j (i32.const 0))
-        (block $ed (loop $el
-          (br_if $ed (i32.ge_u (local.get $j) (local.get $span)))
-          (local.set $ps (i32.add (local.get $scores) (i32.shl (local.get $j) (i32.const 2))))
-          (local.set $e (call $exp (f32x4.sub (v128.load (local.get $ps)) (f32x4.splat (local.get $max)))))
-          (v128.store (local.get $ps) (local.get $e))
-          (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 0 (local.get $e))))
-          (if (i32.lt_u (i32.add (local.get $j) (i32.const 1)) (local.get $span)) (then (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 1 (local.get $e))))))
-          (if (i32.lt_u (i32.add (local.get $j) (i32.const 2)) (local.get $span)) (then (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 2 (local.get $e))))))
-          (if (i32.lt_u (i32.add (local.get $j) (i32.const 3)) (local.get $span)) (then (local.set $sum (f32.add (local.get $sum) (f32x4.extract_lane 3 (local.get $e))))))
-          (local.set $j (i32.add (local.get $j) (i32.const 4)))
-          (br $el)))
-        ;; weighted sum of values
-        (local.set $po (i32.add (local.get $out) (i32.add (i32.mul (local.get $t) (local.get $qb)) (i32.mul (local.get $h) (local.get $hdb)))))
-        (local.set $i (i32.const 0))
-        (block $zd (loop $zl
-          (br_if $zd (i32.ge_u (local.get $i) (local.get $hdb)))
-          (v128.store (i32.add (local.get $po) (local.get $i)) (v128.const i32x4 0 0 0 0))
-          (local.set $i (i32.add (local.get $i) (i32.const 16)))
-          (br $zl)))
-        (local.set $pk (i32.add (local.get $v) (i32.mul (i32.div_u (local.get $h) (local.get $group)) (local.get $hdb))))
-        (local.set $j (i32.const 0))
-        (block $wd (loop $wl
-          (br_if $wd (i32.ge_u (local.get $j) (local.get $span)))
-          (local.set $vp (f32x4.splat (f32.load (i32.add (local.get $scores) (i32.shl (local.get $j) (i32.const 2))))))
-          (local.set $i (i32.const 0))
-          (block $vd (loop $vl
-            (br_if $vd (i32.ge_u (local.get $i) (local.get $hdb)))
-            (v128.store (i32.add (local.get $po) (local.get $i))
-              ${madd("(local.get $vp)", "(v128.load (i32.add (i32.add (local.get $pk) (i32.mul (local.get $j) (local.get $kvb))) (local.get $i)))", "(v128.load (i32.add (local.get $po) (local.get $i)))")})
-            (local.set $i (i32.add (local.get $i) (i32.const 16)))
-            (br $vl)))
-          (local.set $j (i32.add (local.get $j) (i32.const 1)))
-          (br $wl)))
-        (local.set $vp (f32x4.splat (f32.div (f32.const 1) (local.get $sum))))
-        (local.set $i (i32.const 0))
-        (block $nd (loop $nl
-          (br_if $nd (i32.ge_u (local.get $i) (local.get $hdb)))
-          (v128.store (i32.add (local.get $po) (local.get $i)) (f32x4.mul (v128.load (i32.add (local.get $po) (local.get $i))) (local.get $vp)))
-          (local.set $i (i32.add (local.get $i) (i32.const 16)))
-          (br $nl)))
-        (local.set $h (i32.add (local.get $h) (i32.const 1)))
-        (br $hl)))
-      (local.set $t (i32.add (local.get $t) (i32.const 1)))
-      (br $tl))))`;
+    ${attentionLocals} (local $pq i32) (local $pk i32) (local $po i32)
+    ${attentionSetup}
+    ${set("t", i32(0))}
+    ${forLoop(
+      "tl",
+      "t",
+      1,
+      A("n"),
+      `${set("span", add(add(A("start"), A("t")), i32(1)))}
+      ${set("h", i32(0))}
+      ${forLoop(
+        "hl",
+        "h",
+        1,
+        A("H"),
+        `${set("pq", headRow("q"))}
+        ${set("kvh", mul(`(i32.div_u ${A("h")} ${A("group")})`, A("hdb")))}
+        ${set("pk", add(A("k"), A("kvh")))}
+        ${scoresAndExps(madd)}
+        ;; weighted sum of values, R at a time
+        ${set("po", headRow("out"))}
+        ${vecLoop("z", `(v128.store ${at("po")} (v128.const i32x4 0 0 0 0))`)}
+        ${set("pk", add(A("v"), A("kvh")))}
+        ${keyGroups(
+          "wv",
+          (R) => `${rowPtrs(R, "kp", "pk")}
+          ${range(R)
+            .map((r) => set(`pv${r}`, `(f32x4.splat (f32.load ${scoreAt(r)}))`))
+            .join("\n")}
+          ${vecLoop(
+            `v${R}`,
+            `${set("tv", `(v128.load ${at("po")})`)}
+            ${range(R)
+              .map((r) => set("tv", madd(A(`pv${r}`), `(v128.load ${at(`kp${r}`)})`, A("tv"))))
+              .join("\n")}
+            (v128.store ${at("po")} ${A("tv")})`,
+          )}`,
+        )}
+        ${set("pv0", `(f32x4.splat (f32.div (f32.const 1) ${A("sum")}))`)}
+        ${vecLoop("nz", `(v128.store ${at("po")} (f32x4.mul (v128.load ${at("po")}) ${A("pv0")}))`)}`,
+      )}`,
+    )})`;
 }
 
 /**
@@ -357,101 +393,94 @@ function attention(madd: Madd): string {
  * the probabilities instead of storing them. Adds into dq [n, H·hd] and dk, dv [n, KV·hd].
  */
 function attentionBackward(madd: Madd): string {
-  const L = (n: string) => `(local.get $${n})`;
-  const vecLoop = (label: string, body: string) => `(local.set $i (i32.const 0))
-          (block $${label}d (loop $${label}l
-            (br_if $${label}d (i32.ge_u (local.get $i) (local.get $hdb)))
-            ${body}
-            (local.set $i (i32.add (local.get $i) (i32.const 16)))
-            (br $${label}l)))`;
-  const at = (base: string, row: string, stride: string) =>
-    `(i32.add (i32.add ${L(base)} (i32.mul ${L(row)} ${L(stride)})) (local.get $i))`;
   return `(func (export "attention_backward") (param $dq i32) (param $dk i32) (param $dv i32) (param $q i32) (param $k i32) (param $v i32)
       (param $dout i32) (param $n i32) (param $H i32) (param $KV i32) (param $hd i32) (param $scale f32) (param $scores i32) (param $dps i32)
-    (local $t i32) (local $h i32) (local $j i32) (local $i i32) (local $span i32) (local $hdb i32) (local $kvb i32) (local $qb i32)
-    (local $pq i32) (local $pk i32) (local $pv i32) (local $pdo i32) (local $pdq i32) (local $pdk i32) (local $pdv i32)
-    (local $acc v128) (local $acc2 v128) (local $max f32) (local $sum f32) (local $s f32) (local $e v128) (local $vp v128)
-    (local $group i32) (local $ps i32) (local $dot f32) (local $p f32) (local $dp f32) (local $inv f32)
-    (local.set $hdb (i32.mul ${L("hd")} (i32.const 4)))
-    (local.set $kvb (i32.mul ${L("KV")} ${L("hdb")}))
-    (local.set $qb (i32.mul ${L("H")} ${L("hdb")}))
-    (local.set $group (i32.div_u ${L("H")} ${L("KV")}))
-    (block $tdone (loop $tl
-      (br_if $tdone (i32.ge_u ${L("t")} ${L("n")}))
-      (local.set $span (i32.add ${L("t")} (i32.const 1)))
-      (local.set $h (i32.const 0))
-      (block $hdone (loop $hl
-        (br_if $hdone (i32.ge_u ${L("h")} ${L("H")}))
-        (local.set $pq (i32.add ${L("q")} (i32.add (i32.mul ${L("t")} ${L("qb")}) (i32.mul ${L("h")} ${L("hdb")}))))
-        (local.set $pdo (i32.add ${L("dout")} (i32.add (i32.mul ${L("t")} ${L("qb")}) (i32.mul ${L("h")} ${L("hdb")}))))
-        (local.set $pdq (i32.add ${L("dq")} (i32.add (i32.mul ${L("t")} ${L("qb")}) (i32.mul ${L("h")} ${L("hdb")}))))
-        (local.set $pk (i32.add ${L("k")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
-        (local.set $pv (i32.add ${L("v")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
-        (local.set $pdk (i32.add ${L("dk")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
-        (local.set $pdv (i32.add ${L("dv")} (i32.mul (i32.div_u ${L("h")} ${L("group")}) ${L("hdb")})))
-        ;; recompute scores, max, exponentials and sum
-        (local.set $max (f32.const -inf))
-        (local.set $j (i32.const 0))
-        (block $jd (loop $jl
-          (br_if $jd (i32.ge_u ${L("j")} ${L("span")}))
-          (local.set $acc (v128.const i32x4 0 0 0 0))
-          ${vecLoop("s", `(local.set $acc ${madd(`(v128.load (i32.add ${L("pq")} ${L("i")}))`, `(v128.load ${at("pk", "j", "kvb")})`, L("acc"))})`)}
-          (local.set $s (f32.mul ${hsum("acc")} ${L("scale")}))
-          (f32.store (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))) ${L("s")})
-          (local.set $max (f32.max ${L("max")} ${L("s")}))
-          (local.set $j (i32.add ${L("j")} (i32.const 1)))
-          (br $jl)))
-        (local.set $sum (f32.const 0))
-        (local.set $j (i32.const 0))
-        (block $ed (loop $el
-          (br_if $ed (i32.ge_u ${L("j")} ${L("span")}))
-          (local.set $ps (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))))
-          (local.set $e (call $exp (f32x4.sub (v128.load ${L("ps")}) (f32x4.splat ${L("max")}))))
-          (v128.store ${L("ps")} ${L("e")})
-          (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 0 ${L("e")})))
-          (if (i32.lt_u (i32.add ${L("j")} (i32.const 1)) ${L("span")}) (then (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 1 ${L("e")})))))
-          (if (i32.lt_u (i32.add ${L("j")} (i32.const 2)) ${L("span")}) (then (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 2 ${L("e")})))))
-          (if (i32.lt_u (i32.add ${L("j")} (i32.const 3)) ${L("span")}) (then (local.set $sum (f32.add ${L("sum")} (f32x4.extract_lane 3 ${L("e")})))))
-          (local.set $j (i32.add ${L("j")} (i32.const 4)))
-          (br $el)))
-        (local.set $inv (f32.div (f32.const 1) ${L("sum")}))
+    ${attentionLocals} (local $pq i32) (local $pk i32) (local $pv i32) (local $pdo i32) (local $pdq i32) (local $pdk i32) (local $pdv i32)
+    (local $dot f32) (local $inv f32) (local $p f32) (local $dp f32)
+    ${attentionSetup}
+    ${set("t", i32(0))}
+    ${forLoop(
+      "tl",
+      "t",
+      1,
+      A("n"),
+      `${set("span", add(A("t"), i32(1)))}
+      ${set("h", i32(0))}
+      ${forLoop(
+        "hl",
+        "h",
+        1,
+        A("H"),
+        `${set("pq", headRow("q"))}
+        ${set("pdo", headRow("dout"))}
+        ${set("pdq", headRow("dq"))}
+        ${set("kvh", mul(`(i32.div_u ${A("h")} ${A("group")})`, A("hdb")))}
+        ${set("pk", add(A("k"), A("kvh")))}
+        ${set("pv", add(A("v"), A("kvh")))}
+        ${set("pdk", add(A("dk"), A("kvh")))}
+        ${set("pdv", add(A("dv"), A("kvh")))}
+        ${scoresAndExps(madd)}
+        ${set("inv", `(f32.div (f32.const 1) ${A("sum")})`)}
         ;; dP_j = dout·v_j; dv_j += p_j·dout; dot = Σ p_j dP_j
-        (local.set $dot (f32.const 0))
-        (local.set $j (i32.const 0))
-        (block $vd (loop $vl
-          (br_if $vd (i32.ge_u ${L("j")} ${L("span")}))
-          (local.set $p (f32.mul (f32.load (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2)))) ${L("inv")}))
-          (f32.store (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))) ${L("p")})
-          (local.set $vp (f32x4.splat ${L("p")}))
-          (local.set $acc (v128.const i32x4 0 0 0 0))
+        ${set("dot", "(f32.const 0)")}
+        ${keyGroups(
+          "dv",
+          (R) => `${rowPtrs(R, "kp", "pv")}
+          ${rowPtrs(R, "xp", "pdv")}
+          ${range(R)
+            .map(
+              (r) => `${set("p", `(f32.mul (f32.load ${scoreAt(r)}) ${A("inv")})`)}
+          (f32.store ${scoreAt(r)} ${A("p")})
+          ${set(`pv${r}`, `(f32x4.splat ${A("p")})`)}
+          ${set(`a${r}`, "(v128.const i32x4 0 0 0 0)")}`,
+            )
+            .join("\n")}
           ${vecLoop(
-            "v",
-            `(local.set $acc2 (v128.load (i32.add ${L("pdo")} ${L("i")})))
-            (local.set $acc ${madd(L("acc2"), `(v128.load ${at("pv", "j", "kvb")})`, L("acc"))})
-            (v128.store ${at("pdv", "j", "kvb")} ${madd(L("vp"), L("acc2"), `(v128.load ${at("pdv", "j", "kvb")})`)})`,
+            `g${R}`,
+            `${set("d", `(v128.load ${at("pdo")})`)}
+            ${range(R)
+              .map(
+                (r) => `${set(`a${r}`, madd(A("d"), `(v128.load ${at(`kp${r}`)})`, A(`a${r}`)))}
+            (v128.store ${at(`xp${r}`)} ${madd(A(`pv${r}`), A("d"), `(v128.load ${at(`xp${r}`)})`)})`,
+              )
+              .join("\n")}`,
           )}
-          (local.set $dp ${hsum("acc")})
-          (f32.store (i32.add ${L("dps")} (i32.shl ${L("j")} (i32.const 2))) ${L("dp")})
-          (local.set $dot (f32.add ${L("dot")} (f32.mul ${L("p")} ${L("dp")})))
-          (local.set $j (i32.add ${L("j")} (i32.const 1)))
-          (br $vl)))
+          ${range(R)
+            .map(
+              (r) => `${set("dp", hsum(`a${r}`))}
+          (f32.store ${add(A("dps"), `(i32.shl ${add(A("j"), i32(r))} (i32.const 2))`)} ${A("dp")})
+          ${set("dot", `(f32.add ${A("dot")} (f32.mul (f32x4.extract_lane 0 ${A(`pv${r}`)}) ${A("dp")}))`)}`,
+            )
+            .join("\n")}`,
+        )}
         ;; dS_j = p_j (dP_j − dot)·scale; dq += dS_j k_j; dk_j += dS_j q
-        (local.set $j (i32.const 0))
-        (block $kd (loop $kl
-          (br_if $kd (i32.ge_u ${L("j")} ${L("span")}))
-          (local.set $vp (f32x4.splat (f32.mul (f32.mul (f32.load (i32.add ${L("scores")} (i32.shl ${L("j")} (i32.const 2))))
-            (f32.sub (f32.load (i32.add ${L("dps")} (i32.shl ${L("j")} (i32.const 2)))) ${L("dot")})) ${L("scale")})))
+        ${keyGroups(
+          "dk",
+          (R) => `${rowPtrs(R, "kp", "pk")}
+          ${rowPtrs(R, "xp", "pdk")}
+          ${range(R)
+            .map((r) =>
+              set(
+                `pv${r}`,
+                `(f32x4.splat (f32.mul (f32.mul (f32.load ${scoreAt(r)}) (f32.sub (f32.load ${add(A("dps"), `(i32.shl ${add(A("j"), i32(r))} (i32.const 2))`)}) ${A("dot")})) ${A("scale")}))`,
+              ),
+            )
+            .join("\n")}
           ${vecLoop(
-            "k",
-            `(v128.store (i32.add ${L("pdq")} ${L("i")}) ${madd(L("vp"), `(v128.load ${at("pk", "j", "kvb")})`, `(v128.load (i32.add ${L("pdq")} ${L("i")}))`)})
-            (v128.store ${at("pdk", "j", "kvb")} ${madd(L("vp"), `(v128.load (i32.add ${L("pq")} ${L("i")}))`, `(v128.load ${at("pdk", "j", "kvb")})`)})`,
-          )}
-          (local.set $j (i32.add ${L("j")} (i32.const 1)))
-          (br $kl)))
-        (local.set $h (i32.add ${L("h")} (i32.const 1)))
-        (br $hl)))
-      (local.set $t (i32.add ${L("t")} (i32.const 1)))
-      (br $tl))))`;
+            `k${R}`,
+            `${set("qv", `(v128.load ${at("pq")})`)}
+            ${set("tv", `(v128.load ${at("pdq")})`)}
+            ${range(R)
+              .map(
+                (r) => `${set("tv", madd(A(`pv${r}`), `(v128.load ${at(`kp${r}`)})`, A("tv")))}
+            (v128.store ${at(`xp${r}`)} ${madd(A(`pv${r}`), A("qv"), `(v128.load ${at(`xp${r}`)})`)})`,
+              )
+              .join("\n")}
+            (v128.store ${at("pdq")} ${A("tv")})`,
+          )}`,
+        )}`,
+      )}`,
+    )})`;
 }
 
 /** dGate, dUp of out = silu(gate)·up given dOut (n a multiple of 4). */
