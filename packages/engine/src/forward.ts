@@ -1,4 +1,4 @@
-import type { Kernels } from "./kernels.ts";
+import type { Kernels, Workspace } from "./kernels.ts";
 import { addLoraRows, type LoraAdapter } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
 
@@ -37,6 +37,20 @@ export function forwardBatch(
   kernels: Kernels,
   items: readonly ForwardItem[],
 ): Float32Array[] {
+  const ws = kernels.workspace();
+  try {
+    return forwardBatchIn(ws, model, kernels, items);
+  } finally {
+    ws.release();
+  }
+}
+
+function forwardBatchIn(
+  ws: Workspace,
+  model: Model,
+  kernels: Kernels,
+  items: readonly ForwardItem[],
+): Float32Array[] {
   const { config, weights, rope } = model;
   const D = config.hiddenSize;
   const hd = config.headDim;
@@ -51,7 +65,7 @@ export function forwardBatch(
       throw new Error("forward: sequence exceeds the context length");
     }
   }
-  const x = new Float32Array(rows * D);
+  const x = ws.f32(rows * D);
   let r = 0;
   for (const item of items) {
     for (const token of item.tokens) {
@@ -61,14 +75,14 @@ export function forwardBatch(
       r++;
     }
   }
-  const h = new Float32Array(rows * D);
-  const q = new Float32Array(rows * qDim);
-  const k = new Float32Array(rows * kvDim);
-  const v = new Float32Array(rows * kvDim);
-  const att = new Float32Array(rows * qDim);
-  const proj = new Float32Array(rows * D);
-  const gate = new Float32Array(rows * I);
-  const up = new Float32Array(rows * I);
+  const h = ws.f32(rows * D);
+  const q = ws.f32(rows * qDim);
+  const k = ws.f32(rows * kvDim);
+  const v = ws.f32(rows * kvDim);
+  const att = ws.f32(rows * qDim);
+  const proj = ws.f32(rows * D);
+  const gate = ws.f32(rows * I);
+  const up = ws.f32(rows * I);
   const ver = model.version;
   const lora = items.some((item) => item.adapter);
 
@@ -128,15 +142,15 @@ export function forwardBatch(
   for (const item of items) item.cache.length += item.tokens.length;
 
   // Only each item's last row needs logits.
-  const last = new Float32Array(items.length * D);
+  const last = ws.f32(items.length * D);
   r = 0;
   items.forEach((item, i) => {
     r += item.tokens.length;
     last.set(x.subarray((r - 1) * D, r * D), i * D);
   });
-  const normed = new Float32Array(items.length * D);
+  const normed = ws.f32(items.length * D);
   kernels.rmsNorm(normed, last, weights.norm, items.length, D, config.rmsNormEps);
-  const logits = new Float32Array(items.length * config.vocabSize);
+  const logits = new Float32Array(items.length * config.vocabSize); // returned
   kernels.matmulNT(
     logits,
     normed,

@@ -1,9 +1,22 @@
+/** Scratch arrays for one pass (a forward, or a training step), freed together. */
+export interface Workspace {
+  /** A zeroed array of n floats, valid until `release()`. */
+  f32(n: number): Float32Array;
+  /** Frees every array of this workspace; they must not be used afterwards. */
+  release(): void;
+}
+
 /**
  * The compute kernels the model runs on. Every output element is summed in the same order
  * whatever the number of rows, so a sequence gives the same numbers alone or in a batch.
  */
 export interface Kernels {
   readonly name: string;
+  /**
+   * Arrays for activations: kernels may keep them where they compute (the WASM arena), so
+   * calls on them need no copies.
+   */
+  workspace(): Workspace;
   /**
    * out[M,N] (+)= a[M,K] · b[N,K]ᵀ — a Linear layer with PyTorch's [out, in] weights.
    * A `bVersion` marks b as a weight that kernels may cache until the version changes.
@@ -109,6 +122,7 @@ export interface Kernels {
 
 export const jsKernels: Kernels = {
   name: "js",
+  workspace: () => ({ f32: (n) => new Float32Array(n), release() {} }),
   matmulNT(out, a, b, M, N, K, accumulate = false) {
     for (let m = 0; m < M; m++) {
       const ao = m * K;

@@ -1,4 +1,4 @@
-import type { Kernels } from "./kernels.ts";
+import type { Kernels, Workspace } from "./kernels.ts";
 import type { LinearHooks } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
 import type { ModelWeights } from "./weights.ts";
@@ -64,6 +64,22 @@ export function lossAndGradients(
   grads: ModelWeights | null,
   options: LossOptions = {},
 ): LossResult {
+  const ws = kernels.workspace();
+  try {
+    return lossAndGradientsIn(ws, model, kernels, batch, grads, options);
+  } finally {
+    ws.release();
+  }
+}
+
+function lossAndGradientsIn(
+  ws: Workspace,
+  model: Model,
+  kernels: Kernels,
+  batch: TrainBatch,
+  grads: ModelWeights | null,
+  options: LossOptions = {},
+): LossResult {
   const hooks = options.hooks;
   const { config, weights, rope } = model;
   const B = batch.batchSize;
@@ -81,7 +97,7 @@ export function lossAndGradients(
   const ver = model.version;
   if (T > config.maxPositions) throw new Error("train: sequence longer than the context length");
 
-  let x = new Float32Array(R * D);
+  let x = ws.f32(R * D);
   for (let r = 0; r < R; r++) {
     const token = batch.inputs[r]!;
     x.set(weights.embed.subarray(token * D, token * D + D), r * D);
@@ -91,18 +107,18 @@ export function lossAndGradients(
     const layer = weights.layers[l]!;
     const a: LayerActivations = {
       xIn: x,
-      h1: new Float32Array(R * D),
-      inv1: new Float32Array(R),
-      q: new Float32Array(R * qDim),
-      k: new Float32Array(R * kvDim),
-      v: new Float32Array(R * kvDim),
-      att: new Float32Array(R * qDim),
-      xMid: new Float32Array(R * D),
-      h2: new Float32Array(R * D),
-      inv2: new Float32Array(R),
-      gate: new Float32Array(R * I),
-      up: new Float32Array(R * I),
-      act: new Float32Array(R * I),
+      h1: ws.f32(R * D),
+      inv1: ws.f32(R),
+      q: ws.f32(R * qDim),
+      k: ws.f32(R * kvDim),
+      v: ws.f32(R * kvDim),
+      att: ws.f32(R * qDim),
+      xMid: ws.f32(R * D),
+      h2: ws.f32(R * D),
+      inv2: ws.f32(R),
+      gate: ws.f32(R * I),
+      up: ws.f32(R * I),
+      act: ws.f32(R * I),
     };
     rmsNormSaving(a.h1, a.inv1, x, layer.inputNorm, R, D, eps);
     kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
@@ -117,7 +133,7 @@ export function lossAndGradients(
       for (let h = 0; h < KV; h++) applyRope(a.k, r * kvDim + h * hd, pos, rope);
     }
     kernels.attention(a.att, a.q, a.k, a.v, T, 0, H, KV, hd, B);
-    const proj = new Float32Array(R * D);
+    const proj = ws.f32(R * D);
     kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
     hooks?.forward(l, "o", proj, a.att, R);
     for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
@@ -129,31 +145,31 @@ export function lossAndGradients(
     kernels.swiglu(a.act, a.gate, a.up, R * I);
     kernels.matmulNT(proj, a.act, layer.down, R, D, I, false, ver);
     hooks?.forward(l, "down", proj, a.act, R);
-    const xOut = new Float32Array(R * D);
+    const xOut = ws.f32(R * D);
     for (let i = 0; i < R * D; i++) xOut[i] = a.xMid[i]! + proj[i]!;
     saved.push(a);
     x = xOut;
   }
-  const hf = new Float32Array(R * D);
-  const invF = new Float32Array(R);
+  const hf = ws.f32(R * D);
+  const invF = ws.f32(R);
   rmsNormSaving(hf, invF, x, weights.norm, R, D, eps);
   const head = weights.lmHead ?? weights.embed;
-  const logits = new Float32Array(R * V);
+  const logits = ws.f32(R * V);
   kernels.matmulNT(logits, hf, head, R, V, D, false, ver);
 
   // Softmax cross-entropy; logits become d(loss)/d(logits) in place.
   let weight = 0;
   for (let r = 0; r < R; r++) weight += batch.lossMask[r]!;
   const norm = weight > 0 ? 1 / weight : 0;
-  const tokenLogprobs = new Float32Array(R);
-  const targetLogits = new Float32Array(R);
-  const rowScale = new Float32Array(R);
+  const tokenLogprobs = new Float32Array(R); // returned: not in the workspace
+  const targetLogits = ws.f32(R);
+  const rowScale = ws.f32(R);
   for (let r = 0; r < R; r++) {
     targetLogits[r] = logits[r * V + batch.targets[r]!]!;
     rowScale[r] = batch.lossMask[r]! * norm;
   }
-  const rowMax = new Float32Array(R);
-  const rowSum = new Float32Array(R);
+  const rowMax = ws.f32(R);
+  const rowSum = ws.f32(R);
   if (options.objective || options.entropy) rowScale.fill(1);
   kernels.softmaxRows(logits, R, V, rowScale, rowMax, rowSum);
   let lossSum = 0;
@@ -181,21 +197,21 @@ export function lossAndGradients(
   if (!grads && !hooks?.backward) return result;
 
   const dLogits = logits;
-  const dHf = new Float32Array(R * D);
+  const dHf = ws.f32(R * D);
   kernels.matmulNN(dHf, dLogits, head, R, D, V, false, ver);
   if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
-  let dx = new Float32Array(R * D);
-  const noGrad = new Float32Array(D);
+  let dx = ws.f32(R * D);
+  const noGrad = ws.f32(D);
   rmsNormBackward(dx, grads?.norm ?? noGrad, dHf, x, invF, weights.norm, R, D);
 
-  const dH = new Float32Array(R * D);
-  const dAct = new Float32Array(R * I);
-  const dGate = new Float32Array(R * I);
-  const dUp = new Float32Array(R * I);
-  const dAtt = new Float32Array(R * qDim);
-  const dq = new Float32Array(R * qDim);
-  const dk = new Float32Array(R * kvDim);
-  const dv = new Float32Array(R * kvDim);
+  const dH = ws.f32(R * D);
+  const dAct = ws.f32(R * I);
+  const dGate = ws.f32(R * I);
+  const dUp = ws.f32(R * I);
+  const dAtt = ws.f32(R * qDim);
+  const dq = ws.f32(R * qDim);
+  const dk = ws.f32(R * kvDim);
+  const dv = ws.f32(R * kvDim);
   for (let l = config.numLayers - 1; l >= 0; l--) {
     const layer = weights.layers[l]!;
     const g = grads?.layers[l];
@@ -211,7 +227,7 @@ export function lossAndGradients(
     hooks?.backward?.(l, "up", dUp, a.h2, dH, R);
     if (g) kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
     if (g) kernels.matmulTN(g.up, dUp, a.h2, I, D, R, true);
-    const dMid = new Float32Array(R * D);
+    const dMid = ws.f32(R * D);
     rmsNormBackward(dMid, g?.postNorm ?? noGrad, dH, a.xMid, a.inv2, layer.postNorm, R, D);
     for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
     // Attention: x_mid = x_in + o(attention(q, k, v))
@@ -236,7 +252,7 @@ export function lossAndGradients(
     if (g) kernels.matmulTN(g.q, dq, a.h1, qDim, D, R, true);
     if (g) kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
     if (g) kernels.matmulTN(g.v, dv, a.h1, kvDim, D, R, true);
-    const dIn = new Float32Array(R * D);
+    const dIn = ws.f32(R * D);
     rmsNormBackward(dIn, g?.inputNorm ?? noGrad, dH, a.xIn, a.inv1, layer.inputNorm, R, D);
     for (let i = 0; i < R * D; i++) dIn[i] = dIn[i]! + dMid[i]!;
     dx = dIn;
