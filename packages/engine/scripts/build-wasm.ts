@@ -218,9 +218,9 @@ function expFunction(madd: Madd): string {
       (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $n)) (v128.const i32x4 127 127 127 127)) (i32.const 23))))`;
 }
 
-/** out[r] = x[r] · w / rms(x[r]); D must be a multiple of 4. */
+/** out[r] = x[r] · w / rms(x[r]), and inv[r] = 1 / rms(x[r]); D must be a multiple of 4. */
 function rmsNorm(madd: Madd): string {
-  return `(func (export "rms_norm") (param $out i32) (param $x i32) (param $w i32) (param $rows i32) (param $D i32) (param $eps f32)
+  return `(func (export "rms_norm") (param $out i32) (param $inv i32) (param $x i32) (param $w i32) (param $rows i32) (param $D i32) (param $eps f32)
     (local $r i32) (local $i i32) (local $Db i32) (local $px i32) (local $po i32) (local $acc v128) (local $s f32) (local $vs v128)
     (local.set $Db (i32.mul (local.get $D) (i32.const 4)))
     (block $done (loop $rows
@@ -236,6 +236,7 @@ function rmsNorm(madd: Madd): string {
         (local.set $i (i32.add (local.get $i) (i32.const 16)))
         (br $sum)))
       (local.set $s (f32.div (f32.const 1) (f32.sqrt (f32.add (f32.div ${hsum("acc")} (f32.convert_i32_u (local.get $D))) (local.get $eps)))))
+      (f32.store (i32.add (local.get $inv) (i32.shl (local.get $r) (i32.const 2))) (local.get $s))
       (local.set $vs (f32x4.splat (local.get $s)))
       (local.set $i (i32.const 0))
       (block $d2 (loop $scale
@@ -246,6 +247,66 @@ function rmsNorm(madd: Madd): string {
         (br $scale)))
       (local.set $r (i32.add (local.get $r) (i32.const 1)))
       (br $rows))))`;
+}
+
+/**
+ * Backward of out = x·w·s (s = 1/rms(x), saved in inv): dx[r] = s·w·dy − x·s³·(Σ dy·w·x)/D.
+ * The weight's gradient is `rms_norm_dw`, a sum over rows kept apart so rows can be split.
+ */
+function rmsNormBackward(madd: Madd): string {
+  const L = (n: string) => `(local.get $${n})`;
+  const row = (base: string) => add(L(base), mul(L("r"), L("Db")));
+  return `(func (export "rms_norm_backward") (param $dx i32) (param $dy i32) (param $x i32) (param $inv i32) (param $w i32) (param $rows i32) (param $D i32)
+    (local $r i32) (local $i i32) (local $Db i32) (local $px i32) (local $py i32) (local $po i32) (local $acc v128) (local $s f32) (local $vs v128) (local $vc v128)
+    ${set("Db", mul(L("D"), i32(4)))}
+    ${forLoop(
+      "rows",
+      "r",
+      1,
+      L("rows"),
+      `${set("px", row("x"))}
+      ${set("py", row("dy"))}
+      ${set("po", row("dx"))}
+      ${set("s", `(f32.load (i32.add ${L("inv")} (i32.shl ${L("r")} (i32.const 2))))`)}
+      ${set("acc", "(v128.const i32x4 0 0 0 0)")}
+      ${set("i", i32(0))}
+      ${forLoop("dot", "i", 16, L("Db"), set("acc", madd(`(f32x4.mul (v128.load ${add(L("py"), L("i"))}) (v128.load ${add(L("w"), L("i"))}))`, `(v128.load ${add(L("px"), L("i"))})`, L("acc"))))}
+      ${set("vs", `(f32x4.splat ${L("s")})`)}
+      ${set("vc", `(f32x4.splat (f32.div (f32.mul ${hsum("acc")} (f32.mul ${L("s")} (f32.mul ${L("s")} ${L("s")}))) (f32.convert_i32_u ${L("D")})))`)}
+      ${set("i", i32(0))}
+      ${forLoop(
+        "dx",
+        "i",
+        16,
+        L("Db"),
+        `(v128.store ${add(L("po"), L("i"))} (f32x4.sub (f32x4.mul (f32x4.mul ${L("vs")} (v128.load ${add(L("w"), L("i"))})) (v128.load ${add(L("py"), L("i"))}))
+          (f32x4.mul (v128.load ${add(L("px"), L("i"))}) ${L("vc")})))`,
+      )}`,
+    )})`;
+}
+
+/** dw += Σ_r dy[r]·x[r]·inv[r], rows in order (D a multiple of 4). */
+function rmsNormDw(madd: Madd): string {
+  const L = (n: string) => `(local.get $${n})`;
+  return `(func (export "rms_norm_dw") (param $dw i32) (param $dy i32) (param $x i32) (param $inv i32) (param $rows i32) (param $D i32)
+    (local $r i32) (local $i i32) (local $Db i32) (local $o i32) (local $vs v128)
+    ${set("Db", mul(L("D"), i32(4)))}
+    ${forLoop(
+      "rows",
+      "r",
+      1,
+      L("rows"),
+      `${set("o", mul(L("r"), L("Db")))}
+      ${set("vs", `(f32x4.splat (f32.load (i32.add ${L("inv")} (i32.shl ${L("r")} (i32.const 2)))))`)}
+      ${set("i", i32(0))}
+      ${forLoop(
+        "cols",
+        "i",
+        16,
+        L("Db"),
+        `(v128.store ${add(L("dw"), L("i"))} ${madd(`(f32x4.mul (v128.load ${add(L("dy"), add(L("o"), L("i")))}) (v128.load ${add(L("x"), add(L("o"), L("i")))}))`, L("vs"), `(v128.load ${add(L("dw"), L("i"))})`)})`,
+      )}`,
+    )})`;
 }
 
 /** out = silu(gate) · up over n elements (n a multiple of 4). */
@@ -550,6 +611,8 @@ function module(madd: Madd): string {
   ${pack("pack_b", false)}
   ${pack("pack_w", true)}
   ${rmsNorm(madd)}
+  ${rmsNormBackward(madd)}
+  ${rmsNormDw(madd)}
   ${swiglu()}
   ${attention(madd)}
   ${attentionBackward(madd)}

@@ -52,7 +52,7 @@ export interface Kernels {
     K: number,
     accumulate?: boolean,
   ): void;
-  /** out[r] = x[r] / rms(x[r]) · weight, per row of length D; returns nothing. */
+  /** out[r] = x[r] / rms(x[r]) · weight, per row of length D; `inv[r]` gets 1 / rms(x[r]). */
   rmsNorm(
     out: Float32Array,
     x: Float32Array,
@@ -60,6 +60,21 @@ export interface Kernels {
     rows: number,
     D: number,
     eps: number,
+    inv?: Float32Array,
+  ): void;
+  /**
+   * Backward of `rmsNorm` given its saved `inv`: writes dx = d(loss)/dx and adds the weight's
+   * gradient into dw.
+   */
+  rmsNormBackward(
+    dx: Float32Array,
+    dw: Float32Array,
+    dy: Float32Array,
+    x: Float32Array,
+    inv: Float32Array,
+    w: Float32Array,
+    rows: number,
+    D: number,
   ): void;
   /** out = silu(gate) · up, element-wise. */
   swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
@@ -188,13 +203,27 @@ export const jsKernels: Kernels = {
       }
     }
   },
-  rmsNorm(out, x, weight, rows, D, eps) {
+  rmsNorm(out, x, weight, rows, D, eps, inv) {
     for (let r = 0; r < rows; r++) {
       const o = r * D;
       let ss = 0;
       for (let i = 0; i < D; i++) ss += x[o + i]! * x[o + i]!;
-      const inv = 1 / Math.sqrt(ss / D + eps);
-      for (let i = 0; i < D; i++) out[o + i] = x[o + i]! * inv * weight[i]!;
+      const s = 1 / Math.sqrt(ss / D + eps);
+      if (inv) inv[r] = s;
+      for (let i = 0; i < D; i++) out[o + i] = x[o + i]! * s * weight[i]!;
+    }
+  },
+  rmsNormBackward(dx, dw, dy, x, inv, w, rows, D) {
+    for (let r = 0; r < rows; r++) {
+      const o = r * D;
+      const s = inv[r]!;
+      let dot = 0;
+      for (let i = 0; i < D; i++) {
+        dot += dy[o + i]! * w[i]! * x[o + i]!;
+        dw[i] = dw[i]! + dy[o + i]! * x[o + i]! * s;
+      }
+      const c = (dot * s * s * s) / D;
+      for (let i = 0; i < D; i++) dx[o + i] = s * w[i]! * dy[o + i]! - x[o + i]! * c;
     }
   },
   swiglu(out, gate, up, n) {

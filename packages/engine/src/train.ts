@@ -120,7 +120,7 @@ function lossAndGradientsIn(
       up: ws.f32(R * I),
       act: ws.f32(R * I),
     };
-    rmsNormSaving(a.h1, a.inv1, x, layer.inputNorm, R, D, eps);
+    kernels.rmsNorm(a.h1, x, layer.inputNorm, R, D, eps, a.inv1);
     kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
     kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D, false, ver);
     kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
@@ -137,7 +137,7 @@ function lossAndGradientsIn(
     kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
     hooks?.forward(l, "o", proj, a.att, R);
     for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
-    rmsNormSaving(a.h2, a.inv2, a.xMid, layer.postNorm, R, D, eps);
+    kernels.rmsNorm(a.h2, a.xMid, layer.postNorm, R, D, eps, a.inv2);
     kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D, false, ver);
     kernels.matmulNT(a.up, a.h2, layer.up, R, I, D, false, ver);
     hooks?.forward(l, "gate", a.gate, a.h2, R);
@@ -152,7 +152,7 @@ function lossAndGradientsIn(
   }
   const hf = ws.f32(R * D);
   const invF = ws.f32(R);
-  rmsNormSaving(hf, invF, x, weights.norm, R, D, eps);
+  kernels.rmsNorm(hf, x, weights.norm, R, D, eps, invF);
   const head = weights.lmHead ?? weights.embed;
   const logits = ws.f32(R * V);
   kernels.matmulNT(logits, hf, head, R, V, D, false, ver);
@@ -202,7 +202,7 @@ function lossAndGradientsIn(
   if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
   let dx = ws.f32(R * D);
   const noGrad = ws.f32(D);
-  rmsNormBackward(dx, grads?.norm ?? noGrad, dHf, x, invF, weights.norm, R, D);
+  kernels.rmsNormBackward(dx, grads?.norm ?? noGrad, dHf, x, invF, weights.norm, R, D);
 
   const dH = ws.f32(R * D);
   const dAct = ws.f32(R * I);
@@ -228,7 +228,7 @@ function lossAndGradientsIn(
     if (g) kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
     if (g) kernels.matmulTN(g.up, dUp, a.h2, I, D, R, true);
     const dMid = ws.f32(R * D);
-    rmsNormBackward(dMid, g?.postNorm ?? noGrad, dH, a.xMid, a.inv2, layer.postNorm, R, D);
+    kernels.rmsNormBackward(dMid, g?.postNorm ?? noGrad, dH, a.xMid, a.inv2, layer.postNorm, R, D);
     for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
     // Attention: x_mid = x_in + o(attention(q, k, v))
     kernels.matmulNN(dAtt, dMid, layer.o, R, qDim, D, false, ver);
@@ -253,7 +253,7 @@ function lossAndGradientsIn(
     if (g) kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
     if (g) kernels.matmulTN(g.v, dv, a.h1, kvDim, D, R, true);
     const dIn = ws.f32(R * D);
-    rmsNormBackward(dIn, g?.inputNorm ?? noGrad, dH, a.xIn, a.inv1, layer.inputNorm, R, D);
+    kernels.rmsNormBackward(dIn, g?.inputNorm ?? noGrad, dH, a.xIn, a.inv1, layer.inputNorm, R, D);
     for (let i = 0; i < R * D; i++) dIn[i] = dIn[i]! + dMid[i]!;
     dx = dIn;
   }
@@ -287,47 +287,5 @@ function scaleRows(x: Float32Array, scale: Float32Array, R: number, V: number): 
     const row = x.subarray(r * V, (r + 1) * V);
     if (s === 0) row.fill(0);
     else for (let i = 0; i < V; i++) row[i] = row[i]! * s;
-  }
-}
-
-function rmsNormSaving(
-  out: Float32Array,
-  inv: Float32Array,
-  x: Float32Array,
-  w: Float32Array,
-  rows: number,
-  D: number,
-  eps: number,
-): void {
-  for (let r = 0; r < rows; r++) {
-    const o = r * D;
-    let ss = 0;
-    for (let i = 0; i < D; i++) ss += x[o + i]! * x[o + i]!;
-    const s = 1 / Math.sqrt(ss / D + eps);
-    inv[r] = s;
-    for (let i = 0; i < D; i++) out[o + i] = x[o + i]! * s * w[i]!;
-  }
-}
-
-function rmsNormBackward(
-  dx: Float32Array,
-  dw: Float32Array,
-  dy: Float32Array,
-  x: Float32Array,
-  inv: Float32Array,
-  w: Float32Array,
-  rows: number,
-  D: number,
-): void {
-  for (let r = 0; r < rows; r++) {
-    const o = r * D;
-    const s = inv[r]!;
-    let dot = 0;
-    for (let i = 0; i < D; i++) {
-      dot += dy[o + i]! * w[i]! * x[o + i]!;
-      dw[i] = dw[i]! + dy[o + i]! * x[o + i]! * s;
-    }
-    const c = (dot * s * s * s) / D;
-    for (let i = 0; i < D; i++) dx[o + i] = s * w[i]! * dy[o + i]! - x[o + i]! * c;
   }
 }

@@ -5,12 +5,19 @@
 
 type Fn = (...args: number[]) => void;
 
-export interface JobExports {
-  gemm: Fn;
-  gemm_at: Fn;
-  attention: Fn;
-  attention_backward: Fn;
-}
+/** Row-wise kernels a job can call by index with their own arguments (`Op.call`). */
+export const CALLS = [
+  "rms_norm",
+  "rms_norm_backward",
+  "swiglu",
+  "swiglu_backward",
+  "softmax_rows",
+] as const;
+
+export type JobExports = Record<
+  "gemm" | "gemm_at" | "attention" | "attention_backward" | (typeof CALLS)[number],
+  Fn
+>;
 
 export const Op = {
   /** gemm(out, ldo, a, lda, p, ps, M, N, K, acc) */
@@ -28,6 +35,8 @@ export const Op = {
   attentionStacked: 4,
   /** Nothing (a helper with no share of this call). */
   idle: 5,
+  /** CALLS[args[0]](...args[1..]) with as many arguments as the export takes. */
+  call: 6,
 } as const;
 
 export const MAX_ARGS = 16;
@@ -96,6 +105,11 @@ export function runJob(ex: JobExports, op: number, a: Float64Array | number[]): 
     }
     case Op.idle:
       return;
+    case Op.call: {
+      const fn = ex[CALLS[a[0]!]!];
+      fn(...Array.prototype.slice.call(a, 1, 1 + fn.length));
+      return;
+    }
     default:
       throw new Error(`kernel job: unknown op ${op}`);
   }

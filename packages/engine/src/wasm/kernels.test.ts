@@ -122,6 +122,19 @@ describe("WASM kernels", () => {
       jsKernels.rmsNorm(want, x, w, rows, D, 1e-5);
       kernels.rmsNorm(got, x, w, rows, D, 1e-5);
       expectClose(got, want, 1e-5);
+      // Saving 1/rms per row, and the backward (dx written, dw accumulated).
+      const [wantInv, gotInv] = [new Float32Array(rows), new Float32Array(rows)];
+      jsKernels.rmsNorm(want, x, w, rows, D, 1e-5, wantInv);
+      kernels.rmsNorm(got, x, w, rows, D, 1e-5, gotInv);
+      expectClose(gotInv, wantInv, 1e-5);
+      const dy = random(rows * D, rng);
+      const [wantDx, gotDx] = [new Float32Array(rows * D), new Float32Array(rows * D)];
+      const wantDw = random(D, new Rng(8));
+      const gotDw = Float32Array.from(wantDw);
+      jsKernels.rmsNormBackward(wantDx, wantDw, dy, x, wantInv, w, rows, D);
+      kernels.rmsNormBackward(gotDx, gotDw, dy, x, gotInv, w, rows, D);
+      expectClose(gotDx, wantDx, 1e-4);
+      expectClose(gotDw, wantDw, 1e-4);
 
       const gate = random(352, rng).map((v) => v * 10);
       const up = random(352, rng);

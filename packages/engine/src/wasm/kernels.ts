@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { jsKernels, type Kernels, type Workspace } from "../kernels.ts";
 import { ArenaAllocator, align } from "./arena.ts";
-import { Op, runJob } from "./jobs.ts";
+import { CALLS, Op, runJob } from "./jobs.ts";
 import { type Job, ThreadPool } from "./pool.ts";
 
 type Gemm = (
@@ -24,7 +24,25 @@ interface KernelExports {
   gemm_at: Gemm;
   pack_b(dst: number, src: number, N: number, K: number, ps: number): void;
   pack_w(dst: number, src: number, N: number, K: number, ps: number): void;
-  rms_norm(out: number, x: number, w: number, rows: number, D: number, eps: number): void;
+  rms_norm(
+    out: number,
+    inv: number,
+    x: number,
+    w: number,
+    rows: number,
+    D: number,
+    eps: number,
+  ): void;
+  rms_norm_dw(dw: number, dy: number, x: number, inv: number, rows: number, D: number): void;
+  rms_norm_backward(
+    dx: number,
+    dy: number,
+    x: number,
+    inv: number,
+    w: number,
+    rows: number,
+    D: number,
+  ): void;
   swiglu(out: number, gate: number, up: number, n: number): void;
   attention(
     out: number,
@@ -394,6 +412,25 @@ export class WasmKernels implements Kernels {
     return offsets;
   }
 
+  /**
+   * Runs a row-wise kernel (`CALLS[call]`) over `rows` rows, split among threads when the
+   * call is large: `args(r0, r1)` gives the kernel's arguments for rows [r0, r1).
+   */
+  private byRows(
+    call: number,
+    rows: number,
+    work: number,
+    args: (r0: number, r1: number) => number[],
+  ): void {
+    const parts = Math.min(rows, this.parts(work));
+    this.runJobs(
+      splitEven(rows, Math.max(parts, 1)).map(([r0, r1]) => ({
+        op: Op.call,
+        args: [call, ...args(r0, r1)],
+      })),
+    );
+  }
+
   rmsNorm(
     out: Float32Array,
     x: Float32Array,
@@ -401,18 +438,68 @@ export class WasmKernels implements Kernels {
     rows: number,
     D: number,
     eps: number,
+    inv?: Float32Array,
   ): void {
     if (D % 4 !== 0) {
-      jsKernels.rmsNorm(out, x, weight, rows, D, eps);
+      jsKernels.rmsNorm(out, x, weight, rows, D, eps, inv);
       return;
     }
-    const [xo, wo, oo] = this.stage([
+    const [xo, wo, oo, io] = this.stage([
       x.subarray(0, rows * D),
       weight,
       this.output(out, rows * D),
-    ]) as [number, number, number];
-    this.exports.rms_norm(oo, xo, wo, rows, D, eps);
+      inv ? this.output(inv, rows) : rows,
+    ]) as [number, number, number, number];
+    const b = D * 4;
+    this.byRows(CALL.rmsNorm, rows, rows * D * 8, (r0, r1) => [
+      oo + r0 * b,
+      io + r0 * 4,
+      xo + r0 * b,
+      wo,
+      r1 - r0,
+      D,
+      eps,
+    ]);
     this.copyOut(out, oo, rows * D);
+    if (inv) this.copyOut(inv, io, rows);
+  }
+
+  rmsNormBackward(
+    dx: Float32Array,
+    dw: Float32Array,
+    dy: Float32Array,
+    x: Float32Array,
+    inv: Float32Array,
+    w: Float32Array,
+    rows: number,
+    D: number,
+  ): void {
+    if (D % 4 !== 0) {
+      jsKernels.rmsNormBackward(dx, dw, dy, x, inv, w, rows, D);
+      return;
+    }
+    const [dxo, dwo, dyo, xo, io, wo] = this.stage([
+      this.output(dx, rows * D),
+      dw,
+      dy.subarray(0, rows * D),
+      x.subarray(0, rows * D),
+      inv.subarray(0, rows),
+      w,
+    ]) as [number, number, number, number, number, number];
+    const b = D * 4;
+    this.byRows(CALL.rmsNormBackward, rows, rows * D * 8, (r0, r1) => [
+      dxo + r0 * b,
+      dyo + r0 * b,
+      xo + r0 * b,
+      io + r0 * 4,
+      wo,
+      r1 - r0,
+      D,
+    ]);
+    // The weight gradient sums over rows: one thread, rows in order.
+    this.exports.rms_norm_dw(dwo, dyo, xo, io, rows, D);
+    this.copyOut(dx, dxo, rows * D);
+    this.copyOut(dw, dwo, D);
   }
 
   swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void {
@@ -425,7 +512,13 @@ export class WasmKernels implements Kernels {
       up.subarray(0, n),
       this.output(out, n),
     ]) as [number, number, number];
-    this.exports.swiglu(oo, go, uo, n);
+    // Split in runs of 4 floats (one vector).
+    this.byRows(CALL.swiglu, n / 4, n * 16, (r0, r1) => [
+      oo + r0 * 16,
+      go + r0 * 16,
+      uo + r0 * 16,
+      (r1 - r0) * 4,
+    ]);
     this.copyOut(out, oo, n);
   }
 
@@ -595,7 +688,10 @@ export class WasmKernels implements Kernels {
       this.output(dGate, n),
       this.output(dUp, n),
     ]) as [number, number, number, number, number];
-    this.exports.swiglu_backward(dgo, duo, dOutO, go, uo, n);
+    this.byRows(CALL.swigluBackward, n / 4, n * 24, (r0, r1) => {
+      const o = r0 * 16;
+      return [dgo + o, duo + o, dOutO + o, go + o, uo + o, (r1 - r0) * 4];
+    });
     this.copyOut(dGate, dgo, n);
     this.copyOut(dUp, duo, n);
   }
@@ -618,12 +714,28 @@ export class WasmKernels implements Kernels {
       this.output(rowMax, rows),
       this.output(rowSum, rows),
     ]) as [number, number, number, number];
-    this.exports.softmax_rows(xo, rows, cols, so, mo, sumo);
+    this.byRows(CALL.softmaxRows, rows, rows * cols * 16, (r0, r1) => [
+      xo + r0 * cols * 4,
+      r1 - r0,
+      cols,
+      so + r0 * 4,
+      mo + r0 * 4,
+      sumo + r0 * 4,
+    ]);
     this.copyOut(x, xo, rows * cols);
     this.copyOut(rowMax, mo, rows);
     this.copyOut(rowSum, sumo, rows);
   }
 }
+
+/** Indices of row-wise kernels in CALLS. */
+const CALL = {
+  rmsNorm: CALLS.indexOf("rms_norm"),
+  rmsNormBackward: CALLS.indexOf("rms_norm_backward"),
+  swiglu: CALLS.indexOf("swiglu"),
+  swigluBackward: CALLS.indexOf("swiglu_backward"),
+  softmaxRows: CALLS.indexOf("softmax_rows"),
+};
 
 /** Kernel calls below this many FLOPs stay on the calling thread (a hand-off costs ~5–50 µs). */
 const PARALLEL_FLOPS = 1 << 20;
