@@ -332,10 +332,8 @@ export function loraHooks(
       const xa = new Float32Array(rows * r);
       kernels.matmulNT(xa, x, m.a, rows, r, m.inFeatures);
       for (let i = 0; i < xa.length; i++) xa[i] = xa[i]! * s;
-      // Update computed apart and then added, as in inference (`addLoraRows`).
-      const delta = new Float32Array(rows * m.outFeatures);
-      kernels.matmulNT(delta, xa, m.b, rows, m.outFeatures, r);
-      for (let i = 0; i < delta.length; i++) out[i] = out[i]! + delta[i]!;
+      // out += (s·A·x)·Bᵀ, summed onto out as in inference (`addLoraRows`).
+      kernels.matmulNT(out, xa, m.b, rows, m.outFeatures, r, true);
       if (grads) saved.set(`${layer}.${key}`, xa);
     },
   };
@@ -351,7 +349,12 @@ export function loraHooks(
       const dxa = new Float32Array(rows * r);
       kernels.matmulNN(dxa, dOut, m.b, rows, r, m.outFeatures);
       for (let i = 0; i < dxa.length; i++) dxa[i] = dxa[i]! * s;
-      kernels.matmulTN(g.a, dxa, x, r, m.inFeatures, rows, true);
+      // dAᵀ = xᵀ·dxa: the wide x is read in place and only the rank-wide dxa is packed.
+      const inF = m.inFeatures;
+      const dAT = new Float32Array(inF * r);
+      kernels.matmulTN(dAT, x, dxa, inF, r, rows);
+      for (let j = 0; j < r; j++)
+        for (let i = 0; i < inF; i++) g.a[j * inF + i] = g.a[j * inF + i]! + dAT[i * r + j]!;
       kernels.matmulNN(dX, dxa, m.a, rows, m.inFeatures, r, true);
     };
   }
@@ -407,13 +410,22 @@ export function addLoraRows(
     const xa = new Float32Array(rows * r);
     kernels.matmulNT(xa, xs, m.a, rows, r, inDim);
     for (let k = 0; k < xa.length; k++) xa[k] = xa[k]! * adapter.scale;
-    const delta = new Float32Array(rows * outDim);
-    kernels.matmulNT(delta, xa, m.b, rows, outDim, r);
+    // out += xa·Bᵀ, summed onto each row's base output (as in training's `loraHooks`).
+    if (segments.length === 1) {
+      const [start] = segments[0]!;
+      kernels.matmulNT(out.subarray(start * outDim), xa, m.b, rows, outDim, r, true);
+      continue;
+    }
+    const ys = new Float32Array(rows * outDim);
     let at = 0;
     for (const [start, n] of segments) {
-      const o = start * outDim;
-      const d = at * outDim;
-      for (let i = 0; i < n * outDim; i++) out[o + i] = out[o + i]! + delta[d + i]!;
+      ys.set(out.subarray(start * outDim, (start + n) * outDim), at * outDim);
+      at += n;
+    }
+    kernels.matmulNT(ys, xa, m.b, rows, outDim, r, true);
+    at = 0;
+    for (const [start, n] of segments) {
+      out.set(ys.subarray(at * outDim, (at + n) * outDim), start * outDim);
       at += n;
     }
   }
