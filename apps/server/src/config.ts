@@ -1,5 +1,6 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { defaultKernelThreads } from "@arbor/engine";
 import type { RateLimits } from "./http/rate-limit.ts";
 import { parseUpstreams, type Upstreams } from "./modules/inference/upstream.ts";
 
@@ -35,6 +36,8 @@ export interface ServerConfig extends AppConfig {
   /** PostgreSQL only: the schema to use (created when missing); default the search path's. */
   databaseSchema: string | undefined;
   logLevel: string;
+  /** Threads of each embedded engine's kernels (ARBOR_ENGINE_THREADS; one per core by default). */
+  engineThreads: number;
 }
 
 const allRoles: readonly Role[] = ["training", "inference", "calls"];
@@ -64,8 +67,9 @@ export function defaultAppConfig(overrides: Partial<AppConfig> = {}): AppConfig 
 /** Configuration from the environment: ARBOR_PORT, ARBOR_HOST, ARBOR_DATA_DIR, DATABASE_URL,
  * ARBOR_DATABASE_SCHEMA, ARBOR_ROLES, ARBOR_LOG_LEVEL, and the chat limits ARBOR_KEY_RPM, ARBOR_PROJECT_RPM,
  * ARBOR_KEY_CONCURRENCY, ARBOR_PROJECT_CONCURRENCY, ARBOR_UPSTREAMS (JSON: model id →
- * {url, apiKey?, model?}), ARBOR_EMBEDDED_WORKER (on|off), ARBOR_WORKER_LEASE_MS, ARBOR_TRAINING_DATA_MAX_BYTES and
- * ARBOR_TRAINING_DATA_ALLOW_HOSTS (comma-separated). */
+ * {url, apiKey?, model?}), ARBOR_EMBEDDED_WORKER (on|off), ARBOR_WORKER_LEASE_MS, ARBOR_TRAINING_DATA_MAX_BYTES,
+ * ARBOR_TRAINING_DATA_ALLOW_HOSTS (comma-separated) and ARBOR_ENGINE_THREADS (read by the engine
+ * itself, in every thread; checked here so that a bad value fails at start). */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfig {
   const port = Number(env.ARBOR_PORT ?? 8080);
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
@@ -80,6 +84,7 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     databaseUrl: env.DATABASE_URL || undefined,
     databaseSchema: env.ARBOR_DATABASE_SCHEMA || undefined,
     logLevel: env.ARBOR_LOG_LEVEL ?? "info",
+    engineThreads: defaultKernelThreads(env),
     embeddedWorker: env.ARBOR_EMBEDDED_WORKER !== "off",
     workerLeaseMs: positive(env, "ARBOR_WORKER_LEASE_MS") ?? 60_000,
     maxTrainingDataBytes: positive(env, "ARBOR_TRAINING_DATA_MAX_BYTES") ?? 64 * 1024 * 1024,

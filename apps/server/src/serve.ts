@@ -58,7 +58,12 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     const address = server.address();
     const port = typeof address === "object" && address ? address.port : config.port;
     logger.info(
-      { port, dataDir: config.dataDir, database: store.dialect },
+      {
+        port,
+        dataDir: config.dataDir,
+        database: store.dialect,
+        engineThreads: config.engineThreads,
+      },
       `Arbor listening on http://${config.host}:${port} (docs at /docs)`,
     );
   });

@@ -121,6 +121,7 @@ export {
 export {
   createWasmKernels,
   defaultKernels,
+  defaultKernelThreads,
   relaxedSimdSupported,
   WasmKernels,
 } from "./wasm/kernels.ts";

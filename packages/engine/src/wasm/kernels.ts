@@ -812,8 +812,8 @@ export function createWasmKernels(
  * Threads for the default kernels: `ARBOR_ENGINE_THREADS` if set, else one per available
  * core. Results are bit-identical whatever the count (work is split by rows and sequences).
  */
-export function defaultKernelThreads(): number {
-  const raw = process.env.ARBOR_ENGINE_THREADS;
+export function defaultKernelThreads(env: NodeJS.ProcessEnv = process.env): number {
+  const raw = env.ARBOR_ENGINE_THREADS;
   if (raw !== undefined && raw !== "") {
     const n = Number(raw);
     if (!Number.isInteger(n) || n < 1 || n > 64)
