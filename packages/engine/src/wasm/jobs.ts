@@ -33,8 +33,6 @@ export const Op = {
   attentionBackward: 3,
   /** attention over `count` stacked sequences from position 0: (out, q, k, v, n, H, KV, hd, scale, scores, count) */
   attentionStacked: 4,
-  /** Nothing (a helper with no share of this call). */
-  idle: 5,
   /** CALLS[args[0]](...args[1..]) with as many arguments as the export takes. */
   call: 6,
 } as const;
@@ -103,8 +101,6 @@ export function runJob(ex: JobExports, op: number, a: Float64Array | number[]): 
       }
       return;
     }
-    case Op.idle:
-      return;
     case Op.call: {
       const fn = ex[CALLS[a[0]!]!];
       fn(...Array.prototype.slice.call(a, 1, 1 + fn.length));

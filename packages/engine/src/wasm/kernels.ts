@@ -141,21 +141,28 @@ export class WasmKernels implements Kernels {
     this.pool = this.threads > 1 ? new ThreadPool(module, this.memory, this.threads - 1) : null;
   }
 
-  /** Runs jobs (at most one per thread; this thread takes the first) and waits for them all. */
+  /** Runs tasks on this thread and the helpers, and returns when all are done. */
   private runJobs(jobs: Job[]): void {
     if (!this.pool || jobs.length === 1) {
       for (const job of jobs) runJob(this.exports, job.op, job.args);
       return;
     }
-    const all = [...jobs];
-    while (all.length < this.threads) all.push({ op: Op.idle, args: [] });
     this.splitCalls++;
-    this.pool.run(this.exports, all);
+    this.pool.run(this.exports, jobs);
   }
 
-  /** How many threads a call of `flops` work should use: small calls stay on this thread. */
+  /**
+   * How many tasks a call of `flops` work is cut into: small calls stay whole on this thread;
+   * larger ones get several tasks per thread, claimed as threads come free, so a thread that
+   * is slow or not scheduled holds up little.
+   */
   private parts(flops: number): number {
-    return this.pool && flops >= PARALLEL_FLOPS ? this.threads : 1;
+    if (!this.pool || flops < PARALLEL_FLOPS) return 1;
+    const perThread = Math.min(
+      MAX_TASKS_PER_THREAD,
+      Math.max(1, Math.floor(flops / FLOPS_PER_TASK)),
+    );
+    return this.threads * perThread;
   }
 
   private ensure(bytes: number): void {
@@ -324,6 +331,7 @@ export class WasmKernels implements Kernels {
       // Rows split in whole 6-row tiles; every element's sum is the same whichever thread runs it.
       const m0 = Math.min(M, Math.round((M * i) / parts / 6) * 6);
       const m1 = i === parts - 1 ? M : Math.min(M, Math.round((M * (i + 1)) / parts / 6) * 6);
+      if (m1 <= m0) continue;
       const o = outOffset + m0 * ldo;
       jobs.push(
         transposedA
@@ -543,7 +551,7 @@ export class WasmKernels implements Kernels {
     const qb = H * hd * 4;
     if (sequences > 1) {
       const kvn = sequences * n * KV * hd;
-      const parts = this.parts(sequences * n * n * H * hd * 2);
+      const parts = Math.min(sequences, this.parts(sequences * n * n * H * hd * 2));
       const [qo, ko, vo, oo, ...scores] = this.stage([
         q.subarray(0, qn),
         keys.subarray(0, kvn),
@@ -589,22 +597,24 @@ export class WasmKernels implements Kernels {
     // Row t costs start + t + 1: split the rows so that each thread gets an equal share.
     const bounds = splitCausal(n, start, parts);
     this.runJobs(
-      bounds.map(([t0, t1], i) => ({
-        op: Op.attention,
-        args: [
-          oo + t0 * qb,
-          qo + t0 * qb,
-          kOff,
-          vOff,
-          t1 - t0,
-          start + t0,
-          H,
-          KV,
-          hd,
-          scale,
-          scores[i]!,
-        ],
-      })),
+      bounds
+        .filter(([t0, t1]) => t1 > t0)
+        .map(([t0, t1], i) => ({
+          op: Op.attention,
+          args: [
+            oo + t0 * qb,
+            qo + t0 * qb,
+            kOff,
+            vOff,
+            t1 - t0,
+            start + t0,
+            H,
+            KV,
+            hd,
+            scale,
+            scores[i]!,
+          ],
+        })),
     );
     this.copyOut(out, oo, qn);
   }
@@ -736,6 +746,10 @@ const CALL = {
   swigluBackward: CALLS.indexOf("swiglu_backward"),
   softmaxRows: CALLS.indexOf("softmax_rows"),
 };
+
+/** A split call gets one task per thread per this many FLOPs, up to MAX_TASKS_PER_THREAD. */
+const FLOPS_PER_TASK = 32 << 20;
+const MAX_TASKS_PER_THREAD = 4;
 
 /** Kernel calls below this many FLOPs stay on the calling thread (a hand-off costs ~5–50 µs). */
 const PARALLEL_FLOPS = 1 << 20;

@@ -1,7 +1,19 @@
-/** A kernel helper thread: instantiates the kernels on the shared arena and runs jobs. */
+/** A kernel helper thread: instantiates the kernels on the shared arena and claims tasks. */
 import { workerData } from "node:worker_threads";
 import { type JobExports, MAX_ARGS, runJob } from "./jobs.ts";
-import { DONE, FAILED, READY, SEQ, SLEEPING, SLOT, SLOTS_BYTE, SPIN_MS } from "./pool.ts";
+import {
+  CALLER_SLEEPING,
+  COUNT,
+  claim,
+  DONE,
+  FAILED,
+  READY,
+  SEQ,
+  SLEEPING,
+  SLOT,
+  SLOTS_BYTE,
+  SPIN_MS,
+} from "./pool.ts";
 
 const { module, memory, control, index } = workerData as {
   module: WebAssembly.Module;
@@ -11,10 +23,7 @@ const { module, memory, control, index } = workerData as {
 };
 const ex = new WebAssembly.Instance(module, { env: { memory } }).exports as unknown as JobExports;
 const i32 = new Int32Array(control);
-const base = (index + 1) * SLOT;
-const slot = new Float64Array(control, SLOTS_BYTE + base * 8, SLOT);
-const args = slot.subarray(1, 1 + MAX_ARGS);
-
+const f64 = new Float64Array(control, SLOTS_BYTE);
 Atomics.add(i32, READY, 1);
 Atomics.notify(i32, READY);
 
@@ -33,10 +42,18 @@ for (;;) {
     }
   }
   seen = seq;
-  try {
-    runJob(ex, slot[0]!, args);
-  } catch {
-    Atomics.store(i32, FAILED, 1);
+  // COUNT may already belong to a later call; then the claim's tag no longer matches `seq`.
+  const count = Atomics.load(i32, COUNT);
+  for (;;) {
+    const t = claim(i32, seq, count);
+    if (t < 0) break;
+    const base = t * SLOT;
+    try {
+      runJob(ex, f64[base]!, f64.subarray(base + 1, base + 1 + MAX_ARGS));
+    } catch {
+      Atomics.store(i32, FAILED, 1);
+    }
+    Atomics.add(i32, DONE, 1);
+    if (Atomics.load(i32, CALLER_SLEEPING) === 1) Atomics.notify(i32, DONE);
   }
-  Atomics.add(i32, DONE, 1);
 }
