@@ -5,6 +5,7 @@ import { tinyModel } from "../test-fixtures.ts";
 import { lossAndGradients } from "../train.ts";
 import { parameters, zerosLike } from "../weights.ts";
 import { createWasmKernels, defaultKernelThreads } from "./kernels.ts";
+import { CLAIM, claim } from "./pool.ts";
 
 function random(n: number, rng: Rng): Float32Array {
   const a = new Float32Array(n);
@@ -119,6 +120,29 @@ describe("kernels on worker threads", () => {
     expect(two.splitCalls - before).toBeGreaterThan(10);
     expect(threaded.loss).toBe(single.loss);
     expect(threaded.grads).toEqual(single.grads);
+  });
+
+  it("when many split calls run back to back on more threads than cores, then every task runs once", () => {
+    // Accumulating calls: a task run twice, or skipped, would change the sum.
+    const rng = new Rng(12);
+    const [M, N, K] = [96, 64, 96];
+    const a = random(M * K, rng);
+    const w = random(N * K, rng);
+    const [single, threaded] = [new Float32Array(M * N), new Float32Array(M * N)];
+    const before = three.splitCalls;
+    for (let i = 0; i < 200; i++) {
+      one.matmulNT(single, a, w, M, N, K, true, 1);
+      three.matmulNT(threaded, a, w, M, N, K, true, 1);
+    }
+    expect(three.splitCalls - before).toBe(200);
+    expect(threaded).toEqual(single);
+  });
+
+  it("when a claim names another call or the tasks are used up, then nothing is claimed", () => {
+    const i32 = new Int32Array(new SharedArrayBuffer(64));
+    Atomics.store(i32, CLAIM, 7 << 8);
+    expect([claim(i32, 7, 2), claim(i32, 7, 2), claim(i32, 7, 2)]).toEqual([0, 1, -1]);
+    expect(claim(i32, 6, 5)).toBe(-1);
   });
 
   it("when ARBOR_ENGINE_THREADS is set, then the default kernels use it, and a bad value is refused", () => {
