@@ -752,7 +752,7 @@ const FLOPS_PER_TASK = 32 << 20;
 const MAX_TASKS_PER_THREAD = 4;
 
 /** Kernel calls below this many FLOPs stay on the calling thread (a hand-off costs ~5–50 µs). */
-const PARALLEL_FLOPS = 1 << 20;
+const PARALLEL_FLOPS = 1 << 22;
 
 /** [from, to) ranges splitting `count` items into `parts` nearly equal runs. */
 function splitEven(count: number, parts: number): [number, number][] {

@@ -62,7 +62,7 @@ describe("kernels on worker threads", () => {
     const keys = random((start + n) * KV * hd, rng);
     const values = random((start + n) * KV * hd, rng);
     const S = 5;
-    const T = 40;
+    const T = 48;
     const qs = random(S * T * H * hd, rng);
     const ks = random(S * T * KV * hd, rng);
     const vs = random(S * T * KV * hd, rng);
@@ -99,7 +99,7 @@ describe("kernels on worker threads", () => {
 
   it("when a training step's forward and backward run on 2 threads, then loss and gradients have the same bits", () => {
     const model = tinyModel(5, { hiddenSize: 64, intermediateSize: 128, headDim: 32 });
-    const [B, T] = [4, 48];
+    const [B, T] = [8, 48];
     const rng = new Rng(9);
     const vocab = model.config.vocabSize;
     const batch = {
@@ -125,7 +125,7 @@ describe("kernels on worker threads", () => {
   it("when many split calls run back to back on more threads than cores, then every task runs once", () => {
     // Accumulating calls: a task run twice, or skipped, would change the sum.
     const rng = new Rng(12);
-    const [M, N, K] = [96, 64, 96];
+    const [M, N, K] = [192, 128, 96];
     const a = random(M * K, rng);
     const w = random(N * K, rng);
     const [single, threaded] = [new Float32Array(M * N), new Float32Array(M * N)];
