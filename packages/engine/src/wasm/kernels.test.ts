@@ -169,6 +169,22 @@ describe("WASM kernels", () => {
         expectClose(got1, want1, 1e-5);
       }
 
+      // A cache refilled from position 0 (reused for a new sequence): decode must not read the
+      // arena mirror of the old contents.
+      for (const pos of [0, 1, 2]) {
+        const q1 = random(H * hd, rng);
+        kernels.attention(new Float32Array(H * hd), q1, cacheK, cacheV, 1, pos, H, KV, hd);
+      }
+      cacheK.set(random(12 * KV * hd, rng));
+      cacheV.set(random(12 * KV * hd, rng));
+      const qPrefill = random(3 * H * hd, rng);
+      kernels.attention(new Float32Array(3 * H * hd), qPrefill, cacheK, cacheV, 3, 0, H, KV, hd);
+      const qNext = random(H * hd, rng);
+      const [wantNext, gotNext] = [new Float32Array(H * hd), new Float32Array(H * hd)];
+      jsKernels.attention(wantNext, qNext, cacheK, cacheV, 1, 3, H, KV, hd);
+      kernels.attention(gotNext, qNext, cacheK, cacheV, 1, 3, H, KV, hd);
+      expectClose(gotNext, wantNext, 1e-5);
+
       // Backward over a whole sequence of 7 rows, accumulating into non-zero gradients.
       const T = 7;
       const qs = random(T * H * hd, rng);

@@ -4,7 +4,7 @@ import { availableParallelism } from "node:os";
 import { jsKernels, type Kernels, type Workspace } from "../kernels.ts";
 import { ArenaAllocator, align } from "./arena.ts";
 import { CALLS, Op, runJob } from "./jobs.ts";
-import { type Job, ThreadPool } from "./pool.ts";
+import { type Job, MAX_TASKS, ThreadPool } from "./pool.ts";
 
 type Gemm = (
   out: number,
@@ -93,6 +93,7 @@ interface KernelExports {
 
 interface Packed {
   offset: number;
+  bytes: number;
   version: number;
   N: number;
 }
@@ -133,12 +134,17 @@ export class WasmKernels implements Kernels {
 
   constructor(bytes: Uint8Array, name: string, threads = 1) {
     this.name = name;
-    this.threads = Math.max(1, Math.floor(threads));
+    this.threads = Math.min(MAX_THREADS, Math.max(1, Math.floor(threads)));
     this.memory = new WebAssembly.Memory({ initial: 256, maximum: 65536, shared: true });
     const module = new WebAssembly.Module(bytes);
     const instance = new WebAssembly.Instance(module, { env: { memory: this.memory } });
     this.exports = instance.exports as unknown as KernelExports;
     this.pool = this.threads > 1 ? new ThreadPool(module, this.memory, this.threads - 1) : null;
+  }
+
+  /** Stops the helper threads (they are unref'd: needed only to free them early). */
+  async close(): Promise<void> {
+    await this.pool?.close();
   }
 
   /** Runs tasks on this thread and the helpers, and returns when all are done. */
@@ -162,7 +168,7 @@ export class WasmKernels implements Kernels {
       MAX_TASKS_PER_THREAD,
       Math.max(1, Math.floor(flops / FLOPS_PER_TASK)),
     );
-    return this.threads * perThread;
+    return Math.min(MAX_TASKS, this.threads * perThread);
   }
 
   private ensure(bytes: number): void {
@@ -171,10 +177,10 @@ export class WasmKernels implements Kernels {
   }
 
   /** An arena block of `bytes` that lives as long as `owner`. */
-  private slot(owner: Float32Array, bytes: number): number {
+  private slot(owner: Float32Array, bytes: number, token?: object): number {
     const offset = this.heap.alloc(bytes);
     this.ensure(this.heap.top);
-    this.reclaim.register(owner, { offset, size: bytes });
+    this.reclaim.register(owner, { offset, size: bytes }, token);
     return offset;
   }
 
@@ -238,7 +244,14 @@ export class WasmKernels implements Kernels {
     let cached = cache.get(array);
     if (cached && cached.version === version && cached.N === N) return cached.offset;
     if (!cached || cached.N !== N) {
-      cached = { offset: this.slot(array, panelBytes(N, K)), version, N };
+      if (cached) {
+        // Re-shaped: free the old block now rather than when the array is collected.
+        this.reclaim.unregister(cached);
+        this.heap.free(cached.offset, cached.bytes);
+      }
+      const bytes = panelBytes(N, K);
+      cached = { offset: 0, bytes, version, N };
+      cached.offset = this.slot(array, bytes, cached);
       cache.set(array, cached);
     }
     cached.version = version;
@@ -262,7 +275,8 @@ export class WasmKernels implements Kernels {
 
   /**
    * Arena offset of a mirror of an append-only cache array, synced up to `valid` floats.
-   * Rows before `fresh` are assumed unchanged since the last sync (a cache only appends).
+   * Rows before `fresh` are assumed unchanged since the last sync (a cache only appends, or is
+   * rewound; a refill from position 0 resets the mirror, see `attention`).
    */
   private mirror(array: Float32Array, fresh: number, valid: number): number {
     let entry = this.mirrors.get(array);
@@ -495,6 +509,8 @@ export class WasmKernels implements Kernels {
       w,
     ]) as [number, number, number, number, number, number];
     const b = D * 4;
+    // The weight gradient sums over rows: one thread, rows in order; first, in case dx is dy.
+    this.exports.rms_norm_dw(dwo, dyo, xo, io, rows, D);
     this.byRows(CALL.rmsNormBackward, rows, rows * D * 8, (r0, r1) => [
       dxo + r0 * b,
       dyo + r0 * b,
@@ -504,8 +520,6 @@ export class WasmKernels implements Kernels {
       r1 - r0,
       D,
     ]);
-    // The weight gradient sums over rows: one thread, rows in order.
-    this.exports.rms_norm_dw(dwo, dyo, xo, io, rows, D);
     this.copyOut(dx, dxo, rows * D);
     this.copyOut(dw, dwo, D);
   }
@@ -581,7 +595,14 @@ export class WasmKernels implements Kernels {
       return;
     }
     const span = (start + n) * KV * hd;
-    // Decoding against a KV cache: keep an arena mirror of it and copy only the new rows.
+    // Decoding against a KV cache: keep an arena mirror of it and copy only the new rows. A call
+    // from position 0 (re)fills the cache: whatever the mirror held is stale from then on.
+    if (start === 0) {
+      for (const array of [keys, values]) {
+        const entry = this.mirrors.get(array);
+        if (entry) entry.synced = 0;
+      }
+    }
     const ko = start > 0 ? this.mirror(keys, start * KV * hd, span) : -1;
     const vo = start > 0 ? this.mirror(values, start * KV * hd, span) : -1;
     const parts = this.parts(n * (start + n) * H * hd * 2);
@@ -807,6 +828,9 @@ const simdBytes = readFileSync(new URL("./kernels-simd.wasm", import.meta.url));
 /** Whether this runtime accepts relaxed-SIMD (decided once, by WebAssembly.validate). */
 export const relaxedSimdSupported = WebAssembly.validate(relaxedBytes);
 
+/** The most threads one kernel set uses (the calling thread and its helpers). */
+export const MAX_THREADS = 64;
+
 export interface WasmKernelOptions {
   /** Threads sharing each large kernel call, this one included (default 1). */
   threads?: number;
@@ -830,13 +854,13 @@ export function defaultKernelThreads(env: NodeJS.ProcessEnv = process.env): numb
   const raw = env.ARBOR_ENGINE_THREADS;
   if (raw !== undefined && raw !== "") {
     const n = Number(raw);
-    if (!Number.isInteger(n) || n < 1 || n > 64)
+    if (!Number.isInteger(n) || n < 1 || n > MAX_THREADS)
       throw new Error(
-        `ARBOR_ENGINE_THREADS must be an integer from 1 to 64, got ${JSON.stringify(raw)}`,
+        `ARBOR_ENGINE_THREADS must be an integer from 1 to ${MAX_THREADS}, got ${JSON.stringify(raw)}`,
       );
     return n;
   }
-  return availableParallelism();
+  return Math.min(availableParallelism(), MAX_THREADS);
 }
 
 let shared: WasmKernels | null = null;

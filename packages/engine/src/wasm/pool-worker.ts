@@ -3,11 +3,11 @@ import { workerData } from "node:worker_threads";
 import { type JobExports, MAX_ARGS, runJob } from "./jobs.ts";
 import {
   CALLER_SLEEPING,
-  COUNT,
   claim,
   DONE,
   FAILED,
   READY,
+  recordError,
   SEQ,
   SLEEPING,
   SLOT,
@@ -21,9 +21,10 @@ const { module, memory, control, index } = workerData as {
   control: SharedArrayBuffer;
   index: number;
 };
-const ex = new WebAssembly.Instance(module, { env: { memory } }).exports as unknown as JobExports;
 const i32 = new Int32Array(control);
 const f64 = new Float64Array(control, SLOTS_BYTE);
+// A failure here (or to load this module) is reported by the entry that imported it.
+const ex = new WebAssembly.Instance(module, { env: { memory } }).exports as unknown as JobExports;
 Atomics.add(i32, READY, 1);
 Atomics.notify(i32, READY);
 
@@ -42,15 +43,14 @@ for (;;) {
     }
   }
   seen = seq;
-  // COUNT may already belong to a later call; then the claim's tag no longer matches `seq`.
-  const count = Atomics.load(i32, COUNT);
   for (;;) {
-    const t = claim(i32, seq, count);
+    const t = claim(i32, seq);
     if (t < 0) break;
     const base = t * SLOT;
     try {
       runJob(ex, f64[base]!, f64.subarray(base + 1, base + 1 + MAX_ARGS));
-    } catch {
+    } catch (error) {
+      recordError(i32, error);
       Atomics.store(i32, FAILED, 1);
     }
     Atomics.add(i32, DONE, 1);
