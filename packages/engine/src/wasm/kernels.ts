@@ -130,7 +130,7 @@ export class WasmKernels implements Kernels {
   readonly threads: number;
   /** Kernel calls so far that were split among threads. */
   splitCalls = 0;
-  private readonly pool: ThreadPool | null;
+  private pool: ThreadPool | null;
 
   constructor(bytes: Uint8Array, name: string, threads = 1) {
     this.name = name;
@@ -142,9 +142,14 @@ export class WasmKernels implements Kernels {
     this.pool = this.threads > 1 ? new ThreadPool(module, this.memory, this.threads - 1) : null;
   }
 
-  /** Stops the helper threads (they are unref'd: needed only to free them early). */
+  /**
+   * Stops the helper threads (they are unref'd: needed only to free them early); later calls
+   * run on the calling thread alone.
+   */
   async close(): Promise<void> {
-    await this.pool?.close();
+    const pool = this.pool;
+    this.pool = null;
+    await pool?.close();
   }
 
   /** Runs tasks on this thread and the helpers, and returns when all are done. */

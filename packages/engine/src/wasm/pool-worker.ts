@@ -50,10 +50,11 @@ for (;;) {
     try {
       runJob(ex, f64[base]!, f64.subarray(base + 1, base + 1 + MAX_ARGS));
     } catch (error) {
-      recordError(i32, error);
       Atomics.store(i32, FAILED, 1);
+      recordError(i32, error);
+    } finally {
+      Atomics.add(i32, DONE, 1);
+      if (Atomics.load(i32, CALLER_SLEEPING) === 1) Atomics.notify(i32, DONE);
     }
-    Atomics.add(i32, DONE, 1);
-    if (Atomics.load(i32, CALLER_SLEEPING) === 1) Atomics.notify(i32, DONE);
   }
 }

@@ -40,7 +40,11 @@ const HELPER_ENTRY = `
 const { workerData } = require("node:worker_threads");
 import(workerData.script).catch((error) => {
   const i32 = new Int32Array(workerData.control);
-  const text = new TextEncoder().encode(String((error && error.stack) || error)).subarray(0, ${ERROR_BYTES});
+  let message = "a helper thread failed (its error could not be printed)";
+  try {
+    message = String((error && error.stack) || error);
+  } catch {}
+  const text = new TextEncoder().encode(message).subarray(0, ${ERROR_BYTES});
   if (Atomics.compareExchange(i32, ${ERROR_LENGTH}, 0, -1) === 0) {
     new Uint8Array(workerData.control, ${ERROR_BYTE}, text.length).set(text);
     Atomics.store(i32, ${ERROR_LENGTH}, text.length);
@@ -71,6 +75,7 @@ export class ThreadPool {
   private readonly workers: Worker[] = [];
   private seq = 0;
   private started = false;
+  private closed = false;
   private failure: unknown = null;
 
   constructor(
@@ -101,11 +106,15 @@ export class ThreadPool {
 
   /** Runs the tasks on this thread and the helpers (in any order) and waits for them all. */
   run(local: JobExports, tasks: readonly Job[]): void {
+    if (this.closed) throw new Error("thread pool: closed");
     if (tasks.length > MAX_TASKS) throw new Error(`thread pool: at most ${MAX_TASKS} tasks`);
     if (this.failure) throw new Error("thread pool: a helper thread died", { cause: this.failure });
     if (!this.started) this.awaitStart();
+    this.checkHelpers();
     const { i32, f64 } = this;
     tasks.forEach((task, t) => {
+      if (task.args.length > MAX_ARGS)
+        throw new Error(`thread pool: at most ${MAX_ARGS} arguments`);
       const base = t * SLOT;
       f64[base] = task.op;
       for (let a = 0; a < task.args.length; a++) f64[base + 1 + a] = task.args[a]!;
@@ -113,6 +122,7 @@ export class ThreadPool {
     this.seq = (this.seq + 1) & 0x7fff;
     Atomics.store(i32, DONE, 0);
     Atomics.store(i32, FAILED, 0);
+    Atomics.store(i32, ERROR_LENGTH, 0);
     Atomics.store(i32, CLAIM, (this.seq << 16) | (tasks.length << 8));
     Atomics.store(i32, SEQ, this.seq);
     for (let i = 0; i < this.helpers; i++) {
@@ -136,8 +146,9 @@ export class ThreadPool {
     const until = performance.now() + CALLER_SPIN_MS;
     for (let done = Atomics.load(i32, DONE), spins = 0; done < tasks.length; spins++) {
       if ((spins & 63) === 63 && performance.now() > until) {
-        if (this.failure)
-          throw new Error("thread pool: a helper thread died", { cause: this.failure });
+        // A helper's own loop never throws (task errors are caught); one that failed anyway
+        // was counted by its entry in START_FAILED.
+        this.checkHelpers();
         Atomics.store(i32, CALLER_SLEEPING, 1);
         Atomics.wait(i32, DONE, done, 10);
         Atomics.store(i32, CALLER_SLEEPING, 0);
@@ -156,6 +167,8 @@ export class ThreadPool {
       const ready = Atomics.load(this.i32, READY);
       if (Atomics.load(this.i32, START_FAILED) > 0)
         throw new Error(`thread pool: a helper thread failed to start: ${this.errorText()}`);
+      if (this.failure)
+        throw new Error("thread pool: a helper thread died", { cause: this.failure });
       if (ready >= this.helpers) break;
       if (this.failure)
         throw new Error("thread pool: a helper thread died", { cause: this.failure });
@@ -166,15 +179,26 @@ export class ThreadPool {
     this.started = true;
   }
 
+  /** Throws if a helper thread has failed (the pool is then unusable). */
+  private checkHelpers(): void {
+    if (Atomics.load(this.i32, START_FAILED) > 0)
+      throw new Error(`thread pool: a helper thread failed: ${this.errorText()}`);
+  }
+
   /** The first error a helper recorded. */
   private errorText(): string {
-    const length = Math.max(0, Atomics.load(this.i32, ERROR_LENGTH));
+    let length = Atomics.load(this.i32, ERROR_LENGTH);
+    // −1 while another thread writes it.
+    for (let spins = 0; length < 0 && spins < 1_000_000; spins++)
+      length = Atomics.load(this.i32, ERROR_LENGTH);
+    length = Math.max(0, length);
     const bytes = new Uint8Array(this.i32.buffer, ERROR_BYTE, length).slice();
     return new TextDecoder().decode(bytes) || "unknown error";
   }
 
   /** Stops the helpers (they are unref'd, so this is only needed to free them early). */
   async close(): Promise<void> {
+    this.closed = true;
     await Promise.all(this.workers.map((w) => w.terminate()));
   }
 }
@@ -197,7 +221,10 @@ export function claim(i32: Int32Array, tag: number): number {
 
 /** Records `error`'s text in the control block unless an earlier error is there. */
 export function recordError(i32: Int32Array, error: unknown): void {
-  const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  let text = "a kernel task failed (its error could not be printed)";
+  try {
+    text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  } catch {}
   const bytes = new TextEncoder().encode(text).subarray(0, ERROR_BYTES);
   if (Atomics.compareExchange(i32, ERROR_LENGTH, 0, -1) !== 0) return;
   new Uint8Array(i32.buffer, ERROR_BYTE, bytes.length).set(bytes);

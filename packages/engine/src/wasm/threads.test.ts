@@ -192,6 +192,20 @@ describe("kernels on worker threads", () => {
     ).toThrow(/failed to start: .*no-such-helper/);
   });
 
+  it("when the kernels are closed, then their helpers stop and later calls run on this thread", async () => {
+    const kernels = createWasmKernels("auto", { threads: 2 });
+    const rng = new Rng(21);
+    const [M, N, K] = [192, 128, 96];
+    const [a, w] = [random(M * K, rng), random(N * K, rng)];
+    const [before, after] = [new Float32Array(M * N), new Float32Array(M * N)];
+    kernels.matmulNT(before, a, w, M, N, K, false, 1);
+    await kernels.close();
+    const split = kernels.splitCalls;
+    kernels.matmulNT(after, a, w, M, N, K, false, 1);
+    expect(kernels.splitCalls).toBe(split);
+    expect(after).toEqual(before);
+  });
+
   it("when a claim names another call or the tasks are used up, then nothing is claimed", () => {
     const i32 = new Int32Array(new SharedArrayBuffer(64));
     Atomics.store(i32, CLAIM, (7 << 16) | (2 << 8));
