@@ -1,4 +1,4 @@
-import type { Kernels, Workspace } from "./kernels.ts";
+import { type Kernels, type Workspace, withWorkspace } from "./kernels.ts";
 import { addLoraRows, type LoraAdapter } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
 
@@ -37,12 +37,7 @@ export function forwardBatch(
   kernels: Kernels,
   items: readonly ForwardItem[],
 ): Float32Array[] {
-  const ws = kernels.workspace();
-  try {
-    return forwardBatchIn(ws, model, kernels, items);
-  } finally {
-    ws.release();
-  }
+  return withWorkspace(kernels, (ws) => forwardBatchIn(ws, model, kernels, items));
 }
 
 function forwardBatchIn(

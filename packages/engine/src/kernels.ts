@@ -6,6 +6,16 @@ export interface Workspace {
   release(): void;
 }
 
+/** Runs `f` with a fresh workspace of `kernels`, released afterwards whatever happens. */
+export function withWorkspace<T>(kernels: Kernels, f: (ws: Workspace) => T): T {
+  const ws = kernels.workspace();
+  try {
+    return f(ws);
+  } finally {
+    ws.release();
+  }
+}
+
 /**
  * The compute kernels the model runs on. Every output element is summed in the same order
  * whatever the number of rows, so a sequence gives the same numbers alone or in a batch.

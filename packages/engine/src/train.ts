@@ -1,4 +1,4 @@
-import type { Kernels, Workspace } from "./kernels.ts";
+import { type Kernels, type Workspace, withWorkspace } from "./kernels.ts";
 import type { LinearHooks } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
 import type { ModelWeights } from "./weights.ts";
@@ -64,12 +64,9 @@ export function lossAndGradients(
   grads: ModelWeights | null,
   options: LossOptions = {},
 ): LossResult {
-  const ws = kernels.workspace();
-  try {
-    return lossAndGradientsIn(ws, model, kernels, batch, grads, options);
-  } finally {
-    ws.release();
-  }
+  return withWorkspace(kernels, (ws) =>
+    lossAndGradientsIn(ws, model, kernels, batch, grads, options),
+  );
 }
 
 function lossAndGradientsIn(

@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { jsKernels, type Kernels, type Workspace } from "../kernels.ts";
 import { ArenaAllocator, align } from "./arena.ts";
-import { CALLS, Op, runJob } from "./jobs.ts";
+import { type CALLS, call, Op, runJob } from "./jobs.ts";
 import { type Job, MAX_TASKS, ThreadPool } from "./pool.ts";
 
 type Gemm = (
@@ -370,10 +370,7 @@ export class WasmKernels implements Kernels {
                 this.tnChunk,
               ],
             }
-          : {
-              op: Op.gemm,
-              args: [o, ldo, aOffset + m0 * lda, lda, panels!, K * 32, m1 - m0, N, K, acc],
-            },
+          : call("gemm", [o, ldo, aOffset + m0 * lda, lda, panels!, K * 32, m1 - m0, N, K, acc]),
       );
     }
     this.runJobs(jobs);
@@ -440,22 +437,17 @@ export class WasmKernels implements Kernels {
   }
 
   /**
-   * Runs a row-wise kernel (`CALLS[call]`) over `rows` rows, split among threads when the
-   * call is large: `args(r0, r1)` gives the kernel's arguments for rows [r0, r1).
+   * Runs a row-wise kernel over `rows` rows, split among threads when the call is large:
+   * `args(r0, r1)` gives the kernel's arguments for rows [r0, r1).
    */
   private byRows(
-    call: number,
+    kernel: (typeof CALLS)[number],
     rows: number,
     work: number,
     args: (r0: number, r1: number) => number[],
   ): void {
     const parts = Math.min(rows, this.parts(work));
-    this.runJobs(
-      splitEven(rows, Math.max(parts, 1)).map(([r0, r1]) => ({
-        op: Op.call,
-        args: [call, ...args(r0, r1)],
-      })),
-    );
+    this.runJobs(splitEven(rows, Math.max(parts, 1)).map(([r0, r1]) => call(kernel, args(r0, r1))));
   }
 
   rmsNorm(
@@ -478,7 +470,7 @@ export class WasmKernels implements Kernels {
       inv ? this.output(inv, rows) : rows,
     ]) as [number, number, number, number];
     const b = D * 4;
-    this.byRows(CALL.rmsNorm, rows, rows * D * 8, (r0, r1) => [
+    this.byRows("rms_norm", rows, rows * D * 8, (r0, r1) => [
       oo + r0 * b,
       io + r0 * 4,
       xo + r0 * b,
@@ -516,7 +508,7 @@ export class WasmKernels implements Kernels {
     const b = D * 4;
     // The weight gradient sums over rows: one thread, rows in order; first, in case dx is dy.
     this.exports.rms_norm_dw(dwo, dyo, xo, io, rows, D);
-    this.byRows(CALL.rmsNormBackward, rows, rows * D * 8, (r0, r1) => [
+    this.byRows("rms_norm_backward", rows, rows * D * 8, (r0, r1) => [
       dxo + r0 * b,
       dyo + r0 * b,
       xo + r0 * b,
@@ -540,7 +532,7 @@ export class WasmKernels implements Kernels {
       this.output(out, n),
     ]) as [number, number, number];
     // Split in runs of 4 floats (one vector).
-    this.byRows(CALL.swiglu, n / 4, n * 16, (r0, r1) => [
+    this.byRows("swiglu", n / 4, n * 16, (r0, r1) => [
       oo + r0 * 16,
       go + r0 * 16,
       uo + r0 * 16,
@@ -625,9 +617,8 @@ export class WasmKernels implements Kernels {
     this.runJobs(
       bounds
         .filter(([t0, t1]) => t1 > t0)
-        .map(([t0, t1], i) => ({
-          op: Op.attention,
-          args: [
+        .map(([t0, t1], i) =>
+          call("attention", [
             oo + t0 * qb,
             qo + t0 * qb,
             kOff,
@@ -639,8 +630,8 @@ export class WasmKernels implements Kernels {
             hd,
             scale,
             scores[i]!,
-          ],
-        })),
+          ]),
+        ),
     );
     this.copyOut(out, oo, qn);
   }
@@ -724,7 +715,7 @@ export class WasmKernels implements Kernels {
       this.output(dGate, n),
       this.output(dUp, n),
     ]) as [number, number, number, number, number];
-    this.byRows(CALL.swigluBackward, n / 4, n * 24, (r0, r1) => {
+    this.byRows("swiglu_backward", n / 4, n * 24, (r0, r1) => {
       const o = r0 * 16;
       return [dgo + o, duo + o, dOutO + o, go + o, uo + o, (r1 - r0) * 4];
     });
@@ -750,7 +741,7 @@ export class WasmKernels implements Kernels {
       this.output(rowMax, rows),
       this.output(rowSum, rows),
     ]) as [number, number, number, number];
-    this.byRows(CALL.softmaxRows, rows, rows * cols * 16, (r0, r1) => [
+    this.byRows("softmax_rows", rows, rows * cols * 16, (r0, r1) => [
       xo + r0 * cols * 4,
       r1 - r0,
       cols,
@@ -763,15 +754,6 @@ export class WasmKernels implements Kernels {
     this.copyOut(rowSum, sumo, rows);
   }
 }
-
-/** Indices of row-wise kernels in CALLS. */
-const CALL = {
-  rmsNorm: CALLS.indexOf("rms_norm"),
-  rmsNormBackward: CALLS.indexOf("rms_norm_backward"),
-  swiglu: CALLS.indexOf("swiglu"),
-  swigluBackward: CALLS.indexOf("swiglu_backward"),
-  softmaxRows: CALLS.indexOf("softmax_rows"),
-};
 
 /** A split call gets one task per thread per this many FLOPs, up to MAX_TASKS_PER_THREAD. */
 const FLOPS_PER_TASK = 32 << 20;

@@ -5,7 +5,7 @@ import { Rng } from "../rng.ts";
 import { tinyModel } from "../test-fixtures.ts";
 import { lossAndGradients } from "../train.ts";
 import { parameters, zerosLike } from "../weights.ts";
-import { type JobExports, Op } from "./jobs.ts";
+import { call, type JobExports } from "./jobs.ts";
 import { createWasmKernels, defaultKernelThreads } from "./kernels.ts";
 import { CLAIM, claim, ThreadPool } from "./pool.ts";
 
@@ -140,42 +140,6 @@ describe("kernels on worker threads", () => {
     expect(threaded).toEqual(single);
   });
 
-  it("when calls of few and of many tasks alternate on more threads than cores, then no task runs twice", () => {
-    // A helper late for one call must not claim tasks of the next (they would run twice).
-    const six = createWasmKernels("auto", { threads: 6 });
-    const internals = six as unknown as {
-      exports: JobExports & { pack_w: (...args: number[]) => void };
-      pool: ThreadPool;
-      memory: WebAssembly.Memory;
-    };
-    const { exports: ex, pool, memory } = internals;
-    memory.grow(16);
-    const f = new Float32Array(memory.buffer);
-    const [A, P, W, OUT] = [1 << 16, 2 << 16, 3 << 16, 4 << 16];
-    const [K, N, T] = [4, 8, 250];
-    f.fill(1, A / 4, A / 4 + T * K);
-    f.fill(1, W / 4, W / 4 + N * K);
-    ex.pack_w(P, W, N, K, K * 32);
-    f.fill(0, OUT / 4, OUT / 4 + T * N);
-    // Each task adds K to its own output row: a row's final value counts its runs.
-    const tasks = (n: number) =>
-      Array.from({ length: n }, (_, t) => ({
-        op: Op.gemm,
-        args: [OUT + t * N * 4, N * 4, A + t * K * 4, K * 4, P, K * 32, 1, N, K, 1],
-      }));
-    const [few, many] = [tasks(2), tasks(T)];
-    const runs = new Float64Array(T);
-    for (let call = 0; call < 6000; call++) {
-      const list = call % 2 ? many : few;
-      pool.run(ex, list);
-      for (let t = 0; t < list.length; t++) runs[t] = runs[t]! + 1;
-    }
-    let wrong = 0;
-    for (let t = 0; t < T; t++) if (f[OUT / 4 + t * N] !== runs[t]! * K) wrong++;
-    expect(wrong).toBe(0);
-    void six.close();
-  });
-
   it("when a helper cannot load, then the first split call fails at once, saying why", () => {
     const memory = new WebAssembly.Memory({ initial: 1, maximum: 16, shared: true });
     const pool = new ThreadPool(
@@ -184,12 +148,9 @@ describe("kernels on worker threads", () => {
       1,
       new URL("./no-such-helper.ts", import.meta.url),
     );
-    expect(() =>
-      pool.run({} as JobExports, [
-        { op: Op.gemm, args: [] },
-        { op: Op.gemm, args: [] },
-      ]),
-    ).toThrow(/failed to start: .*no-such-helper/);
+    expect(() => pool.run({} as JobExports, [call("gemm", []), call("gemm", [])])).toThrow(
+      /failed to start: .*no-such-helper/,
+    );
   });
 
   it("when the kernels are closed, then their helpers stop and later calls run on this thread", async () => {
@@ -210,7 +171,8 @@ describe("kernels on worker threads", () => {
     const i32 = new Int32Array(new SharedArrayBuffer(64));
     Atomics.store(i32, CLAIM, (7 << 16) | (2 << 8));
     expect([claim(i32, 7), claim(i32, 7), claim(i32, 7)]).toEqual([0, 1, -1]);
-    // A thread still on call 7 finds call 8 published: the tag differs, whatever its size.
+    // A helper late for call 7 finds call 8 published: the tag differs, whatever its size, so
+    // it cannot run a task of call 8 as if it were of call 7 (which would run it twice).
     Atomics.store(i32, CLAIM, (8 << 16) | (250 << 8));
     expect(claim(i32, 7)).toBe(-1);
     expect(claim(i32, 8)).toBe(0);
