@@ -1,12 +1,11 @@
 #!/usr/bin/env node
 import { existsSync, readFileSync } from "node:fs";
-import { homedir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline/promises";
 import { parseArgs } from "node:util";
 import { createArborClient } from "@arbor/client";
-import { serve } from "@arbor/server";
-import { openStore } from "@arbor/store";
+import { ADMIN_KEY_FILE, serve } from "@arbor/server";
+import { openStore, storeOptionsFromEnv } from "@arbor/store";
 import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
 import * as remote from "./remote.ts";
 
@@ -79,10 +78,7 @@ async function main(argv: string[]): Promise<void> {
     await runRemote(key, group, command, values, positionals);
     return;
   }
-  const store = await openStore({
-    dataDir: process.env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
-    databaseUrl: process.env.DATABASE_URL || undefined,
-  });
+  const store = await openStore(storeOptionsFromEnv());
   try {
     switch (key) {
       case "keys create":
@@ -143,12 +139,8 @@ async function main(argv: string[]): Promise<void> {
 
 type Values = Record<string, string | boolean | undefined>;
 
-function dataDir(): string {
-  return process.env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor");
-}
-
 function remoteClient() {
-  const keyFile = join(dataDir(), "admin.key");
+  const keyFile = join(storeOptionsFromEnv().dataDir, ADMIN_KEY_FILE);
   const apiKey =
     process.env.ARBOR_API_KEY ??
     (existsSync(keyFile) ? readFileSync(keyFile, "utf8").trim() : undefined);

@@ -13,5 +13,9 @@ describe("configFromEnv", () => {
   it("when a port or a positive integer setting is bad, then it fails naming the setting", () => {
     expect(() => configFromEnv({ ARBOR_PORT: "70000" })).toThrow(/ARBOR_PORT/);
     expect(() => configFromEnv({ ARBOR_WORKER_LEASE_MS: "0" })).toThrow(/ARBOR_WORKER_LEASE_MS/);
+    // A typo must not lift the cap on downloaded training data (NaN would).
+    expect(() => configFromEnv({ ARBOR_TRAINING_DATA_MAX_BYTES: "64MB" })).toThrow(
+      /ARBOR_TRAINING_DATA_MAX_BYTES must be a positive integer/,
+    );
   });
 });

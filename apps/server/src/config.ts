@@ -1,6 +1,6 @@
-import { homedir } from "node:os";
-import { join } from "node:path";
 import { defaultKernelThreads } from "@arbor/engine";
+import { storeOptionsFromEnv } from "@arbor/store";
+import { workerSettingsFromEnv } from "@arbor/worker";
 import type { RateLimits } from "./http/rate-limit.ts";
 import { parseUpstreams, type Upstreams } from "./modules/inference/upstream.ts";
 
@@ -75,23 +75,22 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
     throw new Error(`ARBOR_PORT must be a port number, got "${env.ARBOR_PORT}"`);
   }
+  const store = storeOptionsFromEnv(env);
+  const worker = workerSettingsFromEnv(env);
   return {
     ...defaultAppConfig(),
     roles: parseRoles(env.ARBOR_ROLES),
     host: env.ARBOR_HOST ?? "127.0.0.1",
     port,
-    dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
-    databaseUrl: env.DATABASE_URL || undefined,
-    databaseSchema: env.ARBOR_DATABASE_SCHEMA || undefined,
+    dataDir: store.dataDir,
+    databaseUrl: store.databaseUrl,
+    databaseSchema: store.schema,
     logLevel: env.ARBOR_LOG_LEVEL ?? "info",
     engineThreads: defaultKernelThreads(env),
     embeddedWorker: env.ARBOR_EMBEDDED_WORKER !== "off",
-    workerLeaseMs: positive(env, "ARBOR_WORKER_LEASE_MS") ?? 60_000,
-    maxTrainingDataBytes: positive(env, "ARBOR_TRAINING_DATA_MAX_BYTES") ?? 64 * 1024 * 1024,
-    trainingDataAllowHosts: (env.ARBOR_TRAINING_DATA_ALLOW_HOSTS ?? "")
-      .split(",")
-      .map((h) => h.trim())
-      .filter(Boolean),
+    workerLeaseMs: worker.leaseMs,
+    maxTrainingDataBytes: worker.maxTrainingDataBytes,
+    trainingDataAllowHosts: worker.allowHosts,
     upstreams: parseUpstreams(env.ARBOR_UPSTREAMS),
     rateLimits: {
       keyRequestsPerMinute: positive(env, "ARBOR_KEY_RPM"),

@@ -24,4 +24,5 @@ export {
 export { EmbeddedWorker } from "./embedded.ts";
 export { catalogModels, sftExamplesLoader, type TrainingDataSettings } from "./loaders.ts";
 export { JobInputError, TrainingWorker, type TrainingWorkerOptions } from "./runner.ts";
+export { type WorkerSettings, workerSettingsFromEnv } from "./settings.ts";
 export type { WorkerThreadSettings } from "./thread.ts";

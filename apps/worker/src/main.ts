@@ -4,32 +4,25 @@
  * PostgreSQL queue; a claim is a lease (FOR UPDATE SKIP LOCKED), so no job runs twice. Run the
  * API servers with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR (a shared directory).
  */
-import { homedir } from "node:os";
-import { join } from "node:path";
-import { openStore } from "@arbor/store";
+import { openStore, storeOptionsFromEnv } from "@arbor/store";
 import { pino } from "pino";
 import { catalogModels, sftExamplesLoader } from "./loaders.ts";
 import { TrainingWorker } from "./runner.ts";
+import { workerSettingsFromEnv } from "./settings.ts";
 
 const env = process.env;
 const logger = pino({ level: env.ARBOR_LOG_LEVEL ?? "info" });
-const store = await openStore({
-  dataDir: env.ARBOR_DATA_DIR ?? join(homedir(), ".arbor"),
-  databaseUrl: env.DATABASE_URL || undefined,
-  ...(env.ARBOR_DATABASE_SCHEMA ? { schema: env.ARBOR_DATABASE_SCHEMA } : {}),
-});
+const settings = workerSettingsFromEnv(env);
+const store = await openStore(storeOptionsFromEnv(env));
 const worker = new TrainingWorker({
   store,
   logger,
   loadBaseModel: catalogModels(),
   loadSftExamples: sftExamplesLoader(store, {
-    maxBytes: Number(env.ARBOR_TRAINING_DATA_MAX_BYTES ?? 64 * 1024 * 1024),
-    allowHosts: (env.ARBOR_TRAINING_DATA_ALLOW_HOSTS ?? "")
-      .split(",")
-      .map((h) => h.trim())
-      .filter(Boolean),
+    maxBytes: settings.maxTrainingDataBytes,
+    allowHosts: settings.allowHosts,
   }),
-  ...(env.ARBOR_WORKER_LEASE_MS ? { leaseMs: Number(env.ARBOR_WORKER_LEASE_MS) } : {}),
+  leaseMs: settings.leaseMs,
 });
 worker.start();
 logger.info({ workerId: worker.workerId, database: store.dialect }, "training worker started");

@@ -292,18 +292,13 @@ export class CallsRepo {
    * content → ConflictError. An end that arrived first is merged in.
    */
   async startCall(start: CallStartInput): Promise<{ id: string; trace_id: string }> {
-    const prepared = prepareStart(start, this.#now());
-    await this.#sql.transaction((tx) => this.#write(tx, [{ ...prepared, start: prepared }]));
-    const [stored] = await this.#storedTraces(prepared.project_id, [prepared]);
-    return { id: prepared.id, trace_id: stored ?? prepared.trace_id };
+    const [result] = await this.upsertBatch([{ mode: "start", start }]);
+    return result!;
   }
 
   /** Records a call's end; before its start it is stored but stays invisible. */
   async endCall(end: CallEndInput): Promise<void> {
-    const prepared = prepareEnd(end);
-    await this.#sql.transaction((tx) =>
-      this.#write(tx, [{ project_id: prepared.project_id, id: prepared.id, end: prepared }]),
-    );
+    await this.upsertBatch([{ mode: "end", end }]);
   }
 
   /**
@@ -356,8 +351,11 @@ export class CallsRepo {
     // A repeated start without trace_id keeps the trace stored the first time: report that one.
     const generated = started.filter((s) => s.generated);
     const byProject = new Map<string, { id: string }[]>();
-    for (const g of generated)
-      byProject.set(g.project_id, [...(byProject.get(g.project_id) ?? []), g]);
+    for (const g of generated) {
+      const list = byProject.get(g.project_id) ?? [];
+      list.push(g);
+      byProject.set(g.project_id, list);
+    }
     const stored = new Map<string, string>();
     for (const [project, list] of byProject) {
       const traces = await this.#storedTraces(project, list);

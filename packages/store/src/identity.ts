@@ -1,4 +1,4 @@
-import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { type Clock, numOrNull, type Page, type PageOptions, pageLimit, toPage } from "./common.ts";
 import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
@@ -199,11 +199,7 @@ export class UsersRepo {
   }
 
   async entitiesOf(userId: string): Promise<string[]> {
-    const rows = await this.#sql.query<{ entity: string }>(
-      "SELECT entity FROM memberships WHERE user_id = $1 ORDER BY entity",
-      [userId],
-    );
-    return rows.map((r) => String(r.entity));
+    return entitiesOf(this.#sql, userId);
   }
 
   async isMember(userId: string, entity: string): Promise<boolean> {
@@ -247,21 +243,19 @@ export class ApiKeysRepo {
 
   /**
    * The identity behind a bearer token, or undefined when it is malformed, unknown or revoked.
-   * The lookup is by hash (so the token itself never meets an index), then compared in constant time.
+   * The lookup is by the token's SHA-256 (the token itself never meets an index or a
+   * comparison, so lookup timing says nothing about it).
    */
   async verify(token: string): Promise<KeyIdentity | undefined> {
     if (!token.startsWith(API_KEY_PREFIX) || token.length > 200) return undefined;
     const hash = hashToken(token);
     const row = await this.#sql.one(
-      `SELECT k.id, k.hash, k.revoked_at, k.last_used_at, u.id AS user_id, u.name AS user_name,
+      `SELECT k.id, k.revoked_at, k.last_used_at, u.id AS user_id, u.name AS user_name,
               u.default_entity
        FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.hash = $1`,
       [hash],
     );
     if (!row) return undefined;
-    const stored = Buffer.from(String(row.hash), "hex");
-    const given = Buffer.from(hash, "hex");
-    if (stored.length !== given.length || !timingSafeEqual(stored, given)) return undefined;
     if (row.revoked_at !== null && row.revoked_at !== undefined) return undefined;
     const now = unixSeconds(this.#now());
     const lastUsed = numOrNull(row.last_used_at);
@@ -271,16 +265,12 @@ export class ApiKeysRepo {
         now,
       ]);
     }
-    const entities = await this.#sql.query<{ entity: string }>(
-      "SELECT entity FROM memberships WHERE user_id = $1 ORDER BY entity",
-      [String(row.user_id)],
-    );
     return {
       key_id: String(row.id),
       user_id: String(row.user_id),
       user_name: String(row.user_name),
       default_entity: String(row.default_entity),
-      entities: entities.map((e) => String(e.entity)),
+      entities: await entitiesOf(this.#sql, String(row.user_id)),
     };
   }
 
@@ -309,4 +299,13 @@ export class ApiKeysRepo {
       [prefix, unixSeconds(this.#now())],
     );
   }
+}
+
+/** The entities a user belongs to, by name. */
+async function entitiesOf(sql: Sql, userId: string): Promise<string[]> {
+  const rows = await sql.query<{ entity: string }>(
+    "SELECT entity FROM memberships WHERE user_id = $1 ORDER BY entity",
+    [userId],
+  );
+  return rows.map((r) => String(r.entity));
 }

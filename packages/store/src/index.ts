@@ -44,4 +44,10 @@ export { MIGRATIONS, type Migration, migrate } from "./migrations.ts";
 export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.ts";
 export { isoDate, type Price, type PricesRepo, type SetPriceInput } from "./prices.ts";
 export { type Dialect, PostgresSql, type Sql, SqliteSql, type SqlValue } from "./sql.ts";
-export { openStore, type PingResult, type Store, type StoreOptions } from "./store.ts";
+export {
+  openStore,
+  type PingResult,
+  type Store,
+  type StoreOptions,
+  storeOptionsFromEnv,
+} from "./store.ts";

@@ -1,4 +1,5 @@
 import { mkdirSync } from "node:fs";
+import { homedir } from "node:os";
 import { join } from "node:path";
 import { type BlobStore, FsBlobStore } from "./blobs.ts";
 import { CallsRepo } from "./calls.ts";
@@ -62,6 +63,21 @@ export interface Store {
  * Opens the store: PostgreSQL when `databaseUrl` is given, else SQLite in `dataDir`
  * (or in memory). Runs pending migrations before returning.
  */
+/**
+ * Where the store is, from the environment, as the server, the workers and the CLI all read it:
+ * ARBOR_DATA_DIR (default `~/.arbor`), DATABASE_URL (PostgreSQL when set) and
+ * ARBOR_DATABASE_SCHEMA (PostgreSQL only).
+ */
+export function storeOptionsFromEnv(
+  env: NodeJS.ProcessEnv = process.env,
+): StoreOptions & { dataDir: string } {
+  return {
+    dataDir: env.ARBOR_DATA_DIR || join(homedir(), ".arbor"),
+    ...(env.DATABASE_URL ? { databaseUrl: env.DATABASE_URL } : {}),
+    ...(env.ARBOR_DATABASE_SCHEMA ? { schema: env.ARBOR_DATABASE_SCHEMA } : {}),
+  };
+}
+
 export async function openStore(options: StoreOptions = {}): Promise<Store> {
   const now = options.now ?? Date.now;
   let sql: Sql;

@@ -1,5 +1,5 @@
 import { expect, it } from "vitest";
-import { MIGRATIONS, migrate, openStore } from "../src/index.ts";
+import { MIGRATIONS, migrate, openStore, storeOptionsFromEnv } from "../src/index.ts";
 import { describeBackends } from "./helpers.ts";
 
 describeBackends("openStore", (ctx) => {
@@ -51,20 +51,45 @@ describeBackends("openStore", (ctx) => {
   });
 
   it("when transactions and plain statements interleave, then each transaction sees only its own writes", async () => {
+    // A plain statement issued while a transaction holds an uncommitted row must not see it:
+    // it either runs before the commit and counts 0, or waits for the commit and counts 1.
+    const observed: { count: number; beforeCommit: boolean }[] = [];
+    const pending: Promise<void>[] = [];
     const results = await Promise.all(
-      Array.from({ length: 10 }, (_, i) =>
-        ctx.store.sql.transaction(async (tx) => {
-          await tx.exec("INSERT INTO entities (name, created_at) VALUES ($1, $2)", [`tx-${i}`, i]);
-          await new Promise((r) => setImmediate(r));
-          const row = await tx.one<{ n: number }>(
-            "SELECT COUNT(*) AS n FROM entities WHERE name = $1",
-            [`tx-${i}`],
-          );
-          return Number(row?.n);
-        }),
-      ),
+      Array.from({ length: 10 }, (_, i) => {
+        let committed = false;
+        return ctx.store.sql
+          .transaction(async (tx) => {
+            await tx.exec("INSERT INTO entities (name, created_at) VALUES ($1, $2)", [
+              `tx-${i}`,
+              i,
+            ]);
+            pending.push(
+              ctx.store.sql
+                .one<{ n: number }>("SELECT COUNT(*) AS n FROM entities WHERE name = $1", [
+                  `tx-${i}`,
+                ])
+                .then((row) => {
+                  observed.push({ count: Number(row?.n), beforeCommit: !committed });
+                }),
+            );
+            await new Promise((r) => setImmediate(r));
+            const row = await tx.one<{ n: number }>(
+              "SELECT COUNT(*) AS n FROM entities WHERE name = $1",
+              [`tx-${i}`],
+            );
+            return Number(row?.n);
+          })
+          .then((n) => {
+            committed = true;
+            return n;
+          });
+      }),
     );
+    await Promise.all(pending);
     expect(results).toEqual(Array(10).fill(1));
+    expect(observed).toHaveLength(10);
+    for (const o of observed) expect(o.count).toBe(o.beforeCommit ? 0 : 1);
   });
 
   it("when two openers migrate a fresh database at once, then both succeed", async () => {
@@ -89,4 +114,16 @@ it("opens an in-memory SQLite store by default", async () => {
   expect(store.blobs).toBeUndefined();
   expect((await store.ping()).success).toBe(true);
   await store.close();
+});
+
+it("when the store is configured from the environment, then data dir, database URL and schema are all read", () => {
+  expect(
+    storeOptionsFromEnv({
+      ARBOR_DATA_DIR: "/srv/arbor",
+      DATABASE_URL: "postgres://db/arbor",
+      ARBOR_DATABASE_SCHEMA: "tenant_a",
+    }),
+  ).toEqual({ dataDir: "/srv/arbor", databaseUrl: "postgres://db/arbor", schema: "tenant_a" });
+  expect(storeOptionsFromEnv({}).dataDir).toMatch(/\.arbor$/);
+  expect(storeOptionsFromEnv({})).not.toHaveProperty("schema");
 });
