@@ -16,23 +16,10 @@ import {
 import { LoraTrainer } from "./lora-train.ts";
 import { Rng } from "./rng.ts";
 import { readSafetensors } from "./safetensors.ts";
-import { tinyModel } from "./test-fixtures.ts";
-import { lossAndGradients, type TrainBatch } from "./train.ts";
+import { randomBatch, tinyModel } from "./test-fixtures.ts";
+import { lossAndGradients } from "./train.ts";
 import { createWasmKernels } from "./wasm/kernels.ts";
 import { parameters } from "./weights.ts";
-
-function randomBatch(vocab: number, B: number, T: number, seed: number): TrainBatch {
-  const rng = new Rng(seed);
-  const inputs = new Int32Array(B * T);
-  const targets = new Int32Array(B * T);
-  const lossMask = new Float32Array(B * T);
-  for (let i = 0; i < B * T; i++) {
-    inputs[i] = rng.int(vocab);
-    targets[i] = rng.int(vocab);
-    lossMask[i] = rng.next() < 0.7 ? 1 : 0;
-  }
-  return { batchSize: B, seqLen: T, inputs, targets, lossMask };
-}
 
 /** An adapter with non-zero B, so both A and B get gradients. */
 function randomAdapter(model: ReturnType<typeof tinyModel>, seed: number) {

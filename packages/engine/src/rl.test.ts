@@ -132,23 +132,27 @@ describe("trainRlStep", () => {
       for (let t = 1; t < chat.tokens.length; t++) if (chat.mask[t]) out.push(lp[t - 1]!);
       return out.slice(0, -1); // without <|im_end|>
     });
-    const groups: TrajectoryGroup[] = [
+    const groupsOf = (logprobs: number[][]): TrajectoryGroup[] => [
       {
         trajectories: answers.map((answer, i) => ({
           reward: i,
-          messages_and_choices: [...messagesOf(answer).slice(0, 4), choice(answer, sampled[i])],
+          messages_and_choices: [...messagesOf(answer).slice(0, 4), choice(answer, logprobs[i])],
         })),
       },
     ];
-    const run = (lossFn: "ppo" | "cispo" | "pg") => {
+    const run = (lossFn: "ppo" | "cispo" | "pg", logprobs = sampled) => {
       const adapter = createLoraAdapter(model, { rank: 2 }, 1);
       const trainer = new LoraTrainer(model, adapter, { kernels: jsKernels });
-      const m = trainRlStep(trainer, groups, 1e-2, { lossFn });
+      const m = trainRlStep(trainer, groupsOf(logprobs), 1e-2, { lossFn });
       return { m, bytes: adapterToFiles(adapter)["adapter_model.safetensors"] };
     };
     const pg = run("pg");
     expect(run("ppo").bytes).toEqual(pg.bytes);
     expect(run("cispo").bytes).toEqual(pg.bytes);
+    // The content-only logprobs are really used (not dropped to the pg fallback): far-off
+    // sampling logprobs clip ppo's content tokens, so its update differs from pg's.
+    const stale = sampled.map((lp) => lp.map(() => -50));
+    expect(run("ppo", stale).bytes).not.toEqual(pg.bytes);
     // Only the choices are trained: content tokens plus <|im_end|> each.
     const expected = sampled.reduce((n, s) => n + s.length + 1, 0);
     expect(pg.m.num_trainable_tokens).toBe(expected);

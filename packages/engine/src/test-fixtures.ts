@@ -1,6 +1,8 @@
 import type { ModelConfig } from "./config.ts";
 import { createModel, type Model } from "./model.ts";
+import { Rng } from "./rng.ts";
 import { type Tokenizer, trainBpe } from "./tokenizer.ts";
+import type { TrainBatch } from "./train.ts";
 import { initWeights } from "./weights.ts";
 
 const sampleCorpus = [
@@ -51,4 +53,18 @@ export function tinyModel(seed = 1, overrides: Partial<ModelConfig> = {}): Model
   }
   if (weights.lmHead) boost(weights.lmHead);
   return createModel(config, weights, tokenizer);
+}
+
+/** B random sequences of T tokens with random targets; about 70 % of positions trained. */
+export function randomBatch(vocab: number, B: number, T: number, seed: number): TrainBatch {
+  const rng = new Rng(seed);
+  const inputs = new Int32Array(B * T);
+  const targets = new Int32Array(B * T);
+  const lossMask = new Float32Array(B * T);
+  for (let i = 0; i < B * T; i++) {
+    inputs[i] = rng.int(vocab);
+    targets[i] = rng.int(vocab);
+    lossMask[i] = rng.next() < 0.7 ? 1 : 0;
+  }
+  return { batchSize: B, seqLen: T, inputs, targets, lossMask };
 }

@@ -3,23 +3,10 @@ import { createKvCache, forwardBatch } from "./forward.ts";
 import { jsKernels } from "./kernels.ts";
 import { learningRate, Trainer } from "./optim.ts";
 import { Rng } from "./rng.ts";
-import { tinyModel } from "./test-fixtures.ts";
+import { randomBatch, tinyModel } from "./test-fixtures.ts";
 import { lossAndGradients, type TrainBatch } from "./train.ts";
 import { createWasmKernels } from "./wasm/kernels.ts";
 import { parameters, zerosLike } from "./weights.ts";
-
-function randomBatch(vocab: number, B: number, T: number, seed: number): TrainBatch {
-  const rng = new Rng(seed);
-  const inputs = new Int32Array(B * T);
-  const targets = new Int32Array(B * T);
-  const lossMask = new Float32Array(B * T);
-  for (let i = 0; i < B * T; i++) {
-    inputs[i] = rng.int(vocab);
-    targets[i] = rng.int(vocab);
-    lossMask[i] = rng.next() < 0.7 ? 1 : 0;
-  }
-  return { batchSize: B, seqLen: T, inputs, targets, lossMask };
-}
 
 describe("lossAndGradients", () => {
   for (const tied of [false, true]) {

@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { jsKernels, type Kernels } from "../kernels.ts";
 import { Rng } from "../rng.ts";
-import { tinyModel } from "../test-fixtures.ts";
+import { randomBatch, tinyModel } from "../test-fixtures.ts";
 import { lossAndGradients } from "../train.ts";
 import { parameters, zerosLike } from "../weights.ts";
 import { call, type JobExports } from "./jobs.ts";
@@ -101,16 +101,7 @@ describe("kernels on worker threads", () => {
 
   it("when a training step's forward and backward run on 2 threads, then loss and gradients have the same bits", () => {
     const model = tinyModel(5, { hiddenSize: 64, intermediateSize: 128, headDim: 32 });
-    const [B, T] = [8, 48];
-    const rng = new Rng(9);
-    const vocab = model.config.vocabSize;
-    const batch = {
-      batchSize: B,
-      seqLen: T,
-      inputs: Int32Array.from({ length: B * T }, () => rng.int(vocab)),
-      targets: Int32Array.from({ length: B * T }, () => rng.int(vocab)),
-      lossMask: Float32Array.from({ length: B * T }, () => (rng.next() < 0.8 ? 1 : 0)),
-    };
+    const batch = randomBatch(model.config.vocabSize, 8, 48, 9);
     const run = (k: Kernels) => {
       const grads = zerosLike(model.weights);
       const { loss } = lossAndGradients(model, k, batch, grads);
