@@ -5,7 +5,7 @@
  *
  * For the PyTorch comparison on the same shapes:
  *   apt-get install python3-torch libopenblas0-pthread
- * The script then runs PyTorch pinned to one thread (torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "1"))), OMP/OPENBLAS=1).
+ * The script then runs PyTorch at the same thread counts as the engine (see ./torch.ts).
  */
 import { join } from "node:path";
 import {

@@ -253,6 +253,7 @@ describe("RL on the shipped model", () => {
     }
     const after = await meanReward(adapter);
     expect(loraParameters(adapter).some((p) => p.data.some((x) => x !== 0))).toBe(true);
+    console.log(`RL learning: mean reward ${before} → ${after}`);
     expect(before).toBeLessThan(0.7);
     expect(after).toBeGreaterThanOrEqual(before + 0.2);
   }, 120_000);

@@ -264,6 +264,9 @@ describe("SFT on the shipped model", () => {
       lora: { rank: 8, alpha: 16 },
     });
     const after = await score(result.adapter);
+    console.log(
+      `SFT learning: exact ${before.exact} → ${after.exact}, format ${before.format} → ${after.format}`,
+    );
     expect(before.exact).toBeLessThanOrEqual(0.1);
     expect(before.format).toBeLessThanOrEqual(0.1);
     expect(after.format).toBeGreaterThanOrEqual(0.9);
