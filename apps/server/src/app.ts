@@ -13,6 +13,7 @@ import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations } from "./http/routes.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
 import { datasetsHandlers } from "./modules/datasets/routes.ts";
+import { DATASET_MAX_BYTES, DATASET_MEDIA_TYPES } from "./modules/datasets/service.ts";
 import { publicDocuments } from "./modules/docs/routes.ts";
 import { healthHandlers } from "./modules/health/routes.ts";
 import type { Probes } from "./modules/health/service.ts";
@@ -49,10 +50,7 @@ export function createApp(deps: AppDeps): Express {
   app.use("/v1/chat/completions", express.json({ limit: "10mb" }));
   app.use(
     "/v1/preview/datasets",
-    express.text({
-      type: ["application/jsonl", "application/x-ndjson", "text/plain"],
-      limit: "64mb",
-    }),
+    express.text({ type: DATASET_MEDIA_TYPES, limit: DATASET_MAX_BYTES }),
   );
   app.use(express.json({ limit: "64mb" }));
 

@@ -117,12 +117,8 @@ function helpers(api: Client<paths>, sleep: (ms: number) => Promise<void>) {
         headers: { accept: "text/event-stream", ...init.headers },
         signal: init.signal,
       });
-      if (!result.response.ok) {
-        unwrap({
-          ...result,
-          error: result.error ?? (await result.response.json().catch(() => null)),
-        });
-      }
+      // openapi-fetch has already read an error's body into `result.error`.
+      if (!result.response.ok) unwrap(result);
       yield* sseJson<ChatCompletionChunk>(result.response);
     },
 
@@ -154,12 +150,7 @@ function helpers(api: Client<paths>, sleep: (ms: number) => Promise<void>) {
           headers: { accept: "text/event-stream" },
           signal: init.signal,
         });
-        if (!result.response.ok) {
-          unwrap({
-            ...result,
-            error: result.error ?? (await result.response.json().catch(() => null)),
-          });
-        }
+        if (!result.response.ok) unwrap(result);
         for await (const event of sseJson<TrainingJobEvent>(result.response)) {
           yield event;
           after = event.id;

@@ -4,7 +4,7 @@ import type { Kernels } from "./kernels.ts";
 import type { Model } from "./model.ts";
 import { Rng } from "./rng.ts";
 import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
-import { type LayerWeights, layerShape } from "./weights.ts";
+import { hfName, type LayerWeights, layerShape } from "./weights.ts";
 
 /** The linear layers an adapter can target, by their Hugging Face / PEFT module names. */
 export type LoraTarget =
@@ -133,9 +133,9 @@ export function checkAdapter(model: Model, adapter: LoraAdapter): void {
   });
 }
 
+/** PEFT's module path: the base weight's name (`hfName`) under `base_model.model.`, minus `.weight`. */
 function peftPrefix(layer: number, key: LinearKey): string {
-  const group = key === "q" || key === "k" || key === "v" || key === "o" ? "self_attn" : "mlp";
-  return `base_model.model.model.layers.${layer}.${group}.${key}_proj`;
+  return `base_model.model.${hfName(layer, key).replace(/\.weight$/, "")}`;
 }
 
 /** The trainable tensors, A then B per module, in a fixed order (optimizer and file order). */

@@ -5,12 +5,13 @@ import { type BlobStore, FsBlobStore } from "./blobs.ts";
 import { CallsRepo } from "./calls.ts";
 import type { Clock } from "./common.ts";
 import { DatasetsRepo } from "./datasets.ts";
+import { isUniqueViolation } from "./errors.ts";
 import { ApiKeysRepo, EntitiesRepo, UsersRepo } from "./identity.ts";
 import { JobsRepo } from "./jobs.ts";
 import { migrate } from "./migrations.ts";
 import { ModelsRepo } from "./models.ts";
 import { PricesRepo } from "./prices.ts";
-import { type Dialect, PostgresSql, SCHEMA_NAME, type Sql, SqliteSql } from "./sql.ts";
+import { type Dialect, PostgresSql, type Sql, SqliteSql } from "./sql.ts";
 
 export interface StoreOptions {
   /**
@@ -60,10 +61,6 @@ export interface Store {
 }
 
 /**
- * Opens the store: PostgreSQL when `databaseUrl` is given, else SQLite in `dataDir`
- * (or in memory). Runs pending migrations before returning.
- */
-/**
  * Where the store is, from the environment, as the server, the workers and the CLI all read it:
  * ARBOR_DATA_DIR (default `~/.arbor`), DATABASE_URL (PostgreSQL when set) and
  * ARBOR_DATABASE_SCHEMA (PostgreSQL only).
@@ -78,13 +75,15 @@ export function storeOptionsFromEnv(
   };
 }
 
+/**
+ * Opens the store: PostgreSQL when `databaseUrl` is given, else SQLite in `dataDir`
+ * (or in memory). Runs pending migrations before returning.
+ */
 export async function openStore(options: StoreOptions = {}): Promise<Store> {
   const now = options.now ?? Date.now;
   let sql: Sql;
   if (options.databaseUrl) {
-    if (options.schema !== undefined && !SCHEMA_NAME.test(options.schema)) {
-      throw new Error(`Invalid schema name: ${options.schema}`);
-    }
+    // The constructor refuses a schema name that is not a plain identifier.
     const pg = new PostgresSql({
       connectionString: options.databaseUrl,
       ...(options.schema ? { schema: options.schema } : {}),
@@ -96,7 +95,7 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
         await pg.exec(`CREATE SCHEMA IF NOT EXISTS ${options.schema}`);
       } catch (err) {
         // Two openers racing on CREATE SCHEMA: the loser sees a duplicate; the schema exists.
-        if ((err as { code?: string }).code !== "23505") {
+        if (!isUniqueViolation(err)) {
           await pg.close();
           throw err;
         }

@@ -89,6 +89,7 @@ export async function startServer(
         server.close((err) => (err ? reject(err) : resolve()));
       });
       await worker?.stop();
+      await engines.dispose();
       await store.close();
       rmSync(dataDir, { recursive: true, force: true });
     },

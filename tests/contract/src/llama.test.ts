@@ -32,7 +32,6 @@ beforeAll(async () => {
   client = server.authorizedClient({ project: "default/gguf" });
 });
 afterAll(async () => {
-  await server.engines.dispose();
   await server.close();
   rmSync(dir, { recursive: true, force: true });
 });

@@ -1,4 +1,4 @@
-import type { Store } from "@arbor/store";
+import { type Store, TERMINAL_STATUSES } from "@arbor/store";
 import { ApiError } from "../../http/errors.ts";
 import { type Handlers, RESPONDED } from "../../http/operations.ts";
 import { SseWriter } from "../../http/sse.ts";
@@ -36,7 +36,7 @@ export function trainingHandlers(deps: TrainingDeps): Handlers {
 
     cancelTrainingJob: async ({ params, principal }) => {
       const job = await findJob(store, principal!, params.training_job_id);
-      if (["succeeded", "failed", "cancelled"].includes(job.status)) {
+      if (TERMINAL_STATUSES.includes(job.status)) {
         throw ApiError.conflict(
           `Training job ${job.id} already ended (${job.status}).`,
           "job_already_ended",
