@@ -51,45 +51,44 @@ describeBackends("openStore", (ctx) => {
   });
 
   it("when transactions and plain statements interleave, then each transaction sees only its own writes", async () => {
-    // A plain statement issued while a transaction holds an uncommitted row must not see it:
-    // it either runs before the commit and counts 0, or waits for the commit and counts 1.
-    const observed: { count: number; beforeCommit: boolean }[] = [];
-    const pending: Promise<void>[] = [];
     const results = await Promise.all(
-      Array.from({ length: 10 }, (_, i) => {
-        let committed = false;
-        return ctx.store.sql
-          .transaction(async (tx) => {
-            await tx.exec("INSERT INTO entities (name, created_at) VALUES ($1, $2)", [
-              `tx-${i}`,
-              i,
-            ]);
-            pending.push(
-              ctx.store.sql
-                .one<{ n: number }>("SELECT COUNT(*) AS n FROM entities WHERE name = $1", [
-                  `tx-${i}`,
-                ])
-                .then((row) => {
-                  observed.push({ count: Number(row?.n), beforeCommit: !committed });
-                }),
-            );
-            await new Promise((r) => setImmediate(r));
-            const row = await tx.one<{ n: number }>(
-              "SELECT COUNT(*) AS n FROM entities WHERE name = $1",
-              [`tx-${i}`],
-            );
-            return Number(row?.n);
-          })
-          .then((n) => {
-            committed = true;
-            return n;
-          });
-      }),
+      Array.from({ length: 10 }, (_, i) =>
+        ctx.store.sql.transaction(async (tx) => {
+          await tx.exec("INSERT INTO entities (name, created_at) VALUES ($1, $2)", [`tx-${i}`, i]);
+          await new Promise((r) => setImmediate(r));
+          const row = await tx.one<{ n: number }>(
+            "SELECT COUNT(*) AS n FROM entities WHERE name = $1",
+            [`tx-${i}`],
+          );
+          return Number(row?.n);
+        }),
+      ),
     );
-    await Promise.all(pending);
     expect(results).toEqual(Array(10).fill(1));
-    expect(observed).toHaveLength(10);
-    for (const o of observed) expect(o.count).toBe(o.beforeCommit ? 0 : 1);
+    const committed = await ctx.store.sql.one<{ n: number }>(
+      "SELECT COUNT(*) AS n FROM entities WHERE name LIKE 'tx-%'",
+    );
+    expect(Number(committed?.n)).toBe(10);
+  });
+
+  it("when a plain statement runs during a transaction, then it does not see the uncommitted row", async () => {
+    const count = async () =>
+      Number(
+        (
+          await ctx.store.sql.one<{ n: number }>(
+            "SELECT COUNT(*) AS n FROM entities WHERE name = 'uncommitted'",
+          )
+        )?.n,
+      );
+    let outside: Promise<number> | undefined;
+    await ctx.store.sql.transaction(async (tx) => {
+      await tx.exec("INSERT INTO entities (name, created_at) VALUES ('uncommitted', 1)");
+      // PostgreSQL runs it on another connection now; SQLite (one connection) after the commit.
+      outside = count();
+      if (ctx.backend === "postgres") expect(await outside).toBe(0);
+    });
+    if (ctx.backend === "sqlite") expect(await outside).toBe(1);
+    expect(await count()).toBe(1);
   });
 
   it("when two openers migrate a fresh database at once, then both succeed", async () => {
