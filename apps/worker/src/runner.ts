@@ -241,13 +241,16 @@ export class TrainingWorker {
         ? { adamW: { weightDecay: num(experimental.weight_decay)! } }
         : {}),
     };
-    const { totalSteps } = planSft(base, examples, sftConfig);
+    // Planned once: the plan (every example tokenized) is handed to trainSft.
+    const plan = planSft(base, examples, sftConfig);
+    const { totalSteps } = plan;
     const every = num(config.checkpoint_every) ?? totalSteps;
     const resume = await this.#resumePoint(job, base, stepFrom);
     if (!resume)
       await store.jobs.appendEvent(job.id, "training_started", { num_sequences: totalSteps });
     const adapter = resume ? undefined : await this.#startAdapter(job, base, stepFrom, lora, seed);
     await trainSft(base, examples, sftConfig, {
+      plan,
       signal,
       ...(adapter ? { adapter } : {}),
       ...(resume ? { resume } : {}),

@@ -97,6 +97,7 @@ export {
   type SftConfig,
   type SftExample,
   type SftOptions,
+  type SftPlan,
   type SftProgress,
   type SftResult,
   type SftStepMetrics,

@@ -87,7 +87,11 @@ export interface SftOptions {
    * adapter and optimizer state saved after that step. Gives the same result as an unbroken run.
    */
   resume?: { step: number; adapter: LoraAdapter; optimizerState: Uint8Array };
+  /** `planSft`'s result for these same examples and config, when the caller already made it. */
+  plan?: SftPlan;
 }
+
+export type SftPlan = ReturnType<typeof planSft>;
 
 export interface SftResult {
   adapter: LoraAdapter;
@@ -202,7 +206,7 @@ export async function trainSft(
   config: SftConfig = {},
   options: SftOptions = {},
 ): Promise<SftResult> {
-  const { totalSteps, prepared } = planSft(model, examples, config);
+  const { totalSteps, prepared } = options.plan ?? planSft(model, examples, config);
   const start = options.resume?.step ?? 0;
   if (!Number.isInteger(start) || start < 0 || start > totalSteps) {
     throw new TrainingInputError(`sft: cannot resume at step ${start} of ${totalSteps}`);
