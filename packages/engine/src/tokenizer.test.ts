@@ -38,6 +38,45 @@ describe("Tokenizer", () => {
     });
     expect(t.encode("he he")).toEqual([2, 4]);
   });
+
+  it("when words are merged, then the ids equal a rescanning reference BPE's, and a 100,000-letter word still encodes", () => {
+    const json = tokenizer.toJson() as { model: { vocab: Record<string, number> } };
+    const ranks = new Map(tokenizer.merges.map(([a, b], i) => [`${a} ${b}`, i]));
+    // The textbook loop: merge the lowest-ranked adjacent pair (leftmost among equals) until none.
+    const reference = (word: string) => {
+      let parts = [...word];
+      for (;;) {
+        let best = -1;
+        let bestRank = Number.POSITIVE_INFINITY;
+        for (let i = 0; i + 1 < parts.length; i++) {
+          const rank = ranks.get(`${parts[i]} ${parts[i + 1]}`);
+          if (rank !== undefined && rank < bestRank) [best, bestRank] = [i, rank];
+        }
+        if (best < 0) return parts.map((p) => json.model.vocab[p]);
+        parts = [
+          ...parts.slice(0, best),
+          parts[best]! + parts[best + 1]!,
+          ...parts.slice(best + 2),
+        ];
+      }
+    };
+    const letters = "theaosnrcdlgmpuw";
+    let seed = 7;
+    const random = () => {
+      seed = (seed * 1103515245 + 12345) % 2 ** 31;
+      return seed / 2 ** 31;
+    };
+    for (let k = 0; k < 300; k++) {
+      const word = Array.from(
+        { length: 1 + Math.floor(random() * 40) },
+        () => letters[Math.floor(random() * letters.length)],
+      ).join("");
+      expect(tokenizer.encode(word, { allowSpecial: false }), word).toEqual(reference(word));
+    }
+    // The rescanning loop is quadratic in a pre-token's length (this took minutes); the queue is not.
+    const long = "thecat".repeat(100_000 / 6);
+    expect(tokenizer.decode(tokenizer.encode(long))).toBe(long);
+  });
 });
 
 describe("renderChat", () => {
