@@ -4,6 +4,7 @@ import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import type { Kernels } from "./kernels.ts";
 import { checkAdapter, type LoraAdapter } from "./lora.ts";
 import type { Model } from "./model.ts";
+import { PromptEncoder } from "./prompt-encoder.ts";
 import { deriveSeed, Rng } from "./rng.ts";
 import { applyPenalties, logSoftmax, sampleToken, topLogprobs } from "./sampling.ts";
 import { bytesToSymbols } from "./tokenizer.ts";
@@ -132,6 +133,26 @@ export class Engine {
 
   get activeSequences(): number {
     return this.active.length;
+  }
+
+  #prompts: PromptEncoder | undefined;
+
+  /**
+   * The chat as prompt tokens with the generation prompt, without holding up this thread (large
+   * prompts are tokenized on a worker thread). Throws ContextLengthError when it cannot leave
+   * room for one generated token, found from the byte length alone when it is far too long.
+   */
+  encodeChat(messages: readonly ChatMessage[]): Promise<number[]> {
+    this.#prompts ??= new PromptEncoder(this.model.tokenizer);
+    return this.#prompts.encodeChat(messages, {
+      addGenerationPrompt: true,
+      contextLength: this.model.config.maxPositions,
+    });
+  }
+
+  /** Stops this engine's helper threads (the prompt encoder's). */
+  async dispose(): Promise<void> {
+    await this.#prompts?.dispose();
   }
 
   /** Streams token events for every choice, then one `done` event per choice. */

@@ -77,6 +77,12 @@ export {
   type TrainerOptions,
 } from "./optim.ts";
 export {
+  ContextLengthError,
+  PromptEncoder,
+  PromptError,
+  promptBytes,
+} from "./prompt-encoder.ts";
+export {
   type RlConfig,
   type RlLoss,
   type RlStepMetrics,

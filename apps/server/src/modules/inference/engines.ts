@@ -44,7 +44,11 @@ export class EngineHost {
   }
 
   async dispose(): Promise<void> {
-    await Promise.all([...this.#llama.values()].map((b) => b.dispose()));
+    const engines = await Promise.allSettled(this.#engines.values());
+    await Promise.all([
+      ...[...this.#llama.values()].map((b) => b.dispose()),
+      ...engines.flatMap((e) => (e.status === "fulfilled" ? [e.value.dispose()] : [])),
+    ]);
   }
 
   baseModels(): BaseModel[] {

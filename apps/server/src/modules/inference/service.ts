@@ -1,9 +1,10 @@
 import { createHash } from "node:crypto";
 import {
+  ContextLengthError,
   type GenerateRequest,
   type GenerationEvent,
   JsonConstraint,
-  renderChat,
+  PromptError,
   type TokenLogprob,
 } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
@@ -69,24 +70,19 @@ export async function prepareChat(
 ): Promise<PreparedChat> {
   const request = toGenerateRequest(body);
   if (resolved.llama) return prepareLlamaChat(resolved, resolved.llama, request);
-  if (resolved.checkpoint) {
-    request.adapter = await deps.engines.adapter(resolved.baseId, resolved.checkpoint, deps.blobs);
-  }
   const engine = await deps.engines.engine(resolved.baseId);
-  const contextLength = engine.model.config.maxPositions;
-  const prompt = renderChat(engine.model.tokenizer, request.messages ?? [], {
-    addGenerationPrompt: true,
-  }).tokens;
-  if (prompt.length >= contextLength) {
-    throw new ApiError(
-      400,
-      `The messages take ${prompt.length} tokens; this model's context is ${contextLength} tokens.`,
-      {
+  const prompt = await engine.encodeChat(request.messages ?? []).catch((err: unknown) => {
+    if (err instanceof ContextLengthError) {
+      throw new ApiError(400, err.message, {
         param: "messages",
         code: "context_length_exceeded",
-      },
-    );
-  }
+      });
+    }
+    if (err instanceof PromptError) {
+      throw ApiError.badRequest(`The messages cannot be rendered: ${err.message}`, "messages");
+    }
+    throw err;
+  });
   if (request.responseFormat?.type === "json_schema") {
     try {
       new JsonConstraint(request.responseFormat.schema);
@@ -97,6 +93,10 @@ export async function prepareChat(
         "unsupported_parameter",
       );
     }
+  }
+  // The adapter is read only for a request that can run.
+  if (resolved.checkpoint) {
+    request.adapter = await deps.engines.adapter(resolved.baseId, resolved.checkpoint, deps.blobs);
   }
   const { messages: _, ...rest } = request;
   return prepared(resolved, engine, { ...rest, prompt }, prompt.length);

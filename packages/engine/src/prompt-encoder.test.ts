@@ -1,0 +1,51 @@
+import { describe, expect, it } from "vitest";
+import { renderChat } from "./chat.ts";
+import { ContextLengthError, PromptEncoder } from "./prompt-encoder.ts";
+import { tinyTokenizer } from "./test-fixtures.ts";
+
+describe("PromptEncoder", () => {
+  const tokenizer = tinyTokenizer();
+  const messages = (text: string) => [
+    { role: "system" as const, content: "Be brief." },
+    { role: "user" as const, content: text },
+  ];
+
+  it("when a prompt is large, then the worker thread gives exactly the inline tokens", async () => {
+    const encoder = new PromptEncoder(tokenizer, { inlineBytes: 16 });
+    try {
+      const text = "The cat sat on the mat. 7 + 5 = 12. Héllo 🙂 ".repeat(200);
+      const tokens = await encoder.encodeChat(messages(text));
+      expect(tokens).toEqual(
+        renderChat(tokenizer, messages(text), { addGenerationPrompt: true }).tokens,
+      );
+    } finally {
+      await encoder.dispose();
+    }
+  });
+
+  it("when a prompt's bytes alone exceed what the context can hold, then it is refused before tokenizing", async () => {
+    const encoder = new PromptEncoder(tokenizer, { inlineBytes: 16 });
+    const text = "a".repeat(encoder.maxTokenBytes * 100);
+    const refusal = await encoder
+      .encodeChat(messages(text), { contextLength: 100 })
+      .catch((e) => e);
+    expect(refusal).toBeInstanceOf(ContextLengthError);
+    expect(refusal).toMatchObject({ exact: false, context: 100 });
+    // Refused from the length alone: no thread was started for it.
+    await encoder.dispose();
+  });
+
+  it("when a prompt tokenizes to the whole context, then the refusal gives its exact length", async () => {
+    const encoder = new PromptEncoder(tokenizer);
+    const exact = renderChat(tokenizer, messages("hello there"), {
+      addGenerationPrompt: true,
+    }).tokens.length;
+    const refusal = await encoder
+      .encodeChat(messages("hello there"), { contextLength: exact })
+      .catch((e) => e);
+    expect(refusal).toMatchObject({ exact: true, tokens: exact, context: exact });
+    expect(
+      await encoder.encodeChat(messages("hello there"), { contextLength: exact + 1 }),
+    ).toHaveLength(exact);
+  });
+});

@@ -1,0 +1,154 @@
+import { Worker } from "node:worker_threads";
+import { type ChatMessage, renderChat } from "./chat.ts";
+import type { Tokenizer } from "./tokenizer.ts";
+
+/** The prompt cannot fit the context; `exact` is false when `tokens` is a lower bound found from
+ * the prompt's byte length before any tokenizing. */
+export class ContextLengthError extends Error {
+  override readonly name = "ContextLengthError";
+  readonly tokens: number;
+  readonly context: number;
+  readonly exact: boolean;
+  constructor(tokens: number, context: number, exact: boolean) {
+    super(
+      `The messages take ${exact ? "" : "at least "}${tokens} tokens; this model's context is ${context} tokens.`,
+    );
+    this.tokens = tokens;
+    this.context = context;
+    this.exact = exact;
+  }
+}
+
+export interface PromptEncoderOptions {
+  /** Prompts of up to this many UTF-8 bytes are rendered and tokenized on the calling thread
+   * (well under a millisecond); larger ones on a worker thread, so the caller's event loop
+   * never waits on them. Default 4 KiB. */
+  inlineBytes?: number;
+}
+
+interface Pending {
+  resolve: (tokens: number[]) => void;
+  reject: (error: Error) => void;
+}
+
+/**
+ * Renders and tokenizes chat prompts without holding up the calling thread: first a bound from
+ * the byte length alone (a token covers at most the vocabulary's longest token in bytes, so a
+ * prompt that cannot fit is refused before any work), then small prompts inline and large ones
+ * on one worker thread that holds its own copy of the tokenizer.
+ */
+export class PromptEncoder {
+  readonly #tokenizer: Tokenizer;
+  readonly #inlineBytes: number;
+  /** The longest token of the vocabulary, in bytes. */
+  readonly maxTokenBytes: number;
+  #worker: Worker | undefined;
+  readonly #pending = new Map<number, Pending>();
+  #nextId = 0;
+
+  constructor(tokenizer: Tokenizer, options: PromptEncoderOptions = {}) {
+    this.#tokenizer = tokenizer;
+    this.#inlineBytes = options.inlineBytes ?? 4096;
+    let longest = 1;
+    for (let id = 0; id < tokenizer.vocabSize; id++) {
+      if (!tokenizer.isSpecial(id)) longest = Math.max(longest, tokenizer.tokenBytes(id).length);
+    }
+    this.maxTokenBytes = longest;
+  }
+
+  /** The prompt's tokens; ContextLengthError when it cannot leave room for one generated token
+   * in `contextLength`. */
+  async encodeChat(
+    messages: readonly ChatMessage[],
+    options: { addGenerationPrompt?: boolean; contextLength?: number } = {},
+  ): Promise<number[]> {
+    const bytes = promptBytes(messages);
+    const context = options.contextLength;
+    if (context !== undefined) {
+      const atLeast = Math.ceil(bytes / this.maxTokenBytes);
+      if (atLeast >= context) throw new ContextLengthError(atLeast, context, false);
+    }
+    const tokens =
+      bytes <= this.#inlineBytes
+        ? renderChat(this.#tokenizer, messages, {
+            addGenerationPrompt: options.addGenerationPrompt ?? true,
+          }).tokens
+        : await this.#offload(messages, options.addGenerationPrompt ?? true);
+    if (context !== undefined && tokens.length >= context) {
+      throw new ContextLengthError(tokens.length, context, true);
+    }
+    return tokens;
+  }
+
+  /** Stops the worker thread, if one was started; pending prompts are refused. */
+  async dispose(): Promise<void> {
+    const worker = this.#worker;
+    this.#worker = undefined;
+    this.#failAll(new Error("the prompt encoder was disposed"));
+    await worker?.terminate();
+  }
+
+  #offload(messages: readonly ChatMessage[], addGenerationPrompt: boolean): Promise<number[]> {
+    const worker = this.#startWorker();
+    const id = this.#nextId++;
+    return new Promise<number[]>((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+      worker.postMessage({ id, messages, addGenerationPrompt });
+      worker.ref();
+    });
+  }
+
+  #startWorker(): Worker {
+    if (this.#worker) return this.#worker;
+    const worker = new Worker(new URL("./prompt-worker.ts", import.meta.url), {
+      workerData: { tokenizer: this.#tokenizer.toJson() },
+    });
+    worker.unref();
+    worker.on(
+      "message",
+      (reply: { id: number; tokens?: Int32Array; error?: string; name?: string }) => {
+        const pending = this.#pending.get(reply.id);
+        if (!pending) return;
+        this.#pending.delete(reply.id);
+        if (this.#pending.size === 0) worker.unref();
+        if (reply.tokens) pending.resolve(Array.from(reply.tokens));
+        else pending.reject(new PromptError(reply.error ?? "the prompt could not be encoded"));
+      },
+    );
+    const lost = (err: unknown) => {
+      if (this.#worker === worker) this.#worker = undefined;
+      this.#failAll(
+        new Error(
+          `the prompt encoder's thread stopped: ${err instanceof Error ? err.message : String(err)}`,
+        ),
+      );
+    };
+    worker.on("error", lost);
+    worker.on("exit", (code) => lost(new Error(`exit code ${code}`)));
+    this.#worker = worker;
+    return worker;
+  }
+
+  #failAll(error: Error): void {
+    const pending = [...this.#pending.values()];
+    this.#pending.clear();
+    for (const p of pending) p.reject(error);
+  }
+}
+
+/** The prompt could not be rendered or tokenized (bad input, not a failure of the encoder). */
+export class PromptError extends Error {
+  override readonly name = "PromptError";
+}
+
+/** UTF-8 bytes of everything a prompt's messages carry. */
+export function promptBytes(messages: readonly ChatMessage[]): number {
+  let bytes = 0;
+  for (const m of messages) {
+    bytes += Buffer.byteLength(m.content, "utf8");
+    for (const call of m.toolCalls ?? []) {
+      bytes += Buffer.byteLength(call.name, "utf8") + Buffer.byteLength(call.arguments, "utf8");
+    }
+  }
+  return bytes;
+}
