@@ -4,6 +4,7 @@ import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
 import type { AppConfig, Role } from "./config.ts";
 import { authentication } from "./http/auth.ts";
+import { jsonBody } from "./http/body.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
 import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
 import type { Handlers } from "./http/operations.ts";
@@ -47,12 +48,12 @@ export function createApp(deps: AppDeps): Express {
   app.use(rawModelIdInPath);
   app.use(authentication(async (token) => principalOf(await deps.store.apiKeys.verify(token))));
   app.use("/v1/chat/completions", rateLimited(new RateLimiter(config.rateLimits)));
-  app.use("/v1/chat/completions", express.json({ limit: "10mb" }));
+  app.use("/v1/chat/completions", jsonBody("10mb"));
   app.use(
     "/v1/preview/datasets",
     express.text({ type: DATASET_MEDIA_TYPES, limit: DATASET_MAX_BYTES }),
   );
-  app.use(express.json({ limit: "64mb" }));
+  app.use(jsonBody("64mb"));
 
   // With both checks off the validator still matches every path on every request: leave it out.
   if (config.validateRequests || config.validateResponses) {

@@ -1,9 +1,11 @@
+import type { Server } from "node:http";
 import { openStore } from "@arbor/store";
 import { EmbeddedWorker } from "@arbor/worker";
 import { pino } from "pino";
 import { createApp } from "./app.ts";
 import { ensureFirstAdmin } from "./bootstrap.ts";
 import { configFromEnv, type ServerConfig } from "./config.ts";
+import { listen } from "./http/listen.ts";
 import { loadSpec } from "./http/openapi.ts";
 import { engineProbe, storeProbes } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
@@ -54,19 +56,34 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     onJobQueued: () => worker?.poke(),
   });
 
-  const server = app.listen(config.port, config.host, () => {
-    const address = server.address();
-    const port = typeof address === "object" && address ? address.port : config.port;
-    logger.info(
-      {
-        port,
-        dataDir: config.dataDir,
-        database: store.dialect,
-        engineThreads: config.engineThreads,
-      },
-      `Arbor listening on http://${config.host}:${port} (docs at /docs)`,
-    );
-  });
+  let server: Server;
+  try {
+    server = await listen(app, config.port, config.host);
+  } catch (err) {
+    const reason =
+      (err as NodeJS.ErrnoException).code === "EADDRINUSE"
+        ? `${config.host}:${config.port} is already in use (set ARBOR_PORT to another port)`
+        : err instanceof Error
+          ? err.message
+          : String(err);
+    logger.fatal({ err }, `Arbor cannot listen: ${reason}`);
+    process.stderr.write(`arbor: cannot listen: ${reason}\n`);
+    await worker?.stop().catch(() => {});
+    await engines.dispose().catch(() => {});
+    await store.close().catch(() => {});
+    process.exit(1);
+  }
+  const address = server.address();
+  const port = typeof address === "object" && address ? address.port : config.port;
+  logger.info(
+    {
+      port,
+      dataDir: config.dataDir,
+      database: store.dialect,
+      engineThreads: config.engineThreads,
+    },
+    `Arbor listening on http://${config.host}:${port} (docs at /docs)`,
+  );
 
   function shutdown(signal: string) {
     logger.info({ signal }, "shutting down");

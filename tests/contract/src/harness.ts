@@ -11,6 +11,7 @@ import {
   engineProbe,
   ensureFirstAdmin,
   type LlamaCppBackend,
+  listen,
   loadSpec,
   storeProbes,
 } from "@arbor/server";
@@ -64,8 +65,7 @@ export async function startServer(
     probes: storeProbes(store, engineProbe(engines)),
     onJobQueued: () => worker?.poke(),
   });
-  const server = app.listen(0, "127.0.0.1");
-  await new Promise<void>((resolve) => server.once("listening", () => resolve()));
+  const server = await listen(app, 0, "127.0.0.1");
   const { port } = server.address() as AddressInfo;
   const baseUrl = `http://127.0.0.1:${port}`;
   const client = (options: Partial<ArborClientOptions> = {}) =>

@@ -1,5 +1,5 @@
 import type { NextFunction, Request, Response } from "express";
-import { ApiError } from "./errors.ts";
+import { ApiError, quote } from "./errors.ts";
 import type { Principal } from "./principal.ts";
 
 /** Resolves a presented key to its principal; null for an unknown or revoked key. */
@@ -61,7 +61,7 @@ function projectOf(req: Request, principal: Principal): ProjectRef {
   const ref = parseProjectId(raw.trim());
   if (!ref) {
     throw ApiError.badRequest(
-      `Malformed project header "${raw}": expected "<entity>/<project>".`,
+      `Malformed project header ${quote(raw)}: expected "<entity>/<project>".`,
       "Compat-Project",
       "invalid_project",
     );
@@ -73,6 +73,6 @@ function projectOf(req: Request, principal: Principal): ProjectRef {
 /** Throws 403 unless the principal is a member of `entity`. */
 export function requireEntity(principal: Principal, entity: string): void {
   if (!principal.entities.includes(entity)) {
-    throw ApiError.forbidden(`This API key may not act for entity "${entity}".`);
+    throw ApiError.forbidden(`This API key may not act for entity ${quote(entity)}.`);
   }
 }

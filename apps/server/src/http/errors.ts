@@ -107,20 +107,65 @@ function isValidatorError(err: unknown): err is ValidatorError {
   );
 }
 
-/** body-parser's errors carry `type` such as `entity.parse.failed`. */
-interface BodyParserError {
-  type: string;
+/** An error from body-parser or another http-errors user: `status` is the client's fault when it
+ * is a 4xx, and `type` (body-parser's) says which. */
+interface HttpClientError {
   status: number;
   message: string;
+  type?: string;
+  code?: string;
 }
 
-function isBodyParserError(err: unknown): err is BodyParserError {
-  return (
-    typeof err === "object" &&
-    err !== null &&
-    typeof (err as BodyParserError).type === "string" &&
-    (err as BodyParserError).type.startsWith("entity.")
-  );
+function isHttpClientError(err: unknown): err is HttpClientError {
+  if (typeof err !== "object" || err === null) return false;
+  const e = err as HttpClientError;
+  return typeof e.status === "number" && e.status >= 400 && e.status < 500;
+}
+
+/** At most `max` characters of something a client sent, for quoting it in an error message. */
+export function quote(value: unknown, max = 64): string {
+  const text = typeof value === "string" ? value : String(value);
+  return JSON.stringify(text.length > max ? `${text.slice(0, max)}…` : text);
+}
+
+/** A body that could not be read, decoded or parsed: 400 (422 under /calls, with a `loc`). */
+function unreadableBody(message: string, code: string, type: string): ApiError {
+  return new ApiError(400, message, { code, issues: [{ loc: ["body"], msg: message, type }] });
+}
+
+function fromHttpClientError(err: HttpClientError): ApiError {
+  switch (err.type) {
+    case "entity.too.large":
+      return ApiError.tooLarge("Request body is too large.");
+    case "entity.parse.failed":
+      return new ApiError(400, "The request body is not valid JSON.", {
+        code: "invalid_json",
+        issues: [{ loc: ["body"], msg: "JSON decode error", type: "json_invalid" }],
+      });
+    case "entity.too.deep":
+      return unreadableBody(err.message, "invalid_json", "json_invalid");
+    case "charset.unsupported":
+      return new ApiError(415, `${err.message}: send the body as UTF-8.`, {
+        code: "unsupported_media_type",
+      });
+    case "encoding.unsupported":
+      return new ApiError(
+        415,
+        `${err.message}: send the body uncompressed, or with gzip, deflate or br.`,
+        { code: "unsupported_media_type" },
+      );
+  }
+  if (err.code?.startsWith("Z_")) {
+    // zlib could not inflate a body sent with Content-Encoding.
+    return unreadableBody(
+      "The request body does not decode with its Content-Encoding.",
+      "invalid_encoding",
+      "value_error",
+    );
+  }
+  if (err.status === 413) return ApiError.tooLarge("Request body is too large.");
+  if (err.status === 415) return new ApiError(415, err.message, { code: "unsupported_media_type" });
+  return unreadableBody("The request body could not be read.", "invalid_body", "value_error");
 }
 
 /** `/body/messages/0/role` → `["body", "messages", 0, "role"]`. */
@@ -217,24 +262,6 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
       unexpected: false,
     };
   }
-  if (isBodyParserError(err)) {
-    if (err.type === "entity.too.large") {
-      return { error: ApiError.tooLarge("Request body is too large."), unexpected: false };
-    }
-    if (err.type === "entity.parse.failed") {
-      return {
-        error: new ApiError(400, "The request body is not valid JSON.", {
-          code: "invalid_json",
-          issues: [{ loc: ["body"], msg: "JSON decode error", type: "json_invalid" }],
-        }),
-        unexpected: false,
-      };
-    }
-    return {
-      error: new ApiError(err.status || 400, "The request body could not be read."),
-      unexpected: false,
-    };
-  }
   if (isValidatorError(err) && err.status < 500) {
     const entries = err.errors ?? [];
     const issues = entries.map((e) => {
@@ -273,6 +300,7 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
       unexpected: false,
     };
   }
+  if (isHttpClientError(err)) return { error: fromHttpClientError(err), unexpected: false };
   return {
     error: new ApiError(500, "Internal server error."),
     unexpected: true,

@@ -1,7 +1,7 @@
 import type { components } from "@arbor/spec/schema";
 import type { Call, CallBatchItem, CallsRepo, Json } from "@arbor/store";
 import { parseProjectId, requireEntity } from "../../http/auth.ts";
-import { ApiError } from "../../http/errors.ts";
+import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 
 type Schemas = components["schemas"];
@@ -11,7 +11,7 @@ type Schemas = components["schemas"];
 export function authorizeProject(principal: Principal, projectId: string): string {
   const ref = parseProjectId(projectId);
   if (!ref) {
-    throw new ApiError(422, `project_id must be "<entity>/<project>", got "${projectId}".`, {
+    throw new ApiError(422, `project_id must be "<entity>/<project>", got ${quote(projectId)}.`, {
       issues: [
         {
           loc: ["body", "project_id"],

@@ -1,6 +1,6 @@
 import type { GenerateRequest, TokenLogprob } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
-import { ApiError } from "../../http/errors.ts";
+import { ApiError, quote } from "../../http/errors.ts";
 
 type Schemas = components["schemas"];
 export type ChatRequest = Schemas["CreateChatCompletionRequest"];
@@ -40,12 +40,13 @@ function unsupported(param: string, why = "is not supported by this model"): Api
 /** Translates an OpenAI chat request into an engine request, refusing what it cannot honour. */
 export function toGenerateRequest(body: ChatRequest): GenerateRequest {
   for (const [key, value] of Object.entries(body)) {
-    if (value !== null && value !== undefined && !honoured.has(key)) throw unsupported(key);
+    if (value !== null && value !== undefined && !honoured.has(key))
+      throw unsupported(key.length > 64 ? `${key.slice(0, 64)}…` : key);
   }
   const messages = body.messages.map((message, i) => {
     for (const [key, value] of Object.entries(message)) {
       if (value !== null && value !== undefined && !messageFields.has(key)) {
-        throw unsupported(`messages[${i}].${key}`);
+        throw unsupported(`messages[${i}].${key.length > 64 ? `${key.slice(0, 64)}…` : key}`);
       }
     }
     return { role: message.role, content: textOf(message.content, i) };
@@ -100,7 +101,7 @@ function textOf(content: unknown, i: number): string {
         if (part.type !== "text")
           throw unsupported(
             `messages[${i}].content[${j}].type`,
-            `"${part.type}" is not supported; only text parts are`,
+            `${quote(part.type)} is not supported; only text parts are`,
           );
         return part.text ?? "";
       })

@@ -1,6 +1,6 @@
 import type { components } from "@arbor/spec/schema";
 import type { Checkpoint, Model, Store } from "@arbor/store";
-import { ApiError } from "../../http/errors.ts";
+import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import type { EngineHost } from "./engines.ts";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
@@ -158,8 +158,12 @@ export class ModelDirectory {
 }
 
 export function modelNotFound(id: string): ApiError {
-  return new ApiError(404, `The model "${id}" does not exist or you do not have access to it.`, {
-    code: "model_not_found",
-    param: "model",
-  });
+  return new ApiError(
+    404,
+    `The model ${quote(id)} does not exist or you do not have access to it.`,
+    {
+      code: "model_not_found",
+      param: "model",
+    },
+  );
 }

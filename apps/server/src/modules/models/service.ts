@@ -2,7 +2,7 @@ import type { components } from "@arbor/spec/schema";
 import type { Checkpoint, Model, Store } from "@arbor/store";
 import { ConflictError } from "@arbor/store";
 import { requireEntity } from "../../http/auth.ts";
-import { ApiError } from "../../http/errors.ts";
+import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 
 type Schemas = components["schemas"];
@@ -47,7 +47,7 @@ export async function findModel(
     const model = await store.models.get(entity, modelId);
     if (model) return model;
   }
-  throw ApiError.notFound(`Model ${modelId} not found.`, "model_not_found");
+  throw ApiError.notFound(`Model ${quote(modelId)} not found.`, "model_not_found");
 }
 
 export interface CreateModelDeps {
@@ -68,7 +68,7 @@ export async function createModel(
   const supported = deps.baseModels();
   if (!supported.includes(body.base_model)) {
     throw ApiError.badRequest(
-      `Unsupported base_model "${body.base_model}". Supported: ${supported.join(", ")}.`,
+      `Unsupported base_model ${quote(body.base_model)}. Supported: ${supported.join(", ")}.`,
       "base_model",
       "unsupported_base_model",
     );

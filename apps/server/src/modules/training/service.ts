@@ -2,7 +2,7 @@ import type { components } from "@arbor/spec/schema";
 import type { JobEvent, Store, TrainingJob } from "@arbor/store";
 import { uuidv7 } from "@arbor/store";
 import { datasetIdOf } from "@arbor/worker";
-import { ApiError } from "../../http/errors.ts";
+import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import { findModel } from "../models/service.ts";
 
@@ -46,7 +46,7 @@ export async function findJob(
     const job = await store.jobs.get(entity, jobId);
     if (job) return job;
   }
-  throw ApiError.notFound(`Training job ${jobId} not found.`, "training_job_not_found");
+  throw ApiError.notFound(`Training job ${quote(jobId)} not found.`, "training_job_not_found");
 }
 
 /** An item of `messages_and_choices` that is a sampled assistant turn (an OpenAI choice). */
@@ -123,10 +123,13 @@ export async function createSftJob(
   if (url.startsWith("dataset://")) {
     const id = datasetIdOf(url);
     if (!id || !(await store.datasets.get(model.entity, id))) {
-      throw ApiError.notFound(`Dataset ${url} not found.`, "dataset_not_found");
+      throw ApiError.notFound(`Dataset ${quote(url)} not found.`, "dataset_not_found");
     }
   } else if (!URL.canParse(url)) {
-    throw ApiError.badRequest(`training_data_url is not a valid URL: ${url}`, "training_data_url");
+    throw ApiError.badRequest(
+      `training_data_url is not a valid URL: ${quote(url)}`,
+      "training_data_url",
+    );
   }
   const job = await store.jobs.enqueue({
     type: "sft",
