@@ -619,7 +619,7 @@ export interface components {
             /** @default 1 */
             top_p?: number | null;
             /**
-             * @description Choices to generate.
+             * @description Choices to generate (at most 8: each is a whole sequence in the engine).
              * @default 1
              */
             n?: number | null;
@@ -795,13 +795,20 @@ export interface components {
                 code: string | null;
             };
         };
+        /**
+         * Name
+         * @description A name of ours (entity, project, model, split): 1–128 letters, digits, `.`, `_` and `-`, and
+         *     neither `.` nor `..`. Names appear in model ids (`<entity>/<project>/<name>`) and paths.
+         * @example support-bot
+         */
+        Name: string;
         /** CreateModelRequest */
         CreateModelRequest: {
             /** @description The team that owns the model. Absent or null means the key's default entity. */
-            entity?: string | null;
-            project: string;
+            entity?: components["schemas"]["Name"] | null;
+            project: components["schemas"]["Name"];
             /** @description Unique within `(entity, project)`. Chat with it as `<entity>/<project>/<name>`. */
-            name: string;
+            name: components["schemas"]["Name"];
             /** @description A base model id from `listModels` (`<owner>/<name>`). */
             base_model: string;
             /**
@@ -951,7 +958,7 @@ export interface components {
         /** LogModelMetricsRequest */
         LogModelMetricsRequest: {
             /** @description The metric prefix, such as `train` or `val`: metrics are stored as `<split>/<metric>`. */
-            split: string;
+            split: components["schemas"]["Name"];
             trajectory_groups: components["schemas"]["TrajectoryGroup"][];
         };
         /** LogModelMetricsResponse */
@@ -1217,7 +1224,7 @@ export interface components {
         };
         /**
          * ProjectId
-         * @description `<entity>/<project>`. The key must be allowed on the entity.
+         * @description `<entity>/<project>`, both [names](#/components/schemas/Name). The key must be allowed on the entity.
          */
         ProjectId: string;
         /** CallsUsageRequest */
