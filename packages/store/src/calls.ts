@@ -3,7 +3,7 @@ import { type Clock, fromJson, type Json, strOrNull, toJson } from "./common.ts"
 import { ConflictError, LimitExceededError } from "./errors.ts";
 import { uuidv7 } from "./ids.ts";
 import { isoDate } from "./prices.ts";
-import type { Dialect, Row, Sql, SqlValue } from "./sql.ts";
+import { type Dialect, inList, listParam, type Row, type Sql, type SqlValue } from "./sql.ts";
 
 export interface CallStartInput {
   project_id: string;
@@ -131,6 +131,14 @@ function canonical(value: unknown): string {
   return `{${keys.map((k) => `${JSON.stringify(k)}:${canonical(obj[k])}`).join(",")}}`;
 }
 
+/**
+ * Free text a call reports (its display name, its exception): kept as sent, but for NUL, which
+ * PostgreSQL cannot store in text; it becomes U+FFFD on every backend alike.
+ */
+function freeText(value: string | null | undefined): string | null {
+  return value === undefined || value === null ? null : value.replaceAll("\u0000", "\ufffd");
+}
+
 function prepareStart(s: CallStartInput, now: number): PreparedStart {
   const id = s.id ?? uuidv7(now);
   // The hash covers what the client sent: a retried start without trace_id must not conflict
@@ -139,7 +147,7 @@ function prepareStart(s: CallStartInput, now: number): PreparedStart {
     trace_id: s.trace_id ?? null,
     parent_id: s.parent_id ?? null,
     op_name: s.op_name,
-    display_name: s.display_name ?? null,
+    display_name: freeText(s.display_name),
     started_at: isoDate(s.started_at),
     inputs: s.inputs ?? null,
     attributes: s.attributes ?? null,
@@ -162,7 +170,7 @@ function prepareEnd(e: CallEndInput): PreparedEnd {
     id: e.id,
     ended_at: isoDate(e.ended_at),
     output: toJson(e.output ?? null),
-    exception: e.exception ?? null,
+    exception: freeText(e.exception),
     summary: toJson(e.summary ?? null),
   };
 }
@@ -184,17 +192,6 @@ function toCall(r: Row): Call {
     summary: fromJson(r.summary),
     deleted_at: strOrNull(r.deleted_at),
   };
-}
-
-/**
- * `column IN (…)` over a JSON array bound as one parameter, so id lists never hit parameter
- * limits. On PostgreSQL `= ANY(ARRAY(…))` keeps the primary-key index (a plain IN-subquery over
- * jsonb was planned as a scan of the whole project).
- */
-function inList(dialect: Dialect, column: string, param: number): string {
-  return dialect === "sqlite"
-    ? `${column} IN (SELECT value FROM json_each($${param}))`
-    : `${column} = ANY(ARRAY(SELECT jsonb_array_elements_text($${param}::jsonb)))`;
 }
 
 const UPSERT_COLUMNS = [
@@ -272,7 +269,7 @@ function usageSql(dialect: Dialect) {
            AND json_type(c.summary, '$.usage') = 'object' AND j.type = 'object'`
       : `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
          FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
-         CROSS JOIN LATERAL (SELECT c.summary::jsonb -> 'usage' AS usage) s
+         CROSS JOIN LATERAL (SELECT replace(c.summary, '\\u0000', '\\ufffd')::jsonb -> 'usage' AS usage) s
          CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(s.usage) = 'object'
                                        THEN s.usage ELSE '{}'::jsonb END) j
          WHERE c.summary IS NOT NULL AND jsonb_typeof(j.value) = 'object'`;
@@ -380,7 +377,7 @@ export class CallsRepo {
       const chunk = calls.slice(i, i + 5000).map((c) => c.id);
       const rows = await this.#sql.query<{ id: string; trace_id: string }>(
         `SELECT id, trace_id FROM calls WHERE project_id = $1 AND ${inList(this.#sql.dialect, "id", 2)}`,
-        [projectId, JSON.stringify(chunk)],
+        [projectId, listParam(chunk)],
       );
       for (const r of rows) found.set(String(r.id), String(r.trace_id));
     }
@@ -406,7 +403,7 @@ export class CallsRepo {
         const existing = await tx.query<{ id: string; start_hash: string }>(
           `SELECT id, start_hash FROM calls WHERE project_id = $1 AND started = 1
              AND ${inList(tx.dialect, "id", 2)}`,
-          [project, JSON.stringify(chunk)],
+          [project, listParam(chunk)],
         );
         for (const e of existing) {
           if (ids.get(String(e.id)) !== String(e.start_hash)) {
@@ -464,7 +461,7 @@ export class CallsRepo {
     const params: SqlValue[] = [projectId];
     const list = (column: string, values: readonly string[] | undefined) => {
       if (values === undefined) return;
-      params.push(JSON.stringify(values));
+      params.push(listParam(values));
       where.push(inList(d, column, params.length));
     };
     list("trace_id", filter.trace_ids);
@@ -504,7 +501,7 @@ export class CallsRepo {
          )
          UPDATE calls SET deleted_at = $3
          WHERE project_id = $1 AND id IN (SELECT id FROM tree) AND deleted_at IS NULL`,
-        [projectId, JSON.stringify(ids), new Date(this.#now()).toISOString()],
+        [projectId, listParam(ids), new Date(this.#now()).toISOString()],
       ),
     );
   }
@@ -556,7 +553,7 @@ export class CallsRepo {
         FROM tree t CROSS JOIN calls c
         WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
       )`;
-    const params = [projectId, JSON.stringify(distinct)];
+    const params = [projectId, listParam(distinct)];
 
     const count = await sql.one<{ n: number; open: number | null }>(
       `${tree} SELECT COUNT(*) AS n, SUM(open) AS open FROM tree`,

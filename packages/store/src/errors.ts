@@ -27,6 +27,25 @@ export class LimitExceededError extends StoreError {
   }
 }
 
+/** A value the store will not keep (a name outside the grammar, a NUL character in a string);
+ * refused the same way on every backend. */
+export class InvalidInputError extends StoreError {
+  override name = "InvalidInputError";
+}
+
+/** Names of entities, projects, models and splits: 1–128 letters, digits, `.`, `_`, `-`, and
+ * neither `.` nor `..` (the spec's `Name`). */
+export const NAME_PATTERN = /^(?!\.\.?$)[A-Za-z0-9._-]{1,128}$/;
+
+/** Throws InvalidInputError unless `value` is a name. */
+export function assertName(value: string, what: string): void {
+  if (!NAME_PATTERN.test(value)) {
+    throw new InvalidInputError(
+      `${what} must be 1–128 letters, digits, ".", "_" or "-" (and not "." or ".."), got ${JSON.stringify(value.length > 64 ? `${value.slice(0, 64)}…` : value)}`,
+    );
+  }
+}
+
 /** The driver's unique-violation error, whatever the backend. */
 export function isUniqueViolation(err: unknown): boolean {
   if (typeof err !== "object" || err === null) return false;

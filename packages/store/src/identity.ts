@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { type Clock, numOrNull, type Page, type PageOptions, pageLimit, toPage } from "./common.ts";
-import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
+import { assertName, ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
 import type { Row, Sql } from "./sql.ts";
 
@@ -83,6 +83,7 @@ export class EntitiesRepo {
 
   /** Creates the entity if missing; returns it either way. */
   async ensure(name: string): Promise<Entity> {
+    assertName(name, "An entity name");
     await this.#sql.exec(
       "INSERT INTO entities (name, created_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
       [name, unixSeconds(this.#now())],
@@ -114,6 +115,7 @@ export class UsersRepo {
    * user a member of it. A taken name → ConflictError.
    */
   async create(input: { name: string; defaultEntity: string; role?: string }): Promise<User> {
+    assertName(input.defaultEntity, "An entity name");
     const now = this.#now();
     try {
       return await this.#sql.transaction(async (tx) => {
@@ -168,6 +170,7 @@ export class UsersRepo {
 
   /** Adds (or re-roles) a membership; the entity is created when missing. */
   async addMembership(userId: string, entity: string, role = "member"): Promise<Membership> {
+    assertName(entity, "An entity name");
     const now = unixSeconds(this.#now());
     return this.#sql.transaction(async (tx) => {
       await tx.exec(

@@ -12,9 +12,12 @@ export type {
 export type { Clock, Json, Page, PageOptions } from "./common.ts";
 export type { Dataset, DatasetsRepo } from "./datasets.ts";
 export {
+  assertName,
   ConflictError,
+  InvalidInputError,
   isUniqueViolation,
   LimitExceededError,
+  NAME_PATTERN,
   NotFoundError,
   StoreError,
 } from "./errors.ts";

@@ -9,9 +9,9 @@ import {
   toJson,
   toPage,
 } from "./common.ts";
-import { ConflictError, NotFoundError } from "./errors.ts";
+import { assertName, ConflictError, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import type { Row, Sql } from "./sql.ts";
+import { inList, listParam, type Row, type Sql } from "./sql.ts";
 
 export interface Model {
   id: string;
@@ -82,6 +82,8 @@ export class ModelsRepo {
     input: CreateModelInput,
     options: { returnExisting?: boolean } = {},
   ): Promise<{ model: Model; created: boolean }> {
+    assertName(input.project, "A project name");
+    assertName(input.name, "A model name");
     const now = this.#now();
     const result = await this.#sql.transaction(async (tx) => {
       const row = await tx.one(
@@ -161,8 +163,10 @@ export class ModelsRepo {
     id: string,
   ): Promise<{ model: Model; deleted_checkpoints: number; blob_keys: string[] }> {
     return this.#sql.transaction(async (tx) => {
+      // FOR UPDATE: of concurrent deletes, one finds the row and the others wait, then see it gone.
+      const lock = tx.dialect === "postgres" ? " FOR UPDATE" : "";
       const row = await tx.one(
-        `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND id = $2`,
+        `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND id = $2${lock}`,
         [entity, id],
       );
       if (!row) throw new NotFoundError(`Model ${id} not found`);
@@ -295,14 +299,16 @@ export class ModelsRepo {
       if (latest !== null && unique.includes(latest)) {
         throw new ConflictError(`Checkpoint step ${latest} is the latest and cannot be deleted`);
       }
+      // The steps go as one JSON parameter: no list length meets a bound-parameter limit.
+      const stepIn = inList(tx.dialect, "step", 2, "integer");
       const found = await tx.query<{ step: number; blob_key: string | null }>(
-        `SELECT step, blob_key FROM checkpoints WHERE model_id = $1 AND step IN (${placeholders(unique.length, 2)})`,
-        [modelId, ...unique],
+        `SELECT step, blob_key FROM checkpoints WHERE model_id = $1 AND ${stepIn}`,
+        [modelId, listParam(unique)],
       );
-      await tx.exec(
-        `DELETE FROM checkpoints WHERE model_id = $1 AND step IN (${placeholders(unique.length, 2)})`,
-        [modelId, ...unique],
-      );
+      await tx.exec(`DELETE FROM checkpoints WHERE model_id = $1 AND ${stepIn}`, [
+        modelId,
+        listParam(unique),
+      ]);
       const foundSteps = new Set(found.map((f) => Number(f.step)));
       return {
         deleted_count: found.length,

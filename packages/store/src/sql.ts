@@ -1,6 +1,7 @@
 import { resolve } from "node:path";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
 import pg from "pg";
+import { InvalidInputError } from "./errors.ts";
 
 export type Dialect = "sqlite" | "postgres";
 export type SqlValue = string | number | bigint | boolean | null | undefined | Uint8Array;
@@ -21,13 +22,58 @@ export interface Sql {
   close(): Promise<void>;
 }
 
+/**
+ * `column IN (…)` over a JSON array bound as one parameter, so id lists never hit parameter
+ * limits. On PostgreSQL `= ANY(ARRAY(…))` keeps the primary-key index (a plain IN-subquery over
+ * jsonb was planned as a scan of the whole project).
+ */
+export function inList(
+  dialect: Dialect,
+  column: string,
+  param: number,
+  type: "text" | "integer" = "text",
+): string {
+  if (dialect === "sqlite") return `${column} IN (SELECT value FROM json_each($${param}))`;
+  const values = `jsonb_array_elements_text($${param}::jsonb)`;
+  return `${column} = ANY(ARRAY(SELECT ${type === "integer" ? `CAST(v AS INTEGER) FROM ${values} v` : values}))`;
+}
+
+/** The values for `inList`, as its one JSON parameter; a string with NUL is refused as in any
+ * other bound string. */
+export function listParam(values: readonly (string | number)[]): string {
+  for (const v of values) if (typeof v === "string") refuseNul(v);
+  return JSON.stringify(values);
+}
+
 const PLACEHOLDER = /\$(\d+)/g;
+
+/**
+ * PostgreSQL cannot store a NUL character in text, SQLite can: refuse it in every bound string
+ * on both, so one store never keeps what the other would refuse. (JSON text escapes NUL as
+ * `\u0000`, so free-form JSON never reaches this check.)
+ */
+function refuseNul(value: string): string {
+  if (value.includes("\u0000")) {
+    throw new InvalidInputError("A string value contains a NUL character (U+0000).");
+  }
+  return value;
+}
 
 function sqliteParams(
   params: readonly SqlValue[] | undefined,
 ): (string | number | bigint | null | Uint8Array)[] {
   if (!params) return [];
-  return params.map((v) => (v === undefined ? null : typeof v === "boolean" ? (v ? 1 : 0) : v));
+  return params.map((v) =>
+    v === undefined
+      ? null
+      : typeof v === "boolean"
+        ? v
+          ? 1
+          : 0
+        : typeof v === "string"
+          ? refuseNul(v)
+          : v,
+  );
 }
 
 export interface SqliteOptions {
@@ -217,7 +263,15 @@ interface PgQueryable {
 
 function pgParams(params: readonly SqlValue[] | undefined): unknown[] {
   if (!params) return [];
-  return params.map((v) => (v === undefined ? null : typeof v === "bigint" ? v.toString() : v));
+  return params.map((v) =>
+    v === undefined
+      ? null
+      : typeof v === "bigint"
+        ? v.toString()
+        : typeof v === "string"
+          ? refuseNul(v)
+          : v,
+  );
 }
 
 class PgTx implements Sql {
