@@ -266,4 +266,32 @@ describe("Engine", () => {
         expect(["name", "age", "ok", "mood", "tags"]).toContain(key);
     }
   });
+
+  it("when JSON output is closed early for want of tokens, then it parses and finishes as length", async () => {
+    const engine = new Engine(model);
+    const schema: JsonSchema = {
+      type: "object",
+      properties: { story: { type: "string" } },
+      required: ["story"],
+    };
+    const reasons: string[] = [];
+    for (let seed = 0; seed < 8; seed++) {
+      const result = await engine.complete({
+        prompt,
+        maxTokens: 16,
+        temperature: 2,
+        seed,
+        logprobs: true,
+        responseFormat: { type: "json_schema", schema },
+      });
+      const choice = result.choices[0]!;
+      expect(typeof (JSON.parse(choice.text) as { story: unknown }).story).toBe("string");
+      // Every reported logprob is a number, forced closing tokens included.
+      for (const lp of choice.logprobs ?? []) expect(Number.isFinite(lp.logprob)).toBe(true);
+      // 16 tokens leave room for the shortest value, `{"story":""}` (12 here), but little more.
+      if (choice.finishReason === "length") expect(choice.tokens).toHaveLength(16);
+      reasons.push(choice.finishReason);
+    }
+    expect(reasons).toContain("length");
+  });
 });

@@ -95,6 +95,8 @@ interface Sequence {
   counts: Map<number, number>;
   rng: Rng;
   json: JsonConstraint | null;
+  /** JSON output being closed early because the token budget runs out: it ends as `length`. */
+  truncated: boolean;
   emittedChars: number;
   queue: EventQueue;
   finished: boolean;
@@ -212,6 +214,7 @@ export class Engine {
         counts: new Map(),
         rng: new Rng(deriveSeed(normalized.seed, choice)),
         json: json ? new JsonConstraint(json) : null,
+        truncated: false,
         emittedChars: 0,
         queue,
         finished: false,
@@ -346,17 +349,24 @@ export class Engine {
     if (s.json) {
       const remaining = r.maxTokens - s.generated.length;
       const completion = s.json.completion();
-      if (remaining <= completion.length) forced = this.charToken(completion[0]!);
-      else {
+      if (remaining <= completion.length) {
+        forced = this.charToken(completion[0]!);
+        s.truncated = true;
+      } else {
         // Near the budget, only allow tokens after which the value can still be closed in time.
         // (A token can lengthen the completion by its own text plus a new key's minimal value.)
         const near = remaining - completion.length <= this.maxTokenChars() + 64;
         const budget = near ? remaining - 1 : null;
         allowed = this.jsonMask(s.json, budget);
-        if (!allowed.includes(1)) forced = this.charToken(completion[0]!);
+        if (!allowed.includes(1)) {
+          forced = this.charToken(completion[0]!);
+          s.truncated ||= near;
+        }
       }
     }
-    const logprobs = logSoftmax(logits, allowed);
+    let logprobs = logSoftmax(logits, allowed);
+    // A forced token may lie outside the mask: report the model's own log-probability for it.
+    if (forced !== null && !Number.isFinite(logprobs[forced]!)) logprobs = logSoftmax(logits, null);
     const token =
       forced ?? sampleToken(logprobs, { temperature: r.temperature, topP: r.topP }, s.rng);
     if (this.stopTokens.has(token) && !s.json) {
@@ -418,7 +428,7 @@ export class Engine {
       return;
     }
     if (s.json?.complete) {
-      this.finish(s, "stop");
+      this.finish(s, s.truncated ? "length" : "stop");
       return;
     }
     if (s.generated.length >= r.maxTokens || s.cache.length + 1 > s.capacity) {
