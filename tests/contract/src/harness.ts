@@ -39,7 +39,12 @@ export interface RunningServer {
 /** Starts the real app on port 0 with real dependencies: a SQLite store in a temp dir. */
 export async function startServer(
   config: Partial<AppConfig> = {},
-  options: { worker?: boolean; llama?: Map<string, LlamaCppBackend> } = {},
+  options: {
+    worker?: boolean;
+    llama?: Map<string, LlamaCppBackend>;
+    /** What the app sees of the store (a test double over the real one, say). */
+    storeSeenByApp?: (store: Store) => Store;
+  } = {},
 ): Promise<RunningServer> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
   const store = await openStore({ dataDir });
@@ -60,7 +65,7 @@ export async function startServer(
     config: defaultAppConfig(config),
     logger: pino({ level: "silent" }),
     spec,
-    store,
+    store: options.storeSeenByApp?.(store) ?? store,
     engines,
     probes: storeProbes(store, engineProbe(engines)),
     onJobQueued: () => worker?.poke(),

@@ -43,7 +43,7 @@ export interface ProjectRef {
   id: string;
 }
 
-const projectPattern = /^([^/\s]+)\/([^/\s]+)$/;
+const projectPattern = /^((?!\.\.?\/)[A-Za-z0-9._-]{1,128})\/((?!\.\.?$)[A-Za-z0-9._-]{1,128})$/;
 
 export function parseProjectId(value: string): ProjectRef | null {
   const match = projectPattern.exec(value);

@@ -1,4 +1,10 @@
-import { ConflictError, LimitExceededError, NotFoundError, StoreError } from "@arbor/store";
+import {
+  ConflictError,
+  InvalidInputError,
+  LimitExceededError,
+  NotFoundError,
+  StoreError,
+} from "@arbor/store";
 import { TrainingDataError } from "@arbor/worker";
 import type { NextFunction, Request, Response } from "express";
 import type { Logger } from "pino";
@@ -312,6 +318,12 @@ function fromStoreError(err: StoreError): ApiError {
   if (err instanceof ConflictError) return ApiError.conflict(err.message);
   if (err instanceof NotFoundError) return ApiError.notFound(err.message);
   if (err instanceof LimitExceededError) return ApiError.tooLarge(err.message);
+  if (err instanceof InvalidInputError) {
+    return new ApiError(400, `${err.message}.`, {
+      code: "invalid_value",
+      issues: [{ loc: ["body"], msg: err.message, type: "value_error" }],
+    });
+  }
   return new ApiError(500, "Internal server error.");
 }
 

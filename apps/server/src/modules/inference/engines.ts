@@ -88,7 +88,11 @@ export class EngineHost {
       const prefix = checkpoint.blob_key;
       if (!blobs) throw new Error("the store has no blob directory");
       adapter = Promise.all([this.engine(baseId), readCheckpointFiles(blobs, prefix)]).then(
-        ([engine, files]) => adapterFromFiles(files, engine.model),
+        ([engine, files]) => {
+          // Deleted since the request resolved it: its rows go first, then its files.
+          if (!files["adapter_model.safetensors"]) throw new CheckpointGoneError(checkpoint.id);
+          return adapterFromFiles(files, engine.model);
+        },
       );
       adapter.catch(() => this.#adapters.delete(key));
     }
@@ -101,6 +105,14 @@ export class EngineHost {
   /** Loaded engines, for tests and metrics. */
   loaded(): Promise<Engine[]> {
     return Promise.all(this.#engines.values());
+  }
+}
+
+/** A checkpoint's files are gone: it was deleted while a request was resolving it. */
+export class CheckpointGoneError extends Error {
+  override name = "CheckpointGoneError";
+  constructor(checkpointId: string) {
+    super(`checkpoint ${checkpointId} has no files`);
   }
 }
 

@@ -12,17 +12,22 @@ import {
   runChat,
 } from "./service.ts";
 import { runUpstreamChat } from "./upstream-chat.ts";
-import type { InferenceCall } from "./usage.ts";
+import { type InferenceCall, RecordedCall } from "./usage.ts";
 
 /** The inference surface: chat completions (both paths) and the model listing. */
 export function inferenceHandlers(deps: InferenceDeps): Handlers {
   const chat: Handler<"createChatCompletion"> = async ({ body, principal, req, res }) => {
     const resolved = await deps.directory.resolve(principal!, body.model);
-    const call = callOf(req, res, body);
     const signal = disconnectSignal(res);
     if (resolved.upstream) {
+      const call = await RecordedCall.open(
+        deps.calls,
+        callOf(req, res, body),
+        resolved.id,
+        deps.logger,
+      );
       if (!body.stream)
-        return (await runUpstreamChat(deps, resolved, body, call, signal)) as ChatCompletion;
+        return (await runUpstreamChat(resolved, body, call, signal)) as ChatCompletion;
       // The upstream's refusal (before its stream started) is still a plain error response.
       let sse: SseWriter | undefined;
       await streamed(
@@ -30,7 +35,7 @@ export function inferenceHandlers(deps: InferenceDeps): Handlers {
         deps,
         () => sse,
         async () => {
-          await runUpstreamChat(deps, resolved, body, call, signal, (chunk) => {
+          await runUpstreamChat(resolved, body, call, signal, (chunk) => {
             sse ??= new SseWriter(res);
             sse.send(chunk);
           });
@@ -40,7 +45,14 @@ export function inferenceHandlers(deps: InferenceDeps): Handlers {
       return RESPONDED;
     }
     const prepared = await prepareChat(deps, resolved, body);
-    if (!body.stream) return runChat(deps, prepared, call, signal);
+    // Recorded from here on: a request whose call cannot be stored is refused, not served.
+    const call = await RecordedCall.open(
+      deps.calls,
+      callOf(req, res, body),
+      resolved.id,
+      deps.logger,
+    );
+    if (!body.stream) return runChat(prepared, call, signal);
 
     const sse = new SseWriter(res);
     const chunk = (
@@ -63,7 +75,7 @@ export function inferenceHandlers(deps: InferenceDeps): Handlers {
       deps,
       () => sse,
       async () => {
-        const completion = await runChat(deps, prepared, call, signal, (progress) => {
+        const completion = await runChat(prepared, call, signal, (progress) => {
           if (progress.type === "delta") {
             sse.send(
               chunk([

@@ -13,10 +13,10 @@ import { uuidv7 } from "@arbor/store";
 import type { Logger } from "pino";
 import { ApiError } from "../../http/errors.ts";
 import { type ChatRequest, toGenerateRequest, toLogprobs } from "./chat.ts";
-import type { EngineHost } from "./engines.ts";
+import { CheckpointGoneError, type EngineHost } from "./engines.ts";
 import { checkSupported, type LlamaCppBackend, LlamaUnsupportedError } from "./llama-cpp.ts";
-import type { ModelDirectory, ResolvedModel } from "./models.ts";
-import { type InferenceCall, recordInferenceCall } from "./usage.ts";
+import { type ModelDirectory, modelNotFound, type ResolvedModel } from "./models.ts";
+import type { RecordedCall } from "./usage.ts";
 
 type Schemas = components["schemas"];
 export type ChatCompletion = Schemas["ChatCompletion"];
@@ -96,7 +96,12 @@ export async function prepareChat(
   }
   // The adapter is read only for a request that can run.
   if (resolved.checkpoint) {
-    request.adapter = await deps.engines.adapter(resolved.baseId, resolved.checkpoint, deps.blobs);
+    request.adapter = await deps.engines
+      .adapter(resolved.baseId, resolved.checkpoint, deps.blobs)
+      .catch((err: unknown) => {
+        if (err instanceof CheckpointGoneError) throw modelNotFound(resolved.id);
+        throw err;
+      });
   }
   const { messages: _, ...rest } = request;
   return prepared(resolved, engine, { ...rest, prompt }, prompt.length);
@@ -152,12 +157,11 @@ function prepared(
   };
 }
 
-/** Runs a prepared chat to its end (or its abort), reporting progress, and records the call
- * with the tokens actually produced — streamed, cancelled and failed requests included. */
+/** Runs a prepared chat to its end (or its abort), reporting progress, and ends its recorded
+ * call with the tokens actually produced — streamed, cancelled and failed requests included. */
 export async function runChat(
-  deps: InferenceDeps,
   chat: PreparedChat,
-  call: InferenceCall,
+  call: RecordedCall,
   signal: AbortSignal,
   onProgress: (progress: ChatProgress) => void = () => {},
 ): Promise<ChatCompletion> {
@@ -203,17 +207,12 @@ export async function runChat(
       : signal.aborted
         ? "cancelled: the client disconnected"
         : errorText(failure);
-  try {
-    await recordInferenceCall(deps.calls, call, {
-      model: chat.resolved.id,
-      promptTokens: chat.promptTokens,
-      completionTokens: completion.usage.completion_tokens,
-      output: failure === undefined ? completion : null,
-      exception,
-    });
-  } catch (err) {
-    deps.logger.error({ err }, "could not record the inference call");
-  }
+  await call.close({
+    promptTokens: chat.promptTokens,
+    completionTokens: completion.usage.completion_tokens,
+    output: failure === undefined ? completion : null,
+    exception,
+  });
   if (failure !== undefined) throw failure;
   return completion;
 }

@@ -1,9 +1,8 @@
 import type { components } from "@arbor/spec/schema";
 import type { ChatRequest } from "./chat.ts";
 import type { ResolvedModel } from "./models.ts";
-import type { InferenceDeps } from "./service.ts";
 import { postUpstream, sanitizeChunk, sanitizeCompletion, upstreamChunks } from "./upstream.ts";
-import { type InferenceCall, recordInferenceCall } from "./usage.ts";
+import type { RecordedCall } from "./usage.ts";
 
 type Schemas = components["schemas"];
 type ChatCompletion = Schemas["ChatCompletion"];
@@ -12,10 +11,9 @@ type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
 /** Forwards a chat request to the model's upstream, streamed or not, and records its usage like
  * any other inference call. `onChunk` receives our chunks when streaming. */
 export async function runUpstreamChat(
-  deps: InferenceDeps,
   resolved: ResolvedModel,
   body: ChatRequest,
-  call: InferenceCall,
+  call: RecordedCall,
   signal: AbortSignal,
   onChunk?: (chunk: ChatCompletionChunk) => void,
 ): Promise<ChatCompletion | undefined> {
@@ -62,12 +60,6 @@ export async function runUpstreamChat(
         : signal.aborted
           ? "cancelled: the client disconnected"
           : String((failure as Error).message ?? failure);
-    await recordInferenceCall(deps.calls, call, {
-      model: resolved.id,
-      promptTokens,
-      completionTokens,
-      output,
-      exception,
-    }).catch((err: unknown) => deps.logger.error({ err }, "could not record the inference call"));
+    await call.close({ promptTokens, completionTokens, output, exception });
   }
 }

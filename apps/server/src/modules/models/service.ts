@@ -31,7 +31,7 @@ export function checkpointToWire(model: Model, checkpoint: Checkpoint): Schemas[
     id: checkpoint.id,
     object: "checkpoint",
     step: checkpoint.step,
-    metrics: checkpoint.metrics,
+    metrics: finiteMetrics(checkpoint.metrics),
     created_at: checkpoint.created_at,
     model: `${chatIdOf(model)}:step${checkpoint.step}`,
   };
@@ -128,7 +128,27 @@ export function splitMetrics(
     [`${split}/exception_rate`]: exceptions / (rewards.length + exceptions || 1),
   };
   for (const [name, { total, count }] of sums) metrics[`${split}/${name}`] = total / count;
+  // Finite inputs can still overflow a sum (two rewards of 1e308): refuse before storing.
+  for (const [name, value] of Object.entries(metrics)) {
+    if (!Number.isFinite(value)) {
+      throw ApiError.badRequest(
+        `The metric ${name} overflows (${value}): send rewards and metrics of a smaller magnitude.`,
+        "trajectory_groups",
+        "metric_overflow",
+      );
+    }
+  }
   return metrics;
+}
+
+/** Stored metrics as the wire allows them: numbers only. A value that is not a finite number
+ * (written before this check existed) is left out rather than failing every later read. */
+function finiteMetrics(metrics: Record<string, unknown>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [name, value] of Object.entries(metrics)) {
+    if (typeof value === "number" && Number.isFinite(value)) out[name] = value;
+  }
+  return out;
 }
 
 function mean(values: number[]): number {
