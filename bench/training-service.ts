@@ -110,6 +110,8 @@ async function serve(spec: ChildSpec): Promise<void> {
   // The embedded worker as `serve()` runs it: on its own thread, woken when a job is queued.
   const worker = spec.worker
     ? await EmbeddedWorker.start({
+        store,
+        logger,
         dataDir: spec.dataDir,
         databaseUrl: spec.databaseUrl,
         schema: spec.schema,

@@ -340,7 +340,8 @@ export interface paths {
         };
         /**
          * System check
-         * @description Probes the database, the work queue and the engine. Readiness for load balancers.
+         * @description Probes the database, the work queue, the engine and (when this process runs one) the
+         *     embedded training worker. Readiness for load balancers.
          */
         get: operations["getSystemCheck"];
         put?: never;
@@ -1194,6 +1195,21 @@ export interface components {
                 error: string | null;
                 /** @description Base models the engine (or its upstreams) can serve. */
                 models?: number;
+            };
+            /**
+             * @description The embedded training worker, when this process runs one: it fails while a training thread
+             *     is dead or restarting (its job failed with the cause; a fresh thread is on its way).
+             */
+            worker?: {
+                success: boolean;
+                /** @description How long the probe took, in milliseconds. */
+                duration: number;
+                /** @description Why the probe failed; null on success. */
+                error: string | null;
+                /** @description Training threads this process runs. */
+                threads?: number;
+                /** @description Of those, the ones alive and taking jobs. */
+                running?: number;
             };
         };
         /**
@@ -3019,6 +3035,13 @@ export interface operations {
                      *         "duration": 12.4,
                      *         "error": null,
                      *         "models": 1
+                     *       },
+                     *       "worker": {
+                     *         "success": true,
+                     *         "duration": 0,
+                     *         "error": null,
+                     *         "threads": 1,
+                     *         "running": 1
                      *       }
                      *     }
                      */

@@ -22,6 +22,8 @@ export interface AppConfig {
 export interface ServerConfig extends AppConfig {
   /** Run the training worker in this process (default); off when separate workers run. */
   embeddedWorker: boolean;
+  /** Embedded training threads: jobs of that many models train side by side. Default 1. */
+  trainingThreads: number;
   /** How long a worker's claim on a job lasts without renewal (a dead worker's job is
    * reclaimed after it). */
   workerLeaseMs: number;
@@ -88,6 +90,7 @@ export function configFromEnv(env: NodeJS.ProcessEnv = process.env): ServerConfi
     logLevel: env.ARBOR_LOG_LEVEL ?? "info",
     engineThreads: defaultKernelThreads(env),
     embeddedWorker: env.ARBOR_EMBEDDED_WORKER !== "off",
+    trainingThreads: positive(env, "ARBOR_TRAINING_THREADS") ?? 1,
     workerLeaseMs: worker.leaseMs,
     maxTrainingDataBytes: worker.maxTrainingDataBytes,
     trainingDataAllowHosts: worker.allowHosts,

@@ -3,7 +3,7 @@ export { ADMIN_ENTITY, ADMIN_KEY_FILE, ADMIN_USER, ensureFirstAdmin } from "./bo
 export { type AppConfig, defaultAppConfig } from "./config.ts";
 export { listen } from "./http/listen.ts";
 export { loadSpec, type OpenApiDocument, specOperations } from "./http/openapi.ts";
-export { engineProbe, storeProbes } from "./modules/health/probes.ts";
+export { engineProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
 export { type Probes, timed } from "./modules/health/service.ts";
 export { EngineHost } from "./modules/inference/engines.ts";
 export { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";

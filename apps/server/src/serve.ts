@@ -7,7 +7,7 @@ import { ensureFirstAdmin } from "./bootstrap.ts";
 import { configFromEnv, type ServerConfig } from "./config.ts";
 import { listen } from "./http/listen.ts";
 import { loadSpec } from "./http/openapi.ts";
-import { engineProbe, storeProbes } from "./modules/health/probes.ts";
+import { engineProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
 import { LlamaCppBackend, parseLlamaModels } from "./modules/inference/llama-cpp.ts";
 
@@ -33,18 +33,11 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     [...parseLlamaModels(process.env)].map(([id, path]) => [id, new LlamaCppBackend(path)]),
   );
   const engines = new EngineHost(undefined, llama);
-  // Training runs on its own thread, so a step never stalls a request.
-  const worker = config.embeddedWorker
-    ? await EmbeddedWorker.start({
-        dataDir: config.dataDir,
-        databaseUrl: config.databaseUrl,
-        schema: config.databaseSchema,
-        logLevel: config.logLevel,
-        leaseMs: config.workerLeaseMs,
-        maxTrainingDataBytes: config.maxTrainingDataBytes,
-        allowHosts: config.trainingDataAllowHosts,
-      })
-    : undefined;
+  // Started once the port is ours: a second server on a taken port never touches the jobs.
+  let worker: EmbeddedWorker | undefined;
+  const notStarted = { success: false, error: "starting", threads: 0, running: 0 };
+  const probes = storeProbes(store, engineProbe(engines));
+  if (config.embeddedWorker) probes.worker = workerProbe(() => worker?.health() ?? notStarted);
 
   const app = createApp({
     config,
@@ -52,7 +45,7 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     spec: loadSpec(),
     store,
     engines,
-    probes: storeProbes(store, engineProbe(engines)),
+    probes,
     onJobQueued: () => worker?.poke(),
   });
 
@@ -73,6 +66,21 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     await store.close().catch(() => {});
     process.exit(1);
   }
+  // Training runs on its own threads, so a step never stalls a request.
+  if (config.embeddedWorker) {
+    worker = await EmbeddedWorker.start({
+      store,
+      logger,
+      threads: config.trainingThreads,
+      dataDir: config.dataDir,
+      databaseUrl: config.databaseUrl,
+      schema: config.databaseSchema,
+      logLevel: config.logLevel,
+      leaseMs: config.workerLeaseMs,
+      maxTrainingDataBytes: config.maxTrainingDataBytes,
+      allowHosts: config.trainingDataAllowHosts,
+    });
+  }
   const address = server.address();
   const port = typeof address === "object" && address ? address.port : config.port;
   logger.info(
@@ -81,6 +89,7 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
       dataDir: config.dataDir,
       database: store.dialect,
       engineThreads: config.engineThreads,
+      trainingThreads: config.embeddedWorker ? config.trainingThreads : 0,
     },
     `Arbor listening on http://${config.host}:${port} (docs at /docs)`,
   );

@@ -1,36 +1,182 @@
 import { once } from "node:events";
 import { Worker } from "node:worker_threads";
-import type { WorkerThreadSettings } from "./thread.ts";
+import type { Store } from "@arbor/store";
+import type { Logger } from "pino";
+import { dataDirIdentity, type WorkerIdentity } from "./identity.ts";
+import type { ThreadReport, WorkerThreadSettings } from "./thread.ts";
 
-/** The training worker on a thread of the server's process; `stop()` hands a running job back
- * to the queue and waits for the thread to close its store. */
+export interface EmbeddedWorkerOptions extends WorkerThreadSettings {
+  /** Training threads, each running one job at a time (jobs of different models run side by
+   * side). Default 1. */
+  threads?: number;
+  /** The supervisor's own store handle: it fails the job of a thread that died. */
+  store: Store;
+  logger: Logger;
+  /** First pause before a dead thread is started again; doubles per death, at most 30 s. */
+  restartDelayMs?: number;
+  /** The module each thread runs (default `./thread.ts`); tests give a stand-in. */
+  threadModule?: URL;
+}
+
+type SlotState = "starting" | "running" | "restarting" | "stopped";
+
+/** One supervised training thread. */
+class Slot {
+  readonly index: number;
+  state: SlotState = "starting";
+  thread: Worker | undefined;
+  workerId: string | undefined;
+  job: string | null = null;
+  deaths = 0;
+  lastError: string | null = null;
+  timer: NodeJS.Timeout | undefined;
+  constructor(index: number) {
+    this.index = index;
+  }
+}
+
+/** Health of the embedded worker, for `/v1/system-check`. */
+export interface WorkerHealth {
+  success: boolean;
+  error: string | null;
+  threads: number;
+  running: number;
+}
+
+/**
+ * The training worker on threads of the server's process, supervised: a thread that dies is
+ * logged with its cause, the job it ran fails with a terminal event naming that cause, and a
+ * fresh thread starts (after a pause that grows with repeated deaths). `stop()` hands running
+ * jobs back to the queue and waits for the threads to close their stores.
+ */
 export class EmbeddedWorker {
-  readonly #thread: Worker;
+  readonly #options: EmbeddedWorkerOptions;
+  readonly #identity: WorkerIdentity;
+  readonly #slots: Slot[];
+  #stopping = false;
 
-  private constructor(thread: Worker) {
-    this.#thread = thread;
+  private constructor(options: EmbeddedWorkerOptions, identity: WorkerIdentity) {
+    this.#options = options;
+    this.#identity = identity;
+    this.#slots = Array.from({ length: Math.max(1, options.threads ?? 1) }, (_, i) => new Slot(i));
   }
 
-  static async start(settings: WorkerThreadSettings): Promise<EmbeddedWorker> {
-    const thread = new Worker(new URL("./thread.ts", import.meta.url), { workerData: settings });
-    const [message] = (await Promise.race([
-      once(thread, "message"),
-      once(thread, "error").then(([err]) => Promise.reject(err)),
-    ])) as [unknown];
-    if (message !== "started")
-      throw new Error(`the training worker thread did not start: ${String(message)}`);
-    return new EmbeddedWorker(thread);
+  static async start(options: EmbeddedWorkerOptions): Promise<EmbeddedWorker> {
+    const worker = new EmbeddedWorker(options, dataDirIdentity(options.dataDir));
+    try {
+      await Promise.all(worker.#slots.map((slot) => worker.#startSlot(slot)));
+    } catch (err) {
+      await worker.stop();
+      throw err;
+    }
+    return worker;
   }
 
-  /** A job was just queued: look now rather than at the next poll. */
+  /** A job was just queued: the threads look now rather than at their next poll. */
   poke(): void {
-    this.#thread.postMessage("poke");
+    for (const slot of this.#slots) slot.thread?.postMessage("poke");
+  }
+
+  health(): WorkerHealth {
+    const running = this.#slots.filter((s) => s.state === "running").length;
+    const down = this.#slots.filter((s) => s.state !== "running");
+    return {
+      success: down.length === 0,
+      error:
+        down.length === 0
+          ? null
+          : down
+              .map(
+                (s) =>
+                  `training thread ${s.index} is ${s.state}${s.lastError ? ` after: ${s.lastError}` : ""}`,
+              )
+              .join("; "),
+      threads: this.#slots.length,
+      running,
+    };
   }
 
   async stop(): Promise<void> {
-    const stopped = once(this.#thread, "message");
-    this.#thread.postMessage("stop");
-    await Promise.race([stopped, once(this.#thread, "exit")]);
-    await this.#thread.terminate();
+    this.#stopping = true;
+    await Promise.all(
+      this.#slots.map(async (slot) => {
+        clearTimeout(slot.timer);
+        const thread = slot.thread;
+        slot.state = "stopped";
+        if (!thread) return;
+        const stopped = new Promise<void>((resolve) => {
+          thread.on("message", (m: ThreadReport) => m.type === "stopped" && resolve());
+          thread.once("exit", () => resolve());
+        });
+        thread.postMessage("stop");
+        await stopped;
+        await thread.terminate();
+      }),
+    );
+    this.#identity.release();
+  }
+
+  /** Starts the slot's thread and resolves once it reports that it runs. */
+  async #startSlot(slot: Slot): Promise<void> {
+    const { store, logger, threads, restartDelayMs, threadModule, ...settings } = this.#options;
+    const identity = {
+      stable: `${this.#identity.stable}.${slot.index}`,
+      persistent: this.#identity.persistent,
+    };
+    const thread = new Worker(threadModule ?? new URL("./thread.ts", import.meta.url), {
+      workerData: { ...settings, identity },
+    });
+    slot.thread = thread;
+    slot.state = "starting";
+    slot.job = null;
+    let error: Error | undefined;
+    thread.on("error", (err) => {
+      error = err;
+    });
+    thread.on("message", (message: ThreadReport) => {
+      if (message.type === "job") slot.job = message.jobId;
+    });
+    thread.once("exit", (code) => void this.#died(slot, thread, error, code));
+    const [started] = (await Promise.race([
+      once(thread, "message"),
+      once(thread, "exit").then(() =>
+        Promise.reject(error ?? new Error("the training worker thread exited while starting")),
+      ),
+    ])) as [ThreadReport];
+    if (started.type !== "started")
+      throw new Error(`the training worker thread did not start: ${JSON.stringify(started)}`);
+    slot.workerId = started.workerId;
+    slot.state = "running";
+  }
+
+  async #died(slot: Slot, thread: Worker, error: Error | undefined, code: number): Promise<void> {
+    if (slot.thread !== thread || this.#stopping) return;
+    const cause = error?.message ?? `exit code ${code}`;
+    const { logger, store } = this.#options;
+    slot.deaths++;
+    slot.lastError = cause;
+    slot.state = "restarting";
+    slot.thread = undefined;
+    logger.error(
+      { err: error, code, thread: slot.index, jobId: slot.job },
+      `training worker thread ${slot.index} died: ${cause}`,
+    );
+    if (slot.job && slot.workerId) {
+      const message = `The training worker died while running this job: ${cause}`;
+      await store.jobs
+        .failJob(slot.workerId, slot.job, message)
+        .catch((err: unknown) =>
+          logger.warn({ err, jobId: slot.job }, "could not fail the job of a dead training thread"),
+        );
+    }
+    const delay = Math.min(30_000, (this.#options.restartDelayMs ?? 1000) * 2 ** (slot.deaths - 1));
+    slot.timer = setTimeout(() => {
+      if (this.#stopping) return;
+      // A thread that dies while starting is handled by its own exit, like any other death.
+      this.#startSlot(slot).then(
+        () => logger.info({ thread: slot.index }, "training worker thread restarted"),
+        () => {},
+      );
+    }, delay);
   }
 }

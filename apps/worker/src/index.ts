@@ -21,8 +21,16 @@ export {
   type SftExample as DatasetExample,
   validateSftJsonl,
 } from "./data/jsonl.ts";
-export { EmbeddedWorker } from "./embedded.ts";
+export { EmbeddedWorker, type EmbeddedWorkerOptions, type WorkerHealth } from "./embedded.ts";
+export { dataDirIdentity, processIdentity, type WorkerIdentity } from "./identity.ts";
 export { catalogModels, sftExamplesLoader, type TrainingDataSettings } from "./loaders.ts";
-export { JobInputError, TrainingWorker, type TrainingWorkerOptions } from "./runner.ts";
+export {
+  JobInputError,
+  MAX_JOB_EXAMPLES,
+  MAX_JOB_STEPS,
+  MAX_JOB_TOKENS,
+  TrainingWorker,
+  type TrainingWorkerOptions,
+} from "./runner.ts";
 export { type WorkerSettings, workerSettingsFromEnv } from "./settings.ts";
 export type { WorkerThreadSettings } from "./thread.ts";

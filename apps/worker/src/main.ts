@@ -6,6 +6,7 @@
  */
 import { openStore, storeOptionsFromEnv } from "@arbor/store";
 import { pino } from "pino";
+import { processIdentity } from "./identity.ts";
 import { catalogModels, sftExamplesLoader } from "./loaders.ts";
 import { TrainingWorker } from "./runner.ts";
 import { workerSettingsFromEnv } from "./settings.ts";
@@ -23,6 +24,8 @@ const worker = new TrainingWorker({
     allowHosts: settings.allowHosts,
   }),
   leaseMs: settings.leaseMs,
+  // ARBOR_WORKER_ID: a stable name per replica lets a restarted worker take back its jobs at once.
+  identity: processIdentity(env.ARBOR_WORKER_ID || undefined),
 });
 worker.start();
 logger.info({ workerId: worker.workerId, database: store.dialect }, "training worker started");

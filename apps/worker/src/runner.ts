@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 import {
   adapterFromFiles,
@@ -28,12 +29,27 @@ export interface TrainingWorkerOptions {
   /** The SFT examples behind a `training_data_url` (`dataset://` or `https://`), validated;
    * throws TrainingInputError naming the bad line. */
   loadSftExamples: (entity: string, url: string) => Promise<SftExample[]>;
-  workerId?: string;
+  /**
+   * Who this worker is. With a `persistent` identity (stable across restarts), a restarted
+   * worker reclaims the jobs its previous run held at once; without, they wait for their lease.
+   */
+  identity?: { stable: string; persistent: boolean };
   /** How long a claim lasts without renewal; a dead worker's job is reclaimed after it. */
   leaseMs?: number;
+  /** How often a running job's lease is renewed (and a cancel noticed). Default 1 s. */
+  heartbeatMs?: number;
   /** Pause between queue polls when idle. */
   pollMs?: number;
+  /** Told when a job starts (its id) and ends (null): a supervisor knows what a death takes. */
+  onJob?: (jobId: string | null) => void;
 }
+
+/** The most examples one SFT job may train on, counted once per epoch. */
+export const MAX_JOB_EXAMPLES = 10_000_000;
+/** The most optimizer steps one job may plan. */
+export const MAX_JOB_STEPS = 1_000_000;
+/** The most tokens one job may process, all epochs together. */
+export const MAX_JOB_TOKENS = 5_000_000_000;
 
 /** Why a running job stopped without failing: cancelled or deleted elsewhere, or shutdown. */
 class Interrupted extends Error {
@@ -52,7 +68,10 @@ class Interrupted extends Error {
  * (this worker died) is requeued and resumed from its last checkpoint.
  */
 export class TrainingWorker {
-  readonly #o: Required<TrainingWorkerOptions>;
+  readonly #o: Required<Omit<TrainingWorkerOptions, "identity" | "onJob">> &
+    Pick<TrainingWorkerOptions, "onJob">;
+  readonly #identity: { stable: string; persistent: boolean };
+  readonly #workerId: string;
   #stopping = false;
   #loop: Promise<void> | undefined;
   #current: AbortController | undefined;
@@ -60,16 +79,24 @@ export class TrainingWorker {
   #lastReclaim = 0;
 
   constructor(options: TrainingWorkerOptions) {
+    const { identity, ...rest } = options;
+    const leaseMs = options.leaseMs ?? 15_000;
     this.#o = {
-      workerId: `${hostname()}:${process.pid}:${Math.random().toString(36).slice(2, 8)}`,
-      leaseMs: 60_000,
       pollMs: 500,
-      ...options,
+      ...rest,
+      leaseMs,
+      heartbeatMs: Math.min(options.heartbeatMs ?? 1000, leaseMs / 3),
     };
+    this.#identity = identity ?? {
+      stable: `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`,
+      persistent: false,
+    };
+    // `#` and a boot id: the stable part names the worker, the rest this run of it.
+    this.#workerId = `${this.#identity.stable}#${randomUUID().slice(0, 8)}`;
   }
 
   get workerId(): string {
-    return this.#o.workerId;
+    return this.#workerId;
   }
 
   start(): void {
@@ -91,10 +118,22 @@ export class TrainingWorker {
 
   async #run(): Promise<void> {
     const { store, logger } = this.#o;
+    if (this.#identity.persistent) {
+      const own = await store.jobs
+        .reclaimOwnLeases(`${this.#identity.stable}#`, this.#workerId)
+        .catch((err: unknown) => {
+          logger.error({ err }, "could not reclaim the jobs of this worker's previous run");
+          return { requeued: [], failed: [] };
+        });
+      for (const job of own.requeued)
+        logger.warn({ jobId: job.id }, "this worker restarted mid-job: requeued, to resume");
+      for (const job of own.failed)
+        logger.warn({ jobId: job.id }, "this worker restarted mid-job once too often: job failed");
+    }
     while (!this.#stopping) {
       try {
         await this.#reclaim();
-        const job = await store.jobs.claimNextJob(this.#o.workerId, this.#o.leaseMs);
+        const job = await store.jobs.claimNextJob(this.#workerId, this.#o.leaseMs);
         if (job) await this.runJob(job);
         else await this.#idle();
       } catch (err) {
@@ -131,9 +170,11 @@ export class TrainingWorker {
 
   /** Runs one claimed job to its end: succeeded, failed, cancelled elsewhere, or released. */
   async runJob(job: TrainingJob): Promise<void> {
-    const { store, logger, workerId, leaseMs } = this.#o;
+    const { store, logger, leaseMs } = this.#o;
+    const workerId = this.#workerId;
     const abort = new AbortController();
     this.#current = abort;
+    this.#o.onJob?.(job.id);
     const renew = setInterval(() => {
       store.jobs
         .renewLease(workerId, job.id, leaseMs)
@@ -141,7 +182,7 @@ export class TrainingWorker {
           if (!held) abort.abort(new Interrupted("the job was cancelled or deleted", false));
         })
         .catch((err: unknown) => logger.warn({ err, jobId: job.id }, "lease renewal failed"));
-    }, leaseMs / 3);
+    }, this.#o.heartbeatMs);
     const log = logger.child({ jobId: job.id, type: job.type, attempt: job.attempts });
     try {
       log.info("training job started");
@@ -171,6 +212,7 @@ export class TrainingWorker {
     } finally {
       clearInterval(renew);
       this.#current = undefined;
+      this.#o.onJob?.(null);
     }
   }
 
@@ -195,7 +237,7 @@ export class TrainingWorker {
     if (job.attempts > 1 && job.step_from !== null)
       return { stepFrom: job.step_from, baseId: model.base_model };
     const stepFrom = model.latest_step ?? 0;
-    await this.#o.store.jobs.updateProgress(this.#o.workerId, job.id, { step_from: stepFrom });
+    await this.#o.store.jobs.updateProgress(this.#workerId, job.id, { step_from: stepFrom });
     return { stepFrom, baseId: model.base_model };
   }
 
@@ -241,9 +283,27 @@ export class TrainingWorker {
         ? { adamW: { weightDecay: num(experimental.weight_decay)! } }
         : {}),
     };
+    // Bounded before planning (a plan holds every step), then again against the plan itself.
+    const epochs = sftConfig.epochs ?? 1;
+    if (examples.length * epochs > MAX_JOB_EXAMPLES) {
+      throw new JobInputError(
+        `The job would train on ${examples.length} examples × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} per job: use fewer epochs or a smaller dataset.`,
+      );
+    }
     // Planned once: the plan (every example tokenized) is handed to trainSft.
     const plan = planSft(base, examples, sftConfig);
     const { totalSteps } = plan;
+    if (totalSteps > MAX_JOB_STEPS) {
+      throw new JobInputError(
+        `The job plans ${totalSteps} steps, more than the limit of ${MAX_JOB_STEPS} per job: use a larger batch_size or fewer epochs.`,
+      );
+    }
+    const tokens = plan.prepared.sequences.reduce((sum, s) => sum + s.tokens.length, 0) * epochs;
+    if (tokens > MAX_JOB_TOKENS) {
+      throw new JobInputError(
+        `The job would process ${tokens} tokens, more than the limit of ${MAX_JOB_TOKENS} per job: use fewer epochs or a smaller dataset.`,
+      );
+    }
     const every = num(config.checkpoint_every) ?? totalSteps;
     const resume = await this.#resumePoint(job, base, stepFrom);
     if (!resume)

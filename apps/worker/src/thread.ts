@@ -1,7 +1,8 @@
 /**
  * The embedded training worker, on its own thread: training steps are CPU-bound, and on the
  * server's thread they would stall every HTTP request while a step runs. The thread opens its
- * own connection to the same store and loads its own copy of the base models.
+ * own connection to the same store and loads its own copy of the base models. It tells its
+ * supervisor (`EmbeddedWorker`) who it is and which job it runs, so a death fails that job.
  */
 import { parentPort, workerData } from "node:worker_threads";
 import { openStore } from "@arbor/store";
@@ -19,7 +20,16 @@ export interface WorkerThreadSettings {
   allowHosts: string[];
 }
 
-const settings = workerData as WorkerThreadSettings;
+/** What a thread tells its supervisor. */
+export type ThreadReport =
+  | { type: "started"; workerId: string }
+  | { type: "job"; jobId: string | null }
+  | { type: "stopped" };
+
+const settings = workerData as WorkerThreadSettings & {
+  identity: { stable: string; persistent: boolean };
+};
+const report = (message: ThreadReport) => parentPort?.postMessage(message);
 const logger = pino({ level: settings.logLevel }).child({ component: "worker" });
 const store = await openStore({
   dataDir: settings.dataDir,
@@ -29,12 +39,14 @@ const store = await openStore({
 const worker = new TrainingWorker({
   store,
   logger,
+  identity: settings.identity,
   leaseMs: settings.leaseMs,
   loadBaseModel: catalogModels(),
   loadSftExamples: sftExamplesLoader(store, {
     maxBytes: settings.maxTrainingDataBytes,
     allowHosts: settings.allowHosts,
   }),
+  onJob: (jobId) => report({ type: "job", jobId }),
 });
 worker.start();
 parentPort?.on("message", (message: unknown) => {
@@ -44,7 +56,7 @@ parentPort?.on("message", (message: unknown) => {
     void worker
       .stop()
       .then(() => store.close())
-      .then(() => parentPort?.postMessage("stopped"));
+      .then(() => report({ type: "stopped" }));
   }
 });
-parentPort?.postMessage("started");
+report({ type: "started", workerId: worker.workerId });

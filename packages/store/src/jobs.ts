@@ -12,7 +12,7 @@ import {
 } from "./common.ts";
 import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import type { Row, Sql } from "./sql.ts";
+import type { Row, Sql, SqlValue } from "./sql.ts";
 
 export type JobType = "rl" | "sft";
 export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
@@ -36,7 +36,10 @@ export interface TrainingJob {
   lease_owner: string | null;
   /** Unix milliseconds. */
   lease_expires_at: number | null;
+  /** Times the job was claimed. */
   attempts: number;
+  /** Claims that ended with their worker dead rather than with the job finished or handed back. */
+  crashes: number;
 }
 
 export interface JobEvent {
@@ -75,6 +78,7 @@ function toJob(r: Row): TrainingJob {
     lease_owner: strOrNull(r.lease_owner),
     lease_expires_at: numOrNull(r.lease_expires_at),
     attempts: Number(r.attempts),
+    crashes: Number(r.crashes ?? 0),
   };
 }
 
@@ -101,9 +105,9 @@ const NEXT_RUNNABLE = `
   LIMIT 1`;
 
 export interface ReclaimResult {
-  /** Jobs whose lease expired and that are queued again (to be resumed from their last step). */
+  /** Jobs whose worker died and that are queued again (to be resumed from their last step). */
   requeued: TrainingJob[];
-  /** Jobs whose lease expired once too often: failed, with a terminal event. */
+  /** Jobs whose worker died once too often: failed, with a terminal event. */
   failed: TrainingJob[];
 }
 
@@ -115,11 +119,11 @@ export interface ReclaimResult {
 export class JobsRepo {
   readonly #sql: Sql;
   readonly #now: Clock;
-  readonly #maxAttempts: number;
-  constructor(sql: Sql, now: Clock, maxAttempts = 3) {
+  readonly #maxCrashes: number;
+  constructor(sql: Sql, now: Clock, maxCrashes = 2) {
     this.#sql = sql;
     this.#now = now;
-    this.#maxAttempts = maxAttempts;
+    this.#maxCrashes = maxCrashes;
   }
 
   async enqueue(input: EnqueueInput): Promise<TrainingJob> {
@@ -367,34 +371,58 @@ export class JobsRepo {
   }
 
   /**
-   * Running jobs whose lease expired (their worker died): queued again while attempts remain,
-   * else failed with a terminal event. Call it on start and periodically.
+   * Running jobs whose lease expired (their worker died): queued again while they have crashed
+   * fewer than the allowed times, else failed with a terminal event. Call it on start and
+   * periodically.
    */
   async reclaimExpiredLeases(): Promise<ReclaimResult> {
+    return this.#reclaim(
+      "lease_expires_at < $1",
+      [this.#now()],
+      "its worker stopped renewing its lease",
+    );
+  }
+
+  /**
+   * Running jobs leased by an earlier run of this worker: its identity (`ownerPrefix`, stable
+   * across restarts) with another boot than `currentOwner`. They are reclaimed at once rather
+   * than after their lease, as crashed.
+   */
+  async reclaimOwnLeases(ownerPrefix: string, currentOwner: string): Promise<ReclaimResult> {
+    return this.#reclaim(
+      "substr(lease_owner, 1, $1) = $2 AND lease_owner <> $3",
+      [ownerPrefix.length, ownerPrefix, currentOwner],
+      "its worker restarted",
+    );
+  }
+
+  async #reclaim(where: string, params: SqlValue[], why: string): Promise<ReclaimResult> {
     const now = this.#now();
     return this.#sql.transaction(async (tx) => {
       const lock = tx.dialect === "postgres" ? " FOR UPDATE SKIP LOCKED" : "";
-      const expired = await tx.query(
-        `SELECT * FROM training_jobs WHERE status = 'running' AND lease_expires_at < $1 ORDER BY id${lock}`,
-        [now],
+      const crashed = await tx.query(
+        `SELECT * FROM training_jobs WHERE status = 'running' AND ${where} ORDER BY id${lock}`,
+        params,
       );
       const result: ReclaimResult = { requeued: [], failed: [] };
-      for (const r of expired) {
+      for (const r of crashed) {
         const job = toJob(r);
-        if (job.attempts < this.#maxAttempts) {
+        const crashes = job.crashes + 1;
+        if (crashes < this.#maxCrashes) {
           const row = await tx.one(
-            `UPDATE training_jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
+            `UPDATE training_jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
+               crashes = $2
              WHERE id = $1 RETURNING *`,
-            [job.id],
+            [job.id, crashes],
           );
           result.requeued.push(toJob(row!));
         } else {
-          const message = `The worker stopped renewing its lease ${job.attempts} times; giving up`;
+          const message = `The training worker died while running this job ${crashes} times (last: ${why}); the job is not retried again.`;
           const row = await tx.one(
             `UPDATE training_jobs SET status = 'failed', training_end = $2, error_message = $3,
-               lease_owner = NULL, lease_expires_at = NULL
+               lease_owner = NULL, lease_expires_at = NULL, crashes = $4
              WHERE id = $1 RETURNING *`,
-            [job.id, unixSeconds(now), message],
+            [job.id, unixSeconds(now), message, crashes],
           );
           await this.#appendEvent(tx, job.id, "training_failed", { error_message: message });
           result.failed.push(toJob(row!));

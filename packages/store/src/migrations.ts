@@ -146,6 +146,15 @@ export const MIGRATIONS: readonly Migration[] = [
       "CREATE INDEX prices_model ON prices (model, project_id, effective_date)",
     ],
   },
+  {
+    version: 3,
+    name: "training job crashes",
+    statements: [
+      // Claims that ended with their worker dead (a lease that expired, a worker that restarted):
+      // a job that kills its worker twice is failed, not retried forever.
+      "ALTER TABLE training_jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0",
+    ],
+  },
 ];
 
 /**

@@ -28,8 +28,9 @@ export interface StoreOptions {
   blobDir?: string;
   /** Injected clock (Unix ms), for leases and timestamps in tests. */
   now?: Clock;
-  /** A job whose lease expires this many times is failed instead of requeued. Default 3. */
-  maxJobAttempts?: number;
+  /** A job whose worker dies this many times (its lease expired, or its worker restarted) is
+   * failed instead of requeued. Default 2. */
+  maxJobCrashes?: number;
   /** PostgreSQL pool size. Default 10. */
   poolSize?: number;
 }
@@ -132,7 +133,7 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
     users: new UsersRepo(sql, now),
     apiKeys: new ApiKeysRepo(sql, now),
     models: new ModelsRepo(sql, now),
-    jobs: new JobsRepo(sql, now, options.maxJobAttempts ?? 3),
+    jobs: new JobsRepo(sql, now, options.maxJobCrashes ?? 2),
     datasets: new DatasetsRepo(sql, now),
     calls: new CallsRepo(sql, now),
     prices: new PricesRepo(sql, now),

@@ -215,3 +215,36 @@ describe("bounds in the spec", () => {
     expect(response.status).toBe(400);
   });
 });
+
+describe("createSftTrainingJob: a job's size is bounded", () => {
+  it("when a dataset's lines times the epochs pass the limit, then 400 before anything is queued", async () => {
+    const model = await newModel("huge-job");
+    const line = JSON.stringify({
+      messages: [
+        { role: "user", content: "a" },
+        { role: "assistant", content: "b" },
+      ],
+    });
+    const dataset = unwrap(
+      await client.POST("/v1/preview/datasets", {
+        body: Array.from({ length: 10_001 }, () => line).join("\n") as never,
+        bodySerializer: (b: unknown) => b as string,
+        headers: { "content-type": "application/jsonl" },
+      }),
+    );
+    const { response, error } = await client.POST("/v1/preview/sft-training-jobs", {
+      body: { model_id: model.id, training_data_url: dataset.url, config: { epochs: 1000 } },
+    });
+    expect(response.status).toBe(400);
+    expect(error).toEqual({
+      error: {
+        message: expect.stringContaining("limit of 10000000"),
+        type: "invalid_request_error",
+        param: "config.epochs",
+        code: "job_too_large",
+      },
+    });
+    const queued = await server.store.jobs.list("default", { model_id: model.id });
+    expect(queued.data).toEqual([]);
+  });
+});

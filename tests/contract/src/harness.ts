@@ -14,6 +14,7 @@ import {
   listen,
   loadSpec,
   storeProbes,
+  workerProbe,
 } from "@arbor/server";
 import { openStore, type Store } from "@arbor/store";
 import { EmbeddedWorker } from "@arbor/worker";
@@ -53,6 +54,8 @@ export async function startServer(
   // The embedded worker as `serve()` runs it: on its own thread, over the same data dir.
   const worker = options.worker
     ? await EmbeddedWorker.start({
+        store,
+        logger: pino({ level: "silent" }),
         dataDir,
         logLevel: "silent",
         leaseMs: 60_000,
@@ -61,13 +64,15 @@ export async function startServer(
       })
     : undefined;
   const engines = new EngineHost(undefined, options.llama);
+  const probes = storeProbes(store, engineProbe(engines));
+  if (worker) probes.worker = workerProbe(() => worker.health());
   const app = createApp({
     config: defaultAppConfig(config),
     logger: pino({ level: "silent" }),
     spec,
     store: options.storeSeenByApp?.(store) ?? store,
     engines,
-    probes: storeProbes(store, engineProbe(engines)),
+    probes,
     onJobQueued: () => worker?.poke(),
   });
   const server = await listen(app, 0, "127.0.0.1");

@@ -36,6 +36,22 @@ describe("getSystemCheck", () => {
     expect(report.engine).toMatchObject({ success: true, error: null, models: 1 });
   });
 
+  it("when the server runs the embedded worker, then its threads are probed too", async () => {
+    const withWorker = await startServer({}, { worker: true });
+    try {
+      const report = unwrap(await withWorker.client().GET("/v1/system-check"));
+      expect(report.worker).toEqual({
+        success: true,
+        duration: expect.any(Number),
+        error: null,
+        threads: 1,
+        running: 1,
+      });
+    } finally {
+      await withWorker.close();
+    }
+  });
+
   it("when the database is gone, then 503 naming it, with the other probes' results", async () => {
     const broken = await startServer();
     try {

@@ -1,6 +1,7 @@
 import type { Store } from "@arbor/store";
+import type { WorkerHealth } from "@arbor/worker";
 import type { EngineHost } from "../inference/engines.ts";
-import { type Probes, timed } from "./service.ts";
+import { type Probe, type Probes, timed } from "./service.ts";
 
 /** Real checks: a database round trip, the queue's depth, the engine's catalogue. */
 export function storeProbes(store: Store, engine: Probes["engine"]): Probes {
@@ -12,6 +13,14 @@ export function storeProbes(store: Store, engine: Probes["engine"]): Probes {
         return { depth: depth.queued };
       }),
     engine,
+  };
+}
+
+/** The embedded training worker: every training thread alive. */
+export function workerProbe(health: () => WorkerHealth): Probe {
+  return async () => {
+    const { success, error, threads, running } = health();
+    return { success, duration: 0, error, threads, running };
   };
 }
 

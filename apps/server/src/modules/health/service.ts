@@ -14,6 +14,8 @@ export interface Probes {
   database: Probe;
   queue: Probe;
   engine: Probe;
+  /** The embedded training worker, when this process runs one. */
+  worker?: Probe;
 }
 
 /** Times `check` and turns a throw into a failed probe. */
@@ -35,13 +37,14 @@ function round(ms: number): number {
 }
 
 export async function systemCheck(probes: Probes) {
-  const [database, queue, engine] = await Promise.all([
+  const [database, queue, engine, worker] = await Promise.all([
     probes.database(),
     probes.queue(),
     probes.engine(),
+    probes.worker?.(),
   ]);
   return {
-    healthy: database.success && queue.success && engine.success,
-    report: { api: true as const, database, queue, engine },
+    healthy: database.success && queue.success && engine.success && (worker?.success ?? true),
+    report: { api: true as const, database, queue, engine, ...(worker ? { worker } : {}) },
   };
 }

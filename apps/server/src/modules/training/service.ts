@@ -1,7 +1,7 @@
 import type { components } from "@arbor/spec/schema";
 import type { JobEvent, Store, TrainingJob } from "@arbor/store";
 import { uuidv7 } from "@arbor/store";
-import { datasetIdOf } from "@arbor/worker";
+import { datasetIdOf, MAX_JOB_EXAMPLES, MAX_JOB_STEPS } from "@arbor/worker";
 import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import { findModel } from "../models/service.ts";
@@ -122,9 +122,9 @@ export async function createSftJob(
   const url = body.training_data_url;
   if (url.startsWith("dataset://")) {
     const id = datasetIdOf(url);
-    if (!id || !(await store.datasets.get(model.entity, id))) {
-      throw ApiError.notFound(`Dataset ${quote(url)} not found.`, "dataset_not_found");
-    }
+    const dataset = id ? await store.datasets.get(model.entity, id) : undefined;
+    if (!dataset) throw ApiError.notFound(`Dataset ${quote(url)} not found.`, "dataset_not_found");
+    checkJobSize(dataset.lines, body.config ?? {});
   } else if (!URL.canParse(url)) {
     throw ApiError.badRequest(
       `training_data_url is not a valid URL: ${quote(url)}`,
@@ -143,6 +143,27 @@ export async function createSftJob(
     step_from: model.latest_step ?? 0,
   });
   return jobToWire(job);
+}
+
+/** What a job's size is known to be at create: its examples and, with a fixed batch size, its
+ * steps. The worker checks again against its plan (tokens too) before the first step. */
+function checkJobSize(lines: number, config: Schemas["SftConfig"]): void {
+  const epochs = config.epochs ?? 1;
+  if (lines * epochs > MAX_JOB_EXAMPLES) {
+    throw ApiError.badRequest(
+      `The job would train on ${lines} lines × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} examples per job.`,
+      "config.epochs",
+      "job_too_large",
+    );
+  }
+  const batch = config.batch_size;
+  if (typeof batch === "number" && Math.ceil(lines / batch) * epochs > MAX_JOB_STEPS) {
+    throw ApiError.badRequest(
+      `The job would take ${Math.ceil(lines / batch) * epochs} steps, more than the limit of ${MAX_JOB_STEPS} per job.`,
+      "config.batch_size",
+      "job_too_large",
+    );
+  }
 }
 
 function requireBlobs(store: Store) {

@@ -1,0 +1,93 @@
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { openStore, type Store } from "@arbor/store";
+import { pino } from "pino";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { EmbeddedWorker } from "../src/embedded.ts";
+
+/** The supervisor around training threads, with a stand-in thread that dies mid-job. */
+const dirs: string[] = [];
+afterEach(() => {
+  for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+});
+
+async function runningJob(): Promise<{ store: Store; dataDir: string; jobId: string }> {
+  const dataDir = mkdtempSync(join(tmpdir(), "arbor-supervisor-"));
+  dirs.push(dataDir);
+  const store = await openStore({ dataDir });
+  await store.entities.ensure("e");
+  const { model } = await store.models.create({
+    entity: "e",
+    project: "p",
+    name: "m",
+    base_model: "arbor/tiny-chat",
+  });
+  const job = await store.jobs.enqueue({ type: "rl", model_id: model.id, entity: "e" });
+  await store.jobs.claimNextJob("thread-0#boot", 60_000);
+  return { store, dataDir, jobId: job.id };
+}
+
+function start(store: Store, dataDir: string) {
+  return EmbeddedWorker.start({
+    store,
+    logger: pino({ level: "silent" }),
+    dataDir,
+    logLevel: "silent",
+    leaseMs: 60_000,
+    maxTrainingDataBytes: 1 << 20,
+    allowHosts: [],
+    restartDelayMs: 50,
+    threadModule: new URL("./fixtures/crashing-thread.ts", import.meta.url),
+  });
+}
+
+describe("EmbeddedWorker", () => {
+  it("when a training thread dies mid-job, then the job fails naming the cause, the health is down, and a fresh thread starts", async () => {
+    const { store, dataDir, jobId } = await runningJob();
+    writeFileSync(
+      join(dataDir, "crash-plan.json"),
+      JSON.stringify({ workerId: "thread-0#boot", jobId, crashes: 1 }),
+    );
+    const worker = await start(store, dataDir);
+    try {
+      await vi.waitFor(async () => {
+        expect((await store.jobs.get("e", jobId))?.status).toBe("failed");
+      });
+      const job = await store.jobs.get("e", jobId);
+      expect(job?.error_message).toContain("simulated: JavaScript heap out of memory");
+      const events = (await store.jobs.listEvents("e", jobId)).data;
+      expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+      await vi.waitFor(() =>
+        expect(worker.health()).toEqual({
+          success: true,
+          error: null,
+          threads: 1,
+          running: 1,
+        }),
+      );
+    } finally {
+      await worker.stop();
+      await store.close();
+    }
+  });
+
+  it("when a thread keeps dying, then the health reports it restarting with the cause", async () => {
+    const { store, dataDir, jobId } = await runningJob();
+    writeFileSync(
+      join(dataDir, "crash-plan.json"),
+      JSON.stringify({ workerId: "thread-0#boot", jobId, crashes: 50 }),
+    );
+    const worker = await start(store, dataDir);
+    try {
+      await vi.waitFor(() => {
+        const health = worker.health();
+        expect(health.success).toBe(false);
+        expect(health.error).toMatch(/training thread 0 is (restarting|starting) after: simulated/);
+      });
+    } finally {
+      await worker.stop();
+      await store.close();
+    }
+  });
+});
