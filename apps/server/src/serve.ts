@@ -1,6 +1,6 @@
 import type { Server } from "node:http";
 import { openStore } from "@arbor/store";
-import { EmbeddedWorker } from "@arbor/worker";
+import { EmbeddedWorker, sweepBlobs } from "@arbor/worker";
 import { pino } from "pino";
 import { createApp } from "./app.ts";
 import { ensureFirstAdmin } from "./bootstrap.ts";
@@ -33,6 +33,17 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
     [...parseLlamaModels(process.env)].map(([id, path]) => [id, new LlamaCppBackend(path)]),
   );
   const engines = new EngineHost(undefined, llama);
+  // What a crash cut off (partial files, files whose row was never written) goes now and hourly.
+  const sweep = () =>
+    sweepBlobs(store).then(
+      (swept) => {
+        const count = Object.values(swept).reduce((n, keys) => n + keys.length, 0);
+        if (count > 0) logger.info({ swept }, `removed ${count} unnamed or partial files`);
+      },
+      (err: unknown) => logger.warn({ err }, "could not sweep unnamed files"),
+    );
+  await sweep();
+  setInterval(sweep, 60 * 60_000).unref();
   // Started once the port is ours: a second server on a taken port never touches the jobs.
   let worker: EmbeddedWorker | undefined;
   const notStarted = { success: false, error: "starting", threads: 0, running: 0 };

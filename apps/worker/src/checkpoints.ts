@@ -7,6 +7,14 @@ export const OPTIMIZER_FILE = "optimizer.bin";
 
 export type CheckpointFiles = Record<string, Uint8Array>;
 
+/** Checkpoint files live under `checkpoints/<model id>/<step>-<uuid>/`. */
+export const CHECKPOINTS_PREFIX = "checkpoints/";
+
+/** Every file of a model's checkpoints, under one prefix (deleted with the model). */
+export function modelFilesPrefix(modelId: string): string {
+  return `${CHECKPOINTS_PREFIX}${modelId}/`;
+}
+
 /** Writes a checkpoint's files under a fresh prefix (each write atomic) and returns the prefix,
  * which the caller then records in the checkpoint row: files first, then the row. */
 export async function writeCheckpointFiles(
@@ -15,7 +23,7 @@ export async function writeCheckpointFiles(
   step: number,
   files: CheckpointFiles,
 ): Promise<string> {
-  const prefix = `checkpoints/${modelId}/${step}-${uuidv7()}/`;
+  const prefix = `${modelFilesPrefix(modelId)}${step}-${uuidv7()}/`;
   for (const [name, bytes] of Object.entries(files)) await blobs.put(`${prefix}${name}`, bytes);
   return prefix;
 }

@@ -1,6 +1,8 @@
 export {
   ADAPTER_FILES,
+  CHECKPOINTS_PREFIX,
   type CheckpointFiles,
+  modelFilesPrefix,
   OPTIMIZER_FILE,
   readCheckpointFiles,
   writeCheckpointFiles,
@@ -33,4 +35,5 @@ export {
   type TrainingWorkerOptions,
 } from "./runner.ts";
 export { type WorkerSettings, workerSettingsFromEnv } from "./settings.ts";
+export { PAYLOADS_PREFIX, type SweepOptions, type SweepResult, sweepBlobs } from "./sweep.ts";
 export type { WorkerThreadSettings } from "./thread.ts";

@@ -20,6 +20,7 @@ import {
 import type { BlobStore, Json, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
 import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "./checkpoints.ts";
+import { sweepBlobs } from "./sweep.ts";
 
 export interface TrainingWorkerOptions {
   store: Store;
@@ -214,6 +215,11 @@ export class TrainingWorker {
       this.#current = undefined;
       this.#o.onJob?.(null);
     }
+    // The job no longer runs, so no one writes its model's files: remove folders it left
+    // without a row (a cut-off save, a checkpoint written as the job was cancelled).
+    await sweepBlobs(store, { modelId: job.model_id }).catch((err: unknown) =>
+      logger.warn({ err, jobId: job.id }, "could not sweep the model's unnamed checkpoint files"),
+    );
   }
 
   /** The adapter the job starts from (the model's checkpoint at `step`), or a fresh one. */

@@ -1,6 +1,7 @@
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { mkdir, open, readdir, readFile, rename, rm, rmdir, stat, unlink } from "node:fs/promises";
+import { hostname } from "node:os";
 import { dirname, join, relative, sep } from "node:path";
 import type { Readable } from "node:stream";
 
@@ -20,6 +21,13 @@ export interface BlobStore {
   /** Deletes every key starting with `prefix`; returns how many. */
   deletePrefix(prefix: string): Promise<number>;
   list(prefix: string): Promise<string[]>;
+  /** When the blob was last written (Unix ms), or undefined when it does not exist. */
+  modifiedAt(key: string): Promise<number | undefined>;
+  /**
+   * Removes what interrupted writes left behind: partial files of writers that are gone (a
+   * process of this host that no longer runs, or anything a day old). Returns their names.
+   */
+  sweepPartial(): Promise<string[]>;
 }
 
 const KEY = /^[A-Za-z0-9._\-=:@+]+(\/[A-Za-z0-9._\-=:@+]+)*$/;
@@ -31,6 +39,10 @@ export function assertBlobKey(key: string): void {
 }
 
 const TEMP_MARK = ".tmp-";
+/** Partial files are named `<key>.tmp-<host>-<pid>-<random>`: a sweep tells whose they are. */
+const HOST_TAG = createHash("sha256").update(hostname()).digest("hex").slice(0, 8);
+const PARTIAL = /\.tmp-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
+const DAY_MS = 24 * 60 * 60 * 1000;
 
 /** The data-directory implementation: temp file in the same dir, fsync, rename, fsync dir. */
 export class FsBlobStore implements BlobStore {
@@ -48,7 +60,7 @@ export class FsBlobStore implements BlobStore {
     const path = this.#path(key);
     const dir = dirname(path);
     await mkdir(dir, { recursive: true });
-    const temp = `${path}${TEMP_MARK}${randomBytes(6).toString("hex")}`;
+    const temp = `${path}${TEMP_MARK}${HOST_TAG}-${process.pid}-${randomBytes(6).toString("hex")}`;
     const file = await open(temp, "wx", 0o644);
     let bytes = 0;
     try {
@@ -119,6 +131,48 @@ export class FsBlobStore implements BlobStore {
     return out.sort();
   }
 
+  async modifiedAt(key: string): Promise<number | undefined> {
+    try {
+      return (await stat(this.#path(key))).mtimeMs;
+    } catch (err) {
+      if (isMissing(err)) return undefined;
+      throw err;
+    }
+  }
+
+  async sweepPartial(): Promise<string[]> {
+    const removed: string[] = [];
+    const now = Date.now();
+    const visit = async (dir: string): Promise<void> => {
+      let entries: import("node:fs").Dirent[];
+      try {
+        entries = await readdir(dir, { withFileTypes: true });
+      } catch (err) {
+        if (isMissing(err)) return;
+        throw err;
+      }
+      for (const entry of entries) {
+        const full = join(dir, entry.name);
+        if (entry.isDirectory()) {
+          await visit(full);
+          continue;
+        }
+        if (!entry.name.includes(TEMP_MARK)) continue;
+        const [, host, pid] = PARTIAL.exec(entry.name) ?? [];
+        const ours = host === HOST_TAG;
+        const gone = ours
+          ? Number(pid) !== process.pid && !processAlive(Number(pid))
+          : now - (await stat(full).catch(() => ({ mtimeMs: now }))).mtimeMs > DAY_MS;
+        if (!gone) continue;
+        await unlink(full).catch(() => {});
+        await removeEmptyDirs(dir, this.root);
+        removed.push(relative(this.root, full).split(sep).join("/"));
+      }
+    };
+    await visit(this.root);
+    return removed;
+  }
+
   async deletePrefix(prefix: string): Promise<number> {
     if (prefix === "") throw new RangeError("deletePrefix needs a non-empty prefix");
     const keys = await this.list(prefix);
@@ -171,6 +225,16 @@ async function removeEmptyDirs(dir: string, root: string): Promise<void> {
       return;
     }
     current = dirname(current);
+  }
+}
+
+function processAlive(pid: number): boolean {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
   }
 }
 

@@ -1,6 +1,6 @@
 import { type Clock, type Page, type PageOptions, pageLimit, strOrNull, toPage } from "./common.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import type { Row, Sql } from "./sql.ts";
+import { inList, presentAmong, type Row, type Sql } from "./sql.ts";
 
 export interface Dataset {
   id: string;
@@ -78,6 +78,15 @@ export class DatasetsRepo {
       [entity, options.after ?? null, limit + 1],
     );
     return toPage(rows.map(toDataset), limit);
+  }
+
+  /** Of these blob keys, the ones a dataset names. */
+  referencedBlobKeys(keys: readonly string[]): Promise<Set<string>> {
+    return presentAmong(
+      this.#sql,
+      `SELECT blob_key AS value FROM datasets WHERE ${inList(this.#sql.dialect, "blob_key", 1)}`,
+      keys,
+    );
   }
 
   /** Deletes the row and returns it, so the caller can remove the blob afterwards. */

@@ -12,7 +12,7 @@ import {
 } from "./common.ts";
 import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import type { Row, Sql, SqlValue } from "./sql.ts";
+import { inList, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
 
 export type JobType = "rl" | "sft";
 export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
@@ -430,6 +430,25 @@ export class JobsRepo {
       }
       return result;
     });
+  }
+
+  /** Of these model ids, the ones with a running job (whose worker may be writing files). */
+  runningAmong(modelIds: readonly string[]): Promise<Set<string>> {
+    return presentAmong(
+      this.#sql,
+      `SELECT model_id AS value FROM training_jobs
+       WHERE status = 'running' AND ${inList(this.#sql.dialect, "model_id", 1)}`,
+      modelIds,
+    );
+  }
+
+  /** Of these blob keys, the ones a job names as its input. */
+  referencedPayloads(keys: readonly string[]): Promise<Set<string>> {
+    return presentAmong(
+      this.#sql,
+      `SELECT payload_ref AS value FROM training_jobs WHERE ${inList(this.#sql.dialect, "payload_ref", 1)}`,
+      keys,
+    );
   }
 
   /** Counts by status, for metrics and the system check. */

@@ -11,7 +11,7 @@ import {
 } from "./common.ts";
 import { assertName, ConflictError, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import { inList, listParam, type Row, type Sql } from "./sql.ts";
+import { inList, listParam, presentAmong, type Row, type Sql } from "./sql.ts";
 
 export interface Model {
   id: string;
@@ -157,11 +157,19 @@ export class ModelsRepo {
     return toPage(rows.map(toModel), limit);
   }
 
-  /** Deletes the model, its checkpoints, jobs and events; returns the checkpoints removed. */
+  /**
+   * Deletes the model, its checkpoints, jobs and events; returns the checkpoints removed and the
+   * blob keys its jobs held their input in (RL trajectory groups), for the caller to remove.
+   */
   async delete(
     entity: string,
     id: string,
-  ): Promise<{ model: Model; deleted_checkpoints: number; blob_keys: string[] }> {
+  ): Promise<{
+    model: Model;
+    deleted_checkpoints: number;
+    blob_keys: string[];
+    payload_keys: string[];
+  }> {
     return this.#sql.transaction(async (tx) => {
       // FOR UPDATE: of concurrent deletes, one finds the row and the others wait, then see it gone.
       const lock = tx.dialect === "postgres" ? " FOR UPDATE" : "";
@@ -174,14 +182,40 @@ export class ModelsRepo {
         "SELECT blob_key FROM checkpoints WHERE model_id = $1",
         [id],
       );
+      const payloads = await tx.query<{ payload_ref: string | null }>(
+        "SELECT payload_ref FROM training_jobs WHERE model_id = $1",
+        [id],
+      );
       await tx.exec("DELETE FROM checkpoints WHERE model_id = $1", [id]);
       await tx.exec("DELETE FROM models WHERE entity = $1 AND id = $2", [entity, id]);
       return {
         model: toModel(row),
         deleted_checkpoints: keys.length,
         blob_keys: keys.flatMap((k) => (k.blob_key ? [String(k.blob_key)] : [])),
+        // A URL (dataset://, https://) is not ours to delete; a bare key is the job's own blob.
+        payload_keys: payloads.flatMap((p) =>
+          p.payload_ref && !p.payload_ref.includes("://") ? [String(p.payload_ref)] : [],
+        ),
       };
     });
+  }
+
+  /** Of these ids, the models that exist (any entity): for sweeping their files. */
+  existingIds(ids: readonly string[]): Promise<Set<string>> {
+    return presentAmong(
+      this.#sql,
+      `SELECT id AS value FROM models WHERE ${inList(this.#sql.dialect, "id", 1)}`,
+      ids,
+    );
+  }
+
+  /** Of these blob keys, the ones a checkpoint names. */
+  referencedBlobKeys(keys: readonly string[]): Promise<Set<string>> {
+    return presentAmong(
+      this.#sql,
+      `SELECT blob_key AS value FROM checkpoints WHERE ${inList(this.#sql.dialect, "blob_key", 1)}`,
+      keys,
+    );
   }
 
   // ---- checkpoints -------------------------------------------------------------------------

@@ -45,6 +45,23 @@ export function listParam(values: readonly (string | number)[]): string {
   return JSON.stringify(values);
 }
 
+/**
+ * Which of `values` a query finds: `query` selects one column named `value` and takes the list
+ * as `$1` (for `inList`). Chunked, so any number of values can be asked about.
+ */
+export async function presentAmong(
+  sql: Sql,
+  query: string,
+  values: readonly string[],
+): Promise<Set<string>> {
+  const found = new Set<string>();
+  for (let i = 0; i < values.length; i += 5000) {
+    const rows = await sql.query<{ value: string }>(query, [listParam(values.slice(i, i + 5000))]);
+    for (const row of rows) found.add(String(row.value));
+  }
+  return found;
+}
+
 const PLACEHOLDER = /\$(\d+)/g;
 
 /**

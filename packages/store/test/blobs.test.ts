@@ -1,8 +1,8 @@
-import { mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Readable } from "node:stream";
-import { afterAll, describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it, vi } from "vitest";
 import { assertBlobKey, FsBlobStore } from "../src/index.ts";
 
 describe("FsBlobStore", () => {
@@ -55,6 +55,31 @@ describe("FsBlobStore", () => {
     expect(readdirSync(join(root, "models")).sort()).toEqual(["a", "bb"]);
     expect(await blobs.delete("models/bb/0/a")).toBe(true);
     expect(await blobs.delete("models/bb/0/a")).toBe(false);
+  });
+
+  it("when partial files are swept, then a dead writer's go and a live writer's stay", async () => {
+    let finish!: () => void;
+    const held = new Promise<void>((resolve) => {
+      finish = resolve;
+    });
+    async function* slow() {
+      yield Buffer.from("partial");
+      await held;
+    }
+    const writing = blobs.put("sweep/x", slow());
+    await vi.waitFor(() =>
+      expect(readdirSync(join(root, "sweep")).some((n) => n.includes(".tmp-"))).toBe(true),
+    );
+    const live = readdirSync(join(root, "sweep"))[0]!;
+    // The same host's writer with a process that no longer runs (above Linux's default pid_max).
+    const host = /\.tmp-([0-9a-f]{8})-\d+-/.exec(live)![1];
+    const dead = `y.tmp-${host}-4194305-aa`;
+    writeFileSync(join(root, "sweep", dead), "partial");
+    expect(await blobs.sweepPartial()).toEqual([`sweep/${dead}`]);
+    expect(readdirSync(join(root, "sweep"))).toEqual([live]);
+    finish();
+    await writing;
+    expect((await blobs.get("sweep/x"))?.toString()).toBe("partial");
   });
 
   it.each(["../etc/passwd", "/abs", "a//b", "a/../b", "", "a/./b", "sp ace"])(

@@ -1,6 +1,8 @@
-import { mkdtempSync, rmSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { type ArborClient, unwrap } from "@arbor/client";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { type Child, startServerProcess } from "./processes.ts";
@@ -111,4 +113,66 @@ describe("kill -9 during a job", () => {
     }
     await kill9();
   }, 240_000);
+});
+
+/** Runs the dying writer over `dataDir` and kills it with SIGKILL once its last write began. */
+function killMidWrite(dataDir: string, keys: string[]): Promise<void> {
+  const writer = fileURLToPath(new URL("./fixtures/dying-writer.ts", import.meta.url));
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [writer, dataDir, ...keys], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    child.stdout.on("data", (d: Buffer) => {
+      if (d.toString().includes("writing")) child.kill("SIGKILL");
+    });
+    child.on("exit", (_code, signal) =>
+      signal === "SIGKILL" ? resolve() : reject(new Error("the writer was not killed mid-write")),
+    );
+  });
+}
+
+/** Every file under the data directory's blobs, as relative paths. */
+function blobFiles(dataDir: string): string[] {
+  const root = join(dataDir, "blobs");
+  if (!existsSync(root)) return [];
+  return (readdirSync(root, { recursive: true, withFileTypes: true }) as import("node:fs").Dirent[])
+    .filter((e) => e.isFile())
+    .map((e) => join(e.parentPath, e.name).slice(root.length + 1));
+}
+
+describe("kill -9 during writes", () => {
+  it("when a checkpoint save and an upload were cut off, then a restarted server removes their partial files and the unnamed checkpoint folder, and deleting the model removes all its files", async () => {
+    let client = await startChild();
+    const model = unwrap(
+      await client.POST("/v1/preview/models", {
+        body: { project: "faults", name: "cut-off", base_model: "arbor/tiny-chat" },
+      }),
+    );
+    await kill9();
+    const folder = `checkpoints/${model.id}/7-0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192`;
+    await killMidWrite(dataDir, [
+      `${folder}/adapter_config.json`,
+      `${folder}/adapter_model.safetensors`,
+    ]);
+    await killMidWrite(dataDir, ["datasets/0193a0b3-f0e1-7d2c-ab3c-000000000001.jsonl"]);
+    expect(blobFiles(dataDir).filter((f) => f.includes(".tmp-"))).toHaveLength(2);
+
+    client = await startChild();
+    const left = blobFiles(dataDir);
+    expect(left.filter((f) => f.includes(".tmp-"))).toEqual([]);
+    expect(left.filter((f) => f.startsWith(folder))).toEqual([]);
+
+    // A model's own files (a written checkpoint) go with it, named by a row or not.
+    await killMidWrite(dataDir, [
+      `checkpoints/${model.id}/8-x/adapter_config.json`,
+      "datasets/x.tmp",
+    ]);
+    unwrap(
+      await client.DELETE("/v1/preview/models/{model_id}", {
+        params: { path: { model_id: model.id } },
+      }),
+    );
+    expect(blobFiles(dataDir).filter((f) => f.startsWith(`checkpoints/${model.id}`))).toEqual([]);
+    await kill9();
+  }, 120_000);
 });

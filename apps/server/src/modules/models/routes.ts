@@ -1,4 +1,5 @@
 import { ConflictError, type Store } from "@arbor/store";
+import { modelFilesPrefix } from "@arbor/worker";
 import { ApiError } from "../../http/errors.ts";
 import type { Handlers } from "../../http/operations.ts";
 import { checkpointToWire, createModel, findModel, splitMetrics } from "./service.ts";
@@ -28,7 +29,9 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
           await store.jobs.cancelJob(model.entity, job.id).catch(() => undefined);
       }
       const deleted = await store.models.delete(model.entity, model.id);
-      await deleteBlobs(store, deleted.blob_keys);
+      // Everything under the model's prefix goes, files no row named included.
+      await store.blobs?.deletePrefix(modelFilesPrefix(model.id));
+      await deleteBlobs(store, deleted.payload_keys);
       return {
         model_id: model.id,
         deleted_checkpoints: deleted.deleted_checkpoints,
@@ -79,7 +82,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
   };
 }
 
-/** Checkpoint files go after their rows: a crash in between leaves unreferenced files, never a
+/** Files go after their rows: a crash in between leaves unnamed files (swept later), never a
  * row that points at nothing. */
 async function deleteBlobs(store: Store, keys: string[]): Promise<void> {
   for (const key of keys) await store.blobs?.deletePrefix(key);

@@ -1,7 +1,7 @@
 import type { components } from "@arbor/spec/schema";
 import type { JobEvent, Store, TrainingJob } from "@arbor/store";
 import { uuidv7 } from "@arbor/store";
-import { datasetIdOf, MAX_JOB_EXAMPLES, MAX_JOB_STEPS } from "@arbor/worker";
+import { datasetIdOf, MAX_JOB_EXAMPLES, MAX_JOB_STEPS, PAYLOADS_PREFIX } from "@arbor/worker";
 import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import { findModel } from "../models/service.ts";
@@ -93,7 +93,7 @@ export async function createRlJob(
   const model = await findModel(store, principal, body.model_id);
   validateTrajectoryGroups(body.trajectory_groups);
   const blobs = requireBlobs(store);
-  const payload = `jobs/payloads/${uuidv7()}.json`;
+  const payload = `${PAYLOADS_PREFIX}${uuidv7()}.json`;
   await blobs.put(payload, Buffer.from(JSON.stringify(body.trajectory_groups)));
   try {
     const job = await store.jobs.enqueue({

@@ -1,0 +1,79 @@
+import type { Store } from "@arbor/store";
+import { CHECKPOINTS_PREFIX } from "./checkpoints.ts";
+
+/** Blobs with no row naming them, from writes that a crash (or a kill) cut off. */
+export interface SweepResult {
+  /** Partial files of writers that are gone. */
+  partial: string[];
+  /** Checkpoint folders no checkpoint row names. */
+  checkpoints: string[];
+  /** Dataset files no dataset row names. */
+  datasets: string[];
+  /** RL job inputs no job names. */
+  payloads: string[];
+}
+
+export interface SweepOptions {
+  /** Only this model's checkpoint folders (after one of its jobs ended). */
+  modelId?: string;
+  /** A file with no row is left alone while younger than this (its row may be on its way).
+   * Default 15 minutes. */
+  graceMs?: number;
+  now?: () => number;
+}
+
+/**
+ * Removes what interrupted writes left: partial files, and files whose row was never written.
+ * A checkpoint folder is removed at once when its model is gone or has no running job (so no
+ * worker can still be writing it), else once it is older than the grace; dataset files and RL
+ * inputs once older than the grace, since their rows follow their writes within a request.
+ */
+export async function sweepBlobs(store: Store, options: SweepOptions = {}): Promise<SweepResult> {
+  const result: SweepResult = { partial: [], checkpoints: [], datasets: [], payloads: [] };
+  const blobs = store.blobs;
+  if (!blobs) return result;
+  const now = options.now ?? Date.now;
+  const grace = options.graceMs ?? 15 * 60_000;
+  const old = async (key: string) => now() - ((await blobs.modifiedAt(key)) ?? now()) > grace;
+  if (!options.modelId) result.partial = await blobs.sweepPartial();
+
+  const folders = new Map<string, { model: string; file: string }>();
+  for (const key of await blobs.list(
+    `${CHECKPOINTS_PREFIX}${options.modelId ? `${options.modelId}/` : ""}`,
+  )) {
+    const [, model, folder] = key.split("/");
+    if (model && folder)
+      folders.set(`${CHECKPOINTS_PREFIX}${model}/${folder}/`, { model, file: key });
+  }
+  const prefixes = [...folders.keys()];
+  const models = [...new Set([...folders.values()].map((f) => f.model))];
+  const referenced = await store.models.referencedBlobKeys(prefixes);
+  const existing = await store.models.existingIds(models);
+  const running = await store.jobs.runningAmong(models);
+  for (const [prefix, { model, file }] of folders) {
+    if (referenced.has(prefix)) continue;
+    if (existing.has(model) && running.has(model) && !(await old(file))) continue;
+    await blobs.deletePrefix(prefix);
+    result.checkpoints.push(prefix);
+  }
+  if (options.modelId) return result;
+
+  const datasets = await blobs.list("datasets/");
+  const named = await store.datasets.referencedBlobKeys(datasets);
+  for (const key of datasets) {
+    if (named.has(key) || !(await old(key))) continue;
+    await blobs.delete(key);
+    result.datasets.push(key);
+  }
+  const payloads = await blobs.list(PAYLOADS_PREFIX);
+  const inputs = await store.jobs.referencedPayloads(payloads);
+  for (const key of payloads) {
+    if (inputs.has(key) || !(await old(key))) continue;
+    await blobs.delete(key);
+    result.payloads.push(key);
+  }
+  return result;
+}
+
+/** Where RL jobs keep their trajectory groups. */
+export const PAYLOADS_PREFIX = "jobs/payloads/";

@@ -1,0 +1,70 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { openStore, type Store } from "@arbor/store";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { writeCheckpointFiles } from "../src/checkpoints.ts";
+import { sweepBlobs } from "../src/sweep.ts";
+
+let dataDir: string;
+let store: Store;
+beforeAll(async () => {
+  dataDir = mkdtempSync(join(tmpdir(), "arbor-sweep-"));
+  store = await openStore({ dataDir });
+  await store.entities.ensure("e");
+});
+afterAll(async () => {
+  await store.close();
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+const files = { "adapter_config.json": new Uint8Array([1]) };
+
+async function model(name: string) {
+  return (
+    await store.models.create({
+      entity: "e",
+      project: "p",
+      name,
+      base_model: "b",
+      initialCheckpoint: {},
+    })
+  ).model;
+}
+
+describe("sweepBlobs", () => {
+  it("when checkpoint folders have no row, then they go unless their model's job may still be writing them", async () => {
+    const idle = await model("idle");
+    const busy = await model("busy");
+    const named = await writeCheckpointFiles(store.blobs!, idle.id, 1, files);
+    await store.models.addCheckpoint("e", idle.id, { step: 1, blob_key: named });
+    const orphan = await writeCheckpointFiles(store.blobs!, idle.id, 2, files);
+    const inFlight = await writeCheckpointFiles(store.blobs!, busy.id, 1, files);
+    const ofDeletedModel = await writeCheckpointFiles(
+      store.blobs!,
+      "0193a0b3-dead-7000-8000-000000000000",
+      1,
+      files,
+    );
+    await store.jobs.enqueue({ type: "rl", model_id: busy.id, entity: "e" });
+    await store.jobs.claimNextJob("w", 60_000);
+
+    const swept = await sweepBlobs(store);
+    expect(swept.checkpoints.sort()).toEqual([ofDeletedModel, orphan].sort());
+    expect(await store.blobs!.exists(`${named}adapter_config.json`)).toBe(true);
+    expect(await store.blobs!.exists(`${inFlight}adapter_config.json`)).toBe(true);
+
+    // Past the grace, even a running job's unnamed folder is not its own any more.
+    const later = await sweepBlobs(store, { now: () => Date.now() + 16 * 60_000 });
+    expect(later.checkpoints).toEqual([inFlight]);
+  });
+
+  it("when a dataset file or RL input has no row, then it goes once older than the grace", async () => {
+    await store.blobs!.put("datasets/unnamed.jsonl", "{}");
+    await store.blobs!.put("jobs/payloads/unnamed.json", "[]");
+    expect((await sweepBlobs(store)).datasets).toEqual([]);
+    const later = await sweepBlobs(store, { now: () => Date.now() + 16 * 60_000 });
+    expect(later.datasets).toEqual(["datasets/unnamed.jsonl"]);
+    expect(later.payloads).toEqual(["jobs/payloads/unnamed.json"]);
+  });
+});
