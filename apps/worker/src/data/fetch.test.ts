@@ -86,6 +86,12 @@ describe("classifyAddress", () => {
     ["64:ff9b::8.8.8.8", "public"],
     ["2002:7f00:1::", "loopback"],
     ["2001:db8::1", "reserved"],
+    ["::ffff:0:7f00:1", "loopback"],
+    ["::ffff:0:a00:1", "private"],
+    ["64:ff9b:1::7f00:1", "reserved"],
+    ["64:ff9b::7f00:1", "loopback"],
+    ["2001:0:4136:e378:8000:63bf:3fff:fdd2", "reserved"],
+    ["100.100.100.200", "private"],
     ["not-an-ip", "reserved"],
   ];
   it.each(cases)("when the address is %s, then it is %s", (address, kind) => {
@@ -189,6 +195,24 @@ describe("fetchTrainingData", () => {
         addresses: [{ address: "10.0.0.7", family: 4 }],
       },
     ]);
+  });
+
+  it.each([
+    ["data.internal", "https://data.internal:8443/t.jsonl", false],
+    ["data.internal", "https://data.internal:443/t.jsonl", true],
+    ["data.internal:8443", "https://data.internal:8443/t.jsonl", true],
+    ["data.internal:8443", "https://data.internal/t.jsonl", false],
+    ["[fd00::7]:8443", "https://[fd00::7]:8443/t.jsonl", true],
+  ])("when %s is allow-listed, then %s is allowed: %s", async (entry, url, allowed) => {
+    const fetched = fetchTrainingData(url, {
+      maxBytes: 100,
+      allowHosts: [entry],
+      lookup: resolvesTo("10.0.0.7"),
+      transport: async () => new Response("{}\n"),
+    });
+    if (allowed) expect(await fetched).toBe("{}\n");
+    else
+      expect((await refusal(fetched)).message).toMatch(/refused unless the host is allow-listed/);
   });
 
   it("when a public host redirects to a private one, then the hop is re-checked and refused", async () => {

@@ -4,6 +4,7 @@ import { request as httpsRequest } from "node:https";
 import { isIP, type LookupFunction } from "node:net";
 import { Readable } from "node:stream";
 import type { Store } from "@arbor/store";
+import ipaddr from "ipaddr.js";
 
 /**
  * Where `training_data_url` points (CONTRACT §5): `dataset://<id>` (an upload of the same entity)
@@ -35,7 +36,8 @@ export type Transport = (
 export interface FetchTrainingDataOptions {
   /** The cap on the body; past it the fetch stops with a 413. */
   maxBytes: number;
-  /** Hostnames (or IP literals) that may resolve to non-public addresses. Case-insensitive. */
+  /** `host[:port]` entries (hostnames or IP literals, IPv6 in brackets) that may resolve to
+   * non-public addresses, on that port only (443 when none is given). Case-insensitive. */
   allowHosts?: readonly string[];
   lookup?: Lookup;
   transport?: Transport;
@@ -137,7 +139,11 @@ export async function vetHost(
   lookup: Lookup = defaultLookup,
 ): Promise<LookupAddress[]> {
   const host = hostOf(url);
-  const allowed = allowHosts.some((h) => normalizeHost(h) === host);
+  const port = url.port || "443";
+  const allowed = allowHosts.some((entry) => {
+    const listed = allowedHost(entry);
+    return listed !== undefined && listed.host === host && listed.port === port;
+  });
   let addresses: LookupAddress[];
   const family = isIP(host);
   if (family !== 0) {
@@ -165,106 +171,68 @@ export async function vetHost(
   return addresses;
 }
 
-/** The class of an IPv4 or IPv6 address (IPv4-mapped, NAT64 and 6to4 forms are judged by the
- * IPv4 address they carry). Anything that does not parse is "reserved". */
+/** The class of an IPv4 or IPv6 address, from ipaddr.js's special ranges. Forms that carry an
+ * IPv4 address (IPv4-mapped, IPv4-translated, IPv4-compatible, NAT64's well-known prefix, 6to4)
+ * are judged by that address; NAT64's local-use prefix and Teredo, which tunnel to addresses
+ * that cannot be judged from here, are refused. Anything that does not parse is "reserved". */
 export function classifyAddress(address: string): AddressClass {
   const bare = address.replace(/^\[|\]$/g, "").replace(/%.*$/, "");
-  const v4 = parseIPv4(bare);
-  if (v4) return classifyIPv4(v4);
-  const v6 = parseIPv6(bare);
-  if (!v6) return "reserved";
-  return classifyIPv6(v6);
+  if (!ipaddr.isValid(bare)) return "reserved";
+  const parsed = ipaddr.parse(bare);
+  if (parsed.kind() === "ipv4") return classifyIPv4(parsed as ipaddr.IPv4);
+  const v6 = parsed as ipaddr.IPv6;
+  const bytes = v6.toByteArray();
+  // A string: the typings leave out ranges the library has (deprecatedSiteLocal).
+  const range: string = v6.range();
+  switch (range) {
+    case "unicast": {
+      // ::a.b.c.d (IPv4-compatible, deprecated) is not a range of ipaddr.js's.
+      const compatible = bytes.slice(0, 12).every((b) => b === 0);
+      return compatible ? classifyIPv4(new ipaddr.IPv4(bytes.slice(12))) : "public";
+    }
+    case "ipv4Mapped":
+    case "rfc6145":
+      return classifyIPv4(new ipaddr.IPv4(bytes.slice(12)));
+    case "rfc6052":
+      // 64:ff9b::/96 carries the IPv4 address last; 64:ff9b:1::/48 is a network's own prefix.
+      return bytes.slice(4, 12).every((b) => b === 0)
+        ? classifyIPv4(new ipaddr.IPv4(bytes.slice(12)))
+        : "reserved";
+    case "6to4":
+      return classifyIPv4(new ipaddr.IPv4(bytes.slice(2, 6)));
+    case "unspecified":
+    case "loopback":
+    case "multicast":
+      return range;
+    case "linkLocal":
+      return "link-local";
+    case "uniqueLocal":
+      return "unique-local";
+    case "deprecatedSiteLocal":
+      return "private";
+    default:
+      return "reserved";
+  }
 }
 
-function classifyIPv4([a, b, c]: number[]): AddressClass {
-  if (a === 0) return "unspecified"; // 0.0.0.0/8, "this network"
-  if (a === 127) return "loopback";
-  if (a === 10) return "private";
-  if (a === 172 && b! >= 16 && b! <= 31) return "private";
-  if (a === 192 && b === 168) return "private";
-  if (a === 100 && b! >= 64 && b! <= 127) return "private"; // carrier-grade NAT, 100.64/10
-  if (a === 169 && b === 254) return "link-local"; // cloud metadata lives here
-  if (a === 192 && b === 0 && c === 0) return "reserved"; // IETF protocol assignments
-  if (a === 192 && b === 0 && c === 2) return "reserved"; // TEST-NET-1
-  if (a === 198 && (b === 18 || b === 19)) return "reserved"; // benchmarking
-  if (a === 198 && b === 51 && c === 100) return "reserved"; // TEST-NET-2
-  if (a === 203 && b === 0 && c === 113) return "reserved"; // TEST-NET-3
-  if (a! >= 224 && a! <= 239) return "multicast";
-  if (a! >= 240) return "reserved"; // 240/4 and the broadcast address
-  return "public";
-}
-
-function classifyIPv6(bytes: number[]): AddressClass {
-  const zeroUpTo = (n: number) => bytes.slice(0, n).every((b) => b === 0);
-  if (zeroUpTo(16)) return "unspecified";
-  if (zeroUpTo(15) && bytes[15] === 1) return "loopback";
-  // ::ffff:a.b.c.d (IPv4-mapped) and ::a.b.c.d (IPv4-compatible, deprecated).
-  if (zeroUpTo(10) && bytes[10] === 0xff && bytes[11] === 0xff) {
-    return classifyIPv4(bytes.slice(12));
+function classifyIPv4(address: ipaddr.IPv4): AddressClass {
+  const range = address.range();
+  switch (range) {
+    case "unicast":
+      return "public";
+    case "unspecified":
+    case "loopback":
+    case "multicast":
+    case "private":
+      return range;
+    case "carrierGradeNat":
+      return "private";
+    case "linkLocal":
+      // Cloud metadata services live here.
+      return "link-local";
+    default:
+      return "reserved";
   }
-  if (zeroUpTo(12)) return classifyIPv4(bytes.slice(12));
-  // 64:ff9b::/96, the NAT64 well-known prefix, carries an IPv4 address.
-  if (
-    bytes[0] === 0 &&
-    bytes[1] === 0x64 &&
-    bytes[2] === 0xff &&
-    bytes[3] === 0x9b &&
-    bytes.slice(4, 12).every((b) => b === 0)
-  ) {
-    return classifyIPv4(bytes.slice(12));
-  }
-  // 2002::/16 (6to4) carries an IPv4 address in bytes 2..5.
-  if (bytes[0] === 0x20 && bytes[1] === 0x02) {
-    const inner = classifyIPv4(bytes.slice(2, 6));
-    if (inner !== "public") return inner;
-  }
-  const first = bytes[0]!;
-  const second = bytes[1]!;
-  if ((first & 0xfe) === 0xfc) return "unique-local"; // fc00::/7
-  if (first === 0xfe && (second & 0xc0) === 0x80) return "link-local"; // fe80::/10
-  if (first === 0xfe && (second & 0xc0) === 0xc0) return "private"; // fec0::/10, site-local
-  if (first === 0xff) return "multicast";
-  if (first === 0x01 && second === 0 && zeroUpTo(8)) return "reserved"; // 100::/64, discard
-  if (first === 0x20 && second === 0x01 && bytes[2] === 0x0d && bytes[3] === 0xb8) {
-    return "reserved"; // 2001:db8::/32, documentation
-  }
-  return "public";
-}
-
-function parseIPv4(text: string): number[] | undefined {
-  const parts = text.split(".");
-  if (parts.length !== 4) return undefined;
-  const bytes = parts.map((p) => (/^\d{1,3}$/.test(p) ? Number(p) : Number.NaN));
-  return bytes.every((b) => b >= 0 && b <= 255) ? bytes : undefined;
-}
-
-/** Sixteen bytes, or undefined. Accepts `::` and a dotted IPv4 tail. */
-function parseIPv6(text: string): number[] | undefined {
-  if (isIP(text) !== 6) return undefined;
-  let head = text;
-  const tail: number[] = [];
-  const lastColon = text.lastIndexOf(":");
-  if (text.slice(lastColon + 1).includes(".")) {
-    const v4 = parseIPv4(text.slice(lastColon + 1));
-    if (!v4) return undefined;
-    tail.push((v4[0]! << 8) | v4[1]!, (v4[2]! << 8) | v4[3]!);
-    head = text.slice(0, lastColon + 1);
-    if (head.endsWith(":") && !head.endsWith("::")) head = head.slice(0, -1);
-  }
-  const groupsOf = (s: string) => (s === "" ? [] : s.split(":").map((g) => Number.parseInt(g, 16)));
-  let groups: number[];
-  const gap = head.indexOf("::");
-  if (gap >= 0) {
-    const left = groupsOf(head.slice(0, gap));
-    const right = [...groupsOf(head.slice(gap + 2)), ...tail];
-    const fill = 8 - left.length - right.length;
-    if (fill < 0) return undefined;
-    groups = [...left, ...new Array<number>(fill).fill(0), ...right];
-  } else {
-    groups = [...groupsOf(head), ...tail];
-  }
-  if (groups.length !== 8 || groups.some((g) => !(g >= 0 && g <= 0xffff))) return undefined;
-  return groups.flatMap((g) => [g >> 8, g & 0xff]);
 }
 
 function parseHttpsUrl(raw: string, redirected = false): URL {
@@ -283,6 +251,16 @@ function parseHttpsUrl(raw: string, redirected = false): URL {
   }
   if (url.username || url.password) throw badUrl("Training data URL must not carry credentials.");
   return url;
+}
+
+/** An allow-list entry as a host and port: `host`, `host:port`, `[v6]` or `[v6]:port`. */
+function allowedHost(entry: string): { host: string; port: string } | undefined {
+  try {
+    const url = new URL(`https://${entry.trim()}`);
+    return { host: hostOf(url), port: url.port || "443" };
+  } catch {
+    return undefined;
+  }
 }
 
 function hostOf(url: URL): string {
