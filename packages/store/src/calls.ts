@@ -118,6 +118,8 @@ interface PreparedEnd {
   output: string | null;
   exception: string | null;
   summary: string | null;
+  /** `summary.usage` as aggregation reads it (see `usageOf`). */
+  usage: string;
 }
 
 /** JSON with sorted keys: equal content gives an equal hash whatever the key order. */
@@ -136,7 +138,9 @@ function canonical(value: unknown): string {
  * PostgreSQL cannot store in text; it becomes U+FFFD on every backend alike.
  */
 function freeText(value: string | null | undefined): string | null {
-  return value === undefined || value === null ? null : value.replaceAll("\u0000", "\ufffd");
+  return value === undefined || value === null
+    ? null
+    : value.replaceAll("\u0000", "\ufffd").toWellFormed();
 }
 
 function prepareStart(s: CallStartInput, now: number): PreparedStart {
@@ -172,7 +176,45 @@ function prepareEnd(e: CallEndInput): PreparedEnd {
     output: toJson(e.output ?? null),
     exception: freeText(e.exception),
     summary: toJson(e.summary ?? null),
+    usage: usageOf(e.summary),
   };
+}
+
+/** The fields of a model's usage that aggregation sums. */
+const USAGE_FIELDS = [
+  "requests",
+  "prompt_tokens",
+  "input_tokens",
+  "completion_tokens",
+  "output_tokens",
+  "total_tokens",
+  "cache_read_input_tokens",
+  "cache_creation_input_tokens",
+] as const;
+
+/**
+ * `summary.usage` as aggregation reads it, extracted when the call ends: model → its finite
+ * numeric fields (`{}` without a usage map). Whatever else a summary holds (free-form, kept as
+ * sent) never reaches the aggregation query, so no content of it can make that query fail.
+ */
+function usageOf(summary: Json | undefined): string {
+  const usage = (summary as { usage?: unknown } | null | undefined)?.usage;
+  if (!isPlainObject(summary) || !isPlainObject(usage)) return "{}";
+  const out: Record<string, Record<string, number>> = {};
+  for (const [model, value] of Object.entries(usage)) {
+    if (!isPlainObject(value)) continue;
+    const fields: Record<string, number> = {};
+    for (const field of USAGE_FIELDS) {
+      const n = value[field];
+      if (typeof n === "number" && Number.isFinite(n)) fields[field] = n;
+    }
+    out[freeText(model)!] = fields;
+  }
+  return JSON.stringify(out);
+}
+
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
 function toCall(r: Row): Call {
@@ -208,6 +250,7 @@ const UPSERT_COLUMNS = [
   "exception",
   "attributes",
   "summary",
+  "usage_json",
   "started",
   "start_hash",
 ] as const;
@@ -221,7 +264,7 @@ const START_FIELDS = [
   "attributes",
   "start_hash",
 ];
-const END_FIELDS = ["ended_at", "output", "exception", "summary"];
+const END_FIELDS = ["ended_at", "output", "exception", "summary", "usage_json"];
 const UPSERT_CONFLICT = `ON CONFLICT (project_id, id) DO UPDATE SET ${[
   // Start fields are written once: a repeated (identical) start keeps the stored ones.
   ...START_FIELDS.map(
@@ -261,18 +304,24 @@ function usageSql(dialect: Dialect) {
     dialect === "sqlite"
       ? `json_type(u, '$.${k}') IN ('integer', 'real')`
       : `jsonb_typeof(u -> '${k}') = 'number'`;
+  // `usage_json` holds only model → numbers (`usageOf`); rows ended before it existed fall back
+  // to their summary.
   const usageRows =
     dialect === "sqlite"
       ? `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
-         FROM tree t CROSS JOIN calls c CROSS JOIN json_each(c.summary, '$.usage') j
-         WHERE c.project_id = $1 AND c.id = t.id
-           AND json_type(c.summary, '$.usage') = 'object' AND j.type = 'object'`
+         FROM tree t CROSS JOIN calls c
+         CROSS JOIN json_each(CASE WHEN c.usage_json IS NOT NULL THEN c.usage_json
+                              WHEN json_type(c.summary, '$.usage') = 'object'
+                              THEN json_extract(c.summary, '$.usage') ELSE '{}' END) j
+         WHERE c.project_id = $1 AND c.id = t.id AND j.type = 'object'`
       : `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
          FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
-         CROSS JOIN LATERAL (SELECT replace(c.summary, '\\u0000', '\\ufffd')::jsonb -> 'usage' AS usage) s
+         CROSS JOIN LATERAL (SELECT CASE WHEN c.usage_json IS NOT NULL THEN c.usage_json::jsonb
+                                         ELSE c.summary::jsonb -> 'usage' END AS usage) s
          CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(s.usage) = 'object'
                                        THEN s.usage ELSE '{}'::jsonb END) j
-         WHERE c.summary IS NOT NULL AND jsonb_typeof(j.value) = 'object'`;
+         WHERE (c.usage_json IS NOT NULL OR c.summary IS NOT NULL)
+           AND jsonb_typeof(j.value) = 'object'`;
   return { n, has, usageRows };
 }
 
@@ -432,6 +481,7 @@ export class CallsRepo {
           e?.exception ?? null,
           s?.attributes ?? null,
           e?.summary ?? null,
+          e?.usage ?? null,
           s ? 1 : 0,
           s?.hash ?? null,
         );
@@ -535,7 +585,8 @@ export class CallsRepo {
     options: { includeCosts?: boolean; limit?: number },
   ): Promise<CallUsageResult> {
     const distinct = [...new Set(callIds)];
-    const result: CallUsageResult = { call_usage: {}, unfinished_call_ids: [] };
+    // No prototype: a call id such as `__proto__` is a key like any other.
+    const result: CallUsageResult = { call_usage: Object.create(null), unfinished_call_ids: [] };
     for (const id of distinct) result.call_usage[id] = {};
     if (distinct.length === 0) return result;
     const d = sql.dialect;

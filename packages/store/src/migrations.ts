@@ -155,6 +155,15 @@ export const MIGRATIONS: readonly Migration[] = [
       "ALTER TABLE training_jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0",
     ],
   },
+  {
+    version: 4,
+    name: "calls: usage kept apart from the free-form summary",
+    statements: [
+      // `summary.usage` as aggregation reads it, extracted at ingestion: model → numeric fields
+      // only. The summary itself stays as sent, whatever it holds.
+      "ALTER TABLE calls ADD COLUMN usage_json TEXT",
+    ],
+  },
 ];
 
 /**

@@ -65,13 +65,17 @@ export async function presentAmong(
 const PLACEHOLDER = /\$(\d+)/g;
 
 /**
- * PostgreSQL cannot store a NUL character in text, SQLite can: refuse it in every bound string
- * on both, so one store never keeps what the other would refuse. (JSON text escapes NUL as
- * `\u0000`, so free-form JSON never reaches this check.)
+ * PostgreSQL cannot store a NUL character in text, nor read a lone UTF-16 surrogate in JSON;
+ * SQLite can do both. Every bound string is refused on both when it holds either, so one store
+ * never keeps what the other would refuse. (Free-form JSON is stored as text and never reaches
+ * this check.)
  */
 function refuseNul(value: string): string {
   if (value.includes("\u0000")) {
     throw new InvalidInputError("A string value contains a NUL character (U+0000).");
+  }
+  if (!value.isWellFormed()) {
+    throw new InvalidInputError("A string value contains a lone UTF-16 surrogate.");
   }
   return value;
 }

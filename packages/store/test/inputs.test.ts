@@ -69,6 +69,39 @@ describeBackends("input the store refuses, and concurrent deletes", (ctx) => {
     expect(usage.call_usage[id]?.m?.prompt_tokens).toBe(2);
   });
 
+  it("when a call's free-form fields hold lone surrogates, then they are kept and usage still sums; in an id, refused", async () => {
+    const project = `${unique("e")}/p`;
+    const id = unique("call");
+    await ctx.store.calls.startCall({
+      project_id: project,
+      id,
+      op_name: "op",
+      started_at: new Date(),
+      inputs: { text: "\ud800 alone" },
+    });
+    await ctx.store.calls.endCall({
+      project_id: project,
+      id,
+      ended_at: new Date(),
+      summary: {
+        usage: { "m\udfff": { prompt_tokens: 1 }, m: { prompt_tokens: 4 } },
+        note: "\ud83d",
+      },
+    });
+    expect((await ctx.store.calls.getCall(project, id))?.inputs).toEqual({ text: "\ud800 alone" });
+    const usage = await ctx.store.calls.callUsage(project, [id]);
+    expect(usage.call_usage[id]?.m?.prompt_tokens).toBe(4);
+    expect(usage.call_usage[id]?.["m\ufffd"]?.prompt_tokens).toBe(1);
+    await expect(ctx.store.calls.callUsage(project, ["\ud800"])).rejects.toBeInstanceOf(
+      InvalidInputError,
+    );
+  });
+
+  it("when a requested call id is __proto__, then it is answered as a key like any other", async () => {
+    const usage = await ctx.store.calls.callUsage(`${unique("e")}/p`, ["__proto__"]);
+    expect(JSON.stringify(usage.call_usage)).toBe('{"__proto__":{}}');
+  });
+
   it("when 40,000 steps are deleted at once, then the answer lists the missing ones", async () => {
     const model = await newModel();
     const steps = Array.from({ length: 40_000 }, (_, i) => i + 1);

@@ -28,13 +28,14 @@ const trainedId = /^([^/:\s]+)\/([^/:\s]+)\/([^/:\s]+)(?::step(\d+))?$/;
 /** CONTRACT §6: base ids from the catalogue; unknown (or another entity's) → 404. */
 export class ModelDirectory {
   readonly #engines: EngineHost;
-  readonly #upstreams: Upstreams;
+  /** A Map, not the config's object: a model named `toString` must not find Object's. */
+  readonly #upstreams: ReadonlyMap<string, UpstreamConfig>;
   readonly #store: Store;
 
   constructor(engines: EngineHost, store: Store, upstreams: Upstreams = {}) {
     this.#engines = engines;
     this.#store = store;
-    this.#upstreams = upstreams;
+    this.#upstreams = new Map(Object.entries(upstreams));
   }
 
   async list(principal: Principal): Promise<ModelEntry[]> {
@@ -47,7 +48,7 @@ export class ModelDirectory {
       parent: null,
     });
     const engine = this.#engines.baseModels().map(({ entry, created }) => base(entry.id, created));
-    const upstream = Object.keys(this.#upstreams)
+    const upstream = [...this.#upstreams.keys()]
       .filter((id) => !this.#engines.baseModel(id))
       .map((id) => base(id, 0));
     const llama = [...this.#engines.llamaModels().keys()].map((id) => base(id, 0));
@@ -116,7 +117,7 @@ export class ModelDirectory {
   }
 
   async resolve(principal: Principal, id: string): Promise<ResolvedModel> {
-    const upstream = this.#upstreams[id];
+    const upstream = this.#upstreams.get(id);
     if (upstream) return { id, baseId: id, upstream };
     const llama = this.#engines.llamaModels().get(id);
     if (llama) return { id, baseId: id, llama };
