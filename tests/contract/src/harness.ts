@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -45,10 +46,17 @@ export async function startServer(
     llama?: Map<string, LlamaCppBackend>;
     /** What the app sees of the store (a test double over the real one, say). */
     storeSeenByApp?: (store: Store) => Store;
+    /** Run on PostgreSQL (a fresh schema, dropped on close) instead of SQLite. */
+    postgres?: { url: string };
   } = {},
 ): Promise<RunningServer> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
-  const store = await openStore({ dataDir });
+  const schema = options.postgres ? `arbor_contract_${randomBytes(6).toString("hex")}` : undefined;
+  const store = await openStore(
+    options.postgres
+      ? { dataDir, databaseUrl: options.postgres.url, schema: schema! }
+      : { dataDir },
+  );
   const admin = await ensureFirstAdmin(store, dataDir);
   const spec = loadSpec();
   // The embedded worker as `serve()` runs it: on its own thread, over the same data dir.
@@ -57,18 +65,21 @@ export async function startServer(
         store,
         logger: pino({ level: "silent" }),
         dataDir,
+        databaseUrl: options.postgres?.url,
+        schema,
         logLevel: "silent",
         leaseMs: 60_000,
         maxTrainingDataBytes: 1 << 20,
         allowHosts: [],
       })
     : undefined;
-  const engines = new EngineHost(undefined, options.llama);
+  const engines = new EngineHost({ ...(options.llama ? { llama: options.llama } : {}) });
   const probes = storeProbes(store, engineProbe(engines));
   if (worker) probes.worker = workerProbe(() => worker.health());
   const app = createApp({
     config: defaultAppConfig(config),
-    logger: pino({ level: "silent" }),
+    // ARBOR_TEST_LOG_LEVEL=error shows what the server logs (a 500's cause) while debugging.
+    logger: pino({ level: process.env.ARBOR_TEST_LOG_LEVEL ?? "silent" }),
     spec,
     store: options.storeSeenByApp?.(store) ?? store,
     engines,
@@ -100,6 +111,7 @@ export async function startServer(
       });
       await worker?.stop();
       await engines.dispose();
+      if (schema) await store.sql.exec(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
       await store.close();
       rmSync(dataDir, { recursive: true, force: true });
     },

@@ -1,0 +1,24 @@
+import pg from "pg";
+
+/** The PostgreSQL the Postgres halves of the contract tests use (ARBOR_TEST_PG overrides). */
+export const PG_URL = process.env.ARBOR_TEST_PG ?? "postgres://postgres@127.0.0.1:5432/test";
+
+/**
+ * Null when PostgreSQL answers; else why not, printed once. Under `CI=true` an unreachable
+ * PostgreSQL is an error, not a skip: CI machines have one.
+ */
+export const pgSkipReason: string | null = await (async () => {
+  const client = new pg.Client({ connectionString: PG_URL, connectionTimeoutMillis: 3000 });
+  try {
+    await client.connect();
+    await client.query("SELECT 1");
+    return null;
+  } catch (err) {
+    const reason = `PostgreSQL at ${PG_URL} is unreachable (${(err as Error).message})`;
+    if (process.env.CI === "true") throw new Error(`${reason}; CI needs it.`);
+    console.log(`[contract] ${reason}: the Postgres half is SKIPPED`);
+    return reason;
+  } finally {
+    await client.end().catch(() => {});
+  }
+})();
