@@ -32,7 +32,7 @@ export async function serve(config: ServerConfig = configFromEnv()): Promise<voi
   const llama = new Map(
     [...parseLlamaModels(process.env)].map(([id, path]) => [id, new LlamaCppBackend(path)]),
   );
-  const engines = new EngineHost(undefined, llama);
+  const engines = new EngineHost({ llama, threads: config.engineThreads });
   // What a crash cut off (partial files, files whose row was never written) goes now and hourly.
   const sweep = () =>
     sweepBlobs(store).then(

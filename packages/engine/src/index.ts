@@ -22,6 +22,12 @@ export {
   type ResponseFormat,
   type TokenLogprob,
 } from "./engine.ts";
+export {
+  EngineThread,
+  type EngineThreadInfo,
+  type EngineThreadStats,
+  type ThreadGenerateRequest,
+} from "./engine-thread.ts";
 export { createKvCache, type ForwardItem, forwardBatch, type KvCache } from "./forward.ts";
 export {
   exportGguf,

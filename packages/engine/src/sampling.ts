@@ -55,8 +55,9 @@ export function topLogprobs(logprobs: Float64Array, k: number): TopLogprob[] {
 
 /**
  * Picks a token: greedy when temperature is 0, otherwise samples from softmax(logits/T)
- * restricted to the top-p nucleus. Ties and order are resolved by token id, so the same
- * seed always gives the same token.
+ * restricted to the top-p nucleus. Without a nucleus cut (top-p 1) the draw walks the weights in
+ * token order, O(V) with no allocation per candidate; a cut ranks by weight (ties by token id).
+ * Either way the same seed always gives the same token.
  */
 export function sampleToken(
   logprobs: Float64Array,
@@ -70,34 +71,48 @@ export function sampleToken(
   }
   if (best < 0) throw new Error("sampling: every token is masked");
   if (options.temperature <= 0) return best;
-  const candidates: { token: number; weight: number }[] = [];
   const top = logprobs[best]!;
+  const weights = new Float64Array(logprobs.length);
+  let total = 0;
+  let candidates = 0;
   for (let i = 0; i < logprobs.length; i++) {
     const lp = logprobs[i]!;
     if (lp === Number.NEGATIVE_INFINITY) continue;
     const weight = Math.exp((lp - top) / options.temperature);
-    if (weight > 0) candidates.push({ token: i, weight });
+    weights[i] = weight;
+    total += weight;
+    if (weight > 0) candidates++;
   }
-  candidates.sort((a, b) => b.weight - a.weight || a.token - b.token);
-  let total = 0;
-  for (const c of candidates) total += c.weight;
-  let kept = candidates.length;
-  if (options.topP < 1) {
-    let cumulative = 0;
-    for (let i = 0; i < candidates.length; i++) {
-      cumulative += candidates[i]!.weight / total;
-      if (cumulative >= options.topP) {
-        kept = i + 1;
-        break;
-      }
+  if (options.topP >= 1) {
+    let r = rng.next() * total;
+    let last = best;
+    for (let i = 0; i < weights.length; i++) {
+      const weight = weights[i]!;
+      if (weight === 0) continue;
+      last = i;
+      r -= weight;
+      if (r <= 0) return i;
+    }
+    return last;
+  }
+  const order = new Uint32Array(candidates);
+  for (let i = 0, k = 0; i < weights.length; i++) if (weights[i]! > 0) order[k++] = i;
+  order.sort((a, b) => weights[b]! - weights[a]! || a - b);
+  let kept = order.length;
+  let cumulative = 0;
+  for (let i = 0; i < order.length; i++) {
+    cumulative += weights[order[i]!]! / total;
+    if (cumulative >= options.topP) {
+      kept = i + 1;
+      break;
     }
   }
   let keptTotal = 0;
-  for (let i = 0; i < kept; i++) keptTotal += candidates[i]!.weight;
+  for (let i = 0; i < kept; i++) keptTotal += weights[order[i]!]!;
   let r = rng.next() * keptTotal;
   for (let i = 0; i < kept; i++) {
-    r -= candidates[i]!.weight;
-    if (r <= 0) return candidates[i]!.token;
+    r -= weights[order[i]!]!;
+    if (r <= 0) return order[i]!;
   }
-  return candidates[kept - 1]!.token;
+  return order[kept - 1]!;
 }

@@ -1,5 +1,5 @@
 import { type ArborClient, unwrap } from "@arbor/client";
-import { adapterToFiles, createLoraAdapter } from "@arbor/engine";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
 import type { Store } from "@arbor/store";
 import { writeCheckpointFiles } from "@arbor/worker";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -49,7 +49,7 @@ describe("createChatCompletion: accounting cannot be skipped", () => {
     );
     try {
       const engine = await failing.engines.engine("arbor/tiny-chat");
-      const before = engine.stats.steps;
+      const before = (await engine.stats()).steps;
       const { response, error } = await failing.authorizedClient().createChatCompletion({
         model: "arbor/tiny-chat",
         messages: [{ role: "user", content: "Hi" }],
@@ -65,7 +65,7 @@ describe("createChatCompletion: accounting cannot be skipped", () => {
           code: null,
         },
       });
-      expect(engine.stats.steps).toBe(before);
+      expect((await engine.stats()).steps).toBe(before);
     } finally {
       await failing.close();
     }
@@ -144,8 +144,8 @@ describe("logModelMetrics: only finite numbers are stored", () => {
 describe("a checkpoint deleted while it is being served", () => {
   it("when its files are gone by the time the request reads them, then 404, not 500", async () => {
     const model = await newModel("vanishing");
-    const engine = await server.engines.engine("arbor/tiny-chat");
-    const files = adapterToFiles(createLoraAdapter(engine.model, { baseModel: "arbor/tiny-chat" }));
+    const base = await loadModel(catalogModelDir("arbor/tiny-chat"));
+    const files = adapterToFiles(createLoraAdapter(base, { baseModel: "arbor/tiny-chat" }));
     const prefix = await writeCheckpointFiles(server.store.blobs!, model.id, 1, files);
     await server.store.models.addCheckpoint("default", model.id, { step: 1, blob_key: prefix });
     // The concurrent delete's second half: its row still read, its files already removed.

@@ -14,32 +14,35 @@ export class BodyTooDeepError extends Error {
 }
 
 /**
- * Whether JSON text nests arrays and objects deeper than `max`: one pass over the bytes,
- * skipping strings. Recursive code later on (validation, hashing, storing) then never meets a
- * depth that could overflow its stack.
+ * Whether a parsed JSON value nests arrays and objects deeper than `max`, walked without
+ * recursion: the walk visits nodes, not bytes, so a body that is one long string costs nothing.
+ * Recursive code later on (validation, hashing, storing) then never meets a depth that could
+ * overflow its stack.
  */
-export function nestsDeeperThan(bytes: Uint8Array, max: number): boolean {
-  let depth = 0;
-  let inString = false;
-  for (let i = 0; i < bytes.length; i++) {
-    const c = bytes[i];
-    if (inString) {
-      if (c === 0x5c) i++;
-      else if (c === 0x22) inString = false;
-    } else if (c === 0x22) inString = true;
-    else if (c === 0x7b || c === 0x5b) {
-      if (++depth > max) return true;
-    } else if (c === 0x7d || c === 0x5d) depth--;
+export function nestsDeeperThan(value: unknown, max: number): boolean {
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length > 0) {
+    const [node, depth] = stack.pop()!;
+    if (typeof node !== "object" || node === null) continue;
+    if (depth > max) return true;
+    const children = Array.isArray(node) ? node : Object.values(node);
+    for (const child of children) {
+      if (typeof child === "object" && child !== null) stack.push([child, depth + 1]);
+    }
   }
   return false;
 }
 
-/** `express.json` with a size cap and the depth check. */
-export function jsonBody(limit: string): RequestHandler {
-  return express.json({
-    limit,
-    verify: (_req, _res, bytes) => {
-      if (nestsDeeperThan(bytes, MAX_JSON_DEPTH)) throw new BodyTooDeepError();
+/** `express.json` with a size cap, then the depth check on what it parsed. */
+export function jsonBody(limit: string): RequestHandler[] {
+  return [
+    express.json({ limit }),
+    (req, _res, next) => {
+      next(
+        req.body !== undefined && nestsDeeperThan(req.body, MAX_JSON_DEPTH)
+          ? new BodyTooDeepError()
+          : undefined,
+      );
     },
-  });
+  ];
 }

@@ -4,7 +4,8 @@ import { loadSpec } from "./openapi.ts";
 /**
  * Every request schema of the spec is bounded, so no request can make the server do unbounded
  * work or store unbounded values: arrays have `maxItems`, numbers a range, strings a
- * `maxLength` (unless an enum, const or format pins them), typed maps `maxProperties`.
+ * `maxLength` (unless an enum, const or format pins them, or `x-bounded-by: request-body` says
+ * the body's size cap bounds it), typed maps `maxProperties`.
  * Free-form JSON (`additionalProperties: true`, no type) is bounded by the body cap and depth.
  */
 const spec = loadSpec() as unknown as {
@@ -47,7 +48,9 @@ function unbounded(schema: Schema, at: string, seen: Set<unknown>, out: string[]
     if (s.minimum === undefined && s.exclusiveMinimum === undefined)
       out.push(`${at}: number without minimum`);
   }
-  if (types.includes("string") && s.maxLength === undefined && !pinned)
+  // Message text is bounded by the body cap alone: a maxLength there costs a pass over the text.
+  const byBody = s["x-bounded-by"] === "request-body";
+  if (types.includes("string") && s.maxLength === undefined && !pinned && !byBody)
     out.push(`${at}: string without maxLength`);
   const extra = s.additionalProperties;
   if (typeof extra === "object" && extra !== null) {

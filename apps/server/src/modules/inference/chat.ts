@@ -1,4 +1,4 @@
-import type { GenerateRequest, TokenLogprob } from "@arbor/engine";
+import type { ThreadGenerateRequest, TokenLogprob } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
 import { ApiError, quote } from "../../http/errors.ts";
 
@@ -38,7 +38,7 @@ function unsupported(param: string, why = "is not supported by this model"): Api
 }
 
 /** Translates an OpenAI chat request into an engine request, refusing what it cannot honour. */
-export function toGenerateRequest(body: ChatRequest): GenerateRequest {
+export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
   for (const [key, value] of Object.entries(body)) {
     if (value !== null && value !== undefined && !honoured.has(key))
       throw unsupported(key.length > 64 ? `${key.slice(0, 64)}…` : key);
@@ -65,7 +65,7 @@ export function toGenerateRequest(body: ChatRequest): GenerateRequest {
   }
   const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? undefined;
   const stop = typeof body.stop === "string" ? [body.stop] : (body.stop ?? []);
-  const request: GenerateRequest = {
+  const request: ThreadGenerateRequest = {
     messages,
     n,
     stop,

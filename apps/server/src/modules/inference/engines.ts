@@ -1,17 +1,15 @@
 import {
-  adapterFromFiles,
   type CatalogEntry,
   catalogModelDir,
-  Engine,
-  type LoraAdapter,
+  defaultKernelThreads,
+  EngineThread,
   listCatalog,
-  loadModel,
 } from "@arbor/engine";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { readCheckpointFiles } from "@arbor/worker";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
 
-/** Adapters kept in memory at once, most recently used first. */
+/** Adapters kept loaded in each engine at once, most recently used first. */
 const ADAPTER_CACHE_SIZE = 64;
 
 /** A base model the server can serve, with when it was first seen. */
@@ -21,22 +19,38 @@ export interface BaseModel {
   created: number;
 }
 
-/** The embedded engines: one per base model, loaded on first use and kept. */
+export interface EngineHostOptions {
+  /** The base models to serve; default the shipped catalogue. */
+  catalog?: CatalogEntry[];
+  /** User-supplied GGUF models (ARBOR_LLAMA_MODELS), served by llama.cpp. */
+  llama?: Map<string, LlamaCppBackend>;
+  /** Kernel threads of each engine (ARBOR_ENGINE_THREADS); default one per core. */
+  threads?: number;
+}
+
+/** One base model's engine thread and the adapters loaded into it. */
+interface Slot {
+  thread: EngineThread;
+  adapters: Map<string, Promise<void>>;
+}
+
+/**
+ * The embedded engines: one thread per base model, started on first use and kept (started
+ * again should it die). Model compute never runs on the caller's thread.
+ */
 export class EngineHost {
   readonly #catalog: Map<string, BaseModel>;
-  readonly #engines = new Map<string, Promise<Engine>>();
-  readonly #adapters = new Map<string, Promise<LoraAdapter>>();
-
+  readonly #slots = new Map<string, Promise<Slot>>();
   readonly #llama: Map<string, LlamaCppBackend>;
+  readonly #threads: number;
 
-  /** `llama`: user-supplied GGUF models (ARBOR_LLAMA_MODELS), served by llama.cpp. */
-  constructor(
-    catalog: CatalogEntry[] = listCatalog(),
-    llama: Map<string, LlamaCppBackend> = new Map(),
-    created = catalogCreated,
-  ) {
-    this.#catalog = new Map(catalog.map((entry) => [entry.id, { entry, created }]));
-    this.#llama = llama;
+  constructor(options: EngineHostOptions = {}) {
+    const created = catalogCreated;
+    this.#catalog = new Map(
+      (options.catalog ?? listCatalog()).map((entry) => [entry.id, { entry, created }]),
+    );
+    this.#llama = options.llama ?? new Map();
+    this.#threads = options.threads ?? defaultKernelThreads();
   }
 
   llamaModels(): ReadonlyMap<string, LlamaCppBackend> {
@@ -44,10 +58,10 @@ export class EngineHost {
   }
 
   async dispose(): Promise<void> {
-    const engines = await Promise.allSettled(this.#engines.values());
+    const slots = await Promise.allSettled(this.#slots.values());
     await Promise.all([
       ...[...this.#llama.values()].map((b) => b.dispose()),
-      ...engines.flatMap((e) => (e.status === "fulfilled" ? [e.value.dispose()] : [])),
+      ...slots.flatMap((s) => (s.status === "fulfilled" ? [s.value.thread.dispose()] : [])),
     ]);
   }
 
@@ -59,52 +73,70 @@ export class EngineHost {
     return this.#catalog.get(id);
   }
 
-  /** The engine serving `baseId`; loads the model the first time. */
-  engine(baseId: string): Promise<Engine> {
-    let engine = this.#engines.get(baseId);
-    if (!engine) {
-      if (!this.#catalog.has(baseId)) throw new Error(`no base model ${baseId}`);
-      engine = loadModel(catalogModelDir(baseId)).then((model) => new Engine(model));
-      engine.catch(() => this.#engines.delete(baseId));
-      this.#engines.set(baseId, engine);
-    }
-    return engine;
+  /** The engine serving `baseId`; starts its thread (loading the model) the first time. */
+  async engine(baseId: string): Promise<EngineThread> {
+    return (await this.#slot(baseId)).thread;
   }
 
-  /** The adapter a trained checkpoint serves with, loaded from its files once and shared by
-   * every request: one base model in memory, many adapters beside it. A checkpoint without
-   * files (step 0) is the identity: the base model itself. */
+  async #slot(baseId: string): Promise<Slot> {
+    const existing = this.#slots.get(baseId);
+    if (existing) {
+      const slot = await existing.catch(() => undefined);
+      if (slot && !slot.thread.failed) return slot;
+      if (this.#slots.get(baseId) === existing) this.#slots.delete(baseId);
+      return this.#slot(baseId);
+    }
+    if (!this.#catalog.has(baseId)) throw new Error(`no base model ${baseId}`);
+    const started = EngineThread.start(catalogModelDir(baseId), { threads: this.#threads }).then(
+      (thread): Slot => ({ thread, adapters: new Map() }),
+    );
+    started.catch(() => {
+      if (this.#slots.get(baseId) === started) this.#slots.delete(baseId);
+    });
+    this.#slots.set(baseId, started);
+    return started;
+  }
+
+  /**
+   * The key a trained checkpoint's adapter serves under, loaded into the engine from its files
+   * once and shared by every request: one base model in memory, many adapters beside it. A
+   * checkpoint without files (step 0) is the identity: the base model itself (null).
+   */
   async adapter(
     baseId: string,
     checkpoint: Checkpoint,
     blobs: BlobStore | undefined,
-  ): Promise<LoraAdapter | null> {
+  ): Promise<string | null> {
     if (!checkpoint.blob_key) return null;
+    const slot = await this.#slot(baseId);
     const key = checkpoint.id;
-    let adapter = this.#adapters.get(key);
-    if (adapter) {
-      this.#adapters.delete(key);
+    let loading = slot.adapters.get(key);
+    if (loading) {
+      slot.adapters.delete(key);
     } else {
-      const prefix = checkpoint.blob_key;
       if (!blobs) throw new Error("the store has no blob directory");
-      adapter = Promise.all([this.engine(baseId), readCheckpointFiles(blobs, prefix)]).then(
-        ([engine, files]) => {
-          // Deleted since the request resolved it: its rows go first, then its files.
-          if (!files["adapter_model.safetensors"]) throw new CheckpointGoneError(checkpoint.id);
-          return adapterFromFiles(files, engine.model);
-        },
-      );
-      adapter.catch(() => this.#adapters.delete(key));
+      const prefix = checkpoint.blob_key;
+      loading = readCheckpointFiles(blobs, prefix).then((files) => {
+        // Deleted since the request resolved it: its rows go first, then its files.
+        if (!files["adapter_model.safetensors"]) throw new CheckpointGoneError(checkpoint.id);
+        return slot.thread.loadAdapter(key, files);
+      });
+      loading.catch(() => slot.adapters.delete(key));
     }
-    this.#adapters.set(key, adapter);
-    if (this.#adapters.size > ADAPTER_CACHE_SIZE)
-      this.#adapters.delete(this.#adapters.keys().next().value!);
-    return adapter;
+    slot.adapters.set(key, loading);
+    if (slot.adapters.size > ADAPTER_CACHE_SIZE) {
+      const oldest = slot.adapters.keys().next().value!;
+      slot.adapters.delete(oldest);
+      slot.thread.dropAdapter(oldest);
+    }
+    await loading;
+    return key;
   }
 
-  /** Loaded engines, for tests and metrics. */
-  loaded(): Promise<Engine[]> {
-    return Promise.all(this.#engines.values());
+  /** Started engines, for tests and metrics. */
+  async loaded(): Promise<EngineThread[]> {
+    const slots = await Promise.allSettled(this.#slots.values());
+    return slots.flatMap((s) => (s.status === "fulfilled" ? [s.value.thread] : []));
   }
 }
 

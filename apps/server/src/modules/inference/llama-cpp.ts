@@ -5,10 +5,10 @@ import {
   type ChatMessage,
   deriveSeed,
   END_OF_TEXT,
-  type GenerateRequest,
   type GenerationEvent,
   IM_END,
   IM_START,
+  type ThreadGenerateRequest,
 } from "@arbor/engine";
 
 /**
@@ -186,7 +186,7 @@ export class LlamaCppBackend {
   /** Streams token events for every choice, then one `done` event per choice — choices run one
    * after the other. Throws the signal's reason when aborted. */
   async *generate(
-    request: GenerateRequest,
+    request: ThreadGenerateRequest,
     options: { signal?: AbortSignal } = {},
   ): AsyncGenerator<GenerationEvent, void, undefined> {
     const signal = options.signal;
@@ -228,7 +228,7 @@ export class LlamaCppBackend {
 
   async *#choice(
     loaded: Loaded,
-    request: GenerateRequest,
+    request: ThreadGenerateRequest,
     prompt: Token[],
     maxTokens: number,
     choice: number,
@@ -396,7 +396,7 @@ export class LlamaCppBackend {
   }
 }
 
-/** A GenerateRequest field this backend cannot honour; `field` names it (map to a 400). */
+/** A ThreadGenerateRequest field this backend cannot honour; `field` names it (map to a 400). */
 export class LlamaUnsupportedError extends Error {
   readonly field: string;
   constructor(field: string, why: string) {
@@ -408,7 +408,7 @@ export class LlamaUnsupportedError extends Error {
 
 /** Throws a LlamaUnsupportedError for the first field the backend cannot honour. `generate`
  * calls it too, but a server should call it before it starts a (streamed) response. */
-export function checkSupported(request: GenerateRequest): void {
+export function checkSupported(request: ThreadGenerateRequest): void {
   const refuse = (field: string, why: string) => {
     throw new LlamaUnsupportedError(field, why);
   };
@@ -423,7 +423,7 @@ export function checkSupported(request: GenerateRequest): void {
     refuse("adapter", "LoRA checkpoints run on the built-in engine only");
 }
 
-function promptTokens(loaded: Loaded, request: GenerateRequest): Token[] {
+function promptTokens(loaded: Loaded, request: ThreadGenerateRequest): Token[] {
   if (request.messages) return renderPrompt(loaded, request.messages);
   if (typeof request.prompt === "string") return loaded.model.tokenize(request.prompt, true);
   if (request.prompt) return [...request.prompt];

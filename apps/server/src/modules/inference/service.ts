@@ -1,10 +1,10 @@
 import { createHash } from "node:crypto";
 import {
   ContextLengthError,
-  type GenerateRequest,
   type GenerationEvent,
   JsonConstraint,
   PromptError,
+  type ThreadGenerateRequest,
   type TokenLogprob,
 } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
@@ -47,7 +47,7 @@ export type ChatProgress =
 /** What generates: the embedded engine, or a llama.cpp backend with the same events. */
 export interface Generator {
   generate(
-    request: GenerateRequest,
+    request: ThreadGenerateRequest,
     options: { signal?: AbortSignal },
   ): AsyncIterable<GenerationEvent>;
 }
@@ -55,7 +55,7 @@ export interface Generator {
 export interface PreparedChat {
   resolved: ResolvedModel;
   engine: Generator;
-  request: GenerateRequest;
+  request: ThreadGenerateRequest;
   promptTokens: number;
   id: string;
   created: number;
@@ -112,7 +112,7 @@ export async function prepareChat(
 async function prepareLlamaChat(
   resolved: ResolvedModel,
   backend: LlamaCppBackend,
-  request: GenerateRequest,
+  request: ThreadGenerateRequest,
 ): Promise<PreparedChat> {
   try {
     checkSupported(request);
@@ -143,7 +143,7 @@ async function prepareLlamaChat(
 function prepared(
   resolved: ResolvedModel,
   engine: Generator,
-  request: GenerateRequest,
+  request: ThreadGenerateRequest,
   promptTokens: number,
 ): PreparedChat {
   return {

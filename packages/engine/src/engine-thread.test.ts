@@ -1,0 +1,85 @@
+import { describe, expect, it } from "vitest";
+import { catalogModelDir } from "./catalog.ts";
+import { Engine } from "./engine.ts";
+import { EngineThread } from "./engine-thread.ts";
+import { adapterToFiles, createLoraAdapter } from "./lora.ts";
+import { loadModel } from "./model.ts";
+import { ContextLengthError } from "./prompt-encoder.ts";
+import { createWasmKernels } from "./wasm/kernels.ts";
+
+describe("EngineThread", async () => {
+  const dir = catalogModelDir("arbor/tiny-chat");
+  const model = await loadModel(dir);
+  const local = new Engine(model, { kernels: createWasmKernels("auto", { threads: 1 }) });
+  const messages = [{ role: "user" as const, content: "What is 7 + 5?" }];
+
+  it("when a chat runs on the thread, then its tokens and events equal the same engine's in this thread", async () => {
+    const thread = await EngineThread.start(dir);
+    try {
+      const prompt = await thread.encodeChat(messages);
+      expect(prompt).toEqual(await local.encodeChat(messages));
+      const request = { prompt, maxTokens: 12, temperature: 0.8, seed: 3, n: 2, logprobs: true };
+      const there = [];
+      for await (const event of thread.generate(request)) there.push(event);
+      const here = [];
+      for await (const event of local.generate(request)) here.push(event);
+      expect(there).toEqual(here);
+      expect((await thread.stats()).steps).toBeGreaterThan(0);
+    } finally {
+      await thread.dispose();
+    }
+  });
+
+  it("when an adapter is loaded under a key, then requests naming it generate with it", async () => {
+    const thread = await EngineThread.start(dir);
+    try {
+      const adapter = createLoraAdapter(model, { baseModel: "arbor/tiny-chat" }, 5);
+      for (const m of adapter.layers.flatMap((l) => Object.values(l))) m.b.fill(0.5);
+      await thread.loadAdapter("ckpt", adapterToFiles(adapter));
+      const prompt = await thread.encodeChat(messages);
+      const run = async (key: string | null) => {
+        const tokens: number[] = [];
+        for await (const e of thread.generate({
+          prompt,
+          maxTokens: 8,
+          temperature: 0,
+          adapter: key,
+        }))
+          if (e.type === "token") tokens.push(e.token);
+        return tokens;
+      };
+      const expected = await local.complete({ prompt, maxTokens: 8, temperature: 0, adapter });
+      expect(await run("ckpt")).toEqual(expected.choices[0]!.tokens);
+      expect(await run(null)).not.toEqual(await run("ckpt"));
+      thread.dropAdapter("ckpt");
+      await expect(run("ckpt")).rejects.toThrow(/not loaded/);
+    } finally {
+      await thread.dispose();
+    }
+  });
+
+  it("when a request is aborted or a prompt cannot fit, then the thread says so and goes on", async () => {
+    const thread = await EngineThread.start(dir);
+    try {
+      const prompt = await thread.encodeChat(messages);
+      const controller = new AbortController();
+      const stream = thread.generate(
+        { prompt, maxTokens: 200, temperature: 1 },
+        { signal: controller.signal },
+      );
+      await stream.next();
+      controller.abort(new Error("client left"));
+      await expect(stream.next()).rejects.toThrow("client left");
+      await expect(
+        thread.encodeChat([{ role: "user", content: "word ".repeat(100_000) }]),
+      ).rejects.toBeInstanceOf(ContextLengthError);
+      const refusal = await thread
+        .encodeChat([{ role: "user", content: "7 + 5 ".repeat(60) }])
+        .catch((e: unknown) => e);
+      expect(refusal).toBeInstanceOf(ContextLengthError);
+      expect((await thread.stats()).activeSequences).toBe(0);
+    } finally {
+      await thread.dispose();
+    }
+  });
+});
