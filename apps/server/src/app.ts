@@ -48,12 +48,12 @@ export function createApp(deps: AppDeps): Express {
   app.use(rawModelIdInPath);
   app.use(authentication(async (token) => principalOf(await deps.store.apiKeys.verify(token))));
   app.use("/v1/chat/completions", rateLimited(new RateLimiter(config.rateLimits)));
-  app.use("/v1/chat/completions", jsonBody("10mb"));
+  app.use("/v1/chat/completions", jsonBody(10 * 1024 * 1024));
   app.use(
     "/v1/preview/datasets",
     express.text({ type: DATASET_MEDIA_TYPES, limit: DATASET_MAX_BYTES }),
   );
-  app.use(jsonBody("64mb"));
+  app.use(jsonBody(64 * 1024 * 1024));
 
   // With both checks off the validator still matches every path on every request: leave it out.
   if (config.validateRequests || config.validateResponses) {

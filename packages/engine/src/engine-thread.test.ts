@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { catalogModelDir } from "./catalog.ts";
 import { Engine } from "./engine.ts";
 import { EngineThread } from "./engine-thread.ts";
@@ -77,7 +77,8 @@ describe("EngineThread", async () => {
         .encodeChat([{ role: "user", content: "7 + 5 ".repeat(60) }])
         .catch((e: unknown) => e);
       expect(refusal).toBeInstanceOf(ContextLengthError);
-      expect((await thread.stats()).activeSequences).toBe(0);
+      // The scheduler drops the cancelled sequence at its next turn.
+      await vi.waitFor(async () => expect((await thread.stats()).activeSequences).toBe(0));
     } finally {
       await thread.dispose();
     }

@@ -141,14 +141,16 @@ export class PromptError extends Error {
   override readonly name = "PromptError";
 }
 
-/** UTF-8 bytes of everything a prompt's messages carry. */
+/**
+ * A lower bound on the UTF-8 bytes of everything a prompt's messages carry: their UTF-16
+ * length (every code unit is at least one byte). O(1) per string, where counting the bytes
+ * themselves took 9 ms for a 9 MB message.
+ */
 export function promptBytes(messages: readonly ChatMessage[]): number {
   let bytes = 0;
   for (const m of messages) {
-    bytes += Buffer.byteLength(m.content, "utf8");
-    for (const call of m.toolCalls ?? []) {
-      bytes += Buffer.byteLength(call.name, "utf8") + Buffer.byteLength(call.arguments, "utf8");
-    }
+    bytes += m.content.length;
+    for (const call of m.toolCalls ?? []) bytes += call.name.length + call.arguments.length;
   }
   return bytes;
 }

@@ -77,6 +77,49 @@ describe("request bodies (createModel, getCallsUsage)", () => {
   });
 });
 
+describe("bodies over 1 MiB, parsed off the event loop (createChatCompletion)", () => {
+  const big = (content: string, tail = "") =>
+    `{"model":"arbor/tiny-chat","messages":[{"role":"user","content":${JSON.stringify(content)}}]${tail}}`;
+
+  it("when a 2 MB body is valid JSON, then it is read (and refused for the context, not the JSON)", async () => {
+    const response = await send(
+      "/v1/chat/completions",
+      { "content-type": "application/json" },
+      big("a ".repeat(1_000_000)),
+    );
+    expect(response.status).toBe(400);
+    expect(((await response.json()) as { error: { code: string } }).error.code).toBe(
+      "context_length_exceeded",
+    );
+  });
+
+  it.each([
+    ["is not JSON", big("a".repeat(2_000_000)).slice(0, -1), "invalid_json"],
+    [
+      "nests 5,000 deep",
+      big("a".repeat(2_000_000), `,"x":${"[".repeat(5000)}${"]".repeat(5000)}`),
+      "invalid_json",
+    ],
+  ])("when a 2 MB body %s, then 400 %s", async (_, body, code) => {
+    const response = await send(
+      "/v1/chat/completions",
+      { "content-type": "application/json" },
+      body,
+    );
+    expect(response.status).toBe(400);
+    expect(((await response.json()) as { error: { code: string } }).error.code).toBe(code);
+  });
+
+  it("when a 2 MB body names a charset other than UTF-8, then 415", async () => {
+    const response = await send(
+      "/v1/chat/completions",
+      { "content-type": "application/json; charset=latin1" },
+      big("a".repeat(2_000_000)),
+    );
+    expect(response.status).toBe(415);
+  });
+});
+
 /** Writes raw bytes and reads the whole answer (the server closes the connection). */
 function raw(request: string): Promise<string> {
   const { port } = new URL(server.baseUrl);
