@@ -196,6 +196,11 @@ export interface paths {
          * @description Queues supervised fine-tuning on a JSONL file of `{messages, tools?}` lines. Loss is on
          *     assistant tokens only. Checkpoints are written as training goes (`config.checkpoint_every`)
          *     and at the end.
+         *
+         *     A job is bounded: at most 10,000,000 examples (lines × epochs), 1,000,000 optimizer steps
+         *     and 5,000,000,000 tokens. What is known at create (a `dataset://`'s lines, a fixed
+         *     `batch_size`) is checked now (400 `job_too_large`); the rest is checked against the job's
+         *     plan before its first step, failing it with `training_failed` naming the bound.
          */
         post: operations["createSftTrainingJob"];
         delete?: never;

@@ -12,7 +12,9 @@ const dataDir = mkdtempSync(join(tmpdir(), "arbor-faults-"));
 let child: Child | undefined;
 
 async function startChild(): Promise<ArborClient> {
-  const started = await startServerProcess(dataDir, { ARBOR_WORKER_LEASE_MS: "1500" });
+  // A lease far longer than the test may run: a job is resumed after the restart only because
+  // the restarted server reclaims its own previous run's leases at once.
+  const started = await startServerProcess(dataDir, { ARBOR_WORKER_LEASE_MS: "600000" });
   child = started.child;
   return started.client;
 }
