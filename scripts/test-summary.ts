@@ -8,6 +8,9 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
 interface Report {
+  testResults: {
+    assertionResults: { status: string; ancestorTitles: string[]; title: string }[];
+  }[];
   numPassedTests: number;
   numFailedTests: number;
   numPendingTests: number;
@@ -47,6 +50,17 @@ for (const group of groups) {
     rows.push(
       `${pkg.name}: ${r.numPassedTests} passed, ${r.numFailedTests + brokenFiles} failed, ${r.numPendingTests + r.numTodoTests} skipped`,
     );
+    // Which suites were skipped (a Postgres half without PostgreSQL, say), so quiet logs hide none.
+    const skippedSuites = new Map<string, number>();
+    for (const file of r.testResults) {
+      for (const test of file.assertionResults) {
+        if (test.status !== "pending" && test.status !== "skipped" && test.status !== "todo")
+          continue;
+        const suite = test.ancestorTitles[0] ?? test.title;
+        skippedSuites.set(suite, (skippedSuites.get(suite) ?? 0) + 1);
+      }
+    }
+    for (const [suite, count] of skippedSuites) rows.push(`  skipped: ${suite} (${count})`);
   }
 }
 for (const row of rows) console.log(`  ${row}`);

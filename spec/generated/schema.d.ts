@@ -2138,7 +2138,7 @@ export interface operations {
                  *       "entity": "acme",
                  *       "project": "support-bot",
                  *       "name": "agent",
-                 *       "base_model": "arbor/tiny-chat-1m",
+                 *       "base_model": "arbor/tiny-chat",
                  *       "return_existing": false
                  *     }
                  */
@@ -2160,7 +2160,7 @@ export interface operations {
                      *       "entity": "acme",
                      *       "project": "support-bot",
                      *       "name": "agent",
-                     *       "base_model": "arbor/tiny-chat-1m",
+                     *       "base_model": "arbor/tiny-chat",
                      *       "run_id": null,
                      *       "created_at": 1795420800,
                      *       "latest_step": 0
@@ -2179,7 +2179,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "message": "Unsupported base_model \"meta/llama-9000\". Supported: arbor/tiny-chat-1m.",
+                     *         "message": "Unsupported base_model \"meta/llama-9000\". Supported: arbor/tiny-chat.",
                      *         "type": "invalid_request_error",
                      *         "param": "base_model",
                      *         "code": "unsupported_base_model"
@@ -3122,11 +3122,11 @@ export interface operations {
                      *       "object": "list",
                      *       "data": [
                      *         {
-                     *           "id": "arbor/tiny-chat-1m",
+                     *           "id": "arbor/tiny-chat",
                      *           "object": "model",
                      *           "created": 1795000000,
                      *           "owned_by": "system",
-                     *           "root": "arbor/tiny-chat-1m",
+                     *           "root": "arbor/tiny-chat",
                      *           "parent": null
                      *         },
                      *         {
@@ -3134,7 +3134,7 @@ export interface operations {
                      *           "object": "model",
                      *           "created": 1795424409,
                      *           "owned_by": "acme",
-                     *           "root": "arbor/tiny-chat-1m",
+                     *           "root": "arbor/tiny-chat",
                      *           "parent": "acme/support-bot/agent:step3"
                      *         },
                      *         {
@@ -3142,7 +3142,7 @@ export interface operations {
                      *           "object": "model",
                      *           "created": 1795424409,
                      *           "owned_by": "acme",
-                     *           "root": "arbor/tiny-chat-1m",
+                     *           "root": "arbor/tiny-chat",
                      *           "parent": "acme/support-bot/agent:step3"
                      *         }
                      *       ]
@@ -3202,7 +3202,7 @@ export interface operations {
                      *       "object": "model",
                      *       "created": 1795424409,
                      *       "owned_by": "acme",
-                     *       "root": "arbor/tiny-chat-1m",
+                     *       "root": "arbor/tiny-chat",
                      *       "parent": "acme/support-bot/agent:step3"
                      *     }
                      */

@@ -22,8 +22,14 @@ async function probePostgres(): Promise<string | null> {
   }
 }
 
-/** Why the Postgres half is skipped, or null when it runs. */
+/** Why the Postgres half is skipped, or null when it runs. Under `CI=true` an unreachable
+ * PostgreSQL fails the run instead: CI machines have one. */
 export const pgSkipReason = await probePostgres();
+if (pgSkipReason !== null && pgSkipReason !== "ARBOR_TEST_PG=off" && process.env.CI === "true") {
+  throw new Error(
+    `[@arbor/store] PostgreSQL at ${PG_URL} is unreachable (${pgSkipReason}); CI needs it.`,
+  );
+}
 if (pgSkipReason !== null) {
   console.log(
     pgSkipReason === "ARBOR_TEST_PG=off"

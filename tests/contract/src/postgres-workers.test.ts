@@ -4,29 +4,18 @@ import { join } from "node:path";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PG_URL, pgSkipReason } from "./pg.ts";
 import { type Child, spawnLogged, startServerProcess, workerMain } from "./processes.ts";
 
 /** Scale-out: an API server with no embedded worker and two worker processes on one
  * PostgreSQL queue. Every job runs exactly once. */
-const databaseUrl = process.env.ARBOR_TEST_PG ?? "postgres://postgres@127.0.0.1:5432/test";
+const databaseUrl = PG_URL;
 const schema = `arbor_contract_${process.pid}_${Date.now()}`;
 const dataDir = mkdtempSync(join(tmpdir(), "arbor-pg-workers-"));
 const children: Child[] = [];
 let client: ArborClient;
 
-const reachable = await (async () => {
-  const c = new pg.Client({ connectionString: databaseUrl });
-  try {
-    await c.connect();
-    await c.end();
-    return true;
-  } catch (err) {
-    console.log(
-      `[contract] PostgreSQL at ${databaseUrl} unreachable (${(err as Error).message}): the scale-out test is SKIPPED`,
-    );
-    return false;
-  }
-})();
+const reachable = pgSkipReason === null;
 
 beforeAll(async () => {
   if (!reachable) return;
