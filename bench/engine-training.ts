@@ -14,7 +14,7 @@ import { syntheticDialogue } from "../packages/engine/scripts/synthetic-chat.ts"
 import {
   catalogModelDir,
   createLoraAdapter,
-  defaultKernels,
+  createWasmKernels,
   LoraTrainer,
   loadModel,
   loraParameterCount,
@@ -37,6 +37,12 @@ interface JobResult {
   trainable: number;
 }
 
+/** The kernels of a job process: `--threads N` (the parent runs each count in its own process). */
+function kernelsOfThisRun() {
+  const at = process.argv.indexOf("--threads");
+  return createWasmKernels("auto", { threads: at >= 0 ? Number(process.argv[at + 1]) : 1 });
+}
+
 /** End-to-end `trainSft` on synthetic chats ("auto" batches of 4096 tokens): real tokens/s. */
 async function sftJob(): Promise<JobResult> {
   const model = await loadModel(dir);
@@ -51,6 +57,7 @@ async function sftJob(): Promise<JobResult> {
       lora: { rank: RANK, alpha: 2 * RANK },
     },
     {
+      kernels: kernelsOfThisRun(),
       onStep: (p) => {
         rates.push(p.metrics.tokens_per_second);
       },
@@ -67,7 +74,7 @@ async function sftJob(): Promise<JobResult> {
 async function job(kind: "full" | "lora" | "sft"): Promise<JobResult> {
   if (kind === "sft") return sftJob();
   const model = await loadModel(dir);
-  const kernels = defaultKernels();
+  const kernels = kernelsOfThisRun();
   const rng = new Rng(1);
   const V = model.config.vocabSize;
   const batch = {
@@ -201,9 +208,15 @@ if (jobArg >= 0) {
   // Each job in its own process (its own peak RSS), with the kernel threads set for it.
   const engineJob = (kind: "full" | "lora" | "sft", threads: number): JobResult =>
     JSON.parse(
-      execFileSync(process.execPath, [self, String(B), String(T), "--job", kind], {
-        env: { ...process.env, ARBOR_ENGINE_THREADS: String(threads) },
-      }).toString(),
+      execFileSync(process.execPath, [
+        self,
+        String(B),
+        String(T),
+        "--job",
+        kind,
+        "--threads",
+        String(threads),
+      ]).toString(),
     ) as JobResult;
   const hasTorch = torchInstalled();
   const label = (n: number) => `${n} thread${n === 1 ? "" : "s"}`;

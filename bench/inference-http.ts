@@ -3,7 +3,7 @@
  *
  * Usage: node bench/inference-http.ts [--requests 100] [--streams 256] [--levels 1,8,32]
  *
- * The server (the real app, `createApp`, default config: requests and responses validated, on
+ * The server (the real server, `buildServer`, default config: requests and responses validated, on
  * 127.0.0.1 port 0, temp SQLite store, first admin key, no training worker) runs in a child
  * process (this file with `--serve`), so it and the load generator each get a core of the
  * 2-core machine.
@@ -25,24 +25,13 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { once } from "node:events";
 import { mkdtempSync, rmSync } from "node:fs";
-import type { AddressInfo } from "node:net";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createArborClient, unwrap } from "@arbor/client";
-import {
-  createApp,
-  defaultAppConfig,
-  EngineHost,
-  engineProbe,
-  ensureFirstAdmin,
-  loadSpec,
-  storeProbes,
-} from "@arbor/server";
-import { openStore } from "@arbor/store";
-import { pino } from "pino";
 import { catalogModelDir, Engine, loadModel } from "../packages/engine/src/index.ts";
+import { startBenchServer } from "./server.ts";
 
 const SELF = fileURLToPath(import.meta.url);
 const MODEL = "arbor/tiny-chat";
@@ -68,29 +57,15 @@ interface ServerInfo {
 /** The child: the real app with a temp SQLite store; prints {port, apiKey} once listening. */
 async function serve(): Promise<void> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-inference-"));
-  const store = await openStore({ dataDir });
-  const admin = await ensureFirstAdmin(store, dataDir);
-  if (!admin) throw new Error("a fresh store has no users, so ensureFirstAdmin must make one");
-  const engines = new EngineHost();
-  const app = createApp({
-    config: defaultAppConfig(),
-    logger: pino({ level: "error" }, pino.destination(2)),
-    spec: loadSpec(),
-    store,
-    engines,
-    probes: storeProbes(store, engineProbe(engines)),
-  });
-  const server = app.listen(0, "127.0.0.1");
-  await new Promise<void>((resolve) => server.once("listening", () => resolve()));
-  const { port } = server.address() as AddressInfo;
-  process.stdout.write(`${JSON.stringify({ port, apiKey: admin.token } satisfies ServerInfo)}\n`);
+  const server = await startBenchServer({ dataDir });
+  process.stdout.write(
+    `${JSON.stringify({ port: server.port, apiKey: server.apiKey } satisfies ServerInfo)}\n`,
+  );
   let closing = false;
   const shutdown = async () => {
     if (closing) return;
     closing = true;
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await store.close();
+    await server.close();
     rmSync(dataDir, { recursive: true, force: true });
     process.exit(0);
   };

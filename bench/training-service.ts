@@ -34,24 +34,15 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { once } from "node:events";
 import { mkdtempSync, rmSync } from "node:fs";
-import type { AddressInfo } from "node:net";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { type ArborClient, createArborClient, unwrap } from "@arbor/client";
-import {
-  createApp,
-  defaultAppConfig,
-  EngineHost,
-  engineProbe,
-  ensureFirstAdmin,
-  loadSpec,
-  storeProbes,
-} from "@arbor/server";
 import { openStore, type StoreOptions } from "@arbor/store";
-import { catalogModels, EmbeddedWorker, sftExamplesLoader, TrainingWorker } from "@arbor/worker";
+import { catalogModels, sftExamplesLoader, TrainingWorker } from "@arbor/training";
 import { pino } from "pino";
+import { startBenchServer } from "./server.ts";
 
 const SELF = fileURLToPath(import.meta.url);
 const BASE = "arbor/tiny-chat";
@@ -102,44 +93,14 @@ function onShutdown(close: () => Promise<void>): void {
 
 /** Child: the API server (with or without the embedded worker); prints {port, apiKey}. */
 async function serve(spec: ChildSpec): Promise<void> {
-  const store = await openStore(storeOptions(spec));
-  const admin = await ensureFirstAdmin(store, spec.dataDir);
-  if (!admin) throw new Error("a fresh store has no users, so ensureFirstAdmin must make one");
-  const engines = new EngineHost();
-  const logger = pino({ level: "error" }, pino.destination(2));
-  // The embedded worker as `serve()` runs it: on its own thread, woken when a job is queued.
-  const worker = spec.worker
-    ? await EmbeddedWorker.start({
-        store,
-        logger,
-        dataDir: spec.dataDir,
-        databaseUrl: spec.databaseUrl,
-        schema: spec.schema,
-        logLevel: "error",
-        leaseMs: 60_000,
-        maxTrainingDataBytes: WORKER_SETTINGS.maxTrainingDataBytes,
-        allowHosts: [...WORKER_SETTINGS.allowHosts],
-      })
-    : undefined;
-  const app = createApp({
-    config: defaultAppConfig(),
-    logger,
-    spec: loadSpec(),
-    store,
-    engines,
-    probes: storeProbes(store, engineProbe(engines)),
-    onJobQueued: () => worker?.poke(),
+  const server = await startBenchServer({
+    dataDir: spec.dataDir,
+    databaseUrl: spec.databaseUrl,
+    schema: spec.schema,
+    worker: spec.worker ?? false,
   });
-  const server = app.listen(0, "127.0.0.1");
-  await new Promise<void>((resolve) => server.once("listening", () => resolve()));
-  const { port } = server.address() as AddressInfo;
-  process.stdout.write(`${JSON.stringify({ port, apiKey: admin.token })}\n`);
-  onShutdown(async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await worker?.stop();
-    await store.close();
-  });
+  process.stdout.write(`${JSON.stringify({ port: server.port, apiKey: server.apiKey })}\n`);
+  onShutdown(() => server.close());
 }
 
 /** Child: a separate training worker process; prints {ready: true}. */

@@ -7,28 +7,17 @@
  *   requests  requests validated, responses not
  *   off       neither
  *
- * Starts the real app (createApp) on 127.0.0.1, port 0, with a SQLite store in a temp dir and the
+ * Starts the real server (`buildServer`, through `startBenchServer`) on 127.0.0.1, port 0, with a SQLite store in a temp dir and the
  * first admin key, ingests one small trace (a root and four descendants with usage) through the
  * API, then prints one line of JSON on stdout: {"port", "apiKey", "projectId", "rootId"}.
  * It runs until stdin closes, its IPC channel (if any) closes, or it is sent SIGTERM/SIGINT, then
  * removes the temp dir.
  */
 import { mkdtempSync, rmSync } from "node:fs";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createArborClient, unwrap } from "@arbor/client";
-import {
-  createApp,
-  defaultAppConfig,
-  EngineHost,
-  engineProbe,
-  ensureFirstAdmin,
-  loadSpec,
-  storeProbes,
-} from "@arbor/server";
-import { openStore } from "@arbor/store";
-import { pino } from "pino";
+import { startBenchServer } from "./server.ts";
 
 export type ValidationMode = "on" | "requests" | "off";
 export const validationModes: readonly ValidationMode[] = ["on", "requests", "off"];
@@ -51,25 +40,11 @@ if (!validationModes.includes(mode)) {
 }
 
 const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-"));
-const store = await openStore({ dataDir });
-const admin = await ensureFirstAdmin(store, dataDir);
-if (!admin) throw new Error("a fresh store has no users, so ensureFirstAdmin must make one");
-const engines = new EngineHost();
-const app = createApp({
-  config: defaultAppConfig({
-    validateRequests: mode !== "off",
-    validateResponses: mode === "on",
-  }),
-  // stdout is the channel to the parent: errors only, and to stderr.
-  logger: pino({ level: "error" }, pino.destination(2)),
-  spec: loadSpec(),
-  store,
-  engines,
-  probes: storeProbes(store, engineProbe(engines)),
+const server = await startBenchServer({
+  dataDir,
+  app: { validateRequests: mode !== "off", validateResponses: mode === "on" },
 });
-const server = app.listen(0, "127.0.0.1");
-await new Promise<void>((resolve) => server.once("listening", () => resolve()));
-const { port } = server.address() as AddressInfo;
+const { port, apiKey } = server;
 
 // A small trace: root → a → a1, root → b → b1, every call with usage of one or two models.
 const nodes: { id: string; parent: string | null; model: string; prompt: number }[] = [
@@ -81,7 +56,7 @@ const nodes: { id: string; parent: string | null; model: string; prompt: number 
 ];
 const client = createArborClient({
   baseUrl: `http://127.0.0.1:${port}`,
-  apiKey: admin.token,
+  apiKey,
   maxRetries: 0,
 });
 unwrap(
@@ -121,7 +96,7 @@ unwrap(
 
 const info: BenchServerInfo = {
   port,
-  apiKey: admin.token,
+  apiKey,
   projectId: BENCH_PROJECT,
   rootId: BENCH_ROOT,
 };
@@ -131,9 +106,7 @@ let closing = false;
 async function shutdown(): Promise<void> {
   if (closing) return;
   closing = true;
-  server.closeAllConnections();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  await store.close();
+  await server.close();
   rmSync(dataDir, { recursive: true, force: true });
   process.exit(0);
 }

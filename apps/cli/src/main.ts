@@ -4,8 +4,9 @@ import { join } from "node:path";
 import { createInterface } from "node:readline/promises";
 import { parseArgs } from "node:util";
 import { createArborClient } from "@arbor/client";
+import { type Config, readConfig } from "@arbor/config";
 import { ADMIN_KEY_FILE, serve } from "@arbor/server";
-import { openStore, storeOptionsFromEnv } from "@arbor/store";
+import { openStore } from "@arbor/store";
 import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
 import * as remote from "./remote.ts";
 
@@ -78,7 +79,12 @@ async function main(argv: string[]): Promise<void> {
     await runRemote(key, group, command, values, positionals);
     return;
   }
-  const store = await openStore(storeOptionsFromEnv());
+  const config = readConfig();
+  const store = await openStore({
+    dataDir: config.dataDir,
+    databaseUrl: config.databaseUrl,
+    schema: config.databaseSchema,
+  });
   try {
     switch (key) {
       case "keys create":
@@ -139,15 +145,23 @@ async function main(argv: string[]): Promise<void> {
 
 type Values = Record<string, string | boolean | undefined>;
 
+/** The server the remote commands call: ARBOR_BASE_URL, or else where the server's own
+ * ARBOR_HOST and ARBOR_PORT put it. */
+export function serverUrl(config: Config): string {
+  if (config.baseUrl) return config.baseUrl;
+  const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
+  return `http://${host.includes(":") ? `[${host}]` : host}:${config.port}`;
+}
+
 function remoteClient() {
-  const keyFile = join(storeOptionsFromEnv().dataDir, ADMIN_KEY_FILE);
+  const config = readConfig();
+  const keyFile = join(config.dataDir, ADMIN_KEY_FILE);
   const apiKey =
-    process.env.ARBOR_API_KEY ??
-    (existsSync(keyFile) ? readFileSync(keyFile, "utf8").trim() : undefined);
+    config.apiKey ?? (existsSync(keyFile) ? readFileSync(keyFile, "utf8").trim() : undefined);
   return createArborClient({
-    baseUrl: process.env.ARBOR_BASE_URL ?? "http://127.0.0.1:8080",
+    baseUrl: serverUrl(config),
     ...(apiKey ? { apiKey } : {}),
-    ...(process.env.ARBOR_PROJECT ? { project: process.env.ARBOR_PROJECT } : {}),
+    ...(config.project ? { project: config.project } : {}),
   });
 }
 

@@ -1,6 +1,6 @@
 export { type AppDeps, createApp } from "./app.ts";
 export { ADMIN_ENTITY, ADMIN_KEY_FILE, ADMIN_USER, ensureFirstAdmin } from "./bootstrap.ts";
-export { type AppConfig, defaultAppConfig } from "./config.ts";
+export { type AppConfig, appConfigOf } from "./config.ts";
 export { listen } from "./http/listen.ts";
 export { loadSpec, type OpenApiDocument, specOperations } from "./http/openapi.ts";
 export { engineProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
@@ -8,3 +8,4 @@ export { type Probes, timed } from "./modules/health/service.ts";
 export { EngineHost } from "./modules/inference/engines.ts";
 export { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
 export { serve } from "./serve.ts";
+export { type ArborServer, type BuildOptions, buildServer } from "./server.ts";

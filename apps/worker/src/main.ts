@@ -3,29 +3,32 @@
  * (or `pnpm --filter @arbor/worker start`). Several of them, on several machines, share one
  * PostgreSQL queue; a claim is a lease (FOR UPDATE SKIP LOCKED), so no job runs twice. Run the
  * API servers with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR (a shared directory).
+ * Settings: see the README's Settings (read by @arbor/config).
  */
-import { openStore, storeOptionsFromEnv } from "@arbor/store";
+import { readConfig } from "@arbor/config";
+import { openStore } from "@arbor/store";
+import { catalogModels, processIdentity, sftExamplesLoader, TrainingWorker } from "@arbor/training";
 import { pino } from "pino";
-import { processIdentity } from "./identity.ts";
-import { catalogModels, sftExamplesLoader } from "./loaders.ts";
-import { TrainingWorker } from "./runner.ts";
-import { workerSettingsFromEnv } from "./settings.ts";
 
-const env = process.env;
-const logger = pino({ level: env.ARBOR_LOG_LEVEL ?? "info" });
-const settings = workerSettingsFromEnv(env);
-const store = await openStore(storeOptionsFromEnv(env));
+const config = readConfig();
+const logger = pino({ level: config.logLevel });
+const store = await openStore({
+  dataDir: config.dataDir,
+  ...(config.databaseUrl ? { databaseUrl: config.databaseUrl } : {}),
+  ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
+});
 const worker = new TrainingWorker({
   store,
   logger,
+  kernelThreads: config.engineThreads,
   loadBaseModel: catalogModels(),
   loadSftExamples: sftExamplesLoader(store, {
-    maxBytes: settings.maxTrainingDataBytes,
-    allowHosts: settings.allowHosts,
+    maxBytes: config.trainingDataMaxBytes,
+    allowHosts: config.trainingDataAllowHosts,
   }),
-  leaseMs: settings.leaseMs,
-  // ARBOR_WORKER_ID: a stable name per replica lets a restarted worker take back its jobs at once.
-  identity: processIdentity(env.ARBOR_WORKER_ID || undefined),
+  leaseMs: config.workerLeaseMs,
+  // A stable name per replica lets a restarted worker take back its jobs at once.
+  identity: processIdentity(config.workerId),
 });
 worker.start();
 logger.info({ workerId: worker.workerId, database: store.dialect }, "training worker started");

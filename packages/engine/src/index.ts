@@ -134,7 +134,6 @@ export {
 export {
   createWasmKernels,
   defaultKernels,
-  defaultKernelThreads,
   relaxedSimdSupported,
   WasmKernels,
 } from "./wasm/kernels.ts";

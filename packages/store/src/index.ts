@@ -52,5 +52,4 @@ export {
   type PingResult,
   type Store,
   type StoreOptions,
-  storeOptionsFromEnv,
 } from "./store.ts";

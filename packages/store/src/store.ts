@@ -1,5 +1,4 @@
 import { mkdirSync } from "node:fs";
-import { homedir } from "node:os";
 import { join } from "node:path";
 import { type BlobStore, FsBlobStore } from "./blobs.ts";
 import { CallsRepo } from "./calls.ts";
@@ -59,21 +58,6 @@ export interface Store {
   readonly migrated: number[];
   ping(): Promise<PingResult>;
   close(): Promise<void>;
-}
-
-/**
- * Where the store is, from the environment, as the server, the workers and the CLI all read it:
- * ARBOR_DATA_DIR (default `~/.arbor`), DATABASE_URL (PostgreSQL when set) and
- * ARBOR_DATABASE_SCHEMA (PostgreSQL only).
- */
-export function storeOptionsFromEnv(
-  env: NodeJS.ProcessEnv = process.env,
-): StoreOptions & { dataDir: string } {
-  return {
-    dataDir: env.ARBOR_DATA_DIR || join(homedir(), ".arbor"),
-    ...(env.DATABASE_URL ? { databaseUrl: env.DATABASE_URL } : {}),
-    ...(env.ARBOR_DATABASE_SCHEMA ? { schema: env.ARBOR_DATABASE_SCHEMA } : {}),
-  };
 }
 
 /**

@@ -1,5 +1,5 @@
 import { expect, it } from "vitest";
-import { MIGRATIONS, migrate, openStore, storeOptionsFromEnv } from "../src/index.ts";
+import { MIGRATIONS, migrate, openStore } from "../src/index.ts";
 import { describeBackends } from "./helpers.ts";
 
 describeBackends("openStore", (ctx) => {
@@ -113,16 +113,4 @@ it("opens an in-memory SQLite store by default", async () => {
   expect(store.blobs).toBeUndefined();
   expect((await store.ping()).success).toBe(true);
   await store.close();
-});
-
-it("when the store is configured from the environment, then data dir, database URL and schema are all read", () => {
-  expect(
-    storeOptionsFromEnv({
-      ARBOR_DATA_DIR: "/srv/arbor",
-      DATABASE_URL: "postgres://db/arbor",
-      ARBOR_DATABASE_SCHEMA: "tenant_a",
-    }),
-  ).toEqual({ dataDir: "/srv/arbor", databaseUrl: "postgres://db/arbor", schema: "tenant_a" });
-  expect(storeOptionsFromEnv({}).dataDir).toMatch(/\.arbor$/);
-  expect(storeOptionsFromEnv({})).not.toHaveProperty("schema");
 });

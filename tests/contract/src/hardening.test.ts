@@ -1,7 +1,7 @@
 import { type ArborClient, unwrap } from "@arbor/client";
 import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
 import type { Store } from "@arbor/store";
-import { writeCheckpointFiles } from "@arbor/worker";
+import { writeCheckpointFiles } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 

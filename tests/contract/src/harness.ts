@@ -1,24 +1,12 @@
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ArborClient, type ArborClientOptions, createArborClient } from "@arbor/client";
-import {
-  type AppConfig,
-  createApp,
-  defaultAppConfig,
-  EngineHost,
-  engineProbe,
-  ensureFirstAdmin,
-  type LlamaCppBackend,
-  listen,
-  loadSpec,
-  storeProbes,
-  workerProbe,
-} from "@arbor/server";
-import { openStore, type Store } from "@arbor/store";
-import { EmbeddedWorker } from "@arbor/worker";
+import { readConfig } from "@arbor/config";
+import { type AppConfig, buildServer, type EngineHost, type LlamaCppBackend } from "@arbor/server";
+import type { Store } from "@arbor/store";
+import pg from "pg";
 import { pino } from "pino";
 
 export interface RunningServer {
@@ -38,7 +26,11 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
-/** Starts the real app on port 0 with real dependencies: a SQLite store in a temp dir. */
+/**
+ * The real server, built as `serve()` builds it (`buildServer`), on port 0 with real
+ * dependencies: a SQLite store in a temp dir (or a fresh PostgreSQL schema), the engine, and
+ * the embedded training worker when asked for.
+ */
 export async function startServer(
   config: Partial<AppConfig> = {},
   options: {
@@ -52,67 +44,53 @@ export async function startServer(
 ): Promise<RunningServer> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
   const schema = options.postgres ? `arbor_contract_${randomBytes(6).toString("hex")}` : undefined;
-  const store = await openStore(
-    options.postgres
-      ? { dataDir, databaseUrl: options.postgres.url, schema: schema! }
-      : { dataDir },
+  // ARBOR_TEST_LOG_LEVEL=error shows what the server logs (a 500's cause) while debugging.
+  const level = process.env.ARBOR_TEST_LOG_LEVEL ?? "silent";
+  const server = await buildServer(
+    readConfig({
+      ARBOR_DATA_DIR: dataDir,
+      ARBOR_PORT: "0",
+      ARBOR_LOG_LEVEL: level,
+      ARBOR_EMBEDDED_WORKER: options.worker ? "on" : "off",
+      ARBOR_WORKER_LEASE_MS: "60000",
+      ARBOR_TRAINING_DATA_MAX_BYTES: String(1 << 20),
+      ...(options.postgres
+        ? { DATABASE_URL: options.postgres.url, ARBOR_DATABASE_SCHEMA: schema }
+        : {}),
+    }),
+    {
+      logger: pino({ level }),
+      app: config,
+      ...(options.storeSeenByApp ? { storeSeenByApp: options.storeSeenByApp } : {}),
+      ...(options.llama ? { llama: options.llama } : {}),
+    },
   );
-  const admin = await ensureFirstAdmin(store, dataDir);
-  const spec = loadSpec();
-  // The embedded worker as `serve()` runs it: on its own thread, over the same data dir.
-  const worker = options.worker
-    ? await EmbeddedWorker.start({
-        store,
-        logger: pino({ level: "silent" }),
-        dataDir,
-        databaseUrl: options.postgres?.url,
-        schema,
-        logLevel: "silent",
-        leaseMs: 60_000,
-        maxTrainingDataBytes: 1 << 20,
-        allowHosts: [],
-      })
-    : undefined;
-  const engines = new EngineHost({ ...(options.llama ? { llama: options.llama } : {}) });
-  const probes = storeProbes(store, engineProbe(engines));
-  if (worker) probes.worker = workerProbe(() => worker.health());
-  const app = createApp({
-    config: defaultAppConfig(config),
-    // ARBOR_TEST_LOG_LEVEL=error shows what the server logs (a 500's cause) while debugging.
-    logger: pino({ level: process.env.ARBOR_TEST_LOG_LEVEL ?? "silent" }),
-    spec,
-    store: options.storeSeenByApp?.(store) ?? store,
-    engines,
-    probes,
-    onJobQueued: () => worker?.poke(),
-  });
-  const server = await listen(app, 0, "127.0.0.1");
-  const { port } = server.address() as AddressInfo;
-  const baseUrl = `http://127.0.0.1:${port}`;
+  await server.start();
+  const admin = server.firstStart!;
+  const baseUrl = server.url!;
   const client = (options: Partial<ArborClientOptions> = {}) =>
     createArborClient({ baseUrl, maxRetries: 0, ...options });
   return {
     baseUrl,
-    store,
-    engines,
-    pending: app.locals.pendingOperations as string[],
-    adminKey: admin!.token,
+    store: server.store,
+    engines: server.engines,
+    pending: server.app.locals.pendingOperations as string[],
+    adminKey: admin.token,
     client,
-    authorizedClient: (options = {}) => client({ apiKey: admin!.token, ...options }),
+    authorizedClient: (options = {}) => client({ apiKey: admin.token, ...options }),
     async newTenant(name) {
-      const user = await store.users.create({ name, defaultEntity: name });
-      const { token } = await store.apiKeys.create(user.id);
+      const user = await server.store.users.create({ name, defaultEntity: name });
+      const { token } = await server.store.apiKeys.create(user.id);
       return { entity: name, apiKey: token, client: client({ apiKey: token }) };
     },
     close: async () => {
-      await new Promise<void>((resolve, reject) => {
-        server.closeAllConnections();
-        server.close((err) => (err ? reject(err) : resolve()));
-      });
-      await worker?.stop();
-      await engines.dispose();
-      if (schema) await store.sql.exec(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-      await store.close();
+      await server.close();
+      if (schema && options.postgres) {
+        const admin = new pg.Client({ connectionString: options.postgres.url });
+        await admin.connect();
+        await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+        await admin.end();
+      }
       rmSync(dataDir, { recursive: true, force: true });
     },
   };

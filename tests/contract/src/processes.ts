@@ -3,12 +3,15 @@ import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
 import { type ArborClient, createArborClient } from "@arbor/client";
 
 /** Real server and worker processes, for tests of crashes and of several workers. */
 const require = createRequire(import.meta.url);
 export const serverMain = join(dirname(require.resolve("@arbor/server")), "main.ts");
-export const workerMain = join(dirname(require.resolve("@arbor/worker")), "main.ts");
+export const workerMain = fileURLToPath(
+  new URL("../../../apps/worker/src/main.ts", import.meta.url),
+);
 
 export interface Child {
   process: ChildProcess;

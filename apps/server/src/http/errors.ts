@@ -5,7 +5,7 @@ import {
   NotFoundError,
   StoreError,
 } from "@arbor/store";
-import { TrainingDataError } from "@arbor/worker";
+import { TrainingDataError } from "@arbor/training";
 import type { NextFunction, Request, Response } from "express";
 import type { Logger } from "pino";
 

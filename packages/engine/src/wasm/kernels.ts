@@ -1,6 +1,5 @@
 /// <reference path="./webassembly.d.ts" />
 import { readFileSync } from "node:fs";
-import { availableParallelism } from "node:os";
 import { jsKernels, type Kernels, type Workspace } from "../kernels.ts";
 import { ArenaAllocator, align } from "./arena.ts";
 import { type CALLS, call, Op, runJob } from "./jobs.ts";
@@ -833,27 +832,11 @@ export function createWasmKernels(
     : new WasmKernels(simdBytes, "wasm-simd", options.threads);
 }
 
-/**
- * Threads for the default kernels: `ARBOR_ENGINE_THREADS` if set, else one per available
- * core. Results are bit-identical whatever the count (work is split by rows and sequences).
- */
-export function defaultKernelThreads(env: NodeJS.ProcessEnv = process.env): number {
-  const raw = env.ARBOR_ENGINE_THREADS;
-  if (raw !== undefined && raw !== "") {
-    const n = Number(raw);
-    if (!Number.isInteger(n) || n < 1 || n > MAX_THREADS)
-      throw new Error(
-        `ARBOR_ENGINE_THREADS must be an integer from 1 to ${MAX_THREADS}, got ${JSON.stringify(raw)}`,
-      );
-    return n;
-  }
-  return Math.min(availableParallelism(), MAX_THREADS);
-}
-
 let shared: WasmKernels | null = null;
 
-/** The kernels shared by this thread: WASM SIMD (relaxed if supported) on `defaultKernelThreads()`. */
+/** The kernels an engine or trainer uses when none are given: WASM SIMD (relaxed if supported)
+ * on this thread alone. Pass kernels from `createWasmKernels(…, { threads })` to use more. */
 export function defaultKernels(): Kernels {
-  shared ??= createWasmKernels("auto", { threads: defaultKernelThreads() });
+  shared ??= createWasmKernels("auto", { threads: 1 });
   return shared;
 }

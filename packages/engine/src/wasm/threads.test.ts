@@ -6,7 +6,7 @@ import { randomBatch, tinyModel } from "../test-fixtures.ts";
 import { lossAndGradients } from "../train.ts";
 import { parameters, zerosLike } from "../weights.ts";
 import { call, type JobExports } from "./jobs.ts";
-import { createWasmKernels, defaultKernelThreads } from "./kernels.ts";
+import { createWasmKernels } from "./kernels.ts";
 import { CLAIM, claim, ThreadPool } from "./pool.ts";
 
 function random(n: number, rng: Rng): Float32Array {
@@ -167,20 +167,5 @@ describe("kernels on worker threads", () => {
     Atomics.store(i32, CLAIM, (8 << 16) | (250 << 8));
     expect(claim(i32, 7)).toBe(-1);
     expect(claim(i32, 8)).toBe(0);
-  });
-
-  it("when ARBOR_ENGINE_THREADS is set, then the default kernels use it, and a bad value is refused", () => {
-    const saved = process.env.ARBOR_ENGINE_THREADS;
-    try {
-      process.env.ARBOR_ENGINE_THREADS = "3";
-      expect(defaultKernelThreads()).toBe(3);
-      process.env.ARBOR_ENGINE_THREADS = "0";
-      expect(() => defaultKernelThreads()).toThrow(/ARBOR_ENGINE_THREADS must be an integer/);
-      delete process.env.ARBOR_ENGINE_THREADS;
-      expect(defaultKernelThreads()).toBeGreaterThanOrEqual(1);
-    } finally {
-      if (saved === undefined) delete process.env.ARBOR_ENGINE_THREADS;
-      else process.env.ARBOR_ENGINE_THREADS = saved;
-    }
   });
 });

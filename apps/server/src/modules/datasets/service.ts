@@ -1,6 +1,6 @@
 import type { components } from "@arbor/spec/schema";
 import type { Dataset, Store } from "@arbor/store";
-import { InvalidDatasetError, validateSftJsonl } from "@arbor/worker";
+import { InvalidDatasetError, validateSftJsonl } from "@arbor/training";
 import { ApiError } from "../../http/errors.ts";
 
 /** The cap on an upload; the text parser mounted for this path enforces it (413). */

@@ -1,5 +1,5 @@
 import type { Store } from "@arbor/store";
-import type { WorkerHealth } from "@arbor/worker";
+import type { WorkerHealth } from "@arbor/training";
 import type { EngineHost } from "../inference/engines.ts";
 import { type Probe, type Probes, timed } from "./service.ts";
 

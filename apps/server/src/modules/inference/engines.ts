@@ -1,12 +1,6 @@
-import {
-  type CatalogEntry,
-  catalogModelDir,
-  defaultKernelThreads,
-  EngineThread,
-  listCatalog,
-} from "@arbor/engine";
+import { type CatalogEntry, catalogModelDir, EngineThread, listCatalog } from "@arbor/engine";
 import type { BlobStore, Checkpoint } from "@arbor/store";
-import { readCheckpointFiles } from "@arbor/worker";
+import { readCheckpointFiles } from "@arbor/training";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
 
 /** Adapters kept loaded in each engine at once, most recently used first. */
@@ -24,7 +18,7 @@ export interface EngineHostOptions {
   catalog?: CatalogEntry[];
   /** User-supplied GGUF models (ARBOR_LLAMA_MODELS), served by llama.cpp. */
   llama?: Map<string, LlamaCppBackend>;
-  /** Kernel threads of each engine (ARBOR_ENGINE_THREADS); default one per core. */
+  /** Kernel threads of each engine (`engineThreads` of the configuration); default 1. */
   threads?: number;
 }
 
@@ -50,7 +44,7 @@ export class EngineHost {
       (options.catalog ?? listCatalog()).map((entry) => [entry.id, { entry, created }]),
     );
     this.#llama = options.llama ?? new Map();
-    this.#threads = options.threads ?? defaultKernelThreads();
+    this.#threads = options.threads ?? 1;
   }
 
   llamaModels(): ReadonlyMap<string, LlamaCppBackend> {

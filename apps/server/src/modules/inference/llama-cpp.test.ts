@@ -1,4 +1,4 @@
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
@@ -12,12 +12,7 @@ import {
   renderChat,
 } from "@arbor/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  checkSupported,
-  LlamaCppBackend,
-  LlamaUnsupportedError,
-  parseLlamaModels,
-} from "./llama-cpp.ts";
+import { checkSupported, LlamaCppBackend, LlamaUnsupportedError } from "./llama-cpp.ts";
 
 /** Skipped only when node-llama-cpp (an optional dependency) cannot be installed or loaded. */
 const unavailable = await (async () => {
@@ -200,34 +195,5 @@ describe("checkSupported", () => {
     expect(() =>
       checkSupported({ messages, temperature: 0.5, topP: 0.9, seed: 1, stop: ["x"], n: 2 }),
     ).not.toThrow();
-  });
-});
-
-describe("parseLlamaModels", () => {
-  it("maps model ids to GGUF paths and checks them", async () => {
-    const dir = await mkdtemp(join(tmpdir(), "arbor-llama-cfg-"));
-    try {
-      const gguf = join(dir, "m.gguf");
-      await writeFile(gguf, Buffer.from("GGUF\u0003\u0000\u0000\u0000", "latin1"));
-      const other = join(dir, "not.gguf");
-      await writeFile(other, "hello");
-      expect(parseLlamaModels({})).toEqual(new Map());
-      expect(parseLlamaModels({ ARBOR_LLAMA_MODELS: JSON.stringify({ "me/m": gguf }) })).toEqual(
-        new Map([["me/m", gguf]]),
-      );
-      expect(() => parseLlamaModels({ ARBOR_LLAMA_MODELS: "{" })).toThrow(/not valid JSON/);
-      expect(() => parseLlamaModels({ ARBOR_LLAMA_MODELS: '["a"]' })).toThrow(/JSON object/);
-      expect(() =>
-        parseLlamaModels({ ARBOR_LLAMA_MODELS: JSON.stringify({ a: join(dir, "missing.gguf") }) }),
-      ).toThrow(/missing\.gguf does not exist/);
-      expect(() => parseLlamaModels({ ARBOR_LLAMA_MODELS: JSON.stringify({ a: other }) })).toThrow(
-        /is not a GGUF file/,
-      );
-      expect(() => parseLlamaModels({ ARBOR_LLAMA_MODELS: JSON.stringify({ a: 1 }) })).toThrow(
-        /non-empty string/,
-      );
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
   });
 });

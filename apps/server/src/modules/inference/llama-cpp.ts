@@ -1,6 +1,4 @@
-import { closeSync, openSync, readSync, statSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import { isAbsolute, resolve } from "node:path";
 import {
   type ChatMessage,
   deriveSeed,
@@ -476,63 +474,4 @@ function messageBody(message: ChatMessage): string {
     body += `${body ? "\n" : ""}<tool_call>\n${JSON.stringify({ name: call.name, arguments: args })}\n</tool_call>`;
   }
   return body;
-}
-
-/**
- * `ARBOR_LLAMA_MODELS` — JSON `{"<model id>": "/path/to/model.gguf"}` — as a map of model id to
- * absolute GGUF path. Unset or empty is no models. Throws one Error listing every problem: bad
- * JSON, a non-string path, a missing or unreadable file, a file that is not GGUF.
- */
-export function parseLlamaModels(
-  env: Record<string, string | undefined> = process.env,
-): Map<string, string> {
-  const raw = env["ARBOR_LLAMA_MODELS"]?.trim();
-  const models = new Map<string, string>();
-  if (!raw) return models;
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(raw);
-  } catch (err) {
-    throw new Error(
-      `ARBOR_LLAMA_MODELS is not valid JSON: ${err instanceof Error ? err.message : String(err)}`,
-    );
-  }
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
-    throw new Error('ARBOR_LLAMA_MODELS must be a JSON object {"<model id>": "/path/model.gguf"}');
-  }
-  const problems: string[] = [];
-  for (const [id, value] of Object.entries(parsed)) {
-    if (!id.trim() || /\s/.test(id)) {
-      problems.push(`model id ${JSON.stringify(id)} must be non-empty, without spaces`);
-      continue;
-    }
-    if (typeof value !== "string" || !value) {
-      problems.push(`${id}: the path must be a non-empty string`);
-      continue;
-    }
-    const path = isAbsolute(value) ? value : resolve(value);
-    const problem = ggufProblem(path);
-    if (problem) problems.push(`${id}: ${path} ${problem}`);
-    else models.set(id, path);
-  }
-  if (problems.length > 0) throw new Error(`ARBOR_LLAMA_MODELS: ${problems.join("; ")}`);
-  return models;
-}
-
-function ggufProblem(path: string): string | null {
-  try {
-    if (!statSync(path).isFile()) return "is not a file";
-    const fd = openSync(path, "r");
-    try {
-      const magic = Buffer.alloc(4);
-      const read = readSync(fd, magic, 0, 4, 0);
-      if (read < 4 || magic.toString("latin1") !== "GGUF") return "is not a GGUF file";
-    } finally {
-      closeSync(fd);
-    }
-    return null;
-  } catch (err) {
-    const code = (err as { code?: string }).code;
-    return code === "ENOENT" ? "does not exist" : `cannot be read (${code ?? String(err)})`;
-  }
 }

@@ -1,10 +1,10 @@
+import type { UpstreamConfig } from "@arbor/config";
 import type { components } from "@arbor/spec/schema";
 import type { Checkpoint, Model, Store } from "@arbor/store";
 import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import type { EngineHost } from "./engines.ts";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
-import type { UpstreamConfig, Upstreams } from "./upstream.ts";
 
 type ModelEntry = components["schemas"]["ModelEntry"];
 
@@ -32,7 +32,7 @@ export class ModelDirectory {
   readonly #upstreams: ReadonlyMap<string, UpstreamConfig>;
   readonly #store: Store;
 
-  constructor(engines: EngineHost, store: Store, upstreams: Upstreams = {}) {
+  constructor(engines: EngineHost, store: Store, upstreams: Record<string, UpstreamConfig> = {}) {
     this.#engines = engines;
     this.#store = store;
     this.#upstreams = new Map(Object.entries(upstreams));

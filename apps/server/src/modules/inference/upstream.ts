@@ -7,33 +7,7 @@ type ChatCompletion = Schemas["ChatCompletion"];
 type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
 type Usage = Schemas["CompletionUsage"];
 
-/** An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, another Arbor) that serves a
- * model id of ours. */
-export interface UpstreamConfig {
-  /** Its base URL, ending in `/v1`. */
-  url: string;
-  apiKey?: string;
-  /** The model name the upstream knows; default: our id. */
-  model?: string;
-}
-
-/** Model id → upstream, from `ARBOR_UPSTREAMS` (JSON). */
-export type Upstreams = Record<string, UpstreamConfig>;
-
-export function parseUpstreams(raw: string | undefined): Upstreams {
-  if (!raw) return {};
-  const parsed = JSON.parse(raw) as unknown;
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
-    throw new Error(
-      'ARBOR_UPSTREAMS must be a JSON object: {"<model id>": {"url": "http://host/v1", "apiKey"?: "...", "model"?: "..."}}',
-    );
-  }
-  for (const [id, value] of Object.entries(parsed)) {
-    if (typeof (value as UpstreamConfig).url !== "string")
-      throw new Error(`ARBOR_UPSTREAMS["${id}"].url must be a URL`);
-  }
-  return parsed as Upstreams;
-}
+import type { UpstreamConfig } from "@arbor/config";
 
 /** Sends the chat request upstream. A refusal comes back as our envelope; the upstream's
  * own credentials or outages are our 503, never its internals. */

@@ -1,5 +1,5 @@
 import { ConflictError, type Store } from "@arbor/store";
-import { modelFilesPrefix } from "@arbor/worker";
+import { modelFilesPrefix } from "@arbor/training";
 import { ApiError } from "../../http/errors.ts";
 import type { Handlers } from "../../http/operations.ts";
 import { checkpointToWire, createModel, findModel, splitMetrics } from "./service.ts";

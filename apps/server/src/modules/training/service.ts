@@ -1,7 +1,7 @@
 import type { components } from "@arbor/spec/schema";
 import type { JobEvent, Store, TrainingJob } from "@arbor/store";
 import { uuidv7 } from "@arbor/store";
-import { datasetIdOf, MAX_JOB_EXAMPLES, MAX_JOB_STEPS, PAYLOADS_PREFIX } from "@arbor/worker";
+import { datasetIdOf, MAX_JOB_EXAMPLES, MAX_JOB_STEPS, PAYLOADS_PREFIX } from "@arbor/training";
 import { ApiError, quote } from "../../http/errors.ts";
 import type { Principal } from "../../http/principal.ts";
 import { findModel } from "../models/service.ts";

@@ -4,6 +4,8 @@ import {
   adapterFromFiles,
   adapterToFiles,
   createLoraAdapter,
+  createWasmKernels,
+  type Kernels,
   type LoraAdapter,
   type LoraConfig,
   LoraTrainer,
@@ -19,8 +21,8 @@ import {
 } from "@arbor/engine";
 import type { BlobStore, Json, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
-import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "./checkpoints.ts";
-import { sweepBlobs } from "./sweep.ts";
+import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../checkpoints.ts";
+import { sweepBlobs } from "../sweep.ts";
 
 export interface TrainingWorkerOptions {
   store: Store;
@@ -43,6 +45,8 @@ export interface TrainingWorkerOptions {
   pollMs?: number;
   /** Told when a job starts (its id) and ends (null): a supervisor knows what a death takes. */
   onJob?: (jobId: string | null) => void;
+  /** Kernel threads the training computation shares (this thread included). Default 1. */
+  kernelThreads?: number;
 }
 
 /** The most examples one SFT job may train on, counted once per epoch. */
@@ -69,8 +73,10 @@ class Interrupted extends Error {
  * (this worker died) is requeued and resumed from its last checkpoint.
  */
 export class TrainingWorker {
-  readonly #o: Required<Omit<TrainingWorkerOptions, "identity" | "onJob">> &
+  readonly #o: Required<Omit<TrainingWorkerOptions, "identity" | "onJob" | "kernelThreads">> &
     Pick<TrainingWorkerOptions, "onJob">;
+  readonly #kernelThreads: number;
+  #kernels: Kernels | undefined;
   readonly #identity: { stable: string; persistent: boolean };
   readonly #workerId: string;
   #stopping = false;
@@ -80,7 +86,8 @@ export class TrainingWorker {
   #lastReclaim = 0;
 
   constructor(options: TrainingWorkerOptions) {
-    const { identity, ...rest } = options;
+    const { identity, kernelThreads, ...rest } = options;
+    this.#kernelThreads = kernelThreads ?? 1;
     const leaseMs = options.leaseMs ?? 15_000;
     this.#o = {
       pollMs: 500,
@@ -316,6 +323,7 @@ export class TrainingWorker {
       await store.jobs.appendEvent(job.id, "training_started", { num_sequences: totalSteps });
     const adapter = resume ? undefined : await this.#startAdapter(job, base, stepFrom, lora, seed);
     await trainSft(base, examples, sftConfig, {
+      kernels: this.#kernelSet(),
       plan,
       signal,
       ...(adapter ? { adapter } : {}),
@@ -372,7 +380,10 @@ export class TrainingWorker {
     const adapter = start.blob_key
       ? adapterFromFiles(files, base)
       : createLoraAdapter(base, { baseModel: baseId }, seed);
-    const trainer = new LoraTrainer(base, adapter, { maxGradNorm: num(config.max_grad_norm) ?? 1 });
+    const trainer = new LoraTrainer(base, adapter, {
+      maxGradNorm: num(config.max_grad_norm) ?? 1,
+      kernels: this.#kernelSet(),
+    });
     const optimizerState = files[OPTIMIZER_FILE];
     if (optimizerState) trainer.loadOptimizerState(optimizerState);
     signal.throwIfAborted();
@@ -417,6 +428,12 @@ export class TrainingWorker {
       metrics: {},
     });
     await this.#o.store.jobs.appendEvent(job.id, "checkpoint_saved", { step });
+  }
+
+  /** One kernel set for every job of this worker (its helper threads start with the first). */
+  #kernelSet(): Kernels {
+    this.#kernels ??= createWasmKernels("auto", { threads: this.#kernelThreads });
+    return this.#kernels;
   }
 
   #blobs(): BlobStore {

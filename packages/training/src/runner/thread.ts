@@ -18,6 +18,8 @@ export interface WorkerThreadSettings {
   leaseMs: number;
   maxTrainingDataBytes: number;
   allowHosts: string[];
+  /** Kernel threads of this training thread's engine. */
+  kernelThreads: number;
 }
 
 /** What a thread tells its supervisor. */
@@ -41,6 +43,7 @@ const worker = new TrainingWorker({
   logger,
   identity: settings.identity,
   leaseMs: settings.leaseMs,
+  kernelThreads: settings.kernelThreads,
   loadBaseModel: catalogModels(),
   loadSftExamples: sftExamplesLoader(store, {
     maxBytes: settings.maxTrainingDataBytes,

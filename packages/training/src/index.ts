@@ -15,17 +15,21 @@ export {
   loadTrainingData,
   resolveDatasetUrl,
   TrainingDataError,
-} from "./data/fetch.ts";
+} from "./datasets/fetch.ts";
 export {
   DatasetLineError,
   InvalidDatasetError,
   parseSftJsonl,
   type SftExample as DatasetExample,
   validateSftJsonl,
-} from "./data/jsonl.ts";
-export { EmbeddedWorker, type EmbeddedWorkerOptions, type WorkerHealth } from "./embedded.ts";
-export { dataDirIdentity, processIdentity, type WorkerIdentity } from "./identity.ts";
-export { catalogModels, sftExamplesLoader, type TrainingDataSettings } from "./loaders.ts";
+} from "./datasets/jsonl.ts";
+export {
+  EmbeddedWorker,
+  type EmbeddedWorkerOptions,
+  type WorkerHealth,
+} from "./runner/embedded.ts";
+export { dataDirIdentity, processIdentity, type WorkerIdentity } from "./runner/identity.ts";
+export { catalogModels, sftExamplesLoader, type TrainingDataSettings } from "./runner/loaders.ts";
 export {
   JobInputError,
   MAX_JOB_EXAMPLES,
@@ -33,7 +37,6 @@ export {
   MAX_JOB_TOKENS,
   TrainingWorker,
   type TrainingWorkerOptions,
-} from "./runner.ts";
-export { type WorkerSettings, workerSettingsFromEnv } from "./settings.ts";
+} from "./runner/runner.ts";
+export type { WorkerThreadSettings } from "./runner/thread.ts";
 export { PAYLOADS_PREFIX, type SweepOptions, type SweepResult, sweepBlobs } from "./sweep.ts";
-export type { WorkerThreadSettings } from "./thread.ts";

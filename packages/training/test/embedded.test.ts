@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { EmbeddedWorker } from "../src/embedded.ts";
+import { EmbeddedWorker } from "../src/runner/embedded.ts";
 
 /** The supervisor around training threads, with a stand-in thread that dies mid-job. */
 const dirs: string[] = [];
@@ -37,6 +37,7 @@ function start(store: Store, dataDir: string) {
     leaseMs: 60_000,
     maxTrainingDataBytes: 1 << 20,
     allowHosts: [],
+    kernelThreads: 1,
     restartDelayMs: 50,
     threadModule: new URL("./fixtures/crashing-thread.ts", import.meta.url),
   });

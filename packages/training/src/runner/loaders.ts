@@ -1,7 +1,7 @@
 import { catalogModelDir, loadModel, type Model, type SftExample } from "@arbor/engine";
 import type { Store } from "@arbor/store";
-import { loadTrainingData } from "./data/fetch.ts";
-import { parseSftJsonl } from "./data/jsonl.ts";
+import { loadTrainingData } from "../datasets/fetch.ts";
+import { parseSftJsonl } from "../datasets/jsonl.ts";
 
 export interface TrainingDataSettings {
   /** Largest `https://` training file fetched (bytes). */

@@ -1,0 +1,150 @@
+import type { Server } from "node:http";
+import type { Config } from "@arbor/config";
+import { openStore, type Store } from "@arbor/store";
+import { EmbeddedWorker, sweepBlobs } from "@arbor/training";
+import type { Express } from "express";
+import { type Logger, pino } from "pino";
+import { createApp } from "./app.ts";
+import { ensureFirstAdmin, type FirstStart } from "./bootstrap.ts";
+import { type AppConfig, appConfigOf } from "./config.ts";
+import { listen } from "./http/listen.ts";
+import { loadSpec } from "./http/openapi.ts";
+import { engineProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
+import { EngineHost } from "./modules/inference/engines.ts";
+import { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
+
+/** What a caller may change of how the server is put together: tests and benches. */
+export interface BuildOptions {
+  logger?: Logger;
+  /** Overrides of the app's configuration (validation off, limits, upstreams). */
+  app?: Partial<AppConfig>;
+  /** What the app sees of the store (a test double over the real one, say). */
+  storeSeenByApp?: (store: Store) => Store;
+  /** llama.cpp backends by model id, instead of those `config.llamaModels` names. */
+  llama?: Map<string, LlamaCppBackend>;
+}
+
+/** The server, put together from its configuration: every dependency, and the app over them. */
+export interface ArborServer {
+  readonly config: Config;
+  readonly logger: Logger;
+  readonly app: Express;
+  readonly store: Store;
+  readonly engines: EngineHost;
+  /** The first admin key, when this start created it (an empty store). */
+  readonly firstStart: FirstStart | undefined;
+  /** The embedded training worker, once `start()` ran it. */
+  readonly worker: EmbeddedWorker | undefined;
+  /** The listening HTTP server, once `start()` bound it. */
+  readonly http: Server | undefined;
+  /** Where it listens, once started: `http://host:port`. */
+  readonly url: string | undefined;
+  /** Binds the port (rejecting when it cannot), sweeps what a crash left, and only then starts
+   * the embedded worker: a second server on a taken port never touches the jobs. */
+  start(): Promise<void>;
+  /** Stops taking requests, hands running jobs back to the queue, stops the engines, closes
+   * the store. */
+  close(): Promise<void>;
+}
+
+/**
+ * The one composition root: `serve()`, the contract tests and the benches all build the server
+ * here, from a `Config` (read by `readConfig`), so what runs in tests is what runs in production.
+ */
+export async function buildServer(
+  config: Config,
+  options: BuildOptions = {},
+): Promise<ArborServer> {
+  const logger = options.logger ?? pino({ level: config.logLevel });
+  const store = await openStore({
+    dataDir: config.dataDir,
+    databaseUrl: config.databaseUrl,
+    schema: config.databaseSchema,
+  });
+  const firstStart = await ensureFirstAdmin(store, config.dataDir);
+  const llama =
+    options.llama ??
+    new Map([...config.llamaModels].map(([id, path]) => [id, new LlamaCppBackend(path)]));
+  const engines = new EngineHost({ llama, threads: config.engineThreads });
+  let worker: EmbeddedWorker | undefined;
+  let http: Server | undefined;
+  const probes = storeProbes(store, engineProbe(engines));
+  if (config.embeddedWorker) {
+    const notStarted = { success: false, error: "starting", threads: 0, running: 0 };
+    probes.worker = workerProbe(() => worker?.health() ?? notStarted);
+  }
+  const app = createApp({
+    config: { ...appConfigOf(config), ...options.app },
+    logger,
+    spec: loadSpec(),
+    store: options.storeSeenByApp?.(store) ?? store,
+    engines,
+    probes,
+    onJobQueued: () => worker?.poke(),
+  });
+  let sweeper: NodeJS.Timeout | undefined;
+  const sweep = () =>
+    sweepBlobs(store).then(
+      (swept) => {
+        const count = Object.values(swept).reduce((n, keys) => n + keys.length, 0);
+        if (count > 0) logger.info({ swept }, `removed ${count} unnamed or partial files`);
+      },
+      (err: unknown) => logger.warn({ err }, "could not sweep unnamed files"),
+    );
+
+  const server: ArborServer = {
+    config,
+    logger,
+    app,
+    store,
+    engines,
+    firstStart,
+    get worker() {
+      return worker;
+    },
+    get http() {
+      return http;
+    },
+    get url() {
+      const address = http?.address();
+      return typeof address === "object" && address
+        ? `http://${config.host}:${address.port}`
+        : undefined;
+    },
+    async start() {
+      http = await listen(app, config.port, config.host);
+      // What a crash cut off (partial files, files whose row was never written) goes now and hourly.
+      await sweep();
+      sweeper = setInterval(sweep, 60 * 60_000).unref();
+      if (config.embeddedWorker) {
+        // Training runs on its own threads, so a step never stalls a request.
+        worker = await EmbeddedWorker.start({
+          store,
+          logger,
+          threads: config.trainingThreads,
+          dataDir: config.dataDir,
+          databaseUrl: config.databaseUrl,
+          schema: config.databaseSchema,
+          logLevel: config.logLevel,
+          leaseMs: config.workerLeaseMs,
+          maxTrainingDataBytes: config.trainingDataMaxBytes,
+          allowHosts: config.trainingDataAllowHosts,
+          kernelThreads: config.engineThreads,
+        });
+      }
+    },
+    async close() {
+      clearInterval(sweeper);
+      if (http) {
+        const closing = http;
+        closing.closeAllConnections();
+        await new Promise<void>((resolve) => closing.close(() => resolve()));
+      }
+      // A running job goes back to the queue, to resume from its last checkpoint.
+      await worker?.stop();
+      await engines.dispose();
+      await store.close();
+    },
+  };
+  return server;
+}

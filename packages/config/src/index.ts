@@ -1,0 +1,11 @@
+export {
+  type Config,
+  ROLES,
+  type Role,
+  readConfig,
+  SETTINGS,
+  type Setting,
+  type Settings,
+  settingsTable,
+  type UpstreamConfig,
+} from "./settings.ts";

@@ -1,0 +1,95 @@
+import { readFileSync } from "node:fs";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { readConfig, settingsTable } from "./settings.ts";
+
+describe("readConfig", () => {
+  it("when nothing is set, then every setting has its default", () => {
+    const config = readConfig({});
+    expect(config).toMatchObject({
+      port: 8080,
+      host: "127.0.0.1",
+      roles: ["training", "inference", "calls"],
+      embeddedWorker: true,
+      trainingThreads: 1,
+      workerLeaseMs: 15_000,
+      trainingDataMaxBytes: 64 * 1024 * 1024,
+      trainingDataAllowHosts: [],
+      upstreams: {},
+      keyRequestsPerMinute: undefined,
+      databaseUrl: undefined,
+    });
+    expect(config.engineThreads).toBeGreaterThanOrEqual(1);
+    expect(config.llamaModels.size).toBe(0);
+  });
+
+  it("when settings are bad, then one error names every bad variable", () => {
+    const attempt = () =>
+      readConfig({
+        ARBOR_PORT: "70000",
+        ARBOR_WORKER_LEASE_MS: "0",
+        // A typo must not lift the cap on downloaded training data (NaN would).
+        ARBOR_TRAINING_DATA_MAX_BYTES: "64MB",
+        ARBOR_ENGINE_THREADS: "two",
+        ARBOR_ROLES: "training,sales",
+        DATABASE_URL: "mysql://x",
+        ARBOR_UPSTREAMS: "{not json",
+      });
+    expect(attempt).toThrow(/ARBOR_PORT must be an integer from 0 to 65535, got "70000"/);
+    for (const name of [
+      "ARBOR_WORKER_LEASE_MS",
+      "ARBOR_TRAINING_DATA_MAX_BYTES",
+      'ARBOR_ENGINE_THREADS must be an integer from 1 to 64, got "two"',
+      'ARBOR_ROLES has unknown role "sales"',
+      "DATABASE_URL must be a postgres:// URL",
+      "ARBOR_UPSTREAMS is not valid JSON",
+    ])
+      expect(attempt).toThrow(name);
+  });
+
+  it("when lists and maps are given, then they are read as such", () => {
+    const config = readConfig({
+      ARBOR_TRAINING_DATA_ALLOW_HOSTS: " data.internal:8443, other ",
+      ARBOR_UPSTREAMS: '{"big/model": {"url": "http://gpu:8000/v1", "apiKey": "k"}}',
+      ARBOR_ROLES: "inference",
+      ARBOR_KEY_RPM: "60",
+    });
+    expect(config.trainingDataAllowHosts).toEqual(["data.internal:8443", "other"]);
+    expect(config.upstreams).toEqual({ "big/model": { url: "http://gpu:8000/v1", apiKey: "k" } });
+    expect(config.roles).toEqual(["inference"]);
+    expect(config.keyRequestsPerMinute).toBe(60);
+  });
+});
+
+describe("ARBOR_LLAMA_MODELS", () => {
+  it("when it maps model ids to GGUF paths, then each is checked", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "arbor-llama-cfg-"));
+    const models = (value: string) => readConfig({ ARBOR_LLAMA_MODELS: value }).llamaModels;
+    try {
+      const gguf = join(dir, "m.gguf");
+      await writeFile(gguf, Buffer.from("GGUF\u0003\u0000\u0000\u0000", "latin1"));
+      const other = join(dir, "not.gguf");
+      await writeFile(other, "hello");
+      expect(readConfig({}).llamaModels).toEqual(new Map());
+      expect(models(JSON.stringify({ "me/m": gguf }))).toEqual(new Map([["me/m", gguf]]));
+      expect(() => models("{")).toThrow(/ARBOR_LLAMA_MODELS is not valid JSON/);
+      expect(() => models('["a"]')).toThrow(/JSON object/);
+      expect(() => models(JSON.stringify({ a: join(dir, "missing.gguf") }))).toThrow(
+        /missing\.gguf does not exist/,
+      );
+      expect(() => models(JSON.stringify({ a: other }))).toThrow(/is not a GGUF file/);
+      expect(() => models(JSON.stringify({ a: 1 }))).toThrow(/non-empty string/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("settingsTable", () => {
+  it("when the README lists the settings, then it is exactly this table (regenerate it from settingsTable())", () => {
+    const readme = readFileSync(new URL("../../../README.md", import.meta.url), "utf8");
+    expect(readme).toContain(settingsTable());
+  });
+});

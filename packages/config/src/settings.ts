@@ -1,0 +1,365 @@
+import { closeSync, openSync, readSync, statSync } from "node:fs";
+import { availableParallelism, homedir } from "node:os";
+import { isAbsolute, join, resolve } from "node:path";
+
+/**
+ * Every setting Arbor reads from the environment, in one table: its variable, its default, what
+ * it does, and how its text is read. The server, the worker processes and the CLI read them
+ * through `readConfig`; the README's settings table is generated from this one.
+ */
+
+export type Role = "training" | "inference" | "calls";
+export const ROLES: readonly Role[] = ["training", "inference", "calls"];
+
+/** An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, another Arbor) that serves a
+ * model id of ours. */
+export interface UpstreamConfig {
+  /** Its base URL, ending in `/v1`. */
+  url: string;
+  apiKey?: string;
+  /** The model name the upstream knows; default: our id. */
+  model?: string;
+}
+
+export interface Setting<T> {
+  env: string;
+  /** Where the table groups it. */
+  group: "server" | "store" | "training" | "inference" | "limits" | "cli";
+  /** The default as the table shows it. */
+  shown: string;
+  doc: string;
+  /** The value from the variable's text, or the default when it is unset or empty. Throws an
+   * Error whose message names what is wrong (the variable's name is added). */
+  read(raw: string | undefined): T;
+}
+
+function setting<T>(spec: Setting<T>): Setting<T> {
+  return spec;
+}
+
+const unset = (raw: string | undefined): raw is undefined => raw === undefined || raw.trim() === "";
+
+function integer(raw: string, min: number, max: number): number {
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new Error(
+      max === Number.MAX_SAFE_INTEGER
+        ? `must be an integer of at least ${min}, got ${JSON.stringify(raw)}`
+        : `must be an integer from ${min} to ${max}, got ${JSON.stringify(raw)}`,
+    );
+  }
+  return value;
+}
+
+/** A positive integer, or `fallback` (which may be undefined: no limit). */
+function positive<T extends number | undefined>(fallback: T) {
+  return (raw: string | undefined): number | T =>
+    unset(raw) ? fallback : integer(raw, 1, Number.MAX_SAFE_INTEGER);
+}
+
+function text<T extends string | undefined>(fallback: T) {
+  return (raw: string | undefined): string | T => (unset(raw) ? fallback : raw.trim());
+}
+
+export const SETTINGS = {
+  port: setting({
+    env: "ARBOR_PORT",
+    group: "server",
+    shown: "8080",
+    doc: "Port the server listens on (0: any free port).",
+    read: (raw) => (unset(raw) ? 8080 : integer(raw, 0, 65535)),
+  }),
+  host: setting({
+    env: "ARBOR_HOST",
+    group: "server",
+    shown: "127.0.0.1",
+    doc: "Address the server listens on.",
+    read: text("127.0.0.1"),
+  }),
+  roles: setting({
+    env: "ARBOR_ROLES",
+    group: "server",
+    shown: "training,inference,calls",
+    doc: "The surfaces this process serves; the others' paths answer 404.",
+    read: (raw): Role[] => {
+      if (unset(raw)) return [...ROLES];
+      const roles = raw.split(",").map((r) => r.trim());
+      for (const role of roles) {
+        if (!ROLES.includes(role as Role))
+          throw new Error(
+            `has unknown role ${JSON.stringify(role)}; expected some of ${ROLES.join(",")}`,
+          );
+      }
+      return roles as Role[];
+    },
+  }),
+  logLevel: setting({
+    env: "ARBOR_LOG_LEVEL",
+    group: "server",
+    shown: "info",
+    doc: "pino log level: trace, debug, info, warn, error, fatal or silent.",
+    read: (raw) => {
+      const level = unset(raw) ? "info" : raw.trim();
+      if (!["trace", "debug", "info", "warn", "error", "fatal", "silent"].includes(level))
+        throw new Error(`must be a log level, got ${JSON.stringify(level)}`);
+      return level;
+    },
+  }),
+  dataDir: setting({
+    env: "ARBOR_DATA_DIR",
+    group: "store",
+    shown: "~/.arbor",
+    doc: "SQLite database, blobs (checkpoints, datasets) and the first admin key.",
+    read: (raw) => (unset(raw) ? join(homedir(), ".arbor") : raw.trim()),
+  }),
+  databaseUrl: setting({
+    env: "DATABASE_URL",
+    group: "store",
+    shown: "unset (SQLite)",
+    doc: "A `postgres://` URL: keep state in PostgreSQL instead of SQLite.",
+    read: (raw) => {
+      if (unset(raw)) return undefined;
+      if (!/^postgres(ql)?:\/\//.test(raw.trim()))
+        throw new Error("must be a postgres:// URL (SQLite is the default when it is unset)");
+      return raw.trim();
+    },
+  }),
+  databaseSchema: setting({
+    env: "ARBOR_DATABASE_SCHEMA",
+    group: "store",
+    shown: "the search path's",
+    doc: "PostgreSQL only: the schema to use (created when missing).",
+    read: (raw) => {
+      if (unset(raw)) return undefined;
+      if (!/^[a-z_][a-z0-9_]{0,62}$/.test(raw.trim()))
+        throw new Error(`must be a lower-case SQL identifier, got ${JSON.stringify(raw)}`);
+      return raw.trim();
+    },
+  }),
+  embeddedWorker: setting({
+    env: "ARBOR_EMBEDDED_WORKER",
+    group: "training",
+    shown: "on",
+    doc: "`off` when separate worker processes (`apps/worker`) take the jobs.",
+    read: (raw) => {
+      if (unset(raw) || raw.trim() === "on") return true;
+      if (raw.trim() === "off") return false;
+      throw new Error(`must be on or off, got ${JSON.stringify(raw)}`);
+    },
+  }),
+  trainingThreads: setting({
+    env: "ARBOR_TRAINING_THREADS",
+    group: "training",
+    shown: "1",
+    doc: "Embedded training threads: jobs of that many models train side by side.",
+    read: (raw) => (unset(raw) ? 1 : integer(raw, 1, 64)),
+  }),
+  workerLeaseMs: setting({
+    env: "ARBOR_WORKER_LEASE_MS",
+    group: "training",
+    shown: "15000",
+    doc: "How long a worker's claim on a job lasts unrenewed (renewed every second); a dead worker's job is taken back after it.",
+    read: positive(15_000),
+  }),
+  workerId: setting({
+    env: "ARBOR_WORKER_ID",
+    group: "training",
+    shown: "unset",
+    doc: "A stable name for a worker process, so a restarted one takes its jobs back at once.",
+    read: (raw) => {
+      if (unset(raw)) return undefined;
+      if (!/^[A-Za-z0-9._:-]{1,128}$/.test(raw.trim()))
+        throw new Error(
+          `must be 1-128 of letters, digits, ".", "_", ":" and "-", got ${JSON.stringify(raw)}`,
+        );
+      return raw.trim();
+    },
+  }),
+  trainingDataMaxBytes: setting({
+    env: "ARBOR_TRAINING_DATA_MAX_BYTES",
+    group: "training",
+    shown: "67108864",
+    doc: "Largest `https://` training file fetched, in bytes.",
+    read: positive(64 * 1024 * 1024),
+  }),
+  trainingDataAllowHosts: setting({
+    env: "ARBOR_TRAINING_DATA_ALLOW_HOSTS",
+    group: "training",
+    shown: "none",
+    doc: "Comma-separated `host[:port]` (port 443 when none) that `https://` training data may come from even when they resolve to private addresses.",
+    read: (raw) =>
+      (raw ?? "")
+        .split(",")
+        .map((h) => h.trim())
+        .filter(Boolean),
+  }),
+  engineThreads: setting({
+    env: "ARBOR_ENGINE_THREADS",
+    group: "inference",
+    shown: "one per core",
+    doc: "Kernel threads of each engine (inference, and each training thread). Node counts cores without container CPU quotas: set it there, and keep engines × threads about the number of cores.",
+    read: (raw) => (unset(raw) ? Math.min(availableParallelism(), 64) : integer(raw, 1, 64)),
+  }),
+  upstreams: setting({
+    env: "ARBOR_UPSTREAMS",
+    group: "inference",
+    shown: "none",
+    doc: 'JSON: model id → `{"url": "http://host/v1", "apiKey"?, "model"?}` of an OpenAI-compatible server that serves it.',
+    read: (raw): Record<string, UpstreamConfig> => {
+      if (unset(raw)) return {};
+      const parsed = parseJson(raw);
+      if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed))
+        throw new Error('must be a JSON object: {"<model id>": {"url": "http://host/v1", ...}}');
+      const out: Record<string, UpstreamConfig> = {};
+      for (const [id, value] of Object.entries(parsed)) {
+        const v = value as Partial<UpstreamConfig> | null;
+        if (typeof v?.url !== "string" || !URL.canParse(v.url))
+          throw new Error(`[${JSON.stringify(id)}].url must be a URL`);
+        out[id] = {
+          url: v.url,
+          ...(typeof v.apiKey === "string" ? { apiKey: v.apiKey } : {}),
+          ...(typeof v.model === "string" ? { model: v.model } : {}),
+        };
+      }
+      return out;
+    },
+  }),
+  llamaModels: setting({
+    env: "ARBOR_LLAMA_MODELS",
+    group: "inference",
+    shown: "none",
+    doc: "JSON: model id → path of a GGUF file that llama.cpp serves (optional `node-llama-cpp`).",
+    read: (raw): Map<string, string> => {
+      const models = new Map<string, string>();
+      if (unset(raw)) return models;
+      const parsed = parseJson(raw);
+      if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed))
+        throw new Error('must be a JSON object {"<model id>": "/path/model.gguf"}');
+      const problems: string[] = [];
+      for (const [id, value] of Object.entries(parsed)) {
+        if (!id.trim() || /\s/.test(id)) {
+          problems.push(`model id ${JSON.stringify(id)} must be non-empty, without spaces`);
+          continue;
+        }
+        if (typeof value !== "string" || !value) {
+          problems.push(`${id}: the path must be a non-empty string`);
+          continue;
+        }
+        const path = isAbsolute(value) ? value : resolve(value);
+        const problem = ggufProblem(path);
+        if (problem) problems.push(`${id}: ${path} ${problem}`);
+        else models.set(id, path);
+      }
+      if (problems.length > 0) throw new Error(problems.join("; "));
+      return models;
+    },
+  }),
+  keyRequestsPerMinute: setting({
+    env: "ARBOR_KEY_RPM",
+    group: "limits",
+    shown: "unlimited",
+    doc: "Chat requests per minute per API key.",
+    read: positive(undefined),
+  }),
+  projectRequestsPerMinute: setting({
+    env: "ARBOR_PROJECT_RPM",
+    group: "limits",
+    shown: "unlimited",
+    doc: "Chat requests per minute per project.",
+    read: positive(undefined),
+  }),
+  keyConcurrent: setting({
+    env: "ARBOR_KEY_CONCURRENCY",
+    group: "limits",
+    shown: "unlimited",
+    doc: "Concurrent generations per API key.",
+    read: positive(undefined),
+  }),
+  projectConcurrent: setting({
+    env: "ARBOR_PROJECT_CONCURRENCY",
+    group: "limits",
+    shown: "unlimited",
+    doc: "Concurrent generations per project.",
+    read: positive(undefined),
+  }),
+  baseUrl: setting({
+    env: "ARBOR_BASE_URL",
+    group: "cli",
+    shown: "http://ARBOR_HOST:ARBOR_PORT",
+    doc: "The server the CLI's remote commands call.",
+    read: (raw) => {
+      if (unset(raw)) return undefined;
+      if (!URL.canParse(raw.trim())) throw new Error(`must be a URL, got ${JSON.stringify(raw)}`);
+      return raw.trim().replace(/\/+$/, "");
+    },
+  }),
+  apiKey: setting({
+    env: "ARBOR_API_KEY",
+    group: "cli",
+    shown: "ARBOR_DATA_DIR/admin.key",
+    doc: "The key the CLI sends (default: the first-start admin key file).",
+    read: text(undefined),
+  }),
+  project: setting({
+    env: "ARBOR_PROJECT",
+    group: "cli",
+    shown: "unset",
+    doc: "`<entity>/<project>` the CLI's chats are recorded under.",
+    read: text(undefined),
+  }),
+};
+
+export type Settings = typeof SETTINGS;
+export type Config = { [K in keyof Settings]: ReturnType<Settings[K]["read"]> };
+
+/**
+ * Reads every setting from `env` at once. Throws one Error listing every problem, each naming
+ * its variable, so a bad environment fails at start with all its mistakes.
+ */
+export function readConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const config: Record<string, unknown> = {};
+  const problems: string[] = [];
+  for (const [key, spec] of Object.entries(SETTINGS) as [keyof Settings, Setting<unknown>][]) {
+    try {
+      config[key] = spec.read(env[spec.env]);
+    } catch (err) {
+      problems.push(`${spec.env} ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
+  if (problems.length > 0) throw new Error(`Bad settings: ${problems.join("; ")}`);
+  return config as Config;
+}
+
+/** The settings as the README's Markdown table. */
+export function settingsTable(): string {
+  const rows = (Object.values(SETTINGS) as Setting<unknown>[])
+    .map((s) => `| \`${s.env}\` | ${s.group} | ${s.shown} | ${s.doc} |`)
+    .join("\n");
+  return `| variable | for | default | what it does |\n|---|---|---|---|\n${rows}\n`;
+}
+
+function parseJson(raw: string): unknown {
+  try {
+    return JSON.parse(raw);
+  } catch (err) {
+    throw new Error(`is not valid JSON: ${err instanceof Error ? err.message : String(err)}`);
+  }
+}
+
+function ggufProblem(path: string): string | null {
+  try {
+    if (!statSync(path).isFile()) return "is not a file";
+    const fd = openSync(path, "r");
+    try {
+      const magic = Buffer.alloc(4);
+      const read = readSync(fd, magic, 0, 4, 0);
+      if (read < 4 || magic.toString("latin1") !== "GGUF") return "is not a GGUF file";
+    } finally {
+      closeSync(fd);
+    }
+    return null;
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    return code === "ENOENT" ? "does not exist" : `cannot be read (${code ?? String(err)})`;
+  }
+}
