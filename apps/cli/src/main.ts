@@ -1,18 +1,15 @@
 #!/usr/bin/env node
 import { existsSync, readFileSync } from "node:fs";
-import { join } from "node:path";
 import { createInterface } from "node:readline/promises";
 import { parseArgs } from "node:util";
 import { createArborClient } from "@arbor/client";
-import { type Config, readConfig } from "@arbor/config";
-import { ADMIN_KEY_FILE, serve } from "@arbor/server";
+import { adminKeyPath, type Config, readConfig } from "@arbor/config";
 import { openStore } from "@arbor/store";
 import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
 import * as remote from "./remote.ts";
 
 const usage = `arbor — Arbor's command line
 
-  arbor serve                                  run the server (same as ./scripts/serve)
   arbor keys create --user U --entity E [--name N]
   arbor keys list [--user U]
   arbor keys revoke <key prefix or id>
@@ -39,10 +36,6 @@ const out = { line: (text: string) => process.stdout.write(`${text}\n`) };
 
 async function main(argv: string[]): Promise<void> {
   const [group, command, ...rest] = argv;
-  if (group === "serve") {
-    await serve();
-    return;
-  }
   if (!group || group === "help" || group === "--help") {
     out.line(usage);
     return;
@@ -155,7 +148,7 @@ export function serverUrl(config: Config): string {
 
 function remoteClient() {
   const config = readConfig();
-  const keyFile = join(config.dataDir, ADMIN_KEY_FILE);
+  const keyFile = adminKeyPath(config.dataDir);
   const apiKey =
     config.apiKey ?? (existsSync(keyFile) ? readFileSync(keyFile, "utf8").trim() : undefined);
   return createArborClient({

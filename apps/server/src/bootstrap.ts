@@ -1,10 +1,9 @@
 import { chmodSync, existsSync, mkdirSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { adminKeyPath } from "@arbor/config";
 import type { Store } from "@arbor/store";
 
 export const ADMIN_USER = "admin";
 export const ADMIN_ENTITY = "default";
-export const ADMIN_KEY_FILE = "admin.key";
 
 export interface FirstStart {
   /** The new admin key: shown once, and written to `keyPath` with mode 0600. */
@@ -27,7 +26,7 @@ export async function ensureFirstAdmin(
   });
   const { token } = await store.apiKeys.create(user.id, { name: "first admin key" });
   mkdirSync(dataDir, { recursive: true });
-  const keyPath = join(dataDir, ADMIN_KEY_FILE);
+  const keyPath = adminKeyPath(dataDir);
   if (existsSync(keyPath)) chmodSync(keyPath, 0o600);
   writeFileSync(keyPath, `${token}\n`, { mode: 0o600 });
   chmodSync(keyPath, 0o600);

@@ -1,5 +1,5 @@
 export { type AppDeps, createApp } from "./app.ts";
-export { ADMIN_ENTITY, ADMIN_KEY_FILE, ADMIN_USER, ensureFirstAdmin } from "./bootstrap.ts";
+export { ADMIN_ENTITY, ADMIN_USER, ensureFirstAdmin } from "./bootstrap.ts";
 export { type AppConfig, appConfigOf } from "./config.ts";
 export { listen } from "./http/listen.ts";
 export { loadSpec, type OpenApiDocument, specOperations } from "./http/openapi.ts";

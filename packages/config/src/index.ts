@@ -1,4 +1,5 @@
 export {
+  adminKeyPath,
   type Config,
   ROLES,
   type Role,

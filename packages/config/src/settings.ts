@@ -8,6 +8,11 @@ import { isAbsolute, join, resolve } from "node:path";
  * through `readConfig`; the README's settings table is generated from this one.
  */
 
+/** The first-start admin key, written (mode 0600) in the data directory. */
+export function adminKeyPath(dataDir: string): string {
+  return join(dataDir, "admin.key");
+}
+
 export type Role = "training" | "inference" | "calls";
 export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 

@@ -1,0 +1,98 @@
+import { readdirSync, readFileSync, statSync } from "node:fs";
+import { join, relative } from "node:path";
+import { describe, expect, it } from "vitest";
+
+/**
+ * The direction of dependencies (README, Layout): apps depend on packages, never on each other;
+ * each package only on the packages below it. Checked in every package.json and in every import
+ * of every source file, so a new import that breaks the direction fails here.
+ */
+const root = join(import.meta.dirname, "../../..");
+const allowed: Record<string, readonly string[]> = {
+  "@arbor/spec": [],
+  "@arbor/config": [],
+  "@arbor/engine": [],
+  "@arbor/store": [],
+  "@arbor/client": ["@arbor/spec"],
+  "@arbor/training": ["@arbor/engine", "@arbor/store", "@arbor/spec"],
+  "@arbor/docs": ["@arbor/spec"],
+  "@arbor/server": [
+    "@arbor/config",
+    "@arbor/docs",
+    "@arbor/engine",
+    "@arbor/spec",
+    "@arbor/store",
+    "@arbor/training",
+  ],
+  "@arbor/worker": ["@arbor/config", "@arbor/store", "@arbor/training"],
+  "@arbor/cli": ["@arbor/client", "@arbor/config", "@arbor/store"],
+};
+
+interface Workspace {
+  name: string;
+  dir: string;
+}
+
+const workspaces: Workspace[] = ["spec", "packages", "apps"].flatMap((group) => {
+  const base = join(root, group);
+  const dirs = group === "spec" ? [base] : readdirSync(base).map((d) => join(base, d));
+  return dirs.flatMap((dir) => {
+    try {
+      const pkg = JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) as { name: string };
+      return [{ name: pkg.name, dir }];
+    } catch {
+      return [];
+    }
+  });
+});
+
+function sources(dir: string): string[] {
+  const out: string[] = [];
+  for (const entry of readdirSync(dir)) {
+    if (entry === "node_modules" || entry === "dist" || entry.startsWith(".")) continue;
+    const path = join(dir, entry);
+    if (statSync(path).isDirectory()) out.push(...sources(path));
+    else if (/\.ts$/.test(entry)) out.push(path);
+  }
+  return out;
+}
+
+describe("the dependency direction", () => {
+  it("when every workspace's package.json is read, then it depends only on what its layer may", () => {
+    const wrong: string[] = [];
+    for (const { name, dir } of workspaces) {
+      const pkg = JSON.parse(readFileSync(join(dir, "package.json"), "utf8")) as {
+        dependencies?: Record<string, string>;
+        devDependencies?: Record<string, string>;
+      };
+      for (const dep of Object.keys({ ...pkg.dependencies, ...pkg.devDependencies })) {
+        if (dep.startsWith("@arbor/") && !(allowed[name] ?? []).includes(dep))
+          wrong.push(`${name} → ${dep}`);
+      }
+    }
+    expect(wrong).toEqual([]);
+  });
+
+  it("when every source file's imports are read, then none reaches into another workspace but through what it may depend on", () => {
+    const wrong: string[] = [];
+    for (const { name, dir } of workspaces) {
+      for (const file of sources(dir)) {
+        const text = readFileSync(file, "utf8");
+        for (const [, spec] of text.matchAll(/(?:from|import)\s*\(?\s*["']([^"']+)["']/g)) {
+          const target = spec!;
+          if (target.startsWith("@arbor/")) {
+            const pkg = target.split("/").slice(0, 2).join("/");
+            if (pkg !== name && !(allowed[name] ?? []).includes(pkg))
+              wrong.push(`${relative(root, file)} imports ${target}`);
+          } else if (target.startsWith(".")) {
+            const resolved = join(file, "..", target);
+            const owner = workspaces.find((w) => resolved.startsWith(`${w.dir}/`));
+            if (owner && owner.name !== name)
+              wrong.push(`${relative(root, file)} reaches into ${owner.name}: ${target}`);
+          }
+        }
+      }
+    }
+    expect(wrong).toEqual([]);
+  });
+});
