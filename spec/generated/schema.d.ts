@@ -305,11 +305,39 @@ export interface paths {
         put?: never;
         /**
          * Upload dataset
-         * @description Stores a JSONL file for SFT: the raw body, one `{messages, tools?}` object per line (blank
-         *     lines are skipped). Every line is checked on upload; the answer's `url` is what
-         *     `createSftTrainingJob` takes as `training_data_url`. Capped at 64 MB.
+         * @description Stores a JSONL file for SFT: the raw body, one `SftExample` object (`{messages, tools?}`)
+         *     per line, as `listDatasetLines` returns them (blank lines are skipped). Every line is checked
+         *     on upload; the answer's `url` is what `createSftTrainingJob` takes as `training_data_url`.
+         *     Capped at 64 MB.
          */
         post: operations["createDataset"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/datasets/{dataset_id}/lines": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The dataset's id, as returned by `createDataset` (the `<id>` of `dataset://<id>`).
+                 * @example 0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192
+                 */
+                dataset_id: components["parameters"]["DatasetId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List dataset lines
+         * @description The examples of an uploaded dataset, as parsed for training, in file order, paged by `after`
+         *     (a line number) and `limit`. Another entity's dataset reads as not found.
+         */
+        get: operations["listDatasetLines"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -599,7 +627,13 @@ export interface components {
             json_schema: {
                 name: string;
                 description?: string;
-                /** @description A JSON Schema the output must match. */
+                /**
+                 * @description A JSON Schema the output must match. The engine honours one `type` per schema,
+                 *     `properties`, `required` and `additionalProperties: false` on objects, `items` on
+                 *     arrays, and string `enum`s (annotations such as `description` are ignored); any
+                 *     other keyword is refused with 400 `unsupported_parameter`, naming it, rather than
+                 *     silently not enforced.
+                 */
                 schema?: {
                     [key: string]: unknown;
                 };
@@ -1156,6 +1190,76 @@ export interface components {
             lines: number;
             /** @description Unix seconds. */
             created_at: number;
+        };
+        /**
+         * SftToolCall
+         * @description A function call made by an assistant turn, in OpenAI's shape.
+         */
+        SftToolCall: {
+            id?: string | null;
+            /** @constant */
+            type?: "function";
+            function: {
+                name: string;
+                /** @description The arguments as a JSON string, as OpenAI sends them (an object is accepted too). */
+                arguments: string | {
+                    [key: string]: unknown;
+                };
+            };
+        };
+        /**
+         * SftMessage
+         * @description One message of an SFT example, as OpenAI's chat format has it: `content` is a string or text
+         *     parts (joined in order); an assistant turn may call tools instead of, or besides, answering;
+         *     a tool message may name the call it answers. Unknown keys are ignored.
+         */
+        SftMessage: {
+            /** @enum {string} */
+            role: "system" | "developer" | "user" | "assistant" | "tool";
+            /** @description Null or absent only on an assistant turn that calls tools. */
+            content?: components["schemas"]["ChatCompletionMessageContent"] | null;
+            /** @description Assistant turns only. */
+            tool_calls?: components["schemas"]["SftToolCall"][] | null;
+            /** @description Tool messages only; the id of the tool call this message answers. */
+            tool_call_id?: string | null;
+        } & (unknown & unknown & unknown);
+        /**
+         * SftExample
+         * @description One line of an SFT dataset (JSONL): a conversation to learn from. The loss is taken on the
+         *     assistant turns only (all of them, or the last, per `SftConfig.assistant_turns`), so at least
+         *     one message is an assistant's. Unknown keys are ignored. Uploads (`createDataset`) and the
+         *     training worker check every line against this schema, and name the first line that fails.
+         */
+        SftExample: {
+            messages: components["schemas"]["SftMessage"][];
+            /** @description The tools offered in this conversation, in OpenAI's `tools` shape; the chat template renders them. */
+            tools?: {
+                [key: string]: unknown;
+            }[] | null;
+        };
+        /**
+         * DatasetLine
+         * @description One example of a dataset, with its line number in the uploaded file.
+         */
+        DatasetLine: {
+            /** @description The line number as a string; pass the last one as `after` for the next page. */
+            id: string;
+            /** @constant */
+            object: "dataset.line";
+            /** @description 1-based line number in the file (blank lines count but are not listed). */
+            line: number;
+            example: components["schemas"]["SftExample"];
+        };
+        /** DatasetLineList */
+        DatasetLineList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["DatasetLine"][];
+            /** @description Line number of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Line number of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
         };
         Health: {
             /** @constant */
@@ -1960,6 +2064,11 @@ export interface components {
          * @example support-sft-v1
          */
         DatasetName: string;
+        /**
+         * @description The dataset's id, as returned by `createDataset` (the `<id>` of `dataset://<id>`).
+         * @example 0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192
+         */
+        DatasetId: string;
         /**
          * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
          *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
@@ -2974,6 +3083,94 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listDatasetLines: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The dataset's id, as returned by `createDataset` (the `<id>` of `dataset://<id>`).
+                 * @example 0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192
+                 */
+                dataset_id: components["parameters"]["DatasetId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of the dataset's examples. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "1",
+                     *           "object": "dataset.line",
+                     *           "line": 1,
+                     *           "example": {
+                     *             "messages": [
+                     *               {
+                     *                 "role": "user",
+                     *                 "content": "Hi"
+                     *               },
+                     *               {
+                     *                 "role": "assistant",
+                     *                 "content": "Hello! How can I help?"
+                     *               }
+                     *             ]
+                     *           }
+                     *         },
+                     *         {
+                     *           "id": "3",
+                     *           "object": "dataset.line",
+                     *           "line": 3,
+                     *           "example": {
+                     *             "messages": [
+                     *               {
+                     *                 "role": "user",
+                     *                 "content": "2 + 2?"
+                     *               },
+                     *               {
+                     *                 "role": "assistant",
+                     *                 "content": "4"
+                     *               }
+                     *             ]
+                     *           }
+                     *         }
+                     *       ],
+                     *       "first_id": "1",
+                     *       "last_id": "3",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["DatasetLineList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
         };

@@ -1,4 +1,5 @@
 import type { KeyIdentity, Store } from "@arbor/store";
+import { DATASET_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
@@ -8,21 +9,27 @@ import { jsonBody } from "./http/body.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
 import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
 import type { Handlers } from "./http/operations.ts";
-import type { Principal } from "./http/principal.ts";
 import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations } from "./http/routes.ts";
+import type { Principal } from "./modules/access.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
 import { datasetsHandlers } from "./modules/datasets/routes.ts";
-import { DATASET_MAX_BYTES, DATASET_MEDIA_TYPES } from "./modules/datasets/service.ts";
+import { DATASET_MEDIA_TYPES } from "./modules/datasets/service.ts";
 import { publicDocuments } from "./modules/docs/routes.ts";
 import { healthHandlers } from "./modules/health/routes.ts";
 import type { Probes } from "./modules/health/service.ts";
+import { EngineChatBackend } from "./modules/inference/engine-chat.ts";
 import type { EngineHost } from "./modules/inference/engines.ts";
+import { llamaChatBackend } from "./modules/inference/llama-chat.ts";
 import { ModelDirectory } from "./modules/inference/models.ts";
 import { inferenceHandlers } from "./modules/inference/routes.ts";
+import { ChatService } from "./modules/inference/service.ts";
+import { upstreamChatBackend } from "./modules/inference/upstream.ts";
 import { modelsHandlers } from "./modules/models/routes.ts";
 import { trainingHandlers } from "./modules/training/routes.ts";
+
+type ValidatorSpec = Exclude<Parameters<typeof OpenApiValidator.middleware>[0]["apiSpec"], string>;
 
 export interface AppDeps {
   config: AppConfig;
@@ -46,7 +53,17 @@ export function createApp(deps: AppDeps): Express {
   app.use(accessLog(logger));
   app.use(publicDocuments(spec));
   app.use(rawModelIdInPath);
-  app.use(authentication(async (token) => principalOf(await deps.store.apiKeys.verify(token))));
+  // Roles: a deployment may serve only some surfaces; the others' paths answer 404 here.
+  const operations = specOperations(spec).filter((op) =>
+    config.roles.some((role) => servesPath(role, op.path)),
+  );
+  const publicPaths = new Set(operations.filter((op) => op.public).map((op) => op.path));
+  app.use(
+    authentication(
+      async (token) => principalOf(await deps.store.apiKeys.verify(token)),
+      publicPaths,
+    ),
+  );
   app.use("/v1/chat/completions", rateLimited(new RateLimiter(config.rateLimits)));
   app.use("/v1/chat/completions", jsonBody(10 * 1024 * 1024));
   app.use(
@@ -60,7 +77,8 @@ export function createApp(deps: AppDeps): Express {
     app.use(
       OpenApiValidator.middleware({
         // The validator keeps references into the document; give it its own copy.
-        apiSpec: structuredClone(spec) as never,
+        // The bundle passed Redocly's lint; our document type is only looser than the validator's.
+        apiSpec: structuredClone(spec) as unknown as ValidatorSpec,
         validateRequests: config.validateRequests ? { allowUnknownQueryParameters: false } : false,
         validateResponses: config.validateResponses ? { removeAdditional: false } : false,
         validateSecurity: false,
@@ -70,6 +88,7 @@ export function createApp(deps: AppDeps): Express {
     );
   }
 
+  const directory = new ModelDirectory(deps.engines, deps.store, config.upstreams);
   const handlers: Handlers = {
     ...healthHandlers(deps.probes),
     ...callsHandlers(deps.store),
@@ -83,17 +102,19 @@ export function createApp(deps: AppDeps): Express {
     }),
     ...datasetsHandlers(deps.store),
     ...inferenceHandlers({
-      engines: deps.engines,
-      directory: new ModelDirectory(deps.engines, deps.store, config.upstreams),
-      calls: deps.store.calls,
-      blobs: deps.store.blobs,
-      logger,
+      directory,
+      chat: new ChatService({
+        directory,
+        backends: {
+          engine: new EngineChatBackend(deps.engines, deps.store.blobs),
+          llama: llamaChatBackend,
+          upstream: upstreamChatBackend,
+        },
+        calls: deps.store.calls,
+        logger,
+      }),
     }),
   };
-  // `--role`: a deployment may serve only some surfaces; the others' paths answer 404 here.
-  const operations = specOperations(spec).filter((op) =>
-    config.roles.some((role) => servesPath(role, op.path)),
-  );
   app.use(mountOperations(operations, handlers));
   // The operations answering 501 until their issue lands; the contract tests compare it.
   app.locals.pendingOperations = pendingOperations(operations, handlers);

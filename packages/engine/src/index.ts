@@ -37,7 +37,12 @@ export {
   permuteForGguf,
   readGguf,
 } from "./gguf.ts";
-export { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
+export {
+  JsonConstraint,
+  type JsonSchema,
+  parseJsonSchema,
+  UnsupportedSchemaError,
+} from "./json-constraint.ts";
 export { jsKernels, type Kernels } from "./kernels.ts";
 export {
   adapterConfigJson,

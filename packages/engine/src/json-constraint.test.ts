@@ -1,5 +1,10 @@
 import { describe, expect, it } from "vitest";
-import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
+import {
+  JsonConstraint,
+  type JsonSchema,
+  parseJsonSchema,
+  UnsupportedSchemaError,
+} from "./json-constraint.ts";
 
 const accepts = (text: string, schema?: JsonSchema) => new JsonConstraint(schema).feed(text);
 
@@ -70,5 +75,59 @@ describe("JsonConstraint", () => {
       expect(Object.keys(value).sort()).toEqual(["age", "mood", "name"]);
     }
     expect(new JsonConstraint().completion()).toBe("{}");
+  });
+});
+
+describe("parseJsonSchema", () => {
+  it("when the schema uses only what the constraint honours, then it is kept (annotations dropped)", () => {
+    expect(
+      parseJsonSchema({
+        title: "Answer",
+        type: "object",
+        properties: {
+          answer: { type: "integer", description: "the sum" },
+          unit: { type: "string", enum: ["m", "s"] },
+          tags: { type: "array", items: { type: "string" } },
+        },
+        required: ["answer"],
+        additionalProperties: false,
+      }),
+    ).toEqual({
+      type: "object",
+      properties: {
+        answer: { type: "integer" },
+        unit: { type: "string", enum: ["m", "s"] },
+        tags: { type: "array", items: { type: "string" } },
+      },
+      required: ["answer"],
+    });
+  });
+
+  it("when additionalProperties is false with no properties, then only {} is generated", () => {
+    const schema = parseJsonSchema({ type: "object", additionalProperties: false });
+    expect(new JsonConstraint(schema).feed('{"')).toBe(false);
+    expect(new JsonConstraint(schema).feed("{}")).toBe(true);
+  });
+
+  it.each([
+    [{ type: "integer", minimum: 0 }, "schema.minimum is not supported"],
+    [
+      { type: ["string", "null"] },
+      "schema.type must be one type name (type lists are not supported)",
+    ],
+    [
+      { type: "object", properties: { a: { anyOf: [{ type: "string" }] } } },
+      "schema.properties.a.anyOf is not supported",
+    ],
+    [
+      { type: "object", additionalProperties: { type: "string" } },
+      "schema.additionalProperties is supported only as false",
+    ],
+    [{ type: "integer", enum: ["1"] }, "schema.enum is supported only for strings"],
+    [{ properties: {} }, 'schema.properties needs "type": "object"'],
+    ["object", "schema must be an object"],
+  ])("when the schema has %j, then it is refused naming the keyword", (schema, message) => {
+    expect(() => parseJsonSchema(schema)).toThrow(UnsupportedSchemaError);
+    expect(() => parseJsonSchema(schema)).toThrow(message);
   });
 });

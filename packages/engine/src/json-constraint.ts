@@ -18,6 +18,95 @@ export type JsonSchema =
   | { enum: string[] }
   | Record<string, never>;
 
+/** Keywords that only describe a schema: accepted and ignored. */
+const ANNOTATIONS = new Set(["title", "description", "$schema", "$comment", "default", "examples"]);
+const TYPES = new Set(["object", "array", "string", "number", "integer", "boolean", "null"]);
+
+/** A schema the engine cannot honour; `path` names where (e.g. `schema.properties.a.minimum`). */
+export class UnsupportedSchemaError extends Error {
+  override name = "UnsupportedSchemaError";
+  readonly path: string;
+  constructor(path: string, why: string) {
+    super(`${path} ${why}`);
+    this.path = path;
+  }
+}
+
+/**
+ * A JSON Schema as the constraint honours it, or an `UnsupportedSchemaError` naming the first
+ * keyword it would otherwise ignore: decoding never silently drops a constraint. Supported: one
+ * `type`; `properties`, `required` and `additionalProperties: false` on objects; `items` on
+ * arrays; a string `enum`; annotations (title, description, …).
+ */
+export function parseJsonSchema(value: unknown, path = "schema"): JsonSchema {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new UnsupportedSchemaError(path, "must be an object");
+  }
+  const schema = value as Record<string, unknown>;
+  const out: Record<string, unknown> = {};
+  for (const [key, v] of Object.entries(schema)) {
+    const at = `${path}.${key}`;
+    if (ANNOTATIONS.has(key)) continue;
+    switch (key) {
+      case "type":
+        if (typeof v !== "string" || !TYPES.has(v)) {
+          throw new UnsupportedSchemaError(
+            at,
+            "must be one type name (type lists are not supported)",
+          );
+        }
+        out.type = v;
+        break;
+      case "enum":
+        if (!Array.isArray(v) || v.length === 0 || !v.every((e) => typeof e === "string")) {
+          throw new UnsupportedSchemaError(at, "must be a non-empty list of strings");
+        }
+        out.enum = v;
+        break;
+      case "required":
+        if (!Array.isArray(v) || !v.every((e) => typeof e === "string")) {
+          throw new UnsupportedSchemaError(at, "must be a list of property names");
+        }
+        out.required = v;
+        break;
+      case "properties": {
+        if (typeof v !== "object" || v === null || Array.isArray(v)) {
+          throw new UnsupportedSchemaError(at, "must be an object");
+        }
+        out.properties = Object.fromEntries(
+          Object.entries(v).map(([name, sub]) => [name, parseJsonSchema(sub, `${at}.${name}`)]),
+        );
+        break;
+      }
+      case "items":
+        out.items = parseJsonSchema(v, at);
+        break;
+      case "additionalProperties":
+        // Only the listed properties are ever generated, so `false` is what the constraint does.
+        if (v !== false) throw new UnsupportedSchemaError(at, "is supported only as false");
+        break;
+      default:
+        throw new UnsupportedSchemaError(at, "is not supported");
+    }
+  }
+  const type = out.type;
+  if ("enum" in out && type !== undefined && type !== "string") {
+    throw new UnsupportedSchemaError(`${path}.enum`, "is supported only for strings");
+  }
+  for (const key of ["properties", "required"]) {
+    if (key in out && type !== "object") {
+      throw new UnsupportedSchemaError(`${path}.${key}`, 'needs "type": "object"');
+    }
+  }
+  if ("items" in out && type !== "array") {
+    throw new UnsupportedSchemaError(`${path}.items`, 'needs "type": "array"');
+  }
+  if (schema.additionalProperties === false && type === "object" && !out.properties) {
+    out.properties = {};
+  }
+  return out as JsonSchema;
+}
+
 type Frame =
   | { kind: "value"; schema: JsonSchema | undefined }
   | {

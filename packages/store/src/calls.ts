@@ -15,17 +15,19 @@ export interface CallStartInput {
   op_name: string;
   display_name?: string | null;
   started_at: string | Date;
-  attributes?: Json;
-  inputs?: Json;
+  /** Free-form JSON, stored as sent (any value a JSON body parses to). */
+  attributes?: unknown;
+  inputs?: unknown;
 }
 
 export interface CallEndInput {
   project_id: string;
   id: string;
   ended_at: string | Date;
-  output?: Json;
+  /** Free-form JSON, stored as sent; `summary.usage` is what aggregation sums. */
+  output?: unknown;
   exception?: string | null;
-  summary?: Json;
+  summary?: unknown;
 }
 
 /** A batch item; the wire's `{mode, req: {start}}` / `{mode, req: {end}}` shape is accepted too. */
@@ -197,7 +199,7 @@ const USAGE_FIELDS = [
  * numeric fields (`{}` without a usage map). Whatever else a summary holds (free-form, kept as
  * sent) never reaches the aggregation query, so no content of it can make that query fail.
  */
-function usageOf(summary: Json | undefined): string {
+function usageOf(summary: unknown): string {
   const usage = (summary as { usage?: unknown } | null | undefined)?.usage;
   if (!isPlainObject(summary) || !isPlainObject(usage)) return "{}";
   const out: Record<string, Record<string, number>> = {};

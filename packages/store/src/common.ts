@@ -17,6 +17,18 @@ export interface PageOptions {
 
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
+/** What a caller may hand in to be stored as JSON: `Json`, with absent (undefined) members,
+ * which are left out as `JSON.stringify` leaves them. Typed objects of the spec fit it as they
+ * are. */
+export type JsonInput =
+  | null
+  | boolean
+  | number
+  | string
+  | undefined
+  | readonly JsonInput[]
+  | { readonly [key: string]: JsonInput };
+
 export function pageLimit(limit: number | undefined): number {
   if (limit === undefined || !Number.isFinite(limit)) return 20;
   return Math.min(1000, Math.max(1, Math.floor(limit)));

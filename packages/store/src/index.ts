@@ -9,17 +9,22 @@ export type {
   CallUsageResult,
   ModelUsage,
 } from "./calls.ts";
-export type { Clock, Json, Page, PageOptions } from "./common.ts";
+export type { Clock, Json, JsonInput, Page, PageOptions } from "./common.ts";
 export type { Dataset, DatasetsRepo } from "./datasets.ts";
 export {
   assertName,
   ConflictError,
+  DomainError,
+  type DomainErrorKind,
+  type DomainErrorOptions,
+  ForbiddenError,
   InvalidInputError,
   isUniqueViolation,
   LimitExceededError,
   NAME_PATTERN,
   NotFoundError,
-  StoreError,
+  quote,
+  UnavailableError,
 } from "./errors.ts";
 export {
   API_KEY_PREFIX,

@@ -2,6 +2,7 @@ import {
   type Clock,
   fromJson,
   type Json,
+  type JsonInput,
   numOrNull,
   type Page,
   type PageOptions,
@@ -55,7 +56,7 @@ export interface EnqueueInput {
   type: JobType;
   model_id: string;
   entity: string;
-  config?: Json;
+  config?: JsonInput;
   payload_ref?: string | null;
   step_from?: number | null;
 }
@@ -232,11 +233,11 @@ export class JobsRepo {
   }
 
   /** Appends an event; its sequence follows the job's last one. */
-  async appendEvent(jobId: string, type: string, data: Json = {}): Promise<JobEvent> {
+  async appendEvent(jobId: string, type: string, data: JsonInput = {}): Promise<JobEvent> {
     return this.#sql.transaction((tx) => this.#appendEvent(tx, jobId, type, data));
   }
 
-  async #appendEvent(tx: Sql, jobId: string, type: string, data: Json): Promise<JobEvent> {
+  async #appendEvent(tx: Sql, jobId: string, type: string, data: JsonInput): Promise<JobEvent> {
     const now = this.#now();
     if (tx.dialect === "postgres") {
       // Serialises appends per job so two writers never pick the same sequence.

@@ -8,21 +8,41 @@ export {
   writeCheckpointFiles,
 } from "./checkpoints.ts";
 export {
-  classifyAddress,
+  createDataset,
+  DATASET_MAX_BYTES,
   datasetIdOf,
+  datasetLines,
+  datasetUrl,
+  findDataset,
+} from "./datasets/datasets.ts";
+export {
+  classifyAddress,
   type FetchTrainingDataOptions,
   fetchTrainingData,
   loadTrainingData,
-  resolveDatasetUrl,
-  TrainingDataError,
 } from "./datasets/fetch.ts";
 export {
   DatasetLineError,
   InvalidDatasetError,
-  parseSftJsonl,
-  type SftExample as DatasetExample,
+  type SftLine,
+  sftExamples,
   validateSftJsonl,
 } from "./datasets/jsonl.ts";
+export { JobInputError, TrainingDataError } from "./errors.ts";
+export {
+  enqueueRlJob,
+  enqueueSftJob,
+  MAX_JOB_EXAMPLES,
+  MAX_JOB_STEPS,
+  MAX_JOB_TOKENS,
+  PAYLOADS_PREFIX,
+  type RlJobSpec,
+  rlJobSpec,
+  rlStepConfig,
+  type SftJobSpec,
+  sftJobSpec,
+  sftTrainingConfig,
+} from "./jobs.ts";
 export {
   EmbeddedWorker,
   type EmbeddedWorkerOptions,
@@ -30,13 +50,6 @@ export {
 } from "./runner/embedded.ts";
 export { dataDirIdentity, processIdentity, type WorkerIdentity } from "./runner/identity.ts";
 export { catalogModels, sftExamplesLoader, type TrainingDataSettings } from "./runner/loaders.ts";
-export {
-  JobInputError,
-  MAX_JOB_EXAMPLES,
-  MAX_JOB_STEPS,
-  MAX_JOB_TOKENS,
-  TrainingWorker,
-  type TrainingWorkerOptions,
-} from "./runner/runner.ts";
+export { TrainingWorker, type TrainingWorkerOptions } from "./runner/runner.ts";
 export type { WorkerThreadSettings } from "./runner/thread.ts";
-export { PAYLOADS_PREFIX, type SweepOptions, type SweepResult, sweepBlobs } from "./sweep.ts";
+export { type SweepOptions, type SweepResult, sweepBlobs } from "./sweep.ts";

@@ -1,5 +1,7 @@
 import type { Store } from "@arbor/store";
 import { CHECKPOINTS_PREFIX } from "./checkpoints.ts";
+import { DATASETS_PREFIX } from "./datasets/datasets.ts";
+import { PAYLOADS_PREFIX } from "./jobs.ts";
 
 /** Blobs with no row naming them, from writes that a crash (or a kill) cut off. */
 export interface SweepResult {
@@ -58,7 +60,7 @@ export async function sweepBlobs(store: Store, options: SweepOptions = {}): Prom
   }
   if (options.modelId) return result;
 
-  const datasets = await blobs.list("datasets/");
+  const datasets = await blobs.list(DATASETS_PREFIX);
   const named = await store.datasets.referencedBlobKeys(datasets);
   for (const key of datasets) {
     if (named.has(key) || !(await old(key))) continue;
@@ -74,6 +76,3 @@ export async function sweepBlobs(store: Store, options: SweepOptions = {}): Prom
   }
   return result;
 }
-
-/** Where RL jobs keep their trajectory groups. */
-export const PAYLOADS_PREFIX = "jobs/payloads/";

@@ -4,8 +4,9 @@ import { join } from "node:path";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { MAX_JOB_EXAMPLES } from "../src/jobs.ts";
 import { catalogModels } from "../src/runner/loaders.ts";
-import { MAX_JOB_EXAMPLES, TrainingWorker } from "../src/runner/runner.ts";
+import { TrainingWorker } from "../src/runner/runner.ts";
 
 /** The runner, without HTTP: a job's size is bounded before its first step. */
 let dataDir: string;

@@ -108,7 +108,9 @@ describe("createDataset", () => {
     const body = `${line("a", "b")}\n${JSON.stringify({ messages: [{ role: "user", content: "hi" }] })}\n`;
     const { response, error } = await upload(body);
     expect(response.status).toBe(400);
-    expect(error).toEqual(invalidDataset("Line 2: no assistant message to learn from."));
+    expect(error).toEqual(
+      invalidDataset("Line 2: messages has no assistant message to learn from."),
+    );
   });
 
   it("when a message has an unknown role, then 400 naming the line and the message", async () => {
@@ -130,7 +132,7 @@ describe("createDataset", () => {
   it("when a line has no messages, then 400 naming the line", async () => {
     const { response, error } = await upload(`${line("a", "b")}\n{"messages": []}`);
     expect(response.status).toBe(400);
-    expect(error).toEqual(invalidDataset('Line 2: "messages" must be a non-empty array.'));
+    expect(error).toEqual(invalidDataset("Line 2: messages must be a non-empty array."));
   });
 
   it.each([
@@ -204,5 +206,85 @@ describe("createDataset", () => {
       },
     });
     expect((await server.store.datasets.list(tenant.entity)).data).toEqual([]);
+  });
+});
+
+describe("listDatasetLines", () => {
+  const lines = (id: string, query: { after?: string; limit?: number } = {}, as = client) =>
+    as.GET("/v1/preview/datasets/{dataset_id}/lines", {
+      params: { path: { dataset_id: id }, query },
+    });
+
+  it("when a dataset is paged through, then every example comes once, as uploaded, with its line number", async () => {
+    const third = {
+      messages: [
+        { role: "user", content: [{ type: "text", text: "Weather?" }] },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ function: { name: "w", arguments: "{}" } }],
+        },
+        { role: "tool", content: "sunny", tool_call_id: "c1" },
+        { role: "assistant", content: "Sunny." },
+      ],
+      tools: [{ type: "function", function: { name: "w" } }],
+    };
+    const text = `${line("a", "b")}\r\n\n${line("c", "d")}\n${JSON.stringify(third)}\n`;
+    const { data: dataset } = await upload(text);
+    const first = await lines(dataset!.id, { limit: 2 });
+    expect(first.response.status).toBe(200);
+    expect(first.data).toEqual({
+      object: "list",
+      data: [
+        { id: "1", object: "dataset.line", line: 1, example: JSON.parse(line("a", "b")) },
+        { id: "3", object: "dataset.line", line: 3, example: JSON.parse(line("c", "d")) },
+      ],
+      first_id: "1",
+      last_id: "3",
+      has_more: true,
+    });
+    const second = await lines(dataset!.id, { after: "3", limit: 2 });
+    expect(second.data).toEqual({
+      object: "list",
+      data: [{ id: "4", object: "dataset.line", line: 4, example: third }],
+      first_id: "4",
+      last_id: "4",
+      has_more: false,
+    });
+    const past = await lines(dataset!.id, { after: "4" });
+    expect(past.data).toEqual({
+      object: "list",
+      data: [],
+      first_id: null,
+      last_id: null,
+      has_more: false,
+    });
+  });
+
+  it("when the dataset is another entity's or unknown, then 404 dataset_not_found", async () => {
+    const { data: dataset } = await upload(good);
+    const tenant = await server.newTenant("line-reader");
+    for (const [id, as] of [
+      [dataset!.id, tenant.client],
+      ["0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192", client],
+    ] as const) {
+      const { response, error } = await lines(id, {}, as);
+      expect(response.status).toBe(404);
+      expect(error).toEqual({
+        error: {
+          message: `Dataset "${id}" not found.`,
+          type: "not_found_error",
+          param: null,
+          code: "dataset_not_found",
+        },
+      });
+    }
+  });
+
+  it("when after is not a line number, then 400 invalid_cursor", async () => {
+    const { data: dataset } = await upload(good);
+    const { response, error } = await lines(dataset!.id, { after: "x" });
+    expect(response.status).toBe(400);
+    expect(error).toMatchObject({ error: { param: "after", code: "invalid_cursor" } });
   });
 });

@@ -1,11 +1,4 @@
-import {
-  ConflictError,
-  InvalidInputError,
-  LimitExceededError,
-  NotFoundError,
-  StoreError,
-} from "@arbor/store";
-import { TrainingDataError } from "@arbor/training";
+import { DomainError, type DomainErrorKind } from "@arbor/store";
 import type { NextFunction, Request, Response } from "express";
 import type { Logger } from "pino";
 
@@ -126,12 +119,6 @@ function isHttpClientError(err: unknown): err is HttpClientError {
   if (typeof err !== "object" || err === null) return false;
   const e = err as HttpClientError;
   return typeof e.status === "number" && e.status >= 400 && e.status < 500;
-}
-
-/** At most `max` characters of something a client sent, for quoting it in an error message. */
-export function quote(value: unknown, max = 64): string {
-  const text = typeof value === "string" ? value : String(value);
-  return JSON.stringify(text.length > max ? `${text.slice(0, max)}…` : text);
 }
 
 /** A body that could not be read, decoded or parsed: 400 (422 under /calls, with a `loc`). */
@@ -261,13 +248,7 @@ function pydanticIssue(keyword: string, message: string): { type: string; msg: s
 /** Turns whatever was thrown into an ApiError; unknown throwables become an opaque 500. */
 export function toApiError(err: unknown): { error: ApiError; unexpected: boolean } {
   if (err instanceof ApiError) return { error: err, unexpected: false };
-  if (err instanceof StoreError) return { error: fromStoreError(err), unexpected: false };
-  if (err instanceof TrainingDataError) {
-    return {
-      error: new ApiError(err.status, err.message, { code: err.code, param: err.param }),
-      unexpected: false,
-    };
-  }
+  if (err instanceof DomainError) return { error: fromDomainError(err), unexpected: false };
   if (isValidatorError(err) && err.status < 500) {
     const entries = err.errors ?? [];
     const issues = entries.map((e) => {
@@ -313,18 +294,49 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
   };
 }
 
-/** The store's deliberate errors and their statuses. */
-function fromStoreError(err: StoreError): ApiError {
-  if (err instanceof ConflictError) return ApiError.conflict(err.message);
-  if (err instanceof NotFoundError) return ApiError.notFound(err.message);
-  if (err instanceof LimitExceededError) return ApiError.tooLarge(err.message);
-  if (err instanceof InvalidInputError) {
-    return new ApiError(400, `${err.message}.`, {
-      code: "invalid_value",
-      issues: [{ loc: ["body"], msg: err.message, type: "value_error" }],
-    });
-  }
-  return new ApiError(500, "Internal server error.");
+/** The one table from a domain error's kind to its status. */
+const statusByKind: Record<DomainErrorKind, number> = {
+  invalid: 400,
+  not_found: 404,
+  conflict: 409,
+  forbidden: 403,
+  too_large: 413,
+  rate_limited: 429,
+  unavailable: 503,
+};
+
+/** A domain error as a response: its kind's status, its code and param; an invalid input under
+ * /calls is a 422 whose `loc` is the param's path. */
+function fromDomainError(err: DomainError): ApiError {
+  const status = statusByKind[err.kind];
+  const headers: Record<string, string> = {};
+  if (err.retryAfterSeconds !== undefined) headers["retry-after"] = String(err.retryAfterSeconds);
+  if (err.kind === "unavailable") headers["x-should-retry"] = "true";
+  const message = /[.?!]$/.test(err.message) ? err.message : `${err.message}.`;
+  return new ApiError(status, message, {
+    code: err.code,
+    param: err.param,
+    headers,
+    ...(err.kind === "invalid"
+      ? {
+          issues: [
+            {
+              loc: ["body", ...(err.param ? locOfParam(err.param) : [])],
+              msg: err.message,
+              type: "value_error",
+            },
+          ],
+        }
+      : {}),
+  });
+}
+
+/** `messages[0].role` → `["messages", 0, "role"]`. */
+function locOfParam(param: string): (string | number)[] {
+  return param
+    .split(/[.[\]]/)
+    .filter((p) => p !== "")
+    .map((p) => (/^\d+$/.test(p) ? Number(p) : p));
 }
 
 /** The body of an error response in the surface's envelope, and its status. */

@@ -1,9 +1,14 @@
 import type { operations } from "@arbor/spec/schema";
 import type { Request, Response } from "express";
-import type { Principal } from "./principal.ts";
+import type { Principal, ProjectRef } from "../modules/access.ts";
 
 /** The join key everywhere: handler name, client method, contract test `describe`. */
 export type OperationId = keyof operations;
+
+/** The operations the spec marks `security: []`; a test checks this list against the spec. */
+export const PUBLIC_OPERATIONS = ["getHealth", "getSystemCheck"] as const satisfies OperationId[];
+export type PublicOperationId = (typeof PUBLIC_OPERATIONS)[number];
+export type AuthenticatedOperationId = Exclude<OperationId, PublicOperationId>;
 
 type Op<K extends OperationId> = operations[K];
 
@@ -27,19 +32,31 @@ export type SuccessBody<K extends OperationId> = Op<K>["responses"] extends { 20
 /** Returned by a handler that wrote the response itself (SSE streams, non-JSON bodies). */
 export const RESPONDED: unique symbol = Symbol("responded");
 
-export interface HandlerInput<K extends OperationId> {
+/** What every handler gets: the request as the validator passed it. */
+export interface PublicInput<K extends OperationId> {
   body: RequestBody<K>;
   params: PathParams<K>;
   query: QueryParams<K>;
-  /** The authenticated key's principal; null only on public operations. */
-  principal: Principal | null;
   req: Request;
   res: Response;
 }
 
-export type Handler<K extends OperationId> = (
-  input: HandlerInput<K>,
-) => Promise<SuccessBody<K> | typeof RESPONDED> | SuccessBody<K> | typeof RESPONDED;
+/** What an authenticated operation's handler gets besides: who calls, and for which project
+ * (the project header's, or the key's default). */
+export interface HandlerInput<K extends OperationId> extends PublicInput<K> {
+  principal: Principal;
+  project: ProjectRef;
+}
+
+type Result<K extends OperationId> =
+  | Promise<SuccessBody<K> | typeof RESPONDED>
+  | SuccessBody<K>
+  | typeof RESPONDED;
+
+export type Handler<K extends OperationId> = (input: HandlerInput<K>) => Result<K>;
+export type PublicHandler<K extends OperationId> = (input: PublicInput<K>) => Result<K>;
 
 /** What a module contributes: handlers keyed by operationId. Missing ones answer 501. */
-export type Handlers = { [K in OperationId]?: Handler<K> };
+export type Handlers = { [K in AuthenticatedOperationId]?: Handler<K> } & {
+  [K in PublicOperationId]?: PublicHandler<K>;
+};

@@ -1,7 +1,5 @@
 import type { NextFunction, Request, Response } from "express";
-import type { ProjectRef } from "./auth.ts";
 import { ApiError } from "./errors.ts";
-import type { Principal } from "./principal.ts";
 
 /** Limits per API key and per project; undefined means unlimited (the embedded default). */
 export interface RateLimits {
@@ -141,8 +139,9 @@ export class RateLimiter {
 export function rateLimited(limiter: RateLimiter) {
   return (_req: Request, res: Response, next: NextFunction) => {
     if (!limiter.enabled) return next();
-    const principal = res.locals.principal as Principal;
-    const project = res.locals.project as ProjectRef;
+    // Mounted after `authentication`, which sets both on every path that is not public.
+    const { principal, project } = res.locals;
+    if (!principal || !project) return next();
     const { release, headers } = limiter.acquire(principal.keyId, project.id);
     for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
     res.on("close", release);

@@ -1,9 +1,17 @@
 import { type NextFunction, type Request, type Response, Router } from "express";
 import { ApiError } from "./errors.ts";
 import type { SpecOperation } from "./openapi.ts";
-import type { Handler, Handlers, OperationId } from "./operations.ts";
-import { RESPONDED } from "./operations.ts";
-import type { Principal } from "./principal.ts";
+import {
+  type Handler,
+  type Handlers,
+  type OperationId,
+  type PathParams,
+  type PublicHandler,
+  type PublicInput,
+  type QueryParams,
+  RESPONDED,
+  type RequestBody,
+} from "./operations.ts";
 
 /** Mounts one route per spec operation. An operation with no handler answers 501, so every
  * operation is routed by construction and the pending ones are derived, never listed by hand. */
@@ -11,25 +19,40 @@ export function mountOperations(operations: SpecOperation[], handlers: Handlers)
   // strict: `/v1/chat/completions/` is its own operation.
   const router = Router({ strict: true });
   for (const op of operations) {
+    // One signature for all: each handler is typed by its own operation where it is written.
     const handler = handlers[op.operationId] as Handler<OperationId> | undefined;
     router[op.method](op.expressPath, (req: Request, res: Response, next: NextFunction) => {
       res.locals.operationId = op.operationId;
       if (!handler) return next(ApiError.notImplemented(op.operationId));
-      run(handler, req, res).catch(next);
+      run(op, handler, req, res).catch(next);
     });
   }
   return router;
 }
 
-async function run(handler: Handler<OperationId>, req: Request, res: Response): Promise<void> {
-  const result = await handler({
-    body: req.body,
-    params: req.params as never,
-    query: req.query as never,
-    principal: (res.locals.principal as Principal | undefined) ?? null,
+async function run(
+  op: SpecOperation,
+  handler: Handler<OperationId>,
+  req: Request,
+  res: Response,
+): Promise<void> {
+  // The validator has checked body, params and query against this operation.
+  const input: PublicInput<OperationId> = {
+    body: req.body as RequestBody<OperationId>,
+    params: req.params as PathParams<OperationId>,
+    query: req.query as QueryParams<OperationId>,
     req,
     res,
-  });
+  };
+  let result: Awaited<ReturnType<Handler<OperationId>>>;
+  if (op.public) {
+    result = await (handler as PublicHandler<OperationId>)(input);
+  } else {
+    // `authentication` sets both on every operation that is not public.
+    const { principal, project } = res.locals;
+    if (!principal || !project) throw ApiError.unauthorized("Missing API key.");
+    result = await handler({ ...input, principal, project });
+  }
   if (result === RESPONDED) return;
   res.status(200).json(result);
 }

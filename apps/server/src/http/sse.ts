@@ -41,3 +41,21 @@ export function disconnectSignal(res: Response): AbortSignal {
   });
   return controller.signal;
 }
+
+/**
+ * Streams `events` as SSE, then `[DONE]`. The headers go out with the first event, so an error
+ * before it (an upstream's refusal) is an ordinary error response; an error after it reaches the
+ * error handler with the headers sent, which writes it as an `{"error": …}` event and ends the
+ * stream. A client that leaves stops the reading (and so the run behind `events`).
+ */
+export async function streamSse(res: Response, events: AsyncIterable<unknown>): Promise<void> {
+  let sse: SseWriter | undefined;
+  for await (const event of events) {
+    sse ??= new SseWriter(res);
+    if (!sse.open) break;
+    sse.send(event);
+  }
+  sse ??= new SseWriter(res);
+  sse.send("[DONE]");
+  sse.end();
+}

@@ -2,28 +2,27 @@ import type { LookupAddress } from "node:dns";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { openStore } from "@arbor/store";
+import { DomainError, openStore } from "@arbor/store";
 import { describe, expect, it } from "vitest";
+import { datasetIdOf } from "./datasets.ts";
 import {
   type AddressClass,
   classifyAddress,
-  datasetIdOf,
   fetchTrainingData,
   loadTrainingData,
   readBodyCapped,
   resolveDatasetUrl,
-  TrainingDataError,
   type Transport,
 } from "./fetch.ts";
 
-async function refusal(promise: Promise<unknown>): Promise<TrainingDataError> {
+async function refusal(promise: Promise<unknown>): Promise<DomainError> {
   try {
     await promise;
   } catch (err) {
-    if (err instanceof TrainingDataError) return err;
+    if (err instanceof DomainError) return err;
     throw err;
   }
-  throw new Error("expected an TrainingDataError");
+  throw new Error("expected a DomainError");
 }
 
 const resolvesTo =
@@ -114,7 +113,7 @@ describe("fetchTrainingData", () => {
           transport: neverCalled,
         }),
       );
-      expect(err.status).toBe(400);
+      expect(err.kind).toBe("invalid");
       expect(err.code).toBe("invalid_training_data_url");
       expect(err.param).toBe("training_data_url");
     },
@@ -134,7 +133,7 @@ describe("fetchTrainingData", () => {
         transport: neverCalled,
       }),
     );
-    expect(err.status).toBe(400);
+    expect(err.kind).toBe("invalid");
     expect(err.message).toBe(
       `Training data URL: host "data.example.com" resolves to a ${kind} address (${address}), which is refused unless the host is allow-listed.`,
     );
@@ -161,7 +160,7 @@ describe("fetchTrainingData", () => {
           transport: neverCalled,
         }),
       );
-      expect(err.status).toBe(400);
+      expect(err.kind).toBe("invalid");
       expect(err.message).toMatch(/resolves to a (loopback|private) address/);
     },
   );
@@ -293,7 +292,7 @@ describe("fetchTrainingData", () => {
         transport: async () => chunked(4, 4).response,
       }),
     );
-    expect(err.status).toBe(413);
+    expect(err.kind).toBe("too_large");
     expect(err.code).toBe("request_too_large");
   });
 });
@@ -307,7 +306,7 @@ describe("readBodyCapped", () => {
   it("when the stream runs past the cap, then reading stops at the chunk that crosses it", async () => {
     const { response, pulled } = chunked(1000, 64);
     const err = await refusal(readBodyCapped(response, 200));
-    expect(err.status).toBe(413);
+    expect(err.kind).toBe("too_large");
     expect(err.message).toBe("Training data is over the 200-byte limit.");
     // 4 chunks of 64 cross 200; the stream's one read-ahead may pull a fifth, never the rest.
     expect(pulled()).toBeLessThanOrEqual(5);
@@ -316,13 +315,13 @@ describe("readBodyCapped", () => {
   it("when Content-Length declares more than the cap, then nothing is read", async () => {
     const { response, pulled } = chunked(1000, 64, { "content-length": "64000" });
     const err = await refusal(readBodyCapped(response, 1000));
-    expect(err.status).toBe(413);
+    expect(err.kind).toBe("too_large");
     expect(pulled()).toBeLessThanOrEqual(1);
   });
 
   it("when the body is not UTF-8, then 400", async () => {
     const err = await refusal(readBodyCapped(new Response(new Uint8Array([0xff, 0xfe, 0x00])), 10));
-    expect(err.status).toBe(400);
+    expect(err.kind).toBe("invalid");
     expect(err.message).toBe("Training data is not valid UTF-8.");
   });
 });
@@ -348,14 +347,14 @@ describe("resolveDatasetUrl", () => {
       expect(await loadTrainingData(store, "acme", dataset.url, { maxBytes: 10 })).toBe(text);
 
       const foreign = await refusal(resolveDatasetUrl(store, "other", dataset.url));
-      expect(foreign.status).toBe(404);
+      expect(foreign.kind).toBe("not_found");
       expect(foreign.code).toBe("dataset_not_found");
       const missing = await refusal(
         resolveDatasetUrl(store, "acme", "dataset://0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192"),
       );
-      expect(missing.status).toBe(404);
+      expect(missing.kind).toBe("not_found");
       const malformed = await refusal(resolveDatasetUrl(store, "acme", "dataset://x"));
-      expect(malformed.status).toBe(400);
+      expect(malformed.kind).toBe("invalid");
     } finally {
       await store.close();
       rmSync(dir, { recursive: true, force: true });

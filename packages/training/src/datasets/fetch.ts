@@ -3,8 +3,10 @@ import { lookup as dnsLookup } from "node:dns/promises";
 import { request as httpsRequest } from "node:https";
 import { isIP, type LookupFunction } from "node:net";
 import { Readable } from "node:stream";
-import type { Store } from "@arbor/store";
+import { quote, type Store } from "@arbor/store";
 import ipaddr from "ipaddr.js";
+import { TrainingDataError } from "../errors.ts";
+import { datasetIdOf, datasetText, findDataset } from "./datasets.ts";
 
 /**
  * Where `training_data_url` points (CONTRACT §5): `dataset://<id>` (an upload of the same entity)
@@ -47,26 +49,12 @@ export interface FetchTrainingDataOptions {
   timeoutMs?: number;
 }
 
-/** Why training data cannot be had, with the HTTP status it means to an API caller. */
-export class TrainingDataError extends Error {
-  override name = "TrainingDataError";
-  readonly status: number;
-  readonly code: string;
-  readonly param: string | null;
-  constructor(status: number, message: string, code: string, param: string | null = null) {
-    super(message);
-    this.status = status;
-    this.code = code;
-    this.param = param;
-  }
-}
-
 const defaultLookup: Lookup = (hostname) => dnsLookup(hostname, { all: true, verbatim: true });
 
 /** Fetches an `https://` JSONL file and returns its text. Each hop (redirects included) is
  * resolved once, checked, and connected to exactly the checked addresses, so a second DNS answer
- * cannot swap in a private address. Errors are TrainingDataErrors (400, 413), with messages fit for a
- * job's `error_message`. */
+ * cannot swap in a private address. Errors are TrainingDataErrors (invalid, too large), with
+ * messages fit for a job's `error_message`. */
 export async function fetchTrainingData(
   url: string,
   options: FetchTrainingDataOptions,
@@ -281,15 +269,16 @@ function redact(url: URL): string {
 }
 
 function badUrl(message: string): TrainingDataError {
-  return new TrainingDataError(400, message, "invalid_training_data_url", "training_data_url");
+  return new TrainingDataError("invalid", message, {
+    code: "invalid_training_data_url",
+    param: "training_data_url",
+  });
 }
 
 function tooLarge(maxBytes: number): TrainingDataError {
-  return new TrainingDataError(
-    413,
-    `Training data is over the ${maxBytes}-byte limit.`,
-    "request_too_large",
-  );
+  return new TrainingDataError("too_large", `Training data is over the ${maxBytes}-byte limit.`, {
+    code: "request_too_large",
+  });
 }
 
 /** node:https with a `lookup` that answers only the vetted addresses (no second DNS query). */
@@ -329,7 +318,7 @@ const httpsTransport: Transport = (url, addresses, signal) =>
   });
 
 /** The stored text of one of `entity`'s datasets, for `dataset://<id>`. A missing or foreign
- * dataset is a 404 (another entity's ids read as missing). */
+ * dataset is not found (another entity's ids read as missing). */
 export async function resolveDatasetUrl(
   store: Store,
   entity: string,
@@ -337,25 +326,9 @@ export async function resolveDatasetUrl(
 ): Promise<string> {
   const id = datasetIdOf(url);
   if (id === undefined) {
-    throw badUrl(`Training data URL must look like dataset://<id>, got "${url}".`);
+    throw badUrl(`Training data URL must look like dataset://<id>, got ${quote(url)}.`);
   }
-  const dataset = await store.datasets.get(entity, id);
-  if (!dataset)
-    throw new TrainingDataError(
-      404,
-      `No dataset "${id}" in entity "${entity}".`,
-      "dataset_not_found",
-    );
-  if (!store.blobs) throw new Error("The store has no blob directory; datasets need one.");
-  const blob = await store.blobs.get(dataset.blob_key);
-  if (!blob) throw new Error(`Dataset ${id} has a row but no blob at ${dataset.blob_key}.`);
-  return blob.toString("utf8");
-}
-
-/** `dataset://<id>` → `<id>`; anything else → undefined. */
-export function datasetIdOf(url: string): string | undefined {
-  const match = /^dataset:\/\/([0-9a-fA-F-]{36})\/?$/.exec(url.trim());
-  return match?.[1]?.toLowerCase();
+  return datasetText(store, await findDataset(store, entity, id));
 }
 
 /** Either scheme of `training_data_url` to text: what the SFT worker calls before parsing. */

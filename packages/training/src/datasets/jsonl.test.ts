@@ -1,9 +1,9 @@
 import { describe, expect, it } from "vitest";
 import {
   DatasetLineError,
+  forEachSftLine,
   InvalidDatasetError,
-  parseSftJsonl,
-  SFT_ROLES,
+  sftExamples,
   validateSftJsonl,
 } from "./jsonl.ts";
 
@@ -17,7 +17,7 @@ const ok = (user = "hi", assistant = "hello") =>
 
 function failure(text: string): InvalidDatasetError {
   try {
-    parseSftJsonl(text);
+    validateSftJsonl(text);
   } catch (err) {
     if (err instanceof InvalidDatasetError) return err;
     throw err;
@@ -25,32 +25,25 @@ function failure(text: string): InvalidDatasetError {
   throw new Error("expected the dataset to be refused");
 }
 
-describe("parseSftJsonl", () => {
-  it("when lines are valid, then every example is returned with its line number", () => {
-    const { examples, lines } = parseSftJsonl(`${ok("a", "b")}\n\n${ok("c", "d")}\n`);
+describe("forEachSftLine", () => {
+  it("when lines are valid, then every example is visited, as sent, with its line number", () => {
+    const seen: [unknown, number][] = [];
+    const lines = forEachSftLine(`${ok("a", "b")}\n\n${ok("c", "d")}\n`, (example, line) =>
+      seen.push([example, line]),
+    );
     expect(lines).toBe(2);
-    expect(examples).toEqual([
-      {
-        line: 1,
-        messages: [
-          { role: "user", content: "a" },
-          { role: "assistant", content: "b" },
-        ],
-      },
-      {
-        line: 3,
-        messages: [
-          { role: "user", content: "c" },
-          { role: "assistant", content: "d" },
-        ],
-      },
+    expect(seen).toEqual([
+      [JSON.parse(ok("a", "b")), 1],
+      [JSON.parse(ok("c", "d")), 3],
     ]);
   });
 
   it("when the file has a BOM, CRLF endings and blank lines, then they are accepted", () => {
-    const { lines, examples } = parseSftJsonl(`\ufeff${ok()}\r\n  \r\n${ok()}\r\n`);
-    expect(lines).toBe(2);
-    expect(examples.map((e) => e.line)).toEqual([1, 3]);
+    const lines: number[] = [];
+    expect(
+      forEachSftLine(`\ufeff${ok()}\r\n  \r\n${ok()}\r\n`, (_, line) => lines.push(line)),
+    ).toBe(2);
+    expect(lines).toEqual([1, 3]);
   });
 
   it("when content is text parts and tools are used, then it is normalized for the engine", () => {
@@ -80,9 +73,8 @@ describe("parseSftJsonl", () => {
       ],
       tools: [{ type: "function", function: { name: "weather" } }],
     });
-    const [example] = parseSftJsonl(line).examples;
+    const [example] = sftExamples(line);
     expect(example).toEqual({
-      line: 1,
       messages: [
         { role: "developer", content: "Be brief." },
         { role: "user", content: "Weather?" },
@@ -100,15 +92,10 @@ describe("parseSftJsonl", () => {
 
   it.each([
     ["not JSON", `${ok()}\n${ok()}\n{"messages": [`, 3, "not valid JSON"],
-    ["an array", "[1, 2]", 1, "must be a JSON object with `messages`"],
-    ["no messages", '{"prompt": "x"}', 1, '"messages" must be a non-empty array'],
-    ["empty messages", '{"messages": []}', 1, '"messages" must be a non-empty array'],
-    [
-      "a message that is a string",
-      '{"messages": ["hi"]}',
-      1,
-      'messages[0] must be an object with "role" and "content"',
-    ],
+    ["an array", "[1, 2]", 1, 'must be a JSON object with "messages"'],
+    ["no messages", '{"prompt": "x"}', 1, '"messages" is required'],
+    ["empty messages", '{"messages": []}', 1, "messages must be a non-empty array"],
+    ["a message that is a string", '{"messages": ["hi"]}', 1, "messages[0] must be an object"],
     [
       "an unknown role",
       `${ok()}\n\n\n\n\n\n${JSON.stringify({
@@ -119,37 +106,37 @@ describe("parseSftJsonl", () => {
         ],
       })}`,
       7,
-      `messages[2].role must be one of ${SFT_ROLES.join(", ")}`,
+      "messages[2].role must be one of system, developer, user, assistant, tool",
     ],
     [
       "numeric content",
       JSON.stringify({ messages: [{ role: "assistant", content: 4 }] }),
       1,
-      'messages[0].content must be a string or an array of {"type": "text", "text": string} parts',
+      "messages[0].content must be a string or an array of text parts (only an assistant turn with tool_calls may go without content)",
     ],
     [
       "an image part",
       JSON.stringify({ messages: [{ role: "assistant", content: [{ type: "image_url" }] }] }),
       1,
-      'messages[0].content[0] must be a {"type": "text", "text": string} part',
+      "messages[0].content[0].text is required",
     ],
     [
       "a text part without text",
       JSON.stringify({ messages: [{ role: "assistant", content: [{ type: "text" }] }] }),
       1,
-      "messages[0].content[0].text must be a string",
+      "messages[0].content[0].text is required",
     ],
     [
       "no assistant turn",
       `${ok()}\n${ok()}\n\n\n\n\n\n\n${JSON.stringify({ messages: [{ role: "user", content: "a" }] })}`,
       9,
-      "no assistant message to learn from",
+      "messages has no assistant message to learn from",
     ],
     [
       "tools that are not an array",
       JSON.stringify({ messages: [{ role: "assistant", content: "a" }], tools: {} }),
       1,
-      '"tools" must be an array',
+      "tools must be an array or null",
     ],
     [
       "a tool call on a user message",
@@ -160,7 +147,7 @@ describe("parseSftJsonl", () => {
         ],
       }),
       1,
-      "messages[0].tool_calls is only allowed on assistant messages",
+      "messages[0].role must be assistant: only assistant messages may carry tool_calls",
     ],
     [
       "a tool call without a name",
@@ -170,7 +157,7 @@ describe("parseSftJsonl", () => {
         ],
       }),
       1,
-      "messages[0].tool_calls[0].function.name must be a non-empty string",
+      "messages[0].tool_calls[0].function.name is required",
     ],
   ])("when a line is %s, then DatasetLineError names the line", (_, text, line, reason) => {
     const err = failure(text);

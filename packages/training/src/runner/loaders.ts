@@ -1,7 +1,7 @@
 import { catalogModelDir, loadModel, type Model, type SftExample } from "@arbor/engine";
 import type { Store } from "@arbor/store";
 import { loadTrainingData } from "../datasets/fetch.ts";
-import { parseSftJsonl } from "../datasets/jsonl.ts";
+import { sftExamples } from "../datasets/jsonl.ts";
 
 export interface TrainingDataSettings {
   /** Largest `https://` training file fetched (bytes). */
@@ -17,7 +17,7 @@ export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) 
       maxBytes: settings.maxBytes,
       allowHosts: settings.allowHosts,
     });
-    return parseSftJsonl(text).examples as unknown as SftExample[];
+    return sftExamples(text);
   };
 }
 

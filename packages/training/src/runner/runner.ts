@@ -11,17 +11,25 @@ import {
   LoraTrainer,
   type Model,
   planSft,
-  type RlLoss,
-  type SftConfig,
   type SftExample,
   TrainingInputError,
   type TrajectoryGroup,
   trainRlStep,
   trainSft,
 } from "@arbor/engine";
-import type { BlobStore, Json, Store, TrainingJob } from "@arbor/store";
+import type { BlobStore, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
 import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../checkpoints.ts";
+import { JobInputError } from "../errors.ts";
+import {
+  MAX_JOB_EXAMPLES,
+  MAX_JOB_STEPS,
+  MAX_JOB_TOKENS,
+  rlJobSpec,
+  rlStepConfig,
+  sftJobSpec,
+  sftTrainingConfig,
+} from "../jobs.ts";
 import { sweepBlobs } from "../sweep.ts";
 
 export interface TrainingWorkerOptions {
@@ -48,13 +56,6 @@ export interface TrainingWorkerOptions {
   /** Kernel threads the training computation shares (this thread included). Default 1. */
   kernelThreads?: number;
 }
-
-/** The most examples one SFT job may train on, counted once per epoch. */
-export const MAX_JOB_EXAMPLES = 10_000_000;
-/** The most optimizer steps one job may plan. */
-export const MAX_JOB_STEPS = 1_000_000;
-/** The most tokens one job may process, all epochs together. */
-export const MAX_JOB_TOKENS = 5_000_000_000;
 
 /** Why a running job stopped without failing: cancelled or deleted elsewhere, or shutdown. */
 class Interrupted extends Error {
@@ -256,10 +257,7 @@ export class TrainingWorker {
 
   async #runSft(job: TrainingJob, signal: AbortSignal): Promise<number> {
     const { store } = this.#o;
-    const { config = {}, experimental_config: experimental = {} } = job.config as {
-      config?: Record<string, unknown>;
-      experimental_config?: Record<string, unknown>;
-    };
+    const spec = sftJobSpec(job);
     const { stepFrom, baseId } = await this.#stepFrom(job);
     const base = await this.#o.loadBaseModel(baseId);
     const examples = await this.#o
@@ -268,34 +266,7 @@ export class TrainingWorker {
         // Bad data is the job's input, not a crash: its message (naming the line) is the error.
         throw new JobInputError(err instanceof Error ? err.message : String(err));
       });
-    const lora: LoraConfig = {
-      baseModel: baseId,
-      ...(num(experimental.lora_rank) ? { rank: num(experimental.lora_rank) } : {}),
-      ...(num(experimental.lora_alpha) ? { alpha: num(experimental.lora_alpha) } : {}),
-    };
-    const seed = num(experimental.seed) ?? 0;
-    const sftConfig: SftConfig = {
-      seed,
-      lora,
-      epochs: num(config.epochs) ?? 1,
-      batchSize:
-        config.batch_size === "auto" ||
-        config.batch_size === undefined ||
-        config.batch_size === null
-          ? "auto"
-          : (config.batch_size as number),
-      assistantTurns: config.assistant_turns === "last" ? "last" : "all",
-      schedule: (config.lr_schedule as SftConfig["schedule"]) ?? "constant",
-      warmupSteps: num(config.warmup_steps) ?? 0,
-      ...(config.learning_rate !== undefined && config.learning_rate !== null
-        ? { learningRate: config.learning_rate as number | number[] }
-        : {}),
-      ...(num(experimental.max_seq_len) ? { maxLength: num(experimental.max_seq_len) } : {}),
-      ...(num(experimental.max_grad_norm) ? { maxGradNorm: num(experimental.max_grad_norm) } : {}),
-      ...(num(experimental.weight_decay) !== undefined
-        ? { adamW: { weightDecay: num(experimental.weight_decay)! } }
-        : {}),
-    };
+    const sftConfig = sftTrainingConfig(spec, baseId);
     // Bounded before planning (a plan holds every step), then again against the plan itself.
     const epochs = sftConfig.epochs ?? 1;
     if (examples.length * epochs > MAX_JOB_EXAMPLES) {
@@ -317,11 +288,19 @@ export class TrainingWorker {
         `The job would process ${tokens} tokens, more than the limit of ${MAX_JOB_TOKENS} per job: use fewer epochs or a smaller dataset.`,
       );
     }
-    const every = num(config.checkpoint_every) ?? totalSteps;
+    const every = spec.config.checkpoint_every ?? totalSteps;
     const resume = await this.#resumePoint(job, base, stepFrom);
     if (!resume)
       await store.jobs.appendEvent(job.id, "training_started", { num_sequences: totalSteps });
-    const adapter = resume ? undefined : await this.#startAdapter(job, base, stepFrom, lora, seed);
+    const adapter = resume
+      ? undefined
+      : await this.#startAdapter(
+          job,
+          base,
+          stepFrom,
+          sftConfig.lora ?? { baseModel: baseId },
+          sftConfig.seed ?? 0,
+        );
     await trainSft(base, examples, sftConfig, {
       kernels: this.#kernelSet(),
       plan,
@@ -330,7 +309,7 @@ export class TrainingWorker {
       ...(resume ? { resume } : {}),
       onStep: async (progress) => {
         signal.throwIfAborted();
-        await store.jobs.appendEvent(job.id, "gradient_step", progress.metrics as unknown as Json);
+        await store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
         if (progress.step % every === 0 || progress.step === totalSteps) {
           await this.#saveCheckpoint(
             job,
@@ -360,7 +339,7 @@ export class TrainingWorker {
    * moments carry over from the starting checkpoint, so successive RL jobs continue one run. */
   async #runRl(job: TrainingJob, signal: AbortSignal): Promise<number> {
     const { store } = this.#o;
-    const config = job.config as Record<string, unknown>;
+    const { config, learningRate, maxGradNorm, seed } = rlStepConfig(rlJobSpec(job));
     const { stepFrom, baseId } = await this.#stepFrom(job);
     const base = await this.#o.loadBaseModel(baseId);
     const payload = job.payload_ref ? await this.#blobs().get(job.payload_ref) : undefined;
@@ -373,7 +352,6 @@ export class TrainingWorker {
       num_sequences: 1,
       skipped_groups: skipped,
     });
-    const seed = num(config.seed) ?? 0;
     const start = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, stepFrom);
     if (!start) throw new JobInputError(`checkpoint step ${stepFrom} of the model is gone`);
     const files = start.blob_key ? await readCheckpointFiles(this.#blobs(), start.blob_key) : {};
@@ -381,25 +359,14 @@ export class TrainingWorker {
       ? adapterFromFiles(files, base)
       : createLoraAdapter(base, { baseModel: baseId }, seed);
     const trainer = new LoraTrainer(base, adapter, {
-      maxGradNorm: num(config.max_grad_norm) ?? 1,
+      maxGradNorm,
       kernels: this.#kernelSet(),
     });
     const optimizerState = files[OPTIMIZER_FILE];
     if (optimizerState) trainer.loadOptimizerState(optimizerState);
     signal.throwIfAborted();
-    const metrics = trainRlStep(trainer, groups, num(config.learning_rate) ?? 1e-5, {
-      ...(typeof config.loss_fn === "string" ? { lossFn: config.loss_fn as RlLoss } : {}),
-      ...(num(config.epsilon) !== undefined ? { epsilon: num(config.epsilon)! } : {}),
-      ...(num(config.epsilon_high) !== undefined ? { epsilonHigh: num(config.epsilon_high)! } : {}),
-      ...(typeof config.scale_rewards === "boolean" ? { scaleRewards: config.scale_rewards } : {}),
-      ...(typeof config.normalize_advantages === "boolean"
-        ? { normalizeAdvantages: config.normalize_advantages }
-        : {}),
-    });
-    await store.jobs.appendEvent(job.id, "gradient_step", {
-      ...metrics,
-      gradient_step: 1,
-    } as unknown as Json);
+    const metrics = trainRlStep(trainer, groups, learningRate, config);
+    await store.jobs.appendEvent(job.id, "gradient_step", { ...metrics, gradient_step: 1 });
     await this.#saveCheckpoint(
       job,
       stepFrom + 1,
@@ -441,13 +408,4 @@ export class TrainingWorker {
     if (!blobs) throw new Error("the store has no blob directory");
     return blobs;
   }
-}
-
-/** Input that cannot train (a model gone, a checkpoint missing): the job fails with this. */
-export class JobInputError extends Error {
-  override name = "JobInputError";
-}
-
-function num(value: unknown): number | undefined {
-  return typeof value === "number" && Number.isFinite(value) ? value : undefined;
 }

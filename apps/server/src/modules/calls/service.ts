@@ -1,28 +1,13 @@
 import type { components } from "@arbor/spec/schema";
 import type { Call, CallBatchItem, CallsRepo, Json } from "@arbor/store";
-import { parseProjectId, requireEntity } from "../../http/auth.ts";
-import { ApiError, quote } from "../../http/errors.ts";
-import type { Principal } from "../../http/principal.ts";
+import { type Principal, projectFor } from "../access.ts";
 
 type Schemas = components["schemas"];
 
 /** Calls live under `<entity>/<project>`; the key must be a member of the entity (else 403).
  * Every store query is scoped by the project, so another project's ids read as missing. */
 export function authorizeProject(principal: Principal, projectId: string): string {
-  const ref = parseProjectId(projectId);
-  if (!ref) {
-    throw new ApiError(422, `project_id must be "<entity>/<project>", got ${quote(projectId)}.`, {
-      issues: [
-        {
-          loc: ["body", "project_id"],
-          msg: 'String should be "<entity>/<project>"',
-          type: "string_pattern_mismatch",
-        },
-      ],
-    });
-  }
-  requireEntity(principal, ref.entity);
-  return ref.id;
+  return projectFor(principal, projectId, "project_id").id;
 }
 
 /** The wire shape of a stored call (the tombstone stays internal). */
@@ -56,11 +41,11 @@ export async function upsertBatch(calls: CallsRepo, principal: Principal, batch:
     if (item.mode === "start") {
       const start = (item.req as Schemas["CallStartRequest"]).start;
       authorizeProject(principal, start.project_id);
-      return { mode: "start", start: start as never };
+      return { mode: "start", start };
     }
     const end = (item.req as Schemas["CallEndRequest"]).end;
     authorizeProject(principal, end.project_id);
-    return { mode: "end", end: end as never };
+    return { mode: "end", end };
   });
   const started = await calls.upsertBatch(items);
   let next = 0;

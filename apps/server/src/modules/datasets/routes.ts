@@ -1,31 +1,52 @@
-import type { Store } from "@arbor/store";
+import { InvalidInputError, NotFoundError, quote, type Store } from "@arbor/store";
+import { createDataset, datasetLines } from "@arbor/training";
 import type { Request } from "express";
-import type { ProjectRef } from "../../http/auth.ts";
-import { ApiError } from "../../http/errors.ts";
 import type { Handlers } from "../../http/operations.ts";
-import { createDataset } from "./service.ts";
+import { findOwned } from "../access.ts";
+import { datasetToWire } from "./service.ts";
 
 /** Datasets (CONTRACT §5, spec/ADR.md entry 15): raw JSONL uploads for SFT. */
 export function datasetsHandlers(store: Store): Handlers {
   return {
-    createDataset: async ({ req, res, query }) => {
+    createDataset: async ({ req, query, project }) => {
       // The text parser mounted for this path (app.ts) leaves the body as a string.
       if (typeof req.body !== "string" && hasBody(req)) {
         throw new Error("createDataset: no text parser is mounted for /v1/preview/datasets.");
       }
       const text = typeof req.body === "string" ? req.body : "";
       if (!/\S/.test(text)) {
-        throw ApiError.badRequest(
+        throw new InvalidInputError(
           "The request body is empty: send the JSONL itself, one {messages, tools?} object per line.",
-          null,
-          "invalid_dataset",
+          { code: "invalid_dataset" },
         );
       }
       // Datasets belong to the project header's entity (the key's default entity when the
       // header is absent), so a member of several entities can upload for any of them.
-      const { entity } = res.locals.project as ProjectRef;
       const name = typeof query.name === "string" && query.name !== "" ? query.name : null;
-      return createDataset(store, { entity, name, text });
+      return datasetToWire(await createDataset(store, { entity: project.entity, name, text }));
+    },
+
+    listDatasetLines: async ({ params, query, principal }) => {
+      const id = params.dataset_id;
+      const dataset = await findOwned(principal, (entity) => store.datasets.get(entity, id));
+      if (!dataset) {
+        throw new NotFoundError(`Dataset ${quote(id)} not found.`, { code: "dataset_not_found" });
+      }
+      const after = query.after === undefined ? 0 : Number(query.after);
+      if (!Number.isSafeInteger(after) || after < 0) {
+        throw new InvalidInputError("after must be a line number (the last_id of a page).", {
+          param: "after",
+          code: "invalid_cursor",
+        });
+      }
+      const page = await datasetLines(store, dataset, { after, limit: query.limit ?? 20 });
+      return {
+        object: "list",
+        data: page.data,
+        first_id: page.data[0]?.id ?? null,
+        last_id: page.data.at(-1)?.id ?? null,
+        has_more: page.has_more,
+      };
     },
   };
 }

@@ -1,10 +1,18 @@
-import type { ThreadGenerateRequest, TokenLogprob } from "@arbor/engine";
+import {
+  type JsonSchema,
+  parseJsonSchema,
+  type ThreadGenerateRequest,
+  type TokenLogprob,
+  UnsupportedSchemaError,
+} from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
-import { ApiError, quote } from "../../http/errors.ts";
+import { InvalidInputError, quote } from "@arbor/store";
 
 type Schemas = components["schemas"];
 export type ChatRequest = Schemas["CreateChatCompletionRequest"];
-type ChatLogprobs = NonNullable<Schemas["ChatCompletion"]["choices"][number]["logprobs"]>;
+type TokenLogprobs = NonNullable<
+  NonNullable<Schemas["ChatCompletion"]["choices"][number]["logprobs"]>["content"]
+>;
 
 /** Fields the engine honours (CONTRACT §6). Anything else that is set is refused with 400,
  * never silently ignored. */
@@ -33,8 +41,15 @@ const messageFields = new Set(["role", "content", "tool_call_id"]);
 /** The most choices one request may ask for. */
 export const MAX_CHOICES = 8;
 
-function unsupported(param: string, why = "is not supported by this model"): ApiError {
-  return new ApiError(400, `\`${param}\` ${why}.`, { param, code: "unsupported_parameter" });
+export function unsupported(
+  param: string,
+  why = "is not supported by this model",
+): InvalidInputError {
+  return new InvalidInputError(`\`${param}\` ${why}.`, { param, code: "unsupported_parameter" });
+}
+
+function invalid(message: string, param: string): InvalidInputError {
+  return new InvalidInputError(message, { param });
 }
 
 /** Translates an OpenAI chat request into an engine request, refusing what it cannot honour. */
@@ -51,17 +66,14 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
     }
     return { role: message.role, content: textOf(message.content, i) };
   });
-  if (messages.length === 0) throw ApiError.badRequest("`messages` must not be empty.", "messages");
+  if (messages.length === 0) throw invalid("`messages` must not be empty.", "messages");
   const n = body.n ?? 1;
-  if (n > MAX_CHOICES) throw ApiError.badRequest(`\`n\` may be at most ${MAX_CHOICES}.`, "n");
+  if (n > MAX_CHOICES) throw invalid(`\`n\` may be at most ${MAX_CHOICES}.`, "n");
   if (body.stream_options && !body.stream) {
-    throw ApiError.badRequest(
-      "`stream_options` is only allowed when `stream` is true.",
-      "stream_options",
-    );
+    throw invalid("`stream_options` is only allowed when `stream` is true.", "stream_options");
   }
   if (body.top_logprobs !== undefined && body.top_logprobs !== null && !body.logprobs) {
-    throw ApiError.badRequest("`top_logprobs` needs `logprobs: true`.", "top_logprobs");
+    throw invalid("`top_logprobs` needs `logprobs: true`.", "top_logprobs");
   }
   const maxTokens = body.max_completion_tokens ?? body.max_tokens ?? undefined;
   const stop = typeof body.stop === "string" ? [body.stop] : (body.stop ?? []);
@@ -86,10 +98,23 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
   if (format && format.type === "json_schema") {
     request.responseFormat = {
       type: "json_schema",
-      schema: (format.json_schema.schema ?? {}) as never,
+      schema: jsonSchemaOf(format.json_schema.schema),
     };
   }
   return request;
+}
+
+/** The response schema as the engine honours it; a keyword it would ignore is a 400. */
+function jsonSchemaOf(schema: Record<string, unknown> | undefined): JsonSchema {
+  try {
+    return parseJsonSchema(schema ?? {}, "response_format.json_schema.schema");
+  } catch (err) {
+    if (!(err instanceof UnsupportedSchemaError)) throw err;
+    throw new InvalidInputError(`${err.message}: the engine cannot constrain decoding to it.`, {
+      param: err.path,
+      code: "unsupported_parameter",
+    });
+  }
 }
 
 function textOf(content: unknown, i: number): string {
@@ -107,24 +132,19 @@ function textOf(content: unknown, i: number): string {
       })
       .join("");
   }
-  throw ApiError.badRequest(
-    `messages[${i}].content must be a string or text parts.`,
-    `messages[${i}].content`,
-  );
+  throw invalid(`messages[${i}].content must be a string or text parts.`, `messages[${i}].content`);
 }
 
-/** OpenAI's logprobs shape from the engine's. */
-export function toLogprobs(tokens: TokenLogprob[]): ChatLogprobs {
-  return {
-    content: tokens.map((t) => ({
-      token: t.text,
-      logprob: t.logprob,
-      bytes: [...Buffer.from(t.text, "utf8")],
-      top_logprobs: t.topLogprobs.map((alt) => ({
-        token: alt.text,
-        logprob: alt.logprob,
-        bytes: [...Buffer.from(alt.text, "utf8")],
-      })),
+/** OpenAI's per-token logprobs from the engine's. */
+export function toLogprobs(tokens: TokenLogprob[]): TokenLogprobs {
+  return tokens.map((t) => ({
+    token: t.text,
+    logprob: t.logprob,
+    bytes: [...Buffer.from(t.text, "utf8")],
+    top_logprobs: t.topLogprobs.map((alt) => ({
+      token: alt.text,
+      logprob: alt.logprob,
+      bytes: [...Buffer.from(alt.text, "utf8")],
     })),
-  };
+  }));
 }

@@ -1,26 +1,22 @@
 import type { UpstreamConfig } from "@arbor/config";
 import type { components } from "@arbor/spec/schema";
-import type { Checkpoint, Model, Store } from "@arbor/store";
-import { ApiError, quote } from "../../http/errors.ts";
-import type { Principal } from "../../http/principal.ts";
+import { type Checkpoint, type Model, NotFoundError, quote, type Store } from "@arbor/store";
+import type { Principal } from "../access.ts";
 import type { EngineHost } from "./engines.ts";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
 
 type ModelEntry = components["schemas"]["ModelEntry"];
 
-/** What a `model` id in a request resolves to: the engine's base model, and the id that
- * actually served (a trained alias resolves to its `…:step<N>`). */
-export interface ResolvedModel {
-  /** The id answered in `model` of the completion. */
-  id: string;
-  baseId: string;
-  /** Set when an OpenAI-compatible upstream serves this model instead of the engine. */
-  upstream?: UpstreamConfig;
-  /** Set when a user-supplied GGUF on llama.cpp serves this model. */
-  llama?: LlamaCppBackend;
-  /** Set for a trained model: the checkpoint whose adapter serves it. */
-  checkpoint?: Checkpoint;
-}
+/** What a `model` id in a request resolves to, by what serves it. `id` is the id that served,
+ * answered as the completion's `model` (a trained alias resolves to its `…:step<N>`). */
+export type ResolvedModel =
+  /** The embedded engine: a base model, or a trained checkpoint's adapter over its base (a
+   * checkpoint without files, step 0, is the base model itself). */
+  | { kind: "engine"; id: string; baseId: string; checkpoint: Checkpoint | null }
+  /** A user-supplied GGUF on llama.cpp. */
+  | { kind: "llama"; id: string; backend: LlamaCppBackend }
+  /** An OpenAI-compatible upstream. */
+  | { kind: "upstream"; id: string; upstream: UpstreamConfig };
 
 /** `<entity>/<project>/<name>` or `<entity>/<project>/<name>:step<N>`. */
 const trainedId = /^([^/:\s]+)\/([^/:\s]+)\/([^/:\s]+)(?::step(\d+))?$/;
@@ -118,14 +114,14 @@ export class ModelDirectory {
 
   async resolve(principal: Principal, id: string): Promise<ResolvedModel> {
     const upstream = this.#upstreams.get(id);
-    if (upstream) return { id, baseId: id, upstream };
+    if (upstream) return { kind: "upstream", id, upstream };
     const llama = this.#engines.llamaModels().get(id);
-    if (llama) return { id, baseId: id, llama };
+    if (llama) return { kind: "llama", id, backend: llama };
     const trained = trainedId.exec(id);
     if (trained) return this.#resolveTrained(principal, id, trained);
     const base = this.#engines.baseModel(id);
     if (!base) throw modelNotFound(id);
-    return { id, baseId: id };
+    return { kind: "engine", id, baseId: id, checkpoint: null };
   }
 
   /** Another entity's model reads as unknown, exactly like a missing one. */
@@ -134,13 +130,7 @@ export class ModelDirectory {
     id: string,
     match: RegExpExecArray,
   ): Promise<ResolvedModel> {
-    const [, entity, project, name, step] = match as unknown as [
-      string,
-      string,
-      string,
-      string,
-      string | undefined,
-    ];
+    const [, entity = "", project = "", name = "", step] = match;
     if (!principal.entities.includes(entity)) throw modelNotFound(id);
     const model = await this.#store.models.getByName(entity, project, name);
     if (!model) throw modelNotFound(id);
@@ -151,6 +141,7 @@ export class ModelDirectory {
     );
     if (!checkpoint) throw modelNotFound(id);
     return {
+      kind: "engine",
       id: `${entity}/${project}/${name}:step${checkpoint.step}`,
       baseId: model.base_model,
       checkpoint,
@@ -158,13 +149,9 @@ export class ModelDirectory {
   }
 }
 
-export function modelNotFound(id: string): ApiError {
-  return new ApiError(
-    404,
+export function modelNotFound(id: string): NotFoundError {
+  return new NotFoundError(
     `The model ${quote(id)} does not exist or you do not have access to it.`,
-    {
-      code: "model_not_found",
-      param: "model",
-    },
+    { code: "model_not_found", param: "model" },
   );
 }

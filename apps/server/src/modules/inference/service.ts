@@ -1,244 +1,256 @@
 import { createHash } from "node:crypto";
-import {
-  ContextLengthError,
-  type GenerationEvent,
-  JsonConstraint,
-  PromptError,
-  type ThreadGenerateRequest,
-  type TokenLogprob,
-} from "@arbor/engine";
+import type { GenerationEvent } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
-import type { BlobStore, CallsRepo } from "@arbor/store";
+import type { CallsRepo } from "@arbor/store";
 import { uuidv7 } from "@arbor/store";
 import type { Logger } from "pino";
-import { ApiError } from "../../http/errors.ts";
-import { type ChatRequest, toGenerateRequest, toLogprobs } from "./chat.ts";
-import { CheckpointGoneError, type EngineHost } from "./engines.ts";
-import { checkSupported, type LlamaCppBackend, LlamaUnsupportedError } from "./llama-cpp.ts";
-import { type ModelDirectory, modelNotFound, type ResolvedModel } from "./models.ts";
-import type { RecordedCall } from "./usage.ts";
+import type { Principal } from "../access.ts";
+import { type ChatRequest, toLogprobs } from "./chat.ts";
+import type { ModelDirectory, ResolvedModel } from "./models.ts";
+import { type InferenceCall, RecordedCall } from "./usage.ts";
 
 type Schemas = components["schemas"];
 export type ChatCompletion = Schemas["ChatCompletion"];
 export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
+type TokenLogprobs = NonNullable<
+  NonNullable<ChatCompletion["choices"][number]["logprobs"]>["content"]
+>;
+type FinishReason = "stop" | "length";
 
-export interface InferenceDeps {
-  engines: EngineHost;
-  /** Where trained checkpoints' adapter files are. */
-  blobs: BlobStore | undefined;
+/** What a backend reports as it generates, whatever it is (the engine, llama.cpp, an upstream). */
+export type ChatEvent =
+  /** New text of one choice; `tokens` is how many tokens it took, when the backend knows. */
+  | { type: "delta"; choice: number; content: string; tokens: number; logprobs?: TokenLogprobs }
+  /** A choice ended; `content` is text held back until now (a possible stop string's start). */
+  | { type: "finish"; choice: number; content: string; finishReason: FinishReason }
+  /** The backend's own count, when it has one (an upstream's `usage`). */
+  | { type: "usage"; promptTokens: number; completionTokens: number };
+
+/** A request a backend has checked and can run: every refusal happened before this exists. */
+export interface PreparedChat {
+  /** The prompt's tokens, when counted before generating (0 when the backend reports them). */
+  promptTokens: number;
+  events(signal: AbortSignal): AsyncIterable<ChatEvent>;
+}
+
+/** One way of serving chat (vLLM's layering): it checks a request and then runs it. */
+export interface ChatBackend<R extends ResolvedModel> {
+  prepare(resolved: R, request: ChatRequest): Promise<PreparedChat>;
+}
+
+export type ChatBackends = {
+  [K in ResolvedModel["kind"]]: ChatBackend<Extract<ResolvedModel, { kind: K }>>;
+};
+
+export interface ChatServiceDeps {
   directory: ModelDirectory;
+  backends: ChatBackends;
   calls: CallsRepo;
   logger: Logger;
 }
 
-/** One choice as it is being generated. */
-interface ChoiceState {
-  text: string;
-  tokens: number;
-  logprobs: TokenLogprob[];
-  finishReason: "stop" | "length" | null;
-}
-
-/** What a streaming caller sees as the generation goes. */
-export type ChatProgress =
-  | { type: "delta"; choice: number; content: string; logprob?: TokenLogprob }
-  | { type: "finish"; choice: number; content: string; finishReason: "stop" | "length" };
-
-/** What generates: the embedded engine, or a llama.cpp backend with the same events. */
-export interface Generator {
-  generate(
-    request: ThreadGenerateRequest,
-    options: { signal?: AbortSignal },
-  ): AsyncIterable<GenerationEvent>;
-}
-
-export interface PreparedChat {
-  resolved: ResolvedModel;
-  engine: Generator;
-  request: ThreadGenerateRequest;
-  promptTokens: number;
-  id: string;
-  created: number;
-  fingerprint: string;
-}
-
-/** Checks the request against the engine's model, before any response is started. */
-export async function prepareChat(
-  deps: InferenceDeps,
-  resolved: ResolvedModel,
-  body: ChatRequest,
-): Promise<PreparedChat> {
-  const request = toGenerateRequest(body);
-  if (resolved.llama) return prepareLlamaChat(resolved, resolved.llama, request);
-  const engine = await deps.engines.engine(resolved.baseId);
-  const prompt = await engine.encodeChat(request.messages ?? []).catch((err: unknown) => {
-    if (err instanceof ContextLengthError) {
-      throw new ApiError(400, err.message, {
-        param: "messages",
-        code: "context_length_exceeded",
-      });
-    }
-    if (err instanceof PromptError) {
-      throw ApiError.badRequest(`The messages cannot be rendered: ${err.message}`, "messages");
-    }
-    throw err;
-  });
-  if (request.responseFormat?.type === "json_schema") {
-    try {
-      new JsonConstraint(request.responseFormat.schema);
-    } catch (err) {
-      throw ApiError.badRequest(
-        `response_format.json_schema.schema is not supported: ${err instanceof Error ? err.message : String(err)}`,
-        "response_format.json_schema.schema",
-        "unsupported_parameter",
-      );
-    }
+/**
+ * Chat completions over every backend. `start` resolves the model and has its backend check the
+ * request (a refusal is an error before anything is recorded or sent), then records the call's
+ * start (a store that cannot record refuses the request). The run's events are then read once,
+ * as a completion or as chunks, and its usage is recorded in one place, however it ends.
+ */
+export class ChatService {
+  readonly #deps: ChatServiceDeps;
+  constructor(deps: ChatServiceDeps) {
+    this.#deps = deps;
   }
-  // The adapter is read only for a request that can run.
-  if (resolved.checkpoint) {
-    request.adapter = await deps.engines
-      .adapter(resolved.baseId, resolved.checkpoint, deps.blobs)
-      .catch((err: unknown) => {
-        if (err instanceof CheckpointGoneError) throw modelNotFound(resolved.id);
-        throw err;
-      });
-  }
-  const { messages: _, ...rest } = request;
-  return prepared(resolved, engine, { ...rest, prompt }, prompt.length);
-}
 
-/** A user-supplied GGUF on llama.cpp: its own tokenizer counts the prompt; what it cannot
- * honour is a 400 naming the field. */
-async function prepareLlamaChat(
-  resolved: ResolvedModel,
-  backend: LlamaCppBackend,
-  request: ThreadGenerateRequest,
-): Promise<PreparedChat> {
-  try {
-    checkSupported(request);
-  } catch (err) {
-    if (err instanceof LlamaUnsupportedError) {
-      throw new ApiError(400, `\`${err.field}\` is not supported by this model.`, {
-        param: err.field,
-        code: "unsupported_parameter",
-      });
-    }
-    throw err;
-  }
-  await backend.load();
-  const promptTokens = await backend.countPromptTokens(request.messages ?? []);
-  if (promptTokens >= backend.contextLength) {
-    throw new ApiError(
-      400,
-      `The messages take ${promptTokens} tokens; this model's context is ${backend.contextLength} tokens.`,
-      {
-        param: "messages",
-        code: "context_length_exceeded",
-      },
+  async start(principal: Principal, body: ChatRequest, call: InferenceCall): Promise<ChatRun> {
+    const resolved = await this.#deps.directory.resolve(principal, body.model);
+    const prepared = await this.#prepare(resolved, body);
+    const recorded = await RecordedCall.open(
+      this.#deps.calls,
+      call,
+      resolved.id,
+      this.#deps.logger,
     );
+    return new ChatRun(resolved.id, body, prepared, recorded);
   }
-  return prepared(resolved, backend, request, promptTokens);
-}
 
-function prepared(
-  resolved: ResolvedModel,
-  engine: Generator,
-  request: ThreadGenerateRequest,
-  promptTokens: number,
-): PreparedChat {
-  return {
-    resolved,
-    engine,
-    request,
-    promptTokens,
-    id: `chatcmpl-${uuidv7()}`,
-    created: Math.floor(Date.now() / 1000),
-    fingerprint: `fp_${createHash("sha256").update(resolved.id).digest("hex").slice(0, 10)}`,
-  };
-}
-
-/** Runs a prepared chat to its end (or its abort), reporting progress, and ends its recorded
- * call with the tokens actually produced — streamed, cancelled and failed requests included. */
-export async function runChat(
-  chat: PreparedChat,
-  call: RecordedCall,
-  signal: AbortSignal,
-  onProgress: (progress: ChatProgress) => void = () => {},
-): Promise<ChatCompletion> {
-  const n = chat.request.n ?? 1;
-  const choices: ChoiceState[] = Array.from({ length: n }, () => ({
-    text: "",
-    tokens: 0,
-    logprobs: [],
-    finishReason: null,
-  }));
-  let failure: unknown;
-  try {
-    for await (const event of chat.engine.generate(chat.request, { signal })) {
-      const state = choices[event.choice]!;
-      if (event.type === "token") {
-        state.tokens += 1;
-        if (event.logprob) state.logprobs.push(event.logprob);
-        if (event.text) state.text += event.text;
-        onProgress({
-          type: "delta",
-          choice: event.choice,
-          content: event.text,
-          ...(event.logprob ? { logprob: event.logprob } : {}),
-        });
-      } else {
-        state.text = event.text;
-        state.finishReason = event.finishReason;
-        onProgress({
-          type: "finish",
-          choice: event.choice,
-          content: event.delta,
-          finishReason: event.finishReason,
-        });
-      }
+  #prepare(resolved: ResolvedModel, body: ChatRequest): Promise<PreparedChat> {
+    const { backends } = this.#deps;
+    switch (resolved.kind) {
+      case "engine":
+        return backends.engine.prepare(resolved, body);
+      case "llama":
+        return backends.llama.prepare(resolved, body);
+      case "upstream":
+        return backends.upstream.prepare(resolved, body);
     }
-  } catch (err) {
-    failure = err;
   }
-  const completion = toCompletion(chat, choices);
-  const exception =
-    failure === undefined
-      ? null
-      : signal.aborted
-        ? "cancelled: the client disconnected"
-        : errorText(failure);
-  await call.close({
-    promptTokens: chat.promptTokens,
-    completionTokens: completion.usage.completion_tokens,
-    output: failure === undefined ? completion : null,
-    exception,
-  });
-  if (failure !== undefined) throw failure;
-  return completion;
 }
 
-function toCompletion(chat: PreparedChat, choices: ChoiceState[]): ChatCompletion {
-  const completionTokens = choices.reduce((sum, c) => sum + c.tokens, 0);
-  return {
-    id: chat.id,
-    object: "chat.completion",
-    created: chat.created,
-    model: chat.resolved.id,
-    system_fingerprint: chat.fingerprint,
-    choices: choices.map((c, index) => ({
-      index,
-      message: { role: "assistant", content: c.text, refusal: null },
-      finish_reason: c.finishReason ?? "stop",
-      logprobs: chat.request.logprobs ? toLogprobs(c.logprobs) : null,
-    })),
-    usage: {
-      prompt_tokens: chat.promptTokens,
-      completion_tokens: completionTokens,
-      total_tokens: chat.promptTokens + completionTokens,
-    },
-  };
+/** One started chat: read it once, with `complete` or `chunks`. */
+export class ChatRun {
+  readonly id = `chatcmpl-${uuidv7()}`;
+  readonly created = Math.floor(Date.now() / 1000);
+  readonly model: string;
+  readonly fingerprint: string;
+  readonly #body: ChatRequest;
+  readonly #prepared: PreparedChat;
+  readonly #call: RecordedCall;
+  #completion: ChatCompletion | undefined;
+
+  constructor(model: string, body: ChatRequest, prepared: PreparedChat, call: RecordedCall) {
+    this.model = model;
+    this.fingerprint = `fp_${createHash("sha256").update(model).digest("hex").slice(0, 10)}`;
+    this.#body = body;
+    this.#prepared = prepared;
+    this.#call = call;
+  }
+
+  /** Runs to the end and answers the whole completion. */
+  async complete(signal: AbortSignal): Promise<ChatCompletion> {
+    for await (const _ of this.#events(signal));
+    return this.#result();
+  }
+
+  /** The completion as chunks: each choice's role first, then its text as it comes, its finish,
+   * and the usage last when `stream_options.include_usage` asks for it. */
+  async *chunks(signal: AbortSignal): AsyncGenerator<ChatCompletionChunk> {
+    for (let index = 0; index < (this.#body.n ?? 1); index++) {
+      yield this.#chunk([
+        { index, delta: { role: "assistant", content: "" }, finish_reason: null },
+      ]);
+    }
+    // A reader that stops early (the client left) ends the run, and so records it.
+    for await (const event of this.#events(signal)) {
+      yield this.#chunk([
+        event.type === "delta"
+          ? {
+              index: event.choice,
+              delta: { content: event.content },
+              finish_reason: null,
+              ...(event.logprobs ? { logprobs: { content: event.logprobs } } : {}),
+            }
+          : {
+              index: event.choice,
+              delta: event.content ? { content: event.content } : {},
+              finish_reason: event.finishReason,
+            },
+      ]);
+    }
+    if (this.#body.stream_options?.include_usage) yield this.#chunk([], this.#result().usage);
+  }
+
+  #result(): ChatCompletion {
+    if (!this.#completion) throw new Error("the chat has not run yet");
+    return this.#completion;
+  }
+
+  #chunk(
+    choices: ChatCompletionChunk["choices"],
+    usage?: ChatCompletionChunk["usage"],
+  ): ChatCompletionChunk {
+    return {
+      id: this.id,
+      object: "chat.completion.chunk",
+      created: this.created,
+      model: this.model,
+      system_fingerprint: this.fingerprint,
+      choices,
+      ...(usage ? { usage } : {}),
+    };
+  }
+
+  /**
+   * The backend's events, gathered into the completion they make (`#result()`); the one
+   * place a chat's call is ended, with its usage, however the run ends (finished, failed, or its
+   * reader gone): the backend's own count when it gave one, else the tokens counted so far.
+   */
+  async *#events(signal: AbortSignal): AsyncGenerator<Exclude<ChatEvent, { type: "usage" }>> {
+    const choices = Array.from({ length: this.#body.n ?? 1 }, () => ({
+      text: "",
+      logprobs: [] as TokenLogprobs,
+      finishReason: null as FinishReason | null,
+    }));
+    let promptTokens = this.#prepared.promptTokens;
+    let completionTokens = 0;
+    let failure: unknown;
+    let finished = false;
+    try {
+      for await (const event of this.#prepared.events(signal)) {
+        if (event.type === "usage") {
+          ({ promptTokens, completionTokens } = event);
+          continue;
+        }
+        const choice = choices[event.choice];
+        if (!choice) continue;
+        choice.text += event.content;
+        if (event.type === "delta") {
+          completionTokens += event.tokens;
+          choice.logprobs.push(...(event.logprobs ?? []));
+        } else {
+          choice.finishReason = event.finishReason;
+        }
+        yield event;
+      }
+      finished = true;
+    } catch (err) {
+      failure = err;
+    } finally {
+      const completion: ChatCompletion = {
+        id: this.id,
+        object: "chat.completion",
+        created: this.created,
+        model: this.model,
+        system_fingerprint: this.fingerprint,
+        choices: choices.map((c, index) => ({
+          index,
+          message: { role: "assistant", content: c.text, refusal: null },
+          finish_reason: c.finishReason ?? "stop",
+          logprobs: this.#body.logprobs ? { content: c.logprobs } : null,
+        })),
+        usage: {
+          prompt_tokens: promptTokens,
+          completion_tokens: completionTokens,
+          total_tokens: promptTokens + completionTokens,
+        },
+      };
+      this.#completion = completion;
+      await this.#call.close({
+        promptTokens,
+        completionTokens,
+        output: finished ? completion : null,
+        exception: finished
+          ? null
+          : signal.aborted || failure === undefined
+            ? "cancelled: the client disconnected"
+            : failure instanceof Error
+              ? failure.message
+              : String(failure),
+      });
+    }
+    if (failure !== undefined) throw failure;
+  }
 }
 
-function errorText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
+/** The engine's (and llama.cpp's) generation events as chat events. */
+export async function* generationEvents(
+  generation: AsyncIterable<GenerationEvent>,
+): AsyncGenerator<ChatEvent> {
+  for await (const event of generation) {
+    if (event.type === "token") {
+      yield {
+        type: "delta",
+        choice: event.choice,
+        content: event.text,
+        tokens: 1,
+        ...(event.logprob ? { logprobs: toLogprobs([event.logprob]) } : {}),
+      };
+    } else {
+      yield {
+        type: "finish",
+        choice: event.choice,
+        content: event.delta,
+        finishReason: event.finishReason,
+      };
+    }
+  }
 }

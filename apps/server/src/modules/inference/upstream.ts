@@ -1,17 +1,79 @@
-import type { components } from "@arbor/spec/schema";
-import { EventSourceParserStream } from "eventsource-parser/stream";
-import { ApiError } from "../../http/errors.ts";
-
-type Schemas = components["schemas"];
-type ChatCompletion = Schemas["ChatCompletion"];
-type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
-type Usage = Schemas["CompletionUsage"];
-
 import type { UpstreamConfig } from "@arbor/config";
+import type { components } from "@arbor/spec/schema";
+import {
+  ConflictError,
+  DomainError,
+  InvalidInputError,
+  NotFoundError,
+  UnavailableError,
+} from "@arbor/store";
+import { EventSourceParserStream } from "eventsource-parser/stream";
+import type { ChatRequest } from "./chat.ts";
+import type { ResolvedModel } from "./models.ts";
+import type { ChatBackend, ChatEvent, PreparedChat } from "./service.ts";
+
+type ChatCompletionChunk = components["schemas"]["ChatCompletionChunk"];
+
+/**
+ * An OpenAI-compatible upstream (vLLM, SGLang, llama.cpp server, another Arbor). The request is
+ * forwarded as sent, under the upstream's model name, and always streamed with its usage, so
+ * that one path serves both kinds of request and the usage is always there to record. Its
+ * refusals come back in our envelope; its own credentials or outages are our 503.
+ */
+export const upstreamChatBackend: ChatBackend<Extract<ResolvedModel, { kind: "upstream" }>> = {
+  async prepare(resolved, body: ChatRequest): Promise<PreparedChat> {
+    const { upstream } = resolved;
+    const outgoing = {
+      ...body,
+      model: upstream.model ?? resolved.id,
+      stream: true,
+      stream_options: { include_usage: true },
+    };
+    return { promptTokens: 0, events: (signal) => upstreamEvents(upstream, outgoing, signal) };
+  },
+};
+
+async function* upstreamEvents(
+  upstream: UpstreamConfig,
+  body: Record<string, unknown>,
+  signal: AbortSignal,
+): AsyncGenerator<ChatEvent> {
+  const response = await postUpstream(upstream, body, signal);
+  for await (const chunk of upstreamChunks(response)) {
+    for (const choice of chunk.choices ?? []) {
+      const content = choice.delta?.content ?? "";
+      const logprobs = choice.logprobs?.content ?? undefined;
+      if (content || logprobs) {
+        yield {
+          type: "delta",
+          choice: choice.index,
+          content,
+          tokens: 0,
+          ...(logprobs ? { logprobs } : {}),
+        };
+      }
+      if (choice.finish_reason) {
+        yield {
+          type: "finish",
+          choice: choice.index,
+          content: "",
+          finishReason: choice.finish_reason === "length" ? "length" : "stop",
+        };
+      }
+    }
+    if (chunk.usage) {
+      yield {
+        type: "usage",
+        promptTokens: chunk.usage.prompt_tokens ?? 0,
+        completionTokens: chunk.usage.completion_tokens ?? 0,
+      };
+    }
+  }
+}
 
 /** Sends the chat request upstream. A refusal comes back as our envelope; the upstream's
  * own credentials or outages are our 503, never its internals. */
-export async function postUpstream(
+async function postUpstream(
   upstream: UpstreamConfig,
   body: Record<string, unknown>,
   signal: AbortSignal,
@@ -55,80 +117,34 @@ export async function postUpstream(
   if (status === 401 || status === 403 || status >= 500) {
     throw unavailable(`the upstream for this model failed (${status}: ${message})`);
   }
-  if (status === 429) {
-    throw new ApiError(429, `The upstream is rate limiting: ${message}`, {
-      code: "rate_limit_exceeded",
-      headers: { "retry-after": response.headers.get("retry-after") ?? "1" },
-    });
+  throw refusal(status, message || `upstream answered ${status}`, response.headers);
+}
+
+/** An upstream's 4xx as the domain error of the same meaning. */
+function refusal(status: number, message: string, headers: Headers): DomainError {
+  switch (status) {
+    case 404:
+      return new NotFoundError(message, { code: "model_not_found" });
+    case 409:
+      return new ConflictError(message);
+    case 413:
+      return new DomainError("too_large", message, { code: "request_too_large" });
+    case 429:
+      return new DomainError("rate_limited", `The upstream is rate limiting: ${message}`, {
+        code: "rate_limit_exceeded",
+        retryAfterSeconds: Number(headers.get("retry-after")) || 1,
+      });
+    default:
+      return new InvalidInputError(message);
   }
-  return Promise.reject(
-    new ApiError(status, message || `upstream answered ${status}`, {
-      code: status === 404 ? "model_not_found" : null,
-    }),
-  );
 }
 
-function unavailable(message: string): ApiError {
-  return new ApiError(503, `Service unavailable: ${message}.`, {
-    headers: { "retry-after": "5", "x-should-retry": "true" },
-  });
-}
-
-/** Our shape from an upstream's completion: known fields only, our model id. */
-export function sanitizeCompletion(raw: ChatCompletion, model: string): ChatCompletion {
-  return {
-    id: raw.id,
-    object: "chat.completion",
-    created: raw.created,
-    model,
-    system_fingerprint: raw.system_fingerprint ?? "fp_upstream",
-    choices: raw.choices.map((c) => ({
-      index: c.index,
-      message: { role: "assistant", content: c.message?.content ?? "", refusal: null },
-      finish_reason: c.finish_reason === "length" ? "length" : "stop",
-      logprobs: c.logprobs ?? null,
-    })),
-    usage: usageOf(raw.usage),
-  };
-}
-
-export function sanitizeChunk(raw: ChatCompletionChunk, model: string): ChatCompletionChunk {
-  return {
-    id: raw.id,
-    object: "chat.completion.chunk",
-    created: raw.created,
-    model,
-    system_fingerprint: raw.system_fingerprint ?? "fp_upstream",
-    choices: (raw.choices ?? []).map((c) => ({
-      index: c.index,
-      delta: {
-        ...(c.delta?.role ? { role: "assistant" as const } : {}),
-        ...(c.delta?.content !== undefined ? { content: c.delta.content } : {}),
-      },
-      finish_reason:
-        c.finish_reason === null || c.finish_reason === undefined
-          ? null
-          : c.finish_reason === "length"
-            ? "length"
-            : "stop",
-      ...(c.logprobs ? { logprobs: c.logprobs } : {}),
-    })),
-    ...(raw.usage ? { usage: usageOf(raw.usage) } : {}),
-  };
-}
-
-function usageOf(usage: Partial<Usage> | null | undefined): Usage {
-  const prompt = usage?.prompt_tokens ?? 0;
-  const completion = usage?.completion_tokens ?? 0;
-  return {
-    prompt_tokens: prompt,
-    completion_tokens: completion,
-    total_tokens: usage?.total_tokens ?? prompt + completion,
-  };
+function unavailable(message: string): UnavailableError {
+  return new UnavailableError(`Service unavailable: ${message}.`, { retryAfterSeconds: 5 });
 }
 
 /** The chunks of an upstream SSE response, until `[DONE]`; an error event is thrown. */
-export async function* upstreamChunks(response: Response): AsyncGenerator<ChatCompletionChunk> {
+async function* upstreamChunks(response: Response): AsyncGenerator<ChatCompletionChunk> {
   if (!response.body) return;
   const reader = response.body
     .pipeThrough(new TextDecoderStream())

@@ -1,7 +1,6 @@
-import type { CallsRepo, Json } from "@arbor/store";
-import { uuidv7 } from "@arbor/store";
+import type { CallsRepo } from "@arbor/store";
+import { DomainError, UnavailableError, uuidv7 } from "@arbor/store";
 import type { Logger } from "pino";
-import { ApiError } from "../../http/errors.ts";
 
 /** One model call, recorded in the calls store (CONTRACT §6 "Usage is recorded"). */
 export interface InferenceCall {
@@ -74,16 +73,15 @@ export class RecordedCall {
         op_name: CHAT_OP_NAME,
         display_name: model,
         started_at: call.startedAt,
-        inputs: recordable(call.inputs) as { [key: string]: Json },
+        inputs: recordable(call.inputs),
         attributes: call.user ? { user: call.user } : {},
       });
     } catch (err) {
-      if (err instanceof ApiError) throw err;
+      if (err instanceof DomainError) throw err;
       logger.error({ err }, "could not record the start of an inference call");
-      throw new ApiError(
-        503,
+      throw new UnavailableError(
         "Service unavailable: usage cannot be recorded right now, so the request was not served.",
-        { headers: { "retry-after": "5" } },
+        { retryAfterSeconds: 5 },
       );
     }
     return new RecordedCall(calls, call.projectId, id, model, logger);
@@ -95,7 +93,7 @@ export class RecordedCall {
       project_id: this.#projectId,
       id: this.id,
       ended_at: new Date(),
-      output: recordable(outcome.output) as Json,
+      output: recordable(outcome.output),
       exception: outcome.exception,
       summary: {
         usage: {

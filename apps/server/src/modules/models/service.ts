@@ -1,9 +1,8 @@
 import type { components } from "@arbor/spec/schema";
 import type { Checkpoint, Model, Store } from "@arbor/store";
-import { ConflictError } from "@arbor/store";
-import { requireEntity } from "../../http/auth.ts";
-import { ApiError, quote } from "../../http/errors.ts";
-import type { Principal } from "../../http/principal.ts";
+import { ConflictError, InvalidInputError, NotFoundError, quote } from "@arbor/store";
+import { modelFilesPrefix } from "@arbor/training";
+import { findOwned, type Principal, requireEntity } from "../access.ts";
 
 type Schemas = components["schemas"];
 
@@ -43,11 +42,9 @@ export async function findModel(
   principal: Principal,
   modelId: string,
 ): Promise<Model> {
-  for (const entity of principal.entities) {
-    const model = await store.models.get(entity, modelId);
-    if (model) return model;
-  }
-  throw ApiError.notFound(`Model ${quote(modelId)} not found.`, "model_not_found");
+  const model = await findOwned(principal, (entity) => store.models.get(entity, modelId));
+  if (model) return model;
+  throw new NotFoundError(`Model ${quote(modelId)} not found.`, { code: "model_not_found" });
 }
 
 export interface CreateModelDeps {
@@ -67,10 +64,9 @@ export async function createModel(
   requireEntity(principal, entity);
   const supported = deps.baseModels();
   if (!supported.includes(body.base_model)) {
-    throw ApiError.badRequest(
+    throw new InvalidInputError(
       `Unsupported base_model ${quote(body.base_model)}. Supported: ${supported.join(", ")}.`,
-      "base_model",
-      "unsupported_base_model",
+      { param: "base_model", code: "unsupported_base_model" },
     );
   }
   try {
@@ -87,13 +83,64 @@ export async function createModel(
     return modelToWire(model);
   } catch (err) {
     if (err instanceof ConflictError) {
-      throw ApiError.conflict(
+      throw new ConflictError(
         `Model ${entity}/${body.project}/${body.name} already exists; send return_existing: true to get it.`,
-        "model_exists",
+        { code: "model_exists" },
       );
     }
     throw err;
   }
+}
+
+/** Deletes a model with its checkpoints and files. A job still queued or running for it is
+ * cancelled first (its terminal event is written); then the rows go, then the files: a crash in
+ * between leaves unnamed files (swept later), never a row that points at nothing. */
+export async function deleteModel(store: Store, principal: Principal, modelId: string) {
+  const model = await findModel(store, principal, modelId);
+  for (const status of ["running", "queued"] as const) {
+    const { data } = await store.jobs.list(model.entity, {
+      model_id: model.id,
+      status,
+      limit: 100,
+    });
+    for (const job of data) await store.jobs.cancelJob(model.entity, job.id).catch(() => undefined);
+  }
+  const deleted = await store.models.delete(model.entity, model.id);
+  // Everything under the model's prefix goes, files no row named included.
+  await store.blobs?.deletePrefix(modelFilesPrefix(model.id));
+  await deleteBlobs(store, deleted.payload_keys);
+  return {
+    model_id: model.id,
+    deleted_checkpoints: deleted.deleted_checkpoints,
+    deleted_run: false as const,
+  };
+}
+
+/** Deletes checkpoints by step; the latest one, which the model serves, cannot go (409). */
+export async function deleteCheckpoints(
+  store: Store,
+  principal: Principal,
+  modelId: string,
+  steps: number[],
+) {
+  const model = await findModel(store, principal, modelId);
+  const result = await store.models
+    .deleteCheckpoints(model.entity, model.id, steps)
+    .catch((err: unknown) => {
+      if (err instanceof ConflictError) {
+        throw new ConflictError(`${err.message}: it is what ${chatIdOf(model)} serves.`, {
+          code: "latest_checkpoint",
+        });
+      }
+      throw err;
+    });
+  await deleteBlobs(store, result.blob_keys);
+  return { deleted_count: result.deleted_count, not_found_steps: result.not_found_steps };
+}
+
+/** Files go after their rows. */
+async function deleteBlobs(store: Store, keys: string[]): Promise<void> {
+  for (const key of keys) await store.blobs?.deletePrefix(key);
 }
 
 /** The mean, and the mean within-group standard deviation, of the groups' rewards; the
@@ -131,10 +178,9 @@ export function splitMetrics(
   // Finite inputs can still overflow a sum (two rewards of 1e308): refuse before storing.
   for (const [name, value] of Object.entries(metrics)) {
     if (!Number.isFinite(value)) {
-      throw ApiError.badRequest(
+      throw new InvalidInputError(
         `The metric ${name} overflows (${value}): send rewards and metrics of a smaller magnitude.`,
-        "trajectory_groups",
-        "metric_overflow",
+        { param: "trajectory_groups", code: "metric_overflow" },
       );
     }
   }

@@ -1,15 +1,9 @@
-import { type Store, TERMINAL_STATUSES } from "@arbor/store";
-import { ApiError } from "../../http/errors.ts";
+import { ConflictError, type Store, TERMINAL_STATUSES } from "@arbor/store";
+import { enqueueRlJob, enqueueSftJob } from "@arbor/training";
 import { type Handlers, RESPONDED } from "../../http/operations.ts";
-import { SseWriter } from "../../http/sse.ts";
-import {
-  createRlJob,
-  createSftJob,
-  eventToWire,
-  findJob,
-  jobToWire,
-  TERMINAL_EVENT_TYPES,
-} from "./service.ts";
+import { disconnectSignal, SseWriter } from "../../http/sse.ts";
+import { findModel } from "../models/service.ts";
+import { eventToWire, findJob, followEvents, jobToWire } from "./service.ts";
 
 export interface TrainingDeps {
   store: Store;
@@ -22,31 +16,30 @@ export interface TrainingDeps {
 export function trainingHandlers(deps: TrainingDeps): Handlers {
   const { store } = deps;
   const pollMs = deps.followPollMs ?? 200;
-  const queued = <T>(job: T): T => {
+  const queued = (job: Parameters<typeof jobToWire>[0]) => {
     deps.onJobQueued?.();
-    return job;
+    return jobToWire(job);
   };
   return {
     createRlTrainingJob: async ({ body, principal }) =>
-      queued(await createRlJob(store, principal!, body)),
+      queued(await enqueueRlJob(store, await findModel(store, principal, body.model_id), body)),
     createSftTrainingJob: async ({ body, principal }) =>
-      queued(await createSftJob(store, principal!, body)),
+      queued(await enqueueSftJob(store, await findModel(store, principal, body.model_id), body)),
     retrieveTrainingJob: async ({ params, principal }) =>
-      jobToWire(await findJob(store, principal!, params.training_job_id)),
+      jobToWire(await findJob(store, principal, params.training_job_id)),
 
     cancelTrainingJob: async ({ params, principal }) => {
-      const job = await findJob(store, principal!, params.training_job_id);
+      const job = await findJob(store, principal, params.training_job_id);
       if (TERMINAL_STATUSES.includes(job.status)) {
-        throw ApiError.conflict(
-          `Training job ${job.id} already ended (${job.status}).`,
-          "job_already_ended",
-        );
+        throw new ConflictError(`Training job ${job.id} already ended (${job.status}).`, {
+          code: "job_already_ended",
+        });
       }
       return jobToWire(await store.jobs.cancelJob(job.entity, job.id));
     },
 
     listTrainingJobEvents: async ({ params, query, principal, req, res }) => {
-      const job = await findJob(store, principal!, params.training_job_id);
+      const job = await findJob(store, principal, params.training_job_id);
       if (req.accepts(["application/json", "text/event-stream"]) !== "text/event-stream") {
         const page = await store.jobs.listEvents(job.entity, job.id, {
           after: query.after,
@@ -60,20 +53,12 @@ export function trainingHandlers(deps: TrainingDeps): Handlers {
           has_more: page.has_more,
         };
       }
-      // Follow live: every event after `after`, then new ones as they are written, until the
-      // terminal event or the client leaves.
+      // Follow live until the terminal event or the client leaves.
       const sse = new SseWriter(res);
-      let after = query.after;
+      const signal = disconnectSignal(res);
       try {
-        while (sse.open) {
-          const page = await store.jobs.listEvents(job.entity, job.id, { after, limit: 100 });
-          for (const event of page.data) {
-            sse.send(eventToWire(event));
-            after = event.id;
-            if (TERMINAL_EVENT_TYPES.has(event.type)) return RESPONDED;
-          }
-          if (!page.has_more) await new Promise((resolve) => setTimeout(resolve, pollMs));
-        }
+        for await (const event of followEvents(store, job, { after: query.after, pollMs, signal }))
+          sse.send(event);
       } finally {
         sse.end();
       }

@@ -1,0 +1,16 @@
+import type { Principal, ProjectRef } from "../modules/access.ts";
+
+/** What the middlewares leave on `res.locals`, typed once for every reader. */
+declare global {
+  namespace Express {
+    interface Locals {
+      /** Set by `requestId` on every request. */
+      requestId: string;
+      /** Set when a spec operation matched. */
+      operationId?: string;
+      /** Set by `authentication` on every operation the spec does not mark public. */
+      principal?: Principal;
+      project?: ProjectRef;
+    }
+  }
+}

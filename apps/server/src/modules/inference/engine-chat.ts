@@ -1,0 +1,56 @@
+import { ContextLengthError, PromptError } from "@arbor/engine";
+import { type BlobStore, InvalidInputError } from "@arbor/store";
+import { type ChatRequest, toGenerateRequest } from "./chat.ts";
+import { CheckpointGoneError, type EngineHost } from "./engines.ts";
+import { modelNotFound, type ResolvedModel } from "./models.ts";
+import { type ChatBackend, generationEvents, type PreparedChat } from "./service.ts";
+
+/** The embedded engine: the base model's thread, with a checkpoint's adapter when trained. */
+export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { kind: "engine" }>> {
+  readonly #engines: EngineHost;
+  /** Where trained checkpoints' adapter files are. */
+  readonly #blobs: BlobStore | undefined;
+
+  constructor(engines: EngineHost, blobs: BlobStore | undefined) {
+    this.#engines = engines;
+    this.#blobs = blobs;
+  }
+
+  /** Renders and counts the prompt on the engine's thread (refusing what cannot fit), checks
+   * the response format, and loads the adapter: all before any response is started. */
+  async prepare(
+    resolved: Extract<ResolvedModel, { kind: "engine" }>,
+    body: ChatRequest,
+  ): Promise<PreparedChat> {
+    const { messages = [], ...request } = toGenerateRequest(body);
+    const engine = await this.#engines.engine(resolved.baseId);
+    const prompt = await engine.encodeChat(messages).catch((err: unknown) => {
+      if (err instanceof ContextLengthError) {
+        throw new InvalidInputError(err.message, {
+          param: "messages",
+          code: "context_length_exceeded",
+        });
+      }
+      if (err instanceof PromptError) {
+        throw new InvalidInputError(`The messages cannot be rendered: ${err.message}`, {
+          param: "messages",
+        });
+      }
+      throw err;
+    });
+    // The adapter is read only for a request that can run.
+    const adapter = resolved.checkpoint
+      ? await this.#engines
+          .adapter(resolved.baseId, resolved.checkpoint, this.#blobs)
+          .catch((err: unknown) => {
+            if (err instanceof CheckpointGoneError) throw modelNotFound(resolved.id);
+            throw err;
+          })
+      : null;
+    return {
+      promptTokens: prompt.length,
+      events: (signal) =>
+        generationEvents(engine.generate({ ...request, prompt, adapter }, { signal })),
+    };
+  }
+}
