@@ -3,7 +3,7 @@
  * kernels' arena included, as the model calls them), beside the plain-JS reference kernel.
  * Usage: node bench/engine-gemm.ts
  */
-import { createWasmKernels, jsKernels, type Kernels } from "../packages/engine/src/index.ts";
+import { createWasmKernels, jsKernels, type Kernels } from "@arbor/engine";
 import { printTable } from "./torch.ts";
 
 const wasm = createWasmKernels("auto", { threads: 1 });

@@ -17,7 +17,7 @@ import {
   loadModel,
   type Model,
   parameterCount,
-} from "../packages/engine/src/index.ts";
+} from "@arbor/engine";
 import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 
 const PROMPT = 128;

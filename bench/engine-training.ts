@@ -10,7 +10,6 @@
 import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { syntheticDialogue } from "../packages/engine/scripts/synthetic-chat.ts";
 import {
   catalogModelDir,
   createLoraAdapter,
@@ -22,7 +21,8 @@ import {
   Rng,
   Trainer,
   trainSft,
-} from "../packages/engine/src/index.ts";
+} from "@arbor/engine";
+import { syntheticDialogue } from "../packages/engine/scripts/synthetic-chat.ts";
 import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 
 const B = Number(process.argv[2] ?? 32);

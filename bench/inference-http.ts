@@ -30,7 +30,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createArborClient, unwrap } from "@arbor/client";
-import { catalogModelDir, Engine, loadModel } from "../packages/engine/src/index.ts";
+import { catalogModelDir, Engine, loadModel } from "@arbor/engine";
 import { startBenchServer } from "./server.ts";
 
 const SELF = fileURLToPath(import.meta.url);

@@ -634,7 +634,7 @@ export async function assemble(): Promise<{ relaxed: Uint8Array; simd: Uint8Arra
 
 if (import.meta.main) {
   const { relaxed: r, simd } = await assemble();
-  const dir = new URL("../src/wasm/", import.meta.url);
+  const dir = new URL("../src/kernels/wasm/", import.meta.url);
   await writeFile(new URL("kernels-relaxed.wasm", dir), r);
   await writeFile(new URL("kernels-simd.wasm", dir), simd);
   console.log(

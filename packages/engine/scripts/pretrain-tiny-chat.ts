@@ -7,12 +7,12 @@ import { fileURLToPath } from "node:url";
 import { END_OF_TEXT, IM_END, IM_START, renderChat } from "../src/chat.ts";
 import type { ModelConfig } from "../src/config.ts";
 import { createKvCache, forwardBatch } from "../src/forward.ts";
+import { createWasmKernels } from "../src/kernels/wasm.ts";
 import { createModel, parameterCount, saveModel } from "../src/model.ts";
 import { Trainer } from "../src/optim.ts";
 import { Rng } from "../src/rng.ts";
 import { trainBpe } from "../src/tokenizer.ts";
 import type { TrainBatch } from "../src/train.ts";
-import { createWasmKernels } from "../src/wasm/kernels.ts";
 import { initWeights } from "../src/weights.ts";
 import { syntheticDialogue } from "./synthetic-chat.ts";
 

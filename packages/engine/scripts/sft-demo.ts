@@ -4,13 +4,13 @@
  * Usage: nice node scripts/sft-demo.ts [modelDir] [reverse|json] [seconds=60]
  */
 import { fileURLToPath } from "node:url";
-import { batchFromChats } from "../src/batch.ts";
-import { END_OF_TEXT } from "../src/chat.ts";
 import { Engine } from "../src/engine.ts";
+import { defaultKernels } from "../src/kernels/wasm.ts";
 import { loadModel } from "../src/model.ts";
 import { Trainer } from "../src/optim.ts";
 import { Rng } from "../src/rng.ts";
-import { defaultKernels } from "../src/wasm/kernels.ts";
+import { packBatch } from "../src/sft.ts";
+import { tokenizeChat } from "../src/training-data.ts";
 import { jsonAnswerExample, reversalExample } from "./synthetic-chat.ts";
 
 const dir = process.argv[2] ?? fileURLToPath(new URL("../models/tiny-chat/", import.meta.url));
@@ -40,7 +40,6 @@ const trainer = new Trainer(model, defaultKernels(), {
   schedule: { kind: "cosine", peak: 2e-3, warmupSteps: 5, totalSteps: 200, minRatio: 0.1 },
   adamW: { weightDecay: 0 },
 });
-const pad = model.tokenizer.tokenId(END_OF_TEXT)!;
 const start = performance.now();
 let steps = 0;
 let loss = 0;
@@ -52,7 +51,11 @@ while ((performance.now() - start) / 1000 < seconds && steps < 200) {
       { role: "assistant" as const, content: a },
     ];
   });
-  loss = trainer.step(batchFromChats(model.tokenizer, chats, { seqLen: 48, padToken: pad })).loss;
+  const sequences = chats.map((chat) => {
+    const { tokens, mask } = tokenizeChat(model.tokenizer, chat, () => true);
+    return { tokens, weights: mask };
+  });
+  loss = trainer.step(packBatch(sequences, 49)).loss;
   steps++;
 }
 const after = await accuracy();

@@ -1,12 +1,12 @@
 import { describe, expect, it } from "vitest";
+import { tinyModel } from "../test/fixtures.ts";
 import { catalogModelDir } from "./catalog.ts";
 import { Engine } from "./engine.ts";
-import { addLoraRows, createLoraAdapter, loraParameters } from "./lora.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
+import { createLoraAdapter, loraParameters, loraRowHooks } from "./lora.ts";
 import { loadModel } from "./model.ts";
 import { Rng } from "./rng.ts";
 import { trainSft } from "./sft.ts";
-import { tinyModel } from "./test-fixtures.ts";
-import { createWasmKernels } from "./wasm/kernels.ts";
 
 describe("Engine with LoRA adapters", () => {
   it("when adapters are served side by side, then the identity adapter equals the base and a trained one changes the answer", async () => {
@@ -49,7 +49,7 @@ describe("Engine with LoRA adapters", () => {
   }, 60_000);
 });
 
-describe("addLoraRows", () => {
+describe("loraRowHooks", () => {
   it("when sequences with one adapter are not adjacent in the batch, then each row gets the same update as alone", () => {
     const model = tinyModel(51);
     const kernels = createWasmKernels();
@@ -72,12 +72,12 @@ describe("addLoraRows", () => {
     ];
     const x = Float32Array.from({ length: 8 * D }, () => rng.normal());
     const mixed = new Float32Array(8 * Q);
-    addLoraRows(kernels, items, 0, "q", mixed, x, Q, D);
+    loraRowHooks(kernels, items).forward(0, "q", mixed, x, 8);
     let row = 0;
     for (const item of items) {
       const n = item.tokens.length;
       const alone = new Float32Array(n * Q);
-      addLoraRows(kernels, [item], 0, "q", alone, x.subarray(row * D, (row + n) * D), Q, D);
+      loraRowHooks(kernels, [item]).forward(0, "q", alone, x.subarray(row * D, (row + n) * D), n);
       expect(mixed.subarray(row * Q, (row + n) * Q)).toEqual(alone);
       if (!item.adapter) expect(alone.every((v) => v === 0)).toBe(true);
       else expect(alone.some((v) => v !== 0)).toBe(true);

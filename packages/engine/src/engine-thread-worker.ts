@@ -6,10 +6,10 @@
 import { parentPort, workerData } from "node:worker_threads";
 import { Engine, type GenerationEvent } from "./engine.ts";
 import type { FromEngineThread, ToEngineThread } from "./engine-thread.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
 import { adapterFromFiles, type LoraAdapter } from "./lora.ts";
 import { loadModel, parameterCount } from "./model.ts";
 import { ContextLengthError, PromptEncoder } from "./prompt-encoder.ts";
-import { createWasmKernels } from "./wasm/kernels.ts";
 
 const { modelDir, threads } = workerData as { modelDir: string; threads: number };
 const post = (message: FromEngineThread, transfer: ArrayBuffer[] = []) =>

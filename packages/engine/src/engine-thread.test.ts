@@ -2,10 +2,10 @@ import { describe, expect, it, vi } from "vitest";
 import { catalogModelDir } from "./catalog.ts";
 import { Engine } from "./engine.ts";
 import { EngineThread } from "./engine-thread.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
 import { adapterToFiles, createLoraAdapter } from "./lora.ts";
 import { loadModel } from "./model.ts";
 import { ContextLengthError } from "./prompt-encoder.ts";
-import { createWasmKernels } from "./wasm/kernels.ts";
 
 describe("EngineThread", async () => {
   const dir = catalogModelDir("arbor/tiny-chat");

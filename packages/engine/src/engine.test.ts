@@ -1,11 +1,11 @@
 import { describe, expect, it } from "vitest";
+import { tinyModel } from "../test/fixtures.ts";
+import { naiveLogits } from "../test/naive-reference.ts";
 import { Engine, type GenerationEvent } from "./engine.ts";
 import type { JsonSchema } from "./json-constraint.ts";
-import { jsKernels } from "./kernels.ts";
-import { naiveLogits } from "./naive-reference.ts";
+import { jsKernels } from "./kernels/js.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
 import { Rng } from "./rng.ts";
-import { tinyModel } from "./test-fixtures.ts";
-import { createWasmKernels } from "./wasm/kernels.ts";
 
 const model = tinyModel(21);
 const prompt = model.tokenizer.encode("The cat sat");

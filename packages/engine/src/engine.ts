@@ -1,14 +1,14 @@
 import { type ChatMessage, END_OF_TEXT, IM_END, renderChat } from "./chat.ts";
 import { createKvCache, forwardBatch, type KvCache } from "./forward.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
-import type { Kernels } from "./kernels.ts";
+import type { Kernels } from "./kernels/types.ts";
+import { defaultKernels } from "./kernels/wasm.ts";
 import { checkAdapter, type LoraAdapter } from "./lora.ts";
 import type { Model } from "./model.ts";
 import { PromptEncoder } from "./prompt-encoder.ts";
 import { deriveSeed, Rng } from "./rng.ts";
 import { applyPenalties, logSoftmax, sampleToken, topLogprobs } from "./sampling.ts";
 import { bytesToSymbols } from "./tokenizer.ts";
-import { defaultKernels } from "./wasm/kernels.ts";
 
 export type ResponseFormat =
   | { type: "text" }

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
+import { tinyModel } from "../test/fixtures.ts";
+import { naiveLogits } from "../test/naive-reference.ts";
 import { createKvCache, forwardBatch } from "./forward.ts";
-import { jsKernels } from "./kernels.ts";
-import { naiveLogits } from "./naive-reference.ts";
-import { tinyModel } from "./test-fixtures.ts";
+import { jsKernels } from "./kernels/js.ts";
 
 describe("forwardBatch", () => {
   const tokens = [5, 17, 42, 99, 3, 250, 7, 64];

@@ -1,6 +1,7 @@
-import { type Kernels, type Workspace, withWorkspace } from "./kernels.ts";
-import { addLoraRows, type LoraAdapter } from "./lora.ts";
-import { applyRope, type Model } from "./model.ts";
+import { type Attend, blockPass, layerActivations, layerForward } from "./block.ts";
+import { type Kernels, withWorkspace } from "./kernels/types.ts";
+import { type LinearHooks, type LoraAdapter, loraRowHooks } from "./lora.ts";
+import type { Model } from "./model.ts";
 
 /** Keys and values of one sequence, per layer, [maxPositions, kvHeads·headDim]. */
 export interface KvCache {
@@ -37,78 +38,86 @@ export function forwardBatch(
   kernels: Kernels,
   items: readonly ForwardItem[],
 ): Float32Array[] {
-  return withWorkspace(kernels, (ws) => forwardBatchIn(ws, model, kernels, items));
-}
-
-function forwardBatchIn(
-  ws: Workspace,
-  model: Model,
-  kernels: Kernels,
-  items: readonly ForwardItem[],
-): Float32Array[] {
-  const { config, weights, rope } = model;
+  const { config, weights } = model;
   const D = config.hiddenSize;
-  const hd = config.headDim;
-  const H = config.numHeads;
-  const KV = config.numKvHeads;
-  const qDim = H * hd;
-  const kvDim = KV * hd;
-  const I = config.intermediateSize;
+  const kvDim = config.numKvHeads * config.headDim;
   const rows = items.reduce((n, item) => n + item.tokens.length, 0);
+  const positions = new Int32Array(rows);
+  let r = 0;
   for (const item of items) {
     if (item.cache.length + item.tokens.length > item.cache.keys[0]!.length / kvDim) {
       throw new Error("forward: sequence exceeds the context length");
     }
+    for (let t = 0; t < item.tokens.length; t++) positions[r++] = item.cache.length + t;
   }
-  const x = ws.f32(rows * D);
-  let r = 0;
-  for (const item of items) {
-    for (const token of item.tokens) {
-      if (token < 0 || token >= config.vocabSize)
-        throw new Error(`forward: token ${token} out of range`);
-      x.set(weights.embed.subarray(token * D, token * D + D), r * D);
-      r++;
-    }
-  }
-  const h = ws.f32(rows * D);
-  const q = ws.f32(rows * qDim);
-  const k = ws.f32(rows * kvDim);
-  const v = ws.f32(rows * kvDim);
-  const att = ws.f32(rows * qDim);
-  const proj = ws.f32(rows * D);
-  const gate = ws.f32(rows * I);
-  const up = ws.f32(rows * I);
-  const ver = model.version;
-  const lora = items.some((item) => item.adapter);
-
-  for (let l = 0; l < config.numLayers; l++) {
-    const layer = weights.layers[l]!;
-    kernels.rmsNorm(h, x, layer.inputNorm, rows, D, config.rmsNormEps);
-    kernels.matmulNT(q, h, layer.q, rows, qDim, D, false, ver);
-    kernels.matmulNT(k, h, layer.k, rows, kvDim, D, false, ver);
-    kernels.matmulNT(v, h, layer.v, rows, kvDim, D, false, ver);
-    if (lora) {
-      addLoraRows(kernels, items, l, "q", q, h, qDim, D);
-      addLoraRows(kernels, items, l, "k", k, h, kvDim, D);
-      addLoraRows(kernels, items, l, "v", v, h, kvDim, D);
-    }
+  return withWorkspace(kernels, (ws) => {
+    const x = ws.f32(rows * D);
     r = 0;
     for (const item of items) {
-      const cache = item.cache;
+      for (const token of item.tokens) {
+        if (token < 0 || token >= config.vocabSize)
+          throw new Error(`forward: token ${token} out of range`);
+        x.set(weights.embed.subarray(token * D, token * D + D), r * D);
+        r++;
+      }
+    }
+    const hooks: LinearHooks | undefined = items.some((item) => item.adapter)
+      ? loraRowHooks(kernels, items)
+      : undefined;
+    const pass = blockPass(
+      model,
+      kernels,
+      ws,
+      positions,
+      attendCached(model, kernels, items),
+      hooks,
+    );
+    // One set of activations serves every layer: inference keeps none for a backward.
+    const a = layerActivations(pass, x);
+    for (let l = 0; l < config.numLayers; l++) layerForward(pass, l, a, x);
+    for (const item of items) item.cache.length += item.tokens.length;
+
+    // Only each item's last row needs logits.
+    const last = ws.f32(items.length * D);
+    r = 0;
+    items.forEach((item, i) => {
+      r += item.tokens.length;
+      last.set(x.subarray((r - 1) * D, r * D), i * D);
+    });
+    const normed = ws.f32(items.length * D);
+    kernels.rmsNorm(normed, last, weights.norm, items.length, D, config.rmsNormEps);
+    const logits = new Float32Array(items.length * config.vocabSize); // returned
+    kernels.matmulNT(
+      logits,
+      normed,
+      weights.lmHead ?? weights.embed,
+      items.length,
+      config.vocabSize,
+      D,
+      false,
+      model.version,
+    );
+    return items.map((_, i) => logits.subarray(i * config.vocabSize, (i + 1) * config.vocabSize));
+  });
+}
+
+/** Attention against each item's cache: its new keys and values are appended first. */
+function attendCached(model: Model, kernels: Kernels, items: readonly ForwardItem[]): Attend {
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = model.config;
+  const qDim = H * hd;
+  const kvDim = KV * hd;
+  return (l, a) => {
+    let r = 0;
+    for (const item of items) {
+      const { cache } = item;
       const keys = cache.keys[l]!;
       const values = cache.values[l]!;
       const n = item.tokens.length;
-      for (let t = 0; t < n; t++) {
-        const pos = cache.length + t;
-        const row = r + t;
-        for (let hh = 0; hh < H; hh++) applyRope(q, row * qDim + hh * hd, pos, rope);
-        for (let hh = 0; hh < KV; hh++) applyRope(k, row * kvDim + hh * hd, pos, rope);
-      }
-      keys.set(k.subarray(r * kvDim, (r + n) * kvDim), cache.length * kvDim);
-      values.set(v.subarray(r * kvDim, (r + n) * kvDim), cache.length * kvDim);
+      keys.set(a.k.subarray(r * kvDim, (r + n) * kvDim), cache.length * kvDim);
+      values.set(a.v.subarray(r * kvDim, (r + n) * kvDim), cache.length * kvDim);
       kernels.attention(
-        att.subarray(r * qDim, (r + n) * qDim),
-        q.subarray(r * qDim, (r + n) * qDim),
+        a.att.subarray(r * qDim, (r + n) * qDim),
+        a.q.subarray(r * qDim, (r + n) * qDim),
         keys,
         values,
         n,
@@ -119,42 +128,5 @@ function forwardBatchIn(
       );
       r += n;
     }
-    kernels.matmulNT(proj, att, layer.o, rows, D, qDim, false, ver);
-    if (lora) addLoraRows(kernels, items, l, "o", proj, att, D, qDim);
-    for (let i = 0; i < rows * D; i++) x[i] = x[i]! + proj[i]!;
-    kernels.rmsNorm(h, x, layer.postNorm, rows, D, config.rmsNormEps);
-    kernels.matmulNT(gate, h, layer.gate, rows, I, D, false, ver);
-    kernels.matmulNT(up, h, layer.up, rows, I, D, false, ver);
-    if (lora) {
-      addLoraRows(kernels, items, l, "gate", gate, h, I, D);
-      addLoraRows(kernels, items, l, "up", up, h, I, D);
-    }
-    kernels.swiglu(gate, gate, up, rows * I);
-    kernels.matmulNT(proj, gate, layer.down, rows, D, I, false, ver);
-    if (lora) addLoraRows(kernels, items, l, "down", proj, gate, D, I);
-    for (let i = 0; i < rows * D; i++) x[i] = x[i]! + proj[i]!;
-  }
-  for (const item of items) item.cache.length += item.tokens.length;
-
-  // Only each item's last row needs logits.
-  const last = ws.f32(items.length * D);
-  r = 0;
-  items.forEach((item, i) => {
-    r += item.tokens.length;
-    last.set(x.subarray((r - 1) * D, r * D), i * D);
-  });
-  const normed = ws.f32(items.length * D);
-  kernels.rmsNorm(normed, last, weights.norm, items.length, D, config.rmsNormEps);
-  const logits = new Float32Array(items.length * config.vocabSize); // returned
-  kernels.matmulNT(
-    logits,
-    normed,
-    weights.lmHead ?? weights.embed,
-    items.length,
-    config.vocabSize,
-    D,
-    false,
-    ver,
-  );
-  return items.map((_, i) => logits.subarray(i * config.vocabSize, (i + 1) * config.vocabSize));
+  };
 }

@@ -3,9 +3,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gguf } from "@huggingface/gguf";
 import { describe, expect, it } from "vitest";
+import { tinyModel } from "../test/fixtures.ts";
 import { exportGguf, ggufBytes, permuteForGguf, readGguf } from "./gguf.ts";
 import { parameterCount } from "./model.ts";
-import { tinyModel } from "./test-fixtures.ts";
 
 describe("GGUF export", () => {
   const model = tinyModel(12);

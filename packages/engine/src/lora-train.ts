@@ -1,4 +1,5 @@
-import type { Kernels } from "./kernels.ts";
+import type { Kernels } from "./kernels/types.ts";
+import { defaultKernels } from "./kernels/wasm.ts";
 import {
   checkAdapter,
   type LoraAdapter,
@@ -10,7 +11,6 @@ import type { Model } from "./model.ts";
 import { AdamW, type AdamWOptions, clipGradients } from "./optim.ts";
 import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
 import { type LossOptions, type LossResult, lossAndGradients, type TrainBatch } from "./train.ts";
-import { defaultKernels } from "./wasm/kernels.ts";
 
 export interface LoraTrainerOptions {
   /** Defaults: β1 0.9, β2 0.999, ε 1e-8, weight decay 0 (the Hugging Face Trainer's). */

@@ -2,7 +2,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { jsKernels } from "./kernels.ts";
+import { randomBatch, tinyModel } from "../test/fixtures.ts";
+import { jsKernels } from "./kernels/js.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
 import {
   adapterFromFiles,
   adapterToFiles,
@@ -16,9 +18,7 @@ import {
 import { LoraTrainer } from "./lora-train.ts";
 import { Rng } from "./rng.ts";
 import { readSafetensors } from "./safetensors.ts";
-import { randomBatch, tinyModel } from "./test-fixtures.ts";
 import { lossAndGradients } from "./train.ts";
-import { createWasmKernels } from "./wasm/kernels.ts";
 import { parameters } from "./weights.ts";
 
 /** An adapter with non-zero B, so both A and B get gradients. */

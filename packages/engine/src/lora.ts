@@ -1,10 +1,10 @@
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { Kernels } from "./kernels.ts";
+import type { Kernels } from "./kernels/types.ts";
 import type { Model } from "./model.ts";
 import { Rng } from "./rng.ts";
 import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
-import { hfName, type LayerWeights, layerShape } from "./weights.ts";
+import { hfName, layerShape } from "./weights.ts";
 
 /** The linear layers an adapter can target, by their Hugging Face / PEFT module names. */
 export type LoraTarget =
@@ -297,9 +297,9 @@ export async function loadAdapter(dir: string, baseModel: Model): Promise<LoraAd
 }
 
 /**
- * Hooks the training forward/backward calls around every base linear. `forward` adds the
- * adapter's output; `backward` (present when training) adds its input gradient and
- * accumulates its own A/B gradients.
+ * The one adapter interface of the decoder block (`block.ts`), for inference and training
+ * alike: called after every base linear. `forward` adds the adapter's output; `backward`
+ * (present when training) adds its input gradient and accumulates its own A/B gradients.
  */
 export interface LinearHooks {
   forward(layer: number, key: LinearKey, out: Float32Array, x: Float32Array, rows: number): void;
@@ -332,7 +332,7 @@ export function loraHooks(
       const xa = new Float32Array(rows * r);
       kernels.matmulNT(xa, x, m.a, rows, r, m.inFeatures);
       for (let i = 0; i < xa.length; i++) xa[i] = xa[i]! * s;
-      // out += (s·A·x)·Bᵀ, summed onto out as in inference (`addLoraRows`).
+      // out += (s·A·x)·Bᵀ, summed onto out as in inference (`loraRowHooks`).
       kernels.matmulNT(out, xa, m.b, rows, m.outFeatures, r, true);
       if (grads) saved.set(`${layer}.${key}`, xa);
     },
@@ -362,20 +362,15 @@ export function loraHooks(
 }
 
 /**
- * The adapters' part of a batched inference linear: rows are grouped by adapter (all sequences
- * with the same adapter form one pair of low-rank GEMMs, gathered if not adjacent), and each
- * group's update is added to `out`. A row's result does not depend on the grouping.
+ * LoRA hooks for a batched inference pass (`forwardBatch`): each item's rows get its own
+ * adapter (or none). Rows are grouped by adapter (all sequences with the same adapter form one
+ * pair of low-rank GEMMs, gathered if not adjacent), and each group's update is added to the
+ * base output. A row's result does not depend on the grouping.
  */
-export function addLoraRows(
+export function loraRowHooks(
   kernels: Kernels,
   items: readonly { tokens: readonly number[]; adapter?: LoraAdapter | null }[],
-  layer: number,
-  key: keyof LayerWeights & LinearKey,
-  out: Float32Array,
-  x: Float32Array,
-  outDim: number,
-  inDim: number,
-): void {
+): LinearHooks {
   const groups = new Map<LoraAdapter, [number, number][]>();
   let row = 0;
   for (const item of items) {
@@ -390,43 +385,60 @@ export function addLoraRows(
     }
     row += n;
   }
-  for (const [adapter, segments] of groups) {
-    const m = adapter.layers[layer]?.[key];
-    if (!m) continue;
-    const r = adapter.rank;
-    const rows = segments.reduce((sum, [, n]) => sum + n, 0);
-    let xs: Float32Array;
-    if (segments.length === 1) {
-      const [start] = segments[0]!;
-      xs = x.subarray(start * inDim, (start + rows) * inDim);
-    } else {
-      xs = new Float32Array(rows * inDim);
-      let at = 0;
-      for (const [start, n] of segments) {
-        xs.set(x.subarray(start * inDim, (start + n) * inDim), at * inDim);
-        at += n;
-      }
-    }
-    const xa = new Float32Array(rows * r);
-    kernels.matmulNT(xa, xs, m.a, rows, r, inDim);
-    for (let k = 0; k < xa.length; k++) xa[k] = xa[k]! * adapter.scale;
-    // out += xa·Bᵀ, summed onto each row's base output (as in training's `loraHooks`).
-    if (segments.length === 1) {
-      const [start] = segments[0]!;
-      kernels.matmulNT(out.subarray(start * outDim), xa, m.b, rows, outDim, r, true);
-      continue;
-    }
-    const ys = new Float32Array(rows * outDim);
+  return {
+    forward(layer, key, out, x) {
+      for (const [adapter, segments] of groups)
+        addLoraRows(kernels, adapter, segments, layer, key, out, x);
+    },
+  };
+}
+
+/** One adapter's update on its row segments of a linear's output. */
+function addLoraRows(
+  kernels: Kernels,
+  adapter: LoraAdapter,
+  segments: readonly [number, number][],
+  layer: number,
+  key: LinearKey,
+  out: Float32Array,
+  x: Float32Array,
+): void {
+  const m = adapter.layers[layer]?.[key];
+  if (!m) return;
+  const { inFeatures: inDim, outFeatures: outDim } = m;
+  const r = adapter.rank;
+  const rows = segments.reduce((sum, [, n]) => sum + n, 0);
+  let xs: Float32Array;
+  if (segments.length === 1) {
+    const [start] = segments[0]!;
+    xs = x.subarray(start * inDim, (start + rows) * inDim);
+  } else {
+    xs = new Float32Array(rows * inDim);
     let at = 0;
     for (const [start, n] of segments) {
-      ys.set(out.subarray(start * outDim, (start + n) * outDim), at * outDim);
+      xs.set(x.subarray(start * inDim, (start + n) * inDim), at * inDim);
       at += n;
     }
-    kernels.matmulNT(ys, xa, m.b, rows, outDim, r, true);
-    at = 0;
-    for (const [start, n] of segments) {
-      out.set(ys.subarray(at * outDim, (at + n) * outDim), start * outDim);
-      at += n;
-    }
+  }
+  const xa = new Float32Array(rows * r);
+  kernels.matmulNT(xa, xs, m.a, rows, r, inDim);
+  for (let k = 0; k < xa.length; k++) xa[k] = xa[k]! * adapter.scale;
+  // out += xa·Bᵀ, summed onto each row's base output (as in training's `loraHooks`).
+  if (segments.length === 1) {
+    const [start] = segments[0]!;
+    kernels.matmulNT(out.subarray(start * outDim), xa, m.b, rows, outDim, r, true);
+    return;
+  }
+  const ys = new Float32Array(rows * outDim);
+  let at = 0;
+  for (const [start, n] of segments) {
+    ys.set(out.subarray(start * outDim, (start + n) * outDim), at * outDim);
+    at += n;
+  }
+  kernels.matmulNT(ys, xa, m.b, rows, outDim, r, true);
+  at = 0;
+  for (const [start, n] of segments) {
+    out.set(ys.subarray(at * outDim, (at + n) * outDim), start * outDim);
+    at += n;
   }
 }

@@ -1,4 +1,4 @@
-import type { Kernels } from "./kernels.ts";
+import type { Kernels } from "./kernels/types.ts";
 import type { Model } from "./model.ts";
 import { type LossResult, lossAndGradients, type TrainBatch } from "./train.ts";
 import { type ModelWeights, parameters, zerosLike } from "./weights.ts";

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
+import { tinyTokenizer } from "../test/fixtures.ts";
 import { renderChat } from "./chat.ts";
 import { ContextLengthError, PromptEncoder } from "./prompt-encoder.ts";
-import { tinyTokenizer } from "./test-fixtures.ts";
 
 describe("PromptEncoder", () => {
   const tokenizer = tinyTokenizer();

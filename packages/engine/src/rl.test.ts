@@ -1,14 +1,15 @@
 import { describe, expect, it } from "vitest";
+import { tinyModel } from "../test/fixtures.ts";
 import { catalogModelDir } from "./catalog.ts";
 import { Engine } from "./engine.ts";
-import { jsKernels } from "./kernels.ts";
+import { jsKernels } from "./kernels/js.ts";
 import { adapterToFiles, createLoraAdapter, type LoraAdapter, loraParameters } from "./lora.ts";
 import { LoraTrainer } from "./lora-train.ts";
 import { loadModel } from "./model.ts";
 import { type TrajectoryGroup, trainRlStep } from "./rl.ts";
 import { Rng } from "./rng.ts";
-import { tinyModel } from "./test-fixtures.ts";
-import { packBatch, TrainingInputError, toChatMessage, tokenizeChat } from "./training-data.ts";
+import { packBatch } from "./sft.ts";
+import { TrainingInputError, toChatMessage, tokenizeChat } from "./training-data.ts";
 
 const choice = (content: string, logprobs?: number[]) => ({
   index: 0,

@@ -1,13 +1,7 @@
 import type { ChatMessage } from "./chat.ts";
 import type { LoraTrainer } from "./lora-train.ts";
-import { microBatches } from "./sft.ts";
-import {
-  packBatch,
-  TrainingInputError,
-  toChatMessage,
-  tokenizeChat,
-  withTools,
-} from "./training-data.ts";
+import { microBatches, packBatch } from "./sft.ts";
+import { TrainingInputError, toChatMessage, tokenizeChat, withTools } from "./training-data.ts";
 
 /** CONTRACT §5: `{trajectories, exceptions?, metadata?, metrics?, logs?}`; unknown keys ignored. */
 export interface TrajectoryGroup {

@@ -2,9 +2,9 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { tinyModel } from "../test/fixtures.ts";
 import { loadModel, saveModel } from "./model.ts";
 import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
-import { tinyModel } from "./test-fixtures.ts";
 
 describe("safetensors", () => {
   it("when tensors are saved and read, then names, shapes, values and metadata survive", () => {

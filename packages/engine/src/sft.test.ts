@@ -1,15 +1,15 @@
 import { describe, expect, it } from "vitest";
 import { jsonAnswerExample } from "../scripts/synthetic-chat.ts";
+import { tinyModel } from "../test/fixtures.ts";
 import { catalogModelDir } from "./catalog.ts";
 import { renderChat } from "./chat.ts";
 import { Engine } from "./engine.ts";
-import { jsKernels } from "./kernels.ts";
+import { jsKernels } from "./kernels/js.ts";
 import { adapterToFiles, cloneAdapter, type LoraAdapter } from "./lora.ts";
 import { loadModel } from "./model.ts";
 import { learningRate } from "./optim.ts";
 import { Rng } from "./rng.ts";
 import { planSft, type SftExample, trainSft } from "./sft.ts";
-import { tinyModel } from "./test-fixtures.ts";
 import { TrainingInputError, tokenizeChat } from "./training-data.ts";
 
 const chat = (q: string, a: string): SftExample => ({
@@ -28,7 +28,7 @@ const examples: SftExample[] = [
       { role: "user", content: "Reverse apple" },
       { role: "assistant", content: "elppa" },
       { role: "user", content: "Uppercase" },
-      { role: "assistant", content: [{ type: "text", text: "APPLE" }] },
+      { role: "assistant", content: "APPLE" },
     ],
   },
   chat("The dog", "sat on the log."),
@@ -110,14 +110,11 @@ describe("trainSft", () => {
     expect(ids(last)).toBe("APPLE<|im_end|>");
   });
 
-  it("when an example is bad, then a TrainingInputError names it", () => {
+  it("when an example has nothing to learn, then a TrainingInputError names it", () => {
     const model = tinyModel(34);
-    const bad = [examples[0]!, { messages: [{ role: "user", content: "no answer" }] }];
+    const bad = [examples[0]!, { messages: [{ role: "user" as const, content: "no answer" }] }];
     expect(() => planSft(model, bad)).toThrow(TrainingInputError);
     expect(() => planSft(model, bad)).toThrow(/example 1: no assistant message/);
-    expect(() => planSft(model, [{ messages: [{ role: "robot", content: "x" }] }])).toThrow(
-      /example 0 message 0: unknown role/,
-    );
     expect(() => planSft(model, [])).toThrow(TrainingInputError);
   });
 

@@ -1,22 +1,18 @@
-import type { Kernels } from "./kernels.ts";
+import type { ChatMessage } from "./chat.ts";
+import type { Kernels } from "./kernels/types.ts";
 import { createLoraAdapter, type LoraAdapter, type LoraConfig } from "./lora.ts";
 import { LoraTrainer } from "./lora-train.ts";
 import type { Model } from "./model.ts";
 import { type AdamWOptions, learningRate, type ScheduleKind } from "./optim.ts";
 import { deriveSeed, Rng } from "./rng.ts";
-import {
-  packBatch,
-  TrainingInputError,
-  toChatMessage,
-  tokenizeChat,
-  type WeightedSequence,
-  withTools,
-} from "./training-data.ts";
+import type { TrainBatch } from "./train.ts";
+import { TrainingInputError, tokenizeChat, withTools } from "./training-data.ts";
 
-/** One line of an SFT JSONL file. */
+/** One conversation to learn from (the training package turns dataset lines into these). */
 export interface SftExample {
-  messages: readonly unknown[];
-  tools?: readonly unknown[];
+  messages: readonly ChatMessage[];
+  /** Tool definitions (OpenAI `tools`) offered in the conversation. */
+  tools?: readonly Record<string, unknown>[];
 }
 
 export interface SftConfig {
@@ -118,13 +114,7 @@ export function planSft(
   const maxLen = Math.min(config.maxLength ?? model.config.maxPositions, model.config.maxPositions);
   const turns = config.assistantTurns ?? "all";
   const sequences = examples.map((example, i) => {
-    if (!example || !Array.isArray(example.messages) || example.messages.length === 0) {
-      throw new TrainingInputError(`example ${i}: messages must be a non-empty array`);
-    }
-    const messages = withTools(
-      example.messages.map((m, j) => toChatMessage(m, `example ${i} message ${j}`)),
-      example.tools,
-    );
+    const messages = withTools(example.messages, example.tools);
     let last = -1;
     messages.forEach((m, j) => {
       if (m.role === "assistant") last = j;
@@ -156,38 +146,20 @@ export function planSft(
     }
     const before = plan.length;
     const steps: number[][] = [];
-    let current: number[] = [];
-    let longest = 0;
-    // "auto" groups by length inside windows of the shuffled order (less padding), then shuffles
-    // the steps; a fixed batch size keeps the shuffled order as is.
-    const window = batchSize === "auto" ? 256 : order.length;
-    for (let w = 0; w < order.length; w += window) {
-      const chunk = order.slice(w, w + window);
-      if (batchSize === "auto") {
-        const len = (i: number) => sequences[i]!.tokens.length;
-        chunk.sort((a, b) => len(a) - len(b) || a - b);
-      }
-      for (const index of chunk) {
-        const n = sequences[index]!.tokens.length;
-        const full =
-          batchSize === "auto"
-            ? current.length > 0 && (current.length + 1) * Math.max(longest, n) > budget
-            : current.length >= batchSize;
-        if (full) {
-          steps.push(current);
-          current = [];
-          longest = 0;
-        }
-        current.push(index);
-        longest = Math.max(longest, n);
-      }
-    }
-    if (current.length > 0) steps.push(current);
     if (batchSize === "auto") {
+      // Grouped by length within windows of the shuffled order (less padding); the steps are
+      // shuffled after.
+      const len = (i: number) => sequences[i]!.tokens.length;
+      for (let w = 0; w < order.length; w += AUTO_WINDOW) {
+        const window = order.slice(w, w + AUTO_WINDOW).sort((a, b) => len(a) - len(b) || a - b);
+        steps.push(...packByTokens(window, len, budget));
+      }
       for (let i = steps.length - 1; i > 0; i--) {
         const j = rng.int(i + 1);
         [steps[i], steps[j]] = [steps[j]!, steps[i]!];
       }
+    } else {
+      for (let i = 0; i < order.length; i += batchSize) steps.push(order.slice(i, i + batchSize));
     }
     for (const examples of steps) plan.push({ epoch, examples });
     stepsPerEpoch = plan.length - before;
@@ -296,19 +268,58 @@ export function microBatches<T extends { tokens: readonly number[] }>(
   seqs: readonly T[],
   budget: number,
 ): T[][] {
+  return packByTokens(seqs, (s) => s.tokens.length, budget);
+}
+
+/** Examples of a shuffled epoch that "auto" batching sorts by length among themselves. */
+const AUTO_WINDOW = 256;
+
+/**
+ * The one packing rule: items in order, each batch as many as fit `budget` tokens once padded
+ * to its longest (count × longest), and at least one.
+ */
+function packByTokens<T>(items: readonly T[], length: (item: T) => number, budget: number): T[][] {
   const out: T[][] = [];
   let current: T[] = [];
   let longest = 0;
-  for (const s of seqs) {
-    const n = s.tokens.length;
+  for (const item of items) {
+    const n = length(item);
     if (current.length > 0 && (current.length + 1) * Math.max(longest, n) > budget) {
       out.push(current);
       current = [];
       longest = 0;
     }
-    current.push(s);
+    current.push(item);
     longest = Math.max(longest, n);
   }
   if (current.length > 0) out.push(current);
   return out;
+}
+
+/** One sequence to train on: tokens and a per-token weight (weight k trains the prediction of token k). */
+export interface WeightedSequence {
+  tokens: readonly number[];
+  weights: ArrayLike<number>;
+}
+
+/**
+ * Stacks sequences into one right-padded batch: position t predicts token t+1 with the weight
+ * of token t+1. Sequences longer than `maxLen` tokens are cut to their first `maxLen`.
+ */
+export function packBatch(sequences: readonly WeightedSequence[], maxLen: number): TrainBatch {
+  const lengths = sequences.map((s) => Math.min(s.tokens.length, maxLen));
+  const T = Math.max(1, ...lengths.map((n) => n - 1));
+  const B = sequences.length;
+  const inputs = new Int32Array(B * T);
+  const targets = new Int32Array(B * T);
+  const lossMask = new Float32Array(B * T);
+  sequences.forEach((s, b) => {
+    const n = lengths[b]!;
+    for (let t = 0; t + 1 < n; t++) {
+      inputs[b * T + t] = s.tokens[t]!;
+      targets[b * T + t] = s.tokens[t + 1]!;
+      lossMask[b * T + t] = s.weights[t + 1]!;
+    }
+  });
+  return { batchSize: B, seqLen: T, inputs, targets, lossMask };
 }

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
+import { tinyTokenizer } from "../test/fixtures.ts";
 import { renderChat } from "./chat.ts";
-import { tinyTokenizer } from "./test-fixtures.ts";
 import { Tokenizer } from "./tokenizer.ts";
 
 describe("Tokenizer", () => {

@@ -1,11 +1,11 @@
 import { describe, expect, it } from "vitest";
+import { randomBatch, tinyModel } from "../test/fixtures.ts";
 import { createKvCache, forwardBatch } from "./forward.ts";
-import { jsKernels } from "./kernels.ts";
+import { jsKernels } from "./kernels/js.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
 import { learningRate, Trainer } from "./optim.ts";
 import { Rng } from "./rng.ts";
-import { randomBatch, tinyModel } from "./test-fixtures.ts";
 import { lossAndGradients, type TrainBatch } from "./train.ts";
-import { createWasmKernels } from "./wasm/kernels.ts";
 import { parameters, zerosLike } from "./weights.ts";
 
 describe("lossAndGradients", () => {

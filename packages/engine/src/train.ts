@@ -1,6 +1,14 @@
-import { type Kernels, type Workspace, withWorkspace } from "./kernels.ts";
+import {
+  backwardScratch,
+  blockPass,
+  type LayerActivations,
+  layerActivations,
+  layerBackward,
+  layerForward,
+} from "./block.ts";
+import { type Kernels, type Workspace, withWorkspace } from "./kernels/types.ts";
 import type { LinearHooks } from "./lora.ts";
-import { applyRope, type Model } from "./model.ts";
+import type { Model } from "./model.ts";
 import type { ModelWeights } from "./weights.ts";
 
 /** B sequences of T tokens, row-major; a target and a loss weight per position. */
@@ -37,22 +45,6 @@ export interface LossOptions {
   entropy?: boolean;
 }
 
-interface LayerActivations {
-  xIn: Float32Array;
-  h1: Float32Array;
-  inv1: Float32Array;
-  q: Float32Array;
-  k: Float32Array;
-  v: Float32Array;
-  att: Float32Array;
-  xMid: Float32Array;
-  h2: Float32Array;
-  inv2: Float32Array;
-  gate: Float32Array;
-  up: Float32Array;
-  act: Float32Array;
-}
-
 /**
  * Forward with saved activations, then backward: adds d(loss)/d(weight) into `grads` and
  * returns the loss. The loss is Σ mask·(−log p(target)) / Σ mask.
@@ -78,17 +70,12 @@ function lossAndGradientsIn(
   options: LossOptions = {},
 ): LossResult {
   const hooks = options.hooks;
-  const { config, weights, rope } = model;
+  const { config, weights } = model;
   const B = batch.batchSize;
   const T = batch.seqLen;
   const R = B * T;
   const D = config.hiddenSize;
-  const hd = config.headDim;
-  const H = config.numHeads;
-  const KV = config.numKvHeads;
-  const qDim = H * hd;
-  const kvDim = KV * hd;
-  const I = config.intermediateSize;
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = config;
   const V = config.vocabSize;
   const eps = config.rmsNormEps;
   const ver = model.version;
@@ -99,51 +86,22 @@ function lossAndGradientsIn(
     const token = batch.inputs[r]!;
     x.set(weights.embed.subarray(token * D, token * D + D), r * D);
   }
+  const positions = new Int32Array(R);
+  for (let r = 0; r < R; r++) positions[r] = r % T;
+  // B sequences of T rows, each attending causally to its own.
+  const pass = blockPass(
+    model,
+    kernels,
+    ws,
+    positions,
+    (_, a) => kernels.attention(a.att, a.q, a.k, a.v, T, 0, H, KV, hd, B),
+    hooks,
+  );
   const saved: LayerActivations[] = [];
   for (let l = 0; l < config.numLayers; l++) {
-    const layer = weights.layers[l]!;
-    const a: LayerActivations = {
-      xIn: x,
-      h1: ws.f32(R * D),
-      inv1: ws.f32(R),
-      q: ws.f32(R * qDim),
-      k: ws.f32(R * kvDim),
-      v: ws.f32(R * kvDim),
-      att: ws.f32(R * qDim),
-      xMid: ws.f32(R * D),
-      h2: ws.f32(R * D),
-      inv2: ws.f32(R),
-      gate: ws.f32(R * I),
-      up: ws.f32(R * I),
-      act: ws.f32(R * I),
-    };
-    kernels.rmsNorm(a.h1, x, layer.inputNorm, R, D, eps, a.inv1);
-    kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
-    kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D, false, ver);
-    kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
-    hooks?.forward(l, "q", a.q, a.h1, R);
-    hooks?.forward(l, "k", a.k, a.h1, R);
-    hooks?.forward(l, "v", a.v, a.h1, R);
-    for (let r = 0; r < R; r++) {
-      const pos = r % T;
-      for (let h = 0; h < H; h++) applyRope(a.q, r * qDim + h * hd, pos, rope);
-      for (let h = 0; h < KV; h++) applyRope(a.k, r * kvDim + h * hd, pos, rope);
-    }
-    kernels.attention(a.att, a.q, a.k, a.v, T, 0, H, KV, hd, B);
-    const proj = ws.f32(R * D);
-    kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
-    hooks?.forward(l, "o", proj, a.att, R);
-    for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
-    kernels.rmsNorm(a.h2, a.xMid, layer.postNorm, R, D, eps, a.inv2);
-    kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D, false, ver);
-    kernels.matmulNT(a.up, a.h2, layer.up, R, I, D, false, ver);
-    hooks?.forward(l, "gate", a.gate, a.h2, R);
-    hooks?.forward(l, "up", a.up, a.h2, R);
-    kernels.swiglu(a.act, a.gate, a.up, R * I);
-    kernels.matmulNT(proj, a.act, layer.down, R, D, I, false, ver);
-    hooks?.forward(l, "down", proj, a.act, R);
+    const a = layerActivations(pass, x);
     const xOut = ws.f32(R * D);
-    for (let i = 0; i < R * D; i++) xOut[i] = a.xMid[i]! + proj[i]!;
+    layerForward(pass, l, a, xOut);
     saved.push(a);
     x = xOut;
   }
@@ -197,62 +155,25 @@ function lossAndGradientsIn(
   const dHf = ws.f32(R * D);
   kernels.matmulNN(dHf, dLogits, head, R, D, V, false, ver);
   if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
-  let dx = ws.f32(R * D);
-  const noGrad = ws.f32(D);
-  kernels.rmsNormBackward(dx, grads?.norm ?? noGrad, dHf, x, invF, weights.norm, R, D);
+  const dx = ws.f32(R * D);
+  kernels.rmsNormBackward(dx, grads?.norm ?? ws.f32(D), dHf, x, invF, weights.norm, R, D);
 
-  const dH = ws.f32(R * D);
-  const dAct = ws.f32(R * I);
-  const dGate = ws.f32(R * I);
-  const dUp = ws.f32(R * I);
-  const dAtt = ws.f32(R * qDim);
-  const dq = ws.f32(R * qDim);
-  const dk = ws.f32(R * kvDim);
-  const dv = ws.f32(R * kvDim);
+  const scratch = backwardScratch(pass);
   for (let l = config.numLayers - 1; l >= 0; l--) {
-    const layer = weights.layers[l]!;
-    const g = grads?.layers[l];
-    const a = saved[l]!;
-    // MLP: x_out = x_mid + down(silu(gate) * up)
-    kernels.matmulNN(dAct, dx, layer.down, R, I, D, false, ver);
-    hooks?.backward?.(l, "down", dx, a.act, dAct, R);
-    if (g) kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
-    kernels.swigluBackward(dGate, dUp, dAct, a.gate, a.up, R * I);
-    kernels.matmulNN(dH, dGate, layer.gate, R, D, I, false, ver);
-    kernels.matmulNN(dH, dUp, layer.up, R, D, I, true, ver);
-    hooks?.backward?.(l, "gate", dGate, a.h2, dH, R);
-    hooks?.backward?.(l, "up", dUp, a.h2, dH, R);
-    if (g) kernels.matmulTN(g.gate, dGate, a.h2, I, D, R, true);
-    if (g) kernels.matmulTN(g.up, dUp, a.h2, I, D, R, true);
-    const dMid = ws.f32(R * D);
-    kernels.rmsNormBackward(dMid, g?.postNorm ?? noGrad, dH, a.xMid, a.inv2, layer.postNorm, R, D);
-    for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
-    // Attention: x_mid = x_in + o(attention(q, k, v))
-    kernels.matmulNN(dAtt, dMid, layer.o, R, qDim, D, false, ver);
-    hooks?.backward?.(l, "o", dMid, a.att, dAtt, R);
-    if (g) kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
-    dq.fill(0);
-    dk.fill(0);
-    dv.fill(0);
-    kernels.attentionBackward(dq, dk, dv, a.q, a.k, a.v, dAtt, T, H, KV, hd, B);
-    for (let r = 0; r < R; r++) {
-      const pos = r % T;
-      for (let h = 0; h < H; h++) applyRope(dq, r * qDim + h * hd, pos, rope, -1);
-      for (let h = 0; h < KV; h++) applyRope(dk, r * kvDim + h * hd, pos, rope, -1);
-    }
-    kernels.matmulNN(dH, dq, layer.q, R, D, qDim, false, ver);
-    kernels.matmulNN(dH, dk, layer.k, R, D, kvDim, true, ver);
-    kernels.matmulNN(dH, dv, layer.v, R, D, kvDim, true, ver);
-    hooks?.backward?.(l, "q", dq, a.h1, dH, R);
-    hooks?.backward?.(l, "k", dk, a.h1, dH, R);
-    hooks?.backward?.(l, "v", dv, a.h1, dH, R);
-    if (g) kernels.matmulTN(g.q, dq, a.h1, qDim, D, R, true);
-    if (g) kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
-    if (g) kernels.matmulTN(g.v, dv, a.h1, kvDim, D, R, true);
-    const dIn = ws.f32(R * D);
-    kernels.rmsNormBackward(dIn, g?.inputNorm ?? noGrad, dH, a.xIn, a.inv1, layer.inputNorm, R, D);
-    for (let i = 0; i < R * D; i++) dIn[i] = dIn[i]! + dMid[i]!;
-    dx = dIn;
+    // d(x_in) overwrites d(x_out) in place: the backward reads the latter only before.
+    layerBackward(
+      pass,
+      l,
+      saved[l]!,
+      dx,
+      dx,
+      {
+        layer: grads?.layers[l],
+        attendBackward: (a, dAtt, dq, dk, dv) =>
+          kernels.attentionBackward(dq, dk, dv, a.q, a.k, a.v, dAtt, T, H, KV, hd, B),
+      },
+      scratch,
+    );
   }
   if (!grads) return result;
   for (let r = 0; r < R; r++) {

@@ -1,6 +1,5 @@
 import { type ChatMessage, type ChatRole, renderChat, type ToolCall } from "./chat.ts";
 import type { Tokenizer } from "./tokenizer.ts";
-import type { TrainBatch } from "./train.ts";
 
 /** Bad training input (SFT lines, trajectory groups); the message names where. */
 export class TrainingInputError extends Error {
@@ -113,32 +112,4 @@ export function tokenizeChat(
     ranges.push([start, tokens.length]);
   });
   return { tokens, mask: Uint8Array.from(mask), ranges };
-}
-
-/** One sequence to train on: tokens and a per-token weight (weight k trains the prediction of token k). */
-export interface WeightedSequence {
-  tokens: readonly number[];
-  weights: ArrayLike<number>;
-}
-
-/**
- * Stacks sequences into one right-padded batch: position t predicts token t+1 with the weight
- * of token t+1. Sequences longer than `maxLen` tokens are cut to their first `maxLen`.
- */
-export function packBatch(sequences: readonly WeightedSequence[], maxLen: number): TrainBatch {
-  const lengths = sequences.map((s) => Math.min(s.tokens.length, maxLen));
-  const T = Math.max(1, ...lengths.map((n) => n - 1));
-  const B = sequences.length;
-  const inputs = new Int32Array(B * T);
-  const targets = new Int32Array(B * T);
-  const lossMask = new Float32Array(B * T);
-  sequences.forEach((s, b) => {
-    const n = lengths[b]!;
-    for (let t = 0; t + 1 < n; t++) {
-      inputs[b * T + t] = s.tokens[t]!;
-      targets[b * T + t] = s.tokens[t + 1]!;
-      lossMask[b * T + t] = s.weights[t + 1]!;
-    }
-  });
-  return { batchSize: B, seqLen: T, inputs, targets, lossMask };
 }

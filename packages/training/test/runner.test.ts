@@ -1,6 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { SftExample } from "@arbor/engine";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -21,7 +22,7 @@ afterAll(async () => {
   rmSync(dataDir, { recursive: true, force: true });
 });
 
-const example = {
+const example: SftExample = {
   messages: [
     { role: "user", content: "Hi" },
     { role: "assistant", content: "Hello" },

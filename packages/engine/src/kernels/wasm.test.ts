@@ -1,9 +1,9 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { assemble } from "../../scripts/build-wasm.ts";
-import { jsKernels } from "../kernels.ts";
 import { Rng } from "../rng.ts";
-import { createWasmKernels, relaxedSimdSupported } from "./kernels.ts";
+import { jsKernels } from "./js.ts";
+import { createWasmKernels, relaxedSimdSupported } from "./wasm.ts";
 
 function random(n: number, rng: Rng): Float32Array {
   const a = new Float32Array(n);
@@ -28,8 +28,8 @@ describe("WASM kernels", () => {
     const { relaxed, simd } = await assemble();
     const committed = (name: string) =>
       new Uint8Array(readFileSync(new URL(name, import.meta.url)));
-    expect(relaxed).toEqual(committed("./kernels-relaxed.wasm"));
-    expect(simd).toEqual(committed("./kernels-simd.wasm"));
+    expect(relaxed).toEqual(committed("./wasm/kernels-relaxed.wasm"));
+    expect(simd).toEqual(committed("./wasm/kernels-simd.wasm"));
   });
 
   for (const variant of ["relaxed", "simd"] as const) {

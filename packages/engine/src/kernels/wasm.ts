@@ -1,9 +1,10 @@
-/// <reference path="./webassembly.d.ts" />
+/// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
-import { jsKernels, type Kernels, type Workspace } from "../kernels.ts";
-import { ArenaAllocator, align } from "./arena.ts";
-import { type CALLS, call, Op, runJob } from "./jobs.ts";
-import { type Job, MAX_TASKS, ThreadPool } from "./pool.ts";
+import { jsKernels } from "./js.ts";
+import type { Kernels, Workspace } from "./types.ts";
+import { ArenaAllocator, align } from "./wasm/arena.ts";
+import { type CALLS, call, Op, runJob } from "./wasm/jobs.ts";
+import { type Job, MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
 
 type Gemm = (
   out: number,
@@ -808,8 +809,8 @@ function copyRows(
   for (let m = 0; m < M; m++) dst.set(src.subarray(m * ldSrc, m * ldSrc + cols), m * ldDst);
 }
 
-const relaxedBytes = readFileSync(new URL("./kernels-relaxed.wasm", import.meta.url));
-const simdBytes = readFileSync(new URL("./kernels-simd.wasm", import.meta.url));
+const relaxedBytes = readFileSync(new URL("./wasm/kernels-relaxed.wasm", import.meta.url));
+const simdBytes = readFileSync(new URL("./wasm/kernels-simd.wasm", import.meta.url));
 
 /** Whether this runtime accepts relaxed-SIMD (decided once, by WebAssembly.validate). */
 export const relaxedSimdSupported = WebAssembly.validate(relaxedBytes);

@@ -1,9 +1,9 @@
-import type { ModelConfig } from "./config.ts";
-import { createModel, type Model } from "./model.ts";
-import { Rng } from "./rng.ts";
-import { type Tokenizer, trainBpe } from "./tokenizer.ts";
-import type { TrainBatch } from "./train.ts";
-import { initWeights } from "./weights.ts";
+import type { ModelConfig } from "../src/config.ts";
+import { createModel, type Model } from "../src/model.ts";
+import { Rng } from "../src/rng.ts";
+import { type Tokenizer, trainBpe } from "../src/tokenizer.ts";
+import type { TrainBatch } from "../src/train.ts";
+import { initWeights } from "../src/weights.ts";
 
 const sampleCorpus = [
   "Hello there! What is 7 + 5? 7 + 5 = 12.",

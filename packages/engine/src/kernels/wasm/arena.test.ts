@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
+import { createWasmKernels } from "../wasm.ts";
 import { ArenaAllocator } from "./arena.ts";
-import { createWasmKernels } from "./kernels.ts";
 
 describe("arena allocator", () => {
   it("when blocks are freed in any order, then holes merge and the top comes back down", () => {

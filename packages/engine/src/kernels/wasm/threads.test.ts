@@ -1,12 +1,13 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { jsKernels, type Kernels } from "../kernels.ts";
-import { Rng } from "../rng.ts";
-import { randomBatch, tinyModel } from "../test-fixtures.ts";
-import { lossAndGradients } from "../train.ts";
-import { parameters, zerosLike } from "../weights.ts";
+import { randomBatch, tinyModel } from "../../../test/fixtures.ts";
+import { Rng } from "../../rng.ts";
+import { lossAndGradients } from "../../train.ts";
+import { parameters, zerosLike } from "../../weights.ts";
+import { jsKernels } from "../js.ts";
+import type { Kernels } from "../types.ts";
+import { createWasmKernels } from "../wasm.ts";
 import { call, type JobExports } from "./jobs.ts";
-import { createWasmKernels } from "./kernels.ts";
 import { CLAIM, claim, ThreadPool } from "./pool.ts";
 
 function random(n: number, rng: Rng): Float32Array {

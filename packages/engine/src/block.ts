@@ -1,0 +1,269 @@
+/**
+ * One decoder layer, forward and backward: the one place the architecture is written. Inference
+ * (`forward.ts`, over KV caches) and training (`train.ts`, over whole sequences) both run their
+ * layers through here and differ only in how attention sees its keys (`Attend`) and in which
+ * adapters their linears carry (`LinearHooks`).
+ */
+import type { Kernels, Workspace } from "./kernels/types.ts";
+import type { LinearHooks } from "./lora.ts";
+import { applyRope, type Model } from "./model.ts";
+import type { LayerWeights } from "./weights.ts";
+
+/** What one layer computes over `rows` rows; training keeps one per layer for the backward. */
+export interface LayerActivations {
+  /** The layer's input (the residual stream). */
+  xIn: Float32Array;
+  h1: Float32Array;
+  inv1: Float32Array;
+  q: Float32Array;
+  k: Float32Array;
+  v: Float32Array;
+  att: Float32Array;
+  xMid: Float32Array;
+  h2: Float32Array;
+  inv2: Float32Array;
+  gate: Float32Array;
+  up: Float32Array;
+  act: Float32Array;
+}
+
+/** Attention of one layer: reads the rotated `q`, `k`, `v` rows and writes `att`. */
+export type Attend = (layer: number, a: LayerActivations) => void;
+
+/** A pass of several layers over the same rows. */
+export interface BlockPass {
+  model: Model;
+  kernels: Kernels;
+  ws: Workspace;
+  rows: number;
+  /** The RoPE position of each row. */
+  positions: Int32Array;
+  attend: Attend;
+  /** Adapters of the linears (LoRA): their forward, and in training their backward. */
+  hooks: LinearHooks | undefined;
+  /** Scratch for a projection's output, `rows × hidden`. */
+  proj: Float32Array;
+}
+
+/** A pass's fixed parts; `proj` is taken from the workspace. */
+export function blockPass(
+  model: Model,
+  kernels: Kernels,
+  ws: Workspace,
+  positions: Int32Array,
+  attend: Attend,
+  hooks: LinearHooks | undefined,
+): BlockPass {
+  const rows = positions.length;
+  const proj = ws.f32(rows * model.config.hiddenSize);
+  return { model, kernels, ws, rows, positions, attend, hooks, proj };
+}
+
+/** Fresh activations for one layer over the pass's rows, `xIn` given. */
+export function layerActivations(pass: BlockPass, xIn: Float32Array): LayerActivations {
+  const { ws, rows: R } = pass;
+  const { hiddenSize: D, numHeads, numKvHeads, headDim, intermediateSize: I } = pass.model.config;
+  const qDim = numHeads * headDim;
+  const kvDim = numKvHeads * headDim;
+  return {
+    xIn,
+    h1: ws.f32(R * D),
+    inv1: ws.f32(R),
+    q: ws.f32(R * qDim),
+    k: ws.f32(R * kvDim),
+    v: ws.f32(R * kvDim),
+    att: ws.f32(R * qDim),
+    xMid: ws.f32(R * D),
+    h2: ws.f32(R * D),
+    inv2: ws.f32(R),
+    gate: ws.f32(R * I),
+    up: ws.f32(R * I),
+    act: ws.f32(R * I),
+  };
+}
+
+/**
+ * Layer `l` over `a.xIn` into `xOut` (which may be `a.xIn` itself when the input is not needed
+ * again): x_mid = x + o(attention(rope(q(norm x)), rope(k(norm x)), v(norm x))), then
+ * x_out = x_mid + down(silu(gate(norm x_mid)) · up(norm x_mid)).
+ */
+export function layerForward(
+  pass: BlockPass,
+  l: number,
+  a: LayerActivations,
+  xOut: Float32Array,
+): void {
+  const { model, kernels, rows: R, hooks, proj } = pass;
+  const { config, weights, version: ver } = model;
+  const layer = weights.layers[l]!;
+  const D = config.hiddenSize;
+  const I = config.intermediateSize;
+  const qDim = config.numHeads * config.headDim;
+  const kvDim = config.numKvHeads * config.headDim;
+  const eps = config.rmsNormEps;
+  const x = a.xIn;
+
+  kernels.rmsNorm(a.h1, x, layer.inputNorm, R, D, eps, a.inv1);
+  kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
+  kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D, false, ver);
+  kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
+  hooks?.forward(l, "q", a.q, a.h1, R);
+  hooks?.forward(l, "k", a.k, a.h1, R);
+  hooks?.forward(l, "v", a.v, a.h1, R);
+  rope(model, a.q, config.numHeads, pass.positions, 1);
+  rope(model, a.k, config.numKvHeads, pass.positions, 1);
+  pass.attend(l, a);
+  kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
+  hooks?.forward(l, "o", proj, a.att, R);
+  for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
+
+  kernels.rmsNorm(a.h2, a.xMid, layer.postNorm, R, D, eps, a.inv2);
+  kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D, false, ver);
+  kernels.matmulNT(a.up, a.h2, layer.up, R, I, D, false, ver);
+  hooks?.forward(l, "gate", a.gate, a.h2, R);
+  hooks?.forward(l, "up", a.up, a.h2, R);
+  kernels.swiglu(a.act, a.gate, a.up, R * I);
+  kernels.matmulNT(proj, a.act, layer.down, R, D, I, false, ver);
+  hooks?.forward(l, "down", proj, a.act, R);
+  for (let i = 0; i < R * D; i++) xOut[i] = a.xMid[i]! + proj[i]!;
+}
+
+/** Gradients a layer's backward writes: the weights' (full fine-tuning) and attention's. */
+export interface LayerGradients {
+  layer: LayerWeights | undefined;
+  /** Attention's backward, given d(att): adds into dq, dk, dv. */
+  attendBackward(
+    a: LayerActivations,
+    dAtt: Float32Array,
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+  ): void;
+}
+
+/** Scratch for the backward of every layer of a pass. */
+export interface BackwardScratch {
+  dH: Float32Array;
+  dAct: Float32Array;
+  dGate: Float32Array;
+  dUp: Float32Array;
+  dAtt: Float32Array;
+  dq: Float32Array;
+  dk: Float32Array;
+  dv: Float32Array;
+  dMid: Float32Array;
+  /** A weight gradient that is thrown away (no full fine-tuning). */
+  noGrad: Float32Array;
+}
+
+export function backwardScratch(pass: BlockPass): BackwardScratch {
+  const { ws, rows: R } = pass;
+  const { hiddenSize: D, numHeads, numKvHeads, headDim, intermediateSize: I } = pass.model.config;
+  return {
+    dH: ws.f32(R * D),
+    dAct: ws.f32(R * I),
+    dGate: ws.f32(R * I),
+    dUp: ws.f32(R * I),
+    dAtt: ws.f32(R * numHeads * headDim),
+    dq: ws.f32(R * numHeads * headDim),
+    dk: ws.f32(R * numKvHeads * headDim),
+    dv: ws.f32(R * numKvHeads * headDim),
+    dMid: ws.f32(R * D),
+    noGrad: ws.f32(D),
+  };
+}
+
+/**
+ * The backward of `layerForward`: given `dx` = d(loss)/d(x_out), writes d(loss)/d(x_in) into
+ * `dIn`, adds the weights' gradients into `grads.layer` (when training all weights) and lets
+ * the hooks add theirs (LoRA).
+ */
+export function layerBackward(
+  pass: BlockPass,
+  l: number,
+  a: LayerActivations,
+  dx: Float32Array,
+  dIn: Float32Array,
+  grads: LayerGradients,
+  s: BackwardScratch,
+): void {
+  const { model, kernels, rows: R, hooks } = pass;
+  const { config, weights, version: ver } = model;
+  const layer = weights.layers[l]!;
+  const g = grads.layer;
+  const D = config.hiddenSize;
+  const I = config.intermediateSize;
+  const qDim = config.numHeads * config.headDim;
+  const kvDim = config.numKvHeads * config.headDim;
+
+  // MLP: x_out = x_mid + down(silu(gate) * up)
+  kernels.matmulNN(s.dAct, dx, layer.down, R, I, D, false, ver);
+  hooks?.backward?.(l, "down", dx, a.act, s.dAct, R);
+  if (g) kernels.matmulTN(g.down, dx, a.act, D, I, R, true);
+  kernels.swigluBackward(s.dGate, s.dUp, s.dAct, a.gate, a.up, R * I);
+  kernels.matmulNN(s.dH, s.dGate, layer.gate, R, D, I, false, ver);
+  kernels.matmulNN(s.dH, s.dUp, layer.up, R, D, I, true, ver);
+  hooks?.backward?.(l, "gate", s.dGate, a.h2, s.dH, R);
+  hooks?.backward?.(l, "up", s.dUp, a.h2, s.dH, R);
+  if (g) kernels.matmulTN(g.gate, s.dGate, a.h2, I, D, R, true);
+  if (g) kernels.matmulTN(g.up, s.dUp, a.h2, I, D, R, true);
+  const dMid = s.dMid;
+  kernels.rmsNormBackward(
+    dMid,
+    g?.postNorm ?? s.noGrad,
+    s.dH,
+    a.xMid,
+    a.inv2,
+    layer.postNorm,
+    R,
+    D,
+  );
+  for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
+
+  // Attention: x_mid = x_in + o(attention(q, k, v))
+  kernels.matmulNN(s.dAtt, dMid, layer.o, R, qDim, D, false, ver);
+  hooks?.backward?.(l, "o", dMid, a.att, s.dAtt, R);
+  if (g) kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
+  s.dq.fill(0);
+  s.dk.fill(0);
+  s.dv.fill(0);
+  grads.attendBackward(a, s.dAtt, s.dq, s.dk, s.dv);
+  rope(model, s.dq, config.numHeads, pass.positions, -1);
+  rope(model, s.dk, config.numKvHeads, pass.positions, -1);
+  kernels.matmulNN(s.dH, s.dq, layer.q, R, D, qDim, false, ver);
+  kernels.matmulNN(s.dH, s.dk, layer.k, R, D, kvDim, true, ver);
+  kernels.matmulNN(s.dH, s.dv, layer.v, R, D, kvDim, true, ver);
+  hooks?.backward?.(l, "q", s.dq, a.h1, s.dH, R);
+  hooks?.backward?.(l, "k", s.dk, a.h1, s.dH, R);
+  hooks?.backward?.(l, "v", s.dv, a.h1, s.dH, R);
+  if (g) kernels.matmulTN(g.q, s.dq, a.h1, qDim, D, R, true);
+  if (g) kernels.matmulTN(g.k, s.dk, a.h1, kvDim, D, R, true);
+  if (g) kernels.matmulTN(g.v, s.dv, a.h1, kvDim, D, R, true);
+  kernels.rmsNormBackward(
+    dIn,
+    g?.inputNorm ?? s.noGrad,
+    s.dH,
+    a.xIn,
+    a.inv1,
+    layer.inputNorm,
+    R,
+    D,
+  );
+  for (let i = 0; i < R * D; i++) dIn[i] = dIn[i]! + dMid[i]!;
+}
+
+/** Rotates every head of every row by its row's position (`sign` -1 undoes it: backward). */
+function rope(
+  model: Model,
+  x: Float32Array,
+  heads: number,
+  positions: Int32Array,
+  sign: 1 | -1,
+): void {
+  const hd = model.config.headDim;
+  const width = heads * hd;
+  for (let r = 0; r < positions.length; r++) {
+    const pos = positions[r]!;
+    for (let h = 0; h < heads; h++) applyRope(x, r * width + h * hd, pos, model.rope, sign);
+  }
+}

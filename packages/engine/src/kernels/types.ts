@@ -1,0 +1,146 @@
+/** Scratch arrays for one pass (a forward, or a training step), freed together. */
+export interface Workspace {
+  /** A zeroed array of n floats, valid until `release()`. */
+  f32(n: number): Float32Array;
+  /** Frees every array of this workspace; they must not be used afterwards. */
+  release(): void;
+}
+
+/** Runs `f` with a fresh workspace of `kernels`, released afterwards whatever happens. */
+export function withWorkspace<T>(kernels: Kernels, f: (ws: Workspace) => T): T {
+  const ws = kernels.workspace();
+  try {
+    return f(ws);
+  } finally {
+    ws.release();
+  }
+}
+
+/**
+ * The compute kernels the model runs on. Every output element is summed in the same order
+ * whatever the number of rows, so a sequence gives the same numbers alone or in a batch.
+ */
+export interface Kernels {
+  readonly name: string;
+  /**
+   * Arrays for activations: kernels may keep them where they compute (the WASM arena), so
+   * calls on them need no copies.
+   */
+  workspace(): Workspace;
+  /**
+   * out[M,N] (+)= a[M,K] · b[N,K]ᵀ — a Linear layer with PyTorch's [out, in] weights.
+   * A `bVersion` marks b as a weight that kernels may cache until the version changes.
+   */
+  matmulNT(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate?: boolean,
+    bVersion?: number,
+  ): void;
+  /** out[M,N] (+)= a[M,K] · b[K,N]. */
+  matmulNN(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate?: boolean,
+    bVersion?: number,
+  ): void;
+  /** out[M,N] (+)= a[K,M]ᵀ · b[K,N] (weight gradients). */
+  matmulTN(
+    out: Float32Array,
+    a: Float32Array,
+    b: Float32Array,
+    M: number,
+    N: number,
+    K: number,
+    accumulate?: boolean,
+  ): void;
+  /** out[r] = x[r] / rms(x[r]) · weight, per row of length D; `inv[r]` gets 1 / rms(x[r]). */
+  rmsNorm(
+    out: Float32Array,
+    x: Float32Array,
+    weight: Float32Array,
+    rows: number,
+    D: number,
+    eps: number,
+    inv?: Float32Array,
+  ): void;
+  /**
+   * Backward of `rmsNorm` given its saved `inv`: writes dx = d(loss)/dx and adds the weight's
+   * gradient into dw.
+   */
+  rmsNormBackward(
+    dx: Float32Array,
+    dw: Float32Array,
+    dy: Float32Array,
+    x: Float32Array,
+    inv: Float32Array,
+    w: Float32Array,
+    rows: number,
+    D: number,
+  ): void;
+  /** out = silu(gate) · up, element-wise. */
+  swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
+  /**
+   * Causal attention of n new rows at positions start… against keys/values [≥start+n, KV·hd]
+   * (grouped-query: head h reads kv head ⌊h·KV/H⌋). q and out are [n, H·hd]. With
+   * `sequences` > 1 (start 0 only), that many independent sequences of n rows are stacked in
+   * every operand.
+   */
+  attention(
+    out: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    n: number,
+    start: number,
+    H: number,
+    KV: number,
+    hd: number,
+    sequences?: number,
+  ): void;
+  /** dGate and dUp of out = silu(gate)·up, given dOut. */
+  swigluBackward(
+    dGate: Float32Array,
+    dUp: Float32Array,
+    dOut: Float32Array,
+    gate: Float32Array,
+    up: Float32Array,
+    n: number,
+  ): void;
+  /** Row-wise x[r] ← softmax(x[r])·scale[r]; writes each row's max and Σexp(x − max). */
+  softmaxRows(
+    x: Float32Array,
+    rows: number,
+    cols: number,
+    scale: Float32Array,
+    rowMax: Float32Array,
+    rowSum: Float32Array,
+  ): void;
+  /**
+   * Backward of causal self-attention over one sequence of n rows, recomputing probabilities.
+   * Adds into dq [n, H·hd], dk and dv [n, KV·hd]. `sequences` stacks independent sequences
+   * as in `attention`.
+   */
+  attentionBackward(
+    dq: Float32Array,
+    dk: Float32Array,
+    dv: Float32Array,
+    q: Float32Array,
+    keys: Float32Array,
+    values: Float32Array,
+    dOut: Float32Array,
+    n: number,
+    H: number,
+    KV: number,
+    hd: number,
+    sequences?: number,
+  ): void;
+}
