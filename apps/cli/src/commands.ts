@@ -1,0 +1,438 @@
+import { existsSync, readFileSync } from "node:fs";
+import { createInterface } from "node:readline/promises";
+import { type ParseArgsOptionsConfig, parseArgs } from "node:util";
+import { type ArborClient, createArborClient } from "@arbor/client";
+import { adminKeyPath, type Config, readConfig } from "@arbor/config";
+import { openStore, type Store } from "@arbor/store";
+import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
+import * as remote from "./remote.ts";
+
+/** Where commands print. */
+export interface Io {
+  line(text: string): void;
+  write(text: string): void;
+  /** A line redrawn in place (a progress bar), on a terminal only. */
+  bar?: ((text: string) => void) | undefined;
+}
+
+type Values<O extends ParseArgsOptionsConfig> = ReturnType<
+  typeof parseArgs<{ options: O; allowPositionals: true; strict: true }>
+>["values"];
+
+/** What a command gets besides its arguments: output, and the store or the server, opened
+ * on first use (so a command checks its arguments before it touches either). */
+interface Env {
+  io: Io;
+  store: () => Promise<Store>;
+  client: () => ArborClient;
+}
+
+interface CommandDef<O extends ParseArgsOptionsConfig> {
+  /** `models create`, or `chat` (whose next word is a positional). */
+  name: string;
+  /** The arguments after the name, as `help` shows them. */
+  usage: string;
+  summary: string;
+  /** The command's own options; any other is refused. */
+  options: O;
+  run(ctx: Env & { values: Values<O>; positionals: string[] }): Promise<void>;
+}
+
+/** A command, its options parsed by its own table. */
+export interface Command {
+  name: string;
+  usage: string;
+  summary: string;
+  execute(args: readonly string[], env: Env): Promise<void>;
+}
+
+function command<const O extends ParseArgsOptionsConfig>(def: CommandDef<O>): Command {
+  const { name, usage, summary } = def;
+  return {
+    name,
+    usage,
+    summary,
+    execute(args, env) {
+      let parsed: { values: Values<O>; positionals: string[] };
+      try {
+        parsed = parseArgs({
+          args: [...args],
+          options: def.options,
+          allowPositionals: true,
+          strict: true,
+        });
+      } catch (err) {
+        throw new Error(`${(err as Error).message}\n\nUsage: ${commandHelp(def)}`);
+      }
+      return def.run({ ...env, ...parsed });
+    },
+  };
+}
+
+const str = { type: "string" } as const;
+const flag = { type: "boolean" } as const;
+
+export const COMMANDS: readonly Command[] = [
+  command({
+    name: "keys create",
+    usage: "--user U --entity E [--name N]",
+    summary: "create an API key (and the user, and its membership of the entity)",
+    options: { user: str, entity: str, name: str },
+    run: async ({ values, store, io }) => {
+      const args = {
+        user: required(values.user, "--user"),
+        entity: required(values.entity, "--entity"),
+        name: values.name,
+      };
+      await createKey(await store(), args, io);
+    },
+  }),
+  command({
+    name: "keys list",
+    usage: "[--user U]",
+    summary: "list keys by prefix (never the key itself)",
+    options: { user: str },
+    run: ({ values, store, io }) => store().then((s) => listKeys(s, { user: values.user }, io)),
+  }),
+  command({
+    name: "keys revoke",
+    usage: "KEY_PREFIX_OR_ID",
+    summary: "revoke a key; it stops working on the next request",
+    options: {},
+    run: async ({ positionals, store, io }) => {
+      const key = required(positionals[0], "KEY_PREFIX_OR_ID");
+      await revokeKey(await store(), { key }, io);
+    },
+  }),
+  command({
+    name: "prices set",
+    usage:
+      "--model M --prompt P --completion C [--project E/P] [--effective DATE] [--cache-read X] [--cache-creation Y]",
+    summary: "set a model's price per token (the default, or a project's own)",
+    options: {
+      model: str,
+      prompt: str,
+      completion: str,
+      project: str,
+      effective: str,
+      "cache-read": str,
+      "cache-creation": str,
+    },
+    run: async ({ values, store, io }) => {
+      const args = {
+        model: required(values.model, "--model"),
+        prompt: number(required(values.prompt, "--prompt"), "--prompt"),
+        completion: number(required(values.completion, "--completion"), "--completion"),
+        project: values.project,
+        effective: values.effective,
+        cacheRead: optionalNumber(values["cache-read"], "--cache-read"),
+        cacheCreation: optionalNumber(values["cache-creation"], "--cache-creation"),
+      };
+      await setPrice(await store(), args, io);
+    },
+  }),
+  command({
+    name: "prices list",
+    usage: "[--project E/P] [--model M]",
+    summary: "list prices: the defaults, plus the project's own",
+    options: { project: str, model: str },
+    run: async ({ values, store, io }) =>
+      listPrices(await store(), { project: values.project, model: values.model }, io),
+  }),
+  command({
+    name: "prices delete",
+    usage: "PRICE_ID [--project E/P]",
+    summary: "delete a price",
+    options: { project: str },
+    run: async ({ values, positionals, store, io }) => {
+      const args = { id: required(positionals[0], "PRICE_ID"), project: values.project };
+      await deletePrice(await store(), args, io);
+    },
+  }),
+  command({
+    name: "models create",
+    usage: "--project P --name N [--base arbor/tiny-chat] [--entity E]",
+    summary: "create a trainable model (or answer the existing one); prints its id",
+    options: { project: str, name: str, base: str, entity: str },
+    run: async ({ values, client, io }) => {
+      await remote.createModel(
+        client(),
+        {
+          project: required(values.project, "--project"),
+          name: required(values.name, "--name"),
+          base: values.base ?? "arbor/tiny-chat",
+          entity: values.entity,
+        },
+        io,
+      );
+    },
+  }),
+  command({
+    name: "datasets upload",
+    usage: "FILE.jsonl [--name N]",
+    summary: "upload SFT data; prints its dataset:// URL",
+    options: { name: str },
+    run: async ({ values, positionals, client, io }) => {
+      await remote.uploadDataset(
+        client(),
+        { file: required(positionals[0], "FILE.jsonl"), name: values.name },
+        io,
+      );
+    },
+  }),
+  command({
+    name: "train sft",
+    usage:
+      "--model MODEL_ID --data FILE.jsonl|dataset://ID|https://… [--epochs N] [--batch-size N|auto] [--lr X] [--checkpoint-every N] [--follow]",
+    summary: "start an SFT job (a local file is uploaded first)",
+    options: {
+      model: str,
+      data: str,
+      epochs: str,
+      "batch-size": str,
+      lr: str,
+      "checkpoint-every": str,
+      follow: flag,
+    },
+    run: async ({ values, client, io }) => {
+      const batch = values["batch-size"];
+      const job = await remote.trainSft(
+        client(),
+        {
+          model: required(values.model, "--model"),
+          data: required(values.data, "--data"),
+          epochs: optionalNumber(values.epochs, "--epochs"),
+          batchSize: batch === "auto" ? "auto" : optionalNumber(batch, "--batch-size"),
+          learningRate: optionalNumber(values.lr, "--lr"),
+          checkpointEvery: optionalNumber(values["checkpoint-every"], "--checkpoint-every"),
+        },
+        io,
+      );
+      if (values.follow) await follow(client(), job, io);
+    },
+  }),
+  command({
+    name: "train rl",
+    usage: "--model MODEL_ID --groups GROUPS.json [--follow]",
+    summary: "start one RL step on trajectory groups",
+    options: { model: str, groups: str, follow: flag },
+    run: async ({ values, client, io }) => {
+      const job = await remote.trainRl(
+        client(),
+        {
+          model: required(values.model, "--model"),
+          groups: required(values.groups, "--groups"),
+        },
+        io,
+      );
+      if (values.follow) await follow(client(), job, io);
+    },
+  }),
+  command({
+    name: "jobs get",
+    usage: "JOB_ID",
+    summary: "show a training job",
+    options: {},
+    run: ({ positionals, client, io }) =>
+      remote.getJob(client(), { job: required(positionals[0], "JOB_ID") }, io),
+  }),
+  command({
+    name: "jobs cancel",
+    usage: "JOB_ID",
+    summary: "cancel a queued or running job",
+    options: {},
+    run: ({ positionals, client, io }) =>
+      remote.cancelJob(client(), { job: required(positionals[0], "JOB_ID") }, io),
+  }),
+  command({
+    name: "jobs follow",
+    usage: "JOB_ID",
+    summary: "follow a job's events with a progress bar, to its end",
+    options: {},
+    run: ({ positionals, client, io }) => follow(client(), required(positionals[0], "JOB_ID"), io),
+  }),
+  command({
+    name: "checkpoints list",
+    usage: "MODEL_ID",
+    summary: "list a model's checkpoints with their metrics",
+    options: {},
+    run: ({ positionals, client, io }) =>
+      remote.listCheckpoints(client(), { model: required(positionals[0], "MODEL_ID") }, io),
+  }),
+  command({
+    name: "checkpoints delete",
+    usage: "MODEL_ID --steps 1,2",
+    summary: "delete checkpoints by step (not the latest)",
+    options: { steps: str },
+    run: ({ values, positionals, client, io }) =>
+      remote.deleteCheckpoints(
+        client(),
+        {
+          model: required(positionals[0], "MODEL_ID"),
+          steps: required(values.steps, "--steps")
+            .split(",")
+            .map((s) => number(s, "--steps")),
+        },
+        io,
+      ),
+  }),
+  command({
+    name: "chat",
+    usage: "MODEL [--message TEXT] [--max-tokens N]   (no --message: a conversation on stdin)",
+    summary: "chat with a base model, a trained model or a checkpoint (…:stepN)",
+    options: { message: str, "max-tokens": str },
+    run: ({ values, positionals, client, io }) =>
+      chat(
+        client(),
+        required(positionals[0], "MODEL"),
+        values.message,
+        optionalNumber(values["max-tokens"], "--max-tokens"),
+        io,
+      ),
+  }),
+];
+
+/** `arbor help`: every command, one line each, and where the CLI finds the store and server. */
+export function helpText(): string {
+  const width = Math.max(...COMMANDS.map((c) => c.name.length));
+  const lines = COMMANDS.map((c) => `  arbor ${c.name.padEnd(width)}  ${c.summary}`);
+  return `arbor — Arbor's command line
+
+${lines.join("\n")}
+
+Run "arbor help COMMAND" (or "arbor COMMAND --help") for a command's options.
+
+Admin commands (keys, prices) open the store directly: ARBOR_DATA_DIR (default ~/.arbor) or
+DATABASE_URL. The others call the server: ARBOR_BASE_URL (default http://ARBOR_HOST:ARBOR_PORT,
+that is http://127.0.0.1:8080), ARBOR_API_KEY (default: the first-start key in
+ARBOR_DATA_DIR/admin.key), ARBOR_PROJECT.`;
+}
+
+function commandHelp(c: Pick<Command, "name" | "usage" | "summary">): string {
+  return `arbor ${c.name} ${c.usage}\n\n  ${c.summary}`;
+}
+
+/** The command named by the first words of `argv`, and the rest. */
+function findCommand(argv: readonly string[]): { command: Command; rest: string[] } | undefined {
+  for (const words of [2, 1]) {
+    const name = argv.slice(0, words).join(" ");
+    const command = COMMANDS.find((c) => c.name === name);
+    if (command) return { command, rest: argv.slice(words) };
+  }
+  return undefined;
+}
+
+/** Runs the command line `argv` (without `node` and the script). */
+export async function run(argv: readonly string[], io: Io): Promise<void> {
+  if (argv.length === 0 || argv[0] === "help" || argv[0] === "--help" || argv[0] === "-h") {
+    const found = argv[0] === "help" ? findCommand(argv.slice(1)) : undefined;
+    io.line(found ? commandHelp(found.command) : helpText());
+    return;
+  }
+  const found = findCommand(argv);
+  if (!found) throw new Error(`Unknown command "${argv.slice(0, 2).join(" ")}".\n\n${helpText()}`);
+  const { command, rest } = found;
+  if (rest.includes("--help") || rest.includes("-h")) {
+    io.line(commandHelp(command));
+    return;
+  }
+  const config = readConfig();
+  let opened: Store | undefined;
+  try {
+    await command.execute(rest, {
+      io,
+      store: async () => {
+        opened ??= await openStore({
+          dataDir: config.dataDir,
+          databaseUrl: config.databaseUrl,
+          schema: config.databaseSchema,
+        });
+        return opened;
+      },
+      client: () => remoteClient(config),
+    });
+  } finally {
+    await opened?.close();
+  }
+}
+
+/** The server the remote commands call: ARBOR_BASE_URL, or else where the server's own
+ * ARBOR_HOST and ARBOR_PORT put it. */
+export function serverUrl(config: Config): string {
+  if (config.baseUrl) return config.baseUrl;
+  const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
+  return `http://${host.includes(":") ? `[${host}]` : host}:${config.port}`;
+}
+
+function remoteClient(config: Config): ArborClient {
+  const keyFile = adminKeyPath(config.dataDir);
+  const apiKey =
+    config.apiKey ?? (existsSync(keyFile) ? readFileSync(keyFile, "utf8").trim() : undefined);
+  return createArborClient({
+    baseUrl: serverUrl(config),
+    ...(apiKey ? { apiKey } : {}),
+    ...(config.project ? { project: config.project } : {}),
+  });
+}
+
+async function follow(client: ArborClient, job: string, io: Io): Promise<void> {
+  const last = await remote.followJob(
+    client,
+    { job },
+    { line: (t) => io.line(io.bar ? `\n${t}` : t), ...(io.bar ? { bar: io.bar } : {}) },
+  );
+  if (last?.type === "training_failed") process.exitCode = 1;
+}
+
+/** One message, or a conversation read line by line from stdin. */
+async function chat(
+  client: ArborClient,
+  model: string,
+  message: string | undefined,
+  maxTokens: number | undefined,
+  io: Io,
+): Promise<void> {
+  if (message !== undefined) {
+    await remote.chat(
+      client,
+      { model, messages: [{ role: "user", content: message }], maxTokens },
+      io.write,
+    );
+    io.write("\n");
+    return;
+  }
+  const messages: { role: "user" | "assistant"; content: string }[] = [];
+  const rl = createInterface({
+    input: process.stdin,
+    output: process.stdout,
+    terminal: process.stdin.isTTY,
+  });
+  for (;;) {
+    const line = await rl.question(process.stdin.isTTY ? "you> " : "").catch(() => undefined);
+    if (line === undefined || line.trim() === "/exit") break;
+    messages.push({ role: "user", content: line });
+    if (process.stdin.isTTY) io.write("model> ");
+    messages.push({
+      role: "assistant",
+      content: await remote.chat(client, { model, messages, maxTokens }, io.write),
+    });
+    io.write("\n");
+  }
+  rl.close();
+}
+
+function required(value: string | undefined, name: string): string {
+  if (value === undefined || value === "") throw new Error(`${name} is required.`);
+  return value;
+}
+
+function number(value: string, name: string): number {
+  const n = Number(value);
+  if (value.trim() === "" || !Number.isFinite(n) || n < 0)
+    throw new Error(`${name} must be a non-negative number, got "${value}".`);
+  return n;
+}
+
+function optionalNumber(value: string | undefined, name: string): number | undefined {
+  return value === undefined ? undefined : number(value, name);
+}
