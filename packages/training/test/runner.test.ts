@@ -5,8 +5,10 @@ import type { SftExample } from "@arbor/engine";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { MAX_JOB_EXAMPLES } from "../src/jobs.ts";
-import { catalogModels } from "../src/runner/loaders.ts";
+import { readCheckpointFiles } from "../src/checkpoints.ts";
+import { createDataset } from "../src/datasets/datasets.ts";
+import { enqueueRlJob, enqueueSftJob, MAX_JOB_EXAMPLES } from "../src/jobs.ts";
+import { catalogModels, sftExamplesLoader } from "../src/runner/loaders.ts";
 import { TrainingWorker } from "../src/runner/runner.ts";
 
 /** The runner, without HTTP: a job's size is bounded before its first step. */
@@ -59,5 +61,125 @@ describe("TrainingWorker.runJob", () => {
     expect(after?.error_message).toContain(`limit of ${MAX_JOB_EXAMPLES}`);
     const events = (await store.jobs.listEvents("e", job!.id)).data;
     expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+  });
+
+  function worker() {
+    return new TrainingWorker({
+      store,
+      logger: pino({ level: "silent" }),
+      loadBaseModel: catalogModels(),
+      loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
+    });
+  }
+
+  async function model(name: string) {
+    return (
+      await store.models.create({
+        entity: "e",
+        project: "p",
+        name,
+        base_model: "arbor/tiny-chat",
+        initialCheckpoint: { step: 0, blob_key: null },
+      })
+    ).model;
+  }
+
+  async function runNext(w: TrainingWorker) {
+    const job = await store.jobs.claimNextJob(w.workerId, 60_000);
+    expect(job).toBeDefined();
+    await w.runJob(job!);
+    return (await store.jobs.get("e", job!.id))!;
+  }
+
+  it("when an SFT job runs, then it trains every planned step, saves the checkpoints it was asked for, and ends once", async () => {
+    const m = await model("sft");
+    const text = `${Array.from({ length: 6 }, (_, i) =>
+      JSON.stringify({
+        messages: [
+          { role: "user", content: `Say ${i}` },
+          { role: "assistant", content: `${i}` },
+        ],
+      }),
+    ).join("\n")}\n`;
+    const dataset = await createDataset(store, { entity: "e", name: null, text });
+    await enqueueSftJob(store, m, {
+      training_data_url: `dataset://${dataset.id}`,
+      config: { batch_size: 2, epochs: 2, checkpoint_every: 2 },
+      experimental_config: { lora_rank: 4, seed: 3 },
+    });
+    const job = await runNext(worker());
+    expect(job).toMatchObject({
+      status: "succeeded",
+      step_from: 0,
+      step_to: 6,
+      error_message: null,
+    });
+    const events = (await store.jobs.listEvents("e", job.id, { limit: 100 })).data;
+    expect(events.map((e) => e.type)).toEqual([
+      "training_started",
+      ...Array.from({ length: 6 }, (_, i) =>
+        i % 2 === 1 ? ["gradient_step", "checkpoint_saved"] : ["gradient_step"],
+      ).flat(),
+      "training_ended",
+    ]);
+    expect(events[0]!.data).toEqual({ num_sequences: 6 });
+    const steps = (await store.models.listCheckpoints("e", m.id, { order: "asc" })).data;
+    expect(steps.map((c) => c.step)).toEqual([0, 2, 4, 6]);
+    const files = await readCheckpointFiles(store.blobs!, steps.at(-1)!.blob_key!);
+    const config = JSON.parse(new TextDecoder().decode(files["adapter_config.json"]!));
+    expect(config).toMatchObject({ r: 4, base_model_name_or_path: "arbor/tiny-chat" });
+    expect(files["optimizer.bin"]).toBeDefined();
+  });
+
+  it("when the data has a bad line, then the job fails before its first step naming the line", async () => {
+    const m = await model("bad-data");
+    await store.blobs!.put(
+      "datasets/bad.jsonl",
+      `{"messages": [{"role": "user", "content": "x"}]}\n`,
+    );
+    const dataset = await store.datasets.create({
+      entity: "e",
+      blob_key: "datasets/bad.jsonl",
+      bytes: 10,
+      lines: 1,
+    });
+    await enqueueSftJob(store, m, { training_data_url: `dataset://${dataset.id}` });
+    const job = await runNext(worker());
+    expect(job.status).toBe("failed");
+    expect(job.error_message).toBe("Line 1: messages has no assistant message to learn from.");
+    const events = (await store.jobs.listEvents("e", job.id)).data;
+    expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+  });
+
+  it("when an RL job runs, then one step is taken on its groups and checkpoint step 1 is written", async () => {
+    const m = await model("rl");
+    const choice = (content: string) => ({
+      index: 0,
+      message: { role: "assistant" as const, content },
+      finish_reason: "stop",
+    });
+    const trajectory = (content: string, reward: number) => ({
+      messages_and_choices: [{ role: "user" as const, content: "Say yes" }, choice(content)],
+      reward,
+    });
+    await enqueueRlJob(store, m, {
+      trajectory_groups: [
+        { trajectories: [trajectory("yes", 1), trajectory("no", 0)] },
+        { trajectories: [trajectory("a", 1), trajectory("b", 1)] },
+      ],
+      experimental_config: { loss_fn: "pg", learning_rate: 1e-3 },
+    });
+    const job = await runNext(worker());
+    expect(job).toMatchObject({ status: "succeeded", step_to: 1 });
+    const events = (await store.jobs.listEvents("e", job.id)).data;
+    expect(events.map((e) => e.type)).toEqual([
+      "training_started",
+      "gradient_step",
+      "checkpoint_saved",
+      "training_ended",
+    ]);
+    expect(events[0]!.data).toEqual({ num_sequences: 1, skipped_groups: 1 });
+    expect(events[1]!.data).toMatchObject({ num_groups_trainable: 1, num_groups_skipped: 1 });
+    expect((await store.models.get("e", m.id))?.latest_step).toBe(1);
   });
 });

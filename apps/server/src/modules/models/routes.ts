@@ -6,7 +6,7 @@ import {
   deleteCheckpoints,
   deleteModel,
   findModel,
-  splitMetrics,
+  logMetrics,
 } from "./service.ts";
 
 export interface ModelsDeps {
@@ -40,12 +40,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
     deleteCheckpoints: ({ params, body, principal }) =>
       deleteCheckpoints(store, principal, params.model_id, body.steps),
 
-    logModelMetrics: async ({ params, body, principal }) => {
-      const model = await findModel(store, principal, params.model_id);
-      const metrics = splitMetrics(body.split, body.trajectory_groups);
-      const step = model.latest_step ?? 0;
-      await store.models.mergeCheckpointMetrics(model.entity, model.id, step, metrics);
-      return { step, metrics };
-    },
+    logModelMetrics: ({ params, body, principal }) =>
+      logMetrics(store, principal, params.model_id, body),
   };
 }

@@ -143,6 +143,20 @@ async function deleteBlobs(store: Store, keys: string[]): Promise<void> {
   for (const key of keys) await store.blobs?.deletePrefix(key);
 }
 
+/** CONTRACT §5 "Log": a split's metrics, stored on the model's latest checkpoint. */
+export async function logMetrics(
+  store: Store,
+  principal: Principal,
+  modelId: string,
+  body: Schemas["LogModelMetricsRequest"],
+) {
+  const model = await findModel(store, principal, modelId);
+  const metrics = splitMetrics(body.split, body.trajectory_groups);
+  const step = model.latest_step ?? 0;
+  await store.models.mergeCheckpointMetrics(model.entity, model.id, step, metrics);
+  return { step, metrics };
+}
+
 /** The mean, and the mean within-group standard deviation, of the groups' rewards; the
  * exception rate; the mean of each trajectory metric (CONTRACT §5 "Log"). */
 export function splitMetrics(
