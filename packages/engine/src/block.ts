@@ -82,6 +82,31 @@ export function layerActivations(pass: BlockPass, xIn: Float32Array): LayerActiv
   };
 }
 
+/** Activations for inference, which keeps none for a backward: buffers whose values are no longer
+ * needed when the next is written are shared (h2 with h1, act with gate, computed in place). */
+export function inferenceActivations(pass: BlockPass, xIn: Float32Array): LayerActivations {
+  const { ws, rows: R } = pass;
+  const { hiddenSize: D, numHeads, numKvHeads, headDim, intermediateSize: I } = pass.model.config;
+  const h1 = ws.f32(R * D);
+  const inv1 = ws.f32(R);
+  const gate = ws.f32(R * I);
+  return {
+    xIn,
+    h1,
+    inv1,
+    q: ws.f32(R * numHeads * headDim),
+    k: ws.f32(R * numKvHeads * headDim),
+    v: ws.f32(R * numKvHeads * headDim),
+    att: ws.f32(R * numHeads * headDim),
+    xMid: ws.f32(R * D),
+    h2: h1,
+    inv2: inv1,
+    gate,
+    up: ws.f32(R * I),
+    act: gate,
+  };
+}
+
 /**
  * Layer `l` over `a.xIn` into `xOut` (which may be `a.xIn` itself when the input is not needed
  * again): x_mid = x + o(attention(rope(q(norm x)), rope(k(norm x)), v(norm x))), then

@@ -1,4 +1,4 @@
-import { type Attend, blockPass, layerActivations, layerForward } from "./block.ts";
+import { type Attend, blockPass, inferenceActivations, layerForward } from "./block.ts";
 import { type Kernels, withWorkspace } from "./kernels/types.ts";
 import { type LinearHooks, type LoraAdapter, loraRowHooks } from "./lora.ts";
 import type { Model } from "./model.ts";
@@ -73,7 +73,7 @@ export function forwardBatch(
       hooks,
     );
     // One set of activations serves every layer: inference keeps none for a backward.
-    const a = layerActivations(pass, x);
+    const a = inferenceActivations(pass, x);
     for (let l = 0; l < config.numLayers; l++) layerForward(pass, l, a, x);
     for (const item of items) item.cache.length += item.tokens.length;
 

@@ -81,11 +81,10 @@ export class LimitExceededError extends DomainError {
   override name = "LimitExceededError";
   readonly matched: number;
   readonly limit: number;
-  constructor(matched: number, limit: number, message?: string) {
+  constructor(matched: number, limit: number) {
     super(
       "too_large",
-      message ??
-        `The requested calls match ${matched} calls, more than the limit of ${limit}; ask for fewer call ids per request`,
+      `The requested calls match ${matched} calls, more than the limit of ${limit}; ask for fewer call ids per request`,
       { code: "request_too_large" },
     );
     this.matched = matched;
@@ -109,7 +108,7 @@ export function assertName(value: string, what: string): void {
   if (!NAME_PATTERN.test(value)) {
     throw new InvalidInputError(
       `${what} must be 1–128 letters, digits, ".", "_" or "-" (and not "." or ".."), got ${quote(value)}`,
-      { code: "invalid_name" },
+      { code: "invalid_value" },
     );
   }
 }

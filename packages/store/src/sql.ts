@@ -72,10 +72,14 @@ const PLACEHOLDER = /\$(\d+)/g;
  */
 function refuseNul(value: string): string {
   if (value.includes("\u0000")) {
-    throw new InvalidInputError("A string value contains a NUL character (U+0000).");
+    throw new InvalidInputError("A string value contains a NUL character (U+0000).", {
+      code: "invalid_value",
+    });
   }
   if (!value.isWellFormed()) {
-    throw new InvalidInputError("A string value contains a lone UTF-16 surrogate.");
+    throw new InvalidInputError("A string value contains a lone UTF-16 surrogate.", {
+      code: "invalid_value",
+    });
   }
   return value;
 }

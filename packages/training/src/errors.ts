@@ -1,12 +1,11 @@
 import { DomainError, type DomainErrorKind, type DomainErrorOptions } from "@arbor/store";
 
 /** Why training data cannot be had: a bad or refused URL (`invalid`), a file over the cap
- * (`too_large`), a dataset that is not there (`not_found`). Its message fits a job's
- * `error_message`. */
+ * (`too_large`). Its message fits a job's `error_message`. */
 export class TrainingDataError extends DomainError {
   override name = "TrainingDataError";
   constructor(
-    kind: Extract<DomainErrorKind, "invalid" | "too_large" | "not_found">,
+    kind: Extract<DomainErrorKind, "invalid" | "too_large">,
     message: string,
     options: DomainErrorOptions = {},
   ) {

@@ -125,8 +125,14 @@ export function validateTrajectoryGroups(groups: readonly Schemas["TrajectoryGro
 }
 
 /** An item of `messages_and_choices` that is a sampled assistant turn (an OpenAI choice). */
-function isChoice(item: object): boolean {
-  return "message" in item && "finish_reason" in item && "index" in item;
+function isChoice(item: unknown): boolean {
+  return (
+    typeof item === "object" &&
+    item !== null &&
+    "message" in item &&
+    "finish_reason" in item &&
+    "index" in item
+  );
 }
 
 /** What a job's size is known to be at create: its examples and, with a fixed batch size, its

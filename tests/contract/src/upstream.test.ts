@@ -115,6 +115,18 @@ describe("upstreams", () => {
     });
   });
 
+  it("when the upstream refuses a streamed request, then its 400 is still a plain error response", async () => {
+    const { response, error } = await client.createChatCompletion({
+      model: REMOTE,
+      messages: [{ role: "user", content: "Hi" }],
+      stream: true,
+      tools: [{ type: "function", function: { name: "f" } }],
+    } as never);
+    expect(response.status).toBe(400);
+    expect(response.headers.get("content-type")).toMatch(/^application\/json/);
+    expect(error).toMatchObject({ error: { message: "`tools` is not supported by this model." } });
+  });
+
   it("when the upstream is down, then 503 server_error with x-should-retry", async () => {
     await upstream.close();
     const { response, error } = await client.createChatCompletion({

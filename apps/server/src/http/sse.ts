@@ -18,9 +18,9 @@ export class SseWriter {
     });
   }
 
-  /** False once the client went away. */
+  /** False once the client went away (also before this writer was made). */
   get open(): boolean {
-    return this.#open && !this.#res.writableEnded;
+    return this.#open && !this.#res.writableEnded && !this.#res.destroyed;
   }
 
   send(data: unknown): void {

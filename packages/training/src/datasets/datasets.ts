@@ -1,7 +1,7 @@
-import { createInterface } from "node:readline";
+import { StringDecoder } from "node:string_decoder";
 import type { components } from "@arbor/spec/schema";
 import { type BlobStore, type Dataset, NotFoundError, quote, type Store } from "@arbor/store";
-import { parseSftLine, validateSftJsonl } from "./jsonl.ts";
+import { parseSftLine, validateSftJsonlAsync } from "./jsonl.ts";
 
 type DatasetLine = components["schemas"]["DatasetLine"];
 
@@ -33,7 +33,7 @@ export async function createDataset(
   store: Store,
   input: { entity: string; name: string | null; text: string },
 ): Promise<Dataset> {
-  const { lines } = validateSftJsonl(input.text);
+  const { lines } = await validateSftJsonlAsync(input.text);
   const blobs = requireBlobs(store);
   const id = store.datasets.newId();
   const blob_key = datasetBlobKey(id);
@@ -70,8 +70,9 @@ export async function datasetText(store: Store, dataset: Dataset): Promise<strin
 }
 
 /** A page of a dataset's examples after line `after` (0: from the start). The file is read as a
- * stream, line by line, and lines before the page are not parsed: a page of a 64 MB dataset
- * holds neither the file in memory nor the event loop for long. */
+ * stream, line by line (split at `\n` only, as uploads are), and lines before the page are not
+ * parsed: a page of a 64 MB dataset holds neither the file in memory nor the event loop for long.
+ * A stored line that no longer validates is the store's fault, not the caller's: a plain error. */
 export async function datasetLines(
   store: Store,
   dataset: Dataset,
@@ -80,22 +81,42 @@ export async function datasetLines(
   const stream = await requireBlobs(store).stream(dataset.blob_key);
   if (!stream) throw missingBlob(dataset);
   const data: DatasetLine[] = [];
-  let line = 0;
-  const reader = createInterface({ input: stream, crlfDelay: Number.POSITIVE_INFINITY });
   try {
-    for await (const raw of reader) {
+    let line = 0;
+    for await (const raw of lines(stream)) {
       line++;
       if (line <= page.after || raw.trim() === "") continue;
       if (data.length === page.limit) return { data, has_more: true };
-      // Stored lines were checked on upload; this is the same parse.
-      const example = parseSftLine(line === 1 ? raw.replace(/^\ufeff/, "") : raw, line);
+      let example: DatasetLine["example"];
+      try {
+        example = parseSftLine(line === 1 ? raw.replace(/^\ufeff/, "") : raw, line);
+      } catch (err) {
+        throw new Error(`Dataset ${dataset.id}: stored line ${line} does not validate`, {
+          cause: err,
+        });
+      }
       data.push({ id: String(line), object: "dataset.line", line, example });
     }
   } finally {
-    reader.close();
     stream.destroy();
   }
   return { data, has_more: false };
+}
+
+/** The `\n`-separated lines of a UTF-8 stream, decoded across chunk boundaries. */
+async function* lines(stream: AsyncIterable<Buffer>): AsyncGenerator<string> {
+  const decoder = new StringDecoder("utf8");
+  let pending = "";
+  for await (const chunk of stream) {
+    pending += decoder.write(chunk);
+    let start = 0;
+    for (let end = pending.indexOf("\n"); end >= 0; end = pending.indexOf("\n", start)) {
+      yield pending.slice(start, end);
+      start = end + 1;
+    }
+    pending = pending.slice(start);
+  }
+  yield pending + decoder.end();
 }
 
 function missingBlob(dataset: Dataset): Error {

@@ -49,7 +49,7 @@ export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { k
       : null;
     return {
       promptTokens: prompt.length,
-      events: (signal) =>
+      start: async (signal) =>
         generationEvents(engine.generate({ ...request, prompt, adapter }, { signal })),
     };
   }

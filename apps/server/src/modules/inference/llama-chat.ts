@@ -26,7 +26,7 @@ export const llamaChatBackend: ChatBackend<Extract<ResolvedModel, { kind: "llama
     }
     return {
       promptTokens,
-      events: (signal) => generationEvents(backend.generate(request, { signal })),
+      start: async (signal) => generationEvents(backend.generate(request, { signal })),
     };
   },
 };

@@ -22,8 +22,10 @@ export interface InferenceDeps {
 export function inferenceHandlers(deps: InferenceDeps): Handlers {
   // Both chat paths (with and without the trailing slash) take the same request.
   const chat = async ({ body, principal, project, req, res }: ChatInput) => {
-    const run = await deps.chat.start(principal, body, callOf(req, project, body));
+    // Listened for before anything is awaited: a client that leaves while the chat is being
+    // prepared must still stop it.
     const signal = disconnectSignal(res);
+    const run = await deps.chat.start(principal, body, callOf(req, project, body));
     if (!body.stream) return run.complete(signal);
     await streamSse(res, run.chunks(signal));
     return RESPONDED;

@@ -26,11 +26,14 @@ export type ChatEvent =
   /** The backend's own count, when it has one (an upstream's `usage`). */
   | { type: "usage"; promptTokens: number; completionTokens: number };
 
-/** A request a backend has checked and can run: every refusal happened before this exists. */
+/** A request a backend has checked and can run: every refusal of ours happened before this
+ * exists. */
 export interface PreparedChat {
   /** The prompt's tokens, when counted before generating (0 when the backend reports them). */
   promptTokens: number;
-  events(signal: AbortSignal): AsyncIterable<ChatEvent>;
+  /** Starts generating, once the call is recorded. It resolves when the backend has accepted
+   * the request (an upstream's headers are in), so a refusal then is still an error response. */
+  start(signal: AbortSignal): Promise<AsyncIterable<ChatEvent>>;
 }
 
 /** One way of serving chat (vLLM's layering): it checks a request and then runs it. */
@@ -107,36 +110,59 @@ export class ChatRun {
 
   /** Runs to the end and answers the whole completion. */
   async complete(signal: AbortSignal): Promise<ChatCompletion> {
-    for await (const _ of this.#events(signal));
+    for await (const _ of this.#events(await this.#start(signal), signal));
     return this.#result();
   }
 
-  /** The completion as chunks: each choice's role first, then its text as it comes, its finish,
-   * and the usage last when `stream_options.include_usage` asks for it. */
+  /**
+   * The completion as chunks: each choice's role first, then its text as it comes, its finish,
+   * and the usage last when `stream_options.include_usage` asks for it. Nothing is yielded
+   * before the backend has started, so its refusal (an upstream's 4xx, an outage) is still an
+   * error response rather than a stream that fails.
+   */
   async *chunks(signal: AbortSignal): AsyncGenerator<ChatCompletionChunk> {
+    const started = await this.#start(signal);
     for (let index = 0; index < (this.#body.n ?? 1); index++) {
       yield this.#chunk([
         { index, delta: { role: "assistant", content: "" }, finish_reason: null },
       ]);
     }
     // A reader that stops early (the client left) ends the run, and so records it.
-    for await (const event of this.#events(signal)) {
-      yield this.#chunk([
-        event.type === "delta"
-          ? {
-              index: event.choice,
-              delta: { content: event.content },
-              finish_reason: null,
-              ...(event.logprobs ? { logprobs: { content: event.logprobs } } : {}),
-            }
-          : {
-              index: event.choice,
-              delta: event.content ? { content: event.content } : {},
-              finish_reason: event.finishReason,
-            },
-      ]);
-    }
+    for await (const event of this.#events(started, signal)) yield this.#eventChunk(event);
     if (this.#body.stream_options?.include_usage) yield this.#chunk([], this.#result().usage);
+  }
+
+  /** Starts the backend; when it refuses or fails, the call is ended with why, and it throws
+   * (nothing was sent yet). */
+  async #start(signal: AbortSignal): Promise<AsyncIterable<ChatEvent>> {
+    try {
+      return await this.#prepared.start(signal);
+    } catch (err) {
+      await this.#call.close({
+        promptTokens: this.#prepared.promptTokens,
+        completionTokens: 0,
+        output: null,
+        exception: exceptionText(err, signal),
+      });
+      throw err;
+    }
+  }
+
+  #eventChunk(event: Exclude<ChatEvent, { type: "usage" }>): ChatCompletionChunk {
+    return this.#chunk([
+      event.type === "delta"
+        ? {
+            index: event.choice,
+            delta: { content: event.content },
+            finish_reason: null,
+            ...(event.logprobs ? { logprobs: { content: event.logprobs } } : {}),
+          }
+        : {
+            index: event.choice,
+            delta: event.content ? { content: event.content } : {},
+            finish_reason: event.finishReason,
+          },
+    ]);
   }
 
   #result(): ChatCompletion {
@@ -162,9 +188,13 @@ export class ChatRun {
   /**
    * The backend's events, gathered into the completion they make (`#result()`); the one
    * place a chat's call is ended, with its usage, however the run ends (finished, failed, or its
-   * reader gone): the backend's own count when it gave one, else the tokens counted so far.
+   * reader gone): the backend's own count when it gave one, else the tokens counted so far
+   * (an upstream that sends no usage is counted a token per chunk of text).
    */
-  async *#events(signal: AbortSignal): AsyncGenerator<Exclude<ChatEvent, { type: "usage" }>> {
+  async *#events(
+    started: AsyncIterable<ChatEvent>,
+    signal: AbortSignal,
+  ): AsyncGenerator<Exclude<ChatEvent, { type: "usage" }>> {
     const choices = Array.from({ length: this.#body.n ?? 1 }, () => ({
       text: "",
       logprobs: [] as TokenLogprobs,
@@ -175,7 +205,7 @@ export class ChatRun {
     let failure: unknown;
     let finished = false;
     try {
-      for await (const event of this.#prepared.events(signal)) {
+      for await (const event of started) {
         if (event.type === "usage") {
           ({ promptTokens, completionTokens } = event);
           continue;
@@ -218,17 +248,19 @@ export class ChatRun {
         promptTokens,
         completionTokens,
         output: finished ? completion : null,
-        exception: finished
-          ? null
-          : signal.aborted || failure === undefined
-            ? "cancelled: the client disconnected"
-            : failure instanceof Error
-              ? failure.message
-              : String(failure),
+        exception: finished ? null : exceptionText(failure, signal),
       });
     }
-    if (failure !== undefined) throw failure;
+    // A client that left gets nothing more; its run ended as it should, not as a failure.
+    if (failure !== undefined && !signal.aborted) throw failure;
   }
+}
+
+/** Why a run ended early, as its call records it: a client that left, or the failure. A reader
+ * that stopped without a failure left too. */
+function exceptionText(failure: unknown, signal: AbortSignal): string {
+  if (signal.aborted || failure === undefined) return "cancelled: the client disconnected";
+  return failure instanceof Error ? failure.message : String(failure);
 }
 
 /** The engine's (and llama.cpp's) generation events as chat events. */

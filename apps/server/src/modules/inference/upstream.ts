@@ -29,16 +29,15 @@ export const upstreamChatBackend: ChatBackend<Extract<ResolvedModel, { kind: "up
       stream: true,
       stream_options: { include_usage: true },
     };
-    return { promptTokens: 0, events: (signal) => upstreamEvents(upstream, outgoing, signal) };
+    return {
+      promptTokens: 0,
+      start: async (signal) => upstreamEvents(await postUpstream(upstream, outgoing, signal)),
+    };
   },
 };
 
-async function* upstreamEvents(
-  upstream: UpstreamConfig,
-  body: Record<string, unknown>,
-  signal: AbortSignal,
-): AsyncGenerator<ChatEvent> {
-  const response = await postUpstream(upstream, body, signal);
+/** The events of an upstream's accepted streaming response. */
+async function* upstreamEvents(response: Response): AsyncGenerator<ChatEvent> {
   for await (const chunk of upstreamChunks(response)) {
     for (const choice of chunk.choices ?? []) {
       const content = choice.delta?.content ?? "";
@@ -48,7 +47,8 @@ async function* upstreamEvents(
           type: "delta",
           choice: choice.index,
           content,
-          tokens: 0,
+          // A chunk carries about one token; the upstream's own usage, asked for, replaces this.
+          tokens: content ? 1 : 0,
           ...(logprobs ? { logprobs } : {}),
         };
       }
@@ -132,11 +132,20 @@ function refusal(status: number, message: string, headers: Headers): DomainError
     case 429:
       return new DomainError("rate_limited", `The upstream is rate limiting: ${message}`, {
         code: "rate_limit_exceeded",
-        retryAfterSeconds: Number(headers.get("retry-after")) || 1,
+        retryAfterSeconds: retryAfterSeconds(headers.get("retry-after")),
       });
     default:
       return new InvalidInputError(message);
   }
+}
+
+/** `Retry-After` as seconds from now: a number, or an HTTP date; 1 when absent or unreadable. */
+function retryAfterSeconds(value: string | null): number {
+  if (!value) return 1;
+  const seconds = Number(value);
+  if (Number.isFinite(seconds) && seconds >= 0) return Math.ceil(seconds);
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? 1 : Math.max(1, Math.ceil((at - Date.now()) / 1000));
 }
 
 function unavailable(message: string): UnavailableError {
