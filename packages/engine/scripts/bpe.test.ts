@@ -1,10 +1,19 @@
 import { describe, expect, it } from "vitest";
-import { tinyTokenizer } from "../test/fixtures.ts";
-import { renderChat } from "./chat.ts";
-import { Tokenizer } from "./tokenizer.ts";
+import { Tokenizer } from "../src/tokenizer.ts";
+import { BpeTokenizer, trainBpe } from "./bpe.ts";
 
-describe("Tokenizer", () => {
-  const tokenizer = tinyTokenizer();
+/** The hand-written BPE that builds tiny-chat's vocabulary; the engine reads what it writes with
+ * @huggingface/tokenizers, and both must agree. */
+describe("BpeTokenizer", () => {
+  const tokenizer = trainBpe(
+    [
+      "Hello there! What is 7 + 5? 7 + 5 = 12.",
+      "The cat sat on the mat. The dog sat on the log.",
+      'Answer in JSON: {"name": "Ada", "age": 36, "ok": true}',
+      "Reverse the word apple: elppa. Uppercase: APPLE.",
+    ],
+    { vocabSize: 300, specialTokens: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] },
+  );
 
   it("when text is encoded and decoded, then it round-trips, including non-ASCII and specials", () => {
     const text = "<|im_start|>user\nHéllo wörld 123 🙂 The cat!<|im_end|>\n";
@@ -19,19 +28,27 @@ describe("Tokenizer", () => {
     expect(tokenizer.merges.length).toBeGreaterThan(10);
   });
 
-  it("when written to tokenizer.json and read back, then it encodes identically", () => {
+  it("when written to tokenizer.json and read back, then it encodes identically, and so does @huggingface/tokenizers", () => {
     const json = JSON.parse(JSON.stringify(tokenizer.toJson()));
     expect(json.model.type).toBe("BPE");
     expect(json.pre_tokenizer.pretokenizers[1].type).toBe("ByteLevel");
-    const again = Tokenizer.fromJson(json);
-    const text = "The dog sat on 7 + 5 = 12. <|endoftext|>";
-    expect(again.encode(text)).toEqual(tokenizer.encode(text));
+    const again = BpeTokenizer.fromJson(json);
+    const hf = new Tokenizer({ tokenizer: json, config: {} });
+    for (const text of [
+      "The dog sat on 7 + 5 = 12. <|endoftext|>",
+      "Héllo   wörld!\n\n  spaces\ttabs 🙂 don't it's",
+      '{"answer": 12, "ok": true}',
+    ]) {
+      expect(again.encode(text)).toEqual(tokenizer.encode(text));
+      expect(hf.encode(text, { special: true }), text).toEqual(tokenizer.encode(text));
+    }
     expect(again.vocabSize).toBe(tokenizer.vocabSize);
+    expect(hf.vocabSize).toBe(tokenizer.vocabSize);
   });
 
   it("when a GPT-2 style tokenizer.json with string merges is read, then it applies them", () => {
     const vocab: Record<string, number> = { h: 0, e: 1, he: 2, Ġ: 3, Ġhe: 4 };
-    const t = Tokenizer.fromJson({
+    const t = BpeTokenizer.fromJson({
       model: { type: "BPE", vocab, merges: ["h e", "Ġ he"] },
       added_tokens: [],
       pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, use_regex: true },
@@ -41,7 +58,7 @@ describe("Tokenizer", () => {
 
   it("when words are merged, then the ids equal a rescanning reference BPE's, and a 100,000-letter word still encodes", () => {
     const json = tokenizer.toJson() as { model: { vocab: Record<string, number> } };
-    const ranks = new Map(tokenizer.merges.map(([a, b], i) => [`${a} ${b}`, i]));
+    const ranks = new Map(tokenizer.merges.map(([a, b], i) => [`${a} ${b}`, i] as const));
     // The textbook loop: merge the lowest-ranked adjacent pair (leftmost among equals) until none.
     const reference = (word: string) => {
       let parts = [...word];
@@ -76,38 +93,5 @@ describe("Tokenizer", () => {
     // The rescanning loop is quadratic in a pre-token's length (this took minutes); the queue is not.
     const long = "thecat".repeat(100_000 / 6);
     expect(tokenizer.decode(tokenizer.encode(long))).toBe(long);
-  });
-});
-
-describe("renderChat", () => {
-  const tokenizer = tinyTokenizer();
-
-  it("when a conversation is rendered, then it is ChatML and only assistant tokens are masked", () => {
-    const chat = renderChat(
-      tokenizer,
-      [
-        { role: "system", content: "Be brief." },
-        { role: "developer", content: "Use JSON." },
-        { role: "user", content: "Hi" },
-        { role: "assistant", content: "Hello!" },
-        { role: "tool", content: "42" },
-      ],
-      { addGenerationPrompt: true },
-    );
-    expect(chat.text).toBe(
-      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>developer\nUse JSON.<|im_end|>\n" +
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n" +
-        "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n",
-    );
-    expect(tokenizer.decode(chat.tokens)).toBe(chat.text);
-    const masked = chat.tokens.filter((_, i) => chat.assistantMask[i] === 1);
-    expect(tokenizer.decode(masked)).toBe("Hello!<|im_end|>");
-  });
-
-  it("when an assistant message has tool calls, then they are rendered in tool_call tags", () => {
-    const chat = renderChat(tokenizer, [
-      { role: "assistant", content: "", toolCalls: [{ name: "add", arguments: '{"a":1}' }] },
-    ]);
-    expect(chat.text).toContain('<tool_call>\n{"name":"add","arguments":{"a":1}}\n</tool_call>');
   });
 });

@@ -1,4 +1,8 @@
-/** Byte-level BPE tokenizer in the Hugging Face tokenizer.json format (GPT-2 byte mapping). */
+/**
+ * The hand-written byte-level BPE: the trainer that builds tiny-chat's vocabulary, and the encoder it
+ * used before the engine read tokenizer.json with @huggingface/tokenizers (kept to rebuild
+ * tiny-chat and as the baseline of bench/tokenizers.ts). Nothing at run time uses it.
+ */
 
 /** Qwen2-style split: single digits, so numbers are spelt digit by digit. */
 export const DEFAULT_SPLIT_PATTERN =
@@ -41,7 +45,7 @@ export function bytesToSymbols(bytes: Uint8Array): string {
   return s;
 }
 
-export class Tokenizer {
+export class BpeTokenizer {
   readonly vocab: Map<string, number>;
   readonly idToToken: string[];
   readonly merges: [string, string][];
@@ -201,7 +205,7 @@ export class Tokenizer {
     return new TextDecoder().decode(bytes);
   }
 
-  static fromJson(json: unknown): Tokenizer {
+  static fromJson(json: unknown): BpeTokenizer {
     const root = json as {
       model?: { type?: string; vocab?: Record<string, number>; merges?: (string | string[])[] };
       added_tokens?: { id: number; content: string; special?: boolean }[];
@@ -216,7 +220,7 @@ export class Tokenizer {
       const space = m.indexOf(" ", 1);
       return [m.slice(0, space), m.slice(space + 1)];
     });
-    return new Tokenizer({
+    return new BpeTokenizer({
       vocab: new Map(Object.entries(model.vocab)),
       merges,
       addedTokens: (root.added_tokens ?? []).map((t) => ({
@@ -313,7 +317,7 @@ function findSplitPattern(pre: unknown): string {
 export function trainBpe(
   corpus: Iterable<string>,
   options: { vocabSize: number; specialTokens: string[]; splitPattern?: string },
-): Tokenizer {
+): BpeTokenizer {
   const splitPattern = options.splitPattern ?? DEFAULT_SPLIT_PATTERN;
   const regex = compileSplit(splitPattern);
   const encoder = new TextEncoder();
@@ -363,7 +367,7 @@ export function trainBpe(
     content,
     special: true,
   }));
-  return new Tokenizer({ vocab, merges, addedTokens, splitPattern });
+  return new BpeTokenizer({ vocab, merges, addedTokens, splitPattern });
 }
 
 /** A binary min-heap of (rank, position) merge candidates; ties go to the leftmost position. */

@@ -4,17 +4,22 @@
  * Everything derives from SEED: the BPE corpus, the training stream and the initial weights.
  */
 import { fileURLToPath } from "node:url";
-import { END_OF_TEXT, IM_END, IM_START, renderChat } from "../src/chat.ts";
+import type { ChatFiles } from "../src/chat.ts";
 import type { ModelConfig } from "../src/config.ts";
 import { createKvCache, forwardBatch } from "../src/forward.ts";
 import { createWasmKernels } from "../src/kernels/wasm.ts";
 import { createModel, parameterCount, saveModel } from "../src/model.ts";
 import { Trainer } from "../src/optim.ts";
 import { Rng } from "../src/rng.ts";
-import { trainBpe } from "../src/tokenizer.ts";
 import type { TrainBatch } from "../src/train.ts";
 import { initWeights } from "../src/weights.ts";
+import { trainBpe } from "./bpe.ts";
 import { syntheticDialogue } from "./synthetic-chat.ts";
+import { TINY_CHAT_TEMPLATE } from "./tiny-chat-template.ts";
+
+const END_OF_TEXT = "<|endoftext|>";
+const IM_START = "<|im_start|>";
+const IM_END = "<|im_end|>";
 
 const SEED = 20261123;
 const VOCAB = 768;
@@ -50,7 +55,40 @@ const config: ModelConfig = {
   bosTokenId: endOfText,
   eosTokenId: [imEnd, endOfText],
 };
-const model = createModel(config, initWeights(config, SEED + 1), tokenizer);
+const tokenizerJson = tokenizer.toJson();
+const files: ChatFiles = {
+  tokenizer: {
+    tokenizer: tokenizerJson,
+    config: {
+      tokenizer_class: "PreTrainedTokenizerFast",
+      add_bos_token: false,
+      add_eos_token: false,
+      bos_token: END_OF_TEXT,
+      eos_token: IM_END,
+      pad_token: END_OF_TEXT,
+      model_max_length: 256,
+      clean_up_tokenization_spaces: false,
+      added_tokens_decoder: Object.fromEntries(
+        tokenizer.addedTokens.map((a) => [
+          String(a.id),
+          {
+            content: a.content,
+            lstrip: false,
+            rstrip: false,
+            normalized: false,
+            single_word: false,
+            special: a.special,
+          },
+        ]),
+      ),
+    },
+  },
+  tokenizerFile: "tokenizer.json",
+  template: TINY_CHAT_TEMPLATE,
+  templateFile: "tokenizer_config.json",
+  generation: { eosTokenId: [], raw: {} },
+};
+const model = createModel(config, initWeights(config, SEED + 1), files);
 console.log(
   `tiny-chat: ${parameterCount(model)} parameters, vocab ${tokenizer.vocabSize}, ${steps} steps of ${BATCH}×${SEQ}`,
 );
@@ -61,7 +99,7 @@ let stream: number[] = [];
 function nextBatch(): TrainBatch {
   const need = BATCH * (SEQ + 1);
   while (stream.length < need) {
-    stream.push(...renderChat(tokenizer, syntheticDialogue(streamRng)).tokens, endOfText);
+    stream.push(...model.chat.encode(syntheticDialogue(streamRng)), endOfText);
   }
   const inputs = new Int32Array(BATCH * SEQ);
   const targets = new Int32Array(BATCH * SEQ);
@@ -102,12 +140,12 @@ for (let step = 0; step < steps; step++) {
   }
 }
 
-function greedy(prompt: string): string {
-  const chat = renderChat(tokenizer, [{ role: "user", content: prompt }], {
+function greedy(question: string): string {
+  const prompt = model.chat.encode([{ role: "user", content: question }], {
     addGenerationPrompt: true,
   });
   const cache = createKvCache(model);
-  let logits = forwardBatch(model, kernels, [{ cache, tokens: chat.tokens }])[0]!;
+  let logits = forwardBatch(model, kernels, [{ cache, tokens: prompt }])[0]!;
   const out: number[] = [];
   for (let i = 0; i < 40; i++) {
     let best = 0;
@@ -116,7 +154,7 @@ function greedy(prompt: string): string {
     out.push(best);
     logits = forwardBatch(model, kernels, [{ cache, tokens: [best] }])[0]!;
   }
-  return tokenizer.decode(out);
+  return model.tokenizer.decode(out);
 }
 for (const prompt of [
   "What is 7 + 5?",

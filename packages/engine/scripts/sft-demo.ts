@@ -10,7 +10,6 @@ import { loadModel } from "../src/model.ts";
 import { Trainer } from "../src/optim.ts";
 import { Rng } from "../src/rng.ts";
 import { packBatch } from "../src/sft.ts";
-import { tokenizeChat } from "../src/training-data.ts";
 import { jsonAnswerExample, reversalExample } from "./synthetic-chat.ts";
 
 const dir = process.argv[2] ?? fileURLToPath(new URL("../models/tiny-chat/", import.meta.url));
@@ -52,7 +51,7 @@ while ((performance.now() - start) / 1000 < seconds && steps < 200) {
     ];
   });
   const sequences = chats.map((chat) => {
-    const { tokens, mask } = tokenizeChat(model.tokenizer, chat, () => true);
+    const { tokens, mask } = model.chat.trainingTokens(chat, () => true);
     return { tokens, weights: mask };
   });
   loss = trainer.step(packBatch(sequences, 49)).loss;

@@ -85,3 +85,44 @@ export function configToJson(config: ModelConfig): Record<string, unknown> {
     torch_dtype: "float32",
   };
 }
+
+/** `generation_config.json`: the ids that end the text, and sampling defaults that apply when a
+ * request leaves a field out. */
+export interface GenerationConfig {
+  eosTokenId: number[];
+  /** 0 when the model's config says `do_sample: false` (greedy). */
+  temperature?: number;
+  topP?: number;
+  topK?: number;
+  minP?: number;
+  repetitionPenalty?: number;
+  /** The file as read, written back by `saveModel`. */
+  raw: Record<string, unknown>;
+}
+
+export function parseGenerationConfig(json: Record<string, unknown>): GenerationConfig {
+  const num = (key: string): number | undefined => {
+    const value = json[key];
+    return typeof value === "number" && Number.isFinite(value) ? value : undefined;
+  };
+  const eos = json["eos_token_id"];
+  const out: GenerationConfig = {
+    eosTokenId: Array.isArray(eos)
+      ? eos.filter((x): x is number => typeof x === "number")
+      : typeof eos === "number"
+        ? [eos]
+        : [],
+    raw: json,
+  };
+  const temperature = json["do_sample"] === false ? 0 : num("temperature");
+  if (temperature !== undefined) out.temperature = temperature;
+  const topP = num("top_p");
+  if (topP !== undefined) out.topP = topP;
+  const topK = num("top_k");
+  if (topK !== undefined) out.topK = topK;
+  const minP = num("min_p");
+  if (minP !== undefined) out.minP = minP;
+  const penalty = num("repetition_penalty");
+  if (penalty !== undefined) out.repetitionPenalty = penalty;
+  return out;
+}

@@ -9,7 +9,7 @@ import type { FromEngineThread, ToEngineThread } from "./engine-thread.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
 import { adapterFromFiles, type LoraAdapter } from "./lora.ts";
 import { loadModel, parameterCount } from "./model.ts";
-import { ContextLengthError, PromptEncoder } from "./prompt-encoder.ts";
+import { ContextLengthError } from "./prompt-encoder.ts";
 
 const { modelDir, threads } = workerData as { modelDir: string; threads: number };
 const post = (message: FromEngineThread, transfer: ArrayBuffer[] = []) =>
@@ -23,7 +23,7 @@ try {
     type: "ready",
     info: {
       config: model.config,
-      maxTokenBytes: new PromptEncoder(model.tokenizer).maxTokenBytes,
+      maxTokenBytes: model.tokenizer.maxTokenBytes(),
       parameters: parameterCount(model),
     },
   });

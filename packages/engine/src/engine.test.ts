@@ -8,7 +8,7 @@ import { createWasmKernels } from "./kernels/wasm.ts";
 import { Rng } from "./rng.ts";
 
 const model = tinyModel(21);
-const prompt = model.tokenizer.encode("The cat sat");
+const prompt = model.tokenizer.encode("The cat sat", { special: true });
 
 function argmax(values: number[]): number {
   let best = 0;
@@ -81,7 +81,9 @@ describe("Engine", () => {
 
   it("when requests run concurrently, then they share forward passes and match solo runs", async () => {
     const requests = [1, 2, 3, 4].map((seed) => ({
-      prompt: model.tokenizer.encode(["Hello", "The dog", "Answer in", "7 + 5"][seed - 1]!),
+      prompt: model.tokenizer.encode(["Hello", "The dog", "Answer in", "7 + 5"][seed - 1]!, {
+        special: true,
+      }),
       maxTokens: 10,
       temperature: seed === 1 ? 0 : 0.9,
       seed,
@@ -100,6 +102,7 @@ describe("Engine", () => {
   it("when prompts are prefilled in small chunks, then results equal one-shot prefill", async () => {
     const long = model.tokenizer.encode(
       "The cat sat on the mat. The dog sat on the log. Hello there!",
+      { special: true },
     );
     const request = { prompt: long, maxTokens: 8, temperature: 0.8, seed: 4 };
     const oneShot = await new Engine(model).complete(request);

@@ -1,4 +1,4 @@
-import { type ChatMessage, END_OF_TEXT, IM_END, renderChat } from "./chat.ts";
+import type { ChatMessage } from "./chat.ts";
 import { createKvCache, forwardBatch, type KvCache } from "./forward.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import type { Kernels } from "./kernels/types.ts";
@@ -7,8 +7,13 @@ import { checkAdapter, type LoraAdapter } from "./lora.ts";
 import type { Model } from "./model.ts";
 import { PromptEncoder } from "./prompt-encoder.ts";
 import { deriveSeed, Rng } from "./rng.ts";
-import { applyPenalties, logSoftmax, sampleToken, topLogprobs } from "./sampling.ts";
-import { bytesToSymbols } from "./tokenizer.ts";
+import {
+  applyPenalties,
+  applyRepetitionPenalty,
+  logSoftmax,
+  sampleToken,
+  topLogprobs,
+} from "./sampling.ts";
 
 export type ResponseFormat =
   | { type: "text" }
@@ -16,15 +21,25 @@ export type ResponseFormat =
   | { type: "json_schema"; schema: JsonSchema };
 
 export interface GenerateRequest {
-  /** Chat messages, rendered with the ChatML template and a generation prompt… */
+  /** Chat messages, rendered with the model's chat template and its generation prompt… */
   messages?: readonly ChatMessage[];
+  /** …with these tool definitions (OpenAI's `tools`), when the template renders tools. */
+  tools?: readonly Record<string, unknown>[];
   /** …or a raw prompt, as text or token ids. */
   prompt?: string | readonly number[];
   /** Defaults to the rest of the context window. */
   maxTokens?: number;
-  /** 0 is greedy. Default 1. */
+  /** 0 is greedy. Default: the model's generation_config.json, else 1. */
   temperature?: number;
+  /** Defaults, like `temperature`, come from generation_config.json when it has them. */
   topP?: number;
+  /** Sample among the k most likely tokens only (0: no cut). */
+  topK?: number;
+  /** Drop tokens less likely than `minP` × the most likely one's probability. */
+  minP?: number;
+  /** Hugging Face's: logits of tokens already in the prompt or the output are divided by it
+   * (multiplied when negative). 1: none. */
+  repetitionPenalty?: number;
   seed?: number;
   stop?: readonly string[];
   logprobs?: boolean;
@@ -81,7 +96,7 @@ export interface Completion {
 interface Sequence {
   choice: number;
   request: Required<
-    Omit<GenerateRequest, "messages" | "prompt" | "responseFormat" | "stop" | "adapter">
+    Omit<GenerateRequest, "messages" | "tools" | "prompt" | "responseFormat" | "stop" | "adapter">
   > & {
     stop: readonly string[];
     json: JsonSchema | null;
@@ -93,6 +108,8 @@ interface Sequence {
   promptTokens: number;
   generated: number[];
   counts: Map<number, number>;
+  /** Every token of the prompt and the output, for the repetition penalty. */
+  seen: Set<number>;
   rng: Rng;
   json: JsonConstraint | null;
   /** JSON output being closed early because the token budget runs out: it ends as `length`. */
@@ -125,12 +142,7 @@ export class Engine {
     this.model = model;
     this.maxStepTokens = Math.max(1, options.maxStepTokens ?? 512);
     this.kernels = options.kernels ?? defaultKernels();
-    const t = model.tokenizer;
-    this.stopTokens = new Set(model.config.eosTokenId);
-    for (const name of [IM_END, END_OF_TEXT]) {
-      const id = t.tokenId(name);
-      if (id !== undefined) this.stopTokens.add(id);
-    }
+    this.stopTokens = new Set(model.chat.stopIds);
   }
 
   get activeSequences(): number {
@@ -145,7 +157,7 @@ export class Engine {
    * room for one generated token, found from the byte length alone when it is far too long.
    */
   encodeChat(messages: readonly ChatMessage[]): Promise<number[]> {
-    this.#prompts ??= new PromptEncoder(this.model.tokenizer);
+    this.#prompts ??= new PromptEncoder(this.model.chat);
     return this.#prompts.encodeChat(messages, {
       addGenerationPrompt: true,
       contextLength: this.model.config.maxPositions,
@@ -176,7 +188,8 @@ export class Engine {
         `generate: prompt of ${prompt.length} tokens fills the ${limit}-token context`,
       );
     const maxTokens = Math.min(request.maxTokens ?? limit, limit - prompt.length);
-    const topK = Math.min(20, Math.max(0, request.topLogprobs ?? 0));
+    const alternatives = Math.min(20, Math.max(0, request.topLogprobs ?? 0));
+    const defaults = this.model.generation;
     const json =
       request.responseFormat?.type === "json_object"
         ? ({ type: "object" } as JsonSchema)
@@ -185,12 +198,15 @@ export class Engine {
           : null;
     const normalized: Sequence["request"] = {
       maxTokens,
-      temperature: request.temperature ?? 1,
-      topP: request.topP ?? 1,
+      temperature: request.temperature ?? defaults.temperature ?? 1,
+      topP: request.topP ?? defaults.topP ?? 1,
+      topK: request.topK ?? defaults.topK ?? 0,
+      minP: request.minP ?? defaults.minP ?? 0,
+      repetitionPenalty: request.repetitionPenalty ?? defaults.repetitionPenalty ?? 1,
       seed: request.seed ?? 0,
       stop: request.stop ?? [],
-      logprobs: request.logprobs ?? topK > 0,
-      topLogprobs: topK,
+      logprobs: request.logprobs ?? alternatives > 0,
+      topLogprobs: alternatives,
       presencePenalty: request.presencePenalty ?? 0,
       frequencyPenalty: request.frequencyPenalty ?? 0,
       n,
@@ -212,6 +228,7 @@ export class Engine {
         promptTokens: prompt.length,
         generated: [],
         counts: new Map(),
+        seen: new Set(prompt),
         rng: new Rng(deriveSeed(normalized.seed, choice)),
         json: json ? new JsonConstraint(json) : null,
         truncated: false,
@@ -267,10 +284,14 @@ export class Engine {
   }
 
   private promptTokens(request: GenerateRequest): number[] {
-    const t = this.model.tokenizer;
-    if (request.messages)
-      return renderChat(t, request.messages, { addGenerationPrompt: true }).tokens;
-    if (typeof request.prompt === "string") return t.encode(request.prompt);
+    if (request.messages) {
+      return this.model.chat.encode(request.messages, {
+        addGenerationPrompt: true,
+        tools: request.tools,
+      });
+    }
+    if (typeof request.prompt === "string")
+      return this.model.tokenizer.encode(request.prompt, { special: true });
     if (request.prompt) return [...request.prompt];
     throw new Error("generate: give messages or a prompt");
   }
@@ -343,6 +364,7 @@ export class Engine {
   private advance(s: Sequence, rawLogits: Float32Array): void {
     const r = s.request;
     const logits = Float32Array.from(rawLogits);
+    applyRepetitionPenalty(logits, s.seen, r.repetitionPenalty);
     applyPenalties(logits, s.counts, r.presencePenalty, r.frequencyPenalty);
     let allowed: Uint8Array | null = null;
     let forced: number | null = null;
@@ -368,13 +390,19 @@ export class Engine {
     // A forced token may lie outside the mask: report the model's own log-probability for it.
     if (forced !== null && !Number.isFinite(logprobs[forced]!)) logprobs = logSoftmax(logits, null);
     const token =
-      forced ?? sampleToken(logprobs, { temperature: r.temperature, topP: r.topP }, s.rng);
+      forced ??
+      sampleToken(
+        logprobs,
+        { temperature: r.temperature, topP: r.topP, topK: r.topK, minP: r.minP },
+        s.rng,
+      );
     if (this.stopTokens.has(token) && !s.json) {
       this.finish(s, "stop");
       return;
     }
     s.generated.push(token);
     s.counts.set(token, (s.counts.get(token) ?? 0) + 1);
+    s.seen.add(token);
     s.json?.feed(this.texts()[token] ?? "");
 
     const full = this.model.tokenizer.decode(s.generated);
@@ -525,8 +553,9 @@ export class Engine {
   private charToken(ch: string): number {
     let id = this.charTokens.get(ch);
     if (id === undefined) {
-      id = this.model.tokenizer.vocab.get(bytesToSymbols(new TextEncoder().encode(ch)));
-      if (id === undefined) throw new Error(`tokenizer has no token for ${JSON.stringify(ch)}`);
+      const ids = this.model.tokenizer.encode(ch, { special: false });
+      if (ids.length !== 1) throw new Error(`tokenizer has no token for ${JSON.stringify(ch)}`);
+      id = ids[0]!;
       this.charTokens.set(ch, id);
     }
     return id;

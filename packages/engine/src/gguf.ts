@@ -1,5 +1,4 @@
 import { writeFile } from "node:fs/promises";
-import { CHATML_TEMPLATE } from "./chat.ts";
 import { configToJson } from "./config.ts";
 import type { Model } from "./model.ts";
 import type { LayerWeights } from "./weights.ts";
@@ -205,7 +204,7 @@ export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
 
   const tokens = Array.from(
     { length: config.vocabSize },
-    (_, id) => tokenizer.idToToken[id] ?? `[PAD${id}]`,
+    (_, id) => tokenizer.token(id) ?? `[PAD${id}]`,
   );
   const tokenTypes = tokens.map((_, id) =>
     id >= tokenizer.vocabSize ? 5 : tokenizer.isSpecial(id) ? 3 : 1,
@@ -232,12 +231,9 @@ export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
     ["tokenizer.ggml.pre", { type: "string", value: "qwen2" }],
     ["tokenizer.ggml.tokens", { type: "string[]", value: tokens }],
     ["tokenizer.ggml.token_type", { type: "i32[]", value: tokenTypes }],
-    [
-      "tokenizer.ggml.merges",
-      { type: "string[]", value: tokenizer.merges.map(([a, b]) => `${a} ${b}`) },
-    ],
+    ["tokenizer.ggml.merges", { type: "string[]", value: tokenizer.merges() }],
     ["tokenizer.ggml.add_bos_token", { type: "bool", value: false }],
-    ["tokenizer.chat_template", { type: "string", value: CHATML_TEMPLATE }],
+    ["tokenizer.chat_template", { type: "string", value: model.chat.template.source }],
   ];
   if (config.bosTokenId !== null)
     metadata.push(["tokenizer.ggml.bos_token_id", { type: "u32", value: config.bosTokenId }]);

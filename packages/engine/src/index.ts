@@ -3,7 +3,7 @@
  * contract tests use. Everything else is the engine's own (its tests import modules directly).
  */
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
-export { type ChatMessage, END_OF_TEXT, IM_END, IM_START, renderChat } from "./chat.ts";
+export { type ChatMessage, PromptError } from "./chat.ts";
 export {
   Engine,
   type GenerationEvent,
@@ -31,8 +31,9 @@ export {
 export { LoraTrainer } from "./lora-train.ts";
 export { loadModel, type Model, parameterCount } from "./model.ts";
 export { Trainer } from "./optim.ts";
-export { ContextLengthError, PromptError } from "./prompt-encoder.ts";
+export { ContextLengthError } from "./prompt-encoder.ts";
 export { type RlConfig, type TrajectoryGroup, trainRlStep } from "./rl.ts";
 export { deriveSeed, Rng } from "./rng.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
+export { ModelFileError } from "./tokenizer.ts";
 export { TrainingInputError } from "./training-data.ts";

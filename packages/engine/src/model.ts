@@ -1,9 +1,15 @@
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { CHATML_TEMPLATE, END_OF_TEXT } from "./chat.ts";
-import { configToJson, type ModelConfig, parseConfig } from "./config.ts";
+import { type ChatFiles, ChatFormat } from "./chat.ts";
+import {
+  configToJson,
+  type GenerationConfig,
+  type ModelConfig,
+  parseConfig,
+  parseGenerationConfig,
+} from "./config.ts";
 import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
-import { Tokenizer } from "./tokenizer.ts";
+import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
 import {
   countParameters,
   type ModelWeights,
@@ -15,6 +21,10 @@ export interface Model {
   config: ModelConfig;
   weights: ModelWeights;
   tokenizer: Tokenizer;
+  /** The tokenizer with the model's chat template and the ids that end a turn. */
+  chat: ChatFormat;
+  /** `generation_config.json`: sampling defaults for fields a request leaves out. */
+  generation: GenerationConfig;
   rope: RopeTables;
   /** Bumped whenever weights change in place, so kernels can refresh cached copies. */
   version: number;
@@ -26,12 +36,17 @@ export interface RopeTables {
   half: number;
 }
 
-export function createModel(
-  config: ModelConfig,
-  weights: ModelWeights,
-  tokenizer: Tokenizer,
-): Model {
-  return { config, weights, tokenizer, rope: ropeTables(config), version: 0 };
+export function createModel(config: ModelConfig, weights: ModelWeights, files: ChatFiles): Model {
+  const chat = new ChatFormat(files, config.eosTokenId);
+  return {
+    config,
+    weights,
+    tokenizer: chat.tokenizer,
+    chat,
+    generation: files.generation,
+    rope: ropeTables(config),
+    version: 0,
+  };
 }
 
 /** cos/sin of position·θ^(-2i/d), HF Llama's rotate-half convention, [maxPositions, headDim/2]. */
@@ -50,14 +65,77 @@ export function ropeTables(config: ModelConfig): RopeTables {
   return { cos, sin, half };
 }
 
-/** Loads a Hugging Face–layout folder: config.json, tokenizer.json, model.safetensors. */
+/**
+ * Loads a Hugging Face model folder: `config.json`, `tokenizer.json` and `tokenizer_config.json`,
+ * the chat template (`chat_template.jinja`, else `tokenizer_config.json`'s), the optional
+ * `generation_config.json`, and the safetensors weights. A file that cannot be used is a
+ * `ModelFileError` naming it.
+ */
 export async function loadModel(dir: string): Promise<Model> {
-  const config = parseConfig(JSON.parse(await readFile(join(dir, "config.json"), "utf8")));
-  const tokenizer = Tokenizer.fromJson(
-    JSON.parse(await readFile(join(dir, "tokenizer.json"), "utf8")),
-  );
+  const config = parseConfig(await readJson(dir, "config.json"));
+  const files = await readChatFiles(dir);
   const tensors = await readWeights(dir);
-  return createModel(config, weightsFromTensors(config, tensors), tokenizer);
+  return createModel(config, weightsFromTensors(config, tensors), files);
+}
+
+/** The folder's tokenizer, chat template and generation config. */
+export async function readChatFiles(dir: string): Promise<ChatFiles> {
+  const tokenizer = await readJson(dir, "tokenizer.json");
+  const config = (await readJson(dir, "tokenizer_config.json", {})) ?? {};
+  const jinjaFile = join(dir, "chat_template.jinja");
+  let templateFile = jinjaFile;
+  let template = await readFile(jinjaFile, "utf8").catch(() => undefined);
+  if (template === undefined) {
+    templateFile = join(dir, "tokenizer_config.json");
+    const inline = config.chat_template;
+    template =
+      typeof inline === "string"
+        ? inline
+        : Array.isArray(inline)
+          ? (inline as { name?: string; template?: string }[]).find((t) => t.name === "default")
+              ?.template
+          : undefined;
+  }
+  if (typeof template !== "string") {
+    throw new ModelFileError(
+      join(dir, "tokenizer_config.json"),
+      "no chat_template (nor a chat_template.jinja beside it)",
+    );
+  }
+  const generation = parseGenerationConfig(
+    (await readJson(dir, "generation_config.json", {})) ?? {},
+  );
+  return {
+    tokenizer: { tokenizer, config },
+    tokenizerFile: join(dir, "tokenizer.json"),
+    template,
+    templateFile,
+    generation,
+  };
+}
+
+async function readJson(
+  dir: string,
+  name: string,
+  missing?: Record<string, unknown>,
+): Promise<Record<string, unknown>> {
+  const path = join(dir, name);
+  let text: string;
+  try {
+    text = await readFile(path, "utf8");
+  } catch (err) {
+    if (missing && (err as NodeJS.ErrnoException).code === "ENOENT") return missing;
+    throw new ModelFileError(path, (err as Error).message);
+  }
+  try {
+    const value = JSON.parse(text) as unknown;
+    if (typeof value !== "object" || value === null || Array.isArray(value)) {
+      throw new Error("not a JSON object");
+    }
+    return value as Record<string, unknown>;
+  } catch (err) {
+    throw new ModelFileError(path, `not valid JSON (${(err as Error).message})`);
+  }
 }
 
 /** model.safetensors, or the shards listed in model.safetensors.index.json. */
@@ -79,51 +157,23 @@ async function readWeights(dir: string): Promise<TensorMap> {
   return tensors;
 }
 
+/** Writes a Hugging Face folder that `loadModel` (and `transformers`) read back. */
 export async function saveModel(model: Model, dir: string): Promise<void> {
   await mkdir(dir, { recursive: true });
-  await writeFile(
-    join(dir, "config.json"),
-    `${JSON.stringify(configToJson(model.config), null, 2)}\n`,
-  );
-  await writeFile(join(dir, "tokenizer.json"), JSON.stringify(model.tokenizer.toJson()));
+  const json = (value: unknown) => `${JSON.stringify(value, null, 2)}\n`;
+  await writeFile(join(dir, "config.json"), json(configToJson(model.config)));
+  await writeFile(join(dir, "tokenizer.json"), JSON.stringify(model.tokenizer.files.tokenizer));
   await writeFile(
     join(dir, "tokenizer_config.json"),
-    `${JSON.stringify(tokenizerConfig(model), null, 2)}\n`,
+    json({ ...model.tokenizer.files.config, chat_template: model.chat.template.source }),
   );
+  if (Object.keys(model.generation.raw).length > 0) {
+    await writeFile(join(dir, "generation_config.json"), json(model.generation.raw));
+  }
   await writeFile(
     join(dir, "model.safetensors"),
     saveSafetensors(weightsToTensors(model.config, model.weights), { format: "pt" }),
   );
-}
-
-/** HF tokenizer_config.json: special tokens and the ChatML chat template. */
-export function tokenizerConfig(model: Model): Record<string, unknown> {
-  const t = model.tokenizer;
-  const name = (id: number | null | undefined) => (id == null ? null : (t.idToToken[id] ?? null));
-  return {
-    tokenizer_class: "PreTrainedTokenizerFast",
-    add_bos_token: false,
-    add_eos_token: false,
-    bos_token: name(model.config.bosTokenId),
-    eos_token: name(model.config.eosTokenId[0]),
-    pad_token: t.tokenId(END_OF_TEXT) === undefined ? null : END_OF_TEXT,
-    model_max_length: model.config.maxPositions,
-    clean_up_tokenization_spaces: false,
-    chat_template: CHATML_TEMPLATE,
-    added_tokens_decoder: Object.fromEntries(
-      t.addedTokens.map((a) => [
-        String(a.id),
-        {
-          content: a.content,
-          lstrip: false,
-          rstrip: false,
-          normalized: false,
-          single_word: false,
-          special: a.special,
-        },
-      ]),
-    ),
-  };
 }
 
 export function parameterCount(model: Model): number {

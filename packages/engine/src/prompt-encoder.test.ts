@@ -1,30 +1,27 @@
 import { describe, expect, it } from "vitest";
-import { tinyTokenizer } from "../test/fixtures.ts";
-import { renderChat } from "./chat.ts";
+import { tinyModel } from "../test/fixtures.ts";
 import { ContextLengthError, PromptEncoder } from "./prompt-encoder.ts";
 
 describe("PromptEncoder", () => {
-  const tokenizer = tinyTokenizer();
+  const { chat } = tinyModel();
   const messages = (text: string) => [
     { role: "system" as const, content: "Be brief." },
     { role: "user" as const, content: text },
   ];
 
   it("when a prompt is large, then the worker thread gives exactly the inline tokens", async () => {
-    const encoder = new PromptEncoder(tokenizer, { inlineBytes: 16 });
+    const encoder = new PromptEncoder(chat, { inlineBytes: 16 });
     try {
       const text = "The cat sat on the mat. 7 + 5 = 12. Héllo 🙂 ".repeat(200);
       const tokens = await encoder.encodeChat(messages(text));
-      expect(tokens).toEqual(
-        renderChat(tokenizer, messages(text), { addGenerationPrompt: true }).tokens,
-      );
+      expect(tokens).toEqual(chat.encode(messages(text), { addGenerationPrompt: true }));
     } finally {
       await encoder.dispose();
     }
   });
 
   it("when a prompt's bytes alone exceed what the context can hold, then it is refused before tokenizing", async () => {
-    const encoder = new PromptEncoder(tokenizer, { inlineBytes: 16 });
+    const encoder = new PromptEncoder(chat, { inlineBytes: 16 });
     const text = "a".repeat(encoder.maxTokenBytes * 100);
     const refusal = await encoder
       .encodeChat(messages(text), { contextLength: 100 })
@@ -36,10 +33,8 @@ describe("PromptEncoder", () => {
   });
 
   it("when a prompt tokenizes to the whole context, then the refusal gives its exact length", async () => {
-    const encoder = new PromptEncoder(tokenizer);
-    const exact = renderChat(tokenizer, messages("hello there"), {
-      addGenerationPrompt: true,
-    }).tokens.length;
+    const encoder = new PromptEncoder(chat);
+    const exact = chat.encode(messages("hello there"), { addGenerationPrompt: true }).length;
     const refusal = await encoder
       .encodeChat(messages("hello there"), { contextLength: exact })
       .catch((e) => e);

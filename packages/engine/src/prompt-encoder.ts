@@ -1,6 +1,7 @@
 import { Worker } from "node:worker_threads";
-import { type ChatMessage, renderChat } from "./chat.ts";
-import type { Tokenizer } from "./tokenizer.ts";
+import { type ChatFormat, type ChatMessage, PromptError, type RenderOptions } from "./chat.ts";
+
+export { PromptError };
 
 /** The prompt cannot fit the context; `exact` is false when `tokens` is a lower bound found from
  * the prompt's byte length before any tokenizing. */
@@ -38,7 +39,7 @@ interface Pending {
  * on one worker thread that holds its own copy of the tokenizer.
  */
 export class PromptEncoder {
-  readonly #tokenizer: Tokenizer;
+  readonly #chat: ChatFormat;
   readonly #inlineBytes: number;
   /** The longest token of the vocabulary, in bytes. */
   readonly maxTokenBytes: number;
@@ -46,23 +47,21 @@ export class PromptEncoder {
   readonly #pending = new Map<number, Pending>();
   #nextId = 0;
 
-  constructor(tokenizer: Tokenizer, options: PromptEncoderOptions = {}) {
-    this.#tokenizer = tokenizer;
+  constructor(chat: ChatFormat, options: PromptEncoderOptions = {}) {
+    this.#chat = chat;
     this.#inlineBytes = options.inlineBytes ?? 4096;
-    let longest = 1;
-    for (let id = 0; id < tokenizer.vocabSize; id++) {
-      if (!tokenizer.isSpecial(id)) longest = Math.max(longest, tokenizer.tokenBytes(id).length);
-    }
-    this.maxTokenBytes = longest;
+    this.maxTokenBytes = chat.tokenizer.maxTokenBytes();
   }
 
   /** The prompt's tokens; ContextLengthError when it cannot leave room for one generated token
    * in `contextLength`. */
   async encodeChat(
     messages: readonly ChatMessage[],
-    options: { addGenerationPrompt?: boolean; contextLength?: number } = {},
+    options: RenderOptions & { contextLength?: number } = {},
   ): Promise<number[]> {
-    const bytes = promptBytes(messages);
+    const { contextLength: _, ...rest } = options;
+    const render: RenderOptions = { addGenerationPrompt: true, ...rest };
+    const bytes = promptBytes(messages) + JSON.stringify(options.tools ?? []).length;
     const context = options.contextLength;
     if (context !== undefined) {
       const atLeast = Math.ceil(bytes / this.maxTokenBytes);
@@ -70,10 +69,8 @@ export class PromptEncoder {
     }
     const tokens =
       bytes <= this.#inlineBytes
-        ? renderChat(this.#tokenizer, messages, {
-            addGenerationPrompt: options.addGenerationPrompt ?? true,
-          }).tokens
-        : await this.#offload(messages, options.addGenerationPrompt ?? true);
+        ? this.#chat.encode(messages, render)
+        : await this.#offload(messages, render);
     if (context !== undefined && tokens.length >= context) {
       throw new ContextLengthError(tokens.length, context, true);
     }
@@ -88,12 +85,12 @@ export class PromptEncoder {
     await worker?.terminate();
   }
 
-  #offload(messages: readonly ChatMessage[], addGenerationPrompt: boolean): Promise<number[]> {
+  #offload(messages: readonly ChatMessage[], options: RenderOptions): Promise<number[]> {
     const worker = this.#startWorker();
     const id = this.#nextId++;
     return new Promise<number[]>((resolve, reject) => {
       this.#pending.set(id, { resolve, reject });
-      worker.postMessage({ id, messages, addGenerationPrompt });
+      worker.postMessage({ id, messages, options });
       worker.ref();
     });
   }
@@ -101,7 +98,7 @@ export class PromptEncoder {
   #startWorker(): Worker {
     if (this.#worker) return this.#worker;
     const worker = new Worker(new URL("./prompt-worker.ts", import.meta.url), {
-      workerData: { tokenizer: this.#tokenizer.toJson() },
+      workerData: { files: this.#chat.files, eosIds: this.#chat.eosIds },
     });
     worker.unref();
     worker.on(
@@ -134,11 +131,6 @@ export class PromptEncoder {
     this.#pending.clear();
     for (const p of pending) p.reject(error);
   }
-}
-
-/** The prompt could not be rendered or tokenized (bad input, not a failure of the encoder). */
-export class PromptError extends Error {
-  override readonly name = "PromptError";
 }
 
 /**

@@ -1,18 +1,15 @@
 /** The prompt encoder's thread: renders and tokenizes large prompts off the caller's thread. */
 import { parentPort, workerData } from "node:worker_threads";
-import { type ChatMessage, renderChat } from "./chat.ts";
-import { Tokenizer } from "./tokenizer.ts";
+import { type ChatFiles, ChatFormat, type ChatMessage, type RenderOptions } from "./chat.ts";
 
-const tokenizer = Tokenizer.fromJson((workerData as { tokenizer: unknown }).tokenizer);
+const data = workerData as { files: ChatFiles; eosIds: number[] };
+const chat = new ChatFormat(data.files, data.eosIds);
 
 parentPort?.on(
   "message",
-  (request: { id: number; messages: ChatMessage[]; addGenerationPrompt: boolean }) => {
+  (request: { id: number; messages: ChatMessage[]; options: RenderOptions }) => {
     try {
-      const { tokens } = renderChat(tokenizer, request.messages, {
-        addGenerationPrompt: request.addGenerationPrompt,
-      });
-      const ids = Int32Array.from(tokens);
+      const ids = Int32Array.from(chat.encode(request.messages, request.options));
       parentPort?.postMessage({ id: request.id, tokens: ids }, [ids.buffer]);
     } catch (err) {
       parentPort?.postMessage({

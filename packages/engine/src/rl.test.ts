@@ -9,7 +9,7 @@ import { loadModel } from "./model.ts";
 import { type TrajectoryGroup, trainRlStep } from "./rl.ts";
 import { Rng } from "./rng.ts";
 import { packBatch } from "./sft.ts";
-import { TrainingInputError, toChatMessage, tokenizeChat } from "./training-data.ts";
+import { TrainingInputError, toChatMessage } from "./training-data.ts";
 
 const choice = (content: string, logprobs?: number[]) => ({
   index: 0,
@@ -121,8 +121,7 @@ describe("trainRlStep", () => {
       kernels: jsKernels,
     });
     const sampled = answers.map((answer) => {
-      const chat = tokenizeChat(
-        model.tokenizer,
+      const chat = model.chat.trainingTokens(
         messagesOf(answer).map((m, i) => toChatMessage(m, `m${i}`)),
         (i) => i === 4,
       );
@@ -170,7 +169,7 @@ describe("trainRlStep", () => {
             // One logprob per content token plus one for <|im_end|>.
             choice(
               answer,
-              [...model.tokenizer.encode(answer), 0].map(() => lp),
+              [...model.tokenizer.encode(answer, { special: true }), 0].map(() => lp),
             ),
           ],
         })),

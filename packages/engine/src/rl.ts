@@ -1,7 +1,7 @@
-import type { ChatMessage } from "./chat.ts";
+import { type ChatMessage, PromptError } from "./chat.ts";
 import type { LoraTrainer } from "./lora-train.ts";
 import { microBatches, packBatch } from "./sft.ts";
-import { TrainingInputError, toChatMessage, tokenizeChat, withTools } from "./training-data.ts";
+import { TrainingInputError, toChatMessage } from "./training-data.ts";
 
 /** CONTRACT §5: `{trajectories, exceptions?, metadata?, metrics?, logs?}`; unknown keys ignored. */
 export interface TrajectoryGroup {
@@ -17,7 +17,7 @@ export interface TrajectoryGroup {
 export interface Trajectory {
   messages_and_choices: readonly unknown[];
   reward: number;
-  tools?: readonly unknown[];
+  tools?: readonly Record<string, unknown>[];
   [key: string]: unknown;
 }
 
@@ -78,7 +78,7 @@ interface Parsed {
   choiceIndices: number[];
   old: (number[] | null)[];
   reward: number;
-  tools: readonly unknown[] | undefined;
+  tools: readonly Record<string, unknown>[] | undefined;
 }
 
 function parseTrajectory(raw: unknown, where: string): Parsed {
@@ -132,7 +132,7 @@ function parseTrajectory(raw: unknown, where: string): Parsed {
     choiceIndices,
     old,
     reward,
-    tools: Array.isArray(tools) ? tools : undefined,
+    tools: Array.isArray(tools) ? (tools as Record<string, unknown>[]) : undefined,
   };
 }
 
@@ -162,7 +162,6 @@ export function trainRlStep(
   if (!Array.isArray(groups) || groups.length === 0) {
     throw new TrainingInputError("no trajectory groups");
   }
-  const tokenizer = trainer.model.tokenizer;
   const maxLen = trainer.model.config.maxPositions;
   const parsed = groups.map((group, g) => {
     const trajectories = (group as { trajectories?: unknown })?.trajectories;
@@ -196,15 +195,21 @@ export function trainRlStep(
   }
   const sequences: RlSequence[] = kept.map(({ trajectory, advantage }) => {
     const choices = new Set(trajectory.choiceIndices);
-    const chat = tokenizeChat(tokenizer, withTools(trajectory.messages, trajectory.tools), (i) =>
-      choices.has(i),
-    );
-    const offset = chat.ranges.length - trajectory.messages.length;
+    let chat: ReturnType<typeof trainer.model.chat.trainingTokens>;
+    try {
+      chat = trainer.model.chat.trainingTokens(trajectory.messages, (i) => choices.has(i), {
+        tools: trajectory.tools,
+      });
+    } catch (err) {
+      if (err instanceof PromptError) throw new TrainingInputError(err.message);
+      throw err;
+    }
     const old = new Float32Array(chat.tokens.length).fill(Number.NaN);
     for (const i of trajectory.choiceIndices) {
       const lp = trajectory.old[i];
-      if (!lp) continue;
-      const [start, end] = chat.ranges[i + offset]!;
+      const turn = chat.turns.get(i);
+      if (!lp || !turn) continue;
+      const [start, end] = turn;
       const positions: number[] = [];
       for (let p = start; p < end; p++) if (chat.mask[p]) positions.push(p);
       // The template adds <|im_end|> (no sampled logprob) after the content tokens.

@@ -2,7 +2,6 @@ import { describe, expect, it } from "vitest";
 import { jsonAnswerExample } from "../scripts/synthetic-chat.ts";
 import { tinyModel } from "../test/fixtures.ts";
 import { catalogModelDir } from "./catalog.ts";
-import { renderChat } from "./chat.ts";
 import { Engine } from "./engine.ts";
 import { jsKernels } from "./kernels/js.ts";
 import { adapterToFiles, cloneAdapter, type LoraAdapter } from "./lora.ts";
@@ -10,7 +9,7 @@ import { loadModel } from "./model.ts";
 import { learningRate } from "./optim.ts";
 import { Rng } from "./rng.ts";
 import { planSft, type SftExample, trainSft } from "./sft.ts";
-import { TrainingInputError, tokenizeChat } from "./training-data.ts";
+import { TrainingInputError } from "./training-data.ts";
 
 const chat = (q: string, a: string): SftExample => ({
   messages: [
@@ -34,28 +33,6 @@ const examples: SftExample[] = [
   chat("The dog", "sat on the log."),
   chat("JSON", '{"name": "Ada"}'),
 ];
-
-describe("tokenizeChat", () => {
-  it("when a chat is tokenized message by message, then tokens and assistant mask equal renderChat's", () => {
-    const model = tinyModel(31);
-    const messages = [
-      { role: "system" as const, content: "Be short." },
-      { role: "user" as const, content: "Hello there!" },
-      { role: "assistant" as const, content: "The cat sat." },
-      { role: "user" as const, content: "And?" },
-      { role: "assistant" as const, content: "On the mat." },
-    ];
-    const whole = renderChat(model.tokenizer, messages);
-    const all = tokenizeChat(model.tokenizer, messages, () => true);
-    expect(all.tokens).toEqual(whole.tokens);
-    expect(Array.from(all.mask)).toEqual(Array.from(whole.assistantMask));
-    const last = tokenizeChat(model.tokenizer, messages, (i) => i === 4);
-    const [start] = last.ranges[4]!;
-    last.mask.forEach((m, i) => {
-      expect(m).toBe(i >= start ? whole.assistantMask[i] : 0);
-    });
-  });
-});
 
 describe("learningRate with a list", () => {
   it("when a per-step list is given, then step k uses entry k and the last entry holds after", () => {

@@ -1,4 +1,4 @@
-import type { ChatMessage } from "./chat.ts";
+import { type ChatMessage, PromptError } from "./chat.ts";
 import type { Kernels } from "./kernels/types.ts";
 import { createLoraAdapter, type LoraAdapter, type LoraConfig } from "./lora.ts";
 import { LoraTrainer } from "./lora-train.ts";
@@ -6,7 +6,7 @@ import type { Model } from "./model.ts";
 import { type AdamWOptions, learningRate, type ScheduleKind } from "./optim.ts";
 import { deriveSeed, Rng } from "./rng.ts";
 import type { TrainBatch } from "./train.ts";
-import { TrainingInputError, tokenizeChat, withTools } from "./training-data.ts";
+import { TrainingInputError } from "./training-data.ts";
 
 /** One conversation to learn from (the training package turns dataset lines into these). */
 export interface SftExample {
@@ -114,13 +114,21 @@ export function planSft(
   const maxLen = Math.min(config.maxLength ?? model.config.maxPositions, model.config.maxPositions);
   const turns = config.assistantTurns ?? "all";
   const sequences = examples.map((example, i) => {
-    const messages = withTools(example.messages, example.tools);
+    const { messages } = example;
     let last = -1;
     messages.forEach((m, j) => {
       if (m.role === "assistant") last = j;
     });
     if (last < 0) throw new TrainingInputError(`example ${i}: no assistant message to train on`);
-    const chat = tokenizeChat(model.tokenizer, messages, (j) => turns === "all" || j === last);
+    let chat: ReturnType<Model["chat"]["trainingTokens"]>;
+    try {
+      chat = model.chat.trainingTokens(messages, (j) => turns === "all" || j === last, {
+        tools: example.tools,
+      });
+    } catch (err) {
+      if (err instanceof PromptError) throw new TrainingInputError(`example ${i}: ${err.message}`);
+      throw err;
+    }
     const tokens = chat.tokens.slice(0, maxLen);
     const weights = chat.mask.subarray(0, tokens.length);
     let trainable = 0;

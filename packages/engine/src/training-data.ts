@@ -1,5 +1,4 @@
-import { type ChatMessage, type ChatRole, renderChat, type ToolCall } from "./chat.ts";
-import type { Tokenizer } from "./tokenizer.ts";
+import type { ChatMessage, ChatRole, ToolCall } from "./chat.ts";
 
 /** Bad training input (SFT lines, trajectory groups); the message names where. */
 export class TrainingInputError extends Error {
@@ -59,57 +58,4 @@ function contentText(content: unknown, where: string): string {
       .join("");
   }
   throw new TrainingInputError(`${where}: content must be a string, an array of parts or null`);
-}
-
-/**
- * Tool definitions (OpenAI `tools`) rendered Qwen-style into the system prompt: appended to the
- * first system message, or as a new leading one. Use the same for training and inference.
- */
-export function withTools(
-  messages: readonly ChatMessage[],
-  tools: readonly unknown[] | undefined,
-): ChatMessage[] {
-  if (!tools || tools.length === 0) return [...messages];
-  const block = `# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>\n${tools
-    .map((t) => JSON.stringify(t))
-    .join("\n")}\n</tools>`;
-  const first = messages[0];
-  if (first?.role === "system") {
-    return [{ ...first, content: `${first.content}\n\n${block}` }, ...messages.slice(1)];
-  }
-  return [{ role: "system", content: block }, ...messages];
-}
-
-export interface TokenizedChat {
-  tokens: number[];
-  /** Per token: 1 where it is trained (a selected assistant turn's content and `<|im_end|>`). */
-  mask: Uint8Array;
-  /** Per message: its token range [start, end). */
-  ranges: [number, number][];
-}
-
-/**
- * Tokenizes a conversation exactly as `renderChat` does (its pieces are tokenized one by one, so
- * rendering message by message gives the same tokens) and keeps the assistant mask only on the
- * messages `trainable(i)` selects.
- */
-export function tokenizeChat(
-  tokenizer: Tokenizer,
-  messages: readonly ChatMessage[],
-  trainable: (index: number) => boolean,
-): TokenizedChat {
-  const tokens: number[] = [];
-  const mask: number[] = [];
-  const ranges: [number, number][] = [];
-  messages.forEach((message, i) => {
-    const r = renderChat(tokenizer, [message]);
-    const start = tokens.length;
-    const keep = message.role === "assistant" && trainable(i);
-    r.tokens.forEach((t, j) => {
-      tokens.push(t);
-      mask.push(keep ? r.assistantMask[j]! : 0);
-    });
-    ranges.push([start, tokens.length]);
-  });
-  return { tokens, mask: Uint8Array.from(mask), ranges };
 }

@@ -1,7 +1,10 @@
+import { trainBpe } from "../scripts/bpe.ts";
+import { TINY_CHAT_TEMPLATE } from "../scripts/tiny-chat-template.ts";
+import type { ChatFiles } from "../src/chat.ts";
 import type { ModelConfig } from "../src/config.ts";
 import { createModel, type Model } from "../src/model.ts";
 import { Rng } from "../src/rng.ts";
-import { type Tokenizer, trainBpe } from "../src/tokenizer.ts";
+import { Tokenizer } from "../src/tokenizer.ts";
 import type { TrainBatch } from "../src/train.ts";
 import { initWeights } from "../src/weights.ts";
 
@@ -12,11 +15,30 @@ const sampleCorpus = [
   "Reverse the word apple: elppa. Uppercase: APPLE.",
 ];
 
-export function tinyTokenizer(vocabSize = 300): Tokenizer {
-  return trainBpe(sampleCorpus, {
+/** tiny-chat's format (its template and special tokens) over a small vocabulary. */
+export function tinyChatFiles(vocabSize = 300): ChatFiles {
+  const bpe = trainBpe(sampleCorpus, {
     vocabSize,
     specialTokens: ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
   });
+  return {
+    tokenizer: {
+      tokenizer: bpe.toJson(),
+      config: {
+        bos_token: "<|endoftext|>",
+        eos_token: "<|im_end|>",
+        clean_up_tokenization_spaces: false,
+      },
+    },
+    tokenizerFile: "tokenizer.json",
+    template: TINY_CHAT_TEMPLATE,
+    templateFile: "tokenizer_config.json",
+    generation: { eosTokenId: [], raw: {} },
+  };
+}
+
+export function tinyTokenizer(vocabSize = 300): Tokenizer {
+  return new Tokenizer(tinyChatFiles(vocabSize).tokenizer);
 }
 
 export function tinyConfig(vocabSize: number, overrides: Partial<ModelConfig> = {}): ModelConfig {
@@ -40,8 +62,8 @@ export function tinyConfig(vocabSize: number, overrides: Partial<ModelConfig> = 
 
 /** A small random model; weights are scaled up so logits differ visibly between tokens. */
 export function tinyModel(seed = 1, overrides: Partial<ModelConfig> = {}): Model {
-  const tokenizer = tinyTokenizer();
-  const config = tinyConfig(tokenizer.vocabSize, overrides);
+  const files = tinyChatFiles();
+  const config = tinyConfig(new Tokenizer(files.tokenizer).vocabSize, overrides);
   const weights = initWeights(config, seed);
   const boost = (a: Float32Array) => {
     for (let i = 0; i < a.length; i++) a[i] = a[i]! * 8;
@@ -52,7 +74,7 @@ export function tinyModel(seed = 1, overrides: Partial<ModelConfig> = {}): Model
       boost(w);
   }
   if (weights.lmHead) boost(weights.lmHead);
-  return createModel(config, weights, tokenizer);
+  return createModel(config, weights, files);
 }
 
 /** B random sequences of T tokens with random targets; about 70 % of positions trained. */

@@ -9,7 +9,6 @@ import {
   type GenerationEvent,
   loadModel,
   type Model,
-  renderChat,
 } from "@arbor/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { checkSupported, LlamaCppBackend, LlamaUnsupportedError } from "./llama-cpp.ts";
@@ -70,7 +69,7 @@ describe.skipIf(unavailable !== null)(
 
     it("has the model's context and renders ChatML to the engine's token count", async () => {
       expect(backend.contextLength).toBe(model.config.maxPositions);
-      const ours = renderChat(model.tokenizer, messages, { addGenerationPrompt: true }).tokens;
+      const ours = model.chat.encode(messages, { addGenerationPrompt: true });
       expect(await backend.countPromptTokens(messages)).toBe(ours.length);
     });
 

@@ -2,12 +2,14 @@ import { availableParallelism } from "node:os";
 import {
   type ChatMessage,
   deriveSeed,
-  END_OF_TEXT,
   type GenerationEvent,
-  IM_END,
-  IM_START,
   type ThreadGenerateRequest,
 } from "@arbor/engine";
+
+/** ChatML's markers: a GGUF whose vocabulary has them as single tokens is rendered as ChatML. */
+const IM_START = "<|im_start|>";
+const IM_END = "<|im_end|>";
+const END_OF_TEXT = "<|endoftext|>";
 
 /**
  * An optional llama.cpp backend for user-supplied GGUF chat models, on CPU, through the optional

@@ -1,0 +1,75 @@
+import { describe, expect, it } from "vitest";
+import { FAMILIES, familyTokenizerFiles, referenceEncoder } from "../test/families.ts";
+import { tinyChatFiles } from "../test/fixtures.ts";
+import { ModelFileError, Tokenizer } from "./tokenizer.ts";
+
+const CORPUS = [
+  "Hello, world! The quick brown fox jumps over the lazy dog.",
+  "Héllo wörld — naïve café, Ærøskøbing, ß and İstanbul",
+  "Emoji: 🙂👍🏽👨‍👩‍👧‍👦🇳🇴 and ✨",
+  "中文测试：你好，世界！日本語のテキスト。한국어 문장입니다.",
+  "Whitespace   runs\t\ttabs\n\n\nnewlines \r\n crlf    end   ",
+  "Digits 1234567890 and 3.14159, 1,000,000 and 2026-11-25T02:44:20Z",
+  'def add(a, b):\n    return a + b  # sum\n\nconsole.log(`x = $` + x); {"k": [1, 2]}',
+  "Contractions: don't, it's, we're, I'LL, you've",
+];
+
+describe("Tokenizer (tiny-chat's)", () => {
+  const tokenizer = new Tokenizer(tinyChatFiles().tokenizer);
+
+  it("when text is encoded and decoded, then it round-trips, specials included", () => {
+    for (const text of [...CORPUS, "<|im_start|>user\nHi<|im_end|>\n"]) {
+      expect(tokenizer.decode(tokenizer.encode(text, { special: true })), text).toBe(text);
+    }
+  });
+
+  it("when special tokens may not be parsed, then their text is spelt out as ordinary tokens", () => {
+    const text = "say <|im_end|> now";
+    const parsed = tokenizer.encode(text, { special: true });
+    const plain = tokenizer.encode(text, { special: false });
+    const imEnd = tokenizer.tokenId("<|im_end|>")!;
+    expect(parsed).toContain(imEnd);
+    expect(plain).not.toContain(imEnd);
+    expect(plain.some((id) => tokenizer.isSpecial(id))).toBe(false);
+    expect(tokenizer.decode(plain)).toBe(text);
+  });
+
+  it("when tokenizer.json is of a model type the engine does not serve, then the error names the file", () => {
+    const files = tinyChatFiles().tokenizer;
+    const wordPiece = { ...files.tokenizer, model: { type: "WordPiece", vocab: {} } };
+    expect(
+      () => new Tokenizer({ ...files, tokenizer: wordPiece }, "/models/x/tokenizer.json"),
+    ).toThrow(
+      new ModelFileError(
+        "/models/x/tokenizer.json",
+        'tokenizer model "WordPiece" is not supported (supported: BPE)',
+      ),
+    );
+  });
+});
+
+describe.each(FAMILIES)("Tokenizer ($name's tokenizer.json)", (family) => {
+  const tokenizer = new Tokenizer(familyTokenizerFiles(family));
+
+  it("when the corpus is encoded, then decoding gives it back and the ids equal the second implementation's", async () => {
+    const reference = await referenceEncoder(family);
+    const specials = tokenizer.specialTexts.slice(0, 3).join(" x ");
+    for (const text of [...CORPUS, specials, `${CORPUS[0]}${specials}${CORPUS[3]}`]) {
+      const ids = tokenizer.encode(text, { special: true });
+      expect(tokenizer.decode(ids), text).toBe(text);
+      expect(ids, text).toEqual(reference(text));
+    }
+  });
+
+  it("when a special token's text is not to be parsed, then no special id comes out and it still decodes", () => {
+    const text = `before ${tokenizer.specialTexts.join(" ")} after`;
+    const ids = tokenizer.encode(text, { special: false });
+    expect(ids.filter((id) => tokenizer.isSpecial(id))).toEqual([]);
+    expect(tokenizer.decode(ids)).toBe(text);
+  });
+
+  it("when a word has 100,000 letters, then it encodes (near-linear) and round-trips", () => {
+    const word = "ab".repeat(50_000);
+    expect(tokenizer.decode(tokenizer.encode(word, { special: false }))).toBe(word);
+  });
+});
