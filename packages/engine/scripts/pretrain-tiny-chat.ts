@@ -41,6 +41,12 @@ const endOfText = tokenizer.tokenId(END_OF_TEXT)!;
 const imEnd = tokenizer.tokenId(IM_END)!;
 
 const config: ModelConfig = {
+  modelType: "llama",
+  ropeScaling: null,
+  ropeLayers: null,
+  qkvBias: false,
+  oBias: false,
+  qkNorm: false,
   hiddenSize: 128,
   intermediateSize: 352,
   numLayers: 4,

@@ -15,9 +15,15 @@ export interface LayerActivations {
   xIn: Float32Array;
   h1: Float32Array;
   inv1: Float32Array;
+  /** q and k as attention reads them: normed per head (Qwen3) and rotated. */
   q: Float32Array;
   k: Float32Array;
   v: Float32Array;
+  /** With q/k norms: q and k before them, and each head-row's 1/rms (for the backward). */
+  qPre: Float32Array | null;
+  kPre: Float32Array | null;
+  invQ: Float32Array | null;
+  invK: Float32Array | null;
   att: Float32Array;
   xMid: Float32Array;
   h2: Float32Array;
@@ -72,6 +78,7 @@ export function layerActivations(pass: BlockPass, xIn: Float32Array): LayerActiv
     q: ws.f32(R * qDim),
     k: ws.f32(R * kvDim),
     v: ws.f32(R * kvDim),
+    ...qkNormBuffers(pass),
     att: ws.f32(R * qDim),
     xMid: ws.f32(R * D),
     h2: ws.f32(R * D),
@@ -97,6 +104,7 @@ export function inferenceActivations(pass: BlockPass, xIn: Float32Array): LayerA
     q: ws.f32(R * numHeads * headDim),
     k: ws.f32(R * numKvHeads * headDim),
     v: ws.f32(R * numKvHeads * headDim),
+    ...qkNormBuffers(pass),
     att: ws.f32(R * numHeads * headDim),
     xMid: ws.f32(R * D),
     h2: h1,
@@ -104,6 +112,18 @@ export function inferenceActivations(pass: BlockPass, xIn: Float32Array): LayerA
     gate,
     up: ws.f32(R * I),
     act: gate,
+  };
+}
+
+function qkNormBuffers(pass: BlockPass) {
+  const { ws, rows: R } = pass;
+  const { numHeads, numKvHeads, headDim, qkNorm } = pass.model.config;
+  if (!qkNorm) return { qPre: null, kPre: null, invQ: null, invK: null };
+  return {
+    qPre: ws.f32(R * numHeads * headDim),
+    kPre: ws.f32(R * numKvHeads * headDim),
+    invQ: ws.f32(R * numHeads),
+    invK: ws.f32(R * numKvHeads),
   };
 }
 
@@ -128,17 +148,31 @@ export function layerForward(
   const eps = config.rmsNormEps;
   const x = a.xIn;
 
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = config;
   kernels.rmsNorm(a.h1, x, layer.inputNorm, R, D, eps, a.inv1);
-  kernels.matmulNT(a.q, a.h1, layer.q, R, qDim, D, false, ver);
-  kernels.matmulNT(a.k, a.h1, layer.k, R, kvDim, D, false, ver);
+  // With q/k norms, the projections land before them (kept for the backward).
+  const q = a.qPre ?? a.q;
+  const k = a.kPre ?? a.k;
+  kernels.matmulNT(q, a.h1, layer.q, R, qDim, D, false, ver);
+  kernels.matmulNT(k, a.h1, layer.k, R, kvDim, D, false, ver);
   kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
-  hooks?.forward(l, "q", a.q, a.h1, R);
-  hooks?.forward(l, "k", a.k, a.h1, R);
+  if (layer.qBias) addRows(q, layer.qBias, R);
+  if (layer.kBias) addRows(k, layer.kBias, R);
+  if (layer.vBias) addRows(a.v, layer.vBias, R);
+  hooks?.forward(l, "q", q, a.h1, R);
+  hooks?.forward(l, "k", k, a.h1, R);
   hooks?.forward(l, "v", a.v, a.h1, R);
-  rope(model, a.q, config.numHeads, pass.positions, 1);
-  rope(model, a.k, config.numKvHeads, pass.positions, 1);
+  if (layer.qNorm && layer.kNorm) {
+    kernels.rmsNorm(a.q, q, layer.qNorm, R * H, hd, eps, a.invQ ?? undefined);
+    kernels.rmsNorm(a.k, k, layer.kNorm, R * KV, hd, eps, a.invK ?? undefined);
+  }
+  if (rotates(model, l)) {
+    rope(model, a.q, H, pass.positions, 1);
+    rope(model, a.k, KV, pass.positions, 1);
+  }
   pass.attend(l, a);
   kernels.matmulNT(proj, a.att, layer.o, R, D, qDim, false, ver);
+  if (layer.oBias) addRows(proj, layer.oBias, R);
   hooks?.forward(l, "o", proj, a.att, R);
   for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
 
@@ -168,6 +202,11 @@ export interface LayerGradients {
 
 /** Scratch for the backward of every layer of a pass. */
 export interface BackwardScratch {
+  /** d(loss)/d(q, k) before the q/k norms (Qwen3). */
+  dqPre: Float32Array | null;
+  dkPre: Float32Array | null;
+  /** A head-sized weight gradient that is thrown away. */
+  noGradHead: Float32Array;
   dH: Float32Array;
   dAct: Float32Array;
   dGate: Float32Array;
@@ -184,7 +223,11 @@ export interface BackwardScratch {
 export function backwardScratch(pass: BlockPass): BackwardScratch {
   const { ws, rows: R } = pass;
   const { hiddenSize: D, numHeads, numKvHeads, headDim, intermediateSize: I } = pass.model.config;
+  const qkNorm = pass.model.config.qkNorm;
   return {
+    dqPre: qkNorm ? ws.f32(R * numHeads * headDim) : null,
+    dkPre: qkNorm ? ws.f32(R * numKvHeads * headDim) : null,
+    noGradHead: ws.f32(headDim),
     dH: ws.f32(R * D),
     dAct: ws.f32(R * I),
     dGate: ws.f32(R * I),
@@ -246,24 +289,58 @@ export function layerBackward(
   for (let i = 0; i < R * D; i++) dMid[i] = dMid[i]! + dx[i]!;
 
   // Attention: x_mid = x_in + o(attention(q, k, v))
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = config;
   kernels.matmulNN(s.dAtt, dMid, layer.o, R, qDim, D, false, ver);
   hooks?.backward?.(l, "o", dMid, a.att, s.dAtt, R);
   if (g) kernels.matmulTN(g.o, dMid, a.att, D, qDim, R, true);
+  if (g?.oBias) sumRows(g.oBias, dMid, R);
   s.dq.fill(0);
   s.dk.fill(0);
   s.dv.fill(0);
   grads.attendBackward(a, s.dAtt, s.dq, s.dk, s.dv);
-  rope(model, s.dq, config.numHeads, pass.positions, -1);
-  rope(model, s.dk, config.numKvHeads, pass.positions, -1);
-  kernels.matmulNN(s.dH, s.dq, layer.q, R, D, qDim, false, ver);
-  kernels.matmulNN(s.dH, s.dk, layer.k, R, D, kvDim, true, ver);
+  if (rotates(model, l)) {
+    rope(model, s.dq, H, pass.positions, -1);
+    rope(model, s.dk, KV, pass.positions, -1);
+  }
+  // Through the q/k norms: the gradients below are the projections' (before the norms).
+  let dq = s.dq;
+  let dk = s.dk;
+  if (layer.qNorm && layer.kNorm && a.qPre && a.kPre && a.invQ && a.invK && s.dqPre && s.dkPre) {
+    kernels.rmsNormBackward(
+      s.dqPre,
+      g?.qNorm ?? s.noGradHead,
+      dq,
+      a.qPre,
+      a.invQ,
+      layer.qNorm,
+      R * H,
+      hd,
+    );
+    kernels.rmsNormBackward(
+      s.dkPre,
+      g?.kNorm ?? s.noGradHead,
+      dk,
+      a.kPre,
+      a.invK,
+      layer.kNorm,
+      R * KV,
+      hd,
+    );
+    dq = s.dqPre;
+    dk = s.dkPre;
+  }
+  kernels.matmulNN(s.dH, dq, layer.q, R, D, qDim, false, ver);
+  kernels.matmulNN(s.dH, dk, layer.k, R, D, kvDim, true, ver);
   kernels.matmulNN(s.dH, s.dv, layer.v, R, D, kvDim, true, ver);
-  hooks?.backward?.(l, "q", s.dq, a.h1, s.dH, R);
-  hooks?.backward?.(l, "k", s.dk, a.h1, s.dH, R);
+  hooks?.backward?.(l, "q", dq, a.h1, s.dH, R);
+  hooks?.backward?.(l, "k", dk, a.h1, s.dH, R);
   hooks?.backward?.(l, "v", s.dv, a.h1, s.dH, R);
-  if (g) kernels.matmulTN(g.q, s.dq, a.h1, qDim, D, R, true);
-  if (g) kernels.matmulTN(g.k, s.dk, a.h1, kvDim, D, R, true);
+  if (g) kernels.matmulTN(g.q, dq, a.h1, qDim, D, R, true);
+  if (g) kernels.matmulTN(g.k, dk, a.h1, kvDim, D, R, true);
   if (g) kernels.matmulTN(g.v, s.dv, a.h1, kvDim, D, R, true);
+  if (g?.qBias) sumRows(g.qBias, dq, R);
+  if (g?.kBias) sumRows(g.kBias, dk, R);
+  if (g?.vBias) sumRows(g.vBias, s.dv, R);
   kernels.rmsNormBackward(
     dIn,
     g?.inputNorm ?? s.noGrad,
@@ -275,6 +352,29 @@ export function layerBackward(
     D,
   );
   for (let i = 0; i < R * D; i++) dIn[i] = dIn[i]! + dMid[i]!;
+}
+
+/** Whether layer `l` rotates q and k (SmolLM3's NoPE layers do not). */
+function rotates(model: Model, l: number): boolean {
+  return model.config.ropeLayers?.[l] ?? true;
+}
+
+/** x[r] += bias, for each of `rows` rows. */
+function addRows(x: Float32Array, bias: Float32Array, rows: number): void {
+  const n = bias.length;
+  for (let r = 0; r < rows; r++) {
+    const o = r * n;
+    for (let j = 0; j < n; j++) x[o + j] = x[o + j]! + bias[j]!;
+  }
+}
+
+/** out += Σ_r x[r] (a bias's gradient). */
+function sumRows(out: Float32Array, x: Float32Array, rows: number): void {
+  const n = out.length;
+  for (let r = 0; r < rows; r++) {
+    const o = r * n;
+    for (let j = 0; j < n; j++) out[j] = out[j]! + x[o + j]!;
+  }
 }
 
 /** Rotates every head of every row by its row's position (`sign` -1 undoes it: backward). */

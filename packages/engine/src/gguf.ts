@@ -1,7 +1,7 @@
 import { writeFile } from "node:fs/promises";
-import { configToJson } from "./config.ts";
+import { configToJson, type ModelConfig, type ModelType } from "./config.ts";
 import type { Model } from "./model.ts";
-import type { LayerWeights } from "./weights.ts";
+import { type LayerKey, layerKeysOf, layerShape } from "./weights.ts";
 
 /** GGUF v3 (llama.cpp): header, typed key/values, tensor infos, aligned tensor data. */
 
@@ -157,47 +157,68 @@ export function permuteForGguf(weight: Float32Array, heads: number, inDim: numbe
   return out;
 }
 
-const layerNames: Record<keyof LayerWeights, string> = {
-  inputNorm: "attn_norm",
-  q: "attn_q",
-  k: "attn_k",
-  v: "attn_v",
-  o: "attn_output",
-  postNorm: "ffn_norm",
-  gate: "ffn_gate",
-  up: "ffn_up",
-  down: "ffn_down",
+/** llama.cpp's tensor names for a layer's weights (`blk.N.<name>`). */
+const layerNames: Record<LayerKey, string> = {
+  inputNorm: "attn_norm.weight",
+  q: "attn_q.weight",
+  k: "attn_k.weight",
+  v: "attn_v.weight",
+  o: "attn_output.weight",
+  postNorm: "ffn_norm.weight",
+  gate: "ffn_gate.weight",
+  up: "ffn_up.weight",
+  down: "ffn_down.weight",
+  qBias: "attn_q.bias",
+  kBias: "attn_k.bias",
+  vBias: "attn_v.bias",
+  oBias: "attn_output.bias",
+  qNorm: "attn_q_norm.weight",
+  kNorm: "attn_k_norm.weight",
 };
 
-/** Serialises a model as an F32 llama GGUF with a gpt2-style BPE tokenizer. */
+/** llama.cpp's architecture for each family. Llama's rope rotates interleaved pairs, so its q/k
+ * rows are permuted; Qwen's (NEOX) rotates halves as Hugging Face does. */
+const ARCH: Record<ModelType, { name: string; permute: boolean }> = {
+  llama: { name: "llama", permute: true },
+  smollm3: { name: "smollm3", permute: true },
+  qwen2: { name: "qwen2", permute: false },
+  qwen3: { name: "qwen3", permute: false },
+};
+
+/** Serialises a model as an F32 GGUF of its llama.cpp architecture with a gpt2-style BPE
+ * tokenizer. */
 export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
   const { config, weights, tokenizer } = model;
+  const arch = ARCH[config.modelType];
   const D = config.hiddenSize;
   const tensors: { name: string; dims: number[]; data: Float32Array }[] = [
     { name: "token_embd.weight", dims: [D, config.vocabSize], data: weights.embed },
   ];
   weights.layers.forEach((layer, l) => {
-    for (const key of Object.keys(layerNames) as (keyof LayerWeights)[]) {
-      let data = layer[key];
-      const rows =
-        key === "inputNorm" || key === "postNorm"
-          ? 1
-          : data.length /
-            (key === "o"
-              ? config.numHeads * config.headDim
-              : key === "down"
-                ? config.intermediateSize
-                : D);
-      const inDim = data.length / rows;
-      if (key === "q") data = permuteForGguf(data, config.numHeads, inDim);
-      if (key === "k") data = permuteForGguf(data, config.numKvHeads, inDim);
+    for (const key of layerKeysOf(config)) {
+      let data = layer[key]!;
+      const [rows, inDim] = (() => {
+        const shape = layerShape(config, key);
+        return shape.length === 1 ? [1, shape[0]!] : [shape[0]!, shape[1]!];
+      })();
+      if (arch.permute && (key === "q" || key === "qBias"))
+        data = permuteForGguf(data, config.numHeads, rows === 1 ? 1 : inDim);
+      if (arch.permute && (key === "k" || key === "kBias"))
+        data = permuteForGguf(data, config.numKvHeads, rows === 1 ? 1 : inDim);
       tensors.push({
-        name: `blk.${l}.${layerNames[key]}.weight`,
+        name: `blk.${l}.${layerNames[key]}`,
         dims: rows === 1 ? [inDim] : [inDim, rows],
         data,
       });
     }
   });
+  if (config.ropeScaling) {
+    tensors.push({
+      name: "rope_freqs.weight",
+      dims: [config.headDim / 2],
+      data: ropeFactors(config),
+    });
+  }
   tensors.push({ name: "output_norm.weight", dims: [D], data: weights.norm });
   if (weights.lmHead)
     tensors.push({ name: "output.weight", dims: [D, config.vocabSize], data: weights.lmHead });
@@ -211,22 +232,22 @@ export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
   );
   const hf = configToJson(config);
   const metadata: [string, GgufValue][] = [
-    ["general.architecture", { type: "string", value: "llama" }],
+    ["general.architecture", { type: "string", value: arch.name }],
     ["general.name", { type: "string", value: name }],
     ["general.alignment", { type: "u32", value: ALIGNMENT }],
     ["general.file_type", { type: "u32", value: 0 }],
-    ["llama.vocab_size", { type: "u32", value: config.vocabSize }],
-    ["llama.context_length", { type: "u32", value: config.maxPositions }],
-    ["llama.embedding_length", { type: "u32", value: D }],
-    ["llama.block_count", { type: "u32", value: config.numLayers }],
-    ["llama.feed_forward_length", { type: "u32", value: config.intermediateSize }],
-    ["llama.attention.head_count", { type: "u32", value: config.numHeads }],
-    ["llama.attention.head_count_kv", { type: "u32", value: config.numKvHeads }],
-    ["llama.attention.key_length", { type: "u32", value: config.headDim }],
-    ["llama.attention.value_length", { type: "u32", value: config.headDim }],
-    ["llama.rope.dimension_count", { type: "u32", value: config.headDim }],
-    ["llama.rope.freq_base", { type: "f32", value: config.ropeTheta }],
-    ["llama.attention.layer_norm_rms_epsilon", { type: "f32", value: config.rmsNormEps }],
+    [`${arch.name}.vocab_size`, { type: "u32", value: config.vocabSize }],
+    [`${arch.name}.context_length`, { type: "u32", value: config.maxPositions }],
+    [`${arch.name}.embedding_length`, { type: "u32", value: D }],
+    [`${arch.name}.block_count`, { type: "u32", value: config.numLayers }],
+    [`${arch.name}.feed_forward_length`, { type: "u32", value: config.intermediateSize }],
+    [`${arch.name}.attention.head_count`, { type: "u32", value: config.numHeads }],
+    [`${arch.name}.attention.head_count_kv`, { type: "u32", value: config.numKvHeads }],
+    [`${arch.name}.attention.key_length`, { type: "u32", value: config.headDim }],
+    [`${arch.name}.attention.value_length`, { type: "u32", value: config.headDim }],
+    [`${arch.name}.rope.dimension_count`, { type: "u32", value: config.headDim }],
+    [`${arch.name}.rope.freq_base`, { type: "f32", value: config.ropeTheta }],
+    [`${arch.name}.attention.layer_norm_rms_epsilon`, { type: "f32", value: config.rmsNormEps }],
     ["tokenizer.ggml.model", { type: "string", value: "gpt2" }],
     ["tokenizer.ggml.pre", { type: "string", value: "qwen2" }],
     ["tokenizer.ggml.tokens", { type: "string[]", value: tokens }],
@@ -372,4 +393,19 @@ export function readGguf(bytes: Uint8Array): GgufFile {
       return out;
     },
   };
+}
+
+/** llama.cpp's `rope_freqs` for Llama 3.1's scaling: each frequency's divisor. */
+function ropeFactors(config: ModelConfig): Float32Array {
+  const scaling = config.ropeScaling!;
+  const { factor, lowFreqFactor, highFreqFactor, originalMaxPositions } = scaling;
+  const half = config.headDim / 2;
+  return Float32Array.from({ length: half }, (_, i) => {
+    const wavelen = (2 * Math.PI) / (1 / config.ropeTheta ** ((2 * i) / config.headDim));
+    if (wavelen < originalMaxPositions / highFreqFactor) return 1;
+    if (wavelen > originalMaxPositions / lowFreqFactor) return factor;
+    const smooth =
+      (originalMaxPositions / wavelen - lowFreqFactor) / (highFreqFactor - lowFreqFactor);
+    return 1 / ((1 - smooth) / factor + smooth);
+  });
 }

@@ -8,7 +8,7 @@ import {
   parseConfig,
   parseGenerationConfig,
 } from "./config.ts";
-import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
+import { readSafetensorsFile, saveSafetensors, type TensorMap } from "./safetensors.ts";
 import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
 import {
   countParameters,
@@ -49,20 +49,39 @@ export function createModel(config: ModelConfig, weights: ModelWeights, files: C
   };
 }
 
-/** cos/sin of position·θ^(-2i/d), HF Llama's rotate-half convention, [maxPositions, headDim/2]. */
+/** cos/sin of position·θ^(-2i/d), HF Llama's rotate-half convention, [maxPositions, headDim/2],
+ * with Llama 3.1's frequency scaling when the config has it. */
 export function ropeTables(config: ModelConfig): RopeTables {
   const half = config.headDim / 2;
+  const invFreq = Float64Array.from({ length: half }, (_, i) =>
+    scaledFrequency(1 / config.ropeTheta ** ((2 * i) / config.headDim), config),
+  );
   const cos = new Float32Array(config.maxPositions * half);
   const sin = new Float32Array(config.maxPositions * half);
   for (let p = 0; p < config.maxPositions; p++) {
     for (let i = 0; i < half; i++) {
-      const invFreq = 1 / config.ropeTheta ** ((2 * i) / config.headDim);
-      const angle = p * invFreq;
+      const angle = p * invFreq[i]!;
       cos[p * half + i] = Math.cos(angle);
       sin[p * half + i] = Math.sin(angle);
     }
   }
   return { cos, sin, half };
+}
+
+/** `rope_type: "llama3"`: low frequencies divided by `factor`, high ones kept, and a smooth
+ * blend between (transformers' `_compute_llama3_parameters`). */
+function scaledFrequency(invFreq: number, config: ModelConfig): number {
+  const scaling = config.ropeScaling;
+  if (!scaling) return invFreq;
+  const { factor, lowFreqFactor, highFreqFactor, originalMaxPositions } = scaling;
+  const lowFreqWavelen = originalMaxPositions / lowFreqFactor;
+  const highFreqWavelen = originalMaxPositions / highFreqFactor;
+  const wavelen = (2 * Math.PI) / invFreq;
+  if (wavelen < highFreqWavelen) return invFreq;
+  if (wavelen > lowFreqWavelen) return invFreq / factor;
+  const smooth =
+    (originalMaxPositions / wavelen - lowFreqFactor) / (highFreqFactor - lowFreqFactor);
+  return (1 - smooth) * (invFreq / factor) + smooth * invFreq;
 }
 
 /**
@@ -72,10 +91,25 @@ export function ropeTables(config: ModelConfig): RopeTables {
  * `ModelFileError` naming it.
  */
 export async function loadModel(dir: string): Promise<Model> {
-  const config = parseConfig(await readJson(dir, "config.json"));
+  let config: ModelConfig;
+  try {
+    config = parseConfig(await readJson(dir, "config.json"));
+  } catch (err) {
+    if (err instanceof ModelFileError) throw err;
+    throw new ModelFileError(
+      join(dir, "config.json"),
+      (err as Error).message.replace(/^config\.json: /, ""),
+    );
+  }
   const files = await readChatFiles(dir);
   const tensors = await readWeights(dir);
-  return createModel(config, weightsFromTensors(config, tensors), files);
+  let weights: ModelWeights;
+  try {
+    weights = weightsFromTensors(config, tensors);
+  } catch (err) {
+    throw new ModelFileError(join(dir, "model.safetensors"), (err as Error).message);
+  }
+  return createModel(config, weights, files);
 }
 
 /** The folder's tokenizer, chat template and generation config. */
@@ -151,14 +185,28 @@ async function readWeights(dir: string): Promise<TensorMap> {
     : ["model.safetensors"];
   const tensors: TensorMap = new Map();
   for (const file of files) {
-    for (const [name, tensor] of readSafetensors(await readFile(join(dir, file))).tensors)
-      tensors.set(name, tensor);
+    const path = join(dir, file);
+    try {
+      await readSafetensorsFile(path, (name, tensor) => tensors.set(name, tensor));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") {
+        throw new ModelFileError(path, "missing (the model's weights)");
+      }
+      throw err instanceof ModelFileError
+        ? err
+        : new ModelFileError(path, (err as Error).message.replace(`${path}: `, ""));
+    }
   }
   return tensors;
 }
 
-/** Writes a Hugging Face folder that `loadModel` (and `transformers`) read back. */
-export async function saveModel(model: Model, dir: string): Promise<void> {
+/** Writes a Hugging Face folder that `loadModel` (and `transformers`) read back; the weights in
+ * F32, or BF16 as most models are published. */
+export async function saveModel(
+  model: Model,
+  dir: string,
+  options: { dtype?: "F32" | "BF16" } = {},
+): Promise<void> {
   await mkdir(dir, { recursive: true });
   const json = (value: unknown) => `${JSON.stringify(value, null, 2)}\n`;
   await writeFile(join(dir, "config.json"), json(configToJson(model.config)));
@@ -172,7 +220,11 @@ export async function saveModel(model: Model, dir: string): Promise<void> {
   }
   await writeFile(
     join(dir, "model.safetensors"),
-    saveSafetensors(weightsToTensors(model.config, model.weights), { format: "pt" }),
+    saveSafetensors(
+      weightsToTensors(model.config, model.weights),
+      { format: "pt" },
+      options.dtype ?? "F32",
+    ),
   );
 }
 

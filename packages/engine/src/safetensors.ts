@@ -1,4 +1,5 @@
 /** Minimal safetensors reader/writer: 8-byte LE header length, JSON header, raw little-endian data. */
+import { open } from "node:fs/promises";
 
 export type Dtype = "F32" | "F16" | "BF16";
 
@@ -38,6 +39,59 @@ export function readSafetensors(bytes: Uint8Array): {
   return { tensors, metadata };
 }
 
+interface HeaderEntry {
+  dtype: string;
+  shape: number[];
+  data_offsets: [number, number];
+}
+
+/**
+ * Reads a safetensors file tensor by tensor (positioned reads), widening each to F32 and handing
+ * it to `onTensor` before reading the next: the file is never held whole beside the weights it
+ * becomes. A truncated file or an unknown dtype is an error naming the file and the tensor.
+ */
+export async function readSafetensorsFile(
+  path: string,
+  onTensor: (name: string, tensor: NamedTensor) => void,
+): Promise<void> {
+  const file = await open(path, "r");
+  try {
+    const { size } = await file.stat();
+    const fail = (why: string): never => {
+      throw new Error(`${path}: ${why}`);
+    };
+    if (size < 8) fail("truncated (no header)");
+    const head = Buffer.alloc(8);
+    await file.read(head, 0, 8, 0);
+    const headerLength = Number(head.readBigUInt64LE(0));
+    if (headerLength > size - 8 || headerLength > 100 * 1024 * 1024)
+      fail("truncated or not safetensors");
+    const headerBytes = Buffer.alloc(headerLength);
+    await file.read(headerBytes, 0, headerLength, 8);
+    let header: Record<string, unknown>;
+    try {
+      header = JSON.parse(headerBytes.toString("utf8")) as Record<string, unknown>;
+    } catch {
+      return fail("the header is not valid JSON");
+    }
+    const base = 8 + headerLength;
+    for (const [name, value] of Object.entries(header)) {
+      if (name === "__metadata__") continue;
+      const { dtype, shape, data_offsets } = value as HeaderEntry;
+      const [start, end] = data_offsets;
+      if (base + end > size) fail(`truncated: ${name} ends past the end of the file`);
+      const raw = Buffer.alloc(end - start);
+      await file.read(raw, 0, raw.length, base + start);
+      const data = decode(raw, dtype, `${name} of ${path}`);
+      const count = shape.reduce((a, b) => a * b, 1);
+      if (data.length !== count) fail(`${name} has ${data.length} values for shape [${shape}]`);
+      onTensor(name, { shape, data });
+    }
+  } finally {
+    await file.close();
+  }
+}
+
 function decode(raw: Uint8Array, dtype: string, name: string): Float32Array {
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
   if (dtype === "F32") {
@@ -68,11 +122,14 @@ function halfToFloat(h: number): number {
   return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
 }
 
-/** Writes F32 tensors, in name order, each 8-byte aligned as the format recommends. */
+/** Writes tensors as F32 (or BF16, rounded to nearest even), in name order, each 8-byte aligned
+ * as the format recommends. */
 export function saveSafetensors(
   tensors: TensorMap,
   metadata: Record<string, string> = {},
+  dtype: "F32" | "BF16" = "F32",
 ): Uint8Array {
+  const width = dtype === "F32" ? 4 : 2;
   const names = [...tensors.keys()].sort();
   const header: Record<string, unknown> = {};
   if (Object.keys(metadata).length > 0) header["__metadata__"] = metadata;
@@ -81,8 +138,8 @@ export function saveSafetensors(
     const tensor = tensors.get(name)!;
     const size = tensor.shape.reduce((a, b) => a * b, 1);
     if (size !== tensor.data.length) throw new Error(`safetensors: ${name} shape/data mismatch`);
-    header[name] = { dtype: "F32", shape: tensor.shape, data_offsets: [offset, offset + size * 4] };
-    offset += size * 4;
+    header[name] = { dtype, shape: tensor.shape, data_offsets: [offset, offset + size * width] };
+    offset += size * width;
   }
   let headerText = JSON.stringify(header);
   while ((8 + headerText.length) % 8 !== 0) headerText += " ";
@@ -92,10 +149,20 @@ export function saveSafetensors(
   view.setBigUint64(0, BigInt(headerBytes.length), true);
   out.set(headerBytes, 8);
   let position = 8 + headerBytes.length;
+  const bits = new Uint32Array(1);
+  const float = new Float32Array(bits.buffer);
   for (const name of names) {
     const { data } = tensors.get(name)!;
-    for (let i = 0; i < data.length; i++) view.setFloat32(position + i * 4, data[i]!, true);
-    position += data.length * 4;
+    if (dtype === "F32") {
+      for (let i = 0; i < data.length; i++) view.setFloat32(position + i * 4, data[i]!, true);
+    } else {
+      for (let i = 0; i < data.length; i++) {
+        float[0] = data[i]!;
+        const b = bits[0]!;
+        view.setUint16(position + i * 2, (b + 0x7fff + ((b >>> 16) & 1)) >>> 16, true);
+      }
+    }
+    position += data.length * width;
   }
   return out;
 }

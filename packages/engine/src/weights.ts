@@ -2,7 +2,8 @@ import type { ModelConfig } from "./config.ts";
 import { Rng } from "./rng.ts";
 import type { TensorMap } from "./safetensors.ts";
 
-/** Linear weights are stored [out, in], as in PyTorch's nn.Linear. */
+/** Linear weights are stored [out, in], as in PyTorch's nn.Linear. Biases and q/k norms exist
+ * only in the families that have them (`layerKeysOf`). */
 export interface LayerWeights {
   inputNorm: Float32Array;
   q: Float32Array;
@@ -13,7 +14,16 @@ export interface LayerWeights {
   gate: Float32Array;
   up: Float32Array;
   down: Float32Array;
+  qBias?: Float32Array;
+  kBias?: Float32Array;
+  vBias?: Float32Array;
+  oBias?: Float32Array;
+  /** RMSNorm weights over one head of q and of k (Qwen3). */
+  qNorm?: Float32Array;
+  kNorm?: Float32Array;
 }
+
+export type LayerKey = keyof LayerWeights;
 
 export interface ModelWeights {
   embed: Float32Array;
@@ -29,6 +39,7 @@ export interface ParameterRef {
   data: Float32Array;
 }
 
+/** The keys every family's layer has. */
 export const layerKeys = [
   "inputNorm",
   "q",
@@ -39,9 +50,18 @@ export const layerKeys = [
   "gate",
   "up",
   "down",
-] as const satisfies readonly (keyof LayerWeights)[];
+] as const satisfies readonly LayerKey[];
 
-export function hfName(layer: number, key: keyof LayerWeights): string {
+/** The keys a layer of this config has: the common ones, plus biases and q/k norms. */
+export function layerKeysOf(config: ModelConfig): LayerKey[] {
+  const keys: LayerKey[] = [...layerKeys];
+  if (config.qkvBias) keys.push("qBias", "kBias", "vBias");
+  if (config.oBias) keys.push("oBias");
+  if (config.qkNorm) keys.push("qNorm", "kNorm");
+  return keys;
+}
+
+export function hfName(layer: number, key: LayerKey): string {
   const prefix = `model.layers.${layer}`;
   switch (key) {
     case "inputNorm":
@@ -53,18 +73,27 @@ export function hfName(layer: number, key: keyof LayerWeights): string {
     case "v":
     case "o":
       return `${prefix}.self_attn.${key}_proj.weight`;
+    case "qBias":
+    case "kBias":
+    case "vBias":
+    case "oBias":
+      return `${prefix}.self_attn.${key[0]}_proj.bias`;
+    case "qNorm":
+    case "kNorm":
+      return `${prefix}.self_attn.${key[0]}_norm.weight`;
     default:
       return `${prefix}.mlp.${key}_proj.weight`;
   }
 }
 
-export function layerShape(config: ModelConfig, key: keyof LayerWeights): number[] {
+export function layerShape(config: ModelConfig, key: LayerKey): number[] {
   const d = config.hiddenSize;
   const qDim = config.numHeads * config.headDim;
   const kvDim = config.numKvHeads * config.headDim;
   switch (key) {
     case "inputNorm":
     case "postNorm":
+    case "oBias":
       return [d];
     case "q":
       return [qDim, d];
@@ -78,7 +107,20 @@ export function layerShape(config: ModelConfig, key: keyof LayerWeights): number
       return [config.intermediateSize, d];
     case "down":
       return [d, config.intermediateSize];
+    case "qBias":
+      return [qDim];
+    case "kBias":
+    case "vBias":
+      return [kvDim];
+    case "qNorm":
+    case "kNorm":
+      return [config.headDim];
   }
+}
+
+/** Norm weights start at 1, biases at 0. */
+function isNorm(key: LayerKey): boolean {
+  return key === "inputNorm" || key === "postNorm" || key === "qNorm" || key === "kNorm";
 }
 
 /** Every parameter with its Hugging Face name, in a fixed order (used by optimizers and I/O). */
@@ -91,8 +133,9 @@ export function parameters(config: ModelConfig, weights: ModelWeights): Paramete
     },
   ];
   weights.layers.forEach((layer, i) => {
-    for (const key of layerKeys) {
-      out.push({ name: hfName(i, key), shape: layerShape(config, key), data: layer[key] });
+    for (const key of layerKeysOf(config)) {
+      const data = layer[key];
+      if (data) out.push({ name: hfName(i, key), shape: layerShape(config, key), data });
     }
   });
   out.push({ name: "model.norm.weight", shape: [config.hiddenSize], data: weights.norm });
@@ -116,7 +159,8 @@ export function zerosLike(weights: ModelWeights): ModelWeights {
     embed: new Float32Array(weights.embed.length),
     layers: weights.layers.map((layer) => {
       const copy = {} as LayerWeights;
-      for (const key of layerKeys) copy[key] = new Float32Array(layer[key].length);
+      for (const [key, data] of Object.entries(layer) as [LayerKey, Float32Array][])
+        copy[key] = new Float32Array(data.length);
       return copy;
     }),
     norm: new Float32Array(weights.norm.length),
@@ -138,12 +182,11 @@ export function initWeights(config: ModelConfig, seed: number): ModelWeights {
   const layers: LayerWeights[] = [];
   for (let i = 0; i < config.numLayers; i++) {
     const layer = {} as LayerWeights;
-    for (const key of layerKeys) {
+    for (const key of layerKeysOf(config)) {
       const n = size(layerShape(config, key));
-      layer[key] =
-        key === "inputNorm" || key === "postNorm"
-          ? new Float32Array(n).fill(1)
-          : normal(n, key === "o" || key === "down" ? residualStd : std);
+      layer[key] = isNorm(key)
+        ? new Float32Array(n).fill(1)
+        : normal(n, key === "o" || key === "down" ? residualStd : std);
     }
     layers.push(layer);
   }
@@ -167,13 +210,15 @@ export function weightsFromTensors(config: ModelConfig, tensors: TensorMap): Mod
   const layers: LayerWeights[] = [];
   for (let i = 0; i < config.numLayers; i++) {
     const layer = {} as LayerWeights;
-    for (const key of layerKeys) layer[key] = get(hfName(i, key), layerShape(config, key));
+    for (const key of layerKeysOf(config))
+      layer[key] = get(hfName(i, key), layerShape(config, key));
     layers.push(layer);
   }
   const vd = [config.vocabSize, config.hiddenSize];
   const embed = get("model.embed_tokens.weight", vd);
-  const lmHead =
-    config.tieWordEmbeddings || !tensors.has("lm_head.weight") ? null : get("lm_head.weight", vd);
+  // Tied: the embeddings are the output head (a stored lm_head is a copy of them). Untied: the
+  // head must be there; falling back to the embeddings would answer wrongly, silently.
+  const lmHead = config.tieWordEmbeddings ? null : get("lm_head.weight", vd);
   return { embed, layers, norm: get("model.norm.weight", [config.hiddenSize]), lmHead };
 }
 

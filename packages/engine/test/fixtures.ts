@@ -43,6 +43,12 @@ export function tinyTokenizer(vocabSize = 300): Tokenizer {
 
 export function tinyConfig(vocabSize: number, overrides: Partial<ModelConfig> = {}): ModelConfig {
   return {
+    modelType: "llama",
+    ropeScaling: null,
+    ropeLayers: null,
+    qkvBias: false,
+    oBias: false,
+    qkNorm: false,
     hiddenSize: 16,
     intermediateSize: 24,
     numLayers: 2,
