@@ -40,7 +40,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { type ArborClient, createArborClient, unwrap } from "@arbor/client";
 import { openStore, type StoreOptions } from "@arbor/store";
-import { catalogModels, sftExamplesLoader, TrainingWorker } from "@arbor/training";
+import { baseModels, sftExamplesLoader, TrainingWorker } from "@arbor/training";
 import { pino } from "pino";
 import { startBenchServer } from "./server.ts";
 
@@ -110,7 +110,7 @@ async function work(spec: ChildSpec): Promise<void> {
   const worker = new TrainingWorker({
     store,
     logger: pino({ level: "error" }, pino.destination(2)),
-    loadBaseModel: catalogModels(),
+    loadBaseModel: baseModels(),
     loadSftExamples: sftExamplesLoader(store, {
       maxBytes: WORKER_SETTINGS.maxTrainingDataBytes,
       allowHosts: WORKER_SETTINGS.allowHosts,

@@ -1304,6 +1304,15 @@ export interface components {
                 error: string | null;
                 /** @description Base models the engine (or its upstreams) can serve. */
                 models?: number;
+                /**
+                 * @description Base-model folders (under `ARBOR_BASE_MODELS_DIR`) that cannot be served, each with
+                 *     why, naming the file at fault. They do not fail the check: the other models are served.
+                 */
+                skipped?: {
+                    /** @description The folder's `<owner>/<name>`. */
+                    id: string;
+                    reason: string;
+                }[];
             };
             /**
              * @description The embedded training worker, when this process runs one: it fails while a training thread
@@ -3236,7 +3245,13 @@ export interface operations {
                      *         "success": true,
                      *         "duration": 12.4,
                      *         "error": null,
-                     *         "models": 1
+                     *         "models": 2,
+                     *         "skipped": [
+                     *           {
+                     *             "id": "acme/broken",
+                     *             "reason": "/data/models/acme/broken/config.json: model_type \"gemma3\" is not supported (supported: llama, qwen2, qwen3, smollm3)"
+                     *           }
+                     *         ]
                      *       },
                      *       "worker": {
                      *         "success": true,
@@ -3275,7 +3290,8 @@ export interface operations {
                      *         "success": true,
                      *         "duration": 11.7,
                      *         "error": null,
-                     *         "models": 1
+                     *         "models": 1,
+                     *         "skipped": []
                      *       }
                      *     }
                      */

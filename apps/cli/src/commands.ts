@@ -2,9 +2,10 @@ import { existsSync, readFileSync } from "node:fs";
 import { createInterface } from "node:readline/promises";
 import { type ParseArgsOptionsConfig, parseArgs } from "node:util";
 import { type ArborClient, createArborClient } from "@arbor/client";
-import { adminKeyPath, type Config, readConfig } from "@arbor/config";
+import { adminKeyPath, baseModelsDir, type Config, readConfig } from "@arbor/config";
 import { openStore, type Store } from "@arbor/store";
 import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
+import { addBaseModel } from "./base-models.ts";
 import * as remote from "./remote.ts";
 
 /** Where commands print. */
@@ -147,6 +148,24 @@ export const COMMANDS: readonly Command[] = [
     run: async ({ values, positionals, store, io }) => {
       const args = { id: required(positionals[0], "PRICE_ID"), project: values.project };
       await deletePrice(await store(), args, io);
+    },
+  }),
+  command({
+    name: "models add-base",
+    usage: "FOLDER [--id owner/name]",
+    summary:
+      "add a Hugging Face model folder as a base model (checked first; default id local/<folder>)",
+    options: { id: str },
+    run: async ({ values, positionals, io }) => {
+      const config = readConfig();
+      await addBaseModel(
+        {
+          folder: required(positionals[0], "FOLDER"),
+          id: values.id,
+          modelsDir: baseModelsDir(config),
+        },
+        io,
+      );
     },
   }),
   command({

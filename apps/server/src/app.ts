@@ -94,7 +94,7 @@ export function createApp(deps: AppDeps): Express {
     ...callsHandlers(deps.store),
     ...modelsHandlers({
       store: deps.store,
-      baseModels: () => deps.engines.baseModels().map((m) => m.entry.id),
+      baseModels: async () => (await deps.engines.current()).map((m) => m.id),
     }),
     ...trainingHandlers({
       store: deps.store,

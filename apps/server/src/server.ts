@@ -1,5 +1,5 @@
 import type { Server } from "node:http";
-import type { Config } from "@arbor/config";
+import { baseModelsDir, type Config } from "@arbor/config";
 import { openStore, type Store } from "@arbor/store";
 import { EmbeddedWorker, sweepBlobs } from "@arbor/training";
 import type { Express } from "express";
@@ -65,7 +65,12 @@ export async function buildServer(
   const llama =
     options.llama ??
     new Map([...config.llamaModels].map(([id, path]) => [id, new LlamaCppBackend(path)]));
-  const engines = new EngineHost({ llama, threads: config.engineThreads });
+  const modelsDir = baseModelsDir(config);
+  const engines = new EngineHost({ llama, threads: config.engineThreads, modelsDir });
+  await engines.refresh();
+  for (const { dir, reason } of engines.skipped) {
+    logger.warn({ dir }, `base model folder skipped: ${reason}`);
+  }
   let worker: EmbeddedWorker | undefined;
   let http: Server | undefined;
   const probes = storeProbes(store, engineProbe(engines));
@@ -130,6 +135,7 @@ export async function buildServer(
           maxTrainingDataBytes: config.trainingDataMaxBytes,
           allowHosts: config.trainingDataAllowHosts,
           kernelThreads: config.engineThreads,
+          baseModelsDir: modelsDir,
         });
       }
     },

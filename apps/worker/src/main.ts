@@ -5,9 +5,9 @@
  * API servers with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR (a shared directory).
  * Settings: see the README's Settings (read by @arbor/config).
  */
-import { readConfig } from "@arbor/config";
+import { baseModelsDir, readConfig } from "@arbor/config";
 import { openStore } from "@arbor/store";
-import { catalogModels, processIdentity, sftExamplesLoader, TrainingWorker } from "@arbor/training";
+import { baseModels, processIdentity, sftExamplesLoader, TrainingWorker } from "@arbor/training";
 import { pino } from "pino";
 
 const config = readConfig();
@@ -21,7 +21,7 @@ const worker = new TrainingWorker({
   store,
   logger,
   kernelThreads: config.engineThreads,
-  loadBaseModel: catalogModels(),
+  loadBaseModel: baseModels(baseModelsDir(config)),
   loadSftExamples: sftExamplesLoader(store, {
     maxBytes: config.trainingDataMaxBytes,
     allowHosts: config.trainingDataAllowHosts,

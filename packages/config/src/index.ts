@@ -1,5 +1,6 @@
 export {
   adminKeyPath,
+  baseModelsDir,
   type Config,
   ROLES,
   type Role,

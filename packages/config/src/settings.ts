@@ -8,6 +8,14 @@ import { isAbsolute, join, resolve } from "node:path";
  * through `readConfig`; the README's settings table is generated from this one.
  */
 
+/** Where base-model folders live: `ARBOR_BASE_MODELS_DIR`, else `<data dir>/models`. */
+export function baseModelsDir(config: {
+  baseModelsDir: string | undefined;
+  dataDir: string;
+}): string {
+  return config.baseModelsDir ?? join(config.dataDir, "models");
+}
+
 /** The first-start admin key, written (mode 0600) in the data directory. */
 export function adminKeyPath(dataDir: string): string {
   return join(dataDir, "admin.key");
@@ -197,6 +205,13 @@ export const SETTINGS = {
         .split(",")
         .map((h) => h.trim())
         .filter(Boolean),
+  }),
+  baseModelsDir: setting({
+    env: "ARBOR_BASE_MODELS_DIR",
+    group: "inference",
+    shown: "ARBOR_DATA_DIR/models",
+    doc: "Base models from folders: every `<owner>/<name>/` with a Hugging Face `config.json` here is served as `<owner>/<name>` (`arbor models add-base` puts one there).",
+    read: text(undefined),
   }),
   engineThreads: setting({
     env: "ARBOR_ENGINE_THREADS",

@@ -3,21 +3,44 @@ import { type Kernels, withWorkspace } from "./kernels/types.ts";
 import { type LinearHooks, type LoraAdapter, loraRowHooks } from "./lora.ts";
 import type { Model } from "./model.ts";
 
-/** Keys and values of one sequence, per layer, [maxPositions, kvHeads·headDim]. */
+/** Keys and values of one sequence, per layer, [positions, kvHeads·headDim]. The arrays grow
+ * (doubling) as the sequence does, up to `limit` positions: a long context costs memory only
+ * when it is used. */
 export interface KvCache {
   keys: Float32Array[];
   values: Float32Array[];
   length: number;
+  /** The most positions the cache may hold. */
+  limit: number;
 }
 
-export function createKvCache(model: Model, capacity = model.config.maxPositions): KvCache {
+/** Positions allocated at first; a cache grows from there. */
+const INITIAL_POSITIONS = 256;
+
+export function createKvCache(model: Model, limit = model.config.maxPositions): KvCache {
   const kvDim = model.config.numKvHeads * model.config.headDim;
-  const size = Math.min(capacity, model.config.maxPositions) * kvDim;
+  const capped = Math.min(limit, model.config.maxPositions);
+  const size = Math.min(capped, INITIAL_POSITIONS) * kvDim;
   return {
     keys: model.weights.layers.map(() => new Float32Array(size)),
     values: model.weights.layers.map(() => new Float32Array(size)),
     length: 0,
+    limit: capped,
   };
+}
+
+/** Makes room for `positions` in the cache (copying what it holds into larger arrays). */
+function reserve(cache: KvCache, positions: number, kvDim: number): void {
+  const allocated = cache.keys[0]!.length / kvDim;
+  if (positions <= allocated) return;
+  const size = Math.min(cache.limit, Math.max(positions, allocated * 2)) * kvDim;
+  const grow = (old: Float32Array) => {
+    const next = new Float32Array(size);
+    next.set(old.subarray(0, cache.length * kvDim));
+    return next;
+  };
+  cache.keys = cache.keys.map(grow);
+  cache.values = cache.values.map(grow);
 }
 
 export interface ForwardItem {
@@ -45,9 +68,10 @@ export function forwardBatch(
   const positions = new Int32Array(rows);
   let r = 0;
   for (const item of items) {
-    if (item.cache.length + item.tokens.length > item.cache.keys[0]!.length / kvDim) {
+    if (item.cache.length + item.tokens.length > item.cache.limit) {
       throw new Error("forward: sequence exceeds the context length");
     }
+    reserve(item.cache, item.cache.length + item.tokens.length, kvDim);
     for (let t = 0; t < item.tokens.length; t++) positions[r++] = item.cache.length + t;
   }
   return withWorkspace(kernels, (ws) => {

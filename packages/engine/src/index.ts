@@ -3,15 +3,21 @@
  * contract tests use. Everything else is the engine's own (its tests import modules directly).
  */
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
-export { type ChatMessage, PromptError } from "./chat.ts";
+export { type ChatFiles, type ChatMessage, PromptError } from "./chat.ts";
 export {
   Engine,
   type GenerationEvent,
   type TokenLogprob,
 } from "./engine.ts";
 export { EngineThread, type ThreadGenerateRequest } from "./engine-thread.ts";
+export {
+  type BaseModelFolder,
+  checkModelFolder,
+  type SkippedFolder,
+  scanBaseModels,
+} from "./folders.ts";
 export { createKvCache, forwardBatch } from "./forward.ts";
-export { exportGguf } from "./gguf.ts";
+export { exportGguf, readGguf } from "./gguf.ts";
 export {
   type JsonSchema,
   parseJsonSchema,
@@ -29,7 +35,14 @@ export {
   loraParameterCount,
 } from "./lora.ts";
 export { LoraTrainer } from "./lora-train.ts";
-export { loadModel, type Model, parameterCount } from "./model.ts";
+export {
+  loadModel,
+  type Model,
+  parameterCount,
+  randomModel,
+  readChatFiles,
+  saveModel,
+} from "./model.ts";
 export { Trainer } from "./optim.ts";
 export { ContextLengthError } from "./prompt-encoder.ts";
 export { type RlConfig, type TrajectoryGroup, trainRlStep } from "./rl.ts";

@@ -12,6 +12,7 @@ import { readSafetensorsFile, saveSafetensors, type TensorMap } from "./safetens
 import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
 import {
   countParameters,
+  initWeights,
   type ModelWeights,
   weightsFromTensors,
   weightsToTensors,
@@ -250,4 +251,16 @@ export function applyRope(
     x[offset + i] = a * c - b * s;
     x[offset + i + half] = b * c + a * s;
   }
+}
+
+/**
+ * A model of a real family's shape with random weights (GPT-2-style init) and the given
+ * tokenizer and chat template: what benches and tests use in place of published weights, which
+ * are not downloaded here. `config` is a `config.json` (its `vocab_size` defaults to the
+ * tokenizer's).
+ */
+export function randomModel(config: Record<string, unknown>, files: ChatFiles, seed = 0): Model {
+  const chat = new ChatFormat(files, []);
+  const parsed = parseConfig({ vocab_size: chat.tokenizer.vocabSize, ...config });
+  return createModel(parsed, initWeights(parsed, seed), files);
 }

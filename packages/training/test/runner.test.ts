@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { createDataset } from "../src/datasets/datasets.ts";
 import { enqueueRlJob, enqueueSftJob, MAX_JOB_EXAMPLES } from "../src/jobs.ts";
-import { catalogModels, sftExamplesLoader } from "../src/runner/loaders.ts";
+import { baseModels, sftExamplesLoader } from "../src/runner/loaders.ts";
 import { TrainingWorker } from "../src/runner/runner.ts";
 
 /** The runner, without HTTP: a job's size is bounded before its first step. */
@@ -44,7 +44,7 @@ describe("TrainingWorker.runJob", () => {
     const worker = new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
-      loadBaseModel: catalogModels(),
+      loadBaseModel: baseModels(),
       loadSftExamples: async () => Array.from({ length: lines }, () => example),
     });
     await store.jobs.enqueue({
@@ -67,7 +67,7 @@ describe("TrainingWorker.runJob", () => {
     return new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
-      loadBaseModel: catalogModels(),
+      loadBaseModel: baseModels(),
       loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
     });
   }

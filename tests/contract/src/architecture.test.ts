@@ -25,7 +25,7 @@ const allowed: Record<string, readonly string[]> = {
     "@arbor/training",
   ],
   "@arbor/worker": ["@arbor/config", "@arbor/store", "@arbor/training"],
-  "@arbor/cli": ["@arbor/client", "@arbor/config", "@arbor/store"],
+  "@arbor/cli": ["@arbor/client", "@arbor/config", "@arbor/engine", "@arbor/store"],
 };
 
 interface Workspace {

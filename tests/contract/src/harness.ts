@@ -11,6 +11,8 @@ import { pino } from "pino";
 
 export interface RunningServer {
   baseUrl: string;
+  /** The server's data directory (its base models are under `models/`). */
+  dataDir: string;
   store: Store;
   engines: EngineHost;
   /** The operations this server answers 501 for. */
@@ -72,6 +74,7 @@ export async function startServer(
     createArborClient({ baseUrl, maxRetries: 0, ...options });
   return {
     baseUrl,
+    dataDir,
     store: server.store,
     engines: server.engines,
     pending: server.app.locals.pendingOperations as string[],

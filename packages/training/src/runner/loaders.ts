@@ -1,4 +1,11 @@
-import { catalogModelDir, loadModel, type Model, type SftExample } from "@arbor/engine";
+import { join } from "node:path";
+import {
+  catalogModelDir,
+  listCatalog,
+  loadModel,
+  type Model,
+  type SftExample,
+} from "@arbor/engine";
 import type { Store } from "@arbor/store";
 import { loadTrainingData } from "../datasets/fetch.ts";
 import { sftExamples } from "../datasets/jsonl.ts";
@@ -21,13 +28,22 @@ export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) 
   };
 }
 
-/** The shipped base models, each loaded once. */
-export function catalogModels(): (baseId: string) => Promise<Model> {
+/** The base models, each loaded once: the shipped ones, and the folders `<owner>/<name>/` under
+ * `modelsDir` (the server's `ARBOR_BASE_MODELS_DIR`). A model that fails to load is tried again
+ * by the next job. */
+export function baseModels(modelsDir?: string): (baseId: string) => Promise<Model> {
   const loaded = new Map<string, Promise<Model>>();
+  const shipped = new Set(listCatalog().map((e) => e.id));
   return (baseId) => {
     let model = loaded.get(baseId);
     if (!model) {
-      model = loadModel(catalogModelDir(baseId));
+      const dir = shipped.has(baseId)
+        ? catalogModelDir(baseId)
+        : modelsDir && /^[^/]+\/[^/]+$/.test(baseId) && !baseId.includes("..")
+          ? join(modelsDir, baseId)
+          : undefined;
+      model = dir ? loadModel(dir) : Promise.reject(new Error(`no base model ${baseId}`));
+      model.catch(() => loaded.delete(baseId));
       loaded.set(baseId, model);
     }
     return model;

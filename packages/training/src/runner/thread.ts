@@ -7,7 +7,7 @@
 import { parentPort, workerData } from "node:worker_threads";
 import { openStore } from "@arbor/store";
 import { pino } from "pino";
-import { catalogModels, sftExamplesLoader } from "./loaders.ts";
+import { baseModels, sftExamplesLoader } from "./loaders.ts";
 import { TrainingWorker } from "./runner.ts";
 
 export interface WorkerThreadSettings {
@@ -20,6 +20,8 @@ export interface WorkerThreadSettings {
   allowHosts: string[];
   /** Kernel threads of this training thread's engine. */
   kernelThreads: number;
+  /** Where base-model folders are (besides the shipped models). */
+  baseModelsDir?: string | undefined;
 }
 
 /** What a thread tells its supervisor. */
@@ -44,7 +46,7 @@ const worker = new TrainingWorker({
   identity: settings.identity,
   leaseMs: settings.leaseMs,
   kernelThreads: settings.kernelThreads,
-  loadBaseModel: catalogModels(),
+  loadBaseModel: baseModels(settings.baseModelsDir),
   loadSftExamples: sftExamplesLoader(store, {
     maxBytes: settings.maxTrainingDataBytes,
     allowHosts: settings.allowHosts,

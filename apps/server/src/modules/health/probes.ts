@@ -24,12 +24,17 @@ export function workerProbe(health: () => WorkerHealth): Probe {
   };
 }
 
-/** The engine serves: every base model loads (the first probe pays for loading). */
+/** The engine serves: the shipped models load (the first probe pays for loading; folders a user
+ * added are checked when scanned, and loaded on first use). Folders that cannot be served are
+ * listed with why, and do not fail the check: the others are served. */
 export function engineProbe(engines: EngineHost): Probes["engine"] {
   return () =>
     timed(async () => {
-      const models = engines.baseModels();
-      await Promise.all(models.map((m) => engines.engine(m.entry.id)));
-      return { models: models.length };
+      const models = await engines.current();
+      await Promise.all(models.filter((m) => m.shipped).map((m) => engines.engine(m.id)));
+      return {
+        models: models.length,
+        skipped: engines.skipped.map(({ id, reason }) => ({ id, reason })),
+      };
     });
 }

@@ -1,4 +1,9 @@
-import { type CatalogEntry, catalogModelDir, EngineThread, listCatalog } from "@arbor/engine";
+import {
+  type BaseModelFolder,
+  EngineThread,
+  type SkippedFolder,
+  scanBaseModels,
+} from "@arbor/engine";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { readCheckpointFiles } from "@arbor/training";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
@@ -6,16 +11,12 @@ import type { LlamaCppBackend } from "./llama-cpp.ts";
 /** Adapters kept loaded in each engine at once, most recently used first. */
 const ADAPTER_CACHE_SIZE = 64;
 
-/** A base model the server can serve, with when it was first seen. */
-export interface BaseModel {
-  entry: CatalogEntry;
-  /** Unix seconds, for the `created` of model objects. */
-  created: number;
-}
+/** How long a scan of the base-model folders is trusted before a listing scans again. */
+const RESCAN_MS = 10_000;
 
 export interface EngineHostOptions {
-  /** The base models to serve; default the shipped catalogue. */
-  catalog?: CatalogEntry[];
+  /** Where base-model folders are (`ARBOR_BASE_MODELS_DIR`); besides, the shipped models. */
+  modelsDir?: string | undefined;
   /** User-supplied GGUF models (ARBOR_LLAMA_MODELS), served by llama.cpp. */
   llama?: Map<string, LlamaCppBackend>;
   /** Kernel threads of each engine (`engineThreads` of the configuration); default 1. */
@@ -33,18 +34,54 @@ interface Slot {
  * again should it die). Model compute never runs on the caller's thread.
  */
 export class EngineHost {
-  readonly #catalog: Map<string, BaseModel>;
+  readonly #modelsDir: string | undefined;
+  #models = new Map<string, BaseModelFolder>();
+  #skipped: SkippedFolder[] = [];
+  #scanned = 0;
+  #scanning: Promise<void> | undefined;
   readonly #slots = new Map<string, Promise<Slot>>();
   readonly #llama: Map<string, LlamaCppBackend>;
   readonly #threads: number;
 
   constructor(options: EngineHostOptions = {}) {
-    const created = catalogCreated;
-    this.#catalog = new Map(
-      (options.catalog ?? listCatalog()).map((entry) => [entry.id, { entry, created }]),
-    );
+    this.#modelsDir = options.modelsDir;
     this.#llama = options.llama ?? new Map();
     this.#threads = options.threads ?? 1;
+  }
+
+  /**
+   * Scans the base models (the shipped ones, and the folders under the models directory, each
+   * checked without loading its weights); folders that cannot be served are kept aside with the
+   * reason. Returns the newly skipped ones.
+   */
+  refresh(): Promise<void> {
+    this.#scanning ??= scanBaseModels(this.#modelsDir)
+      .then(({ models, skipped }) => {
+        this.#models = new Map(models.map((m) => [m.id, m]));
+        this.#skipped = skipped;
+        this.#scanned = Date.now();
+      })
+      .finally(() => {
+        this.#scanning = undefined;
+      });
+    return this.#scanning;
+  }
+
+  /** The base models as of a recent scan (scanning again first when the last is stale). */
+  async current(): Promise<BaseModelFolder[]> {
+    if (Date.now() - this.#scanned > RESCAN_MS) await this.refresh();
+    return [...this.#models.values()];
+  }
+
+  /** A base model by id; an id not seen is looked for again (a folder just added). */
+  async find(id: string): Promise<BaseModelFolder | undefined> {
+    if (!this.#models.has(id) && Date.now() - this.#scanned > 1000) await this.refresh();
+    return this.#models.get(id);
+  }
+
+  /** Folders under the models directory that cannot be served, and why. */
+  get skipped(): readonly SkippedFolder[] {
+    return this.#skipped;
   }
 
   llamaModels(): ReadonlyMap<string, LlamaCppBackend> {
@@ -59,12 +96,9 @@ export class EngineHost {
     ]);
   }
 
-  baseModels(): BaseModel[] {
-    return [...this.#catalog.values()];
-  }
-
-  baseModel(id: string): BaseModel | undefined {
-    return this.#catalog.get(id);
+  /** The base models of the last scan. */
+  baseModels(): BaseModelFolder[] {
+    return [...this.#models.values()];
   }
 
   /** The engine serving `baseId`; starts its thread (loading the model) the first time. */
@@ -80,8 +114,9 @@ export class EngineHost {
       if (this.#slots.get(baseId) === existing) this.#slots.delete(baseId);
       return this.#slot(baseId);
     }
-    if (!this.#catalog.has(baseId)) throw new Error(`no base model ${baseId}`);
-    const started = EngineThread.start(catalogModelDir(baseId), { threads: this.#threads }).then(
+    const base = this.#models.get(baseId);
+    if (!base) throw new Error(`no base model ${baseId}`);
+    const started = EngineThread.start(base.dir, { threads: this.#threads }).then(
       (thread): Slot => ({ thread, adapters: new Map() }),
     );
     started.catch(() => {
@@ -141,6 +176,3 @@ export class CheckpointGoneError extends Error {
     super(`checkpoint ${checkpointId} has no files`);
   }
 }
-
-/** The shipped catalogue's models are dated by the release that shipped them. */
-const catalogCreated = Math.floor(Date.UTC(2026, 10, 23) / 1000);

@@ -43,9 +43,10 @@ export class ModelDirectory {
       root: id,
       parent: null,
     });
-    const engine = this.#engines.baseModels().map(({ entry, created }) => base(entry.id, created));
+    const bases = await this.#engines.current();
+    const engine = bases.map(({ id, created }) => base(id, created));
     const upstream = [...this.#upstreams.keys()]
-      .filter((id) => !this.#engines.baseModel(id))
+      .filter((id) => !bases.some((b) => b.id === id))
       .map((id) => base(id, 0));
     const llama = [...this.#engines.llamaModels().keys()].map((id) => base(id, 0));
     return [...engine, ...upstream, ...llama, ...(await this.#trained(principal))];
@@ -119,7 +120,7 @@ export class ModelDirectory {
     if (llama) return { kind: "llama", id, backend: llama };
     const trained = trainedId.exec(id);
     if (trained) return this.#resolveTrained(principal, id, trained);
-    const base = this.#engines.baseModel(id);
+    const base = await this.#engines.find(id);
     if (!base) throw modelNotFound(id);
     return { kind: "engine", id, baseId: id, checkpoint: null };
   }

@@ -11,7 +11,7 @@ import {
 
 export interface ModelsDeps {
   store: Store;
-  baseModels: () => string[];
+  baseModels: () => Promise<string[]>;
 }
 
 /** Models and their checkpoints (CONTRACT §5). */

@@ -50,7 +50,7 @@ export async function findModel(
 export interface CreateModelDeps {
   store: Store;
   /** The base models training can start from. */
-  baseModels: () => string[];
+  baseModels: () => Promise<string[]>;
 }
 
 /** CONTRACT §5: create with `return_existing`, 409 on a duplicate, 400 on an unknown base; the
@@ -62,7 +62,7 @@ export async function createModel(
 ) {
   const entity = body.entity ?? principal.defaultEntity;
   requireEntity(principal, entity);
-  const supported = deps.baseModels();
+  const supported = await deps.baseModels();
   if (!supported.includes(body.base_model)) {
     throw new InvalidInputError(
       `Unsupported base_model ${quote(body.base_model)}. Supported: ${supported.join(", ")}.`,

@@ -1,0 +1,188 @@
+import { open, readdir, readFile, stat } from "node:fs/promises";
+import { join } from "node:path";
+import { catalogModelDir, listCatalog } from "./catalog.ts";
+import { ChatFormat } from "./chat.ts";
+import { type ModelConfig, parseConfig } from "./config.ts";
+import { readChatFiles } from "./model.ts";
+import { ModelFileError } from "./tokenizer.ts";
+import { hfName, layerKeysOf, layerShape } from "./weights.ts";
+
+/** A base model the engine can serve: a shipped one, or a folder under the models directory. */
+export interface BaseModelFolder {
+  /** `<owner>/<name>`. */
+  id: string;
+  dir: string;
+  config: ModelConfig;
+  parameters: number;
+  /** Unix seconds: when the folder's config.json was written (the shipped models: their release). */
+  created: number;
+  /** One of the models shipped with the engine. */
+  shipped: boolean;
+}
+
+/** A folder that cannot be served, and why (naming the file at fault). */
+export interface SkippedFolder {
+  id: string;
+  dir: string;
+  reason: string;
+}
+
+/** The shipped models are dated by the release that shipped them. */
+const SHIPPED = Math.floor(Date.UTC(2026, 10, 23) / 1000);
+
+/**
+ * The base models: the shipped catalogue, and every `<owner>/<name>/` folder holding a
+ * `config.json` under `modelsDir`, each checked without loading its weights (config, tokenizer,
+ * chat template, and every tensor's name, shape and extent in the safetensors headers). A
+ * folder that fails a check is skipped, with the reason.
+ */
+export async function scanBaseModels(
+  modelsDir: string | undefined,
+): Promise<{ models: BaseModelFolder[]; skipped: SkippedFolder[] }> {
+  const models: BaseModelFolder[] = [];
+  const skipped: SkippedFolder[] = [];
+  for (const entry of listCatalog()) {
+    const dir = catalogModelDir(entry.id);
+    const checked = await checkModelFolder(dir);
+    models.push({ id: entry.id, dir, ...checked, created: SHIPPED, shipped: true });
+  }
+  if (!modelsDir) return { models, skipped };
+  for (const owner of await subfolders(modelsDir)) {
+    for (const name of await subfolders(join(modelsDir, owner))) {
+      const id = `${owner}/${name}`;
+      const dir = join(modelsDir, owner, name);
+      const configPath = join(dir, "config.json");
+      const written = await stat(configPath).catch(() => undefined);
+      if (!written) continue;
+      if (models.some((m) => m.id === id)) {
+        skipped.push({ id, dir, reason: `${id} is a shipped model's id` });
+        continue;
+      }
+      try {
+        models.push({
+          id,
+          dir,
+          ...(await checkModelFolder(dir)),
+          created: Math.floor(written.mtimeMs / 1000),
+          shipped: false,
+        });
+      } catch (err) {
+        skipped.push({ id, dir, reason: (err as Error).message });
+      }
+    }
+  }
+  return { models, skipped };
+}
+
+/**
+ * Checks a model folder as loading it would, without reading its weights: `config.json` (an
+ * architecture the engine computes), the tokenizer and chat template, and that the safetensors
+ * hold every tensor the config needs, with its shape, within the files' sizes. Throws a
+ * `ModelFileError` naming the file at fault.
+ */
+export async function checkModelFolder(
+  dir: string,
+): Promise<{ config: ModelConfig; parameters: number }> {
+  const configPath = join(dir, "config.json");
+  let config: ModelConfig;
+  try {
+    config = parseConfig(JSON.parse(await readFile(configPath, "utf8")) as Record<string, unknown>);
+  } catch (err) {
+    throw new ModelFileError(configPath, (err as Error).message.replace(/^config\.json: /, ""));
+  }
+  const chat = new ChatFormat(await readChatFiles(dir), config.eosTokenId);
+  if (chat.tokenizer.vocabSize > config.vocabSize) {
+    throw new ModelFileError(
+      join(dir, "tokenizer.json"),
+      `the tokenizer has ${chat.tokenizer.vocabSize} tokens, more than the model's vocab_size ${config.vocabSize}`,
+    );
+  }
+  const tensors = await safetensorsShapes(dir);
+  const need = new Map<string, number[]>([
+    ["model.embed_tokens.weight", [config.vocabSize, config.hiddenSize]],
+    ["model.norm.weight", [config.hiddenSize]],
+  ]);
+  if (!config.tieWordEmbeddings) need.set("lm_head.weight", [config.vocabSize, config.hiddenSize]);
+  for (let l = 0; l < config.numLayers; l++) {
+    for (const key of layerKeysOf(config)) need.set(hfName(l, key), layerShape(config, key));
+  }
+  for (const [name, shape] of need) {
+    const found = tensors.get(name);
+    if (!found) throw new ModelFileError(join(dir, "model.safetensors"), `missing tensor ${name}`);
+    if (found.shape.join(",") !== shape.join(",")) {
+      throw new ModelFileError(
+        found.file,
+        `${name} has shape [${found.shape}], config.json says [${shape}]`,
+      );
+    }
+  }
+  let parameters = 0;
+  for (const shape of need.values()) parameters += shape.reduce((a, b) => a * b, 1);
+  return { config, parameters };
+}
+
+/** Every tensor's shape and file, from the safetensors headers (shards included). */
+async function safetensorsShapes(
+  dir: string,
+): Promise<Map<string, { shape: number[]; file: string }>> {
+  let files = ["model.safetensors"];
+  const indexPath = join(dir, "model.safetensors.index.json");
+  const index = await readFile(indexPath, "utf8").catch(() => undefined);
+  if (index !== undefined) {
+    try {
+      const map = (JSON.parse(index) as { weight_map?: Record<string, string> }).weight_map ?? {};
+      files = [...new Set(Object.values(map))];
+    } catch (err) {
+      throw new ModelFileError(indexPath, `not valid JSON (${(err as Error).message})`);
+    }
+  }
+  const out = new Map<string, { shape: number[]; file: string }>();
+  for (const name of files) {
+    const path = join(dir, name);
+    const handle = await open(path, "r").catch(() => {
+      throw new ModelFileError(path, "missing (the model's weights)");
+    });
+    try {
+      const { size } = await handle.stat();
+      const head = Buffer.alloc(8);
+      await handle.read(head, 0, 8, 0);
+      const length = size >= 8 ? Number(head.readBigUInt64LE(0)) : -1;
+      if (length < 0 || length > size - 8 || length > 100 * 1024 * 1024) {
+        throw new ModelFileError(path, "truncated or not safetensors");
+      }
+      const header = Buffer.alloc(length);
+      await handle.read(header, 0, length, 8);
+      const entries = JSON.parse(header.toString("utf8")) as Record<
+        string,
+        { dtype?: string; shape?: number[]; data_offsets?: [number, number] }
+      >;
+      for (const [tensor, entry] of Object.entries(entries)) {
+        if (tensor === "__metadata__") continue;
+        if (!["F32", "F16", "BF16"].includes(entry.dtype ?? "")) {
+          throw new ModelFileError(
+            path,
+            `${tensor} is ${entry.dtype}: only F32, F16 and BF16 are read`,
+          );
+        }
+        if ((entry.data_offsets?.[1] ?? 0) + 8 + length > size) {
+          throw new ModelFileError(path, `truncated: ${tensor} ends past the end of the file`);
+        }
+        out.set(tensor, { shape: entry.shape ?? [], file: path });
+      }
+    } catch (err) {
+      if (err instanceof ModelFileError) throw err;
+      throw new ModelFileError(path, (err as Error).message);
+    } finally {
+      await handle.close();
+    }
+  }
+  return out;
+}
+
+async function subfolders(dir: string): Promise<string[]> {
+  const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+  return entries
+    .filter((e) => e.isDirectory() || e.isSymbolicLink())
+    .map((e) => e.name)
+    .sort();
+}
