@@ -3,9 +3,14 @@ import { join } from "node:path";
 import { catalogModelDir, listCatalog } from "./catalog.ts";
 import { ChatFormat } from "./chat.ts";
 import { type ModelConfig, parseConfig } from "./config.ts";
+import { ARENA_LIMIT } from "./kernels/wasm.ts";
 import { readChatFiles } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
+import { trainingMemory } from "./train-memory.ts";
 import { hfName, layerKeysOf, layerShape } from "./weights.ts";
+
+/** Arena a served model needs beside its packed weights: activations, KV mirrors, scratch. */
+const SERVING_ROOM = 256 << 20;
 
 /** A base model the engine can serve: a shipped one, or a folder under the models directory. */
 export interface BaseModelFolder {
@@ -89,6 +94,14 @@ export async function checkModelFolder(
     config = parseConfig(JSON.parse(await readFile(configPath, "utf8")) as Record<string, unknown>);
   } catch (err) {
     throw new ModelFileError(configPath, (err as Error).message.replace(/^config\.json: /, ""));
+  }
+  // The kernels keep every weight packed in F32 in their arena, with room to compute beside it.
+  const packed = trainingMemory(config).weights;
+  if (packed + SERVING_ROOM > ARENA_LIMIT) {
+    throw new ModelFileError(
+      configPath,
+      `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in F32, and the engine's WebAssembly memory holds ${(ARENA_LIMIT / 1e9).toFixed(2)} GB (about 0.9B parameters at most until Memory64 lands)`,
+    );
   }
   const chat = new ChatFormat(await readChatFiles(dir), config.eosTokenId);
   if (chat.tokenizer.vocabSize > config.vocabSize) {

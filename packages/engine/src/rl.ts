@@ -1,6 +1,7 @@
 import { type ChatMessage, PromptError } from "./chat.ts";
 import type { LoraTrainer } from "./lora-train.ts";
 import { microBatches, packBatch } from "./sft.ts";
+import { microBatchBudget } from "./train-memory.ts";
 import { TrainingInputError, toChatMessage } from "./training-data.ts";
 
 /** CONTRACT §5: `{trajectories, exceptions?, metadata?, metrics?, logs?}`; unknown keys ignored. */
@@ -240,7 +241,15 @@ export function trainRlStep(
   let loss = 0;
   let entropySum = 0;
   if (trainable > 0) {
-    for (const micro of microBatches(sequences, config.microBatchTokens ?? 4096)) {
+    let longest = 0;
+    for (const s of sequences) longest = Math.max(longest, s.tokens.length);
+    const budget = microBatchBudget(
+      trainer.model.config,
+      trainer.kernels,
+      longest,
+      config.microBatchTokens ?? 4096,
+    );
+    for (const micro of microBatches(sequences, budget)) {
       const batch = packBatch(micro, maxLen);
       const T = batch.seqLen;
       const adv = new Float32Array(batch.lossMask.length);

@@ -6,6 +6,7 @@ import type { Model } from "./model.ts";
 import { type AdamWOptions, learningRate, type ScheduleKind } from "./optim.ts";
 import { deriveSeed, Rng } from "./rng.ts";
 import type { TrainBatch } from "./train.ts";
+import { microBatchBudget } from "./train-memory.ts";
 import { TrainingInputError } from "./training-data.ts";
 
 /** One conversation to learn from (the training package turns dataset lines into these). */
@@ -213,7 +214,14 @@ export async function trainSft(
   if (typeof lr !== "number" && lr.length === 0) {
     throw new TrainingInputError("sft: learning_rate list is empty");
   }
-  const microBudget = config.microBatchTokens ?? 4096;
+  let longest = 0;
+  for (const s of prepared.sequences) longest = Math.max(longest, s.tokens.length);
+  const microBudget = microBatchBudget(
+    model.config,
+    trainer.kernels,
+    longest,
+    config.microBatchTokens ?? 4096,
+  );
   const steps: SftStepMetrics[] = [];
   for (let step = start; step < totalSteps; step++) {
     options.signal?.throwIfAborted();

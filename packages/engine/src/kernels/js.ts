@@ -1,6 +1,7 @@
 import type { Kernels } from "./types.ts";
 
 export const jsKernels: Kernels = {
+  memoryLimit: Number.POSITIVE_INFINITY,
   name: "js",
   workspace: () => ({ f32: (n) => new Float32Array(n), release() {} }),
   matmulNT(out, a, b, M, N, K, accumulate = false) {

@@ -23,6 +23,11 @@ export function withWorkspace<T>(kernels: Kernels, f: (ws: Workspace) => T): T {
 export interface Kernels {
   readonly name: string;
   /**
+   * Bytes the kernels can hold at once: the weights they keep packed, workspaces and a call's
+   * scratch (the WASM arena's 4 GiB); Infinity when only the machine's memory bounds them.
+   */
+  readonly memoryLimit: number;
+  /**
    * Arrays for activations: kernels may keep them where they compute (the WASM arena), so
    * calls on them need no copies.
    */

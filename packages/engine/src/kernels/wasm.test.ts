@@ -45,6 +45,25 @@ describe("WASM kernels", () => {
       [9, 64, 128],
       [17, 70, 33],
     ] as const;
+    it(`when ${variant} packs a weight larger than one packing slice (8 MB), then matmuls match the JS kernels`, () => {
+      // 1,030 × 2,050 floats: W[N,K] is packed in slices of whole 8-row groups with a tail,
+      // B[K,N] in slices of whole rows with a tail.
+      const rng = new Rng(7);
+      const [M, N, K] = [3, 1030, 2050];
+      const a = random(M * K, rng);
+      const w = random(N * K, rng);
+      const want = new Float32Array(M * N);
+      const got = new Float32Array(M * N);
+      jsKernels.matmulNT(want, a, w, M, N, K);
+      kernels.matmulNT(got, a, w, M, N, K, false, 1);
+      expectClose(got, want, 1e-3);
+      const dy = random(M * N, rng);
+      const wantNN = new Float32Array(M * K);
+      const gotNN = new Float32Array(M * K);
+      jsKernels.matmulNN(wantNN, dy, w, M, K, N);
+      kernels.matmulNN(gotNN, dy, w, M, K, N, false, 1);
+      expectClose(gotNN, wantNN, 1e-3);
+    });
     for (const [M, N, K] of shapes) {
       it(`when ${variant} matmuls run on ${M}×${N}×${K}, then they match the JS kernels`, () => {
         const rng = new Rng(M * 1000 + N * 10 + K);

@@ -99,6 +99,12 @@ interface Packed {
 }
 
 const PAGE = 65536;
+/** wasm32's whole address space: 4 GiB. */
+const MAX_PAGES = 65536;
+/** The most bytes a WASM kernel arena holds (wasm32: 4 GiB). */
+export const ARENA_LIMIT = MAX_PAGES * PAGE;
+/** Largest slice of a weight copied into the arena at a time to be packed. */
+const PACK_SLICE = 8 << 20;
 
 /**
  * WebAssembly SIMD kernels over one WebAssembly.Memory arena. Weight operands passed with a
@@ -108,9 +114,11 @@ const PAGE = 65536;
 export class WasmKernels implements Kernels {
   readonly name: string;
   readonly memory: WebAssembly.Memory;
+  readonly memoryLimit: number;
+  /** The most bytes of the arena that were in use at once. */
+  peakBytes = 0;
   private readonly exports: KernelExports;
   private readonly packedW = new WeakMap<Float32Array, Packed>();
-  private readonly packedB = new WeakMap<Float32Array, Packed>();
   private readonly mirrors = new WeakMap<Float32Array, { offset: number; synced: number }>();
   /** Allocations in the arena; scratch for one call lives above `heap.top`. */
   private readonly heap = new ArenaAllocator(64);
@@ -132,10 +140,15 @@ export class WasmKernels implements Kernels {
   splitCalls = 0;
   private pool: ThreadPool | null;
 
-  constructor(bytes: Uint8Array, name: string, threads = 1) {
+  constructor(bytes: Uint8Array, name: string, options: WasmKernelOptions = {}) {
     this.name = name;
-    this.threads = Math.min(MAX_THREADS, Math.max(1, Math.floor(threads)));
-    this.memory = new WebAssembly.Memory({ initial: 256, maximum: 65536, shared: true });
+    this.threads = Math.min(MAX_THREADS, Math.max(1, Math.floor(options.threads ?? 1)));
+    const pages = Math.min(
+      MAX_PAGES,
+      Math.max(256, Math.floor((options.memoryLimit ?? Infinity) / PAGE)),
+    );
+    this.memoryLimit = pages * PAGE;
+    this.memory = new WebAssembly.Memory({ initial: 256, maximum: pages, shared: true });
     const module = new WebAssembly.Module(bytes);
     const instance = new WebAssembly.Instance(module, { env: { memory: this.memory } });
     this.exports = instance.exports as unknown as KernelExports;
@@ -177,6 +190,7 @@ export class WasmKernels implements Kernels {
   }
 
   private ensure(bytes: number): void {
+    if (bytes > this.peakBytes) this.peakBytes = bytes;
     const need = bytes - this.memory.buffer.byteLength;
     if (need > 0) this.memory.grow(Math.ceil(need / PAGE));
   }
@@ -235,18 +249,11 @@ export class WasmKernels implements Kernels {
   }
 
   /**
-   * Arena offset of a weight packed into GEMM panels (`w`: a Linear weight W[N,K] used as Wᵀ;
-   * `b`: B[K,N] as is), packed when first seen and again when its version changes.
+   * Arena offset of a Linear weight W[N,K] packed into GEMM panels as Wᵀ, packed when first
+   * seen and again when its version changes.
    */
-  private packedWeight(
-    array: Float32Array,
-    version: number,
-    layout: "w" | "b",
-    N: number,
-    K: number,
-  ): number {
-    const cache = layout === "w" ? this.packedW : this.packedB;
-    let cached = cache.get(array);
+  private packedWeight(array: Float32Array, version: number, N: number, K: number): number {
+    let cached = this.packedW.get(array);
     if (cached && cached.version === version && cached.N === N) return cached.offset;
     if (!cached || cached.N !== N) {
       if (cached) {
@@ -257,14 +264,18 @@ export class WasmKernels implements Kernels {
       const bytes = panelBytes(N, K);
       cached = { offset: 0, bytes, version, N };
       cached.offset = this.slot(array, bytes, cached);
-      cache.set(array, cached);
+      this.packedW.set(array, cached);
     }
     cached.version = version;
-    this.packInto(cached.offset, array, layout, N, K, this.heap.top);
+    this.packInto(cached.offset, array, "w", N, K, this.heap.top);
     return cached.offset;
   }
 
-  /** Copies `src` to scratch at `scratch` and packs it into panels at `dst`. */
+  /**
+   * Packs `src` into panels at `dst`, copying it to scratch at `scratch` a slice at a time (at
+   * most PACK_SLICE bytes), so packing a weight never needs a whole unpacked copy in the arena:
+   * `w` slices whole rows of W[N,K] (8 panel columns each), `b` whole rows of B[K,N].
+   */
   private packInto(
     dst: number,
     src: Float32Array,
@@ -273,9 +284,28 @@ export class WasmKernels implements Kernels {
     K: number,
     scratch: number,
   ): void {
-    this.ensure(scratch + N * K * 4);
-    new Float32Array(this.memory.buffer, scratch, N * K).set(src.subarray(0, N * K));
-    (layout === "w" ? this.exports.pack_w : this.exports.pack_b)(dst, scratch, N, K, K * 32);
+    const ps = K * 32;
+    if (layout === "w") {
+      const rows = Math.max(8, Math.floor(PACK_SLICE / (K * 4 * 8)) * 8);
+      this.ensure(scratch + Math.min(rows, N) * K * 4);
+      for (let n0 = 0; n0 < N; n0 += rows) {
+        const n = Math.min(rows, N - n0);
+        new Float32Array(this.memory.buffer, scratch, n * K).set(
+          src.subarray(n0 * K, (n0 + n) * K),
+        );
+        this.exports.pack_w(dst + (n0 / 8) * ps, scratch, n, K, ps);
+      }
+    } else {
+      const rows = Math.max(1, Math.floor(PACK_SLICE / (N * 4)));
+      this.ensure(scratch + Math.min(rows, K) * N * 4);
+      for (let k0 = 0; k0 < K; k0 += rows) {
+        const k = Math.min(rows, K - k0);
+        new Float32Array(this.memory.buffer, scratch, k * N).set(
+          src.subarray(k0 * N, (k0 + k) * N),
+        );
+        this.exports.pack_b(dst + k0 * 32, scratch, N, k, ps);
+      }
+    }
   }
 
   /**
@@ -314,10 +344,14 @@ export class WasmKernels implements Kernels {
     bVersion: number | undefined,
     transposedA: boolean,
   ): void {
+    // Only a weight's W[N,K] panels are kept. Its B[K,N] panels (a backward's dX = dY·W) are
+    // packed per call: one pass over the weight against M·N·K work, and keeping them would
+    // hold a second packed copy of the model in the arena.
+    const keep = bVersion !== undefined && layout === "w";
     let panels: number;
-    if (bVersion !== undefined) panels = this.packedWeight(b, bVersion, layout, N, K);
+    if (keep) panels = this.packedWeight(b, bVersion, N, K);
     let top = this.heap.top;
-    if (bVersion === undefined) {
+    if (!keep) {
       panels = top;
       top += align(panelBytes(N, K));
       this.packInto(panels, b, layout, N, K, top);
@@ -821,6 +855,8 @@ export const MAX_THREADS = 64;
 export interface WasmKernelOptions {
   /** Threads sharing each large kernel call, this one included (default 1). */
   threads?: number;
+  /** Bytes the arena may grow to (at least 16 MiB; default and most: wasm32's 4 GiB). */
+  memoryLimit?: number;
 }
 
 export function createWasmKernels(
@@ -829,8 +865,8 @@ export function createWasmKernels(
 ): WasmKernels {
   const useRelaxed = variant === "relaxed" || (variant === "auto" && relaxedSimdSupported);
   return useRelaxed
-    ? new WasmKernels(relaxedBytes, "wasm-relaxed-simd", options.threads)
-    : new WasmKernels(simdBytes, "wasm-simd", options.threads);
+    ? new WasmKernels(relaxedBytes, "wasm-relaxed-simd", options)
+    : new WasmKernels(simdBytes, "wasm-simd", options);
 }
 
 let shared: WasmKernels | null = null;

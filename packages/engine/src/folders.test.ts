@@ -1,0 +1,88 @@
+import { cp, mkdtemp, readFile, truncate, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { FAMILIES, familyChatFiles } from "../test/families.ts";
+import { scanBaseModels } from "./folders.ts";
+import { randomModel, saveModel } from "./model.ts";
+
+const qwen3Files = familyChatFiles(FAMILIES.find((f) => f.name === "Qwen3")!);
+const shape = {
+  model_type: "qwen3",
+  hidden_size: 64,
+  intermediate_size: 128,
+  num_hidden_layers: 1,
+  num_attention_heads: 2,
+  num_key_value_heads: 1,
+  head_dim: 32,
+  vocab_size: 151936,
+};
+
+/** A models directory with `qwen/ok` and a copy of it per case, broken by the case. */
+async function modelsDir(
+  cases: Record<string, (dir: string) => Promise<void>>,
+): Promise<{ root: string }> {
+  const root = await mkdtemp(join(tmpdir(), "arbor-folders-"));
+  const model = randomModel(shape, qwen3Files, 1);
+  const ok = join(root, "qwen", "ok");
+  await saveModel(model, ok, { dtype: "BF16" });
+  for (const [name, breakIt] of Object.entries(cases)) {
+    const dir = join(root, "qwen", name);
+    await cp(ok, dir, { recursive: true });
+    await breakIt(dir);
+  }
+  return { root };
+}
+
+const editConfig = (edit: (c: Record<string, unknown>) => void) => async (dir: string) => {
+  const path = join(dir, "config.json");
+  const config = JSON.parse(await readFile(path, "utf8")) as Record<string, unknown>;
+  edit(config);
+  await writeFile(path, JSON.stringify(config));
+};
+
+describe("base model folders", () => {
+  it("when folders cannot be served, then each is skipped with its reason and the rest are served", async () => {
+    const { root } = await modelsDir({
+      mistral: editConfig((c) => {
+        c.model_type = "mistral";
+      }),
+      truncated: async (dir) => truncate(join(dir, "model.safetensors"), 1000),
+      reshaped: editConfig((c) => {
+        c.intermediate_size = 256;
+      }),
+      // Qwen3-1.7B's shape: 6.9 GB of F32 weights, more than the 4 GiB arena.
+      huge: editConfig((c) => {
+        Object.assign(c, {
+          hidden_size: 2048,
+          intermediate_size: 6144,
+          num_hidden_layers: 28,
+          num_attention_heads: 16,
+          num_key_value_heads: 8,
+          head_dim: 128,
+        });
+      }),
+      "no-template": async (dir) => {
+        const path = join(dir, "tokenizer_config.json");
+        const config = JSON.parse(await readFile(path, "utf8")) as Record<string, unknown>;
+        config.chat_template = "{% for m in messages %}";
+        await writeFile(path, JSON.stringify(config));
+      },
+    });
+    const { models, skipped } = await scanBaseModels(root);
+    expect(models.filter((m) => !m.shipped).map((m) => m.id)).toEqual(["qwen/ok"]);
+    const reasons = Object.fromEntries(skipped.map((s) => [s.id, s.reason]));
+    expect(Object.keys(reasons).sort()).toEqual(
+      ["qwen/huge", "qwen/mistral", "qwen/no-template", "qwen/reshaped", "qwen/truncated"].sort(),
+    );
+    expect(reasons["qwen/mistral"]).toMatch(/config\.json: model_type "mistral" is not supported/);
+    expect(reasons["qwen/truncated"]).toMatch(/model\.safetensors.*truncated/);
+    expect(reasons["qwen/reshaped"]).toMatch(
+      /gate_proj\.weight has shape \[128,64\], config\.json says \[256,64\]/,
+    );
+    expect(reasons["qwen/huge"]).toMatch(/too large.*6\.\d\d GB.*4\.29 GB/);
+    expect(reasons["qwen/no-template"]).toMatch(
+      /tokenizer_config\.json: the chat template does not parse/,
+    );
+  }, 60_000);
+});

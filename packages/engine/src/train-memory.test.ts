@@ -1,0 +1,134 @@
+import { describe, expect, it } from "vitest";
+import { FAMILIES, familyChatFiles } from "../test/families.ts";
+import { jsKernels } from "./kernels/js.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
+import { createLoraAdapter } from "./lora.ts";
+import { LoraTrainer } from "./lora-train.ts";
+import { type Model, randomModel } from "./model.ts";
+import { type SftExample, trainSft } from "./sft.ts";
+import { microBatchBudget, rowsThatFit, trainingMemory } from "./train-memory.ts";
+import { TrainingInputError } from "./training-data.ts";
+
+const qwen3 = familyChatFiles(FAMILIES.find((f) => f.name === "Qwen3")!);
+// Qwen3's vocabulary as its config.json pads it (151,936: whole GEMM panels).
+const small = { hidden_size: 64, intermediate_size: 160, num_hidden_layers: 2, vocab_size: 151936 };
+const SHAPES: Record<string, Record<string, unknown>> = {
+  "llama, untied head": {
+    ...small,
+    model_type: "llama",
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    head_dim: 16,
+    tie_word_embeddings: false,
+  },
+  "qwen2, q/k/v biases": {
+    ...small,
+    model_type: "qwen2",
+    num_attention_heads: 7,
+    num_key_value_heads: 1,
+    head_dim: 16,
+  },
+  "qwen3, q/k norms": {
+    ...small,
+    model_type: "qwen3",
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    head_dim: 32,
+  },
+  "qwen3 whose layers outweigh its head": {
+    ...small,
+    model_type: "qwen3",
+    num_hidden_layers: 8,
+    intermediate_size: 4096,
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    head_dim: 32,
+  },
+};
+const models = new Map<string, Model>();
+const model = (name: string) => {
+  const m = models.get(name) ?? randomModel(SHAPES[name]!, qwen3, 1);
+  models.set(name, m);
+  return m;
+};
+
+/** The arena's high-water mark over one LoRA backward of `rows` rows, on fresh kernels. */
+function peakOfBackward(m: Model, rows: number): number {
+  const kernels = createWasmKernels("simd");
+  const trainer = new LoraTrainer(m, createLoraAdapter(m, { rank: 4 }, 1), { kernels });
+  const inputs = Int32Array.from({ length: rows }, (_, i) => (i * 7919) % 1000);
+  trainer.backward({
+    batchSize: 1,
+    seqLen: rows,
+    inputs,
+    targets: inputs,
+    lossMask: new Float32Array(rows).fill(1),
+  });
+  return kernels.peakBytes;
+}
+
+describe("training memory", () => {
+  for (const name of Object.keys(SHAPES)) {
+    it(`when a ${name} model trains, then the arena stays within the estimate, which is not loose per row`, () => {
+      const m = model(name);
+      const { weights, fixed, perRow } = trainingMemory(m.config);
+      const [r1, r2] = [32, 160];
+      const p1 = peakOfBackward(m, r1);
+      const p2 = peakOfBackward(m, r2);
+      expect(p1).toBeLessThanOrEqual(weights + fixed + perRow * r1);
+      expect(p2).toBeLessThanOrEqual(weights + fixed + perRow * r2);
+      // What a row costs is what the estimate says, within 15 %.
+      const measured = (p2 - p1) / (r2 - r1);
+      expect(measured).toBeGreaterThan(0.85 * perRow);
+      expect(measured).toBeLessThanOrEqual(perRow);
+    });
+  }
+
+  it("when memory is unbounded, then the budget asked for is kept", () => {
+    const m = model("qwen3, q/k norms");
+    expect(rowsThatFit(m.config, jsKernels)).toBe(Number.POSITIVE_INFINITY);
+    expect(microBatchBudget(m.config, jsKernels, 100, 4096)).toBe(4096);
+  });
+
+  it("when the arena holds fewer rows than the budget, then micro-batches shrink to fit, and training stays within it", async () => {
+    const m = model("qwen3, q/k norms");
+    const { weights, fixed, perRow } = trainingMemory(m.config);
+    // Room for 300 rows: four 60-token examples are 240; the default budget is 4,096.
+    const kernels = createWasmKernels("simd", { memoryLimit: weights + fixed + perRow * 300 });
+    expect(microBatchBudget(m.config, kernels, 60, 4096)).toBeLessThan(320);
+    const examples: SftExample[] = Array.from({ length: 8 }, (_, i) => ({
+      messages: [
+        { role: "user", content: `Count to ${i + 3}, please, and say it in words as well.` },
+        { role: "assistant", content: "one two three four five six seven eight nine ten" },
+      ],
+    }));
+    const result = await trainSft(m, examples, { batchSize: 8, epochs: 1 }, { kernels });
+    expect(result.steps).toHaveLength(1);
+    expect(Number.isFinite(result.steps[0]!.loss)).toBe(true);
+    expect(kernels.peakBytes).toBeLessThanOrEqual(kernels.memoryLimit);
+  });
+
+  it("when even the longest sequence cannot fit, then training fails before its first step, naming the memory needed and available", async () => {
+    const m = model("qwen3, q/k norms");
+    const { weights, fixed, perRow } = trainingMemory(m.config);
+    const kernels = createWasmKernels("simd", { memoryLimit: weights + fixed + perRow * 10 });
+    const steps: unknown[] = [];
+    const examples: SftExample[] = [
+      {
+        messages: [
+          { role: "user", content: "A question long enough to need more than ten rows." },
+          { role: "assistant", content: "An answer." },
+        ],
+      },
+    ];
+    const run = trainSft(
+      m,
+      examples,
+      { batchSize: 1 },
+      { kernels, onStep: (s) => void steps.push(s) },
+    );
+    await expect(run).rejects.toThrow(TrainingInputError);
+    await expect(run).rejects.toThrow(/needs \d+\.\d\d GB .* the engine has \d+\.\d\d GB/);
+    expect(steps).toEqual([]);
+  });
+});

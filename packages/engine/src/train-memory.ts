@@ -1,0 +1,71 @@
+import type { ModelConfig } from "./config.ts";
+import type { Kernels } from "./kernels/types.ts";
+import { TrainingInputError } from "./training-data.ts";
+
+/**
+ * What a training pass (forward with saved activations, then backward) needs of the kernels'
+ * memory, in bytes: `rows` rows need `weights + fixed + perRow · rows`. Upper bounds: a test
+ * checks them against the arena's high-water mark for every family.
+ */
+export interface TrainingMemory {
+  /** Every Linear weight and the head, packed into GEMM panels (kept between passes). */
+  weights: number;
+  /** Scratch of the largest call: a weight's B-panels packed per backward call, and the slice it is copied through. */
+  fixed: number;
+  /** Activations saved for the backward, the backward's own per-layer arrays, and the logits. */
+  perRow: number;
+}
+
+const MIB = 1 << 20;
+
+export function trainingMemory(config: ModelConfig): TrainingMemory {
+  const { hiddenSize: D, intermediateSize: I, numLayers: L, vocabSize: V, qkNorm } = config;
+  const q = config.numHeads * config.headDim;
+  const kv = config.numKvHeads * config.headDim;
+  // W[N,K] in panels of 8 columns of Wᵀ, N padded to a whole panel.
+  const panels = (N: number, K: number) => Math.ceil(N / 8) * 8 * K * 4;
+  const layer = panels(q, D) + 2 * panels(kv, D) + panels(D, q) + 2 * panels(I, D) + panels(D, I);
+  const weights = L * layer + panels(V, D);
+  // The backward's dX = dY·W packs W as B-panels per call: the head's is the largest (V ≥ I).
+  const fixed = Math.max(panels(D, V), panels(D, I), panels(I, D)) + 8 * MIB + 16 * MIB;
+  const norms = qkNorm ? q + kv + config.numHeads + config.numKvHeads : 0;
+  const saved = 4 * D + 2 * q + 2 * kv + 3 * I + 2 + norms;
+  const backward = 2 * D + 3 * I + 2 * q + 2 * kv + (qkNorm ? q + kv : 0);
+  // Embeddings, the final norm's input, output and gradients, the logits (twice when a row of
+  // V is not a whole panel and goes through scratch), and per-row statistics.
+  const head = 4 * D + V + (V % 8 === 0 ? 0 : V + 8) + 8;
+  return { weights, fixed, perRow: 4 * (L * saved + backward + head) };
+}
+
+/** Rows a micro-batch can hold within the kernels' memory (Infinity when unbounded). */
+export function rowsThatFit(config: ModelConfig, kernels: Kernels): number {
+  if (!Number.isFinite(kernels.memoryLimit)) return Number.POSITIVE_INFINITY;
+  const { weights, fixed, perRow } = trainingMemory(config);
+  return Math.max(0, Math.floor((kernels.memoryLimit - weights - fixed) / perRow));
+}
+
+const GB = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
+
+/**
+ * The micro-batch token budget for training `model` on sequences of up to `longest` tokens:
+ * `budget`, lowered to what the kernels' memory holds. Throws a TrainingInputError naming the
+ * memory needed and available when even the longest sequence alone does not fit, so a job
+ * fails before its first step, never mid-way.
+ */
+export function microBatchBudget(
+  config: ModelConfig,
+  kernels: Kernels,
+  longest: number,
+  budget: number,
+): number {
+  const fit = rowsThatFit(config, kernels);
+  if (longest > fit) {
+    const { weights, fixed, perRow } = trainingMemory(config);
+    throw new TrainingInputError(
+      `not enough engine memory to train on a ${longest}-token sequence: it needs ${GB(weights + fixed + perRow * longest)} ` +
+        `(${GB(weights)} of packed weights, ${GB(perRow * longest)} of activations, ${GB(fixed)} of scratch), ` +
+        `and the engine has ${GB(kernels.memoryLimit)}; use shorter examples or a smaller base model`,
+    );
+  }
+  return Math.max(longest, Math.min(budget, fit));
+}
