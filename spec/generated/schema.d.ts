@@ -120,13 +120,68 @@ export interface paths {
          */
         get: operations["listCheckpoints"];
         put?: never;
-        post?: never;
+        /**
+         * Upload a LoRA adapter as a checkpoint
+         * @description Adds a LoRA adapter trained elsewhere as the model's next step, to chat with as
+         *     `<entity>/<project>/<name>:step<N>`. The body is a tar (optionally gzipped) holding the two
+         *     files PEFT's `save_pretrained` writes, `adapter_config.json` and
+         *     `adapter_model.safetensors`, at its top or in one folder; other files (a README) are
+         *     ignored. The adapter is checked against the model's base before anything is stored:
+         *     `base_model_name_or_path` (the base's id, or a path ending in its name), `peft_type` LORA,
+         *     `r`, `lora_alpha`, `target_modules` (`q_proj` … `down_proj`, or `all-linear`), and every
+         *     tensor's name, shape and dtype (F32, F16 or BF16) by PEFT's names, with no other tensor.
+         *     A mismatch answers 400 naming the field or tensor, and nothing is stored. The adapter is
+         *     stored as F32 under PEFT's names. Refused (409) while a job of the model is queued or
+         *     running. Capped at 256 MB.
+         */
+        post: operations["createCheckpoint"];
         /**
          * Delete model checkpoints
          * @description Deletes the checkpoints at the given steps. The latest checkpoint cannot be deleted (409):
          *     it is what `<entity>/<project>/<name>` without a step serves.
          */
         delete: operations["deleteCheckpoints"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/preview/models/{model_id}/checkpoints/{step}/content": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+                /**
+                 * @description The checkpoint's step (`listCheckpoints`).
+                 * @example 3
+                 */
+                step: number;
+            };
+            cookie?: never;
+        };
+        /**
+         * Download a checkpoint's weights
+         * @description Streams a checkpoint's LoRA adapter out, to serve or keep elsewhere. `format=peft` (the
+         *     default and, for now, the only format) is a tar of the two files PEFT's `save_pretrained`
+         *     writes, exactly as PEFT loads them (`PeftModel.from_pretrained(base, folder)`, vLLM's and
+         *     llama.cpp's converters):
+         *     `adapter_config.json` (`peft_type` LORA, `base_model_name_or_path` the base's id, `r`,
+         *     `lora_alpha`, `target_modules` by the family's module names) and
+         *     `adapter_model.safetensors` (F32 tensors named
+         *     `base_model.model.model.layers.<i>.<self_attn|mlp>.<module>.lora_<A|B>.weight`). The tar is
+         *     streamed as it is read, never built whole; `Content-Length`, `Content-Disposition` and
+         *     `Repr-Digest` (its SHA-256, RFC 9530) are sent before it. Step 0 has no weights (it is the
+         *     base model itself), so steps start at 1.
+         */
+        get: operations["getCheckpointContent"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -2451,6 +2506,113 @@ export interface operations {
             500: components["responses"]["InternalError"];
         };
     };
+    createCheckpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/x-tar": string;
+                "application/gzip": string;
+            };
+        };
+        responses: {
+            /** @description The new checkpoint. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e13",
+                     *       "object": "checkpoint",
+                     *       "step": 4,
+                     *       "metrics": {},
+                     *       "created_at": 1795426200,
+                     *       "model": "acme/support-bot/agent:step4"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Checkpoint"];
+                };
+            };
+            /** @description The tar or the adapter is not valid for the model's base. The message and `param` name the file, field or tensor. */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "adapter_model.safetensors: base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight has shape [16, 64], the base needs [8, 64] (r 8).",
+                     *         "type": "invalid_request_error",
+                     *         "param": "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                     *         "code": "invalid_adapter"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description A training job of this model is queued or running; upload when it has ended. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Training job 0193a0b5-0000-7000-8000-000000000001 of this model is running; upload when it has ended.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": "job_in_progress"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            /** @description The body is not a tar (`application/x-tar`) or a gzipped tar (`application/gzip`). */
+            415: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Unsupported Content-Type application/json; send application/x-tar or application/gzip.",
+                     *         "type": "invalid_request_error",
+                     *         "param": null,
+                     *         "code": "unsupported_media_type"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
     deleteCheckpoints: {
         parameters: {
             query?: never;
@@ -2520,6 +2682,50 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    getCheckpointContent: {
+        parameters: {
+            query?: {
+                /** @description `peft`: the adapter as PEFT writes it, in a tar. */
+                format?: "peft";
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The model's id, as returned by `createModel`.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id: components["parameters"]["ModelId"];
+                /**
+                 * @description The checkpoint's step (`listCheckpoints`).
+                 * @example 3
+                 */
+                step: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoint's files. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    /** @description `attachment; filename="<name>-step<N>-peft.tar"`. */
+                    "Content-Disposition"?: string;
+                    /** @description The body's SHA-256 (RFC 9530): `sha-256=:<base64>:`. */
+                    "Repr-Digest"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-tar": string;
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
         };

@@ -296,6 +296,41 @@ export const COMMANDS: readonly Command[] = [
       ),
   }),
   command({
+    name: "checkpoints download",
+    usage: "MODEL_ID --step N [--format peft] -o FILE",
+    summary: "download a checkpoint's LoRA adapter (PEFT's two files, in a tar)",
+    options: { step: str, format: str, output: { ...str, short: "o" } },
+    run: ({ values, positionals, client, io }) => {
+      const format = values.format ?? "peft";
+      if (format !== "peft") throw new Error(`--format: peft is the one format so far.`);
+      return remote.downloadCheckpoint(
+        client(),
+        {
+          model: required(positionals[0], "MODEL_ID"),
+          step: number(required(values.step, "--step"), "--step"),
+          format,
+          file: required(values.output, "-o FILE"),
+        },
+        io,
+      );
+    },
+  }),
+  command({
+    name: "checkpoints upload",
+    usage: "MODEL_ID ADAPTER_DIR|ADAPTER.tar",
+    summary: "add a PEFT LoRA adapter trained elsewhere as the model's next step",
+    options: {},
+    run: ({ positionals, client, io }) =>
+      remote.uploadCheckpoint(
+        client(),
+        {
+          model: required(positionals[0], "MODEL_ID"),
+          path: required(positionals[1], "ADAPTER_DIR|ADAPTER.tar"),
+        },
+        io,
+      ),
+  }),
+  command({
     name: "chat",
     usage: "MODEL [--message TEXT] [--max-tokens N]   (no --message: a conversation on stdin)",
     summary: "chat with a base model, a trained model or a checkpoint (…:stepN)",

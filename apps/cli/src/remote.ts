@@ -1,5 +1,11 @@
-import { readFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { createWriteStream, readFileSync } from "node:fs";
+import { readFile, rename, rm, stat } from "node:fs/promises";
+import { join } from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import tar from "tar-stream";
 import type { Output } from "./admin.ts";
 
 /** The commands that talk to a running server through @arbor/client. */
@@ -213,4 +219,74 @@ export async function chat(
     write(piece);
   }
   return text;
+}
+
+/** `arbor checkpoints download`: streams the tar to FILE (through FILE.partial), checking its SHA-256. */
+export async function downloadCheckpoint(
+  client: ArborClient,
+  args: { model: string; step: number; format: "peft"; file: string },
+  out: Output,
+): Promise<void> {
+  const { data, error, response } = await client.GET(
+    "/v1/preview/models/{model_id}/checkpoints/{step}/content",
+    {
+      params: { path: { model_id: args.model, step: args.step }, query: { format: args.format } },
+      parseAs: "stream",
+    },
+  );
+  if (!response.ok || !data) {
+    const message = (error as { error?: { message?: string } } | undefined)?.error?.message;
+    throw new Error(`download failed (${response.status}): ${message ?? response.statusText}`);
+  }
+  const partial = `${args.file}.partial`;
+  const hash = createHash("sha256");
+  const source = Readable.fromWeb(data as import("node:stream/web").ReadableStream<Uint8Array>);
+  source.on("data", (chunk: Buffer) => hash.update(chunk));
+  try {
+    await pipeline(source, createWriteStream(partial));
+    const digest = `sha-256=:${hash.digest("base64")}:`;
+    const stated = response.headers.get("repr-digest");
+    if (stated && stated !== digest) {
+      throw new Error(
+        `the download's SHA-256 (${digest}) is not what the server stated (${stated})`,
+      );
+    }
+    await rename(partial, args.file);
+  } catch (err) {
+    await rm(partial, { force: true });
+    throw err;
+  }
+  const { size } = await stat(args.file);
+  out.line(`wrote ${args.file} (${size} bytes, ${args.format})`);
+}
+
+/** `arbor checkpoints upload`: a PEFT adapter folder (tarred here) or a tar, as the next step. */
+export async function uploadCheckpoint(
+  client: ArborClient,
+  args: { model: string; path: string },
+  out: Output,
+): Promise<void> {
+  let body: Buffer;
+  if ((await stat(args.path)).isDirectory()) {
+    const pack = tar.pack();
+    for (const name of ["adapter_config.json", "adapter_model.safetensors"]) {
+      pack.entry({ name }, await readFile(join(args.path, name)));
+    }
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const chunk of pack) chunks.push(chunk as Buffer);
+    body = Buffer.concat(chunks);
+  } else {
+    body = await readFile(args.path);
+  }
+  const gzipped = body[0] === 0x1f && body[1] === 0x8b;
+  const checkpoint = unwrap(
+    await client.POST("/v1/preview/models/{model_id}/checkpoints", {
+      params: { path: { model_id: args.model } },
+      body: body as never,
+      bodySerializer: (b: unknown) => b as Buffer,
+      headers: { "content-type": gzipped ? "application/gzip" : "application/x-tar" },
+    }),
+  );
+  out.line(`step ${checkpoint.step}: ${checkpoint.model}`);
 }

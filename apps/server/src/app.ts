@@ -1,5 +1,5 @@
 import type { KeyIdentity, Store } from "@arbor/store";
-import { DATASET_MAX_BYTES } from "@arbor/training";
+import { ADAPTER_MAX_BYTES, DATASET_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
@@ -70,6 +70,10 @@ export function createApp(deps: AppDeps): Express {
     "/v1/preview/datasets",
     express.text({ type: DATASET_MEDIA_TYPES, limit: DATASET_MAX_BYTES }),
   );
+  app.use(
+    "/v1/preview/models",
+    express.raw({ type: ["application/x-tar", "application/gzip"], limit: ADAPTER_MAX_BYTES }),
+  );
   app.use(jsonBody(64 * 1024 * 1024));
 
   // With both checks off the validator still matches every path on every request: leave it out.
@@ -95,6 +99,7 @@ export function createApp(deps: AppDeps): Express {
     ...modelsHandlers({
       store: deps.store,
       baseModels: async () => (await deps.engines.current()).map((m) => m.id),
+      baseConfig: async (id) => (await deps.engines.find(id))?.config,
     }),
     ...trainingHandlers({
       store: deps.store,

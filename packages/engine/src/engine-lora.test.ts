@@ -37,14 +37,7 @@ describe("Engine with LoRA adapters", () => {
     const alone = await engine.complete({ ...request, adapter: trained });
     expect(alone.choices[0]!.tokens).toEqual(changed.choices[0]!.tokens);
     // An adapter made for another base model is refused up front.
-    const foreign = createLoraAdapter(
-      {
-        ...model,
-        config: { ...model.config, numLayers: 2 },
-        weights: { ...model.weights, layers: model.weights.layers.slice(0, 2) },
-      },
-      { rank: 4 },
-    );
+    const foreign = createLoraAdapter({ config: { ...model.config, numLayers: 2 } }, { rank: 4 });
     expect(() => engine.generate({ ...request, adapter: foreign })).toThrow(/2 layers/);
   }, 60_000);
 });

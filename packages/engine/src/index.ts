@@ -4,6 +4,7 @@
  */
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
 export { type ChatFiles, type ChatMessage, PromptError } from "./chat.ts";
+export type { ModelConfig } from "./config.ts";
 export {
   Engine,
   type GenerationEvent,
@@ -27,6 +28,7 @@ export { jsKernels } from "./kernels/js.ts";
 export type { Kernels } from "./kernels/types.ts";
 export { createWasmKernels } from "./kernels/wasm.ts";
 export {
+  AdapterError,
   adapterFromFiles,
   adapterToFiles,
   createLoraAdapter,
@@ -47,6 +49,7 @@ export { Trainer } from "./optim.ts";
 export { ContextLengthError } from "./prompt-encoder.ts";
 export { type RlConfig, type TrajectoryGroup, trainRlStep } from "./rl.ts";
 export { deriveSeed, Rng } from "./rng.ts";
+export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
 export { ModelFileError } from "./tokenizer.ts";
 export { TrainingInputError } from "./training-data.ts";

@@ -6,6 +6,7 @@ import { randomBatch, tinyModel } from "../test/fixtures.ts";
 import { jsKernels } from "./kernels/js.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
 import {
+  AdapterError,
   adapterFromFiles,
   adapterToFiles,
   createLoraAdapter,
@@ -17,7 +18,7 @@ import {
 } from "./lora.ts";
 import { LoraTrainer } from "./lora-train.ts";
 import { Rng } from "./rng.ts";
-import { readSafetensors } from "./safetensors.ts";
+import { readSafetensors, saveSafetensors } from "./safetensors.ts";
 import { lossAndGradients } from "./train.ts";
 import { parameters } from "./weights.ts";
 
@@ -206,11 +207,69 @@ describe("LoRA files", () => {
     const own = adapterToFiles(createLoraAdapter(model, { rank: 2, alpha: 4 }));
     expect(() =>
       adapterFromFiles({ ...own, "adapter_config.json": config(["lm_head"]) }, model),
-    ).toThrow(/no supported target module/);
+    ).toThrow(/target_modules names "lm_head"/);
     expect(
       adapterFromFiles({ ...own, "adapter_config.json": config("all-linear") }, model)
         .targetModules,
     ).toHaveLength(7);
+    const weights = own["adapter_model.safetensors"]!;
+    const param = (f: () => unknown) => {
+      try {
+        f();
+      } catch (err) {
+        expect(err).toBeInstanceOf(AdapterError);
+        return [(err as AdapterError).param, (err as Error).message];
+      }
+      throw new Error("no error");
+    };
+    // A rank the tensors do not have; a cut-off file; a tensor of another name.
+    const rank3 = new TextEncoder().encode(
+      JSON.stringify({
+        peft_type: "LORA",
+        r: 3,
+        lora_alpha: 4,
+        target_modules: ["q_proj", "v_proj"],
+      }),
+    );
+    expect(param(() => adapterFromFiles({ ...own, "adapter_config.json": rank3 }, model))).toEqual([
+      "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+      expect.stringMatching(/has shape \[2, \d+\], the base needs \[3, \d+\] \(r 3\)/),
+    ]);
+    expect(
+      param(() =>
+        adapterFromFiles(
+          { ...own, "adapter_model.safetensors": weights.subarray(0, weights.length - 10) },
+          model,
+        ),
+      ),
+    ).toEqual(["adapter_model.safetensors", expect.stringMatching(/truncated/)]);
+    const renamed = adapterToFiles(createLoraAdapter(model, { rank: 2, alpha: 4 }));
+    const text = new TextDecoder("latin1").decode(renamed["adapter_model.safetensors"]);
+    const swapped = Uint8Array.from(
+      text.replace("layers.1.self_attn.q_proj", "layers.9.self_attn.q_proj"),
+      (c) => c.charCodeAt(0),
+    );
+    expect(
+      param(() => adapterFromFiles({ ...own, "adapter_model.safetensors": swapped }, model))[0],
+    ).toBe("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+    expect(
+      param(() =>
+        adapterFromFiles({ ...own, "adapter_config.json": new TextEncoder().encode("{") }, model),
+      )[0],
+    ).toBe("adapter_config.json");
+  });
+
+  it("when a PEFT file holds BF16 tensors, then they load as F32", () => {
+    const model = tinyModel(27);
+    const adapter = createLoraAdapter(model, { rank: 2, alpha: 4, targetModules: ["q_proj"] }, 3);
+    for (const p of loraParameters(adapter)) p.data.fill(0.375);
+    const tensors = new Map(
+      loraParameters(adapter).map((p) => [p.name, { shape: p.shape, data: p.data }]),
+    );
+    const files = adapterToFiles(adapter);
+    const bf16 = saveSafetensors(tensors, { format: "pt" }, "BF16");
+    const back = adapterFromFiles({ ...files, "adapter_model.safetensors": bf16 }, model);
+    for (const p of loraParameters(back)) expect([...new Set(p.data)]).toEqual([0.375]);
   });
 
   it("when the optimizer state is saved and restored, then training continues identically", () => {

@@ -57,6 +57,9 @@ export interface LoraModule {
   outFeatures: number;
 }
 
+/** The largest LoRA rank accepted from a file. */
+export const MAX_RANK = 1024;
+
 export interface LoraAdapter {
   rank: number;
   alpha: number;
@@ -79,7 +82,11 @@ export interface LoraParameter {
  * A fresh adapter for a model: A drawn like PEFT's default (Kaiming-uniform, bound 1/√in) under
  * the seed, B = 0, so step 0 is exactly the base model.
  */
-export function createLoraAdapter(model: Model, config: LoraConfig = {}, seed = 0): LoraAdapter {
+export function createLoraAdapter(
+  model: Pick<Model, "config">,
+  config: LoraConfig = {},
+  seed = 0,
+): LoraAdapter {
   const rank = config.rank ?? 8;
   const alpha = config.alpha ?? 16;
   if (!Number.isInteger(rank) || rank < 1) throw new Error("lora: rank must be a positive integer");
@@ -88,7 +95,7 @@ export function createLoraAdapter(model: Model, config: LoraConfig = {}, seed = 
     if (!(t in targetKey)) throw new Error(`lora: unknown target module ${t}`);
   }
   const rng = new Rng(seed);
-  const layers = model.weights.layers.map(() => {
+  const layers = Array.from({ length: model.config.numLayers }, () => {
     const modules: Partial<Record<LinearKey, LoraModule>> = {};
     for (const target of LORA_TARGETS) {
       if (!targetModules.includes(target)) continue;
@@ -217,64 +224,120 @@ export function adapterToFiles(adapter: LoraAdapter): Record<string, Uint8Array>
   };
 }
 
+/** A PEFT adapter that does not fit its base; `param` names the file, field or tensor at fault. */
+export class AdapterError extends Error {
+  override name = "AdapterError";
+  readonly param: string;
+  constructor(param: string, message: string) {
+    super(message);
+    this.param = param;
+  }
+}
+
 /**
  * Reads a PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) for a base model,
- * checking every tensor's shape against the base. Tensor names may carry PEFT's adapter-name
- * infix (`lora_A.default.weight`).
+ * checking its config and every tensor's name and shape against the base (F32, F16 or BF16;
+ * no other tensor). Tensor names may carry PEFT's adapter-name infix (`lora_A.default.weight`).
+ * Throws an `AdapterError` naming the field or tensor.
  */
 export function adapterFromFiles(
   files: Record<string, Uint8Array | undefined>,
-  baseModel: Model,
+  baseModel: Pick<Model, "config">,
 ): LoraAdapter {
-  const configBytes = files["adapter_config.json"];
-  const weightBytes = files["adapter_model.safetensors"];
-  if (!configBytes || !weightBytes) {
-    throw new Error("lora: need adapter_config.json and adapter_model.safetensors");
+  const CONFIG = "adapter_config.json";
+  const WEIGHTS = "adapter_model.safetensors";
+  const configBytes = files[CONFIG];
+  const weightBytes = files[WEIGHTS];
+  if (!configBytes) throw new AdapterError(CONFIG, `${CONFIG} is missing.`);
+  if (!weightBytes) throw new AdapterError(WEIGHTS, `${WEIGHTS} is missing.`);
+  let json: Record<string, unknown>;
+  try {
+    json = JSON.parse(new TextDecoder().decode(configBytes)) as Record<string, unknown>;
+  } catch (err) {
+    throw new AdapterError(CONFIG, `${CONFIG} is not JSON: ${(err as Error).message}`);
   }
-  const json = JSON.parse(new TextDecoder().decode(configBytes)) as Record<string, unknown>;
-  if (json["peft_type"] !== undefined && json["peft_type"] !== "LORA") {
-    throw new Error(`lora: unsupported peft_type ${String(json["peft_type"])}`);
+  if (typeof json !== "object" || json === null || Array.isArray(json)) {
+    throw new AdapterError(CONFIG, `${CONFIG} is not a JSON object.`);
   }
-  const rank = json["r"];
-  const alpha = json["lora_alpha"] ?? rank;
-  if (typeof rank !== "number" || typeof alpha !== "number") {
-    throw new Error("lora: adapter_config.json needs numeric r and lora_alpha");
+  const field = (key: string, why: string): never => {
+    throw new AdapterError(key, `${CONFIG}: ${key} ${why}`);
+  };
+  if (json.peft_type !== undefined && json.peft_type !== "LORA") {
+    field("peft_type", `is ${JSON.stringify(json.peft_type)}; only LORA adapters are supported.`);
   }
-  if (json["use_rslora"] === true || json["use_dora"] === true) {
-    throw new Error("lora: rsLoRA and DoRA adapters are not supported");
+  const rank = json.r;
+  if (typeof rank !== "number" || !Number.isInteger(rank) || rank < 1 || rank > MAX_RANK) {
+    field("r", `must be an integer from 1 to ${MAX_RANK}, not ${JSON.stringify(rank)}.`);
   }
-  let targets = json["target_modules"];
+  const alpha = json.lora_alpha ?? rank;
+  if (typeof alpha !== "number" || !Number.isFinite(alpha)) {
+    field("lora_alpha", `must be a number, not ${JSON.stringify(alpha)}.`);
+  }
+  if (json.use_rslora === true) field("use_rslora", "is true; rsLoRA is not supported.");
+  if (json.use_dora === true) field("use_dora", "is true; DoRA is not supported.");
+  for (const key of ["rank_pattern", "alpha_pattern"]) {
+    const value = json[key];
+    if (value && typeof value === "object" && Object.keys(value).length > 0) {
+      field(key, "is set; per-module ranks are not supported.");
+    }
+  }
+  for (const key of ["layers_to_transform", "modules_to_save"]) {
+    if (json[key] !== undefined && json[key] !== null) field(key, "is set; it is not supported.");
+  }
+  if (json.bias !== undefined && json.bias !== "none") {
+    field("bias", `is ${JSON.stringify(json.bias)}; only "none" is supported.`);
+  }
+  let targets = json.target_modules;
   if (typeof targets === "string") targets = [targets];
-  if (!Array.isArray(targets)) throw new Error("lora: adapter_config.json needs target_modules");
+  if (!Array.isArray(targets) || targets.length === 0) {
+    field("target_modules", "must be a non-empty list of module names.");
+  }
   const listed = targets as unknown[];
+  const unknown = listed.filter(
+    (t) => t !== "all-linear" && !(LORA_TARGETS as readonly unknown[]).includes(t),
+  );
+  if (unknown.length > 0) {
+    field(
+      "target_modules",
+      `names ${JSON.stringify(unknown[0])}; this base's modules are ${LORA_TARGETS.join(", ")}.`,
+    );
+  }
   const targetModules = listed.includes("all-linear")
     ? [...LORA_TARGETS]
     : LORA_TARGETS.filter((t) => listed.includes(t));
-  if (targetModules.length === 0) {
-    throw new Error(`lora: no supported target module in ${JSON.stringify(targets)}`);
-  }
   const adapter = createLoraAdapter(baseModel, {
-    rank,
-    alpha,
+    rank: rank as number,
+    alpha: alpha as number,
     targetModules,
-    baseModel:
-      typeof json["base_model_name_or_path"] === "string" ? json["base_model_name_or_path"] : "",
+    baseModel: typeof json.base_model_name_or_path === "string" ? json.base_model_name_or_path : "",
   });
-  const { tensors } = readSafetensors(weightBytes);
+  let tensors: TensorMap;
+  try {
+    tensors = readSafetensors(weightBytes).tensors;
+  } catch (err) {
+    throw new AdapterError(
+      WEIGHTS,
+      `${WEIGHTS}: ${(err as Error).message.replace(/^safetensors: /, "")}`,
+    );
+  }
   const byName = new Map<string, { shape: number[]; data: Float32Array }>();
   for (const [name, t] of tensors)
     byName.set(name.replace(/\.lora_([AB])\.default\./, ".lora_$1."), t);
   for (const p of loraParameters(adapter)) {
     const t = byName.get(p.name);
-    if (!t) throw new Error(`lora: missing tensor ${p.name}`);
+    if (!t) throw new AdapterError(p.name, `${WEIGHTS}: missing tensor ${p.name}.`);
     if (t.shape.join(",") !== p.shape.join(",")) {
-      throw new Error(`lora: ${p.name} has shape [${t.shape}], expected [${p.shape}]`);
+      throw new AdapterError(
+        p.name,
+        `${WEIGHTS}: ${p.name} has shape [${t.shape.join(", ")}], the base needs [${p.shape.join(", ")}] (r ${rank}).`,
+      );
     }
     p.data.set(t.data);
     byName.delete(p.name);
   }
-  if (byName.size > 0) {
-    throw new Error(`lora: unexpected tensor ${[...byName.keys()][0]} for this base model`);
+  const extra = [...byName.keys()][0];
+  if (extra !== undefined) {
+    throw new AdapterError(extra, `${WEIGHTS}: unexpected tensor ${extra} for this base model.`);
   }
   return adapter;
 }

@@ -15,10 +15,20 @@ export function readSafetensors(bytes: Uint8Array): {
   metadata: Record<string, string>;
 } {
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  if (bytes.byteLength < 8) throw new Error("safetensors: truncated (no header)");
   const headerLength = Number(view.getBigUint64(0, true));
-  const header = JSON.parse(
-    new TextDecoder().decode(bytes.subarray(8, 8 + headerLength)),
-  ) as Record<string, unknown>;
+  if (8 + headerLength > bytes.byteLength) {
+    throw new Error("safetensors: truncated (the header runs past the end)");
+  }
+  let header: Record<string, unknown>;
+  try {
+    header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + headerLength)));
+  } catch {
+    throw new Error("safetensors: the header is not JSON");
+  }
+  if (typeof header !== "object" || header === null || Array.isArray(header)) {
+    throw new Error("safetensors: the header is not a JSON object");
+  }
   const base = 8 + headerLength;
   const tensors: TensorMap = new Map();
   let metadata: Record<string, string> = {};
@@ -32,8 +42,22 @@ export function readSafetensors(bytes: Uint8Array): {
       shape: number[];
       data_offsets: [number, number];
     };
-    const [start, end] = data_offsets;
-    const raw = bytes.subarray(base + start, base + end);
+    const size = DTYPE_BYTES[dtype];
+    if (size === undefined) throw new Error(`safetensors: unsupported dtype ${dtype} for ${name}`);
+    const [start, end] = Array.isArray(data_offsets) ? data_offsets : [];
+    const count = Array.isArray(shape) ? shape.reduce((a, b) => a * b, 1) : Number.NaN;
+    if (
+      !Number.isSafeInteger(start) ||
+      !Number.isSafeInteger(end) ||
+      start! < 0 ||
+      end! - start! !== count * size
+    ) {
+      throw new Error(`safetensors: ${name}'s data_offsets do not fit its shape and dtype`);
+    }
+    if (base + end! > bytes.byteLength) {
+      throw new Error(`safetensors: truncated (${name} ends past the end of the file)`);
+    }
+    const raw = bytes.subarray(base + start!, base + end!);
     tensors.set(name, { shape, data: decode(raw, dtype, name) });
   }
   return { tensors, metadata };
@@ -91,6 +115,8 @@ export async function readSafetensorsFile(
     await file.close();
   }
 }
+
+const DTYPE_BYTES: Record<string, number> = { F32: 4, BF16: 2, F16: 2 };
 
 function decode(raw: Uint8Array, dtype: string, name: string): Float32Array {
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);

@@ -1,4 +1,12 @@
 export {
+  ADAPTER_MAX_BYTES,
+  type AdapterTar,
+  checkpointAdapterTar,
+  importAdapter,
+  readAdapterTar,
+  reprDigest,
+} from "./adapters.ts";
+export {
   ADAPTER_FILES,
   CHECKPOINTS_PREFIX,
   type CheckpointFiles,

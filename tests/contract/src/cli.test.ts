@@ -1,7 +1,8 @@
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as remote from "@arbor/cli/remote";
+import { readAdapterTar } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 
@@ -83,6 +84,42 @@ describe("arbor CLI", () => {
     );
     expect(text).toBe(streamed);
     expect(text.length).toBeGreaterThan(0);
+
+    // The trained step out as a tar, unpacked to a folder, and in again on a second model.
+    const tarFile = join(dir, "reverser.tar");
+    const downloaded = capture();
+    await remote.downloadCheckpoint(
+      client,
+      { model: modelId, step: 4, format: "peft", file: tarFile },
+      downloaded.out,
+    );
+    expect(downloaded.lines).toEqual([
+      expect.stringMatching(/^wrote .*reverser\.tar \(\d+ bytes, peft\)$/),
+    ]);
+    const files = await readAdapterTar(readFileSync(tarFile));
+    const folder = join(dir, "adapter");
+    mkdirSync(folder);
+    for (const [name, bytes] of Object.entries(files)) writeFileSync(join(folder, name), bytes);
+    const copyId = await remote.createModel(
+      client,
+      { project: "cli", name: "copy", base: "arbor/tiny-chat" },
+      capture().out,
+    );
+    for (const path of [folder, tarFile]) {
+      const uploaded = capture();
+      await remote.uploadCheckpoint(client, { model: copyId, path }, uploaded.out);
+      expect(uploaded.lines).toEqual([
+        expect.stringMatching(/^step \d: default\/cli\/copy:step\d$/),
+      ]);
+    }
+    await expect(
+      remote.downloadCheckpoint(
+        client,
+        { model: modelId, step: 9, format: "peft", file: join(dir, "none.tar") },
+        capture().out,
+      ),
+    ).rejects.toThrow(/download failed \(404\): .*step 9/);
+    expect(existsSync(join(dir, "none.tar.partial"))).toBe(false);
   });
 
   it("when the progress bar is drawn, then it fills in proportion", () => {

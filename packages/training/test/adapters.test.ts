@@ -1,0 +1,162 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Readable } from "node:stream";
+import { gzipSync } from "node:zlib";
+import {
+  adapterToFiles,
+  catalogModelDir,
+  createLoraAdapter,
+  type Model as EngineModel,
+  loadModel,
+} from "@arbor/engine";
+import { InvalidInputError, type Model, openStore, type Store } from "@arbor/store";
+import tar from "tar-stream";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  checkpointAdapterTar,
+  importAdapter,
+  readAdapterTar,
+  reprDigest,
+} from "../src/adapters.ts";
+
+/** Adapters in and out without HTTP: tars read and written, and what an import checks. */
+let dataDir: string;
+let store: Store;
+let model: Model;
+let base: EngineModel;
+beforeAll(async () => {
+  dataDir = mkdtempSync(join(tmpdir(), "arbor-adapters-"));
+  store = await openStore({ dataDir });
+  await store.entities.ensure("e");
+  ({ model } = await store.models.create({
+    entity: "e",
+    project: "p",
+    name: "m",
+    base_model: "arbor/tiny-chat",
+    initialCheckpoint: { step: 0, blob_key: null },
+  }));
+  base = await loadModel(catalogModelDir("arbor/tiny-chat"));
+}, 60_000);
+afterAll(async () => {
+  await store.close();
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+async function tarOf(entries: { name: string; body: Uint8Array | string }[]): Promise<Buffer> {
+  const pack = tar.pack();
+  for (const { name, body } of entries) pack.entry({ name }, Buffer.from(body));
+  pack.finalize();
+  const chunks: Buffer[] = [];
+  for await (const chunk of pack) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks);
+}
+
+const adapterFiles = (rank = 2) =>
+  adapterToFiles(createLoraAdapter(base, { rank, alpha: 4, baseModel: "arbor/tiny-chat" }, 1));
+
+const entries = (files: Record<string, Uint8Array>, folder = "") =>
+  Object.entries(files).map(([name, body]) => ({ name: `${folder}${name}`, body }));
+
+async function bad(body: Uint8Array): Promise<InvalidInputError> {
+  const err = await readAdapterTar(body).then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(InvalidInputError);
+  return err as InvalidInputError;
+}
+
+describe("readAdapterTar", () => {
+  it("when the files are at the top, in one folder, or gzipped, with a README beside, then both are read", async () => {
+    const files = adapterFiles();
+    for (const body of [
+      await tarOf(entries(files)),
+      await tarOf([{ name: "README.md", body: "# adapter" }, ...entries(files, "./my-adapter/")]),
+      gzipSync(await tarOf(entries(files, "out/"))),
+    ]) {
+      const read = await readAdapterTar(body);
+      expect(Object.keys(read).sort()).toEqual([
+        "adapter_config.json",
+        "adapter_model.safetensors",
+      ]);
+      expect(Buffer.from(read["adapter_model.safetensors"]!)).toEqual(
+        Buffer.from(files["adapter_model.safetensors"]!),
+      );
+    }
+  }, 60_000);
+
+  it("when a tar climbs out of its folder, is cut off, is not a tar, or lacks a file, then it is refused naming why", async () => {
+    const files = adapterFiles();
+    const traversal = await tarOf([
+      ...entries(files),
+      { name: "../../etc/adapter_config.json", body: "{}" },
+    ]);
+    expect((await bad(traversal)).message).toMatch(/leaves the archive's folder/);
+    const whole = await tarOf(entries(files));
+    expect((await bad(whole.subarray(0, 1500))).message).toMatch(/not a complete tar/);
+    expect((await bad(Buffer.from('{"not": "a tar"}'.repeat(40)))).message).toMatch(
+      /not a complete tar/,
+    );
+    const half = await tarOf([
+      { name: "adapter_config.json", body: files["adapter_config.json"]! },
+    ]);
+    expect(await bad(half)).toMatchObject({ param: "adapter_model.safetensors" });
+    const twice = await tarOf([...entries(files), ...entries(files, "again/")]);
+    expect((await bad(twice)).message).toMatch(/twice/);
+    expect((await bad(new Uint8Array())).message).toMatch(/empty/);
+  });
+});
+
+describe("importAdapter and checkpointAdapterTar", () => {
+  it("when an adapter is imported, then it is the next step, and its tar streams out with the length and digest it states", async () => {
+    const checkpoint = await importAdapter(store, {
+      model,
+      baseConfig: base.config,
+      files: adapterFiles(),
+    });
+    expect(checkpoint.step).toBe(1);
+    const out = await checkpointAdapterTar(store.blobs!, checkpoint, "m-step1");
+    const chunks: Buffer[] = [];
+    for await (const chunk of out.open()) chunks.push(chunk as Buffer);
+    const body = Buffer.concat(chunks);
+    expect(body.length).toBe(out.bytes);
+    expect(await reprDigest(out.open())).toBe(await reprDigest(Readable.from([body])));
+    const back = await readAdapterTar(body);
+    expect(JSON.parse(Buffer.from(back["adapter_config.json"]!).toString())).toMatchObject({
+      peft_type: "LORA",
+      r: 2,
+      lora_alpha: 4,
+      base_model_name_or_path: "arbor/tiny-chat",
+    });
+  });
+
+  it("when an adapter does not fit the base, then nothing is stored and the error names the field or tensor", async () => {
+    const before = await store.blobs!.list("checkpoints/");
+    const latest = (await store.models.get("e", model.id))!;
+    const wrongBase = adapterToFiles(
+      createLoraAdapter(base, { rank: 2, alpha: 4, baseModel: "Qwen/Qwen3-0.6B" }, 1),
+    );
+    const cases: [Record<string, Uint8Array>, string][] = [
+      [wrongBase, "base_model_name_or_path"],
+      [
+        { ...adapterFiles(2), "adapter_config.json": adapterFiles(4)["adapter_config.json"]! },
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+      ],
+    ];
+    for (const [files, param] of cases) {
+      const err = await importAdapter(store, {
+        model: latest,
+        baseConfig: base.config,
+        files,
+      }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(err).toBeInstanceOf(InvalidInputError);
+      expect(err).toMatchObject({ param, code: "invalid_adapter" });
+    }
+    expect(await store.blobs!.list("checkpoints/")).toEqual(before);
+    expect((await store.models.get("e", model.id))!.latest_step).toBe(latest.latest_step);
+  });
+});

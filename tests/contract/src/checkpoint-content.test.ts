@@ -1,0 +1,250 @@
+import { createHash } from "node:crypto";
+import type { ArborClient, TrainingJobEvent } from "@arbor/client";
+import { unwrap } from "@arbor/client";
+import { readSafetensors } from "@arbor/engine";
+import { readAdapterTar } from "@arbor/training";
+import tar from "tar-stream";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type RunningServer, startServer } from "./harness.ts";
+
+/**
+ * Checkpoints in and out: a trained tiny-chat checkpoint downloads as PEFT's two files in a tar,
+ * uploads to a second model on the same base, and both answer alike; adapters that do not fit
+ * are refused before anything is stored.
+ */
+let server: RunningServer;
+let client: ArborClient;
+let trained: { id: string };
+let steps: number;
+beforeAll(async () => {
+  server = await startServer({}, { worker: true });
+  client = server.authorizedClient();
+  trained = unwrap(
+    await client.POST("/v1/preview/models", {
+      body: { project: "io", name: "trained", base_model: "arbor/tiny-chat" },
+    }),
+  );
+  const lines = Array.from({ length: 8 }, (_, i) =>
+    JSON.stringify({
+      messages: [
+        { role: "user", content: `What is the code word ${i}?` },
+        { role: "assistant", content: "The code word is banana." },
+      ],
+    }),
+  ).join("\n");
+  const dataset = unwrap(
+    await client.POST("/v1/preview/datasets", {
+      body: lines as never,
+      bodySerializer: (b: unknown) => b as string,
+      headers: { "content-type": "application/jsonl" },
+    }),
+  );
+  const job = unwrap(
+    await client.POST("/v1/preview/sft-training-jobs", {
+      body: {
+        model_id: trained.id,
+        training_data_url: dataset.url,
+        config: { batch_size: 4, epochs: 2, learning_rate: 1e-2 },
+      },
+    }),
+  );
+  const events: TrainingJobEvent[] = [];
+  for await (const event of client.followTrainingJob(job.id)) events.push(event);
+  expect(events.at(-1)?.type).toBe("training_ended");
+  steps = events.filter((e) => e.type === "gradient_step").length;
+}, 180_000);
+afterAll(async () => {
+  await server?.close();
+});
+
+const contentUrl = (modelId: string, step: number, query = "") =>
+  `${server.baseUrl}/v1/preview/models/${modelId}/checkpoints/${step}/content${query}`;
+const auth = () => ({ authorization: `Bearer ${server.adminKey}` });
+
+async function download(modelId: string, step: number): Promise<Response> {
+  return fetch(contentUrl(modelId, step), { headers: auth() });
+}
+
+async function upload(modelId: string, body: Uint8Array, type = "application/x-tar") {
+  const response = await fetch(`${server.baseUrl}/v1/preview/models/${modelId}/checkpoints`, {
+    method: "POST",
+    headers: { ...auth(), "content-type": type },
+    body,
+  });
+  return { status: response.status, body: (await response.json()) as Record<string, never> };
+}
+
+async function tarOf(entries: { name: string; body: Uint8Array | string }[]): Promise<Buffer> {
+  const pack = tar.pack();
+  for (const { name, body } of entries) pack.entry({ name }, Buffer.from(body));
+  pack.finalize();
+  const chunks: Buffer[] = [];
+  for await (const chunk of pack) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks);
+}
+
+async function greedy(model: string): Promise<string> {
+  const completion = unwrap(
+    await client.createChatCompletion({
+      model,
+      messages: [{ role: "user", content: "What is the code word 3?" }],
+      max_tokens: 12,
+      temperature: 0,
+      seed: 1,
+    }),
+  );
+  return completion.choices[0]!.message.content ?? "";
+}
+
+async function newModel(name: string): Promise<{ id: string }> {
+  return unwrap(
+    await client.POST("/v1/preview/models", {
+      body: { project: "io", name, base_model: "arbor/tiny-chat" },
+    }),
+  );
+}
+
+describe("getCheckpointContent", () => {
+  it("when a trained step is downloaded, then it is PEFT's two files in a tar, with its length, name and SHA-256 stated", async () => {
+    const response = await download(trained.id, steps);
+    expect(response.status).toBe(200);
+    expect(response.headers.get("content-type")).toBe("application/x-tar");
+    expect(response.headers.get("content-disposition")).toBe(
+      `attachment; filename="trained-step${steps}-peft.tar"`,
+    );
+    const body = Buffer.from(await response.arrayBuffer());
+    expect(Number(response.headers.get("content-length"))).toBe(body.length);
+    expect(response.headers.get("repr-digest")).toBe(
+      `sha-256=:${createHash("sha256").update(body).digest("base64")}:`,
+    );
+    const files = await readAdapterTar(body);
+    expect(JSON.parse(Buffer.from(files["adapter_config.json"]!).toString())).toMatchObject({
+      peft_type: "LORA",
+      base_model_name_or_path: "arbor/tiny-chat",
+      r: expect.any(Number),
+      lora_alpha: expect.any(Number),
+      target_modules: expect.arrayContaining(["q_proj", "v_proj"]),
+    });
+    const { tensors } = readSafetensors(files["adapter_model.safetensors"]!);
+    const name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight";
+    expect(tensors.has(name)).toBe(true);
+    // Trained: B is no longer the zeros it starts from.
+    expect(tensors.get(name)!.data.some((v) => v !== 0)).toBe(true);
+  });
+
+  it("when the step is 0, absent, or the model another's, then 404; a format it does not know is 400", async () => {
+    expect((await download(trained.id, 0)).status).toBe(400);
+    expect((await download(trained.id, steps + 5)).status).toBe(404);
+    expect((await download("0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f", 1)).status).toBe(404);
+    const other = await server.newTenant("io-other");
+    const foreign = await fetch(contentUrl(trained.id, steps), {
+      headers: { authorization: `Bearer ${other.apiKey}` },
+    });
+    expect(foreign.status).toBe(404);
+    const gguf = await fetch(contentUrl(trained.id, steps, "?format=onnx"), { headers: auth() });
+    expect(gguf.status).toBe(400);
+  });
+});
+
+describe("createCheckpoint", () => {
+  it("when a downloaded step is uploaded to a second model on the same base, then it is that model's next step and answers alike", async () => {
+    const body = Buffer.from(await (await download(trained.id, steps)).arrayBuffer());
+    const copy = await newModel("copy");
+    const { status, body: checkpoint } = await upload(copy.id, body);
+    expect(status).toBe(200);
+    expect(checkpoint).toMatchObject({
+      object: "checkpoint",
+      step: 1,
+      model: "default/io/copy:step1",
+    });
+    const original = await greedy(`default/io/trained:step${steps}`);
+    expect(await greedy("default/io/copy:step1")).toBe(original);
+    // What the adapter learned shows: the base answers otherwise.
+    expect(await greedy("arbor/tiny-chat")).not.toBe(original);
+  }, 60_000);
+
+  it("when the adapter or its tar is wrong, then 400 names why and nothing is stored", async () => {
+    const good = await readAdapterTar(
+      Buffer.from(await (await download(trained.id, steps)).arrayBuffer()),
+    );
+    const target = await newModel("refuses");
+    const config = JSON.parse(Buffer.from(good["adapter_config.json"]!).toString());
+    const withConfig = (edit: Record<string, unknown>) =>
+      tarOf([
+        { name: "adapter_config.json", body: JSON.stringify({ ...config, ...edit }) },
+        { name: "adapter_model.safetensors", body: good["adapter_model.safetensors"]! },
+      ]);
+    const whole = await withConfig({});
+    const cases: [string, Buffer, string | null][] = [
+      [
+        "a wrong base",
+        await withConfig({ base_model_name_or_path: "meta-llama/Llama-3.2-1B" }),
+        "base_model_name_or_path",
+      ],
+      [
+        "a wrong rank",
+        await withConfig({ r: config.r * 2 }),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+      ],
+      [
+        "a module the tensors lack",
+        await withConfig({ target_modules: [...config.target_modules, "lm_head"] }),
+        "target_modules",
+      ],
+      ["a truncated tar", whole.subarray(0, whole.length - 2000), null],
+      [
+        "a path out of the folder",
+        await tarOf([
+          { name: "adapter_config.json", body: JSON.stringify(config) },
+          { name: "../../adapter_model.safetensors", body: good["adapter_model.safetensors"]! },
+        ]),
+        null,
+      ],
+    ];
+    for (const [why, body, param] of cases) {
+      const { status, body: error } = await upload(target.id, body);
+      expect(status, why).toBe(400);
+      expect(error, why).toMatchObject({
+        error: { type: "invalid_request_error", code: "invalid_adapter", param },
+      });
+    }
+    expect((await upload(target.id, Buffer.from("{}"), "application/json")).status).toBe(415);
+    const list = unwrap(
+      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
+        params: { path: { model_id: target.id } },
+      }),
+    );
+    expect(list.data.map((c) => c.step)).toEqual([0]);
+    const blobs = await server.store.blobs!.list(`checkpoints/${target.id}/`);
+    expect(blobs).toEqual([]);
+  });
+
+  it("when a job of the model is queued or running, then an upload is refused with 409", async () => {
+    const body = Buffer.from(await (await download(trained.id, steps)).arrayBuffer());
+    const busy = await newModel("busy");
+    const lines = JSON.stringify({
+      messages: [
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "hello" },
+      ],
+    });
+    const dataset = unwrap(
+      await client.POST("/v1/preview/datasets", {
+        body: lines as never,
+        bodySerializer: (b: unknown) => b as string,
+        headers: { "content-type": "application/jsonl" },
+      }),
+    );
+    const job = unwrap(
+      await client.POST("/v1/preview/sft-training-jobs", {
+        body: { model_id: busy.id, training_data_url: dataset.url, config: { epochs: 50 } },
+      }),
+    );
+    const { status, body: error } = await upload(busy.id, body);
+    expect(status).toBe(409);
+    expect(error).toMatchObject({ error: { code: "job_in_progress" } });
+    await client.POST("/v1/preview/training-jobs/{training_job_id}/cancel", {
+      params: { path: { training_job_id: job.id } },
+    });
+  });
+});
