@@ -3,7 +3,9 @@ definitions (Llama 3.x with llama3 RoPE scaling, Qwen2 with q/k/v biases, Qwen3 
 q/k RMSNorm, SmolLM3 with NoPE layers), for the engine's correctness tests.
 
 Usage: python3 torch_reference.py MODEL_DIR < request.json > answer.json
-The request: {"prompts": [[ids...], ...], "greedy": N, "lora": {...} | null, "batch": {...} | null}
+The request: {"prompts": [[ids...], ...], "greedy": N, "adapter": {"dir"} | null,
+"lora": {"dir"} | null, "batch": {...} | null}; "adapter" applies a PEFT folder to every answer,
+"lora" only to the loss and gradients of "batch".
 The answer: {"last_logits": [[...], ...], "greedy": [ids...], "loss": x, "grads": {name: [...]}}
 """
 import json
@@ -104,6 +106,18 @@ class Reference:
         rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
         return x * cos + rotated * sin
 
+    def load_lora(self, folder):
+        """Reads a PEFT adapter folder by PEFT's tensor names; returns the tensors by name."""
+        tensors = read_safetensors(os.path.join(folder, "adapter_model.safetensors"))
+        with open(os.path.join(folder, "adapter_config.json")) as f:
+            config = json.load(f)
+        self.lora_scale = config["lora_alpha"] / config["r"]
+        for name, tensor in tensors.items():
+            key = name.replace("base_model.model.", "").rsplit(".lora_", 1)[0]
+            pair = self.lora.setdefault(key, [None, None])
+            pair[0 if ".lora_A." in name else 1] = tensor
+        return tensors
+
     def forward(self, ids):
         """Logits at every position of one sequence."""
         t = len(ids)
@@ -140,6 +154,9 @@ def main():
     request = json.load(sys.stdin)
     ref = Reference(folder)
     answer = {}
+    if request.get("adapter"):
+        # A PEFT adapter served with the base: every answer below has it applied.
+        ref.load_lora(request["adapter"]["dir"])
     with torch.no_grad():
         answer["last_logits"] = [ref.forward(ids)[-1].tolist() for ids in request["prompts"]]
         if request.get("greedy"):
@@ -152,17 +169,9 @@ def main():
             answer["greedy"] = out
     lora = request.get("lora")
     if lora:
-        tensors = read_safetensors(os.path.join(lora["dir"], "adapter_model.safetensors"))
-        with open(os.path.join(lora["dir"], "adapter_config.json")) as f:
-            config = json.load(f)
-        ref.lora_scale = config["lora_alpha"] / config["r"]
-        params = {}
-        for name, tensor in tensors.items():
+        params = ref.load_lora(lora["dir"])
+        for tensor in params.values():
             tensor.requires_grad_(True)
-            params[name] = tensor
-            key = name.replace("base_model.model.", "").rsplit(".lora_", 1)[0]
-            pair = ref.lora.setdefault(key, [None, None])
-            pair[0 if ".lora_A." in name else 1] = tensor
         total = 0.0
         weight = 0.0
         for seq in request["batch"]:

@@ -15,6 +15,7 @@ import {
 } from "@arbor/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { expectServedLikeReference, torchTest, unpackAdapter } from "./torch.ts";
 
 /**
  * A base model from a folder, through every part of the service: a Qwen3-shaped model (random
@@ -109,7 +110,7 @@ describe("base models from folders", () => {
         body: {
           model_id: model.id,
           training_data_url: dataset.url,
-          config: { batch_size: 2, epochs: 1 },
+          config: { batch_size: 2, epochs: 1, learning_rate: 1e-2 },
         },
       }),
     );
@@ -128,6 +129,26 @@ describe("base models from folders", () => {
     );
     expect(completion.model).toBe("default/base/qwen-sft:step3");
     expect(completion.usage.completion_tokens).toBeGreaterThan(0);
+
+    // The checkpoint out as PEFT's files: PyTorch applies it to the folder by PEFT's names and
+    // gives the log-probs the server serves.
+    if (torchTest("base-models PEFT fidelity")) {
+      const response = await fetch(
+        `${server.baseUrl}/v1/preview/models/${model.id}/checkpoints/3/content`,
+        { headers: { authorization: `Bearer ${server.adminKey}` } },
+      );
+      expect(response.status).toBe(200);
+      const adapterDir = await unpackAdapter(
+        Buffer.from(await response.arrayBuffer()),
+        join(work, "qwen-adapter"),
+      );
+      await expectServedLikeReference(
+        client,
+        join(server.dataDir, "models", "qwen", "Qwen3-tiny"),
+        adapterDir,
+        "default/base/qwen-sft:step3",
+      );
+    }
 
     const base = await loadModel(join(server.dataDir, "models", "qwen", "Qwen3-tiny"));
     const gguf = join(work, "qwen3.gguf");

@@ -1,11 +1,15 @@
 import { createHash } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
 import { unwrap } from "@arbor/client";
-import { readSafetensors } from "@arbor/engine";
+import { catalogModelDir, readSafetensors } from "@arbor/engine";
 import { readAdapterTar } from "@arbor/training";
 import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { expectServedLikeReference, torchTest, unpackAdapter } from "./torch.ts";
 
 /**
  * Checkpoints in and out: a trained tiny-chat checkpoint downloads as PEFT's two files in a tar,
@@ -16,6 +20,7 @@ let server: RunningServer;
 let client: ArborClient;
 let trained: { id: string };
 let steps: number;
+const work = mkdtempSync(join(tmpdir(), "arbor-io-"));
 beforeAll(async () => {
   server = await startServer({}, { worker: true });
   client = server.authorizedClient();
@@ -55,6 +60,7 @@ beforeAll(async () => {
 }, 180_000);
 afterAll(async () => {
   await server?.close();
+  rmSync(work, { recursive: true, force: true });
 });
 
 const contentUrl = (modelId: string, step: number, query = "") =>
@@ -131,6 +137,21 @@ describe("getCheckpointContent", () => {
     // Trained: B is no longer the zeros it starts from.
     expect(tensors.get(name)!.data.some((v) => v !== 0)).toBe(true);
   });
+
+  it.skipIf(!torchTest("checkpoint-content PEFT fidelity"))(
+    "when the downloaded adapter is applied to the base in PyTorch by PEFT's names, then its log-probs match the server serving that checkpoint within 1e-3",
+    async () => {
+      const body = Buffer.from(await (await download(trained.id, steps)).arrayBuffer());
+      const adapterDir = await unpackAdapter(body, join(work, "tiny-adapter"));
+      await expectServedLikeReference(
+        client,
+        catalogModelDir("arbor/tiny-chat"),
+        adapterDir,
+        `default/io/trained:step${steps}`,
+      );
+    },
+    120_000,
+  );
 
   it("when the step is 0, absent, or the model another's, then 404; a format it does not know is 400", async () => {
     expect((await download(trained.id, 0)).status).toBe(400);
