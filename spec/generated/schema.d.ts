@@ -166,17 +166,22 @@ export interface paths {
         };
         /**
          * Download a checkpoint's weights
-         * @description Streams a checkpoint's LoRA adapter out, to serve or keep elsewhere. `format=peft` (the
-         *     default and, for now, the only format) is a tar of the two files PEFT's `save_pretrained`
-         *     writes, exactly as PEFT loads them (`PeftModel.from_pretrained(base, folder)`, vLLM's and
-         *     llama.cpp's converters):
-         *     `adapter_config.json` (`peft_type` LORA, `base_model_name_or_path` the base's id, `r`,
-         *     `lora_alpha`, `target_modules` by the family's module names) and
-         *     `adapter_model.safetensors` (F32 tensors named
-         *     `base_model.model.model.layers.<i>.<self_attn|mlp>.<module>.lora_<A|B>.weight`). The tar is
-         *     streamed as it is read, never built whole; `Content-Length`, `Content-Disposition` and
-         *     `Repr-Digest` (its SHA-256, RFC 9530) are sent before it. Step 0 has no weights (it is the
-         *     base model itself), so steps start at 1.
+         * @description Streams a checkpoint's weights out, to serve or keep elsewhere, in one of two formats:
+         *
+         *     - `peft` (the default): a tar of the two files PEFT's `save_pretrained` writes, exactly as
+         *       PEFT loads them (`PeftModel.from_pretrained(base, folder)`, vLLM's and llama.cpp's
+         *       converters): `adapter_config.json` (`peft_type` LORA, `base_model_name_or_path` the
+         *       base's id, `r`, `lora_alpha`, `target_modules` by the family's module names) and
+         *       `adapter_model.safetensors` (F32 tensors named
+         *       `base_model.model.model.layers.<i>.<self_attn|mlp>.<module>.lora_<A|B>.weight`);
+         *     - `gguf`: the base model with the adapter merged in (W + (α/r)·B·A), as one F32 GGUF of
+         *       the base's llama.cpp architecture, with its tokenizer and chat template, that llama.cpp
+         *       and Ollama load. Built on first request (a thread of its own; seconds for a small model)
+         *       and kept beside the checkpoint for later downloads.
+         *
+         *     The body is streamed, never built whole in memory; `Content-Length`, `Content-Disposition`
+         *     and `Repr-Digest` (its SHA-256, RFC 9530) are sent before it. Step 0 has no weights (it is
+         *     the base model itself), so steps start at 1.
          */
         get: operations["getCheckpointContent"];
         put?: never;
@@ -2689,8 +2694,8 @@ export interface operations {
     getCheckpointContent: {
         parameters: {
             query?: {
-                /** @description `peft`: the adapter as PEFT writes it, in a tar. */
-                format?: "peft";
+                /** @description `peft`: the adapter as PEFT writes it, in a tar. `gguf`: the base with the adapter merged, as one GGUF. */
+                format?: "peft" | "gguf";
             };
             header?: never;
             path: {
@@ -2713,7 +2718,7 @@ export interface operations {
             200: {
                 headers: {
                     "x-request-id": components["headers"]["RequestId"];
-                    /** @description `attachment; filename="<name>-step<N>-peft.tar"`. */
+                    /** @description `attachment; filename="<name>-step<N>-peft.tar"` (or `….gguf`). */
                     "Content-Disposition"?: string;
                     /** @description The body's SHA-256 (RFC 9530): `sha-256=:<base64>:`. */
                     "Repr-Digest"?: string;
@@ -2721,6 +2726,7 @@ export interface operations {
                 };
                 content: {
                     "application/x-tar": string;
+                    "application/octet-stream": string;
                 };
             };
             400: components["responses"]["BadRequest"];

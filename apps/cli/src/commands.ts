@@ -297,12 +297,13 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "checkpoints download",
-    usage: "MODEL_ID --step N [--format peft] -o FILE",
-    summary: "download a checkpoint's LoRA adapter (PEFT's two files, in a tar)",
+    usage: "MODEL_ID --step N [--format peft|gguf] -o FILE",
+    summary: "download a checkpoint: its LoRA adapter (PEFT's files, in a tar) or a merged GGUF",
     options: { step: str, format: str, output: { ...str, short: "o" } },
     run: ({ values, positionals, client, io }) => {
       const format = values.format ?? "peft";
-      if (format !== "peft") throw new Error(`--format: peft is the one format so far.`);
+      if (format !== "peft" && format !== "gguf")
+        throw new Error(`--format must be peft or gguf, got "${format}".`);
       return remote.downloadCheckpoint(
         client(),
         {

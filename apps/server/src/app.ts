@@ -99,7 +99,7 @@ export function createApp(deps: AppDeps): Express {
     ...modelsHandlers({
       store: deps.store,
       baseModels: async () => (await deps.engines.current()).map((m) => m.id),
-      baseConfig: async (id) => (await deps.engines.find(id))?.config,
+      baseModel: (id) => deps.engines.find(id),
     }),
     ...trainingHandlers({
       store: deps.store,

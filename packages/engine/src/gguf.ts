@@ -1,4 +1,4 @@
-import { writeFile } from "node:fs/promises";
+import { open } from "node:fs/promises";
 import { configToJson, type ModelConfig, type ModelType } from "./config.ts";
 import type { Model } from "./model.ts";
 import { type LayerKey, layerKeysOf, layerShape } from "./weights.ts";
@@ -185,13 +185,19 @@ const ARCH: Record<ModelType, { name: string; permute: boolean }> = {
   qwen3: { name: "qwen3", permute: false },
 };
 
-/** Serialises a model as an F32 GGUF of its llama.cpp architecture with a gpt2-style BPE
- * tokenizer. */
-export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
+interface GgufTensor {
+  name: string;
+  dims: number[];
+  data: Float32Array;
+}
+
+/** A model as an F32 GGUF of its llama.cpp architecture with a gpt2-style BPE tokenizer: the
+ * header (metadata and tensor infos, padded) and the tensors, in file order. */
+function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: GgufTensor[] } {
   const { config, weights, tokenizer } = model;
   const arch = ARCH[config.modelType];
   const D = config.hiddenSize;
-  const tensors: { name: string; dims: number[]; data: Float32Array }[] = [
+  const tensors: GgufTensor[] = [
     { name: "token_embd.weight", dims: [D, config.vocabSize], data: weights.embed },
   ];
   weights.layers.forEach((layer, l) => {
@@ -284,18 +290,40 @@ export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
     offset += Math.ceil((t.data.length * 4) / ALIGNMENT) * ALIGNMENT;
   }
   w.pad(ALIGNMENT);
-  for (const t of tensors) {
-    const bytes = new Uint8Array(t.data.length * 4);
-    const view = new DataView(bytes.buffer);
-    for (let i = 0; i < t.data.length; i++) view.setFloat32(i * 4, t.data[i]!, true);
-    w.bytes(bytes);
-    w.pad(ALIGNMENT);
-  }
-  return w.concat();
+  return { header: w.concat(), tensors };
 }
 
-export async function exportGguf(model: Model, path: string, name?: string): Promise<void> {
-  await writeFile(path, ggufBytes(model, name));
+/** A tensor's F32 little-endian bytes, padded to the alignment. */
+function tensorBytes(t: GgufTensor): Uint8Array {
+  const bytes = new Uint8Array(Math.ceil((t.data.length * 4) / ALIGNMENT) * ALIGNMENT);
+  const view = new DataView(bytes.buffer);
+  for (let i = 0; i < t.data.length; i++) view.setFloat32(i * 4, t.data[i]!, true);
+  return bytes;
+}
+
+/** Serialises a model as an F32 GGUF, whole in memory (small models and tests). */
+export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
+  const { header, tensors } = ggufLayout(model, name);
+  const parts = [header, ...tensors.map(tensorBytes)];
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+/** Writes a model as an F32 GGUF file, a tensor at a time (never the whole file in memory). */
+export async function exportGguf(model: Model, path: string, name = "arbor-model"): Promise<void> {
+  const { header, tensors } = ggufLayout(model, name);
+  const file = await open(path, "w");
+  try {
+    await file.write(header);
+    for (const t of tensors) await file.write(tensorBytes(t));
+  } finally {
+    await file.close();
+  }
 }
 
 /** Reads a GGUF header, metadata and tensor infos (F32 tensor data on request). */

@@ -35,6 +35,7 @@ export {
   type LoraAdapter,
   type LoraConfig,
   loraParameterCount,
+  mergeAdapter,
 } from "./lora.ts";
 export { LoraTrainer } from "./lora-train.ts";
 export {

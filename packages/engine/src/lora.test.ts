@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { randomBatch, tinyModel } from "../test/fixtures.ts";
+import { createKvCache, forwardBatch } from "./forward.ts";
 import { jsKernels } from "./kernels/js.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
 import {
@@ -13,6 +14,7 @@ import {
   loadAdapter,
   loraHooks,
   loraParameters,
+  mergeAdapter,
   saveAdapter,
   zerosLikeAdapter,
 } from "./lora.ts";
@@ -292,5 +294,32 @@ describe("LoRA files", () => {
       return adapterToFiles(adapter)["adapter_model.safetensors"];
     };
     expect(run(true)).toEqual(run(false));
+  });
+});
+
+describe("mergeAdapter", () => {
+  it("when an adapter is merged into its base, then the merged model computes what the base with the adapter does, and the base is unchanged", () => {
+    const model = tinyModel(41);
+    const adapter = createLoraAdapter(model, { rank: 3, alpha: 6 }, 2);
+    const rng = new Rng(5);
+    for (const p of loraParameters(adapter))
+      for (let i = 0; i < p.data.length; i++) p.data[i] = 0.1 * rng.normal();
+    const before = Float32Array.from(model.weights.layers[0]!.q);
+    const merged = mergeAdapter(model, adapter);
+    expect(model.weights.layers[0]!.q).toEqual(before);
+    const tokens = [3, 14, 15, 92, 65, 35];
+    const [adapted] = forwardBatch(model, jsKernels, [
+      { cache: createKvCache(model), tokens, adapter },
+    ]);
+    const [folded] = forwardBatch(merged, jsKernels, [{ cache: createKvCache(merged), tokens }]);
+    const [plain] = forwardBatch(model, jsKernels, [{ cache: createKvCache(model), tokens }]);
+    let diff = 0;
+    let moved = 0;
+    for (let i = 0; i < adapted!.length; i++) {
+      diff = Math.max(diff, Math.abs(adapted![i]! - folded![i]!));
+      moved = Math.max(moved, Math.abs(adapted![i]! - plain![i]!));
+    }
+    expect(diff).toBeLessThan(1e-4);
+    expect(moved).toBeGreaterThan(1e-2);
   });
 });

@@ -1,5 +1,6 @@
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import { jsKernels } from "./kernels/js.ts";
 import type { Kernels } from "./kernels/types.ts";
 import type { Model } from "./model.ts";
 import { Rng } from "./rng.ts";
@@ -504,4 +505,24 @@ function addLoraRows(
     out.set(ys.subarray(at * outDim, (at + n) * outDim), start * outDim);
     at += n;
   }
+}
+
+/**
+ * The base model with the adapter folded in (W + (α/r)·B·A for every adapted linear), as a new
+ * model: the base's arrays are not changed, only the adapted ones are copied. For exports that
+ * carry one set of weights (a merged GGUF).
+ */
+export function mergeAdapter(model: Model, adapter: LoraAdapter): Model {
+  checkAdapter(model, adapter);
+  const layers = model.weights.layers.map((layer, l) => {
+    const merged = { ...layer };
+    for (const [key, m] of Object.entries(adapter.layers[l] ?? {}) as [LinearKey, LoraModule][]) {
+      const w = Float32Array.from(layer[key]!);
+      const scaledB = Float32Array.from(m.b, (v) => v * adapter.scale);
+      jsKernels.matmulNN(w, scaledB, m.a, m.outFeatures, m.inFeatures, adapter.rank, true);
+      merged[key] = w;
+    }
+    return merged;
+  });
+  return { ...model, weights: { ...model.weights, layers }, version: model.version + 1 };
 }

@@ -37,6 +37,7 @@ export {
   validateSftJsonl,
 } from "./datasets/jsonl.ts";
 export { JobInputError, TrainingDataError } from "./errors.ts";
+export { mergedGguf, type StoredExport } from "./exports.ts";
 export {
   enqueueRlJob,
   enqueueSftJob,

@@ -1,7 +1,14 @@
+import type { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { ModelConfig } from "@arbor/engine";
 import { InvalidInputError, NotFoundError, type Store } from "@arbor/store";
-import { checkpointAdapterTar, importAdapter, readAdapterTar, reprDigest } from "@arbor/training";
+import {
+  checkpointAdapterTar,
+  importAdapter,
+  mergedGguf,
+  readAdapterTar,
+  reprDigest,
+} from "@arbor/training";
 import { type Handlers, RESPONDED } from "../../http/operations.ts";
 import {
   checkpointToWire,
@@ -15,8 +22,8 @@ import {
 export interface ModelsDeps {
   store: Store;
   baseModels: () => Promise<string[]>;
-  /** A base model's config (the shapes an uploaded adapter must fit), if the engine serves it. */
-  baseConfig: (id: string) => Promise<ModelConfig | undefined>;
+  /** A base model the engine serves: its folder, and its config (the shapes an adapter must fit). */
+  baseModel: (id: string) => Promise<{ dir: string; config: ModelConfig } | undefined>;
 }
 
 /** Models and their checkpoints (CONTRACT §5). */
@@ -47,7 +54,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       // The raw parser mounted for tar bodies (app.ts) leaves the body as a Buffer.
       const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
       const files = await readAdapterTar(body);
-      const baseConfig = await deps.baseConfig(model.base_model);
+      const baseConfig = (await deps.baseModel(model.base_model))?.config;
       if (!baseConfig) {
         throw new InvalidInputError(
           `The model's base ${model.base_model} is not served by the engine here, so it cannot take an adapter.`,
@@ -57,23 +64,55 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       return checkpointToWire(model, await importAdapter(store, { model, baseConfig, files }));
     },
 
-    getCheckpointContent: async ({ params, res, principal }): Promise<typeof RESPONDED> => {
+    getCheckpointContent: async ({ params, query, res, principal }): Promise<typeof RESPONDED> => {
       const model = await findModel(store, principal, params.model_id);
       const checkpoint = await store.models.getCheckpoint(model.entity, model.id, params.step);
-      if (!checkpoint || !store.blobs) {
+      const blobs = store.blobs;
+      if (!checkpoint || !blobs) {
         throw new NotFoundError(`Model ${model.id} has no checkpoint at step ${params.step}.`, {
           code: "checkpoint_not_found",
         });
       }
       const label = `${model.name}-step${checkpoint.step}`;
-      const archive = await checkpointAdapterTar(store.blobs, checkpoint, label);
-      const digest = await reprDigest(archive.open());
+      let body: { bytes: number; digest: string; open: () => Readable | Promise<Readable> };
+      let file: string;
+      let type: string;
+      if ((query.format ?? "peft") === "gguf") {
+        const base = await deps.baseModel(model.base_model);
+        if (!base || !checkpoint.blob_key) {
+          throw new InvalidInputError(
+            `The model's base ${model.base_model} is not served by the engine here, so it cannot be exported as GGUF.`,
+            { param: "format", code: "unsupported_base_model" },
+          );
+        }
+        const gguf = await mergedGguf(
+          blobs,
+          { ...checkpoint, blob_key: checkpoint.blob_key },
+          base.dir,
+          label,
+        );
+        body = {
+          ...gguf,
+          open: async () => {
+            const stream = await blobs.stream(gguf.key);
+            if (!stream) throw new Error(`the export ${gguf.key} is gone`);
+            return stream;
+          },
+        };
+        file = `${label}.gguf`;
+        type = "application/octet-stream";
+      } else {
+        const archive = await checkpointAdapterTar(blobs, checkpoint, label);
+        body = { ...archive, digest: await reprDigest(archive.open()) };
+        file = `${label}-peft.tar`;
+        type = "application/x-tar";
+      }
       res.status(200);
-      res.setHeader("Content-Type", "application/x-tar");
-      res.setHeader("Content-Length", String(archive.bytes));
-      res.setHeader("Content-Disposition", `attachment; filename="${label}-peft.tar"`);
-      res.setHeader("Repr-Digest", digest);
-      await pipeline(archive.open(), res);
+      res.setHeader("Content-Type", type);
+      res.setHeader("Content-Length", String(body.bytes));
+      res.setHeader("Content-Disposition", `attachment; filename="${file}"`);
+      res.setHeader("Repr-Digest", body.digest);
+      await pipeline(await body.open(), res);
       return RESPONDED;
     },
 

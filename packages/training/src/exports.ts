@@ -1,0 +1,75 @@
+import { createReadStream } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Worker } from "node:worker_threads";
+import type { BlobStore, Checkpoint } from "@arbor/store";
+import { reprDigest } from "./adapters.ts";
+import { ADAPTER_FILES, readCheckpointFiles } from "./checkpoints.ts";
+
+/** A checkpoint export kept in the checkpoint's own folder (deleted with it). */
+export interface StoredExport {
+  key: string;
+  bytes: number;
+  /** RFC 9530 `sha-256=:<base64>:`. */
+  digest: string;
+}
+
+const building = new Map<string, Promise<StoredExport>>();
+
+/**
+ * The base model with the checkpoint's adapter merged in, as one F32 GGUF that llama.cpp and
+ * Ollama load: built once on a thread of its own (never on the caller's), written beside the
+ * checkpoint's files with its length and digest, and reused by later downloads.
+ */
+export async function mergedGguf(
+  blobs: BlobStore,
+  checkpoint: Checkpoint & { blob_key: string },
+  baseDir: string,
+  name: string,
+): Promise<StoredExport> {
+  const key = `${checkpoint.blob_key}merged.gguf`;
+  const metaKey = `${key}.json`;
+  const meta = await blobs.get(metaKey);
+  if (meta && (await blobs.exists(key))) {
+    return { key, ...(JSON.parse(meta.toString()) as { bytes: number; digest: string }) };
+  }
+  let pending = building.get(key);
+  if (!pending) {
+    pending = build(blobs, checkpoint.blob_key, baseDir, name, key, metaKey).finally(() =>
+      building.delete(key),
+    );
+    building.set(key, pending);
+  }
+  return pending;
+}
+
+async function build(
+  blobs: BlobStore,
+  prefix: string,
+  baseDir: string,
+  name: string,
+  key: string,
+  metaKey: string,
+): Promise<StoredExport> {
+  const files = await readCheckpointFiles(blobs, prefix, ADAPTER_FILES);
+  const dir = await mkdtemp(join(tmpdir(), "arbor-export-"));
+  try {
+    const path = join(dir, "merged.gguf");
+    await new Promise<void>((resolve, reject) => {
+      const worker = new Worker(new URL("./export-thread.ts", import.meta.url), {
+        workerData: { baseDir, files, path, name },
+      });
+      worker.once("error", reject);
+      worker.once("exit", (code) =>
+        code === 0 ? resolve() : reject(new Error(`the GGUF export thread exited with ${code}`)),
+      );
+    });
+    const digest = await reprDigest(createReadStream(path));
+    const { bytes } = await blobs.put(key, createReadStream(path));
+    await blobs.put(metaKey, JSON.stringify({ bytes, digest }));
+    return { key, bytes, digest };
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
