@@ -176,8 +176,13 @@ export interface paths {
          *       `base_model.model.model.layers.<i>.<self_attn|mlp>.<module>.lora_<A|B>.weight`);
          *     - `gguf`: the base model with the adapter merged in (W + (α/r)·B·A), as one F32 GGUF of
          *       the base's llama.cpp architecture, with its tokenizer and chat template, that llama.cpp
-         *       and Ollama load. Built on first request (a thread of its own; seconds for a small model)
-         *       and kept beside the checkpoint for later downloads.
+         *       and Ollama load;
+         *     - `gguf-lora`: the adapter alone as llama.cpp's LoRA GGUF (what `convert_lora_to_gguf.py`
+         *       writes), to load beside the base's GGUF (`llama-cli -m base.gguf --lora adapter.gguf`,
+         *       an Ollama `ADAPTER`).
+         *
+         *     The GGUF files are built on first request (on a thread of their own; seconds for a small
+         *     model) and kept beside the checkpoint for later downloads.
          *
          *     The body is streamed, never built whole in memory; `Content-Length`, `Content-Disposition`
          *     and `Repr-Digest` (its SHA-256, RFC 9530) are sent before it. Step 0 has no weights (it is
@@ -2694,8 +2699,8 @@ export interface operations {
     getCheckpointContent: {
         parameters: {
             query?: {
-                /** @description `peft`: the adapter as PEFT writes it, in a tar. `gguf`: the base with the adapter merged, as one GGUF. */
-                format?: "peft" | "gguf";
+                /** @description `peft`: the adapter as PEFT writes it, in a tar. `gguf`: the base with the adapter merged, as one GGUF. `gguf-lora`: the adapter alone, as a llama.cpp LoRA GGUF. */
+                format?: "peft" | "gguf" | "gguf-lora";
             };
             header?: never;
             path: {
@@ -2718,7 +2723,7 @@ export interface operations {
             200: {
                 headers: {
                     "x-request-id": components["headers"]["RequestId"];
-                    /** @description `attachment; filename="<name>-step<N>-peft.tar"` (or `….gguf`). */
+                    /** @description `attachment; filename="<name>-step<N>-peft.tar"` (`<name>-step<N>.gguf`, `<name>-step<N>-lora.gguf`). */
                     "Content-Disposition"?: string;
                     /** @description The body's SHA-256 (RFC 9530): `sha-256=:<base64>:`. */
                     "Repr-Digest"?: string;

@@ -297,13 +297,14 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "checkpoints download",
-    usage: "MODEL_ID --step N [--format peft|gguf] -o FILE",
-    summary: "download a checkpoint: its LoRA adapter (PEFT's files, in a tar) or a merged GGUF",
+    usage: "MODEL_ID --step N [--format peft|gguf|gguf-lora] -o FILE",
+    summary:
+      "download a checkpoint: its adapter (PEFT's files in a tar, or a llama.cpp LoRA GGUF) or a merged GGUF",
     options: { step: str, format: str, output: { ...str, short: "o" } },
     run: ({ values, positionals, client, io }) => {
       const format = values.format ?? "peft";
-      if (format !== "peft" && format !== "gguf")
-        throw new Error(`--format must be peft or gguf, got "${format}".`);
+      if (format !== "peft" && format !== "gguf" && format !== "gguf-lora")
+        throw new Error(`--format must be peft, gguf or gguf-lora, got "${format}".`);
       return remote.downloadCheckpoint(
         client(),
         {

@@ -224,7 +224,7 @@ export async function chat(
 /** `arbor checkpoints download`: streams the tar to FILE (through FILE.partial), checking its SHA-256. */
 export async function downloadCheckpoint(
   client: ArborClient,
-  args: { model: string; step: number; format: "peft" | "gguf"; file: string },
+  args: { model: string; step: number; format: "peft" | "gguf" | "gguf-lora"; file: string },
   out: Output,
 ): Promise<void> {
   const { data, error, response } = await client.GET(

@@ -1,5 +1,6 @@
 import { open } from "node:fs/promises";
 import { configToJson, type ModelConfig, type ModelType } from "./config.ts";
+import type { LinearKey, LoraAdapter, LoraModule } from "./lora.ts";
 import type { Model } from "./model.ts";
 import { type LayerKey, layerKeysOf, layerShape } from "./weights.ts";
 
@@ -271,6 +272,11 @@ function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: 
     metadata.push(["tokenizer.ggml.padding_token_id", { type: "u32", value: hf["bos_token_id"] }]);
   }
 
+  return { header: ggufHeader(metadata, tensors), tensors };
+}
+
+/** The GGUF header: magic, version 3, metadata, tensor infos (F32, aligned), padded. */
+function ggufHeader(metadata: [string, GgufValue][], tensors: GgufTensor[]): Uint8Array {
   const w = new Writer();
   w.u32(GGUF_MAGIC);
   w.u32(3);
@@ -290,7 +296,7 @@ function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: 
     offset += Math.ceil((t.data.length * 4) / ALIGNMENT) * ALIGNMENT;
   }
   w.pad(ALIGNMENT);
-  return { header: w.concat(), tensors };
+  return w.concat();
 }
 
 /** A tensor's F32 little-endian bytes, padded to the alignment. */
@@ -317,13 +323,7 @@ export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
 /** Writes a model as an F32 GGUF file, a tensor at a time (never the whole file in memory). */
 export async function exportGguf(model: Model, path: string, name = "arbor-model"): Promise<void> {
   const { header, tensors } = ggufLayout(model, name);
-  const file = await open(path, "w");
-  try {
-    await file.write(header);
-    for (const t of tensors) await file.write(tensorBytes(t));
-  } finally {
-    await file.close();
-  }
+  await writeGguf(path, header, tensors);
 }
 
 /** Reads a GGUF header, metadata and tensor infos (F32 tensor data on request). */
@@ -436,4 +436,49 @@ function ropeFactors(config: ModelConfig): Float32Array {
       (originalMaxPositions / wavelen - lowFreqFactor) / (highFreqFactor - lowFreqFactor);
     return 1 / ((1 - smooth) / factor + smooth);
   });
+}
+
+/**
+ * A LoRA adapter as llama.cpp's LoRA GGUF (what `convert_lora_to_gguf.py` writes from a PEFT
+ * folder): `general.type` adapter, `adapter.type` lora, `adapter.lora.alpha`, and per adapted
+ * linear `<base tensor>.lora_a` (ne [in, r]) and `.lora_b` (ne [r, out]), B's rows permuted as
+ * the base's q/k rows are for llama. Loaded beside the base GGUF (`--lora`).
+ */
+export async function exportLoraGguf(
+  config: ModelConfig,
+  adapter: LoraAdapter,
+  path: string,
+  name = "arbor-adapter",
+): Promise<void> {
+  const arch = ARCH[config.modelType];
+  const tensors: GgufTensor[] = [];
+  adapter.layers.forEach((modules, l) => {
+    for (const [key, m] of Object.entries(modules) as [LinearKey, LoraModule][]) {
+      const base = `blk.${l}.${layerNames[key]}`;
+      let b = m.b;
+      if (arch.permute && key === "q") b = permuteForGguf(b, config.numHeads, adapter.rank);
+      if (arch.permute && key === "k") b = permuteForGguf(b, config.numKvHeads, adapter.rank);
+      tensors.push({ name: `${base}.lora_a`, dims: [m.inFeatures, adapter.rank], data: m.a });
+      tensors.push({ name: `${base}.lora_b`, dims: [adapter.rank, m.outFeatures], data: b });
+    }
+  });
+  const metadata: [string, GgufValue][] = [
+    ["general.architecture", { type: "string", value: arch.name }],
+    ["general.type", { type: "string", value: "adapter" }],
+    ["general.name", { type: "string", value: name }],
+    ["general.alignment", { type: "u32", value: ALIGNMENT }],
+    ["adapter.type", { type: "string", value: "lora" }],
+    ["adapter.lora.alpha", { type: "f32", value: adapter.alpha }],
+  ];
+  await writeGguf(path, ggufHeader(metadata, tensors), tensors);
+}
+
+async function writeGguf(path: string, header: Uint8Array, tensors: GgufTensor[]): Promise<void> {
+  const file = await open(path, "w");
+  try {
+    await file.write(header);
+    for (const t of tensors) await file.write(tensorBytes(t));
+  } finally {
+    await file.close();
+  }
 }

@@ -4,7 +4,7 @@
  */
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
 export { type ChatFiles, type ChatMessage, PromptError } from "./chat.ts";
-export type { ModelConfig } from "./config.ts";
+export { type ModelConfig, parseConfig } from "./config.ts";
 export {
   Engine,
   type GenerationEvent,
@@ -18,7 +18,7 @@ export {
   scanBaseModels,
 } from "./folders.ts";
 export { createKvCache, forwardBatch } from "./forward.ts";
-export { exportGguf, readGguf } from "./gguf.ts";
+export { exportGguf, exportLoraGguf, readGguf } from "./gguf.ts";
 export {
   type JsonSchema,
   parseJsonSchema,

@@ -1,12 +1,28 @@
-/** A merged GGUF export's thread: loads the base and the adapter, folds it in, writes the file. */
+/** A GGUF export's thread: reads the base and the adapter, writes the file (see exports.ts). */
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
 import { workerData } from "node:worker_threads";
-import { adapterFromFiles, exportGguf, loadModel, mergeAdapter } from "@arbor/engine";
+import {
+  adapterFromFiles,
+  exportGguf,
+  exportLoraGguf,
+  loadModel,
+  mergeAdapter,
+  parseConfig,
+} from "@arbor/engine";
 
-const { baseDir, files, path, name } = workerData as {
+const { kind, baseDir, files, path, name } = workerData as {
+  kind: "gguf" | "gguf-lora";
   baseDir: string;
   files: Record<string, Uint8Array>;
   path: string;
   name: string;
 };
-const base = await loadModel(baseDir);
-await exportGguf(mergeAdapter(base, adapterFromFiles(files, base)), path, name);
+if (kind === "gguf") {
+  const base = await loadModel(baseDir);
+  await exportGguf(mergeAdapter(base, adapterFromFiles(files, base)), path, name);
+} else {
+  // The adapter alone needs only the base's shapes, not its weights.
+  const config = parseConfig(JSON.parse(await readFile(join(baseDir, "config.json"), "utf8")));
+  await exportLoraGguf(config, adapterFromFiles(files, { config }), path, name);
+}

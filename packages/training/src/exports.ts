@@ -17,18 +17,23 @@ export interface StoredExport {
 
 const building = new Map<string, Promise<StoredExport>>();
 
+/** `gguf`: the base with the adapter merged in; `gguf-lora`: the adapter alone, for llama.cpp. */
+export type GgufExport = "gguf" | "gguf-lora";
+
 /**
- * The base model with the checkpoint's adapter merged in, as one F32 GGUF that llama.cpp and
- * Ollama load: built once on a thread of its own (never on the caller's), written beside the
- * checkpoint's files with its length and digest, and reused by later downloads.
+ * A checkpoint as GGUF that llama.cpp and Ollama load (`gguf`: one F32 model, the base with
+ * the adapter merged in; `gguf-lora`: llama.cpp's LoRA GGUF, to load beside the base's): built
+ * once on a thread of its own (never on the caller's), written beside the checkpoint's files
+ * with its length and digest, and reused by later downloads.
  */
-export async function mergedGguf(
+export async function checkpointGguf(
   blobs: BlobStore,
   checkpoint: Checkpoint & { blob_key: string },
+  kind: GgufExport,
   baseDir: string,
   name: string,
 ): Promise<StoredExport> {
-  const key = `${checkpoint.blob_key}merged.gguf`;
+  const key = `${checkpoint.blob_key}${kind === "gguf" ? "merged.gguf" : "adapter.gguf"}`;
   const metaKey = `${key}.json`;
   const meta = await blobs.get(metaKey);
   if (meta && (await blobs.exists(key))) {
@@ -36,7 +41,7 @@ export async function mergedGguf(
   }
   let pending = building.get(key);
   if (!pending) {
-    pending = build(blobs, checkpoint.blob_key, baseDir, name, key, metaKey).finally(() =>
+    pending = build(blobs, checkpoint.blob_key, kind, baseDir, name, key, metaKey).finally(() =>
       building.delete(key),
     );
     building.set(key, pending);
@@ -47,6 +52,7 @@ export async function mergedGguf(
 async function build(
   blobs: BlobStore,
   prefix: string,
+  kind: GgufExport,
   baseDir: string,
   name: string,
   key: string,
@@ -55,10 +61,10 @@ async function build(
   const files = await readCheckpointFiles(blobs, prefix, ADAPTER_FILES);
   const dir = await mkdtemp(join(tmpdir(), "arbor-export-"));
   try {
-    const path = join(dir, "merged.gguf");
+    const path = join(dir, "export.gguf");
     await new Promise<void>((resolve, reject) => {
       const worker = new Worker(new URL("./export-thread.ts", import.meta.url), {
-        workerData: { baseDir, files, path, name },
+        workerData: { kind, baseDir, files, path, name },
       });
       worker.once("error", reject);
       worker.once("exit", (code) =>

@@ -37,7 +37,7 @@ export {
   validateSftJsonl,
 } from "./datasets/jsonl.ts";
 export { JobInputError, TrainingDataError } from "./errors.ts";
-export { mergedGguf, type StoredExport } from "./exports.ts";
+export { checkpointGguf, type GgufExport, type StoredExport } from "./exports.ts";
 export {
   enqueueRlJob,
   enqueueSftJob,

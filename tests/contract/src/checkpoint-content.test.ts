@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
 import { unwrap } from "@arbor/client";
-import { catalogModelDir, readGguf, readSafetensors } from "@arbor/engine";
+import { catalogModelDir, exportGguf, loadModel, readGguf, readSafetensors } from "@arbor/engine";
 import { LlamaCppBackend } from "@arbor/server";
 import { readAdapterTar } from "@arbor/training";
 import tar from "tar-stream";
@@ -103,6 +103,34 @@ async function greedy(model: string): Promise<string> {
   return completion.choices[0]!.message.content ?? "";
 }
 
+/** llama.cpp, serving `backend` from a second server, answers greedily as the engine does for the trained step. */
+async function expectLlamaAnswersLikeStep(backend: LlamaCppBackend): Promise<void> {
+  const loaded = await backend.load().then(
+    () => true,
+    (err: Error) => {
+      console.log(`[contract] llama.cpp cannot load here (${err.message}): GGUF check SKIPPED`);
+      return false;
+    },
+  );
+  if (!loaded) return;
+  const viaLlama = await startServer({}, { llama: new Map([["local/exported", backend]]) });
+  try {
+    const answer = unwrap(
+      await viaLlama.authorizedClient().createChatCompletion({
+        model: "local/exported",
+        messages: [{ role: "user", content: "What is the code word 3?" }],
+        max_tokens: 12,
+        temperature: 0,
+      }),
+    );
+    expect(answer.choices[0]!.message.content).toBe(
+      await greedy(`default/io/trained:step${steps}`),
+    );
+  } finally {
+    await viaLlama.close();
+  }
+}
+
 async function newModel(name: string): Promise<{ id: string }> {
   return unwrap(
     await client.POST("/v1/preview/models", {
@@ -176,30 +204,28 @@ describe("getCheckpointContent", () => {
 
     const path = join(work, "merged.gguf");
     writeFileSync(path, body);
-    const backend = new LlamaCppBackend(path);
-    const loaded = await backend.load().then(
-      () => true,
-      (err: Error) => {
-        console.log(`[contract] llama.cpp cannot load here (${err.message}): GGUF check SKIPPED`);
-        return false;
-      },
+    await expectLlamaAnswersLikeStep(new LlamaCppBackend(path));
+  }, 120_000);
+
+  it("when a trained step is downloaded as a llama.cpp LoRA GGUF, then llama.cpp serves it on the base's GGUF with the engine's answer for that step", async () => {
+    const response = await fetch(contentUrl(trained.id, steps, "?format=gguf-lora"), {
+      headers: auth(),
+    });
+    expect(response.status).toBe(200);
+    expect(response.headers.get("content-disposition")).toBe(
+      `attachment; filename="trained-step${steps}-lora.gguf"`,
     );
-    if (!loaded) return;
-    const viaLlama = await startServer({}, { llama: new Map([["local/merged", backend]]) });
-    try {
-      const answer = unwrap(
-        await viaLlama.authorizedClient().createChatCompletion({
-          model: "local/merged",
-          messages: [{ role: "user", content: "What is the code word 3?" }],
-          max_tokens: 12,
-          temperature: 0,
-        }),
-      );
-      const engine = await greedy(`default/io/trained:step${steps}`);
-      expect(answer.choices[0]!.message.content).toBe(engine);
-    } finally {
-      await viaLlama.close();
-    }
+    const body = Buffer.from(await response.arrayBuffer());
+    expect(Number(response.headers.get("content-length"))).toBe(body.length);
+    const file = readGguf(body);
+    expect(file.metadata.get("general.type")).toBe("adapter");
+    expect(file.metadata.get("adapter.type")).toBe("lora");
+    expect(file.tensors.map((t) => t.name)).toContain("blk.0.attn_q.weight.lora_a");
+    const lora = join(work, "adapter.gguf");
+    writeFileSync(lora, body);
+    const base = join(work, "tiny-chat.gguf");
+    await exportGguf(await loadModel(catalogModelDir("arbor/tiny-chat")), base);
+    await expectLlamaAnswersLikeStep(new LlamaCppBackend(base, { lora }));
   }, 120_000);
 
   it("when the step is 0, absent, or the model another's, then 404; a format it does not know is 400", async () => {

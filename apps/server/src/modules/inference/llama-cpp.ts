@@ -71,6 +71,7 @@ interface NlcModel {
     contextSize?: number;
     sequences?: number;
     threads?: number;
+    lora?: string;
   }): Promise<NlcContext>;
   dispose(): Promise<void>;
 }
@@ -134,6 +135,8 @@ export interface LlamaCppOptions {
    * threads spin while they wait, so more threads than free cores makes decoding ~100× slower
    * (measured here: 4 threads on 2 busy cores, 1.8 s a token; 1 thread, 1–2 ms). */
   threads?: number;
+  /** A llama.cpp LoRA GGUF applied on top of the model (a checkpoint's `gguf-lora` download). */
+  lora?: string;
 }
 
 interface Loaded {
@@ -332,6 +335,7 @@ export class LlamaCppBackend {
           contextSize,
           sequences: 1,
           threads: this.#options.threads ?? Math.max(1, availableParallelism() - 1),
+          ...(this.#options.lora ? { lora: this.#options.lora } : {}),
         });
         const single = (text: string): Token | null => {
           const ids = model.tokenize(text, true);

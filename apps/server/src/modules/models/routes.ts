@@ -4,8 +4,8 @@ import type { ModelConfig } from "@arbor/engine";
 import { InvalidInputError, NotFoundError, type Store } from "@arbor/store";
 import {
   checkpointAdapterTar,
+  checkpointGguf,
   importAdapter,
-  mergedGguf,
   readAdapterTar,
   reprDigest,
 } from "@arbor/training";
@@ -77,7 +77,8 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       let body: { bytes: number; digest: string; open: () => Readable | Promise<Readable> };
       let file: string;
       let type: string;
-      if ((query.format ?? "peft") === "gguf") {
+      const format = query.format ?? "peft";
+      if (format === "gguf" || format === "gguf-lora") {
         const base = await deps.baseModel(model.base_model);
         if (!base || !checkpoint.blob_key) {
           throw new InvalidInputError(
@@ -85,9 +86,10 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
             { param: "format", code: "unsupported_base_model" },
           );
         }
-        const gguf = await mergedGguf(
+        const gguf = await checkpointGguf(
           blobs,
           { ...checkpoint, blob_key: checkpoint.blob_key },
+          format,
           base.dir,
           label,
         );
@@ -99,7 +101,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
             return stream;
           },
         };
-        file = `${label}.gguf`;
+        file = format === "gguf" ? `${label}.gguf` : `${label}-lora.gguf`;
         type = "application/octet-stream";
       } else {
         const archive = await checkpointAdapterTar(blobs, checkpoint, label);
