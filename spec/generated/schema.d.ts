@@ -123,10 +123,11 @@ export interface paths {
         /**
          * Upload a LoRA adapter as a checkpoint
          * @description Adds a LoRA adapter trained elsewhere as the model's next step, to chat with as
-         *     `<entity>/<project>/<name>:step<N>`. The body is a tar (optionally gzipped) holding the two
-         *     files PEFT's `save_pretrained` writes, `adapter_config.json` and
-         *     `adapter_model.safetensors`, at its top or in one folder; other files (a README) are
-         *     ignored. The adapter is checked against the model's base before anything is stored:
+         *     `<entity>/<project>/<name>:step<N>`. The body holds the two files PEFT's `save_pretrained`
+         *     writes, `adapter_config.json` and `adapter_model.safetensors`: as a tar (optionally
+         *     gzipped; at its top or in one folder; other files, a README, are ignored) or as
+         *     `multipart/form-data` with the parts `adapter_config` and `adapter_model`
+         *     (`curl -F adapter_config=@adapter_config.json -F adapter_model=@adapter_model.safetensors`). The adapter is checked against the model's base before anything is stored:
          *     `base_model_name_or_path` (the base's id, or a path ending in its name), `peft_type` LORA,
          *     `r`, `lora_alpha`, `target_modules` (`q_proj` … `down_proj`, or `all-linear`), and every
          *     tensor's name, shape and dtype (F32, F16 or BF16) by PEFT's names, with no other tensor.
@@ -2533,6 +2534,18 @@ export interface operations {
             content: {
                 "application/x-tar": string;
                 "application/gzip": string;
+                "multipart/form-data": {
+                    /**
+                     * Format: binary
+                     * @description The adapter's `adapter_config.json`.
+                     */
+                    adapter_config: string;
+                    /**
+                     * Format: binary
+                     * @description The adapter's `adapter_model.safetensors`.
+                     */
+                    adapter_model: string;
+                };
             };
         };
         responses: {
@@ -2599,7 +2612,7 @@ export interface operations {
                 };
             };
             413: components["responses"]["PayloadTooLarge"];
-            /** @description The body is not a tar (`application/x-tar`) or a gzipped tar (`application/gzip`). */
+            /** @description The body is not a tar (`application/x-tar`), a gzipped tar (`application/gzip`) or `multipart/form-data`. */
             415: {
                 headers: {
                     "x-request-id": components["headers"]["RequestId"];
@@ -2609,7 +2622,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "message": "Unsupported Content-Type application/json; send application/x-tar or application/gzip.",
+                     *         "message": "Unsupported Content-Type application/json; send application/x-tar, application/gzip or multipart/form-data.",
                      *         "type": "invalid_request_error",
                      *         "param": null,
                      *         "code": "unsupported_media_type"

@@ -227,25 +227,17 @@ export async function downloadCheckpoint(
   args: { model: string; step: number; format: "peft" | "gguf" | "gguf-lora"; file: string },
   out: Output,
 ): Promise<void> {
-  const { data, error, response } = await client.GET(
-    "/v1/preview/models/{model_id}/checkpoints/{step}/content",
-    {
-      params: { path: { model_id: args.model, step: args.step }, query: { format: args.format } },
-      parseAs: "stream",
-    },
-  );
-  if (!response.ok || !data) {
-    const message = (error as { error?: { message?: string } } | undefined)?.error?.message;
-    throw new Error(`download failed (${response.status}): ${message ?? response.statusText}`);
-  }
+  const content = await client.downloadCheckpoint(args.model, args.step, args.format);
   const partial = `${args.file}.partial`;
   const hash = createHash("sha256");
-  const source = Readable.fromWeb(data as import("node:stream/web").ReadableStream<Uint8Array>);
+  const source = Readable.fromWeb(
+    content.body as import("node:stream/web").ReadableStream<Uint8Array>,
+  );
   source.on("data", (chunk: Buffer) => hash.update(chunk));
   try {
     await pipeline(source, createWriteStream(partial));
     const digest = `sha-256=:${hash.digest("base64")}:`;
-    const stated = response.headers.get("repr-digest");
+    const stated = content.digest;
     if (stated && stated !== digest) {
       throw new Error(
         `the download's SHA-256 (${digest}) is not what the server stated (${stated})`,
@@ -279,14 +271,6 @@ export async function uploadCheckpoint(
   } else {
     body = await readFile(args.path);
   }
-  const gzipped = body[0] === 0x1f && body[1] === 0x8b;
-  const checkpoint = unwrap(
-    await client.POST("/v1/preview/models/{model_id}/checkpoints", {
-      params: { path: { model_id: args.model } },
-      body: body as never,
-      bodySerializer: (b: unknown) => b as Buffer,
-      headers: { "content-type": gzipped ? "application/gzip" : "application/x-tar" },
-    }),
-  );
+  const checkpoint = unwrap(await client.uploadCheckpoint(args.model, body));
   out.line(`step ${checkpoint.step}: ${checkpoint.model}`);
 }

@@ -87,6 +87,8 @@ export function createApp(deps: AppDeps): Express {
         validateResponses: config.validateResponses ? { removeAdditional: false } : false,
         validateSecurity: false,
         validateFormats: true,
+        // multipart/form-data bodies (adapter uploads, the only ones): in memory, capped.
+        fileUploader: { limits: { fileSize: ADAPTER_MAX_BYTES, files: 2, fields: 0 } },
         $refParser: { mode: "dereference" },
       }),
     );

@@ -10,6 +10,25 @@ export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
 export type ChatCompletion = Schemas["ChatCompletion"];
 export type TrainingJobEvent = Schemas["TrainingJobEvent"];
 export type TrainingJobEventList = Schemas["TrainingJobEventList"];
+export type Checkpoint = Schemas["Checkpoint"];
+/** `peft`: PEFT's two files in a tar; `gguf`: the base with the adapter merged; `gguf-lora`:
+ * the adapter as a llama.cpp LoRA GGUF. */
+export type CheckpointFormat = NonNullable<
+  NonNullable<
+    paths["/v1/preview/models/{model_id}/checkpoints/{step}/content"]["get"]["parameters"]["query"]
+  >["format"]
+>;
+
+/** A checkpoint's weights as they stream, with what the server states of them. */
+export interface CheckpointContent {
+  body: ReadableStream<Uint8Array>;
+  /** Content-Length. */
+  bytes: number;
+  /** Repr-Digest: `sha-256=:<base64>:` (RFC 9530). */
+  digest: string | null;
+  /** The file name of Content-Disposition. */
+  filename: string | null;
+}
 
 export interface ArborClientOptions {
   /** Where the server is, e.g. `http://localhost:8080` (no `/v1`: paths carry it). */
@@ -120,6 +139,48 @@ function helpers(api: Client<paths>, sleep: (ms: number) => Promise<void>) {
       // openapi-fetch has already read an error's body into `result.error`.
       if (!result.response.ok) unwrap(result);
       yield* sseJson<ChatCompletionChunk>(result.response);
+    },
+
+    /** A checkpoint's weights, streamed (`getCheckpointContent`); throws the API error. */
+    async downloadCheckpoint(
+      modelId: string,
+      step: number,
+      format: CheckpointFormat = "peft",
+      init: { signal?: AbortSignal } = {},
+    ): Promise<CheckpointContent> {
+      const result = await api.GET("/v1/preview/models/{model_id}/checkpoints/{step}/content", {
+        params: { path: { model_id: modelId, step }, query: { format } },
+        parseAs: "stream",
+        signal: init.signal,
+      });
+      // openapi-fetch has already read an error's body into `result.error`.
+      if (!result.response.ok || !result.data) unwrap(result);
+      const headers = result.response.headers;
+      return {
+        body: result.data as ReadableStream<Uint8Array>,
+        bytes: Number(headers.get("content-length")),
+        digest: headers.get("repr-digest"),
+        filename: /filename="([^"]+)"/.exec(headers.get("content-disposition") ?? "")?.[1] ?? null,
+      };
+    },
+
+    /** Adds a PEFT adapter, as a tar (gzipped or not), as the model's next checkpoint
+     * (`createCheckpoint`). */
+    async uploadCheckpoint(
+      modelId: string,
+      tar: Uint8Array,
+      init: { signal?: AbortSignal } = {},
+    ): Promise<FetchResult<Checkpoint>> {
+      const gzipped = tar[0] === 0x1f && tar[1] === 0x8b;
+      const result = await api.POST("/v1/preview/models/{model_id}/checkpoints", {
+        params: { path: { model_id: modelId } },
+        // The spec types a binary body as a string; fetch sends the bytes as they are.
+        body: tar as unknown as string,
+        bodySerializer: (bytes: unknown) => bytes as string,
+        headers: { "content-type": gzipped ? "application/gzip" : "application/x-tar" },
+        signal: init.signal,
+      });
+      return result as FetchResult<Checkpoint>;
     },
 
     /** Pages through any list: `fetchPage(after)` returns one openapi-fetch result. */

@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { request as httpRequest } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
@@ -258,6 +259,65 @@ describe("createCheckpoint", () => {
     // What the adapter learned shows: the base answers otherwise.
     expect(await greedy("arbor/tiny-chat")).not.toBe(original);
   }, 60_000);
+
+  it("when the two files come as multipart/form-data, then they are the next step; one part alone is 400", async () => {
+    const good = await readAdapterTar(
+      Buffer.from(await (await download(trained.id, steps)).arrayBuffer()),
+    );
+    const target = await newModel("multipart");
+    const form = (names: ("adapter_config" | "adapter_model")[]) => {
+      const data = new FormData();
+      for (const name of names) {
+        const file =
+          name === "adapter_config" ? "adapter_config.json" : "adapter_model.safetensors";
+        data.append(name, new Blob([good[file]!]), file);
+      }
+      return data;
+    };
+    const post = (body: FormData) =>
+      fetch(`${server.baseUrl}/v1/preview/models/${target.id}/checkpoints`, {
+        method: "POST",
+        headers: auth(),
+        body,
+      });
+    const half = await post(form(["adapter_config"]));
+    expect(half.status).toBe(400);
+    const whole = await post(form(["adapter_config", "adapter_model"]));
+    expect(whole.status).toBe(200);
+    expect(await whole.json()).toMatchObject({ step: 1, model: "default/io/multipart:step1" });
+    expect(await greedy("default/io/multipart:step1")).toBe(
+      await greedy(`default/io/trained:step${steps}`),
+    );
+  });
+
+  it("when an upload is cut off mid-body, then nothing is stored", async () => {
+    const body = Buffer.from(await (await download(trained.id, steps)).arrayBuffer());
+    const target = await newModel("cut");
+    const url = new URL(`${server.baseUrl}/v1/preview/models/${target.id}/checkpoints`);
+    await new Promise<void>((resolve) => {
+      const req = httpRequest(url, {
+        method: "POST",
+        headers: {
+          ...auth(),
+          "content-type": "application/x-tar",
+          "content-length": String(body.length),
+        },
+      });
+      req.on("error", () => resolve());
+      req.on("close", () => resolve());
+      req.write(body.subarray(0, Math.floor(body.length / 2)), () => {
+        setTimeout(() => req.destroy(), 200);
+      });
+    });
+    await new Promise((r) => setTimeout(r, 300));
+    const list = unwrap(
+      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
+        params: { path: { model_id: target.id } },
+      }),
+    );
+    expect(list.data.map((c) => c.step)).toEqual([0]);
+    expect(await server.store.blobs!.list(`checkpoints/${target.id}/`)).toEqual([]);
+  });
 
   it("when the adapter or its tar is wrong, then 400 names why and nothing is stored", async () => {
     const good = await readAdapterTar(

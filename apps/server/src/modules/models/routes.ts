@@ -19,6 +19,12 @@ import {
   logMetrics,
 } from "./service.ts";
 
+/** `createCheckpoint`'s multipart parts, by the files they carry. */
+const MULTIPART_FILES: Record<string, string> = {
+  adapter_config: "adapter_config.json",
+  adapter_model: "adapter_model.safetensors",
+};
+
 export interface ModelsDeps {
   store: Store;
   baseModels: () => Promise<string[]>;
@@ -51,9 +57,14 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
 
     createCheckpoint: async ({ params, req, principal }) => {
       const model = await findModel(store, principal, params.model_id);
-      // The raw parser mounted for tar bodies (app.ts) leaves the body as a Buffer.
-      const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
-      const files = await readAdapterTar(body);
+      // A tar (the raw parser mounted in app.ts leaves it as a Buffer), or multipart parts
+      // (the validator's multer leaves them in req.files).
+      const parts = (req as { files?: { fieldname: string; buffer: Buffer }[] }).files;
+      const files = Array.isArray(parts)
+        ? Object.fromEntries(
+            parts.map((p) => [MULTIPART_FILES[p.fieldname] ?? p.fieldname, p.buffer]),
+          )
+        : await readAdapterTar(Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0));
       const baseConfig = (await deps.baseModel(model.base_model))?.config;
       if (!baseConfig) {
         throw new InvalidInputError(
