@@ -17,6 +17,7 @@
  * A measurement that fails (e.g. the engine's 4 GB WebAssembly arena) is a "failed: …" cell.
  *
  * Usage: node bench/engine-families.ts [--shapes smol,qwen06,qwen17] [--threads 1,2] [--fresh]
+ *        node bench/engine-families.ts --plan   (only the arena plan: no model is built or run)
  * PyTorch: apt-get install python3-torch libopenblas0-pthread (see ./torch.ts).
  */
 import { spawnSync } from "node:child_process";
@@ -25,6 +26,7 @@ import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
+  ARENA_LIMIT,
   type ChatFiles,
   createKvCache,
   createWasmKernels,
@@ -34,12 +36,14 @@ import {
   loadModel,
   type Model,
   parameterCount,
+  parseConfig,
   planSft,
   Rng,
   randomModel,
   type SftConfig,
   type SftExample,
   saveModel,
+  trainingMemory,
   trainSft,
 } from "@arbor/engine";
 import type { Token } from "node-llama-cpp";
@@ -60,6 +64,9 @@ const TRAIN_STEP_TOKENS = 512;
 /** Training stops after the first step past this many seconds (at least MIN_TRAIN_STEPS). */
 const TRAIN_BUDGET_S = 30;
 const MIN_TRAIN_STEPS = 2;
+/** The epoch whose time the training table states (README: "time per epoch for 100 examples"). */
+const EPOCH_EXAMPLES = 100;
+const EPOCH_TOKENS = 200;
 /** Bump when the way the folders are built changes (older folders are rebuilt). */
 const FOLDER_VERSION = 1;
 
@@ -69,7 +76,7 @@ interface Shape {
   config: Record<string, unknown>;
   tokenizer: "qwen3" | "smollm2";
   train: boolean;
-  /** Whether to export the F32 GGUF (ggufBytes builds the file in memory, twice). */
+  /** Whether to run llama.cpp on the exported F32 GGUF (the engine must load the model first). */
   gguf: boolean;
 }
 
@@ -751,6 +758,33 @@ async function runJob(kind: string, shape: Shape, threads: number): Promise<void
   process.exit(0);
 }
 
+/** `trainingMemory` of each shape: what a training pass needs of the 4 GiB arena. */
+function printArenaPlan(shapes: Shape[]): void {
+  console.log(
+    "\n### Arena plan (trainingMemory: packed F32 weights, scratch of the largest call, bytes " +
+      `per row; the arena holds ${gb(ARENA_LIMIT)})\n`,
+  );
+  printTable(
+    ["shape", "packed weights", "scratch", "per row", "rows that fit"],
+    shapes.map((shape) => {
+      const config = parseConfig(shape.config);
+      const { weights, fixed, perRow } = trainingMemory(config);
+      const rows = Math.floor((ARENA_LIMIT - weights - fixed) / perRow);
+      return [
+        shape.name,
+        gb(weights),
+        gb(fixed),
+        `${(perRow / 1e6).toFixed(2)} MB`,
+        rows > 0 ? rows.toLocaleString("en-US") : "none",
+      ];
+    }),
+  );
+}
+
+function minutes(seconds: number): string {
+  return `${(seconds / 60).toFixed(1)} min`;
+}
+
 function main(): void {
   const shapeKeys = (option("--shapes") ?? SHAPES.map((s) => s.key).join(",")).split(",");
   const shapes = shapeKeys.map((key) => {
@@ -758,6 +792,8 @@ function main(): void {
     if (!shape) throw new Error(`unknown shape ${key} (${SHAPES.map((s) => s.key).join(", ")})`);
     return shape;
   });
+  printArenaPlan(shapes);
+  if (process.argv.includes("--plan")) return;
   const threadCounts = (option("--threads") ?? THREAD_COUNTS.join(",")).split(",").map(Number);
   const hasTorch = torchInstalled();
   // torch's OpenMP threads spin after each parallel region while OpenBLAS's own threads do the
@@ -949,8 +985,8 @@ function printResults(
   const noGguf = all.filter((r) => !r.shape.gguf).map((r) => r.shape.name);
   if (noGguf.length > 0) {
     console.log(
-      `\nllama.cpp not run for ${noGguf.join(", ")}: exportGguf builds the F32 file in memory ` +
-        "(twice its size beside the model), more than this machine has.",
+      `\nllama.cpp not run for ${noGguf.join(", ")}: the engine cannot load it to export its ` +
+        "GGUF (its packed F32 weights exceed the 4 GiB arena).",
     );
   }
 
@@ -1034,6 +1070,7 @@ function printResults(
           ratio(mine, theirs),
           mbCell(e.train),
           mbCell(e.torchTrain),
+          typeof mine === "number" ? minutes((EPOCH_EXAMPLES * EPOCH_TOKENS) / mine) : null,
         ]);
       }
     }
@@ -1047,6 +1084,7 @@ function printResults(
         "engine / PyTorch",
         "engine peak RSS",
         "PyTorch peak RSS",
+        `engine: an epoch of ${EPOCH_EXAMPLES} × ${EPOCH_TOKENS} tokens`,
       ],
       trainRows,
     );

@@ -26,7 +26,7 @@ export {
 } from "./json-constraint.ts";
 export { jsKernels } from "./kernels/js.ts";
 export type { Kernels } from "./kernels/types.ts";
-export { createWasmKernels } from "./kernels/wasm.ts";
+export { ARENA_LIMIT, createWasmKernels } from "./kernels/wasm.ts";
 export {
   AdapterError,
   adapterFromFiles,
@@ -53,4 +53,5 @@ export { deriveSeed, Rng } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
 export { ModelFileError } from "./tokenizer.ts";
+export { type TrainingMemory, trainingMemory } from "./train-memory.ts";
 export { TrainingInputError } from "./training-data.ts";

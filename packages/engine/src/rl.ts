@@ -241,12 +241,10 @@ export function trainRlStep(
   let loss = 0;
   let entropySum = 0;
   if (trainable > 0) {
-    let longest = 0;
-    for (const s of sequences) longest = Math.max(longest, s.tokens.length);
     const budget = microBatchBudget(
       trainer.model.config,
       trainer.kernels,
-      longest,
+      sequences,
       config.microBatchTokens ?? 4096,
     );
     for (const micro of microBatches(sequences, budget)) {

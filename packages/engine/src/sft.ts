@@ -214,12 +214,10 @@ export async function trainSft(
   if (typeof lr !== "number" && lr.length === 0) {
     throw new TrainingInputError("sft: learning_rate list is empty");
   }
-  let longest = 0;
-  for (const s of prepared.sequences) longest = Math.max(longest, s.tokens.length);
   const microBudget = microBatchBudget(
     model.config,
     trainer.kernels,
-    longest,
+    prepared.sequences,
     config.microBatchTokens ?? 4096,
   );
   const steps: SftStepMetrics[] = [];

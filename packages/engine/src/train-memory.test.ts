@@ -87,7 +87,7 @@ describe("training memory", () => {
   it("when memory is unbounded, then the budget asked for is kept", () => {
     const m = model("qwen3, q/k norms");
     expect(rowsThatFit(m.config, jsKernels)).toBe(Number.POSITIVE_INFINITY);
-    expect(microBatchBudget(m.config, jsKernels, 100, 4096)).toBe(4096);
+    expect(microBatchBudget(m.config, jsKernels, [{ tokens: new Array(100) }], 4096)).toBe(4096);
   });
 
   it("when the arena holds fewer rows than the budget, then micro-batches shrink to fit, and training stays within it", async () => {
@@ -95,7 +95,9 @@ describe("training memory", () => {
     const { weights, fixed, perRow } = trainingMemory(m.config);
     // Room for 300 rows: four 60-token examples are 240; the default budget is 4,096.
     const kernels = createWasmKernels("simd", { memoryLimit: weights + fixed + perRow * 300 });
-    expect(microBatchBudget(m.config, kernels, 60, 4096)).toBeLessThan(320);
+    expect(microBatchBudget(m.config, kernels, [{ tokens: new Array(60) }], 4096)).toBeLessThan(
+      320,
+    );
     const examples: SftExample[] = Array.from({ length: 8 }, (_, i) => ({
       messages: [
         { role: "user", content: `Count to ${i + 3}, please, and say it in words as well.` },

@@ -1,5 +1,6 @@
 import type { ModelConfig } from "./config.ts";
 import type { Kernels } from "./kernels/types.ts";
+import { PACK_SLICE, panelBytes } from "./kernels/wasm.ts";
 import { TrainingInputError } from "./training-data.ts";
 
 /**
@@ -16,18 +17,19 @@ export interface TrainingMemory {
   perRow: number;
 }
 
-const MIB = 1 << 20;
-
 export function trainingMemory(config: ModelConfig): TrainingMemory {
   const { hiddenSize: D, intermediateSize: I, numLayers: L, vocabSize: V, qkNorm } = config;
   const q = config.numHeads * config.headDim;
   const kv = config.numKvHeads * config.headDim;
-  // W[N,K] in panels of 8 columns of Wᵀ, N padded to a whole panel.
-  const panels = (N: number, K: number) => Math.ceil(N / 8) * 8 * K * 4;
-  const layer = panels(q, D) + 2 * panels(kv, D) + panels(D, q) + 2 * panels(I, D) + panels(D, I);
-  const weights = L * layer + panels(V, D);
+  const layer =
+    panelBytes(q, D) +
+    2 * panelBytes(kv, D) +
+    panelBytes(D, q) +
+    2 * panelBytes(I, D) +
+    panelBytes(D, I);
+  const weights = L * layer + panelBytes(V, D);
   // The backward's dX = dY·W packs W as B-panels per call: the head's is the largest (V ≥ I).
-  const fixed = Math.max(panels(D, V), panels(D, I), panels(I, D)) + 8 * MIB + 16 * MIB;
+  const fixed = Math.max(panelBytes(D, V), panelBytes(D, I), panelBytes(I, D)) + PACK_SLICE;
   const norms = qkNorm ? q + kv + config.numHeads + config.numKvHeads : 0;
   const saved = 4 * D + 2 * q + 2 * kv + 3 * I + 2 + norms;
   const backward = 2 * D + 3 * I + 2 * q + 2 * kv + (qkNorm ? q + kv : 0);
@@ -47,17 +49,19 @@ export function rowsThatFit(config: ModelConfig, kernels: Kernels): number {
 const GB = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
 
 /**
- * The micro-batch token budget for training `model` on sequences of up to `longest` tokens:
- * `budget`, lowered to what the kernels' memory holds. Throws a TrainingInputError naming the
- * memory needed and available when even the longest sequence alone does not fit, so a job
- * fails before its first step, never mid-way.
+ * The micro-batch token budget for training on `sequences`: `budget`, lowered to what the
+ * kernels' memory holds. Throws a TrainingInputError naming the memory needed and available
+ * when even the longest sequence alone does not fit, so a job fails before its first step,
+ * never mid-way.
  */
 export function microBatchBudget(
   config: ModelConfig,
   kernels: Kernels,
-  longest: number,
+  sequences: readonly { tokens: readonly number[] }[],
   budget: number,
 ): number {
+  let longest = 0;
+  for (const s of sequences) longest = Math.max(longest, s.tokens.length);
   const fit = rowsThatFit(config, kernels);
   if (longest > fit) {
     const { weights, fixed, perRow } = trainingMemory(config);

@@ -21,8 +21,8 @@ export interface BlobStore {
   /** Deletes every key starting with `prefix`; returns how many. */
   deletePrefix(prefix: string): Promise<number>;
   list(prefix: string): Promise<string[]>;
-  /** When the blob was last written (Unix ms), or undefined when it does not exist. */
-  modifiedAt(key: string): Promise<number | undefined>;
+  /** The blob's size and when it was last written (Unix ms), or undefined when it does not exist. */
+  info(key: string): Promise<{ bytes: number; modifiedAt: number } | undefined>;
   /**
    * Removes what interrupted writes left behind: partial files of writers that are gone (a
    * process of this host that no longer runs, or anything a day old). Returns their names.
@@ -131,9 +131,10 @@ export class FsBlobStore implements BlobStore {
     return out.sort();
   }
 
-  async modifiedAt(key: string): Promise<number | undefined> {
+  async info(key: string): Promise<{ bytes: number; modifiedAt: number } | undefined> {
     try {
-      return (await stat(this.#path(key))).mtimeMs;
+      const { size, mtimeMs } = await stat(this.#path(key));
+      return { bytes: size, modifiedAt: mtimeMs };
     } catch (err) {
       if (isMissing(err)) return undefined;
       throw err;

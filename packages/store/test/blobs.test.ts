@@ -22,6 +22,11 @@ describe("FsBlobStore", () => {
     expect(await blobs.exists("datasets/d1.jsonl")).toBe(true);
     expect(await blobs.get("nope")).toBeUndefined();
     expect(await blobs.exists("nope")).toBe(false);
+    expect(await blobs.info("models/a/1/adapter.bin")).toEqual({
+      bytes: 4,
+      modifiedAt: expect.any(Number),
+    });
+    expect(await blobs.info("nope")).toBeUndefined();
     expect(readdirSync(join(root, "models", "a", "0"))).toEqual(["adapter.bin"]);
     const chunks: Buffer[] = [];
     for await (const c of (await blobs.stream("models/a/1/adapter.bin"))!) chunks.push(c as Buffer);

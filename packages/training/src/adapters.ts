@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
-import { Readable } from "node:stream";
+import { Readable, Transform, Writable } from "node:stream";
+import { pipeline } from "node:stream/promises";
 import { gunzipSync } from "node:zlib";
 import { AdapterError, adapterFromFiles, adapterToFiles, type ModelConfig } from "@arbor/engine";
 import {
@@ -115,11 +116,9 @@ export async function checkpointAdapterTar(
   if (!prefix) throw notFound();
   const entries: { name: string; size: number }[] = [];
   for (const name of ADAPTER_FILES) {
-    const stream = await blobs.stream(`${prefix}${name}`);
-    if (!stream) throw notFound();
-    let size = 0;
-    for await (const chunk of stream) size += (chunk as Buffer).length;
-    entries.push({ name, size });
+    const info = await blobs.info(`${prefix}${name}`);
+    if (!info) throw notFound();
+    entries.push({ name, size: info.bytes });
   }
   const mtime = new Date(checkpoint.created_at * 1000);
   return {
@@ -144,11 +143,24 @@ export async function checkpointAdapterTar(
   };
 }
 
-/** SHA-256 of a stream, as RFC 9530's `sha-256=:<base64>:`. */
-export async function reprDigest(stream: Readable): Promise<string> {
+/** A pass-through that hashes what flows through it; `digest()` (once it has ended) is its
+ * SHA-256 as RFC 9530's `sha-256=:<base64>:`. */
+export function digestTap(): { tap: Transform; digest(): string } {
   const hash = createHash("sha256");
-  for await (const chunk of stream) hash.update(chunk as Buffer);
-  return `sha-256=:${hash.digest("base64")}:`;
+  const tap = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      hash.update(chunk);
+      done(null, chunk);
+    },
+  });
+  return { tap, digest: () => `sha-256=:${hash.digest("base64")}:` };
+}
+
+/** SHA-256 of a whole stream, as RFC 9530's `sha-256=:<base64>:`. */
+export async function reprDigest(stream: Readable): Promise<string> {
+  const { tap, digest } = digestTap();
+  await pipeline(stream, tap, new Writable({ write: (_chunk, _encoding, done) => done() }));
+  return digest();
 }
 
 export interface ImportAdapterInput {

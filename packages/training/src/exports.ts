@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 import type { BlobStore, Checkpoint } from "@arbor/store";
-import { reprDigest } from "./adapters.ts";
+import { digestTap } from "./adapters.ts";
 import { ADAPTER_FILES, readCheckpointFiles } from "./checkpoints.ts";
 
 /** A checkpoint export kept in the checkpoint's own folder (deleted with it). */
@@ -71,8 +71,12 @@ async function build(
         code === 0 ? resolve() : reject(new Error(`the GGUF export thread exited with ${code}`)),
       );
     });
-    const digest = await reprDigest(createReadStream(path));
-    const { bytes } = await blobs.put(key, createReadStream(path));
+    // Hashed on its way into the store: one pass over the file.
+    const { tap, digest: digestOf } = digestTap();
+    const source = createReadStream(path);
+    source.on("error", (err) => tap.destroy(err));
+    const { bytes } = await blobs.put(key, source.pipe(tap));
+    const digest = digestOf();
     await blobs.put(metaKey, JSON.stringify({ bytes, digest }));
     return { key, bytes, digest };
   } finally {

@@ -36,7 +36,7 @@ export async function sweepBlobs(store: Store, options: SweepOptions = {}): Prom
   if (!blobs) return result;
   const now = options.now ?? Date.now;
   const grace = options.graceMs ?? 15 * 60_000;
-  const old = async (key: string) => now() - ((await blobs.modifiedAt(key)) ?? now()) > grace;
+  const old = async (key: string) => now() - ((await blobs.info(key))?.modifiedAt ?? now()) > grace;
   if (!options.modelId) result.partial = await blobs.sweepPartial();
 
   const folders = new Map<string, { model: string; file: string }>();

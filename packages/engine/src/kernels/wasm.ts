@@ -104,7 +104,7 @@ const MAX_PAGES = 65536;
 /** The most bytes a WASM kernel arena holds (wasm32: 4 GiB). */
 export const ARENA_LIMIT = MAX_PAGES * PAGE;
 /** Largest slice of a weight copied into the arena at a time to be packed. */
-const PACK_SLICE = 8 << 20;
+export const PACK_SLICE = 8 << 20;
 
 /**
  * WebAssembly SIMD kernels over one WebAssembly.Memory arena. Weight operands passed with a
@@ -823,7 +823,8 @@ function splitCausal(n: number, start: number, parts: number): [number, number][
 }
 
 /** Bytes of B[K,N] in 8-column panels. */
-function panelBytes(N: number, K: number): number {
+/** Bytes of W[N,K] (or B[K,N]) packed into panels of 8 columns, N padded to a whole panel. */
+export function panelBytes(N: number, K: number): number {
   return Math.ceil(N / 8) * K * 32;
 }
 
