@@ -60,7 +60,12 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * List trainable models
+         * @description The trainable models of every entity the key may use, newest first, paged by `after` and
+         *     `limit`, optionally of one project. Base models are listed by `listModels`.
+         */
+        get: operations["listTrainableModels"];
         put?: never;
         /**
          * Create model
@@ -233,7 +238,12 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * List training jobs
+         * @description The RL and SFT jobs of every entity the key may use, newest first, paged by `after` and
+         *     `limit`; optionally only one model's, one project's, or those in one status.
+         */
+        get: operations["listTrainingJobs"];
         put?: never;
         /**
          * Create RL training job
@@ -908,21 +918,6 @@ export interface components {
          * @example support-bot
          */
         Name: string;
-        /** CreateModelRequest */
-        CreateModelRequest: {
-            /** @description The team that owns the model. Absent or null means the key's default entity. */
-            entity?: components["schemas"]["Name"] | null;
-            project: components["schemas"]["Name"];
-            /** @description Unique within `(entity, project)`. Chat with it as `<entity>/<project>/<name>`. */
-            name: components["schemas"]["Name"];
-            /** @description A base model id from `listModels` (`<owner>/<name>`). */
-            base_model: string;
-            /**
-             * @description When a model with this `(entity, project, name)` exists, return it instead of answering 409.
-             * @default false
-             */
-            return_existing?: boolean;
-        };
         /**
          * Model
          * @description A trainable model: a LoRA adapter line on a base model. Creating it writes a step-0
@@ -946,6 +941,35 @@ export interface components {
             created_at: number;
             /** @description Step of the newest checkpoint; what `<entity>/<project>/<name>` serves. */
             latest_step: number;
+        };
+        /**
+         * TrainableModelList
+         * @description One page of trainable models, newest first.
+         */
+        TrainableModelList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Model"][];
+            /** @description Id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /** CreateModelRequest */
+        CreateModelRequest: {
+            /** @description The team that owns the model. Absent or null means the key's default entity. */
+            entity?: components["schemas"]["Name"] | null;
+            project: components["schemas"]["Name"];
+            /** @description Unique within `(entity, project)`. Chat with it as `<entity>/<project>/<name>`. */
+            name: components["schemas"]["Name"];
+            /** @description A base model id from `listModels` (`<owner>/<name>`). */
+            base_model: string;
+            /**
+             * @description When a model with this `(entity, project, name)` exists, return it instead of answering 409.
+             * @default false
+             */
+            return_existing?: boolean;
         };
         /** DeleteModelResponse */
         DeleteModelResponse: {
@@ -1080,6 +1104,49 @@ export interface components {
             };
         };
         /**
+         * TrainingJob
+         * @description An RL or SFT job. `queued` → `running` → `succeeded` | `failed`; `queued` or `running` →
+         *     `cancelled`. One job runs per model at a time; the others wait in creation order.
+         */
+        TrainingJob: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job";
+            /** @enum {string} */
+            type: "rl" | "sft";
+            /** Format: uuid */
+            model_id: string;
+            /** @enum {string} */
+            status: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @description Unix seconds; null until the job runs. */
+            training_start: number | null;
+            /** @description Unix seconds; null until the job ends. */
+            training_end: number | null;
+            /** @description Why the job failed or was cancelled; null otherwise. */
+            error_message: string | null;
+            /** @description The checkpoint step training starts from. */
+            step_from: number;
+            /** @description The last checkpoint step written; null until one is. */
+            step_to: number | null;
+        };
+        /**
+         * TrainingJobList
+         * @description One page of training jobs, newest first.
+         */
+        TrainingJobList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["TrainingJob"][];
+            /** @description Id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /**
          * RlExperimentalConfig
          * @description Every field is optional; absent or null means the default.
          */
@@ -1112,35 +1179,6 @@ export interface components {
             model_id: string;
             trajectory_groups: components["schemas"]["TrajectoryGroup"][];
             experimental_config?: components["schemas"]["RlExperimentalConfig"] | null;
-        };
-        /**
-         * TrainingJob
-         * @description An RL or SFT job. `queued` → `running` → `succeeded` | `failed`; `queued` or `running` →
-         *     `cancelled`. One job runs per model at a time; the others wait in creation order.
-         */
-        TrainingJob: {
-            /** Format: uuid */
-            id: string;
-            /** @constant */
-            object: "training_job";
-            /** @enum {string} */
-            type: "rl" | "sft";
-            /** Format: uuid */
-            model_id: string;
-            /** @enum {string} */
-            status: "queued" | "running" | "succeeded" | "failed" | "cancelled";
-            /** @description Unix seconds. */
-            created_at: number;
-            /** @description Unix seconds; null until the job runs. */
-            training_start: number | null;
-            /** @description Unix seconds; null until the job ends. */
-            training_end: number | null;
-            /** @description Why the job failed or was cancelled; null otherwise. */
-            error_message: string | null;
-            /** @description The checkpoint step training starts from. */
-            step_from: number;
-            /** @description The last checkpoint step written; null until one is. */
-            step_to: number | null;
         };
         /**
          * SftConfig
@@ -2109,11 +2147,6 @@ export interface components {
          */
         ArborParentCallId: string;
         /**
-         * @description The model's id, as returned by `createModel`.
-         * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
-         */
-        ModelId: string;
-        /**
          * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
          *     last item returns an empty page with `has_more: false`.
          * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
@@ -2124,6 +2157,16 @@ export interface components {
          * @example 20
          */
         Limit: number;
+        /**
+         * @description Only what belongs to this project (a model's `project`), in any entity the key may use.
+         * @example support-bot
+         */
+        ProjectFilter: components["schemas"]["Name"];
+        /**
+         * @description The model's id, as returned by `createModel`.
+         * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+         */
+        ModelId: string;
         /**
          * @description Sort by step, newest (`desc`) or oldest (`asc`) first.
          * @example desc
@@ -2306,6 +2349,69 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    listTrainableModels: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+                /**
+                 * @description Only what belongs to this project (a model's `project`), in any entity the key may use.
+                 * @example support-bot
+                 */
+                project?: components["parameters"]["ProjectFilter"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of models. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *           "object": "model",
+                     *           "entity": "acme",
+                     *           "project": "support-bot",
+                     *           "name": "agent",
+                     *           "base_model": "arbor/tiny-chat",
+                     *           "run_id": null,
+                     *           "created_at": 1795420800,
+                     *           "latest_step": 3
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "last_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainableModelList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
         };
     };
     createModel: {
@@ -2849,6 +2955,81 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
             413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listTrainingJobs: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+                /**
+                 * @description Only this model's jobs.
+                 * @example 0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01
+                 */
+                model_id?: string;
+                /**
+                 * @description Only jobs in this status.
+                 * @example running
+                 */
+                status?: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+                /**
+                 * @description Only what belongs to this project (a model's `project`), in any entity the key may use.
+                 * @example support-bot
+                 */
+                project?: components["parameters"]["ProjectFilter"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of jobs. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
+                     *           "object": "training_job",
+                     *           "type": "sft",
+                     *           "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01",
+                     *           "status": "running",
+                     *           "created_at": 1795424400,
+                     *           "training_start": 1795424401,
+                     *           "training_end": null,
+                     *           "error_message": null,
+                     *           "step_from": 3,
+                     *           "step_to": null
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
+                     *       "last_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingJobList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
         };

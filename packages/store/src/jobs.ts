@@ -7,6 +7,7 @@ import {
   type Page,
   type PageOptions,
   pageLimit,
+  placeholders,
   strOrNull,
   toJson,
   toPage,
@@ -157,16 +158,38 @@ export class JobsRepo {
     return row ? toJob(row) : undefined;
   }
 
+  /** Jobs of the given entities in creation order (ids are UUID v7), oldest first unless
+   * `order` is `desc`; `project` is their model's. */
   async list(
-    entity: string,
-    options: PageOptions & { model_id?: string; status?: JobStatus } = {},
+    entities: string | readonly string[],
+    options: PageOptions & {
+      model_id?: string;
+      status?: JobStatus;
+      project?: string;
+      order?: "asc" | "desc";
+    } = {},
   ): Promise<Page<TrainingJob>> {
+    const list = typeof entities === "string" ? [entities] : [...entities];
     const limit = pageLimit(options.limit);
+    if (list.length === 0) return toPage([], limit);
+    const desc = options.order === "desc";
     const rows = await this.#sql.query(
-      `SELECT * FROM training_jobs WHERE entity = $1 AND (CAST($2 AS TEXT) IS NULL OR id > $2)
-         AND (CAST($3 AS TEXT) IS NULL OR model_id = $3) AND (CAST($4 AS TEXT) IS NULL OR status = $4)
-       ORDER BY id LIMIT $5`,
-      [entity, options.after ?? null, options.model_id ?? null, options.status ?? null, limit + 1],
+      `SELECT j.* FROM training_jobs j
+       WHERE j.entity IN (${placeholders(list.length, 6)})
+         AND (CAST($1 AS TEXT) IS NULL OR j.id ${desc ? "<" : ">"} $1)
+         AND (CAST($2 AS TEXT) IS NULL OR j.model_id = $2)
+         AND (CAST($3 AS TEXT) IS NULL OR j.status = $3)
+         AND (CAST($4 AS TEXT) IS NULL OR EXISTS
+              (SELECT 1 FROM models m WHERE m.id = j.model_id AND m.project = $4))
+       ORDER BY j.id ${desc ? "DESC" : "ASC"} LIMIT $5`,
+      [
+        options.after ?? null,
+        options.model_id ?? null,
+        options.status ?? null,
+        options.project ?? null,
+        limit + 1,
+        ...list,
+      ],
     );
     return toPage(rows.map(toJob), limit);
   }

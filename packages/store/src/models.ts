@@ -139,19 +139,22 @@ export class ModelsRepo {
     return row ? toModel(row) : undefined;
   }
 
-  /** Models of the given entities (e.g. every entity a key may use), for model listings. */
+  /** Models of the given entities (e.g. every entity a key may use), for model listings, in
+   * creation order (ids are UUID v7), oldest first unless `order` is `desc`. */
   async list(
     entities: string | readonly string[],
-    options: PageOptions & { project?: string } = {},
+    options: PageOptions & { project?: string; order?: "asc" | "desc" } = {},
   ): Promise<Page<Model>> {
     const list = typeof entities === "string" ? [entities] : [...entities];
     const limit = pageLimit(options.limit);
     if (list.length === 0) return toPage([], limit);
+    const desc = options.order === "desc";
     const rows = await this.#sql.query(
       `SELECT ${MODEL_COLUMNS} FROM models
        WHERE entity IN (${placeholders(list.length, 4)})
-         AND (CAST($1 AS TEXT) IS NULL OR id > $1) AND (CAST($2 AS TEXT) IS NULL OR project = $2)
-       ORDER BY id LIMIT $3`,
+         AND (CAST($1 AS TEXT) IS NULL OR id ${desc ? "<" : ">"} $1)
+         AND (CAST($2 AS TEXT) IS NULL OR project = $2)
+       ORDER BY id ${desc ? "DESC" : "ASC"} LIMIT $3`,
       [options.after ?? null, options.project ?? null, limit + 1, ...list],
     );
     return toPage(rows.map(toModel), limit);

@@ -17,6 +17,7 @@ import {
   deleteModel,
   findModel,
   logMetrics,
+  modelToWire,
 } from "./service.ts";
 
 /** `createCheckpoint`'s multipart parts, by the files they carry. */
@@ -38,6 +39,16 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
   return {
     createModel: ({ body, principal }) => createModel(deps, principal, body),
     deleteModel: ({ params, principal }) => deleteModel(store, principal, params.model_id),
+
+    listTrainableModels: async ({ query, principal }) => {
+      const page = await store.models.list(principal.entities, {
+        after: query.after,
+        limit: query.limit ?? 20,
+        project: query.project,
+        order: "desc",
+      });
+      return { object: "list", ...page, data: page.data.map(modelToWire) };
+    },
 
     listCheckpoints: async ({ params, query, principal }) => {
       const model = await findModel(store, principal, params.model_id);

@@ -25,6 +25,17 @@ export function trainingHandlers(deps: TrainingDeps): Handlers {
       queued(await enqueueRlJob(store, await findModel(store, principal, body.model_id), body)),
     createSftTrainingJob: async ({ body, principal }) =>
       queued(await enqueueSftJob(store, await findModel(store, principal, body.model_id), body)),
+    listTrainingJobs: async ({ query, principal }) => {
+      const page = await store.jobs.list(principal.entities, {
+        after: query.after,
+        limit: query.limit ?? 20,
+        model_id: query.model_id,
+        status: query.status,
+        project: query.project,
+        order: "desc",
+      });
+      return { object: "list", ...page, data: page.data.map(jobToWire) };
+    },
     retrieveTrainingJob: async ({ params, principal }) =>
       jobToWire(await findJob(store, principal, params.training_job_id)),
 
