@@ -29,7 +29,7 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { createArborClient, unwrap } from "@arbor/client";
+import { createArborClient } from "@arbor/client";
 import { catalogModelDir, Engine, loadModel } from "@arbor/engine";
 import { startBenchServer } from "./server.ts";
 
@@ -135,14 +135,12 @@ async function main(): Promise<void> {
     // 1. Latency, one request at a time, HTTP and in-process interleaved.
     const viaHttp = async () => {
       const start = performance.now();
-      const c = unwrap(
-        await client.createChatCompletion({
-          model: MODEL,
-          messages: MESSAGES,
-          max_tokens: 32,
-          temperature: 0,
-        }),
-      );
+      const c = await client.chat.completions.create({
+        model: MODEL,
+        messages: MESSAGES,
+        max_tokens: 32,
+        temperature: 0,
+      });
       return {
         ms: performance.now() - start,
         text: c.choices[0]!.message.content ?? "",
@@ -222,12 +220,13 @@ async function main(): Promise<void> {
       // Warm-up: one stream per client, not counted.
       await Promise.all(
         Array.from({ length: level }, async (_, i) => {
-          for await (const _chunk of client.streamChatCompletion({
+          for await (const _chunk of await client.chat.completions.create({
             model: MODEL,
             messages: STREAM_MESSAGES,
             max_tokens: 8,
             temperature: 1,
             seed: 1_000_000 + i,
+            stream: true,
           })) {
             // drain
           }
@@ -249,13 +248,14 @@ async function main(): Promise<void> {
             let last = Number.NaN;
             let completion = 0;
             try {
-              for await (const chunk of client.streamChatCompletion({
+              for await (const chunk of await client.chat.completions.create({
                 model: MODEL,
                 messages: STREAM_MESSAGES,
                 max_tokens: 64,
                 temperature: 1,
                 seed: n,
                 stream_options: { include_usage: true },
+                stream: true,
               })) {
                 if (Number.isNaN(first) && chunk.choices[0]?.delta.content) {
                   first = performance.now() - t0;

@@ -38,7 +38,7 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { type ArborClient, createArborClient, unwrap } from "@arbor/client";
+import { type ArborClient, createArborClient } from "@arbor/client";
 import { openStore, type StoreOptions } from "@arbor/store";
 import { baseModels, sftExamplesLoader, TrainingWorker } from "@arbor/training";
 import { pino } from "pino";
@@ -182,29 +182,20 @@ function sftJsonl(seed: number, count: number): string {
 }
 
 async function uploadDataset(client: ArborClient, count: number): Promise<string> {
-  const dataset = unwrap(
-    await client.POST("/v1/preview/datasets", {
-      params: { query: { name: "bench-json-answers" } },
-      body: sftJsonl(1, count) as never,
-      bodySerializer: (b: unknown) => b as string,
-      headers: { "content-type": "application/jsonl" },
-    }),
-  );
+  const dataset = await client.training.datasets.create(sftJsonl(1, count), {
+    name: "bench-json-answers",
+  });
   if (dataset.lines !== count) throw new Error(`uploaded ${dataset.lines} lines, not ${count}`);
   return dataset.url;
 }
 
 let modelCount = 0;
 async function newModel(client: ArborClient): Promise<{ id: string; alias: string }> {
-  const model = unwrap(
-    await client.POST("/v1/preview/models", {
-      body: {
-        project: "bench",
-        name: `bench-${Date.now()}-${modelCount++}`,
-        base_model: BASE,
-      },
-    }),
-  );
+  const model = await client.training.models.create({
+    project: "bench",
+    name: `bench-${Date.now()}-${modelCount++}`,
+    base_model: BASE,
+  });
   return { id: model.id, alias: `${model.entity}/${model.project}/${model.name}` };
 }
 
@@ -236,7 +227,7 @@ async function timedJob(
   let endedArrival = Number.NaN;
   let startedAt = Number.NaN;
   let endedAt = Number.NaN;
-  for await (const event of client.followTrainingJob(job.id)) {
+  for await (const event of client.training.jobs.events.follow(job.id)) {
     const at = performance.now() - t0;
     if (event.type === "training_started" && Number.isNaN(startedArrival)) {
       startedArrival = at;
@@ -284,16 +275,12 @@ async function healthDuring(baseUrl: string, done: Promise<unknown>): Promise<nu
 
 function sftJob(client: ArborClient, modelId: string, datasetUrl: string, epochs: number) {
   return async () =>
-    unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: {
-          model_id: modelId,
-          training_data_url: datasetUrl,
-          config: { epochs, batch_size: 8, learning_rate: 3e-3, lr_schedule: "cosine" },
-          experimental_config: { lora_rank: 8, lora_alpha: 16, seed: 1 },
-        },
-      }),
-    );
+    await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: datasetUrl,
+      config: { epochs, batch_size: 8, learning_rate: 3e-3, lr_schedule: "cosine" },
+      experimental_config: { lora_rank: 8, lora_alpha: 16, seed: 1 },
+    });
 }
 
 const WORDS = ["apple", "horse", "table", "lemon", "green", "clock", "mouse", "peach"];
@@ -303,17 +290,15 @@ async function sampleGroups(client: ArborClient, alias: string, step: number) {
   return Promise.all(
     WORDS.map(async (word, g) => {
       const messages = [{ role: "user" as const, content: `Uppercase the word ${word}.` }];
-      const sampled = unwrap(
-        await client.createChatCompletion({
-          model: alias,
-          messages,
-          n: 4,
-          max_tokens: 16,
-          temperature: 1,
-          logprobs: true,
-          seed: step * 100 + g,
-        }),
-      );
+      const sampled = await client.chat.completions.create({
+        model: alias,
+        messages,
+        n: 4,
+        max_tokens: 16,
+        temperature: 1,
+        logprobs: true,
+        seed: step * 100 + g,
+      });
       return {
         trajectories: sampled.choices.map((choice) => ({
           messages_and_choices: [...messages, choice],
@@ -398,16 +383,14 @@ async function part1(): Promise<void> {
       const s0 = performance.now();
       const groups = await sampleGroups(client, model.alias, step);
       sampling.push(performance.now() - s0);
-      const t = await timedJob(client, async () =>
-        unwrap(
-          await client.POST("/v1/preview/training-jobs", {
-            body: {
-              model_id: model.id,
-              trajectory_groups: groups as never,
-              experimental_config: { learning_rate: 1e-3, loss_fn: "ppo" },
-            },
+      const t = await timedJob(
+        client,
+        async () =>
+          await client.training.jobs.createRl({
+            model_id: model.id,
+            trajectory_groups: groups as never,
+            experimental_config: { learning_rate: 1e-3, loss_fn: "ppo" },
           }),
-        ),
       );
       queue.push(t.queue);
       queueArrival.push(t.startedArrival);

@@ -16,7 +16,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createArborClient, unwrap } from "@arbor/client";
+import { createArborClient } from "@arbor/client";
 import { startBenchServer } from "./server.ts";
 
 export type ValidationMode = "on" | "requests" | "off";
@@ -59,40 +59,36 @@ const client = createArborClient({
   apiKey,
   maxRetries: 0,
 });
-unwrap(
-  await client.POST("/call/upsert_batch", {
-    body: {
-      batch: [
-        ...nodes.map((n, i) => ({
-          mode: "start" as const,
-          req: {
-            start: {
-              project_id: BENCH_PROJECT,
-              id: n.id,
-              trace_id: "bench-trace",
-              parent_id: n.parent,
-              op_name: "bench.op",
-              started_at: `2026-11-01T00:00:0${i}Z`,
-            },
+await client.calls.upsertBatch({
+  batch: [
+    ...nodes.map((n, i) => ({
+      mode: "start" as const,
+      req: {
+        start: {
+          project_id: BENCH_PROJECT,
+          id: n.id,
+          trace_id: "bench-trace",
+          parent_id: n.parent,
+          op_name: "bench.op",
+          started_at: `2026-11-01T00:00:0${i}Z`,
+        },
+      },
+    })),
+    ...nodes.map((n, i) => ({
+      mode: "end" as const,
+      req: {
+        end: {
+          project_id: BENCH_PROJECT,
+          id: n.id,
+          ended_at: `2026-11-01T00:01:0${i}Z`,
+          summary: {
+            usage: { [n.model]: { prompt_tokens: n.prompt, completion_tokens: n.prompt / 2 } },
           },
-        })),
-        ...nodes.map((n, i) => ({
-          mode: "end" as const,
-          req: {
-            end: {
-              project_id: BENCH_PROJECT,
-              id: n.id,
-              ended_at: `2026-11-01T00:01:0${i}Z`,
-              summary: {
-                usage: { [n.model]: { prompt_tokens: n.prompt, completion_tokens: n.prompt / 2 } },
-              },
-            },
-          },
-        })),
-      ],
-    },
-  }),
-);
+        },
+      },
+    })),
+  ],
+});
 
 const info: BenchServerInfo = {
   port,

@@ -4,7 +4,7 @@
  *
  *   ./scripts/serve &   then   node examples/rl-loop.ts
  */
-import { type ArborClient, unwrap } from "@arbor/client";
+import type { ArborClient } from "@arbor/client";
 import { connect } from "./connect.ts";
 
 const words = ["apple", "horse", "table", "lemon", "green", "clock", "mouse", "peach"];
@@ -20,15 +20,13 @@ async function meanReward(client: ArborClient, model: string, samples: number): 
   const rewards = await Promise.all(
     Array.from({ length: samples }, async (_, i) => {
       const word = words[i % words.length]!;
-      const c = unwrap(
-        await client.createChatCompletion({
-          model,
-          messages: [{ role: "user", content: question(word) }],
-          max_tokens: 16,
-          temperature: 1,
-          seed: 10_000 + i,
-        }),
-      );
+      const c = await client.chat.completions.create({
+        model,
+        messages: [{ role: "user", content: question(word) }],
+        max_tokens: 16,
+        temperature: 1,
+        seed: 10_000 + i,
+      });
       return reward(word, c.choices[0]!.message.content ?? "");
     }),
   );
@@ -48,11 +46,11 @@ export async function runRlLoop(
 ): Promise<RlLoopResult> {
   const steps = options.steps ?? 30;
   const groupsPerStep = options.groups ?? 12;
-  const model = unwrap(
-    await client.POST("/v1/preview/models", {
-      body: { project: "examples", name: `uppercase-${Date.now()}`, base_model: "arbor/tiny-chat" },
-    }),
-  );
+  const model = await client.training.models.create({
+    project: "examples",
+    name: `uppercase-${Date.now()}`,
+    base_model: "arbor/tiny-chat",
+  });
   const alias = `${model.entity}/${model.project}/${model.name}`;
   const before = await meanReward(client, alias, options.samples ?? 128);
   log(`mean reward before: ${before.toFixed(3)}`);
@@ -62,17 +60,15 @@ export async function runRlLoop(
       Array.from({ length: groupsPerStep }, async (_, g) => {
         const word = words[(step * groupsPerStep + g) % words.length]!;
         const messages = [{ role: "user" as const, content: question(word) }];
-        const sampled = unwrap(
-          await client.createChatCompletion({
-            model: alias,
-            messages,
-            n: 6,
-            max_tokens: 16,
-            temperature: 1,
-            logprobs: true,
-            seed: step * 100 + g,
-          }),
-        );
+        const sampled = await client.chat.completions.create({
+          model: alias,
+          messages,
+          n: 6,
+          max_tokens: 16,
+          temperature: 1,
+          logprobs: true,
+          seed: step * 100 + g,
+        });
         return {
           trajectories: sampled.choices.map((choice) => ({
             messages_and_choices: [...messages, choice],
@@ -83,16 +79,12 @@ export async function runRlLoop(
     );
     const all = groups.flatMap((g) => g.trajectories.map((t) => t.reward));
     rewards.push(all.reduce((a, b) => a + b, 0) / all.length);
-    const job = unwrap(
-      await client.POST("/v1/preview/training-jobs", {
-        body: {
-          model_id: model.id,
-          trajectory_groups: groups as never,
-          experimental_config: { learning_rate: 1e-3, loss_fn: "ppo" },
-        },
-      }),
-    );
-    for await (const event of client.followTrainingJob(job.id)) {
+    const job = await client.training.jobs.createRl({
+      model_id: model.id,
+      trajectory_groups: groups as never,
+      experimental_config: { learning_rate: 1e-3, loss_fn: "ppo" },
+    });
+    for await (const event of client.training.jobs.events.follow(job.id)) {
       if (event.type === "training_failed")
         throw new Error(`step ${step} failed: ${String(event.data.error_message)}`);
     }

@@ -4,7 +4,7 @@
  *
  *   ./scripts/serve &   then   node examples/sft-quickstart.ts
  */
-import { type ArborClient, unwrap } from "@arbor/client";
+import type { ArborClient } from "@arbor/client";
 import { connect } from "./connect.ts";
 
 export interface SftQuickstartResult {
@@ -35,14 +35,12 @@ async function accuracy(
 ): Promise<number> {
   const answers = await Promise.all(
     tests.map(async ({ question }) => {
-      const completion = unwrap(
-        await client.createChatCompletion({
-          model,
-          messages: [{ role: "user", content: question }],
-          max_tokens: 16,
-          temperature: 0,
-        }),
-      );
+      const completion = await client.chat.completions.create({
+        model,
+        messages: [{ role: "user", content: question }],
+        max_tokens: 16,
+        temperature: 0,
+      });
       return completion.choices[0]!.message.content?.trim() ?? "";
     }),
   );
@@ -53,15 +51,11 @@ export async function runSftQuickstart(
   client: ArborClient,
   log: (line: string) => void = console.log,
 ): Promise<SftQuickstartResult> {
-  const model = unwrap(
-    await client.POST("/v1/preview/models", {
-      body: {
-        project: "examples",
-        name: `json-answers-${Date.now()}`,
-        base_model: "arbor/tiny-chat",
-      },
-    }),
-  );
+  const model = await client.training.models.create({
+    project: "examples",
+    name: `json-answers-${Date.now()}`,
+    base_model: "arbor/tiny-chat",
+  });
   const alias = `${model.entity}/${model.project}/${model.name}`;
   const train = [...examples(1, 200)];
   const held = [...examples(999, 40)];
@@ -75,30 +69,19 @@ export async function runSftQuickstart(
       }),
     )
     .join("\n");
-  const dataset = unwrap(
-    await client.POST("/v1/preview/datasets", {
-      params: { query: { name: "json-answers" } },
-      body: jsonl as never,
-      bodySerializer: (b: unknown) => b as string,
-      headers: { "content-type": "application/jsonl" },
-    }),
-  );
+  const dataset = await client.training.datasets.create(jsonl, { name: "json-answers" });
   log(`uploaded ${dataset.lines} examples as ${dataset.url}`);
 
   const before = await accuracy(client, alias, held);
   log(`before: ${(before * 100).toFixed(0)}% exact on ${held.length} held-out questions`);
 
-  const job = unwrap(
-    await client.POST("/v1/preview/sft-training-jobs", {
-      body: {
-        model_id: model.id,
-        training_data_url: dataset.url,
-        config: { epochs: 10, batch_size: 8, learning_rate: 3e-3, lr_schedule: "cosine" },
-        experimental_config: { lora_rank: 8, lora_alpha: 16, seed: 1 },
-      },
-    }),
-  );
-  for await (const event of client.followTrainingJob(job.id)) {
+  const job = await client.training.jobs.createSft({
+    model_id: model.id,
+    training_data_url: dataset.url,
+    config: { epochs: 10, batch_size: 8, learning_rate: 3e-3, lr_schedule: "cosine" },
+    experimental_config: { lora_rank: 8, lora_alpha: 16, seed: 1 },
+  });
+  for await (const event of client.training.jobs.events.follow(job.id)) {
     const data = event.data as Record<string, number>;
     if (event.type === "gradient_step" && data.gradient_step! % 25 === 0)
       log(`step ${data.gradient_step}: loss ${data.loss!.toFixed(4)}`);
@@ -109,14 +92,12 @@ export async function runSftQuickstart(
   const after = await accuracy(client, alias, held);
   log(`after:  ${(after * 100).toFixed(0)}% exact`);
   const sample = held[0]!;
-  const answer = unwrap(
-    await client.createChatCompletion({
-      model: alias,
-      messages: [{ role: "user", content: sample.question }],
-      max_tokens: 16,
-      temperature: 0,
-    }),
-  );
+  const answer = await client.chat.completions.create({
+    model: alias,
+    messages: [{ role: "user", content: sample.question }],
+    max_tokens: 16,
+    temperature: 0,
+  });
   log(`${sample.question} → ${answer.choices[0]!.message.content} (${answer.model})`);
   return { before, after, jobId: job.id, model: alias };
 }

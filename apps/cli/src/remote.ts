@@ -4,7 +4,7 @@ import { readFile, rename, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import type { ArborClient, TrainingJobEvent } from "@arbor/client";
 import tar from "tar-stream";
 import type { Output } from "./admin.ts";
 
@@ -16,14 +16,7 @@ export async function uploadDataset(
   out: Output,
 ): Promise<string> {
   const text = readFileSync(args.file, "utf8");
-  const dataset = unwrap(
-    await client.POST("/v1/preview/datasets", {
-      params: { query: args.name ? { name: args.name } : {} },
-      body: text as never,
-      bodySerializer: (b: unknown) => b as string,
-      headers: { "content-type": "application/jsonl" },
-    }),
-  );
+  const dataset = await client.training.datasets.create(text, args.name ? { name: args.name } : {});
   out.line(`Uploaded ${dataset.lines} lines (${dataset.bytes} bytes): ${dataset.url}`);
   return dataset.url;
 }
@@ -33,17 +26,13 @@ export async function createModel(
   args: { project: string; name: string; base: string; entity?: string | undefined },
   out: Output,
 ): Promise<string> {
-  const model = unwrap(
-    await client.POST("/v1/preview/models", {
-      body: {
-        entity: args.entity ?? null,
-        project: args.project,
-        name: args.name,
-        base_model: args.base,
-        return_existing: true,
-      },
-    }),
-  );
+  const model = await client.training.models.create({
+    entity: args.entity ?? null,
+    project: args.project,
+    name: args.name,
+    base_model: args.base,
+    return_existing: true,
+  });
   out.line(
     `Model ${model.id}: ${model.entity}/${model.project}/${model.name} (base ${model.base_model}, step ${model.latest_step})`,
   );
@@ -63,20 +52,16 @@ export async function trainSft(client: ArborClient, args: SftArgs, out: Output):
   const url = /^(dataset|https):\/\//.test(args.data)
     ? args.data
     : await uploadDataset(client, { file: args.data }, out);
-  const job = unwrap(
-    await client.POST("/v1/preview/sft-training-jobs", {
-      body: {
-        model_id: args.model,
-        training_data_url: url,
-        config: {
-          ...(args.epochs !== undefined ? { epochs: args.epochs } : {}),
-          ...(args.batchSize !== undefined ? { batch_size: args.batchSize } : {}),
-          ...(args.learningRate !== undefined ? { learning_rate: args.learningRate } : {}),
-          ...(args.checkpointEvery !== undefined ? { checkpoint_every: args.checkpointEvery } : {}),
-        },
-      },
-    }),
-  );
+  const job = await client.training.jobs.createSft({
+    model_id: args.model,
+    training_data_url: url,
+    config: {
+      ...(args.epochs !== undefined ? { epochs: args.epochs } : {}),
+      ...(args.batchSize !== undefined ? { batch_size: args.batchSize } : {}),
+      ...(args.learningRate !== undefined ? { learning_rate: args.learningRate } : {}),
+      ...(args.checkpointEvery !== undefined ? { checkpoint_every: args.checkpointEvery } : {}),
+    },
+  });
   out.line(`SFT job ${job.id} ${job.status}.`);
   return job.id;
 }
@@ -87,14 +72,10 @@ export async function trainRl(
   out: Output,
 ): Promise<string> {
   const groups = JSON.parse(readFileSync(args.groups, "utf8")) as unknown;
-  const job = unwrap(
-    await client.POST("/v1/preview/training-jobs", {
-      body: {
-        model_id: args.model,
-        trajectory_groups: (Array.isArray(groups) ? groups : [groups]) as never,
-      },
-    }),
-  );
+  const job = await client.training.jobs.createRl({
+    model_id: args.model,
+    trajectory_groups: (Array.isArray(groups) ? groups : [groups]) as never,
+  });
   out.line(`RL job ${job.id} ${job.status}.`);
   return job.id;
 }
@@ -104,11 +85,7 @@ export async function getJob(
   args: { job: string },
   out: Output,
 ): Promise<void> {
-  const job = unwrap(
-    await client.GET("/v1/preview/training-jobs/{training_job_id}", {
-      params: { path: { training_job_id: args.job } },
-    }),
-  );
+  const job = await client.training.jobs.retrieve(args.job);
   out.line(JSON.stringify(job, null, 2));
 }
 
@@ -117,11 +94,7 @@ export async function cancelJob(
   args: { job: string },
   out: Output,
 ): Promise<void> {
-  const job = unwrap(
-    await client.POST("/v1/preview/training-jobs/{training_job_id}/cancel", {
-      params: { path: { training_job_id: args.job } },
-    }),
-  );
+  const job = await client.training.jobs.cancel(args.job);
   out.line(`Job ${job.id} ${job.status}.`);
 }
 
@@ -133,7 +106,7 @@ export async function followJob(
 ): Promise<TrainingJobEvent | undefined> {
   let total = 0;
   let last: TrainingJobEvent | undefined;
-  for await (const event of client.followTrainingJob(args.job)) {
+  for await (const event of client.training.jobs.events.follow(args.job)) {
     last = event;
     const data = event.data as Record<string, unknown>;
     if (event.type === "training_started") {
@@ -166,11 +139,10 @@ export async function listCheckpoints(
   out: Output,
 ): Promise<void> {
   out.line(["step", "model", "created", "metrics"].join("\t"));
-  for await (const c of client.paginate((after) =>
-    client.GET("/v1/preview/models/{model_id}/checkpoints", {
-      params: { path: { model_id: args.model }, query: { after, limit: 100, order: "asc" } },
-    }),
-  )) {
+  for await (const c of client.training.models.checkpoints.list(args.model, {
+    limit: 100,
+    order: "asc",
+  })) {
     out.line(
       [
         c.step,
@@ -187,12 +159,7 @@ export async function deleteCheckpoints(
   args: { model: string; steps: number[] },
   out: Output,
 ): Promise<void> {
-  const result = unwrap(
-    await client.DELETE("/v1/preview/models/{model_id}/checkpoints", {
-      params: { path: { model_id: args.model } },
-      body: { steps: args.steps },
-    }),
-  );
+  const result = await client.training.models.checkpoints.delete(args.model, args.steps);
   out.line(
     `Deleted ${result.deleted_count}${result.not_found_steps.length ? `; not found: ${result.not_found_steps.join(", ")}` : ""}.`,
   );
@@ -209,10 +176,11 @@ export async function chat(
   write: (text: string) => void,
 ): Promise<string> {
   let text = "";
-  for await (const chunk of client.streamChatCompletion({
+  for await (const chunk of await client.chat.completions.create({
     model: args.model,
     messages: args.messages,
     ...(args.maxTokens ? { max_tokens: args.maxTokens } : {}),
+    stream: true,
   })) {
     const piece = chunk.choices[0]?.delta.content ?? "";
     text += piece;
@@ -227,7 +195,9 @@ export async function downloadCheckpoint(
   args: { model: string; step: number; format: "peft" | "gguf" | "gguf-lora"; file: string },
   out: Output,
 ): Promise<void> {
-  const content = await client.downloadCheckpoint(args.model, args.step, args.format);
+  const content = await client.training.models.checkpoints.download(args.model, args.step, {
+    format: args.format,
+  });
   const partial = `${args.file}.partial`;
   const hash = createHash("sha256");
   const source = Readable.fromWeb(
@@ -271,6 +241,6 @@ export async function uploadCheckpoint(
   } else {
     body = await readFile(args.path);
   }
-  const checkpoint = unwrap(await client.uploadCheckpoint(args.model, body));
+  const checkpoint = await client.training.models.checkpoints.upload(args.model, body);
   out.line(`step ${checkpoint.step}: ${checkpoint.model}`);
 }

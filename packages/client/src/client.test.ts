@@ -1,6 +1,15 @@
 import { describe, expect, it } from "vitest";
 import { createArborClient } from "./client.ts";
-import { APIError, AuthenticationError, NotFoundError, RateLimitError, unwrap } from "./errors.ts";
+import {
+  APIConnectionTimeoutError,
+  APIError,
+  APIUserAbortError,
+  AuthenticationError,
+  InternalServerError,
+  NotFoundError,
+  RateLimitError,
+  unwrap,
+} from "./errors.ts";
 
 const base = "http://arbor.test";
 
@@ -76,7 +85,7 @@ describe("createArborClient", () => {
   });
 });
 
-describe("streamChatCompletion", () => {
+describe("chat.completions.create with stream: true", () => {
   it("when the server streams chunks, then each is yielded until [DONE]", async () => {
     const chunk = (content: string) => ({
       id: "c",
@@ -94,10 +103,12 @@ describe("streamChatCompletion", () => {
       },
     });
     const parts: string[] = [];
-    for await (const c of client.streamChatCompletion({
+    const stream = await client.chat.completions.create({
       model: "m",
       messages: [{ role: "user", content: "hi" }],
-    })) {
+      stream: true,
+    });
+    for await (const c of stream) {
       parts.push(c.choices[0]?.delta.content ?? "");
     }
     expect(parts).toEqual(["Hel", "lo"]);
@@ -113,7 +124,12 @@ describe("streamChatCompletion", () => {
         ]),
     });
     const iterate = async () => {
-      for await (const _ of client.streamChatCompletion({ model: "m", messages: [] })) {
+      const stream = await client.chat.completions.create({
+        model: "m",
+        messages: [],
+        stream: true,
+      });
+      for await (const _ of stream) {
         // drain
       }
     };
@@ -136,36 +152,182 @@ describe("streamChatCompletion", () => {
           404,
         ),
     });
-    const iterate = async () => {
-      for await (const _ of client.streamChatCompletion({ model: "m", messages: [] })) {
-        // drain
-      }
-    };
-    await expect(iterate()).rejects.toBeInstanceOf(NotFoundError);
+    await expect(
+      client.chat.completions.create({ model: "m", messages: [], stream: true }),
+    ).rejects.toBeInstanceOf(NotFoundError);
   });
 });
 
-describe("paginate", () => {
-  it("when pages follow each other, then every item is yielded once, asking with the last id", async () => {
-    const afters: (string | undefined)[] = [];
-    const pages: Record<string, { data: { id: string }[]; has_more: boolean }> = {
-      start: { data: [{ id: "a" }, { id: "b" }], has_more: true },
-      b: { data: [{ id: "c" }], has_more: false },
-    };
-    const client = createArborClient({ baseUrl: base, fetch: async () => json({}) });
+describe("list methods", () => {
+  const job = (id: string) => ({ id, object: "training_job" });
+  const pages: Record<string, unknown> = {
+    start: {
+      object: "list",
+      data: [job("a"), job("b")],
+      first_id: "a",
+      last_id: "b",
+      has_more: true,
+    },
+    b: { object: "list", data: [job("c")], first_id: "c", last_id: "c", has_more: false },
+  };
+
+  it("when iterated with for await, then every item of every page is yielded once, asking with the last id", async () => {
+    const urls: string[] = [];
+    const client = createArborClient({
+      baseUrl: base,
+      fetch: async (r) => {
+        urls.push(r.url);
+        return json(pages[new URL(r.url).searchParams.get("after") ?? "start"]);
+      },
+    });
     const ids: string[] = [];
-    for await (const item of client.paginate(async (after) => {
-      afters.push(after);
-      return { data: pages[after ?? "start"], response: new Response(null, { status: 200 }) };
-    })) {
+    for await (const item of client.training.jobs.list({ status: "running", limit: 2 }))
       ids.push(item.id);
-    }
     expect(ids).toEqual(["a", "b", "c"]);
-    expect(afters).toEqual([undefined, "b"]);
+    expect(urls).toEqual([
+      `${base}/v1/preview/training-jobs?status=running&limit=2`,
+      `${base}/v1/preview/training-jobs?status=running&limit=2&after=b`,
+    ]);
+  });
+
+  it("when awaited, then it is one page, which leads to the next", async () => {
+    const client = createArborClient({
+      baseUrl: base,
+      fetch: async (r) => json(pages[new URL(r.url).searchParams.get("after") ?? "start"]),
+    });
+    const page = await client.training.jobs.list();
+    expect(page.data.map((j) => j.id)).toEqual(["a", "b"]);
+    expect(page.hasNextPage()).toBe(true);
+    const next = await page.nextPage();
+    expect(next.data.map((j) => j.id)).toEqual(["c"]);
+    expect(next.hasNextPage()).toBe(false);
+    await expect(next.nextPage()).rejects.toThrow("no next page");
   });
 });
 
-describe("followTrainingJob", () => {
+/** Requests held by `hang`, as a real fetch holds them while it waits (undici's Request keeps
+ * only a weak reference to what aborts it: an unreferenced one may be collected, unaborted). */
+const held: Request[] = [];
+
+/** A fetch that never answers, and rejects as fetch does when the request is aborted. */
+function hang(r: Request): Promise<Response> {
+  held.push(r);
+  return new Promise((_, reject) => {
+    if (r.signal.aborted) reject(r.signal.reason);
+    r.signal.addEventListener("abort", () => reject(r.signal.reason));
+  });
+}
+
+describe("request options", () => {
+  it("when the answer's headers do not come within the timeout, then it is retried, then APIConnectionTimeoutError", async () => {
+    let attempts = 0;
+    const client = createArborClient({
+      baseUrl: base,
+      timeout: 20,
+      sleep: async () => {},
+      fetch: (r) => {
+        attempts++;
+        return hang(r);
+      },
+    });
+    await expect(client.training.jobs.retrieve("j", { maxRetries: 1 })).rejects.toBeInstanceOf(
+      APIConnectionTimeoutError,
+    );
+    expect(attempts).toBe(2);
+  });
+
+  it("when the caller aborts, then APIUserAbortError, with no retry", async () => {
+    let attempts = 0;
+    const client = createArborClient({
+      baseUrl: base,
+      fetch: (r) => {
+        attempts++;
+        return hang(r);
+      },
+    });
+    const controller = new AbortController();
+    const pending = client.models.retrieve("arbor/tiny-chat", { signal: controller.signal });
+    controller.abort();
+    await expect(pending).rejects.toBeInstanceOf(APIUserAbortError);
+    expect(attempts).toBe(1);
+  });
+
+  it("when a request sets maxRetries and headers, then they hold for it alone", async () => {
+    const seen: Request[] = [];
+    const client = createArborClient({
+      baseUrl: base,
+      maxRetries: 3,
+      sleep: async () => {},
+      fetch: async (r) => {
+        seen.push(r);
+        return json({ error: { message: "busy" } }, 503);
+      },
+    });
+    await expect(
+      client.models.list({ maxRetries: 0, headers: { "x-trace": "t1" } }),
+    ).rejects.toBeInstanceOf(InternalServerError);
+    expect(seen).toHaveLength(1);
+    expect(seen[0]!.headers.get("x-trace")).toBe("t1");
+    await expect(client.models.list()).rejects.toBeInstanceOf(InternalServerError);
+    expect(seen).toHaveLength(5);
+  });
+});
+
+describe("training.datasets.create", () => {
+  it.each([
+    ["a string", (lines: string[]) => lines.join("\n")],
+    [
+      "objects from an async iterable",
+      (lines: string[]) =>
+        (async function* () {
+          for (const line of lines) yield JSON.parse(line);
+        })(),
+    ],
+    ["a Blob", (lines: string[]) => new Blob([lines.join("\n")])],
+  ])("when given %s, then it uploads JSONL", async (_, make) => {
+    const lines = [
+      JSON.stringify({
+        messages: [
+          { role: "user", content: "a" },
+          { role: "assistant", content: "b" },
+        ],
+      }),
+      JSON.stringify({
+        messages: [
+          { role: "user", content: "c" },
+          { role: "assistant", content: "d" },
+        ],
+      }),
+    ];
+    const sent: { type: string | null; body: string; url: string }[] = [];
+    const client = createArborClient({
+      baseUrl: base,
+      fetch: async (r) => {
+        sent.push({ type: r.headers.get("content-type"), body: await r.text(), url: r.url });
+        return json({
+          id: "d",
+          object: "dataset",
+          url: "dataset://d",
+          name: "n",
+          bytes: 1,
+          lines: 2,
+          created_at: 1,
+        });
+      },
+    });
+    const dataset = await client.training.datasets.create(make(lines), { name: "n" });
+    expect(dataset.url).toBe("dataset://d");
+    expect(sent).toEqual([
+      {
+        type: "application/jsonl",
+        body: lines.join("\n"),
+        url: `${base}/v1/preview/datasets?name=n`,
+      },
+    ]);
+  });
+});
+
+describe("training.jobs.events.follow", () => {
   const event = (id: string, type: string) => ({
     id,
     object: "training_job.event",
@@ -194,7 +356,7 @@ describe("followTrainingJob", () => {
       sleep: async () => {},
     });
     const types: string[] = [];
-    for await (const e of client.followTrainingJob("job-1")) types.push(e.type);
+    for await (const e of client.training.jobs.events.follow("job-1")) types.push(e.type);
     expect(types).toEqual(["training_started", "gradient_step", "gradient_step", "training_ended"]);
     expect(urls).toEqual([
       `${base}/v1/preview/training-jobs/job-1/events`,

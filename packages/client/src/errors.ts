@@ -74,6 +74,14 @@ export class APIConnectionError extends ArborError {
   }
 }
 
+/** No answer's headers came within the request's timeout, after all retries. */
+export class APIConnectionTimeoutError extends APIConnectionError {
+  override name = "APIConnectionTimeoutError";
+  constructor(timeoutMs: number) {
+    super(new Error(`Request timed out after ${timeoutMs} ms.`));
+  }
+}
+
 /** The caller aborted the request through its AbortSignal. */
 export class APIUserAbortError extends ArborError {
   override name = "APIUserAbortError";

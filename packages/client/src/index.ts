@@ -1,19 +1,21 @@
-export type { components, operations, paths } from "@arbor/spec/schema";
 export {
   type ArborClient,
   type ArborClientOptions,
-  type ChatCompletion,
-  type ChatCompletionChunk,
-  type ChatCompletionRequest,
-  type Checkpoint,
-  type CheckpointContent,
-  type CheckpointFormat,
   createArborClient,
-  type TrainingJobEvent,
-  type TrainingJobEventList,
+  Health,
+  type Resources,
 } from "./client.ts";
 export {
+  DEFAULT_MAX_RETRIES,
+  DEFAULT_TIMEOUT_MS,
+  type ListBody,
+  type Page,
+  PagePromise,
+  type RequestOptions,
+} from "./core.ts";
+export {
   APIConnectionError,
+  APIConnectionTimeoutError,
   APIError,
   APIUserAbortError,
   ArborError,
@@ -30,4 +32,37 @@ export {
   UnprocessableEntityError,
   unwrap,
 } from "./errors.ts";
+export type { components, operations, paths } from "./generated/schema.ts";
+export { Calls } from "./resources/calls.ts";
+export {
+  Chat,
+  type ChatCompletion,
+  type ChatCompletionChunk,
+  type ChatCompletionCreateParams,
+  type ChatCompletionCreateParamsNonStreaming,
+  type ChatCompletionCreateParamsStreaming,
+  Completions,
+  type ModelEntry,
+  Models,
+  Stream,
+} from "./resources/inference.ts";
+export {
+  type Checkpoint,
+  type CheckpointContent,
+  type CheckpointFormat,
+  Checkpoints,
+  type Dataset,
+  type DatasetInput,
+  type DatasetLine,
+  Datasets,
+  Events,
+  Jobs,
+  type Model,
+  type SftExample,
+  Training,
+  type TrainingJob,
+  type TrainingJobEvent,
+  TrainingModels,
+} from "./resources/training.ts";
 export { isRetryableRequest, retryDelayMs, shouldRetryResponse } from "./retries.ts";
+export { VERSION } from "./version.ts";

@@ -1,8 +1,10 @@
-import { APIConnectionError, APIUserAbortError } from "./errors.ts";
+import { APIConnectionError, APIConnectionTimeoutError, APIUserAbortError } from "./errors.ts";
 
 export interface RetryOptions {
   /** Retries after the first attempt; 2 by default, as openai-node. */
   maxRetries: number;
+  /** Milliseconds each attempt may wait for the answer's headers (none when absent). */
+  timeout?: number;
   fetch: (request: Request) => Promise<Response>;
   sleep: (ms: number) => Promise<void>;
   random: () => number;
@@ -53,7 +55,8 @@ export function retryDelayMs(
 }
 
 /** A fetch that retries per openai-node's policy. Each attempt sends a clone, so a body can be
- * sent again. */
+ * sent again, and has `timeout` ms to get its answer's headers (a timeout is retried as a
+ * connection error). */
 export function retryingFetch(options: RetryOptions): (request: Request) => Promise<Response> {
   return async (request) => {
     const retryable = options.maxRetries > 0 && isRetryableRequest(request);
@@ -61,10 +64,13 @@ export function retryingFetch(options: RetryOptions): (request: Request) => Prom
       const canRetry = retryable && retriesDone < options.maxRetries;
       let response: Response;
       try {
-        response = await options.fetch(canRetry ? request.clone() : request);
+        response = await attempt(options, canRetry ? request.clone() : request);
       } catch (err) {
         if (request.signal.aborted) throw new APIUserAbortError();
-        if (!canRetry) throw new APIConnectionError(err);
+        if (!canRetry) {
+          if (err instanceof TimedOut) throw new APIConnectionTimeoutError(err.ms);
+          throw new APIConnectionError(err);
+        }
         await options.sleep(retryDelayMs(undefined, retriesDone, options.random));
         continue;
       }
@@ -73,4 +79,43 @@ export function retryingFetch(options: RetryOptions): (request: Request) => Prom
       await options.sleep(retryDelayMs(response, retriesDone, options.random));
     }
   };
+}
+
+class TimedOut extends Error {
+  readonly ms: number;
+  constructor(ms: number) {
+    super(`timed out after ${ms} ms`);
+    this.ms = ms;
+  }
+}
+
+/** One fetch, aborted when no answer's headers came within the timeout. */
+async function attempt(options: RetryOptions, request: Request): Promise<Response> {
+  const ms = options.timeout;
+  if (ms === undefined || !Number.isFinite(ms)) return options.fetch(request);
+  const controller = new AbortController();
+  const unlink = follow(request.signal, controller);
+  const handle = setTimeout(() => controller.abort(new TimedOut(ms)), ms);
+  try {
+    return await options.fetch(new Request(request, { signal: controller.signal }));
+  } catch (err) {
+    if (controller.signal.aborted && !request.signal.aborted) throw controller.signal.reason;
+    throw err;
+  } finally {
+    clearTimeout(handle);
+    unlink();
+  }
+}
+
+/** Aborts `controller` when `signal` aborts; returns the function that stops following, so
+ * a link lasts exactly as long as the attempt or stream that needs it. */
+export function follow(signal: AbortSignal | undefined, controller: AbortController): () => void {
+  if (!signal) return () => {};
+  if (signal.aborted) {
+    controller.abort(signal.reason);
+    return () => {};
+  }
+  const abort = () => controller.abort(signal.reason);
+  signal.addEventListener("abort", abort, { once: true });
+  return () => signal.removeEventListener("abort", abort);
 }

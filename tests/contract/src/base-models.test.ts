@@ -4,7 +4,6 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { addBaseModel } from "@arbor/cli/base-models";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
-import { unwrap } from "@arbor/client";
 import {
   exportGguf,
   loadModel,
@@ -67,7 +66,7 @@ afterAll(async () => {
 
 describe("base models from folders", () => {
   it("when a folder is added, then it is listed as a base model and a broken one is skipped by name", async () => {
-    const { data } = unwrap(await client.GET("/v1/models"));
+    const { data } = await client.models.list();
     expect(data).toContainEqual(
       expect.objectContaining({ id: ID, owned_by: "system", root: ID, parent: null }),
     );
@@ -85,11 +84,11 @@ describe("base models from folders", () => {
   });
 
   it("when a model on it is trained 3 steps, then :step3 answers chats, and the checkpoint exports to GGUF", async () => {
-    const model = unwrap(
-      await client.POST("/v1/preview/models", {
-        body: { project: "base", name: "qwen-sft", base_model: ID },
-      }),
-    );
+    const model = await client.training.models.create({
+      project: "base",
+      name: "qwen-sft",
+      base_model: ID,
+    });
     const lines = Array.from({ length: 6 }, (_, i) =>
       JSON.stringify({
         messages: [
@@ -98,35 +97,23 @@ describe("base models from folders", () => {
         ],
       }),
     ).join("\n");
-    const dataset = unwrap(
-      await client.POST("/v1/preview/datasets", {
-        body: lines as never,
-        bodySerializer: (b: unknown) => b as string,
-        headers: { "content-type": "application/jsonl" },
-      }),
-    );
-    const job = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: {
-          model_id: model.id,
-          training_data_url: dataset.url,
-          config: { batch_size: 2, epochs: 1, learning_rate: 1e-2 },
-        },
-      }),
-    );
+    const dataset = await client.training.datasets.create(lines);
+    const job = await client.training.jobs.createSft({
+      model_id: model.id,
+      training_data_url: dataset.url,
+      config: { batch_size: 2, epochs: 1, learning_rate: 1e-2 },
+    });
     const events: TrainingJobEvent[] = [];
-    for await (const event of client.followTrainingJob(job.id)) events.push(event);
+    for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
     expect(events.at(-1)?.type, JSON.stringify(events.at(-1))).toBe("training_ended");
     expect(events.filter((e) => e.type === "gradient_step")).toHaveLength(3);
 
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: `default/base/qwen-sft:step3`,
-        messages: [{ role: "user", content: "Say 3." }],
-        max_tokens: 5,
-        temperature: 0,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: `default/base/qwen-sft:step3`,
+      messages: [{ role: "user", content: "Say 3." }],
+      max_tokens: 5,
+      temperature: 0,
+    });
     expect(completion.model).toBe("default/base/qwen-sft:step3");
     expect(completion.usage.completion_tokens).toBeGreaterThan(0);
 

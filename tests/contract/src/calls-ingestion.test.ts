@@ -29,18 +29,14 @@ async function query(
   filter: Record<string, unknown> = {},
   page: { limit?: number; offset?: number } = {},
 ) {
-  return unwrap(await client.POST("/calls/query", { body: { project_id, filter, ...page } }));
+  return await client.calls.query({ project_id, filter, ...page });
 }
 
 describe("startCall", () => {
   it("when a start has no id or trace id, then both are generated", async () => {
-    const result = unwrap(
-      await client.POST("/call/start", {
-        body: {
-          start: { project_id: "default/s1", op_name: "op", started_at: "2026-11-01T10:00:00Z" },
-        },
-      }),
-    );
+    const result = await client.calls.start({
+      start: { project_id: "default/s1", op_name: "op", started_at: "2026-11-01T10:00:00Z" },
+    });
     expect(result.id).toMatch(/^[0-9a-f-]{36}$/);
     expect(result.trace_id).toMatch(/^[0-9a-f-]{36}$/);
     const [call] = (await query("default/s1")).calls;
@@ -87,18 +83,12 @@ describe("endCall", () => {
     const project = "default/e1";
     const summary = { usage: { m: { prompt_tokens: 3, completion_tokens: 4 } } };
     expect(
-      unwrap(
-        await client.POST("/call/end", {
-          body: { end: end(project, "late", { output: { answer: 42 }, summary }) },
-        }),
-      ),
+      await client.calls.end({ end: end(project, "late", { output: { answer: 42 }, summary }) }),
     ).toEqual({});
     expect((await query(project)).calls).toEqual([]);
-    unwrap(
-      await client.POST("/call/start", {
-        body: { start: start(project, "late", { trace_id: "t", inputs: { q: "?" } }) },
-      }),
-    );
+    await client.calls.start({
+      start: start(project, "late", { trace_id: "t", inputs: { q: "?" } }),
+    });
     const [call] = (await query(project)).calls;
     expect(call).toEqual({
       id: "late",
@@ -121,20 +111,16 @@ describe("endCall", () => {
 describe("upsertCallBatch", () => {
   it("when a batch mixes starts and ends, then it answers one entry per item in order", async () => {
     const project = "default/b1";
-    const result = unwrap(
-      await client.POST("/call/upsert_batch", {
-        body: {
-          batch: [
-            { mode: "end", req: { end: end(project, "a") } },
-            { mode: "start", req: { start: start(project, "a", { trace_id: "t" }) } },
-            {
-              mode: "start",
-              req: { start: start(project, "b", { trace_id: "t", parent_id: "a" }) },
-            },
-          ],
+    const result = await client.calls.upsertBatch({
+      batch: [
+        { mode: "end", req: { end: end(project, "a") } },
+        { mode: "start", req: { start: start(project, "a", { trace_id: "t" }) } },
+        {
+          mode: "start",
+          req: { start: start(project, "b", { trace_id: "t", parent_id: "a" }) },
         },
-      }),
-    );
+      ],
+    });
     expect(result.res).toEqual([{}, { id: "a", trace_id: "t" }, { id: "b", trace_id: "t" }]);
     expect((await query(project)).calls.map((c) => [c.id, c.ended_at !== null])).toEqual([
       ["a", true],
@@ -144,11 +130,7 @@ describe("upsertCallBatch", () => {
 
   it("when one start in a batch conflicts, then 409 and nothing of the batch is applied", async () => {
     const project = "default/b2";
-    unwrap(
-      await client.POST("/call/start", {
-        body: { start: start(project, "taken", { trace_id: "t" }) },
-      }),
-    );
+    await client.calls.start({ start: start(project, "taken", { trace_id: "t" }) });
     const { response } = await client.POST("/call/upsert_batch", {
       body: {
         batch: [
@@ -200,7 +182,7 @@ describe("queryCalls", () => {
         started_at: "2026-11-02T10:00:01Z",
       }),
     ].map((s) => ({ mode: "start" as const, req: { start: s } }));
-    unwrap(await client.POST("/call/upsert_batch", { body: { batch } }));
+    await client.calls.upsertBatch({ batch });
   });
 
   it.each([
@@ -243,33 +225,21 @@ describe("deleteCalls", () => {
       start(project, "grandkid", { trace_id: "t", parent_id: "kid" }),
       start(project, "sibling", { trace_id: "t", parent_id: "root" }),
     ].map((s) => ({ mode: "start" as const, req: { start: s } }));
-    unwrap(await client.POST("/call/upsert_batch", { body: { batch } }));
-    expect(
-      unwrap(
-        await client.POST("/calls/delete", { body: { project_id: project, call_ids: ["kid"] } }),
-      ),
-    ).toEqual({ num_deleted: 2 });
+    await client.calls.upsertBatch({ batch });
+    expect(await client.calls.delete({ project_id: project, call_ids: ["kid"] })).toEqual({
+      num_deleted: 2,
+    });
     expect((await query(project)).calls.map((c) => c.id)).toEqual(["root", "sibling"]);
-    expect(
-      unwrap(
-        await client.POST("/calls/delete", { body: { project_id: project, call_ids: ["kid"] } }),
-      ),
-    ).toEqual({ num_deleted: 0 });
+    expect(await client.calls.delete({ project_id: project, call_ids: ["kid"] })).toEqual({
+      num_deleted: 0,
+    });
   });
 
   it("when the ids belong to another project, then nothing is deleted", async () => {
-    unwrap(
-      await client.POST("/call/start", {
-        body: { start: start("default/d2", "keep", { trace_id: "t" }) },
-      }),
-    );
-    expect(
-      unwrap(
-        await client.POST("/calls/delete", {
-          body: { project_id: "default/d3", call_ids: ["keep"] },
-        }),
-      ),
-    ).toEqual({ num_deleted: 0 });
+    await client.calls.start({ start: start("default/d2", "keep", { trace_id: "t" }) });
+    expect(await client.calls.delete({ project_id: "default/d3", call_ids: ["keep"] })).toEqual({
+      num_deleted: 0,
+    });
     expect((await query("default/d2")).calls.map((c) => c.id)).toEqual(["keep"]);
   });
 });

@@ -47,7 +47,7 @@ async function ingest(project: string, nodes: Node[], trace = "t") {
         },
       },
     }));
-  unwrap(await client.POST("/call/upsert_batch", { body: { batch: [...starts, ...ends] } }));
+  await client.calls.upsertBatch({ batch: [...starts, ...ends] });
 }
 
 /** A full usage value; costs null unless priced. */
@@ -236,9 +236,7 @@ describe("getCallsUsage", () => {
     async (_, c, i) => {
       const project = `default/usage-${i}`;
       await ingest(project, c.nodes);
-      const result = unwrap(
-        await client.POST("/calls/usage", { body: { project_id: project, call_ids: c.ids } }),
-      );
+      const result = await client.calls.usage({ project_id: project, call_ids: c.ids });
       expect(result.call_usage).toEqual(c.expected);
       expect(result.unfinished_call_ids).toEqual(c.unfinished ?? []);
     },
@@ -259,9 +257,7 @@ describe("getCallsUsage", () => {
       ],
       "trace-b",
     );
-    const result = unwrap(
-      await client.POST("/calls/usage", { body: { project_id: project, call_ids: ["a", "b"] } }),
-    );
+    const result = await client.calls.usage({ project_id: project, call_ids: ["a", "b"] });
     expect(result.call_usage).toEqual({
       a: { m1: usage({ requests: 1, prompt: 1, completion: 1, total: 2 }) },
       b: { m2: usage({ requests: 2, prompt: 5, completion: 5, total: 10 }) },
@@ -296,9 +292,7 @@ describe("getCallsUsage", () => {
       },
     ]);
     const body = { project_id: project, call_ids: ["march"] };
-    const priced = unwrap(
-      await client.POST("/calls/usage", { body: { ...body, include_costs: true } }),
-    );
+    const priced = await client.calls.usage({ ...body, include_costs: true });
     expect(priced.call_usage.march).toEqual({
       priced: usage(
         { requests: 2, prompt: 20, completion: 20, total: 40 },
@@ -335,11 +329,11 @@ describe("getCallsUsage", () => {
         },
       },
     ]);
-    const result = unwrap(
-      await client.POST("/calls/usage", {
-        body: { project_id: project, call_ids: ["r"], include_costs: true },
-      }),
-    );
+    const result = await client.calls.usage({
+      project_id: project,
+      call_ids: ["r"],
+      include_costs: true,
+    });
     expect(result.call_usage.r).toEqual({
       shared: usage(
         { requests: 1, prompt: 2, completion: 4, total: 6 },
@@ -354,11 +348,7 @@ describe("getCallsUsage", () => {
 
   it("when ids belong to another project, then they read as missing; another entity gets 403", async () => {
     await ingest("default/private", threeLevels);
-    const other = unwrap(
-      await client.POST("/calls/usage", {
-        body: { project_id: "default/elsewhere", call_ids: ["root"] },
-      }),
-    );
+    const other = await client.calls.usage({ project_id: "default/elsewhere", call_ids: ["root"] });
     expect(other).toEqual({ call_usage: { root: {} }, unfinished_call_ids: [] });
     const stranger = await server.newTenant("stranger");
     const { response, error } = await stranger.client.POST("/calls/usage", {
@@ -385,16 +375,10 @@ describe("getCallsUsage", () => {
   it("when a call is deleted, then it and its descendants read as missing", async () => {
     const project = "default/deleted";
     await ingest(project, threeLevels);
-    expect(
-      unwrap(
-        await client.POST("/calls/delete", { body: { project_id: project, call_ids: ["child"] } }),
-      ),
-    ).toEqual({ num_deleted: 2 });
-    const result = unwrap(
-      await client.POST("/calls/usage", {
-        body: { project_id: project, call_ids: ["root", "child"] },
-      }),
-    );
+    expect(await client.calls.delete({ project_id: project, call_ids: ["child"] })).toEqual({
+      num_deleted: 2,
+    });
+    const result = await client.calls.usage({ project_id: project, call_ids: ["root", "child"] });
     expect(result.call_usage).toEqual({
       root: { m1: usage({ requests: 1, prompt: 10, completion: 5, total: 15 }) },
       child: {},

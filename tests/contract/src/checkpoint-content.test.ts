@@ -4,7 +4,6 @@ import { request as httpRequest } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
-import { unwrap } from "@arbor/client";
 import { catalogModelDir, exportGguf, loadModel, readGguf, readSafetensors } from "@arbor/engine";
 import { LlamaCppBackend } from "@arbor/server";
 import { readAdapterTar } from "@arbor/training";
@@ -26,11 +25,11 @@ const work = mkdtempSync(join(tmpdir(), "arbor-io-"));
 beforeAll(async () => {
   server = await startServer({}, { worker: true });
   client = server.authorizedClient();
-  trained = unwrap(
-    await client.POST("/v1/preview/models", {
-      body: { project: "io", name: "trained", base_model: "arbor/tiny-chat" },
-    }),
-  );
+  trained = await client.training.models.create({
+    project: "io",
+    name: "trained",
+    base_model: "arbor/tiny-chat",
+  });
   const lines = Array.from({ length: 8 }, (_, i) =>
     JSON.stringify({
       messages: [
@@ -39,24 +38,14 @@ beforeAll(async () => {
       ],
     }),
   ).join("\n");
-  const dataset = unwrap(
-    await client.POST("/v1/preview/datasets", {
-      body: lines as never,
-      bodySerializer: (b: unknown) => b as string,
-      headers: { "content-type": "application/jsonl" },
-    }),
-  );
-  const job = unwrap(
-    await client.POST("/v1/preview/sft-training-jobs", {
-      body: {
-        model_id: trained.id,
-        training_data_url: dataset.url,
-        config: { batch_size: 4, epochs: 2, learning_rate: 1e-2 },
-      },
-    }),
-  );
+  const dataset = await client.training.datasets.create(lines);
+  const job = await client.training.jobs.createSft({
+    model_id: trained.id,
+    training_data_url: dataset.url,
+    config: { batch_size: 4, epochs: 2, learning_rate: 1e-2 },
+  });
   const events: TrainingJobEvent[] = [];
-  for await (const event of client.followTrainingJob(job.id)) events.push(event);
+  for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
   expect(events.at(-1)?.type).toBe("training_ended");
   steps = events.filter((e) => e.type === "gradient_step").length;
 }, 180_000);
@@ -92,15 +81,13 @@ async function tarOf(entries: { name: string; body: Uint8Array | string }[]): Pr
 }
 
 async function greedy(model: string): Promise<string> {
-  const completion = unwrap(
-    await client.createChatCompletion({
-      model,
-      messages: [{ role: "user", content: "What is the code word 3?" }],
-      max_tokens: 12,
-      temperature: 0,
-      seed: 1,
-    }),
-  );
+  const completion = await client.chat.completions.create({
+    model,
+    messages: [{ role: "user", content: "What is the code word 3?" }],
+    max_tokens: 12,
+    temperature: 0,
+    seed: 1,
+  });
   return completion.choices[0]!.message.content ?? "";
 }
 
@@ -118,14 +105,12 @@ async function expectLlamaAnswersLikeStep(backend: LlamaCppBackend): Promise<voi
   if (!loaded) return;
   const viaLlama = await startServer({}, { llama: new Map([["local/exported", backend]]) });
   try {
-    const answer = unwrap(
-      await viaLlama.authorizedClient().createChatCompletion({
-        model: "local/exported",
-        messages: [{ role: "user", content: "What is the code word 3?" }],
-        max_tokens: 12,
-        temperature: 0,
-      }),
-    );
+    const answer = await viaLlama.authorizedClient().chat.completions.create({
+      model: "local/exported",
+      messages: [{ role: "user", content: "What is the code word 3?" }],
+      max_tokens: 12,
+      temperature: 0,
+    });
     expect(answer.choices[0]!.message.content).toBe(
       await greedy(`default/io/trained:step${steps}`),
     );
@@ -135,11 +120,11 @@ async function expectLlamaAnswersLikeStep(backend: LlamaCppBackend): Promise<voi
 }
 
 async function newModel(name: string): Promise<{ id: string }> {
-  return unwrap(
-    await client.POST("/v1/preview/models", {
-      body: { project: "io", name, base_model: "arbor/tiny-chat" },
-    }),
-  );
+  return await client.training.models.create({
+    project: "io",
+    name,
+    base_model: "arbor/tiny-chat",
+  });
 }
 
 describe("getCheckpointContent", () => {
@@ -312,11 +297,7 @@ describe("createCheckpoint", () => {
       });
     });
     await new Promise((r) => setTimeout(r, 300));
-    const list = unwrap(
-      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: target.id } },
-      }),
-    );
+    const list = await client.training.models.checkpoints.list(target.id);
     expect(list.data.map((c) => c.step)).toEqual([0]);
     expect(await server.store.blobs!.list(`checkpoints/${target.id}/`)).toEqual([]);
   });
@@ -367,11 +348,7 @@ describe("createCheckpoint", () => {
       });
     }
     expect((await upload(target.id, Buffer.from("{}"), "application/json")).status).toBe(415);
-    const list = unwrap(
-      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: target.id } },
-      }),
-    );
+    const list = await client.training.models.checkpoints.list(target.id);
     expect(list.data.map((c) => c.step)).toEqual([0]);
     const blobs = await server.store.blobs!.list(`checkpoints/${target.id}/`);
     expect(blobs).toEqual([]);
@@ -386,18 +363,12 @@ describe("createCheckpoint", () => {
         { role: "assistant", content: "hello" },
       ],
     });
-    const dataset = unwrap(
-      await client.POST("/v1/preview/datasets", {
-        body: lines as never,
-        bodySerializer: (b: unknown) => b as string,
-        headers: { "content-type": "application/jsonl" },
-      }),
-    );
-    const job = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: { model_id: busy.id, training_data_url: dataset.url, config: { epochs: 50 } },
-      }),
-    );
+    const dataset = await client.training.datasets.create(lines);
+    const job = await client.training.jobs.createSft({
+      model_id: busy.id,
+      training_data_url: dataset.url,
+      config: { epochs: 50 },
+    });
     const { status, body: error } = await upload(busy.id, body);
     expect(status).toBe(409);
     expect(error).toMatchObject({ error: { code: "job_in_progress" } });

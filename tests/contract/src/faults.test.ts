@@ -38,34 +38,27 @@ const lines = ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"].map((w) =
 describe("kill -9 during a job", () => {
   it("when the server dies mid-job and restarts, then the job resumes from its checkpoint to one terminal event, no partial checkpoint is listed, and the queue goes on", async () => {
     let client = await startChild();
-    const model = unwrap(
-      await client.POST("/v1/preview/models", {
-        body: { project: "faults", name: "victim", base_model: "arbor/tiny-chat" },
-      }),
-    );
-    const dataset = unwrap(
-      await client.POST("/v1/preview/datasets", {
-        body: lines.join("\n") as never,
-        bodySerializer: (b: unknown) => b as string,
-        headers: { "content-type": "application/jsonl" },
-      }),
-    );
+    const model = await client.training.models.create({
+      project: "faults",
+      name: "victim",
+      base_model: "arbor/tiny-chat",
+    });
+    const dataset = await client.training.datasets.create(lines.join("\n"));
     const body = {
       model_id: model.id,
       training_data_url: dataset.url,
       config: { epochs: 12, batch_size: 2, checkpoint_every: 1 },
     };
     const job = unwrap(await client.POST("/v1/preview/sft-training-jobs", { body }));
-    const next = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: { ...body, config: { epochs: 1, batch_size: 4 } },
-      }),
-    );
+    const next = await client.training.jobs.createSft({
+      ...body,
+      config: { epochs: 1, batch_size: 4 },
+    });
 
     // Wait until the first job has saved a checkpoint, then kill the process.
     await vi.waitFor(
       async () => {
-        const { data } = unwrap(await client.listTrainingJobEvents(job.id, { limit: 100 }));
+        const { data } = await client.training.jobs.events.list(job.id, { limit: 100 });
         expect(data.some((e) => e.type === "checkpoint_saved")).toBe(true);
       },
       { timeout: 60_000, interval: 100 },
@@ -75,7 +68,7 @@ describe("kill -9 during a job", () => {
     client = await startChild();
     for (const id of [job.id, next.id]) {
       const events = [];
-      for await (const event of client.followTrainingJob(id)) events.push(event);
+      for await (const event of client.training.jobs.events.follow(id)) events.push(event);
       const terminal = events.filter(
         (e) => e.type === "training_ended" || e.type === "training_failed",
       );
@@ -88,28 +81,20 @@ describe("kill -9 during a job", () => {
       expect(steps.filter((step) => step === 1)).toHaveLength(1);
     }
     const [first, second] = await Promise.all(
-      [job.id, next.id].map(async (id) =>
-        unwrap(
-          await client.GET("/v1/preview/training-jobs/{training_job_id}", {
-            params: { path: { training_job_id: id } },
-          }),
-        ),
-      ),
+      [job.id, next.id].map(async (id) => await client.training.jobs.retrieve(id)),
     );
     expect(first!.status).toBe("succeeded");
     expect(second!.status).toBe("succeeded");
 
     // Every listed checkpoint serves: none points at missing or partial files.
-    const { data } = unwrap(
-      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: model.id }, query: { limit: 100 } },
-      }),
-    );
+    const { data } = await client.training.models.checkpoints.list(model.id, { limit: 100 });
     for (const checkpoint of data) {
-      const chat = await client.createChatCompletion({
-        model: checkpoint.model,
-        messages: [{ role: "user", content: "Reverse the word cat." }],
-        max_tokens: 4,
+      const chat = await client.POST("/v1/chat/completions", {
+        body: {
+          model: checkpoint.model,
+          messages: [{ role: "user", content: "Reverse the word cat." }],
+          max_tokens: 4,
+        },
       });
       expect(chat.response.status).toBe(200);
     }
@@ -145,11 +130,11 @@ function blobFiles(dataDir: string): string[] {
 describe("kill -9 during writes", () => {
   it("when a checkpoint save and an upload were cut off, then a restarted server removes their partial files and the unnamed checkpoint folder, and deleting the model removes all its files", async () => {
     let client = await startChild();
-    const model = unwrap(
-      await client.POST("/v1/preview/models", {
-        body: { project: "faults", name: "cut-off", base_model: "arbor/tiny-chat" },
-      }),
-    );
+    const model = await client.training.models.create({
+      project: "faults",
+      name: "cut-off",
+      base_model: "arbor/tiny-chat",
+    });
     await kill9();
     const folder = `checkpoints/${model.id}/7-0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192`;
     await killMidWrite(dataDir, [
@@ -169,11 +154,7 @@ describe("kill -9 during writes", () => {
       `checkpoints/${model.id}/8-x/adapter_config.json`,
       "datasets/x.tmp",
     ]);
-    unwrap(
-      await client.DELETE("/v1/preview/models/{model_id}", {
-        params: { path: { model_id: model.id } },
-      }),
-    );
+    await client.training.models.delete(model.id);
     expect(blobFiles(dataDir).filter((f) => f.startsWith(`checkpoints/${model.id}`))).toEqual([]);
     await kill9();
   }, 120_000);

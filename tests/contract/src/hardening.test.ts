@@ -15,20 +15,22 @@ beforeAll(async () => {
 afterAll(() => server.close());
 
 const chat = (model: string, content = "Hi", extra: Record<string, unknown> = {}) =>
-  client.createChatCompletion({
-    model,
-    messages: [{ role: "user", content }],
-    max_tokens: 4,
-    temperature: 0,
-    ...extra,
+  client.POST("/v1/chat/completions", {
+    body: {
+      model,
+      messages: [{ role: "user", content }],
+      max_tokens: 4,
+      temperature: 0,
+      ...extra,
+    },
   });
 
 async function newModel(name: string) {
-  return unwrap(
-    await client.POST("/v1/preview/models", {
-      body: { project: "hard", name, base_model: "arbor/tiny-chat" },
-    }),
-  );
+  return await client.training.models.create({
+    project: "hard",
+    name,
+    base_model: "arbor/tiny-chat",
+  });
 }
 
 describe("createChatCompletion: accounting cannot be skipped", () => {
@@ -50,10 +52,12 @@ describe("createChatCompletion: accounting cannot be skipped", () => {
     try {
       const engine = await failing.engines.engine("arbor/tiny-chat");
       const before = (await engine.stats()).steps;
-      const { response, error } = await failing.authorizedClient().createChatCompletion({
-        model: "arbor/tiny-chat",
-        messages: [{ role: "user", content: "Hi" }],
-        max_tokens: 4,
+      const { response, error } = await failing.authorizedClient().POST("/v1/chat/completions", {
+        body: {
+          model: "arbor/tiny-chat",
+          messages: [{ role: "user", content: "Hi" }],
+          max_tokens: 4,
+        },
       });
       expect(response.status).toBe(503);
       expect(response.headers.get("x-should-retry")).toBe("true");
@@ -86,18 +90,12 @@ describe("createChatCompletion: accounting cannot be skipped", () => {
         headers: { "compat-project": project },
       }),
     );
-    const { calls } = unwrap(
-      await client.POST("/calls/query", { body: { project_id: project, limit: 10 } }),
-    );
+    const { calls } = await client.calls.query({ project_id: project, limit: 10 });
     expect(calls).toHaveLength(1);
     expect(calls[0]!.inputs).toEqual({
       _arbor_omitted: { reason: "larger than the recording limit", bytes: expect.any(Number) },
     });
-    const usage = unwrap(
-      await client.POST("/calls/usage", {
-        body: { project_id: project, call_ids: [calls[0]!.id] },
-      }),
-    );
+    const usage = await client.calls.usage({ project_id: project, call_ids: [calls[0]!.id] });
     expect(usage.call_usage[calls[0]!.id]?.[served.model]).toMatchObject({
       requests: 1,
       prompt_tokens: served.usage!.prompt_tokens,
@@ -132,11 +130,7 @@ describe("logModelMetrics: only finite numbers are stored", () => {
       '{"ovf/reward": null, "train/loss": 0.5}',
       model.id,
     ]);
-    const listed = unwrap(
-      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: model.id } },
-      }),
-    );
+    const listed = await client.training.models.checkpoints.list(model.id);
     expect(listed.data[0]?.metrics).toEqual({ "train/loss": 0.5 });
   });
 });
@@ -225,12 +219,8 @@ describe("createSftTrainingJob: a job's size is bounded", () => {
         { role: "assistant", content: "b" },
       ],
     });
-    const dataset = unwrap(
-      await client.POST("/v1/preview/datasets", {
-        body: Array.from({ length: 10_001 }, () => line).join("\n") as never,
-        bodySerializer: (b: unknown) => b as string,
-        headers: { "content-type": "application/jsonl" },
-      }),
+    const dataset = await client.training.datasets.create(
+      Array.from({ length: 10_001 }, () => line).join("\n"),
     );
     const { response, error } = await client.POST("/v1/preview/sft-training-jobs", {
       body: { model_id: model.id, training_data_url: dataset.url, config: { epochs: 1000 } },

@@ -73,14 +73,12 @@ describe("retrieveModel", () => {
 
 describe("createChatCompletion", () => {
   it("when asked, then it answers a chat.completion whose usage adds up", async () => {
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: MODEL,
-        messages: ask("What is 2 + 3?"),
-        max_tokens: 24,
-        temperature: 0,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("What is 2 + 3?"),
+      max_tokens: 24,
+      temperature: 0,
+    });
     expect(completion).toMatchObject({
       object: "chat.completion",
       model: MODEL,
@@ -106,48 +104,42 @@ describe("createChatCompletion", () => {
       temperature: 1,
       seed: 1234,
     };
-    const a = unwrap(await client.createChatCompletion(body));
-    const b = unwrap(await client.createChatCompletion(body));
+    const a = await client.chat.completions.create(body);
+    const b = await client.chat.completions.create(body);
     expect(b.choices[0]!.message.content).toBe(a.choices[0]!.message.content);
   });
 
   it("when max_tokens is reached, then finish_reason is length", async () => {
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: MODEL,
-        messages: ask("Count to twenty."),
-        max_completion_tokens: 2,
-        temperature: 0,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("Count to twenty."),
+      max_completion_tokens: 2,
+      temperature: 0,
+    });
     expect(completion.choices[0]!.finish_reason).toBe("length");
     expect(completion.usage.completion_tokens).toBe(2);
   });
 
   it("when n is 3, then three choices come back, each indexed", async () => {
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: MODEL,
-        messages: ask("Hi!"),
-        n: 3,
-        max_tokens: 8,
-        seed: 7,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("Hi!"),
+      n: 3,
+      max_tokens: 8,
+      seed: 7,
+    });
     expect(completion.choices.map((c) => c.index)).toEqual([0, 1, 2]);
   });
 
   it("when logprobs are asked with 5 alternatives, then every token carries them", async () => {
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: MODEL,
-        messages: ask("Hi!"),
-        max_tokens: 6,
-        logprobs: true,
-        top_logprobs: 5,
-        temperature: 0,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("Hi!"),
+      max_tokens: 6,
+      logprobs: true,
+      top_logprobs: 5,
+      temperature: 0,
+    });
     const content = completion.choices[0]!.logprobs!.content!;
     expect(content).toHaveLength(completion.usage.completion_tokens);
     for (const token of content) {
@@ -158,28 +150,24 @@ describe("createChatCompletion", () => {
   });
 
   it("when response_format is json_object, then the content parses as JSON", async () => {
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: MODEL,
-        messages: ask("Give me a JSON object."),
-        response_format: { type: "json_object" },
-        max_tokens: 64,
-        seed: 3,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("Give me a JSON object."),
+      response_format: { type: "json_object" },
+      max_tokens: 64,
+      seed: 3,
+    });
     expect(() => JSON.parse(completion.choices[0]!.message.content!)).not.toThrow();
   });
 
   it("when a stop string is given, then the output does not contain it", async () => {
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: MODEL,
-        messages: ask("What is 2 + 3?"),
-        stop: ["="],
-        max_tokens: 24,
-        temperature: 0,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("What is 2 + 3?"),
+      stop: ["="],
+      max_tokens: 24,
+      temperature: 0,
+    });
     expect(completion.choices[0]!.message.content).not.toContain("=");
   });
 
@@ -188,11 +176,13 @@ describe("createChatCompletion", () => {
     ["tool_choice", { tool_choice: "auto" }],
     ["logit_bias", { logit_bias: { "1": 5 } }],
   ])("when %s is set, then 400 naming it", async (param, extra) => {
-    const { response, error } = await client.createChatCompletion({
-      model: MODEL,
-      messages: ask("Hi"),
-      ...extra,
-    } as never);
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: {
+        model: MODEL,
+        messages: ask("Hi"),
+        ...extra,
+      } as never,
+    });
     expect(response.status).toBe(400);
     expect(error).toEqual({
       error: {
@@ -205,9 +195,11 @@ describe("createChatCompletion", () => {
   });
 
   it("when the model is unknown, then 404 model_not_found", async () => {
-    const { response, error } = await client.createChatCompletion({
-      model: "acme/none",
-      messages: ask("Hi"),
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: {
+        model: "acme/none",
+        messages: ask("Hi"),
+      },
     });
     expect(response.status).toBe(404);
     expect((error as { error: { code: string } }).error.code).toBe("model_not_found");
@@ -215,13 +207,14 @@ describe("createChatCompletion", () => {
 
   it("when streamed with include_usage, then role first, one finish per choice, usage last", async () => {
     const chunks = await collect(
-      client.streamChatCompletion({
+      await client.chat.completions.create({
         model: MODEL,
         messages: ask("What is 4 + 4?"),
         n: 2,
         max_tokens: 12,
         seed: 5,
         stream_options: { include_usage: true },
+        stream: true,
       }),
     );
     for (const index of [0, 1]) {
@@ -239,22 +232,20 @@ describe("createChatCompletion", () => {
       .filter((c) => c.choices[0]?.index === 0)
       .map((c) => c.choices[0]!.delta.content ?? "")
       .join("");
-    const whole = unwrap(
-      await client.createChatCompletion({
-        model: MODEL,
-        messages: ask("What is 4 + 4?"),
-        n: 2,
-        max_tokens: 12,
-        seed: 5,
-      }),
-    );
+    const whole = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("What is 4 + 4?"),
+      n: 2,
+      max_tokens: 12,
+      seed: 5,
+    });
     expect(streamed).toBe(whole.choices[0]!.message.content);
   });
 
   it("when the client disconnects mid-stream, then the engine stops and the call is recorded as cancelled", async () => {
     const project = "default/disconnect";
     const controller = new AbortController();
-    const stream = server.authorizedClient({ project }).streamChatCompletion(
+    const stream = await server.authorizedClient({ project }).chat.completions.create(
       {
         model: MODEL,
         // 8 choices of up to 200 tokens: far more work than the first chunk takes to arrive.
@@ -263,6 +254,7 @@ describe("createChatCompletion", () => {
         max_tokens: 200,
         temperature: 1,
         seed: 9,
+        stream: true,
       },
       { signal: controller.signal },
     );
@@ -276,9 +268,7 @@ describe("createChatCompletion", () => {
       interval: 20,
     });
     await vi.waitFor(async () => {
-      const { calls } = unwrap(
-        await client.POST("/calls/query", { body: { project_id: project } }),
-      );
+      const { calls } = await client.calls.query({ project_id: project });
       expect(calls).toHaveLength(1);
       expect(calls[0]!.exception).toMatch(/cancelled/);
       const usage = (calls[0]!.summary.usage as Record<string, { completion_tokens: number }>)[
@@ -290,30 +280,22 @@ describe("createChatCompletion", () => {
 
   it("when a request names a project and a trace, then its usage is a call nested in that trace", async () => {
     const project = "default/traced";
-    unwrap(
-      await client.POST("/call/start", {
-        body: {
-          start: {
-            project_id: project,
-            id: "agent-run",
-            trace_id: "trace-1",
-            op_name: "agent",
-            started_at: new Date().toISOString(),
-          },
-        },
-      }),
-    );
-    const completion = unwrap(
-      await server
-        .authorizedClient({
-          project,
-          headers: { "Arbor-Trace-Id": "trace-1", "Arbor-Parent-Call-Id": "agent-run" },
-        })
-        .createChatCompletion({ model: MODEL, messages: ask("Hi"), max_tokens: 4, user: "u-42" }),
-    );
-    const usage = unwrap(
-      await client.POST("/calls/usage", { body: { project_id: project, call_ids: ["agent-run"] } }),
-    );
+    await client.calls.start({
+      start: {
+        project_id: project,
+        id: "agent-run",
+        trace_id: "trace-1",
+        op_name: "agent",
+        started_at: new Date().toISOString(),
+      },
+    });
+    const completion = await server
+      .authorizedClient({
+        project,
+        headers: { "Arbor-Trace-Id": "trace-1", "Arbor-Parent-Call-Id": "agent-run" },
+      })
+      .chat.completions.create({ model: MODEL, messages: ask("Hi"), max_tokens: 4, user: "u-42" });
+    const usage = await client.calls.usage({ project_id: project, call_ids: ["agent-run"] });
     expect(usage.call_usage["agent-run"]).toEqual({
       [MODEL]: expect.objectContaining({
         requests: 1,
@@ -322,11 +304,10 @@ describe("createChatCompletion", () => {
         total_tokens: completion.usage.total_tokens,
       }),
     });
-    const { calls } = unwrap(
-      await client.POST("/calls/query", {
-        body: { project_id: project, filter: { parent_ids: ["agent-run"] } },
-      }),
-    );
+    const { calls } = await client.calls.query({
+      project_id: project,
+      filter: { parent_ids: ["agent-run"] },
+    });
     expect(calls[0]).toMatchObject({
       op_name: "openai.chat.completions.create",
       trace_id: "trace-1",
@@ -335,10 +316,8 @@ describe("createChatCompletion", () => {
   });
 
   it("when no project header is sent, then usage goes to <default entity>/inference", async () => {
-    unwrap(await client.createChatCompletion({ model: MODEL, messages: ask("Hi"), max_tokens: 2 }));
-    const { calls } = unwrap(
-      await client.POST("/calls/query", { body: { project_id: "default/inference" } }),
-    );
+    await client.chat.completions.create({ model: MODEL, messages: ask("Hi"), max_tokens: 2 });
+    const { calls } = await client.calls.query({ project_id: "default/inference" });
     expect(calls.length).toBeGreaterThan(0);
   });
 });
@@ -358,17 +337,21 @@ describe("rate limits", () => {
     const limited = await startServer({ rateLimits: { keyRequestsPerMinute: 1 } });
     try {
       const c = limited.authorizedClient();
-      const first = await c.createChatCompletion({
-        model: MODEL,
-        messages: ask("Hi"),
-        max_tokens: 1,
+      const first = await c.POST("/v1/chat/completions", {
+        body: {
+          model: MODEL,
+          messages: ask("Hi"),
+          max_tokens: 1,
+        },
       });
       expect(first.response.status).toBe(200);
       expect(first.response.headers.get("x-ratelimit-limit-requests")).toBe("1");
-      const second = await c.createChatCompletion({
-        model: MODEL,
-        messages: ask("Hi"),
-        max_tokens: 1,
+      const second = await c.POST("/v1/chat/completions", {
+        body: {
+          model: MODEL,
+          messages: ask("Hi"),
+          max_tokens: 1,
+        },
       });
       expect(second.response.status).toBe(429);
       expect(Number(second.response.headers.get("retry-after"))).toBeGreaterThan(0);
@@ -395,11 +378,13 @@ describe("continuous batching through the server", () => {
       const c = fresh.authorizedClient();
       await Promise.all(
         Array.from({ length: 6 }, (_, i) =>
-          c.createChatCompletion({
-            model: MODEL,
-            messages: ask(`What is ${i} + 1?`),
-            max_tokens: 16,
-            temperature: 0,
+          c.POST("/v1/chat/completions", {
+            body: {
+              model: MODEL,
+              messages: ask(`What is ${i} + 1?`),
+              max_tokens: 16,
+              temperature: 0,
+            },
           }),
         ),
       );

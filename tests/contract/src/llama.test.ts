@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type ArborClient, unwrap } from "@arbor/client";
+import type { ArborClient } from "@arbor/client";
 import { catalogModelDir, exportGguf, loadModel } from "@arbor/engine";
 import { LlamaCppBackend } from "@arbor/server";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -38,38 +38,34 @@ afterAll(async () => {
 
 describe.skipIf(!available)("llama.cpp backend", () => {
   it("when a GGUF model is configured, then it is listed and answers like the engine, with usage recorded", async () => {
-    const { data } = unwrap(await client.GET("/v1/models"));
+    const { data } = await client.models.list();
     expect(data.map((m) => m.id)).toContain(GGUF_MODEL);
     const ask = async (model: string) =>
-      unwrap(
-        await client.createChatCompletion({
-          model,
-          messages: [{ role: "user", content: "What is 7 + 5?" }],
-          max_tokens: 12,
-          temperature: 0,
-        }),
-      );
+      await client.chat.completions.create({
+        model,
+        messages: [{ role: "user", content: "What is 7 + 5?" }],
+        max_tokens: 12,
+        temperature: 0,
+      });
     const viaLlama = await ask(GGUF_MODEL);
     const viaEngine = await ask("arbor/tiny-chat");
     expect(viaLlama.model).toBe(GGUF_MODEL);
     expect(viaLlama.choices[0]!.message.content).toBe(viaEngine.choices[0]!.message.content);
     expect(viaLlama.usage.prompt_tokens).toBe(viaEngine.usage.prompt_tokens);
-    const { calls } = unwrap(
-      await client.POST("/calls/query", {
-        body: {
-          project_id: "default/gguf",
-          filter: { op_names: ["openai.chat.completions.create"] },
-        },
-      }),
-    );
+    const { calls } = await client.calls.query({
+      project_id: "default/gguf",
+      filter: { op_names: ["openai.chat.completions.create"] },
+    });
     expect(calls.some((c) => c.display_name === GGUF_MODEL)).toBe(true);
   });
 
   it("when a field llama.cpp cannot honour is asked, then 400 naming it", async () => {
-    const { response, error } = await client.createChatCompletion({
-      model: GGUF_MODEL,
-      messages: [{ role: "user", content: "Hi" }],
-      logprobs: true,
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: {
+        model: GGUF_MODEL,
+        messages: [{ role: "user", content: "Hi" }],
+        logprobs: true,
+      },
     });
     expect(response.status).toBe(400);
     expect((error as { error: { code: string } }).error.code).toBe("unsupported_parameter");

@@ -12,11 +12,13 @@ beforeAll(async () => {
 afterAll(() => server.close());
 
 async function create(name: string, extra: Record<string, unknown> = {}) {
-  return unwrap(
-    await client.POST("/v1/preview/models", {
-      body: { entity: null, project: "proj", name, base_model: BASE, ...extra },
-    }),
-  );
+  return await client.training.models.create({
+    entity: null,
+    project: "proj",
+    name,
+    base_model: BASE,
+    ...extra,
+  });
 }
 
 /** Adds checkpoints as a finished job would, to exercise paging and deletion. */
@@ -42,23 +44,19 @@ describe("createModel", () => {
       created_at: expect.any(Number),
       latest_step: 0,
     });
-    const chat = unwrap(
-      await client.createChatCompletion({
-        model: "default/proj/first",
-        messages: [{ role: "user", content: "Hi" }],
-        max_tokens: 3,
-        temperature: 0,
-      }),
-    );
+    const chat = await client.chat.completions.create({
+      model: "default/proj/first",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 3,
+      temperature: 0,
+    });
     expect(chat.model).toBe("default/proj/first:step0");
-    const base = unwrap(
-      await client.createChatCompletion({
-        model: BASE,
-        messages: [{ role: "user", content: "Hi" }],
-        max_tokens: 3,
-        temperature: 0,
-      }),
-    );
+    const base = await client.chat.completions.create({
+      model: BASE,
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 3,
+      temperature: 0,
+    });
     expect(chat.choices[0]!.message.content).toBe(base.choices[0]!.message.content);
   });
 
@@ -115,16 +113,59 @@ describe("createModel", () => {
   });
 });
 
+describe("listTrainableModels", () => {
+  it("when a project's models are listed, then they come newest first, paged, and only that project's", async () => {
+    const made = [];
+    for (const name of ["l1", "l2", "l3"]) {
+      made.push(
+        await client.training.models.create({ project: "listing", name, base_model: BASE }),
+      );
+    }
+    await create("elsewhere");
+    const first = unwrap(
+      await client.GET("/v1/preview/models", {
+        params: { query: { project: "listing", limit: 2 } },
+      }),
+    );
+    expect(first).toEqual({
+      object: "list",
+      data: [made[2], made[1]],
+      first_id: made[2]!.id,
+      last_id: made[1]!.id,
+      has_more: true,
+    });
+    const rest = unwrap(
+      await client.GET("/v1/preview/models", {
+        params: { query: { project: "listing", limit: 2, after: first.last_id! } },
+      }),
+    );
+    expect(rest).toMatchObject({ data: [made[0]], has_more: false });
+    const all = [];
+    for await (const m of client.training.models.list({ project: "listing", limit: 1 }))
+      all.push(m.name);
+    expect(all).toEqual(["l3", "l2", "l1"]);
+  });
+
+  it("when another entity lists models, then it sees only its own; a bad limit is 400", async () => {
+    await create("not-yours");
+    const stranger = await server.newTenant("lister");
+    await stranger.client.training.models.create({ project: "p", name: "mine", base_model: BASE });
+    const names = [];
+    for await (const m of stranger.client.training.models.list())
+      names.push(`${m.entity}/${m.name}`);
+    expect(names).toEqual(["lister/mine"]);
+    const bad = await client.GET("/v1/preview/models", { params: { query: { limit: 0 } } });
+    expect(bad.response.status).toBe(400);
+    expect(bad.error).toMatchObject({ error: { param: "limit" } });
+  });
+});
+
 describe("listCheckpoints", () => {
   it("when paged by after in either order, then steps come sorted, none skipped or repeated", async () => {
     const model = await create("paged");
     await addSteps(model.id, [1, 2, 3, 4]);
     const desc = [];
-    for await (const c of client.paginate((after) =>
-      client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: model.id }, query: { after, limit: 2 } },
-      }),
-    )) {
+    for await (const c of client.training.models.checkpoints.list(model.id, { limit: 2 })) {
       desc.push(c);
     }
     expect(desc.map((c) => c.step)).toEqual([4, 3, 2, 1, 0]);
@@ -136,11 +177,10 @@ describe("listCheckpoints", () => {
       created_at: expect.any(Number),
       model: "default/proj/paged:step4",
     });
-    const asc = unwrap(
-      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: model.id }, query: { order: "asc", limit: 100 } },
-      }),
-    );
+    const asc = await client.training.models.checkpoints.list(model.id, {
+      order: "asc",
+      limit: 100,
+    });
     expect(asc.data.map((c) => c.step)).toEqual([0, 1, 2, 3, 4]);
     expect(asc.has_more).toBe(false);
     const last = unwrap(
@@ -170,12 +210,7 @@ describe("deleteCheckpoints", () => {
   it("when steps are deleted, then they are gone, missing ones are reported, and the latest is refused", async () => {
     const model = await create("pruned");
     await addSteps(model.id, [1, 2]);
-    const result = unwrap(
-      await client.DELETE("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: model.id } },
-        body: { steps: [0, 1, 7] },
-      }),
-    );
+    const result = await client.training.models.checkpoints.delete(model.id, [0, 1, 7]);
     expect(result).toEqual({ deleted_count: 2, not_found_steps: [7] });
     const { response, error } = await client.DELETE("/v1/preview/models/{model_id}/checkpoints", {
       params: { path: { model_id: model.id } },
@@ -186,7 +221,7 @@ describe("deleteCheckpoints", () => {
       type: "conflict_error",
       code: "latest_checkpoint",
     });
-    const { data } = unwrap(await client.GET("/v1/models"));
+    const { data } = await client.models.list();
     expect(data.map((m) => m.id).filter((id) => id.startsWith("default/proj/pruned"))).toEqual([
       "default/proj/pruned",
       "default/proj/pruned:step2",
@@ -231,11 +266,7 @@ describe("logModelMetrics", () => {
         "val/correct": 0.75,
       },
     });
-    const { data } = unwrap(
-      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: model.id } },
-      }),
-    );
+    const { data } = await client.training.models.checkpoints.list(model.id);
     expect(data[0]!.metrics).toEqual(result.metrics);
   });
 });
@@ -244,22 +275,18 @@ describe("deleteModel", () => {
   it("when deleted, then its checkpoints go, and it no longer lists or chats", async () => {
     const model = await create("doomed");
     await addSteps(model.id, [1]);
-    expect(
-      unwrap(
-        await client.DELETE("/v1/preview/models/{model_id}", {
-          params: { path: { model_id: model.id } },
-        }),
-      ),
-    ).toEqual({
+    expect(await client.training.models.delete(model.id)).toEqual({
       model_id: model.id,
       deleted_checkpoints: 2,
       deleted_run: false,
     });
-    const { data } = unwrap(await client.GET("/v1/models"));
+    const { data } = await client.models.list();
     expect(data.some((m) => m.id.startsWith("default/proj/doomed"))).toBe(false);
-    const chat = await client.createChatCompletion({
-      model: "default/proj/doomed",
-      messages: [{ role: "user", content: "Hi" }],
+    const chat = await client.POST("/v1/chat/completions", {
+      body: {
+        model: "default/proj/doomed",
+        messages: [{ role: "user", content: "Hi" }],
+      },
     });
     expect(chat.response.status).toBe(404);
     const again = await client.DELETE("/v1/preview/models/{model_id}", {
@@ -304,14 +331,16 @@ describe("tenant isolation", () => {
         } as never,
       }),
       stranger.DELETE("/v1/preview/models/{model_id}", path),
-      stranger.createChatCompletion({
-        model: "default/proj/private",
-        messages: [{ role: "user", content: "Hi" }],
+      stranger.POST("/v1/chat/completions", {
+        body: {
+          model: "default/proj/private",
+          messages: [{ role: "user", content: "Hi" }],
+        },
       }),
       stranger.GET("/v1/models/{model}", { params: { path: { model: "default/proj/private" } } }),
     ]);
     for (const { response } of answers) expect(response.status).toBe(404);
-    const { data } = unwrap(await stranger.GET("/v1/models"));
+    const { data } = await stranger.models.list();
     expect(data.some((m) => m.id.startsWith("default/"))).toBe(false);
     expect(await server.store.models.get("default", model.id)).toBeDefined();
   });

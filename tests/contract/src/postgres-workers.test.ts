@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import type { ArborClient, TrainingJobEvent } from "@arbor/client";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PG_URL, pgSkipReason } from "./pg.ts";
@@ -47,44 +47,32 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
           { role: "assistant", content: [...w].reverse().join("") },
         ],
       });
-    const dataset = unwrap(
-      await client.POST("/v1/preview/datasets", {
-        body: ["cat", "dog", "sun", "map"].map(line).join("\n") as never,
-        bodySerializer: (b: unknown) => b as string,
-        headers: { "content-type": "application/jsonl" },
-      }),
+    const dataset = await client.training.datasets.create(
+      ["cat", "dog", "sun", "map"].map(line).join("\n"),
     );
     const jobs = [];
     for (let i = 0; i < 4; i++) {
-      const model = unwrap(
-        await client.POST("/v1/preview/models", {
-          body: { project: "scale", name: `m${i}`, base_model: "arbor/tiny-chat" },
-        }),
-      );
+      const model = await client.training.models.create({
+        project: "scale",
+        name: `m${i}`,
+        base_model: "arbor/tiny-chat",
+      });
       jobs.push(
-        unwrap(
-          await client.POST("/v1/preview/sft-training-jobs", {
-            body: {
-              model_id: model.id,
-              training_data_url: dataset.url,
-              config: { epochs: 2, batch_size: 2 },
-            },
-          }),
-        ),
+        await client.training.jobs.createSft({
+          model_id: model.id,
+          training_data_url: dataset.url,
+          config: { epochs: 2, batch_size: 2 },
+        }),
       );
     }
     for (const job of jobs) {
       const events: TrainingJobEvent[] = [];
-      for await (const event of client.followTrainingJob(job.id)) events.push(event);
+      for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
       const types = events.map((e) => e.type);
       expect(types.filter((t) => t === "training_started")).toHaveLength(1);
       expect(types.filter((t) => t === "gradient_step")).toHaveLength(4);
       expect(types.at(-1)).toBe("training_ended");
-      const done = unwrap(
-        await client.GET("/v1/preview/training-jobs/{training_job_id}", {
-          params: { path: { training_job_id: job.id } },
-        }),
-      );
+      const done = await client.training.jobs.retrieve(job.id);
       expect(done).toMatchObject({ status: "succeeded", step_from: 0, step_to: 4 });
     }
   }, 180_000);

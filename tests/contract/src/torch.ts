@@ -2,7 +2,7 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { type ArborClient, unwrap } from "@arbor/client";
+import type { ArborClient } from "@arbor/client";
 import { loadModel } from "@arbor/engine";
 import { readAdapterTar } from "@arbor/training";
 import { expect } from "vitest";
@@ -75,16 +75,14 @@ export async function expectServedLikeReference(
   const messages = [{ role: "user" as const, content: "What is the code word 3?" }];
   const prompt = (await loadModel(baseDir)).chat.encode(messages, { addGenerationPrompt: true });
   const [logits] = referenceLogits(baseDir, adapterDir, [prompt]);
-  const completion = unwrap(
-    await client.createChatCompletion({
-      model,
-      messages,
-      max_tokens: 1,
-      temperature: 0,
-      logprobs: true,
-      top_logprobs: 5,
-    }),
-  );
+  const completion = await client.chat.completions.create({
+    model,
+    messages,
+    max_tokens: 1,
+    temperature: 0,
+    logprobs: true,
+    top_logprobs: 5,
+  });
   const served = completion.choices[0]!.logprobs!.content![0]!.top_logprobs.map((t) => t.logprob);
   const expected = topLogprobs(logits!, 5);
   expect(served).toHaveLength(5);

@@ -22,25 +22,17 @@ const reversal = (word: string) => ({
 
 async function upload(lines: unknown[]): Promise<string> {
   const body = lines.map((l) => JSON.stringify(l)).join("\n");
-  const dataset = unwrap(
-    await client.POST("/v1/preview/datasets", {
-      body: body as never,
-      bodySerializer: (b: unknown) => b as string,
-      headers: { "content-type": "application/jsonl" },
-    }),
-  );
+  const dataset = await client.training.datasets.create(body);
   return dataset.url;
 }
 
 async function newModel(name: string): Promise<string> {
-  return unwrap(
-    await client.POST("/v1/preview/models", { body: { project: "train", name, base_model: BASE } }),
-  ).id;
+  return (await client.training.models.create({ project: "train", name, base_model: BASE })).id;
 }
 
 async function follow(jobId: string): Promise<TrainingJobEvent[]> {
   const events: TrainingJobEvent[] = [];
-  for await (const event of client.followTrainingJob(jobId)) events.push(event);
+  for await (const event of client.training.jobs.events.follow(jobId)) events.push(event);
   return events;
 }
 
@@ -48,15 +40,11 @@ describe("createSftTrainingJob", () => {
   it("when an SFT job runs, then it steps, saves checkpoints, ends once, and the checkpoint answers differently", async () => {
     const modelId = await newModel("reverser");
     const url = await upload(words.map(reversal));
-    const job = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: {
-          model_id: modelId,
-          training_data_url: url,
-          config: { epochs: 3, batch_size: 4, learning_rate: 3e-3, checkpoint_every: 3 },
-        },
-      }),
-    );
+    const job = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      config: { epochs: 3, batch_size: 4, learning_rate: 3e-3, checkpoint_every: 3 },
+    });
     expect(job).toMatchObject({
       object: "training_job",
       type: "sft",
@@ -96,11 +84,7 @@ describe("createSftTrainingJob", () => {
     }
     expect(steps.at(-1)!.loss!).toBeLessThan(steps[0]!.loss!);
 
-    const done = unwrap(
-      await client.GET("/v1/preview/training-jobs/{training_job_id}", {
-        params: { path: { training_job_id: job.id } },
-      }),
-    );
+    const done = await client.training.jobs.retrieve(job.id);
     expect(done).toMatchObject({
       status: "succeeded",
       step_from: 0,
@@ -109,22 +93,16 @@ describe("createSftTrainingJob", () => {
     });
     expect(done.training_end).toBeGreaterThanOrEqual(done.training_start!);
 
-    const { data } = unwrap(
-      await client.GET("/v1/preview/models/{model_id}/checkpoints", {
-        params: { path: { model_id: modelId }, query: { order: "asc" } },
-      }),
-    );
+    const { data } = await client.training.models.checkpoints.list(modelId, { order: "asc" });
     expect(data.map((c) => c.step)).toEqual([0, 3, 6, 9]);
 
     const ask = async (model: string) =>
-      unwrap(
-        await client.createChatCompletion({
-          model,
-          messages: [{ role: "user", content: "Reverse the word cat." }],
-          max_tokens: 8,
-          temperature: 0,
-        }),
-      );
+      await client.chat.completions.create({
+        model,
+        messages: [{ role: "user", content: "Reverse the word cat." }],
+        max_tokens: 8,
+        temperature: 0,
+      });
     const before = await ask("default/train/reverser:step0");
     const after = await ask("default/train/reverser");
     expect(after.model).toBe("default/train/reverser:step9");
@@ -204,21 +182,16 @@ describe("cancelTrainingJob", () => {
   it("when a queued job is cancelled, then it ends with training_failed cancelled, and a second cancel is 409", async () => {
     const modelId = await newModel("cancelled");
     const url = await upload(words.map(reversal));
-    const first = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: { model_id: modelId, training_data_url: url, config: { epochs: 2 } },
-      }),
-    );
-    const second = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: { model_id: modelId, training_data_url: url },
-      }),
-    );
-    const cancelled = unwrap(
-      await client.POST("/v1/preview/training-jobs/{training_job_id}/cancel", {
-        params: { path: { training_job_id: second.id } },
-      }),
-    );
+    const first = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      config: { epochs: 2 },
+    });
+    const second = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+    });
+    const cancelled = await client.training.jobs.cancel(second.id);
     expect(cancelled.status).toBe("cancelled");
     expect(cancelled.error_message).toBe("cancelled");
     const events = await follow(second.id);
@@ -233,15 +206,55 @@ describe("cancelTrainingJob", () => {
   });
 });
 
+describe("listTrainingJobs", () => {
+  it("when jobs are listed, then they come newest first, filtered by model, status and project", async () => {
+    const modelId = await newModel("listed-jobs");
+    const url = await upload(words.slice(0, 4).map(reversal));
+    const jobs = [];
+    for (let i = 0; i < 3; i++)
+      jobs.push(
+        await client.training.jobs.createSft({ model_id: modelId, training_data_url: url }),
+      );
+    for (const job of jobs) await follow(job.id);
+    const page = unwrap(
+      await client.GET("/v1/preview/training-jobs", {
+        params: { query: { model_id: modelId, limit: 2 } },
+      }),
+    );
+    expect(page.object).toBe("list");
+    expect(page.data.map((j) => j.id)).toEqual([jobs[2]!.id, jobs[1]!.id]);
+    expect(page.has_more).toBe(true);
+    const all = [];
+    for await (const job of client.training.jobs.list({ model_id: modelId, limit: 1 }))
+      all.push(job);
+    expect(all.map((j) => j.id)).toEqual(jobs.map((j) => j.id).reverse());
+    expect(all[0]).toEqual(await client.training.jobs.retrieve(jobs[2]!.id));
+
+    const succeeded = await client.training.jobs.list({ model_id: modelId, status: "succeeded" });
+    expect(succeeded.data).toHaveLength(3);
+    const running = await client.training.jobs.list({ model_id: modelId, status: "running" });
+    expect(running.data).toEqual([]);
+    const other = await client.training.jobs.list({ project: "no-such-project" });
+    expect(other.data).toEqual([]);
+    const inProject = [];
+    for await (const job of client.training.jobs.list({ project: "train" })) inProject.push(job.id);
+    expect(inProject).toEqual(expect.arrayContaining(jobs.map((j) => j.id)));
+
+    const stranger = (await server.newTenant("job-lister")).client;
+    expect((await stranger.training.jobs.list()).data).toEqual([]);
+    const bad = await client.GET("/v1/preview/training-jobs", {
+      params: { query: { status: "done" as never } },
+    });
+    expect(bad.response.status).toBe(400);
+    expect(bad.error).toMatchObject({ error: { param: "status" } });
+  });
+});
+
 describe("retrieveTrainingJob", () => {
   it("when another entity asks for a job, then 404", async () => {
     const modelId = await newModel("secret-job");
     const url = await upload(words.slice(0, 4).map(reversal));
-    const job = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: { model_id: modelId, training_data_url: url },
-      }),
-    );
+    const job = await client.training.jobs.createSft({ model_id: modelId, training_data_url: url });
     const stranger = (await server.newTenant("job-snoop")).client;
     const path = { params: { path: { training_job_id: job.id } } };
     for (const answer of await Promise.all([
@@ -259,16 +272,14 @@ describe("listTrainingJobEvents", () => {
   it("when paged by after, then every event comes once, in order", async () => {
     const modelId = await newModel("paged-events");
     const url = await upload(words.slice(0, 8).map(reversal));
-    const job = unwrap(
-      await client.POST("/v1/preview/sft-training-jobs", {
-        body: { model_id: modelId, training_data_url: url, config: { batch_size: 2 } },
-      }),
-    );
+    const job = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      config: { batch_size: 2 },
+    });
     const live = await follow(job.id);
     const paged = [];
-    for await (const event of client.paginate((after) =>
-      client.listTrainingJobEvents(job.id, { after, limit: 2 }),
-    )) {
+    for await (const event of client.training.jobs.events.list(job.id, { limit: 2 })) {
       paged.push(event);
     }
     expect(paged).toEqual(live);

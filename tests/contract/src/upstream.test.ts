@@ -27,7 +27,7 @@ afterAll(async () => {
 
 describe("upstreams", () => {
   it("when models are listed, then the upstream's model is there as a base model", async () => {
-    const { data } = unwrap(await client.GET("/v1/models"));
+    const { data } = await client.models.list();
     expect(data).toContainEqual({
       id: REMOTE,
       object: "model",
@@ -39,24 +39,20 @@ describe("upstreams", () => {
   });
 
   it("when a chat is forwarded, then the answer names our model id and its usage is recorded here", async () => {
-    const completion = unwrap(
-      await client.createChatCompletion({
-        model: REMOTE,
-        messages: [{ role: "user", content: "What is 2 + 2?" }],
-        max_tokens: 8,
-        temperature: 0,
-      }),
-    );
+    const completion = await client.chat.completions.create({
+      model: REMOTE,
+      messages: [{ role: "user", content: "What is 2 + 2?" }],
+      max_tokens: 8,
+      temperature: 0,
+    });
     expect(completion.model).toBe(REMOTE);
     expect(completion.usage.completion_tokens).toBeGreaterThan(0);
-    const direct = unwrap(
-      await upstream.authorizedClient().createChatCompletion({
-        model: "arbor/tiny-chat",
-        messages: [{ role: "user", content: "What is 2 + 2?" }],
-        max_tokens: 8,
-        temperature: 0,
-      }),
-    );
+    const direct = await upstream.authorizedClient().chat.completions.create({
+      model: "arbor/tiny-chat",
+      messages: [{ role: "user", content: "What is 2 + 2?" }],
+      max_tokens: 8,
+      temperature: 0,
+    });
     expect(completion.choices[0]!.message.content).toBe(direct.choices[0]!.message.content);
     const { calls } = unwrap(
       await server
@@ -75,12 +71,13 @@ describe("upstreams", () => {
 
   it("when a chat is streamed through, then the chunks name our model and the usage comes last only when asked", async () => {
     const withUsage = [];
-    for await (const chunk of client.streamChatCompletion({
+    for await (const chunk of await client.chat.completions.create({
       model: REMOTE,
       messages: [{ role: "user", content: "Hi" }],
       max_tokens: 6,
       seed: 2,
       stream_options: { include_usage: true },
+      stream: true,
     })) {
       expect(chunk.model).toBe(REMOTE);
       withUsage.push(chunk);
@@ -88,22 +85,25 @@ describe("upstreams", () => {
     expect(withUsage.at(-1)!.choices).toEqual([]);
     expect(withUsage.at(-1)!.usage!.completion_tokens).toBeGreaterThan(0);
     const without = [];
-    for await (const chunk of client.streamChatCompletion({
+    for await (const chunk of await client.chat.completions.create({
       model: REMOTE,
       messages: [{ role: "user", content: "Hi" }],
       max_tokens: 6,
       seed: 2,
+      stream: true,
     }))
       without.push(chunk);
     expect(without.every((c) => c.usage === undefined && c.choices.length > 0)).toBe(true);
   });
 
   it("when the upstream refuses the request, then its 400 comes back in our envelope", async () => {
-    const { response, error } = await client.createChatCompletion({
-      model: REMOTE,
-      messages: [{ role: "user", content: "Hi" }],
-      tools: [{ type: "function", function: { name: "f" } }],
-    } as never);
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: {
+        model: REMOTE,
+        messages: [{ role: "user", content: "Hi" }],
+        tools: [{ type: "function", function: { name: "f" } }],
+      } as never,
+    });
     expect(response.status).toBe(400);
     expect(error).toEqual({
       error: {
@@ -116,12 +116,14 @@ describe("upstreams", () => {
   });
 
   it("when the upstream refuses a streamed request, then its 400 is still a plain error response", async () => {
-    const { response, error } = await client.createChatCompletion({
-      model: REMOTE,
-      messages: [{ role: "user", content: "Hi" }],
-      stream: true,
-      tools: [{ type: "function", function: { name: "f" } }],
-    } as never);
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: {
+        model: REMOTE,
+        messages: [{ role: "user", content: "Hi" }],
+        stream: true,
+        tools: [{ type: "function", function: { name: "f" } }],
+      } as never,
+    });
     expect(response.status).toBe(400);
     expect(response.headers.get("content-type")).toMatch(/^application\/json/);
     expect(error).toMatchObject({ error: { message: "`tools` is not supported by this model." } });
@@ -129,10 +131,12 @@ describe("upstreams", () => {
 
   it("when the upstream is down, then 503 server_error with x-should-retry", async () => {
     await upstream.close();
-    const { response, error } = await client.createChatCompletion({
-      model: REMOTE,
-      messages: [{ role: "user", content: "Hi" }],
-      max_tokens: 2,
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: {
+        model: REMOTE,
+        messages: [{ role: "user", content: "Hi" }],
+        max_tokens: 2,
+      },
     });
     expect(response.status).toBe(503);
     expect(response.headers.get("x-should-retry")).toBe("true");

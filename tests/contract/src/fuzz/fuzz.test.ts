@@ -1,5 +1,4 @@
 import { gzipSync } from "node:zlib";
-import { unwrap } from "@arbor/client";
 import { loadSpec } from "@arbor/server";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -299,28 +298,23 @@ function envelopeOk(body: unknown, callsSurface: boolean): boolean {
 /** A model, a job, a dataset and a call, so fuzzed ids also hit things that exist. */
 async function fixturesOf(server: RunningServer): Promise<Fixtures> {
   const client = server.authorizedClient();
-  const model = unwrap(
-    await client.POST("/v1/preview/models", {
-      body: { project: "fuzz", name: "target", base_model: "arbor/tiny-chat" },
-    }),
+  const model = await client.training.models.create({
+    project: "fuzz",
+    name: "target",
+    base_model: "arbor/tiny-chat",
+  });
+  const dataset = await client.training.datasets.create(
+    `${JSON.stringify({
+      messages: [
+        { role: "user", content: "a" },
+        { role: "assistant", content: "b" },
+      ],
+    })}\n`,
   );
-  const dataset = unwrap(
-    await client.POST("/v1/preview/datasets", {
-      body: `${JSON.stringify({
-        messages: [
-          { role: "user", content: "a" },
-          { role: "assistant", content: "b" },
-        ],
-      })}\n` as never,
-      bodySerializer: (b: unknown) => b as string,
-      headers: { "content-type": "application/jsonl" },
-    }),
-  );
-  const job = unwrap(
-    await client.POST("/v1/preview/sft-training-jobs", {
-      body: { model_id: model.id, training_data_url: dataset.url },
-    }),
-  );
+  const job = await client.training.jobs.createSft({
+    model_id: model.id,
+    training_data_url: dataset.url,
+  });
   const models = ["arbor/tiny-chat", "default/fuzz/target", "default/fuzz/target:step0"];
   schemas.hints = {
     model: models,

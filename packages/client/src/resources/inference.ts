@@ -1,0 +1,110 @@
+import type { Core, RequestOptions } from "../core.ts";
+import { data, PagePromise } from "../core.ts";
+import { unwrap } from "../errors.ts";
+import type { components } from "../generated/schema.ts";
+import { follow } from "../retries.ts";
+import { sseJson } from "../sse.ts";
+
+type Schemas = components["schemas"];
+export type ChatCompletionCreateParams = Schemas["CreateChatCompletionRequest"];
+export type ChatCompletionCreateParamsNonStreaming = ChatCompletionCreateParams & {
+  stream?: false | null;
+};
+export type ChatCompletionCreateParamsStreaming = ChatCompletionCreateParams & { stream: true };
+export type ChatCompletion = Schemas["ChatCompletion"];
+export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
+export type ModelEntry = Schemas["ModelEntry"];
+
+/** A streamed answer: iterate it with `for await`; `controller.abort()` stops it (the server
+ * stops generating). */
+export class Stream<Item> implements AsyncIterable<Item> {
+  readonly #iterate: () => AsyncGenerator<Item>;
+  readonly controller: AbortController;
+
+  constructor(iterate: () => AsyncGenerator<Item>, controller: AbortController) {
+    this.#iterate = iterate;
+    this.controller = controller;
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<Item> {
+    return this.#iterate();
+  }
+}
+
+/** `client.chat.completions`, as openai-node names it. */
+export class Completions {
+  readonly #core: Core;
+  constructor(core: Core) {
+    this.#core = core;
+  }
+
+  /** A chat completion; with `stream: true`, a Stream of `chat.completion.chunk`s that ends at
+   * `data: [DONE]` (an error sent mid-stream is thrown as an APIError). */
+  create(
+    body: ChatCompletionCreateParamsNonStreaming,
+    options?: RequestOptions,
+  ): Promise<ChatCompletion>;
+  create(
+    body: ChatCompletionCreateParamsStreaming,
+    options?: RequestOptions,
+  ): Promise<Stream<ChatCompletionChunk>>;
+  create(
+    body: ChatCompletionCreateParams,
+    options?: RequestOptions,
+  ): Promise<ChatCompletion | Stream<ChatCompletionChunk>>;
+  async create(
+    body: ChatCompletionCreateParams,
+    options: RequestOptions = {},
+  ): Promise<ChatCompletion | Stream<ChatCompletionChunk>> {
+    const { api } = this.#core;
+    if (!body.stream) {
+      return data(
+        api.POST("/v1/chat/completions", { body, ...this.#core.init(options) }),
+      ) as Promise<ChatCompletion>;
+    }
+    const controller = new AbortController();
+    follow(options.signal, controller);
+    const init = this.#core.init({ ...options, signal: controller.signal });
+    const result = await api.POST("/v1/chat/completions", {
+      body,
+      parseAs: "stream",
+      ...init,
+      headers: { accept: "text/event-stream", ...init.headers },
+    });
+    // openapi-fetch has already read an error's body into `result.error`.
+    if (!result.response.ok) unwrap(result);
+    const response = result.response;
+    return new Stream(() => sseJson<ChatCompletionChunk>(response), controller);
+  }
+}
+
+export class Chat {
+  readonly completions: Completions;
+  constructor(core: Core) {
+    this.completions = new Completions(core);
+  }
+}
+
+/** `client.models`: the OpenAI-compatible listing of every model the key can chat with. */
+export class Models {
+  readonly #core: Core;
+  constructor(core: Core) {
+    this.#core = core;
+  }
+
+  /** Base models, trained models and their `:stepN` checkpoints (one page: not paged). */
+  list(options?: RequestOptions): PagePromise<ModelEntry> {
+    return new PagePromise(() =>
+      data(this.#core.api.GET("/v1/models", { ...this.#core.init(options) })),
+    );
+  }
+
+  retrieve(model: string, options?: RequestOptions): Promise<ModelEntry> {
+    return data(
+      this.#core.api.GET("/v1/models/{model}", {
+        params: { path: { model } },
+        ...this.#core.init(options),
+      }),
+    );
+  }
+}
