@@ -532,6 +532,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/calls/usage_by_day": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Get calls usage by day
+         * @description A project's token usage (and costs) per day and model over at most 366 days, summed in the
+         *     database from the stored calls' own `summary.usage`: every call is counted once, on the UTC
+         *     day it started. Inference through this service records a call per chat completion in the
+         *     project of its `Compat-Project` header (default `<entity>/inference`). The answer holds one
+         *     entry per day and model with usage, so its size is bounded by the range, not by the calls.
+         */
+        post: operations["getCallsUsageByDay"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/call/start": {
         parameters: {
             query?: never;
@@ -1542,6 +1566,39 @@ export interface components {
          */
         HTTPValidationError: {
             detail: components["schemas"]["ValidationError"][];
+        };
+        /** CallsUsageByDayRequest */
+        CallsUsageByDayRequest: {
+            project_id: components["schemas"]["ProjectId"];
+            /**
+             * Format: date
+             * @description The first day (UTC) counted. Default 29 days before `end_date`.
+             */
+            start_date?: string;
+            /**
+             * Format: date
+             * @description The last day (UTC) counted, inclusive. Default today (UTC).
+             */
+            end_date?: string;
+            /** @default false */
+            include_costs?: boolean;
+        };
+        /** CallsUsageByDayResponse */
+        CallsUsageByDayResponse: {
+            /** Format: date */
+            start_date: string;
+            /** Format: date */
+            end_date: string;
+            /**
+             * @description Day (UTC, by the call's `started_at`, ascending) → model → the usage of the calls started
+             *     that day, each call counted once for its own usage (not its descendants'). Days without
+             *     usage have no key.
+             */
+            daily_usage: {
+                [key: string]: {
+                    [key: string]: components["schemas"]["LLMUsage"];
+                };
+            };
         };
         /**
          * CallStart
@@ -3902,6 +3959,65 @@ export interface operations {
             401: components["responses"]["CallsUnauthorized"];
             403: components["responses"]["CallsForbidden"];
             413: components["responses"]["CallsPayloadTooLarge"];
+            422: components["responses"]["CallsValidationError"];
+            500: components["responses"]["CallsInternalError"];
+        };
+    };
+    getCallsUsageByDay: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "project_id": "acme/support-bot",
+                 *       "start_date": "2026-11-01",
+                 *       "end_date": "2026-11-30",
+                 *       "include_costs": true
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsUsageByDayRequest"];
+            };
+        };
+        responses: {
+            /** @description Usage per day and model. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "start_date": "2026-11-01",
+                     *       "end_date": "2026-11-30",
+                     *       "daily_usage": {
+                     *         "2026-11-24": {
+                     *           "arbor/tiny-chat": {
+                     *             "requests": 12,
+                     *             "prompt_tokens": 1412,
+                     *             "completion_tokens": 396,
+                     *             "total_tokens": 1808,
+                     *             "cache_read_input_tokens": 0,
+                     *             "cache_creation_input_tokens": 0,
+                     *             "prompt_tokens_total_cost": 0.001412,
+                     *             "completion_tokens_total_cost": 0.000792,
+                     *             "cache_read_input_tokens_total_cost": 0,
+                     *             "cache_creation_input_tokens_total_cost": 0
+                     *           }
+                     *         }
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsUsageByDayResponse"];
+                };
+            };
+            401: components["responses"]["CallsUnauthorized"];
+            403: components["responses"]["CallsForbidden"];
             422: components["responses"]["CallsValidationError"];
             500: components["responses"]["CallsInternalError"];
         };

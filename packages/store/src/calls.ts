@@ -327,6 +327,81 @@ function usageSql(dialect: Dialect) {
   return { n, has, usageRows };
 }
 
+/** Code-point order (a database collation may order otherwise). */
+function compare(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/**
+ * Sums the usage of the calls in `tree` (a CTE of `(root_id, id)` pairs, parameters `$1` the
+ * project and what the CTE uses) per `root_id` and model, in the database; with costs, each call
+ * is priced at the price in effect when it started.
+ */
+async function sumUsage(
+  sql: Sql,
+  tree: string,
+  params: SqlValue[],
+  includeCosts: boolean,
+): Promise<{ key: string; model: string; usage: ModelUsage }[]> {
+  const { n, has, usageRows } = usageSql(sql.dialect);
+  const priceId = includeCosts
+    ? `, (SELECT p.id FROM prices p
+          WHERE p.model = usage_rows.model AND (p.project_id = $1 OR p.project_id IS NULL)
+            AND p.effective_date <= usage_rows.started_at
+          ORDER BY CASE WHEN p.project_id IS NULL THEN 1 ELSE 0 END, p.effective_date DESC
+          LIMIT 1) AS price_id`
+    : "";
+  const costs = includeCosts
+    ? `, SUM(per_call.prompt * COALESCE(p.prompt_token_cost, 0)) AS prompt_cost,
+         SUM(per_call.completion * COALESCE(p.completion_token_cost, 0)) AS completion_cost,
+         SUM(per_call.cache_read * COALESCE(p.cache_read_input_token_cost, 0)) AS cache_read_cost,
+         SUM(per_call.cache_creation * COALESCE(p.cache_creation_input_token_cost, 0)) AS cache_creation_cost`
+    : "";
+  const rows = await sql.query(
+    `${tree},
+     usage_rows AS (${usageRows}),
+     per_call AS (
+       SELECT root_id, model,
+         CASE WHEN ${has("requests")} THEN ${n("requests")} ELSE 1 END AS requests,
+         ${n("prompt_tokens")} + ${n("input_tokens")} AS prompt,
+         ${n("completion_tokens")} + ${n("output_tokens")} AS completion,
+         ${n("total_tokens")} AS total_raw,
+         ${n("cache_read_input_tokens")} AS cache_read,
+         ${n("cache_creation_input_tokens")} AS cache_creation
+         ${priceId}
+       FROM usage_rows
+     )
+     SELECT per_call.root_id, per_call.model,
+       SUM(per_call.requests) AS requests,
+       SUM(per_call.prompt) AS prompt_tokens,
+       SUM(per_call.completion) AS completion_tokens,
+       SUM(CASE WHEN per_call.total_raw > 0 THEN per_call.total_raw
+                ELSE per_call.prompt + per_call.completion END) AS total_tokens,
+       SUM(per_call.cache_read) AS cache_read_input_tokens,
+       SUM(per_call.cache_creation) AS cache_creation_input_tokens
+       ${costs}
+     FROM per_call ${includeCosts ? "LEFT JOIN prices p ON p.id = per_call.price_id" : ""}
+     GROUP BY per_call.root_id, per_call.model`,
+    params,
+  );
+  return rows.map((r) => ({
+    key: String(r.root_id),
+    model: String(r.model),
+    usage: {
+      requests: Number(r.requests),
+      prompt_tokens: Number(r.prompt_tokens),
+      completion_tokens: Number(r.completion_tokens),
+      total_tokens: Number(r.total_tokens),
+      cache_read_input_tokens: Number(r.cache_read_input_tokens),
+      cache_creation_input_tokens: Number(r.cache_creation_input_tokens),
+      prompt_tokens_total_cost: includeCosts ? Number(r.prompt_cost) : null,
+      completion_tokens_total_cost: includeCosts ? Number(r.completion_cost) : null,
+      cache_read_input_tokens_total_cost: includeCosts ? Number(r.cache_read_cost) : null,
+      cache_creation_input_tokens_total_cost: includeCosts ? Number(r.cache_creation_cost) : null,
+    },
+  }));
+}
+
 export class CallsRepo {
   readonly #sql: Sql;
   readonly #now: Clock;
@@ -580,6 +655,37 @@ export class CallsRepo {
     });
   }
 
+  /**
+   * A project's usage per UTC day (of each call's `started_at`) and model, over the days
+   * `[startDate, endDate]` (`YYYY-MM-DD`): every visible call counted once for its own usage.
+   * Summed in the database; the answer has one entry per day and model.
+   */
+  async usageByDay(
+    projectId: string,
+    startDate: string,
+    endDate: string,
+    options: { includeCosts?: boolean } = {},
+  ): Promise<Record<string, Record<string, ModelUsage>>> {
+    // Stored timestamps are ISO 8601 in UTC (`isoDate`), so a day's calls sort between its
+    // midnight and the next day's.
+    const next = new Date(`${endDate}T00:00:00.000Z`);
+    next.setUTCDate(next.getUTCDate() + 1);
+    const tree = `WITH tree(root_id, id) AS (
+        SELECT substr(c.started_at, 1, 10), c.id FROM calls c
+        WHERE c.project_id = $1 AND c.started = 1 AND c.deleted_at IS NULL
+          AND c.started_at >= $2 AND c.started_at < $3
+      )`;
+    const params = [projectId, `${startDate}T00:00:00.000Z`, next.toISOString()];
+    const rows = await sumUsage(this.#sql, tree, params, options.includeCosts ?? false);
+    rows.sort((a, b) => compare(a.key, b.key) || compare(a.model, b.model));
+    const days: Record<string, Record<string, ModelUsage>> = Object.create(null);
+    for (const r of rows) {
+      days[r.key] ??= Object.create(null);
+      days[r.key]![r.model] = r.usage;
+    }
+    return days;
+  }
+
   async #callUsage(
     sql: Sql,
     projectId: string,
@@ -616,62 +722,9 @@ export class CallsRepo {
     if (matched > limit) throw new LimitExceededError(matched, limit);
     if (matched === 0) return result;
 
-    const { n, has, usageRows } = usageSql(d);
-    const priceId = includeCosts
-      ? `, (SELECT p.id FROM prices p
-            WHERE p.model = usage_rows.model AND (p.project_id = $1 OR p.project_id IS NULL)
-              AND p.effective_date <= usage_rows.started_at
-            ORDER BY CASE WHEN p.project_id IS NULL THEN 1 ELSE 0 END, p.effective_date DESC
-            LIMIT 1) AS price_id`
-      : "";
-    const costs = includeCosts
-      ? `, SUM(per_call.prompt * COALESCE(p.prompt_token_cost, 0)) AS prompt_cost,
-           SUM(per_call.completion * COALESCE(p.completion_token_cost, 0)) AS completion_cost,
-           SUM(per_call.cache_read * COALESCE(p.cache_read_input_token_cost, 0)) AS cache_read_cost,
-           SUM(per_call.cache_creation * COALESCE(p.cache_creation_input_token_cost, 0)) AS cache_creation_cost`
-      : "";
-    const rows = await sql.query(
-      `${tree},
-       usage_rows AS (${usageRows}),
-       per_call AS (
-         SELECT root_id, model,
-           CASE WHEN ${has("requests")} THEN ${n("requests")} ELSE 1 END AS requests,
-           ${n("prompt_tokens")} + ${n("input_tokens")} AS prompt,
-           ${n("completion_tokens")} + ${n("output_tokens")} AS completion,
-           ${n("total_tokens")} AS total_raw,
-           ${n("cache_read_input_tokens")} AS cache_read,
-           ${n("cache_creation_input_tokens")} AS cache_creation
-           ${priceId}
-         FROM usage_rows
-       )
-       SELECT per_call.root_id, per_call.model,
-         SUM(per_call.requests) AS requests,
-         SUM(per_call.prompt) AS prompt_tokens,
-         SUM(per_call.completion) AS completion_tokens,
-         SUM(CASE WHEN per_call.total_raw > 0 THEN per_call.total_raw
-                  ELSE per_call.prompt + per_call.completion END) AS total_tokens,
-         SUM(per_call.cache_read) AS cache_read_input_tokens,
-         SUM(per_call.cache_creation) AS cache_creation_input_tokens
-         ${costs}
-       FROM per_call ${includeCosts ? "LEFT JOIN prices p ON p.id = per_call.price_id" : ""}
-       GROUP BY per_call.root_id, per_call.model`,
-      params,
-    );
-    for (const r of rows) {
-      const usage = result.call_usage[String(r.root_id)];
-      if (!usage) continue;
-      usage[String(r.model)] = {
-        requests: Number(r.requests),
-        prompt_tokens: Number(r.prompt_tokens),
-        completion_tokens: Number(r.completion_tokens),
-        total_tokens: Number(r.total_tokens),
-        cache_read_input_tokens: Number(r.cache_read_input_tokens),
-        cache_creation_input_tokens: Number(r.cache_creation_input_tokens),
-        prompt_tokens_total_cost: includeCosts ? Number(r.prompt_cost) : null,
-        completion_tokens_total_cost: includeCosts ? Number(r.completion_cost) : null,
-        cache_read_input_tokens_total_cost: includeCosts ? Number(r.cache_read_cost) : null,
-        cache_creation_input_tokens_total_cost: includeCosts ? Number(r.cache_creation_cost) : null,
-      };
+    for (const r of await sumUsage(sql, tree, params, includeCosts)) {
+      const usage = result.call_usage[r.key];
+      if (usage) usage[r.model] = r.usage;
     }
     if (!Number(count?.open ?? 0)) return result;
     const unfinished = await sql.query<{ id: string }>(

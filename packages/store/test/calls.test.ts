@@ -590,6 +590,99 @@ describeBackends("callUsage", (ctx) => {
   });
 });
 
+describeBackends("calls usage by day", (ctx) => {
+  const DAYS: SeedCall[] = [
+    // The first day: a root and its child, each counted for its own usage only.
+    { id: "a", started_at: "2026-03-01T00:00:00Z", usage: { M: { prompt_tokens: 10 } } },
+    {
+      id: "a1",
+      parent: "a",
+      started_at: "2026-03-01T23:59:59.999Z",
+      usage: { M: { prompt_tokens: 1, completion_tokens: 2 }, N: { completion_tokens: 7 } },
+    },
+    // The next day (UTC): a new day, whatever the offset it was sent with.
+    {
+      id: "b",
+      trace: "t2",
+      started_at: "2026-03-02T01:00:00+02:00",
+      usage: { M: { prompt_tokens: 100 } },
+    },
+    {
+      id: "c",
+      trace: "t3",
+      started_at: "2026-03-02T12:00:00Z",
+      usage: { M: { completion_tokens: 4 } },
+    },
+    // Outside the range asked, on either side.
+    {
+      id: "d",
+      trace: "t4",
+      started_at: "2026-02-28T23:59:59Z",
+      usage: { M: { prompt_tokens: 1000 } },
+    },
+    {
+      id: "e",
+      trace: "t5",
+      started_at: "2026-03-04T00:00:00Z",
+      usage: { M: { prompt_tokens: 1000 } },
+    },
+    { id: "f", trace: "t6", started_at: "2026-03-03T08:00:00Z", ended: false },
+  ];
+
+  it("when calls span days, then each is summed once on its UTC start day, per model, within the range", async () => {
+    const p = unique("ent/proj");
+    await ctx.store.calls.upsertBatch(batch(p, DAYS));
+    const days = await ctx.store.calls.usageByDay(p, "2026-03-01", "2026-03-03");
+    expect(Object.keys(days)).toEqual(["2026-03-01", "2026-03-02"]);
+    // "2026-03-02T01:00:00+02:00" (b) is 2026-03-01T23:00Z: it belongs to the first day.
+    expect(days["2026-03-01"]).toEqual({
+      M: usage({ requests: 3, prompt_tokens: 111, completion_tokens: 2, total_tokens: 113 }),
+      N: usage({ requests: 1, completion_tokens: 7, total_tokens: 7 }),
+    });
+    expect(days["2026-03-02"]).toEqual({
+      M: usage({ requests: 1, completion_tokens: 4, total_tokens: 4 }),
+    });
+  });
+
+  it("when calls are deleted (with their descendants) or of another project, then they are not counted", async () => {
+    const p = unique("ent/proj");
+    await ctx.store.calls.upsertBatch(batch(p, DAYS));
+    await ctx.store.calls.upsertBatch(batch(unique("ent/other"), DAYS));
+    await ctx.store.calls.deleteCalls(p, ["a"]);
+    const days = await ctx.store.calls.usageByDay(p, "2026-03-01", "2026-03-01");
+    expect(days).toEqual({
+      "2026-03-01": { M: usage({ requests: 1, prompt_tokens: 100, total_tokens: 100 }) },
+    });
+  });
+
+  it("when costs are asked, then each call is priced at its start", async () => {
+    const model = unique("model");
+    const p = unique("ent/proj");
+    await ctx.store.prices.set({
+      model,
+      prompt_token_cost: 2,
+      completion_token_cost: 3,
+      effective_date: "2026-01-01T00:00:00Z",
+    });
+    await ctx.store.calls.upsertBatch(
+      batch(p, [
+        {
+          id: "x",
+          started_at: "2026-03-05T10:00:00Z",
+          usage: { [model]: { prompt_tokens: 5, completion_tokens: 1 } },
+        },
+      ]),
+    );
+    const days = await ctx.store.calls.usageByDay(p, "2026-03-05", "2026-03-05", {
+      includeCosts: true,
+    });
+    expect(days["2026-03-05"]?.[model]).toMatchObject({
+      prompt_tokens_total_cost: 10,
+      completion_tokens_total_cost: 3,
+    });
+  });
+});
+
 describeBackends("prices", (ctx) => {
   it("when prices are set, listed and deleted, then defaults and project rows stay apart", async () => {
     const model = unique("model");

@@ -385,3 +385,85 @@ describe("getCallsUsage", () => {
     });
   });
 });
+
+describe("getCallsUsageByDay", () => {
+  it("when chats are served in a project, then their recorded usage is summed on today's row for the model", async () => {
+    const project = "default/daily-chat";
+    const chat = server.authorizedClient({ project });
+    let prompt = 0;
+    let completion = 0;
+    for (const content of ["Say hello", "Count to three"]) {
+      const answer = await chat.chat.completions.create({
+        model: "arbor/tiny-chat",
+        messages: [{ role: "user", content }],
+        max_tokens: 6,
+      });
+      prompt += answer.usage!.prompt_tokens;
+      completion += answer.usage!.completion_tokens;
+    }
+    const today = new Date().toISOString().slice(0, 10);
+    const result = await client.calls.usageByDay({ project_id: project });
+    expect(result.end_date).toBe(today);
+    expect(Date.parse(result.end_date) - Date.parse(result.start_date)).toBe(29 * 86_400_000);
+    expect(result.daily_usage).toEqual({
+      [today]: {
+        "arbor/tiny-chat": usage({
+          requests: 2,
+          prompt,
+          completion,
+          total: prompt + completion,
+        }),
+      },
+    });
+  });
+
+  it("when calls started on several days, then each day has its own sums and the range bounds them", async () => {
+    const project = "default/daily-range";
+    await ingest(
+      project,
+      [
+        { id: "r", started_at: "2026-05-01T10:00:00Z", usage: { m: { prompt_tokens: 3 } } },
+        {
+          id: "k",
+          parent: "r",
+          started_at: "2026-05-02T10:00:00Z",
+          usage: { m: { completion_tokens: 4 } },
+        },
+        { id: "late", started_at: "2026-05-09T10:00:00Z", usage: { m: { prompt_tokens: 99 } } },
+      ],
+      "days",
+    );
+    const result = await client.calls.usageByDay({
+      project_id: project,
+      start_date: "2026-05-01",
+      end_date: "2026-05-08",
+    });
+    expect(result).toEqual({
+      start_date: "2026-05-01",
+      end_date: "2026-05-08",
+      daily_usage: {
+        "2026-05-01": { m: usage({ requests: 1, prompt: 3, completion: 0, total: 3 }) },
+        "2026-05-02": { m: usage({ requests: 1, prompt: 0, completion: 4, total: 4 }) },
+      },
+    });
+  });
+
+  it.each([
+    [{ start_date: "2026-05-09", end_date: "2026-05-08" }, "start_date"],
+    [{ start_date: "2025-01-01", end_date: "2026-05-08" }, "start_date"],
+    [{ end_date: "2026-02-30" }, "end_date"],
+  ])("when the range is %j, then 422 names %s", async (range, field) => {
+    const { response, error } = await client.POST("/calls/usage_by_day", {
+      body: { project_id: "default/daily-range", ...range },
+    });
+    expect(response.status).toBe(422);
+    expect(JSON.stringify(error)).toContain(field);
+  });
+
+  it("when another entity's project is asked for, then 403", async () => {
+    const stranger = await server.newTenant("daily-stranger");
+    await expect(
+      stranger.client.calls.usageByDay({ project_id: "default/daily-range" }),
+    ).rejects.toMatchObject({ status: 403 });
+  });
+});

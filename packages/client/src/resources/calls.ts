@@ -53,4 +53,12 @@ export class Calls {
   ): Promise<Schemas["CallsUsageResponse"]> {
     return data(this.#core.api.POST("/calls/usage", { body, ...this.#core.init(options) }));
   }
+
+  /** A project's usage (and costs) per UTC day and model, summed from its stored calls. */
+  usageByDay(
+    body: Schemas["CallsUsageByDayRequest"],
+    options?: RequestOptions,
+  ): Promise<Schemas["CallsUsageByDayResponse"]> {
+    return data(this.#core.api.POST("/calls/usage_by_day", { body, ...this.#core.init(options) }));
+  }
 }
