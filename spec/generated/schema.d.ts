@@ -1155,6 +1155,13 @@ export interface components {
             step_from: number;
             /** @description The last checkpoint step written; null until one is. */
             step_to: number | null;
+            /**
+             * @description The settings the job was created with, as given: `{config, experimental_config}` for SFT,
+             *     `{experimental_config}` for RL (`{}` where none was given).
+             */
+            config: {
+                [key: string]: unknown;
+            };
         };
         /**
          * TrainingJobList
@@ -3074,7 +3081,15 @@ export interface operations {
                      *           "training_end": null,
                      *           "error_message": null,
                      *           "step_from": 3,
-                     *           "step_to": null
+                     *           "step_to": null,
+                     *           "config": {
+                     *             "config": {
+                     *               "epochs": 3,
+                     *               "batch_size": 8,
+                     *               "learning_rate": 0.0002
+                     *             },
+                     *             "experimental_config": {}
+                     *           }
                      *         }
                      *       ],
                      *       "first_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e03",
@@ -3185,7 +3200,10 @@ export interface operations {
                      *       "training_end": null,
                      *       "error_message": null,
                      *       "step_from": 3,
-                     *       "step_to": null
+                     *       "step_to": null,
+                     *       "config": {
+                     *         "experimental_config": {}
+                     *       }
                      *     }
                      */
                     "application/json": components["schemas"]["TrainingJob"];
@@ -3249,7 +3267,15 @@ export interface operations {
                      *       "training_end": null,
                      *       "error_message": null,
                      *       "step_from": 0,
-                     *       "step_to": null
+                     *       "step_to": null,
+                     *       "config": {
+                     *         "config": {
+                     *           "epochs": 3,
+                     *           "batch_size": 8,
+                     *           "learning_rate": 0.0002
+                     *         },
+                     *         "experimental_config": {}
+                     *       }
                      *     }
                      */
                     "application/json": components["schemas"]["TrainingJob"];
@@ -3296,7 +3322,10 @@ export interface operations {
                      *       "training_end": 1795424409,
                      *       "error_message": null,
                      *       "step_from": 3,
-                     *       "step_to": 4
+                     *       "step_to": 4,
+                     *       "config": {
+                     *         "experimental_config": {}
+                     *       }
                      *     }
                      */
                     "application/json": components["schemas"]["TrainingJob"];
@@ -3343,7 +3372,15 @@ export interface operations {
                      *       "training_end": 1795424460,
                      *       "error_message": "cancelled",
                      *       "step_from": 0,
-                     *       "step_to": 10
+                     *       "step_to": 10,
+                     *       "config": {
+                     *         "config": {
+                     *           "epochs": 3,
+                     *           "batch_size": 8,
+                     *           "learning_rate": 0.0002
+                     *         },
+                     *         "experimental_config": {}
+                     *       }
                      *     }
                      */
                     "application/json": components["schemas"]["TrainingJob"];

@@ -251,6 +251,22 @@ describe("listTrainingJobs", () => {
 });
 
 describe("retrieveTrainingJob", () => {
+  it("when a job was created with settings, then it shows them as given", async () => {
+    const modelId = await newModel("shown-config");
+    const url = await upload(words.slice(0, 4).map(reversal));
+    const job = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      config: { batch_size: 2, learning_rate: 0.003 },
+      experimental_config: { lora_rank: 4 },
+    });
+    expect((await client.training.jobs.retrieve(job.id)).config).toEqual({
+      config: { batch_size: 2, learning_rate: 0.003 },
+      experimental_config: { lora_rank: 4 },
+    });
+    await follow(job.id);
+  });
+
   it("when another entity asks for a job, then 404", async () => {
     const modelId = await newModel("secret-job");
     const url = await upload(words.slice(0, 4).map(reversal));

@@ -19,6 +19,11 @@ export function jobToWire(job: TrainingJob): Schemas["TrainingJob"] {
     error_message: job.error_message,
     step_from: job.step_from ?? 0,
     step_to: job.step_to,
+    // SFT stores `{config, experimental_config}`; RL its experimental_config alone.
+    config:
+      job.type === "sft"
+        ? ((job.config ?? {}) as Record<string, unknown>)
+        : { experimental_config: job.config ?? {} },
   };
 }
 
