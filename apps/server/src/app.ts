@@ -14,6 +14,7 @@ import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations } from "./http/routes.ts";
 import type { Principal } from "./modules/access.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
+import { consoleRoutes } from "./modules/console/routes.ts";
 import { datasetsHandlers } from "./modules/datasets/routes.ts";
 import { DATASET_MEDIA_TYPES } from "./modules/datasets/service.ts";
 import { publicDocuments } from "./modules/docs/routes.ts";
@@ -52,6 +53,7 @@ export function createApp(deps: AppDeps): Express {
   app.use(requestId);
   app.use(accessLog(logger));
   app.use(publicDocuments(spec));
+  app.use(consoleRoutes());
   app.use(rawModelIdInPath);
   // Roles: a deployment may serve only some surfaces; the others' paths answer 404 here.
   const operations = specOperations(spec).filter((op) =>

@@ -18,8 +18,11 @@ const allowed: Record<string, readonly string[]> = {
   "@arbor/client": ["@arbor/spec"],
   "@arbor/training": ["@arbor/engine", "@arbor/store", "@arbor/spec"],
   "@arbor/docs": ["@arbor/spec"],
+  // The console is a browser app on the public client; the server serves its built files.
+  "@arbor/console": ["@arbor/client"],
   "@arbor/server": [
     "@arbor/config",
+    "@arbor/console",
     "@arbor/docs",
     "@arbor/engine",
     "@arbor/spec",

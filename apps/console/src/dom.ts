@@ -1,0 +1,105 @@
+/** A few DOM helpers: the console builds its pages from plain elements, so that links, buttons
+ * and form controls keep the browser's own keyboard behaviour. */
+
+export type Child = Node | string | number | null | undefined | false | Child[];
+type Props = Record<string, unknown>;
+
+/** `h("button", { onclick, class: "primary" }, "Save")`: `on*` are listeners, `class` and
+ * known properties are set as properties, anything else as an attribute. */
+export function h<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  props: Props | null = null,
+  ...children: Child[]
+): HTMLElementTagNameMap[K] {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(props ?? {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      el.addEventListener(key.slice(2), value as EventListener);
+    } else if (key === "class") {
+      el.className = String(value);
+    } else if (key in el && key !== "list" && key !== "form") {
+      (el as unknown as Props)[key] = value;
+    } else {
+      el.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  append(el, children);
+  return el;
+}
+
+export function append(parent: Node, children: Child[]): void {
+  for (const child of children.flat(Infinity as 1) as Child[]) {
+    if (child === null || child === undefined || child === false) continue;
+    parent.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+/** Replaces the element's content. */
+export function mount(parent: Element, ...children: Child[]): void {
+  parent.replaceChildren();
+  append(parent, children);
+}
+
+/** An error as the user should read it: the API's message, with its status when it has one. */
+export function errorText(err: unknown): string {
+  if (err instanceof Error) {
+    const status = (err as { status?: number }).status;
+    return status ? `${err.message} (HTTP ${status})` : err.message;
+  }
+  return String(err);
+}
+
+export function alertBox(err: unknown): HTMLElement {
+  return h("div", { class: "alert", role: "alert" }, errorText(err));
+}
+
+export function empty(text: string, ...more: Child[]): HTMLElement {
+  return h("p", { class: "empty" }, text, ...more);
+}
+
+export function time(unixSeconds: number | null | undefined): string {
+  if (!unixSeconds) return "—";
+  return new Date(unixSeconds * 1000).toLocaleString();
+}
+
+export function num(value: number | null | undefined, digits = 4): string {
+  if (value === null || value === undefined || Number.isNaN(value)) return "—";
+  return Number.isInteger(value) ? value.toLocaleString() : value.toPrecision(digits);
+}
+
+/** Asks before a destructive action, with a native modal dialog (focus-trapped, Esc cancels). */
+export function confirmAction(question: string, action: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const dialog = h(
+      "dialog",
+      { class: "confirm", "aria-label": action },
+      h("p", null, question),
+      h(
+        "form",
+        { method: "dialog", class: "row" },
+        h("button", { value: "cancel", autofocus: true }, "Cancel"),
+        h("button", { value: "ok", class: "danger" }, action),
+      ),
+    );
+    dialog.addEventListener("close", () => {
+      resolve(dialog.returnValue === "ok");
+      dialog.remove();
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}
+
+/** A labelled form control. */
+export function field(label: string, control: HTMLElement, hint?: string): HTMLElement {
+  const id = control.id || `f-${Math.random().toString(36).slice(2)}`;
+  control.id = id;
+  return h(
+    "div",
+    { class: "field" },
+    h("label", { htmlFor: id }, label),
+    control,
+    hint ? h("small", null, hint) : null,
+  );
+}

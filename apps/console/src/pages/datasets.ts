@@ -1,0 +1,218 @@
+import type { Dataset, DatasetLine, Model } from "@arbor/client";
+import { alertBox, empty, field, h, mount, num } from "../dom.ts";
+import type { PageContext } from "../main.ts";
+import { api } from "../session.ts";
+import { all, modelName } from "./models.ts";
+
+/** Upload a JSONL file (a bad line is shown in place, by number), see what was stored, and
+ * start an SFT job on it. */
+export async function datasetsPage({ root }: PageContext): Promise<void> {
+  const file = h("input", {
+    type: "file",
+    name: "file",
+    accept: ".jsonl,.json,application/jsonl,text/plain",
+    required: true,
+  });
+  const name = h("input", { name: "name", placeholder: "optional" });
+  const result = h("div", { "aria-live": "polite" });
+  const button = h("button", { type: "submit", class: "primary" }, "Upload");
+  mount(
+    root,
+    h("h1", null, "Datasets"),
+    h(
+      "form",
+      {
+        class: "card",
+        "aria-label": "Upload a dataset",
+        onsubmit: async (event: Event) => {
+          event.preventDefault();
+          const chosen = file.files?.[0];
+          if (!chosen) return;
+          button.disabled = true;
+          mount(result, h("p", null, "Uploading and checking every line…"));
+          try {
+            const dataset = await api().training.datasets.create(chosen, {
+              ...(name.value ? { name: name.value } : {}),
+            });
+            await showDataset(result, dataset);
+          } catch (err) {
+            mount(result, await badLine(err, chosen));
+          } finally {
+            button.disabled = false;
+          }
+        },
+      },
+      h("h2", null, "Upload SFT examples"),
+      h(
+        "p",
+        null,
+        "One JSON object per line, each with ",
+        h("code", null, "messages"),
+        " (and optionally ",
+        h("code", null, "tools"),
+        "). Every line is checked; nothing is stored unless all are valid.",
+      ),
+      h("div", { class: "row wrap" }, field("JSONL file", file), field("Name", name), button),
+    ),
+    result,
+  );
+}
+
+/** The server names the first bad line (`Line 3: …`): show the file around it. */
+async function badLine(err: unknown, file: File): Promise<HTMLElement> {
+  const match = /^Line (\d+):/.exec(err instanceof Error ? err.message : "");
+  if (!match) return alertBox(err);
+  const number = Number(match[1]);
+  const lines = (await file.text()).split(/\r?\n/);
+  const from = Math.max(1, number - 2);
+  const to = Math.min(lines.length, number + 2);
+  const excerpt: HTMLElement[] = [];
+  for (let n = from; n <= to; n++) {
+    const text = lines[n - 1] ?? "";
+    excerpt.push(
+      h(
+        "div",
+        {
+          class: n === number ? "line bad" : "line",
+          "aria-current": n === number ? "true" : undefined,
+        },
+        h("span", { class: "lineno" }, String(n)),
+        h("code", null, text.length > 300 ? `${text.slice(0, 300)}…` : text || " "),
+      ),
+    );
+  }
+  return h("div", { class: "card" }, alertBox(err), h("div", { class: "excerpt" }, excerpt));
+}
+
+async function showDataset(result: HTMLElement, dataset: Dataset): Promise<void> {
+  const client = api();
+  const [page, models] = await Promise.all([
+    client.training.datasets.lines(dataset.id, { limit: 20 }),
+    all(client.training.models.list()),
+  ]);
+  mount(
+    result,
+    h(
+      "section",
+      { class: "card" },
+      h("h2", null, "Stored"),
+      h(
+        "dl",
+        { class: "grid" },
+        h("dt", null, "Id"),
+        h("dd", null, h("code", null, dataset.id)),
+        h("dt", null, "URL"),
+        h("dd", null, h("code", null, dataset.url)),
+        h("dt", null, "Lines"),
+        h("dd", { "data-lines": String(dataset.lines) }, num(dataset.lines)),
+        h("dt", null, "Size"),
+        h("dd", null, `${num(dataset.bytes)} bytes`),
+      ),
+      linesTable(page.data, dataset.lines),
+    ),
+    trainForm(dataset, models),
+  );
+}
+
+function linesTable(lines: DatasetLine[], total: number): HTMLElement {
+  if (lines.length === 0) return empty("No lines.");
+  return h(
+    "details",
+    { open: true },
+    h("summary", null, `First ${lines.length} of ${total} examples`),
+    h(
+      "table",
+      null,
+      h("thead", null, h("tr", null, h("th", null, "Line"), h("th", null, "Messages"))),
+      h(
+        "tbody",
+        null,
+        lines.map((l) =>
+          h(
+            "tr",
+            null,
+            h("td", null, num(l.line)),
+            h(
+              "td",
+              null,
+              l.example.messages.map((m) =>
+                h(
+                  "div",
+                  null,
+                  h("strong", null, `${m.role}: `),
+                  typeof m.content === "string" ? m.content : JSON.stringify(m.content),
+                ),
+              ),
+            ),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
+  if (models.length === 0)
+    return h(
+      "section",
+      { class: "card" },
+      h("h2", null, "Train on it"),
+      empty(
+        "No trained model to train yet. ",
+        h("a", { href: "#/models" }, "Create a model"),
+        " first, then upload again.",
+      ),
+    );
+  const model = h(
+    "select",
+    { name: "model", required: true },
+    models.map((m) => h("option", { value: m.id }, modelName(m))),
+  );
+  const epochs = h("input", { type: "number", name: "epochs", min: 1, max: 100, value: 3 });
+  const lr = h("input", {
+    type: "number",
+    name: "learning_rate",
+    min: 0,
+    step: "any",
+    value: 0.003,
+  });
+  const batch = h("input", { type: "number", name: "batch_size", min: 1, max: 1024, value: 4 });
+  const status = h("div", { "aria-live": "polite" });
+  return h(
+    "form",
+    {
+      class: "card",
+      "aria-label": "Start an SFT job",
+      onsubmit: async (event: Event) => {
+        event.preventDefault();
+        mount(status);
+        try {
+          const job = await api().training.jobs.createSft({
+            model_id: model.value,
+            training_data_url: dataset.url,
+            config: {
+              epochs: Number(epochs.value),
+              learning_rate: Number(lr.value),
+              batch_size: Number(batch.value),
+              lr_schedule: "cosine",
+            },
+          });
+          location.hash = `#/jobs/${job.id}`;
+        } catch (err) {
+          mount(status, alertBox(err));
+        }
+      },
+    },
+    h("h2", null, "Train on it (SFT)"),
+    h(
+      "div",
+      { class: "row wrap" },
+      field("Model", model),
+      field("Epochs", epochs),
+      field("Learning rate", lr),
+      field("Batch size", batch),
+      h("button", { type: "submit", class: "primary" }, "Start SFT job"),
+    ),
+    status,
+  );
+}

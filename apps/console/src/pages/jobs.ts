@@ -1,0 +1,286 @@
+import type { TrainingJob, TrainingJobEvent } from "@arbor/client";
+import { type Line, MetricChart } from "../chart.ts";
+import { alertBox, confirmAction, field, h, mount, num, time } from "../dom.ts";
+import type { PageContext } from "../main.ts";
+import { api } from "../session.ts";
+import { all, jobsTable, modelName } from "./models.ts";
+
+const STATUSES = ["", "queued", "running", "succeeded", "failed", "cancelled"] as const;
+
+/** A project's jobs, newest first, filtered by project and status, a page at a time. */
+export async function jobsPage({ root, query }: PageContext): Promise<void> {
+  const client = api();
+  const models = await all(client.training.models.list());
+  const names = new Map(models.map((m) => [m.id, modelName(m)]));
+  const projects = [...new Set(models.map((m) => m.project))].sort();
+  const project = h(
+    "select",
+    { name: "project" },
+    h("option", { value: "" }, "All projects"),
+    projects.map((p) => h("option", { value: p, selected: query.get("project") === p }, p)),
+  );
+  const status = h(
+    "select",
+    { name: "status" },
+    STATUSES.map((s) =>
+      h("option", { value: s, selected: (query.get("status") ?? "") === s }, s || "Any status"),
+    ),
+  );
+  const results = h("div");
+  const more = h("button", { hidden: true }, "Load more");
+  const filter = () => {
+    const q = new URLSearchParams();
+    if (project.value) q.set("project", project.value);
+    if (status.value) q.set("status", status.value);
+    location.hash = `#/jobs${q.size ? `?${q}` : ""}`;
+  };
+  project.addEventListener("change", filter);
+  status.addEventListener("change", filter);
+  mount(
+    root,
+    h("h1", null, "Training jobs"),
+    h("div", { class: "row wrap" }, field("Project", project), field("Status", status)),
+    h("section", { class: "card" }, results, more),
+  );
+
+  const shown: TrainingJob[] = [];
+  let page = await client.training.jobs.list({
+    limit: 20,
+    ...(query.get("project") ? { project: query.get("project")! } : {}),
+    ...(query.get("status") ? { status: query.get("status") as TrainingJob["status"] } : {}),
+  });
+  const draw = () => {
+    mount(results, jobsTable(shown, names));
+    more.hidden = !page.hasNextPage();
+  };
+  shown.push(...page.data);
+  draw();
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    try {
+      page = await page.nextPage();
+      shown.push(...page.data);
+      draw();
+    } catch (err) {
+      results.append(alertBox(err));
+    } finally {
+      more.disabled = false;
+    }
+  });
+}
+
+/** The metrics of `gradient_step` events, each drawn over the job's steps. */
+const METRICS: [key: string, title: string, rlOnly: boolean][] = [
+  ["loss", "Loss", false],
+  ["reward", "Reward", true],
+  ["grad_norm", "Gradient norm", false],
+  ["learning_rate", "Learning rate", false],
+  ["tokens_per_second", "Tokens / s", false],
+];
+
+interface Followed {
+  job: TrainingJob;
+  lines: Map<string, Line>;
+}
+
+/** A job: status, settings, error, and its curves, live while it runs; another job of the same
+ * model can be overlaid (`?compare=<job id>`). */
+export async function jobPage({ root, params, query, signal }: PageContext): Promise<void> {
+  const client = api();
+  const job = await client.training.jobs.retrieve(params[0]!);
+  const compareId = query.get("compare");
+  const [siblings, compared, models] = await Promise.all([
+    all(client.training.jobs.list({ model_id: job.model_id }), 200),
+    compareId ? client.training.jobs.retrieve(compareId) : Promise.resolve(null),
+    all(client.training.models.list()),
+  ]);
+  const model = models.find((m) => m.id === job.model_id);
+  const followed: Followed[] = [job, ...(compared ? [compared] : [])].map((j) => ({
+    job: j,
+    lines: new Map(
+      METRICS.map(([key]) => [
+        key,
+        {
+          label: `${j.type.toUpperCase()} ${j.id.slice(0, 13)}`,
+          values: new Map(),
+          marks: new Set(),
+        },
+      ]),
+    ),
+  }));
+  const rl = followed.some((f) => f.job.type === "rl");
+  const charts = METRICS.filter(([, , rlOnly]) => rl || !rlOnly).map(
+    ([key, title]) =>
+      new MetricChart(
+        title,
+        followed.map((f) => f.lines.get(key)!),
+      ),
+  );
+  signal.addEventListener("abort", () => {
+    for (const c of charts) c.destroy();
+  });
+
+  const summary = h("section", { class: "card", "aria-live": "polite" });
+  const compare = h(
+    "select",
+    { name: "compare" },
+    h("option", { value: "" }, "None"),
+    siblings
+      .filter((s) => s.id !== job.id)
+      .map((s) =>
+        h(
+          "option",
+          { value: s.id, selected: s.id === compareId },
+          `${s.type.toUpperCase()} ${s.id.slice(0, 13)} (${s.status}, ${time(s.created_at)})`,
+        ),
+      ),
+  );
+  compare.addEventListener("change", () => {
+    location.hash = `#/jobs/${job.id}${compare.value ? `?compare=${compare.value}` : ""}`;
+  });
+  mount(
+    root,
+    h("h1", null, `${job.type.toUpperCase()} job`, " ", h("code", { class: "subtle" }, job.id)),
+    summary,
+    h(
+      "section",
+      { class: "card" },
+      h(
+        "div",
+        { class: "row wrap" },
+        h("h2", null, "Curves"),
+        h("span", { class: "spacer" }),
+        field("Overlay another job of this model", compare),
+      ),
+      h(
+        "div",
+        { class: "charts" },
+        charts.map((c) => c.element),
+      ),
+    ),
+  );
+
+  // Many events can arrive at once (a finished job's whole history): draw once per frame.
+  let drawing = false;
+  const redraw = () => {
+    if (drawing) return;
+    drawing = true;
+    requestAnimationFrame(() => {
+      drawing = false;
+      for (const c of charts) c.update();
+    });
+  };
+
+  const drawSummary = (current: TrainingJob, latest: Map<string, number>) =>
+    mount(summary, jobSummary(current, model ? modelName(model) : current.model_id, latest));
+  const latest = new Map<string, number>();
+  drawSummary(job, latest);
+
+  await Promise.all(
+    followed.map(async (f, i) => {
+      try {
+        for await (const event of client.training.jobs.events.follow(
+          f.job.id,
+          {},
+          { signal, timeout: 24 * 3600_000 },
+        )) {
+          apply(f, event);
+          redraw();
+          if (i === 0) {
+            if (event.type === "gradient_step") {
+              for (const [k, v] of Object.entries(event.data))
+                if (typeof v === "number") latest.set(k, v);
+              drawSummary({ ...job, status: "running" }, latest);
+            }
+            if (event.type === "training_ended" || event.type === "training_failed")
+              drawSummary(await client.training.jobs.retrieve(job.id), latest);
+          }
+        }
+      } catch (err) {
+        if (!signal.aborted) summary.append(alertBox(err));
+      }
+    }),
+  );
+}
+
+function apply(f: Followed, event: TrainingJobEvent): void {
+  const data = event.data as Record<string, unknown>;
+  if (event.type === "gradient_step") {
+    const step = Number(data.gradient_step);
+    for (const [key] of METRICS) {
+      const v = data[key];
+      if (typeof v === "number" && Number.isFinite(v)) f.lines.get(key)!.values.set(step, v);
+    }
+  } else if (event.type === "checkpoint_saved") {
+    // Checkpoint steps count from the model's first step; the curves from the job's.
+    const step = Number(data.step) - f.job.step_from;
+    for (const line of f.lines.values()) line.marks!.add(step);
+  }
+}
+
+function jobSummary(job: TrainingJob, model: string, latest: Map<string, number>): HTMLElement {
+  const running = job.status === "queued" || job.status === "running";
+  const rows: [string, Node | string][] = [
+    ["Status", h("span", { class: `status ${job.status}` }, job.status)],
+    ["Model", h("a", { href: `#/models/${job.model_id}` }, model)],
+    ["Created", time(job.created_at)],
+    ["Started", time(job.training_start)],
+    ["Ended", time(job.training_end)],
+    ["Steps", `${job.step_from} → ${job.step_to ?? "…"}`],
+    ...[...latest]
+      .filter(([k]) => k === "loss" || k === "reward" || k === "gradient_step")
+      .map(([k, v]) => [`Last ${k.replace("_", " ")}`, num(v)] as [string, string]),
+  ];
+  return h(
+    "div",
+    null,
+    h(
+      "dl",
+      { class: "grid" },
+      rows.map(([k, v]) => [h("dt", null, k), h("dd", null, v)]),
+    ),
+    job.error_message
+      ? h("div", { class: "alert", role: "alert" }, `Error: ${job.error_message}`)
+      : null,
+    h(
+      "details",
+      null,
+      h("summary", null, "Settings"),
+      h("pre", null, JSON.stringify(job.config ?? {}, null, 2)),
+    ),
+    h(
+      "div",
+      { class: "row" },
+      running
+        ? h(
+            "button",
+            {
+              class: "danger",
+              onclick: async (e: Event) => {
+                if (
+                  !(await confirmAction(
+                    "Cancel this job? Its last checkpoint stays.",
+                    "Cancel job",
+                  ))
+                )
+                  return;
+                (e.currentTarget as HTMLButtonElement).disabled = true;
+                await api().training.jobs.cancel(job.id);
+              },
+            },
+            "Cancel job",
+          )
+        : null,
+      job.step_to !== null
+        ? h(
+            "a",
+            {
+              class: "button",
+              href: `#/playground?model=${encodeURIComponent(`${model}:step${job.step_to}`)}`,
+            },
+            `Chat with step ${job.step_to}`,
+          )
+        : null,
+    ),
+  );
+}

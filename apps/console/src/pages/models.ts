@@ -1,0 +1,358 @@
+import type { Checkpoint, Model, TrainingJob } from "@arbor/client";
+import { alertBox, confirmAction, empty, field, h, mount, num, time } from "../dom.ts";
+import type { PageContext } from "../main.ts";
+import { api } from "../session.ts";
+
+export function modelName(m: Model): string {
+  return `${m.entity}/${m.project}/${m.name}`;
+}
+
+/** Every item of a paged list, up to `max`. */
+export async function all<T>(items: AsyncIterable<T>, max = 1000): Promise<T[]> {
+  const out: T[] = [];
+  for await (const item of items) {
+    out.push(item);
+    if (out.length >= max) break;
+  }
+  return out;
+}
+
+/** Base models, then trained models with their latest step and actions. */
+export async function modelsPage({ root }: PageContext): Promise<void> {
+  const client = api();
+  const [entries, trained] = await Promise.all([
+    all(client.models.list()),
+    all(client.training.models.list()),
+  ]);
+  const bases = entries.filter((e) => e.parent === null);
+  const list = h("div");
+  mount(
+    root,
+    h("h1", null, "Models"),
+    h(
+      "section",
+      { class: "card" },
+      h("h2", null, "Trained models"),
+      createForm(bases.map((b) => b.id)),
+      list,
+    ),
+    h(
+      "section",
+      { class: "card" },
+      h("h2", null, "Base models"),
+      bases.length === 0
+        ? empty("This server serves no base model.")
+        : h(
+            "table",
+            null,
+            h("thead", null, h("tr", null, h("th", null, "Id"), h("th", null, "Chat"))),
+            h(
+              "tbody",
+              null,
+              bases.map((b) =>
+                h(
+                  "tr",
+                  null,
+                  h("td", null, h("code", null, b.id)),
+                  h(
+                    "td",
+                    null,
+                    h(
+                      "a",
+                      { href: `#/playground?model=${encodeURIComponent(b.id)}` },
+                      "Open in playground",
+                    ),
+                  ),
+                ),
+              ),
+            ),
+          ),
+    ),
+  );
+  renderTrained(list, trained);
+}
+
+function renderTrained(list: HTMLElement, trained: Model[]): void {
+  if (trained.length === 0) {
+    mount(list, empty("No trained models yet: create one above, then train it on a dataset."));
+    return;
+  }
+  mount(
+    list,
+    h(
+      "table",
+      null,
+      h(
+        "thead",
+        null,
+        h(
+          "tr",
+          null,
+          ["Model", "Base", "Latest step", "Created", ""].map((t) => h("th", null, t)),
+        ),
+      ),
+      h(
+        "tbody",
+        null,
+        trained.map((m) =>
+          h(
+            "tr",
+            null,
+            h("td", null, h("a", { href: `#/models/${m.id}` }, modelName(m))),
+            h("td", null, h("code", null, m.base_model)),
+            h("td", null, num(m.latest_step)),
+            h("td", null, time(m.created_at)),
+            h(
+              "td",
+              { class: "actions" },
+              h(
+                "button",
+                {
+                  class: "danger",
+                  onclick: async (e: Event) => {
+                    const button = e.currentTarget as HTMLButtonElement;
+                    if (
+                      !(await confirmAction(
+                        `Delete ${modelName(m)} with all its checkpoints and files? A running job is cancelled.`,
+                        "Delete model",
+                      ))
+                    )
+                      return;
+                    button.disabled = true;
+                    try {
+                      await api().training.models.delete(m.id);
+                      renderTrained(
+                        list,
+                        trained.filter((t) => t.id !== m.id),
+                      );
+                    } catch (err) {
+                      button.disabled = false;
+                      list.prepend(alertBox(err));
+                    }
+                  },
+                },
+                "Delete",
+              ),
+            ),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function createForm(bases: string[]): HTMLElement {
+  const project = h("input", {
+    name: "project",
+    required: true,
+    value: "demo",
+    pattern: "[A-Za-z0-9._-]+",
+  });
+  const name = h("input", { name: "name", required: true, pattern: "[A-Za-z0-9._-]+" });
+  const base = h(
+    "select",
+    { name: "base_model", required: true },
+    bases.map((b) => h("option", { value: b }, b)),
+  );
+  const status = h("div", { "aria-live": "polite" });
+  return h(
+    "form",
+    {
+      class: "row wrap",
+      "aria-label": "Create a model",
+      onsubmit: async (event: Event) => {
+        event.preventDefault();
+        mount(status);
+        try {
+          const model = await api().training.models.create({
+            project: project.value,
+            name: name.value,
+            base_model: base.value,
+          });
+          location.hash = `#/models/${model.id}`;
+        } catch (err) {
+          mount(status, alertBox(err));
+        }
+      },
+    },
+    field("Project", project),
+    field("Name", name),
+    field("Base model", base),
+    h("button", { type: "submit", class: "primary" }, "Create model"),
+    status,
+  );
+}
+
+/** One model: its checkpoints (with metrics, prunable), its jobs, and where to go next. */
+export async function modelPage({ root, params }: PageContext): Promise<void> {
+  const client = api();
+  const id = params[0]!;
+  const model = (await all(client.training.models.list())).find((m) => m.id === id);
+  if (!model) {
+    mount(
+      root,
+      h("h1", null, "Model"),
+      empty("No such model for this key.", " ", h("a", { href: "#/models" }, "All models")),
+    );
+    return;
+  }
+  const [checkpoints, jobs] = await Promise.all([
+    all(client.training.models.checkpoints.list(id)),
+    all(client.training.jobs.list({ model_id: id }), 200),
+  ]);
+  const cpSection = h("section", { class: "card" });
+  mount(
+    root,
+    h("h1", null, modelName(model)),
+    h(
+      "p",
+      { class: "row wrap" },
+      h("span", null, "Base ", h("code", null, model.base_model)),
+      h("span", null, `Latest step ${num(model.latest_step)}`),
+      h(
+        "a",
+        { href: `#/playground?model=${encodeURIComponent(modelName(model))}` },
+        "Chat with the latest checkpoint",
+      ),
+      h("a", { href: "#/datasets" }, "Train on a dataset"),
+    ),
+    cpSection,
+    h("section", { class: "card" }, h("h2", null, "Training jobs"), jobsTable(jobs)),
+  );
+  renderCheckpoints(cpSection, model, checkpoints);
+}
+
+function renderCheckpoints(section: HTMLElement, model: Model, checkpoints: Checkpoint[]): void {
+  const latest = Math.max(...checkpoints.map((c) => c.step));
+  const boxes = new Map<number, HTMLInputElement>();
+  const status = h("div", { "aria-live": "polite" });
+  const prune = h(
+    "button",
+    {
+      class: "danger",
+      onclick: async () => {
+        const steps = [...boxes].filter(([, b]) => b.checked).map(([s]) => s);
+        if (steps.length === 0) {
+          mount(status, alertBox(new Error("Select the checkpoints to prune first.")));
+          return;
+        }
+        if (!(await confirmAction(`Delete the checkpoints at steps ${steps.join(", ")}?`, "Prune")))
+          return;
+        try {
+          await api().training.models.checkpoints.delete(model.id, steps);
+          renderCheckpoints(
+            section,
+            model,
+            checkpoints.filter((c) => !steps.includes(c.step)),
+          );
+        } catch (err) {
+          mount(status, alertBox(err));
+        }
+      },
+    },
+    "Prune selected",
+  );
+  mount(
+    section,
+    h("h2", null, "Checkpoints"),
+    checkpoints.length === 0
+      ? empty("No checkpoints.")
+      : h(
+          "table",
+          null,
+          h(
+            "thead",
+            null,
+            h(
+              "tr",
+              null,
+              ["", "Step", "Created", "Metrics", ""].map((t) => h("th", null, t)),
+            ),
+          ),
+          h(
+            "tbody",
+            null,
+            checkpoints.map((c) => {
+              const box = h("input", {
+                type: "checkbox",
+                "aria-label": `Select step ${c.step}`,
+                disabled: c.step === latest,
+                title: c.step === latest ? "The latest checkpoint cannot be pruned" : undefined,
+              });
+              boxes.set(c.step, box);
+              const metrics = Object.entries(c.metrics ?? {});
+              return h(
+                "tr",
+                null,
+                h("td", null, box),
+                h("td", null, num(c.step)),
+                h("td", null, time(c.created_at)),
+                h(
+                  "td",
+                  null,
+                  metrics.length === 0
+                    ? "—"
+                    : metrics.map(([k, v]) =>
+                        h("span", { class: "chip" }, `${k} ${num(v as number)}`),
+                      ),
+                ),
+                h(
+                  "td",
+                  null,
+                  h(
+                    "a",
+                    {
+                      href: `#/playground?model=${encodeURIComponent(`${modelName(model)}:step${c.step}`)}`,
+                    },
+                    "Chat",
+                  ),
+                ),
+              );
+            }),
+          ),
+        ),
+    h("div", { class: "row" }, prune),
+    status,
+  );
+}
+
+export function jobsTable(jobs: TrainingJob[], names?: Map<string, string>): HTMLElement {
+  if (jobs.length === 0) return empty("No training jobs yet.");
+  return h(
+    "table",
+    null,
+    h(
+      "thead",
+      null,
+      h(
+        "tr",
+        null,
+        ["Job", "Type", names ? "Model" : null, "Status", "Steps", "Created"]
+          .filter((t) => t !== null)
+          .map((t) => h("th", null, t)),
+      ),
+    ),
+    h(
+      "tbody",
+      null,
+      jobs.map((j) =>
+        h(
+          "tr",
+          null,
+          h("td", null, h("a", { href: `#/jobs/${j.id}` }, h("code", null, j.id.slice(0, 13)))),
+          h("td", null, j.type.toUpperCase()),
+          names
+            ? h(
+                "td",
+                null,
+                h("a", { href: `#/models/${j.model_id}` }, names.get(j.model_id) ?? j.model_id),
+              )
+            : null,
+          h("td", null, h("span", { class: `status ${j.status}` }, j.status)),
+          h("td", null, `${j.step_from} → ${j.step_to ?? "…"}`),
+          h("td", null, time(j.created_at)),
+        ),
+      ),
+    ),
+  );
+}
