@@ -146,9 +146,9 @@ function createForm(bases: string[]): HTMLElement {
     name: "project",
     required: true,
     value: "demo",
-    pattern: "[A-Za-z0-9._-]+",
+    pattern: "[A-Za-z0-9._\\-]+",
   });
-  const name = h("input", { name: "name", required: true, pattern: "[A-Za-z0-9._-]+" });
+  const name = h("input", { name: "name", required: true, pattern: "[A-Za-z0-9._\\-]+" });
   const base = h(
     "select",
     { name: "base_model", required: true },

@@ -361,11 +361,16 @@ export class Events {
         },
       );
       if (!result.response.ok) unwrap(result);
+      let ended = false;
+      // After the terminal event the server ends the stream: read on to its end (a cancelled
+      // response reads as aborted in a browser).
       for await (const event of sseJson<TrainingJobEvent>(result.response)) {
+        if (ended) continue;
         yield event;
         after = event.id;
-        if (terminalEventTypes.has(event.type)) return;
+        ended = terminalEventTypes.has(event.type);
       }
+      if (ended) return;
       if (options.signal?.aborted) return;
       await this.#core.sleep(reconnectDelayMs);
     }

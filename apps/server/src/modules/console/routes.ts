@@ -17,7 +17,6 @@ export function consoleRoutes(): Router {
       if (err) res.status(404).end();
     });
   });
-  router.get("/console", (_req, res) => res.redirect(301, "/console/"));
   router.use(
     "/console",
     // Hashed assets never change; index.html always revalidates.

@@ -1,0 +1,178 @@
+import { existsSync, mkdirSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { type Browser, chromium, type Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type RunningServer, startServer } from "./harness.ts";
+
+/**
+ * The console in a real browser (Debian's chromium, driven by playwright-core) against a live
+ * server: sign in, create a model, upload a dataset, start SFT, watch the loss curve grow, chat
+ * with the checkpoint. Any console error or failed request on any page fails the test, /docs
+ * included. Screenshots go to tests/contract/.screenshots/ (ignored).
+ */
+const CHROMIUM = process.env.ARBOR_CHROMIUM ?? "/usr/bin/chromium";
+const shots = resolve(import.meta.dirname, "../.screenshots");
+const missing = !existsSync(CHROMIUM);
+if (missing && process.env.CI === "true")
+  throw new Error(`${CHROMIUM} is missing: .ci/run installs Debian's chromium for this test.`);
+
+let server: RunningServer;
+let browser: Browser;
+let page: Page;
+/** Everything that went wrong in the page, as it happened. */
+const problems: string[] = [];
+
+beforeAll(async () => {
+  if (missing) return;
+  server = await startServer({}, { worker: true });
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ["--no-sandbox", "--disable-dev-shm-usage"],
+  });
+  page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  page.on("console", (msg) => {
+    if (msg.type() === "error") problems.push(`console: ${msg.text()}`);
+  });
+  page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
+  page.on("requestfailed", (req) =>
+    problems.push(`failed: ${req.method()} ${req.url()} (${req.failure()?.errorText})`),
+  );
+  page.on("response", (res) => {
+    if (res.status() >= 400)
+      problems.push(`HTTP ${res.status()}: ${res.request().method()} ${res.url()}`);
+  });
+  mkdirSync(shots, { recursive: true });
+}, 120_000);
+
+afterAll(async () => {
+  await browser?.close();
+  await server?.close();
+});
+
+async function shot(name: string): Promise<void> {
+  await page.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
+}
+
+/** The JSONL a user would upload: 48 reversal examples. */
+function dataset(): string {
+  const words = [
+    "cat",
+    "dog",
+    "sun",
+    "map",
+    "cup",
+    "pen",
+    "box",
+    "hat",
+    "owl",
+    "fig",
+    "jam",
+    "kit",
+  ];
+  const lines: string[] = [];
+  for (let i = 0; i < 48; i++) {
+    const w = `${words[i % words.length]}${i % 4}`;
+    lines.push(
+      JSON.stringify({
+        messages: [
+          { role: "user", content: `Reverse: ${w}` },
+          { role: "assistant", content: [...w].reverse().join("") },
+        ],
+      }),
+    );
+  }
+  return `${lines.join("\n")}\n`;
+}
+
+describe.skipIf(missing)("the console in a browser", () => {
+  it("when a user signs in, uploads, trains and chats, then every step works with no console error or failed request", async () => {
+    const base = server.baseUrl;
+
+    // 1. Sign in.
+    await page.goto(`${base}/`);
+    await page.waitForURL(/\/console\/#\/signin|\/console\/$/);
+    await page.getByLabel("API key").fill(server.adminKey);
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await page.getByRole("heading", { name: "Models", exact: true }).waitFor();
+    expect(await page.evaluate(() => Object.keys(localStorage).length)).toBe(0);
+    await shot("models-empty");
+
+    // A model to train.
+    await page.getByLabel("Name", { exact: true }).fill("browser");
+    await page.getByRole("button", { name: "Create model" }).click();
+    await page.getByRole("heading", { name: "default/demo/browser", exact: true }).waitFor();
+    await shot("model");
+
+    // 2. Upload a dataset.
+    await page.getByRole("link", { name: "Datasets", exact: true }).click();
+    await page.getByLabel("JSONL file").setInputFiles({
+      name: "reversals.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from(dataset()),
+    });
+    await page.getByRole("button", { name: "Upload" }).click();
+    await page.getByRole("heading", { name: "Stored", exact: true }).waitFor();
+    expect(await page.locator("[data-lines]").getAttribute("data-lines")).toBe("48");
+    await shot("dataset");
+
+    // 3. Start SFT: enough steps to watch it run.
+    await page.getByLabel("Epochs").fill("30");
+    await page.getByLabel("Batch size").fill("2");
+    await page.getByRole("button", { name: "Start SFT job" }).click();
+    await page.getByRole("heading", { name: /SFT job/ }).waitFor();
+
+    // 4. The loss curve gains points while the job runs.
+    const loss = page.locator('figure[data-metric="Loss"] [data-points]');
+    const seen = new Set<number>();
+    const deadline = Date.now() + 240_000;
+    while (Date.now() < deadline) {
+      seen.add(Number(await loss.getAttribute("data-points")));
+      const status = await page.locator(".status").first().textContent();
+      if (status === "succeeded" || status === "failed" || status === "cancelled") break;
+      await page.waitForTimeout(100);
+    }
+    await page.locator(".status", { hasText: "succeeded" }).first().waitFor();
+    const final = Number(await loss.getAttribute("data-points"));
+    const growing = [...seen].filter((n) => n > 0 && n < final);
+    expect(growing.length, `points seen while running: ${[...seen]}`).toBeGreaterThan(0);
+    expect(final).toBe(720); // 48 examples × 30 epochs / batch 2
+    await shot("training-job");
+
+    // 5. Chat with the checkpoint, streamed.
+    await page.getByRole("link", { name: /Chat with step/ }).click();
+    await page.getByRole("heading", { name: "Playground", exact: true }).waitFor();
+    expect(await page.getByLabel("Model", { exact: true }).inputValue()).toMatch(
+      /^default\/demo\/browser:step\d+$/,
+    );
+    await page.getByLabel("Message").fill("Reverse: cat0");
+    await page.getByRole("button", { name: "Send" }).click();
+    await page.locator(".usage").waitFor();
+    // The stream is over when Send is enabled again; leaving earlier would abort it.
+    await page
+      .getByRole("button", { name: "Send", exact: true })
+      .and(page.locator(":enabled"))
+      .waitFor();
+    expect((await page.locator(".answer").textContent())?.length).toBeGreaterThan(0);
+    await shot("playground");
+
+    // The other pages load cleanly.
+    await page.getByRole("link", { name: "Jobs", exact: true }).click();
+    await page.getByRole("heading", { name: "Training jobs", exact: true }).waitFor();
+    await page.locator("tbody tr").first().waitFor();
+    await shot("jobs");
+    await page.getByRole("link", { name: "Usage", exact: true }).click();
+    await page.getByRole("heading", { name: "Usage", exact: true }).waitFor();
+    await page.locator("table.usage").waitFor();
+    await shot("usage");
+
+    expect(problems).toEqual([]);
+  }, 420_000);
+
+  it("when /docs is opened, then it loads with no console error and no failed request", async () => {
+    problems.length = 0;
+    await page.goto(`${server.baseUrl}/docs`, { waitUntil: "networkidle" });
+    await page.getByText("Arbor API").first().waitFor();
+    await shot("docs");
+    expect(problems).toEqual([]);
+  }, 120_000);
+});
