@@ -45,7 +45,10 @@ export function mount(parent: Element, ...children: Child[]): void {
 export function errorText(err: unknown): string {
   if (err instanceof Error) {
     const status = (err as { status?: number }).status;
-    return status ? `${err.message} (HTTP ${status})` : err.message;
+    // API errors read "<status> <message>" already.
+    return status && !err.message.startsWith(`${status} `)
+      ? `${err.message} (HTTP ${status})`
+      : err.message;
   }
   return String(err);
 }

@@ -21,6 +21,19 @@ let browser: Browser;
 let page: Page;
 /** Everything that went wrong in the page, as it happened. */
 const problems: string[] = [];
+/** Refusals the test provokes on purpose (`HTTP 401: GET …/path`), each allowed once, with the
+ * console's report of them. */
+const expected: string[] = [];
+
+function allowOnce(problem: string): void {
+  expected.push(problem, "console: Failed to load resource");
+}
+
+function report(problem: string): void {
+  const i = expected.findIndex((e) => problem.startsWith(e));
+  if (i >= 0) expected.splice(i, 1);
+  else problems.push(problem);
+}
 
 beforeAll(async () => {
   if (missing) return;
@@ -31,15 +44,15 @@ beforeAll(async () => {
   });
   page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
   page.on("console", (msg) => {
-    if (msg.type() === "error") problems.push(`console: ${msg.text()}`);
+    if (msg.type() === "error") report(`console: ${msg.text()}`);
   });
-  page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
+  page.on("pageerror", (err) => report(`page error: ${err.message}`));
   page.on("requestfailed", (req) =>
-    problems.push(`failed: ${req.method()} ${req.url()} (${req.failure()?.errorText})`),
+    report(`failed: ${req.method()} ${req.url()} (${req.failure()?.errorText})`),
   );
   page.on("response", (res) => {
     if (res.status() >= 400)
-      problems.push(`HTTP ${res.status()}: ${res.request().method()} ${res.url()}`);
+      report(`HTTP ${res.status()}: ${res.request().method()} ${new URL(res.url()).pathname}`);
   });
   mkdirSync(shots, { recursive: true });
 }, 120_000);
@@ -91,6 +104,11 @@ describe.skipIf(missing)("the console in a browser", () => {
     // 1. Sign in.
     await page.goto(`${base}/`);
     await page.waitForURL(/\/console\/#\/signin|\/console\/$/);
+    // A bad key gets a message, not a blank page.
+    allowOnce("HTTP 401: GET /v1/preview/models");
+    await page.getByLabel("API key").fill("not-a-key");
+    await page.getByRole("button", { name: "Sign in", exact: true }).click();
+    await page.getByRole("alert").filter({ hasText: "refused this API key" }).waitFor();
     await page.getByLabel("API key").fill(server.adminKey);
     await page.getByRole("button", { name: "Sign in" }).click();
     await page.getByRole("heading", { name: "Models", exact: true }).waitFor();
@@ -103,8 +121,22 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.getByRole("heading", { name: "default/demo/browser", exact: true }).waitFor();
     await shot("model");
 
-    // 2. Upload a dataset.
+    // 2. Upload a dataset: first one with a bad line, shown in place by its number.
     await page.getByRole("link", { name: "Datasets", exact: true }).click();
+    allowOnce("HTTP 400: POST /v1/preview/datasets");
+    const bad = dataset().split("\n");
+    bad[2] = '{"messages": "not a list"}';
+    await page.getByLabel("JSONL file").setInputFiles({
+      name: "bad.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from(bad.join("\n")),
+    });
+    await page.getByRole("button", { name: "Upload", exact: true }).click();
+    const badLine = page.locator(".excerpt .line.bad");
+    await badLine.waitFor();
+    expect(await badLine.locator(".lineno").textContent()).toBe("3");
+    expect(await page.getByRole("alert").first().textContent()).toMatch(/^400 Line 3: /);
+    await shot("dataset-error");
     await page.getByLabel("JSONL file").setInputFiles({
       name: "reversals.jsonl",
       mimeType: "application/jsonl",
@@ -144,6 +176,7 @@ describe.skipIf(missing)("the console in a browser", () => {
     expect(await page.getByLabel("Model", { exact: true }).inputValue()).toMatch(
       /^default\/demo\/browser:step\d+$/,
     );
+    await page.getByLabel("Show logprobs").check();
     await page.getByLabel("Message").fill("Reverse: cat0");
     await page.getByRole("button", { name: "Send" }).click();
     await page.locator(".usage").waitFor();
@@ -153,19 +186,29 @@ describe.skipIf(missing)("the console in a browser", () => {
       .and(page.locator(":enabled"))
       .waitFor();
     expect((await page.locator(".answer").textContent())?.length).toBeGreaterThan(0);
+    expect(await page.locator("table.logprobs tbody tr").count()).toBeGreaterThan(0);
     await shot("playground");
 
     // The other pages load cleanly.
     await page.getByRole("link", { name: "Jobs", exact: true }).click();
     await page.getByRole("heading", { name: "Training jobs", exact: true }).waitFor();
     await page.locator("tbody tr").first().waitFor();
+    expect(await page.getByRole("button", { name: "Load more" }).isVisible()).toBe(false);
     await shot("jobs");
     await page.getByRole("link", { name: "Usage", exact: true }).click();
     await page.getByRole("heading", { name: "Usage", exact: true }).waitFor();
     await page.locator("table.usage").waitFor();
     await shot("usage");
 
+    // Dark mode reads as well.
+    await page.emulateMedia({ colorScheme: "dark" });
+    await page.goto(`${base}/console/#/jobs`);
+    await page.locator("tbody tr").first().waitFor();
+    await shot("jobs-dark");
+    await page.emulateMedia({ colorScheme: "light" });
+
     expect(problems).toEqual([]);
+    expect(expected).toEqual([]);
   }, 420_000);
 
   it("when /docs is opened, then it loads with no console error and no failed request", async () => {

@@ -60,7 +60,8 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
 
 /** The server names the first bad line (`Line 3: …`): show the file around it. */
 async function badLine(err: unknown, file: File): Promise<HTMLElement> {
-  const match = /^Line (\d+):/.exec(err instanceof Error ? err.message : "");
+  // The client's message is "<status> <the server's message>".
+  const match = /\bLine (\d+):/.exec(err instanceof Error ? err.message : "");
   if (!match) return alertBox(err);
   const number = Number(match[1]);
   const lines = (await file.text()).split(/\r?\n/);
