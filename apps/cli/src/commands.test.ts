@@ -17,7 +17,9 @@ describe("arbor's command line", () => {
   it("when help names a command, then only its usage is shown; bare help lists every command", async () => {
     const one = capture();
     await run(["help", "train", "sft"], one.io);
-    expect(one.lines.join("\n")).toMatch(/^arbor train sft --model MODEL_ID --data/);
+    expect(one.lines.join("\n")).toMatch(
+      /^arbor train sft --model MODEL --data[\s\S]*--lr-schedule S/,
+    );
     const flagged = capture();
     await run(["chat", "--help"], flagged.io);
     expect(flagged.lines.join("\n")).toMatch(/^arbor chat MODEL/);
@@ -37,7 +39,38 @@ describe("arbor's command line", () => {
   it("when the command is unknown, then the error lists the commands", async () => {
     const { io } = capture();
     await expect(run(["trian", "sft"], io)).rejects.toThrow(
-      /Unknown command "trian sft"[\s\S]*arbor train sft/,
+      /Unknown command "trian sft". Did you mean "arbor train sft"\?[\s\S]*arbor train sft/,
     );
+  });
+
+  it("when an option is misspelt, then the error suggests the right one", async () => {
+    const { io } = capture();
+    await expect(
+      run(["train", "sft", "--model", "m", "--data", "d.jsonl", "--epoch", "3"], io),
+    ).rejects.toThrow(/Unknown option '--epoch'.* Did you mean --epochs\?/);
+    await expect(run(["chat", "m", "--temprature", "0"], io)).rejects.toThrow(
+      /Did you mean --temperature\?/,
+    );
+  });
+
+  it("when --version is asked, then it prints the version", async () => {
+    const { io, lines } = capture();
+    await run(["--version"], io);
+    expect(lines).toEqual([expect.stringMatching(/^arbor \d+\.\d+\.\d+/)]);
+  });
+
+  it("when no server listens at the URL, then the error names the URL and how to change it", async () => {
+    const { io } = capture();
+    const saved = process.env.ARBOR_BASE_URL;
+    // Port 9 (discard) on loopback: nothing listens there in a test run.
+    process.env.ARBOR_BASE_URL = "http://127.0.0.1:9";
+    try {
+      await expect(run(["models", "list"], io)).rejects.toThrow(
+        /Could not reach the Arbor server at http:\/\/127\.0\.0\.1:9 .*ARBOR_BASE_URL/,
+      );
+    } finally {
+      if (saved === undefined) delete process.env.ARBOR_BASE_URL;
+      else process.env.ARBOR_BASE_URL = saved;
+    }
   });
 });

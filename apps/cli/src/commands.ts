@@ -1,7 +1,13 @@
 import { existsSync, readFileSync } from "node:fs";
 import { createInterface } from "node:readline/promises";
 import { type ParseArgsOptionsConfig, parseArgs } from "node:util";
-import { type ArborClient, createArborClient } from "@arbor/client";
+import {
+  APIConnectionError,
+  type ArborClient,
+  AuthenticationError,
+  createArborClient,
+  VERSION,
+} from "@arbor/client";
 import { adminKeyPath, baseModelsDir, type Config, readConfig } from "@arbor/config";
 import { openStore, type Store } from "@arbor/store";
 import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
@@ -63,7 +69,14 @@ function command<const O extends ParseArgsOptionsConfig>(def: CommandDef<O>): Co
           strict: true,
         });
       } catch (err) {
-        throw new Error(`${(err as Error).message}\n\nUsage: ${commandHelp(def)}`);
+        const message = (err as Error).message;
+        const unknown = /Unknown option '(--?[^']+)'/.exec(message)?.[1];
+        const guess = unknown
+          ? closest(unknown.replace(/^-+/, ""), Object.keys(def.options))
+          : undefined;
+        throw new Error(
+          `${message}${guess ? ` Did you mean --${guess}?` : ""}\n\nUsage: ${commandHelp(def)}`,
+        );
       }
       return def.run({ ...env, ...parsed });
     },
@@ -187,6 +200,13 @@ export const COMMANDS: readonly Command[] = [
     },
   }),
   command({
+    name: "models list",
+    usage: "[--project P]",
+    summary: "list your trained models, newest first: id, <entity>/<project>/<name>, base, step",
+    options: { project: str },
+    run: ({ values, client, io }) => remote.listModels(client(), { project: values.project }, io),
+  }),
+  command({
     name: "datasets upload",
     usage: "FILE.jsonl [--name N]",
     summary: "upload SFT data; prints its dataset:// URL",
@@ -201,8 +221,17 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "train sft",
-    usage:
-      "--model MODEL_ID --data FILE.jsonl|dataset://ID|https://… [--epochs N] [--batch-size N|auto] [--lr X] [--checkpoint-every N] [--follow]",
+    usage: `--model MODEL --data FILE.jsonl|dataset://ID|https://… [--follow]
+    [--epochs N]            passes over the data (server default 1)
+    [--batch-size N|auto]   examples per optimizer step (server default: auto)
+    [--lr X]                peak learning rate (server default 2e-4 for LoRA)
+    [--lr-schedule S]       constant | linear | cosine (server default constant)
+    [--warmup-steps N]      linear warm-up steps (default 0)
+    [--assistant-turns T]   all | last: which assistant turns are trained (default all)
+    [--checkpoint-every N]  a checkpoint every N steps (default: at the end)
+    [--lora-rank N] [--lora-alpha N] [--max-seq-len N] [--max-grad-norm X]
+    [--weight-decay X] [--seed N]   (experimental_config)
+  MODEL is the model's id or <entity>/<project>/<name>; it is checked before anything is uploaded.`,
     summary: "start an SFT job (a local file is uploaded first)",
     options: {
       model: str,
@@ -210,20 +239,48 @@ export const COMMANDS: readonly Command[] = [
       epochs: str,
       "batch-size": str,
       lr: str,
+      "lr-schedule": str,
+      "warmup-steps": str,
+      "assistant-turns": str,
       "checkpoint-every": str,
+      "lora-rank": str,
+      "lora-alpha": str,
+      "max-seq-len": str,
+      "max-grad-norm": str,
+      "weight-decay": str,
+      seed: str,
       follow: flag,
     },
     run: async ({ values, client, io }) => {
       const batch = values["batch-size"];
+      const schedule = oneOf(values["lr-schedule"], "--lr-schedule", [
+        "constant",
+        "linear",
+        "cosine",
+      ] as const);
+      const turns = oneOf(values["assistant-turns"], "--assistant-turns", ["all", "last"] as const);
       const job = await remote.trainSft(
         client(),
         {
           model: required(values.model, "--model"),
           data: required(values.data, "--data"),
-          epochs: optionalNumber(values.epochs, "--epochs"),
-          batchSize: batch === "auto" ? "auto" : optionalNumber(batch, "--batch-size"),
-          learningRate: optionalNumber(values.lr, "--lr"),
-          checkpointEvery: optionalNumber(values["checkpoint-every"], "--checkpoint-every"),
+          config: defined({
+            epochs: optionalNumber(values.epochs, "--epochs"),
+            batch_size: batch === "auto" ? "auto" : optionalNumber(batch, "--batch-size"),
+            learning_rate: optionalNumber(values.lr, "--lr"),
+            lr_schedule: schedule,
+            warmup_steps: optionalNumber(values["warmup-steps"], "--warmup-steps"),
+            assistant_turns: turns,
+            checkpoint_every: optionalNumber(values["checkpoint-every"], "--checkpoint-every"),
+          }),
+          experimental: defined({
+            lora_rank: optionalNumber(values["lora-rank"], "--lora-rank"),
+            lora_alpha: optionalNumber(values["lora-alpha"], "--lora-alpha"),
+            max_seq_len: optionalNumber(values["max-seq-len"], "--max-seq-len"),
+            max_grad_norm: optionalNumber(values["max-grad-norm"], "--max-grad-norm"),
+            weight_decay: optionalNumber(values["weight-decay"], "--weight-decay"),
+            seed: optionalNumber(values.seed, "--seed"),
+          }),
         },
         io,
       );
@@ -232,7 +289,8 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "train rl",
-    usage: "--model MODEL_ID --groups GROUPS.json [--follow]",
+    usage:
+      "--model MODEL --groups GROUPS.json [--follow]   (MODEL: id or <entity>/<project>/<name>)",
     summary: "start one RL step on trajectory groups",
     options: { model: str, groups: str, follow: flag },
     run: async ({ values, client, io }) => {
@@ -256,6 +314,27 @@ export const COMMANDS: readonly Command[] = [
       remote.getJob(client(), { job: required(positionals[0], "JOB_ID") }, io),
   }),
   command({
+    name: "jobs list",
+    usage: "[--model MODEL] [--status queued|running|succeeded|failed|cancelled]",
+    summary: "list your training jobs, newest first",
+    options: { model: str, status: str },
+    run: ({ values, client, io }) =>
+      remote.listJobs(
+        client(),
+        {
+          model: values.model,
+          status: oneOf(values.status, "--status", [
+            "queued",
+            "running",
+            "succeeded",
+            "failed",
+            "cancelled",
+          ] as const),
+        },
+        io,
+      ),
+  }),
+  command({
     name: "jobs cancel",
     usage: "JOB_ID",
     summary: "cancel a queued or running job",
@@ -272,22 +351,22 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "checkpoints list",
-    usage: "MODEL_ID",
+    usage: "MODEL   (id or <entity>/<project>/<name>)",
     summary: "list a model's checkpoints with their metrics",
     options: {},
     run: ({ positionals, client, io }) =>
-      remote.listCheckpoints(client(), { model: required(positionals[0], "MODEL_ID") }, io),
+      remote.listCheckpoints(client(), { model: required(positionals[0], "MODEL") }, io),
   }),
   command({
     name: "checkpoints delete",
-    usage: "MODEL_ID --steps 1,2",
+    usage: "MODEL --steps 1,2",
     summary: "delete checkpoints by step (not the latest)",
     options: { steps: str },
     run: ({ values, positionals, client, io }) =>
       remote.deleteCheckpoints(
         client(),
         {
-          model: required(positionals[0], "MODEL_ID"),
+          model: required(positionals[0], "MODEL"),
           steps: required(values.steps, "--steps")
             .split(",")
             .map((s) => number(s, "--steps")),
@@ -297,7 +376,7 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "checkpoints download",
-    usage: "MODEL_ID --step N [--format peft|gguf|gguf-lora] -o FILE",
+    usage: "MODEL --step N [--format peft|gguf|gguf-lora] -o FILE",
     summary:
       "download a checkpoint: its adapter (PEFT's files in a tar, or a llama.cpp LoRA GGUF) or a merged GGUF",
     options: { step: str, format: str, output: { ...str, short: "o" } },
@@ -308,7 +387,7 @@ export const COMMANDS: readonly Command[] = [
       return remote.downloadCheckpoint(
         client(),
         {
-          model: required(positionals[0], "MODEL_ID"),
+          model: required(positionals[0], "MODEL"),
           step: number(required(values.step, "--step"), "--step"),
           format,
           file: required(values.output, "-o FILE"),
@@ -319,14 +398,14 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "checkpoints upload",
-    usage: "MODEL_ID ADAPTER_DIR|ADAPTER.tar",
+    usage: "MODEL ADAPTER_DIR|ADAPTER.tar",
     summary: "add a PEFT LoRA adapter trained elsewhere as the model's next step",
     options: {},
     run: ({ positionals, client, io }) =>
       remote.uploadCheckpoint(
         client(),
         {
-          model: required(positionals[0], "MODEL_ID"),
+          model: required(positionals[0], "MODEL"),
           path: required(positionals[1], "ADAPTER_DIR|ADAPTER.tar"),
         },
         io,
@@ -334,17 +413,31 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "chat",
-    usage: "MODEL [--message TEXT] [--max-tokens N]   (no --message: a conversation on stdin)",
+    usage: `MODEL [--message TEXT]   (no --message: a conversation on stdin)
+    [--temperature X]  sampling temperature; default 0 (deterministic) for a trained model or
+                       checkpoint, the server's default (1) for a base model
+    [--top-p X] [--max-tokens N] [--seed N]`,
     summary: "chat with a base model, a trained model or a checkpoint (…:stepN)",
-    options: { message: str, "max-tokens": str },
-    run: ({ values, positionals, client, io }) =>
-      chat(
+    options: { message: str, "max-tokens": str, temperature: str, "top-p": str, seed: str },
+    run: ({ values, positionals, client, io }) => {
+      const model = required(positionals[0], "MODEL");
+      // A trained model (`<entity>/<project>/<name>[:stepN]`) answers deterministically by
+      // default, so a smoke test after training shows what it learned, not sampling noise.
+      const trained = model.split("/").length === 3;
+      return chat(
         client(),
-        required(positionals[0], "MODEL"),
+        model,
         values.message,
-        optionalNumber(values["max-tokens"], "--max-tokens"),
+        {
+          maxTokens: optionalNumber(values["max-tokens"], "--max-tokens"),
+          temperature:
+            optionalNumber(values.temperature, "--temperature") ?? (trained ? 0 : undefined),
+          topP: optionalNumber(values["top-p"], "--top-p"),
+          seed: optionalNumber(values.seed, "--seed"),
+        },
         io,
-      ),
+      );
+    },
   }),
 ];
 
@@ -380,13 +473,26 @@ function findCommand(argv: readonly string[]): { command: Command; rest: string[
 
 /** Runs the command line `argv` (without `node` and the script). */
 export async function run(argv: readonly string[], io: Io): Promise<void> {
+  if (argv[0] === "--version" || argv[0] === "-v" || argv[0] === "version") {
+    io.line(`arbor ${VERSION}`);
+    return;
+  }
   if (argv.length === 0 || argv[0] === "help" || argv[0] === "--help" || argv[0] === "-h") {
     const found = argv[0] === "help" ? findCommand(argv.slice(1)) : undefined;
     io.line(found ? commandHelp(found.command) : helpText());
     return;
   }
   const found = findCommand(argv);
-  if (!found) throw new Error(`Unknown command "${argv.slice(0, 2).join(" ")}".\n\n${helpText()}`);
+  if (!found) {
+    const typed = argv.slice(0, 2).join(" ");
+    const guess = closest(
+      typed,
+      COMMANDS.map((c) => c.name),
+    );
+    throw new Error(
+      `Unknown command "${typed}".${guess ? ` Did you mean "arbor ${guess}"?` : ""}\n\n${helpText()}`,
+    );
+  }
   const { command, rest } = found;
   if (rest.includes("--help") || rest.includes("-h")) {
     io.line(commandHelp(command));
@@ -407,6 +513,8 @@ export async function run(argv: readonly string[], io: Io): Promise<void> {
       },
       client: () => remoteClient(config),
     });
+  } catch (err) {
+    throw explain(err, config);
   } finally {
     await opened?.close();
   }
@@ -420,10 +528,62 @@ export function serverUrl(config: Config): string {
   return `http://${host.includes(":") ? `[${host}]` : host}:${config.port}`;
 }
 
-function remoteClient(config: Config): ArborClient {
+/** Where the remote commands' key comes from, for error messages. */
+function keySource(config: Config): { apiKey?: string; from: string } {
+  if (config.apiKey) return { apiKey: config.apiKey, from: "ARBOR_API_KEY" };
   const keyFile = adminKeyPath(config.dataDir);
-  const apiKey =
-    config.apiKey ?? (existsSync(keyFile) ? readFileSync(keyFile, "utf8").trim() : undefined);
+  if (existsSync(keyFile)) return { apiKey: readFileSync(keyFile, "utf8").trim(), from: keyFile };
+  return { from: keyFile };
+}
+
+/** A connection or key problem, said in terms of what to change. */
+function explain(err: unknown, config: Config): unknown {
+  if (err instanceof APIConnectionError) {
+    return new Error(
+      `Could not reach the Arbor server at ${serverUrl(config)} (${err.cause instanceof Error ? err.cause.message : err.message}). ` +
+        "Start it with ./scripts/serve, or point the CLI at it with ARBOR_BASE_URL (or the server's ARBOR_HOST and ARBOR_PORT).",
+    );
+  }
+  if (err instanceof AuthenticationError) {
+    const { apiKey, from } = keySource(config);
+    return new Error(
+      apiKey
+        ? `The server at ${serverUrl(config)} refused the API key from ${from}: ${err.message}. Set ARBOR_API_KEY to a valid key (arbor keys create).`
+        : `No API key: ARBOR_API_KEY is not set and ${from} does not exist. Set ARBOR_API_KEY, or ARBOR_DATA_DIR to the server's data directory (its first start writes admin.key there).`,
+    );
+  }
+  return err;
+}
+
+/** The candidate nearest to `typed` by edit distance, if it is near enough to be a typo. */
+export function closest(typed: string, candidates: readonly string[]): string | undefined {
+  let best: string | undefined;
+  let bestDistance = Number.POSITIVE_INFINITY;
+  for (const c of candidates) {
+    const d = editDistance(typed, c);
+    if (d < bestDistance) [best, bestDistance] = [c, d];
+  }
+  return bestDistance <= Math.max(2, Math.floor(typed.length / 3)) ? best : undefined;
+}
+
+function editDistance(a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i];
+    for (let j = 1; j <= b.length; j++) {
+      current[j] = Math.min(
+        previous[j]! + 1,
+        current[j - 1]! + 1,
+        previous[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1),
+      );
+    }
+    previous = current;
+  }
+  return previous[b.length]!;
+}
+
+function remoteClient(config: Config): ArborClient {
+  const { apiKey } = keySource(config);
   return createArborClient({
     baseUrl: serverUrl(config),
     ...(apiKey ? { apiKey } : {}),
@@ -437,7 +597,12 @@ async function follow(client: ArborClient, job: string, io: Io): Promise<void> {
     { job },
     { line: (t) => io.line(io.bar ? `\n${t}` : t), ...(io.bar ? { bar: io.bar } : {}) },
   );
-  if (last?.type === "training_failed") process.exitCode = 1;
+  // A cancelled job ended as asked: only a failure is an error.
+  if (
+    last?.type === "training_failed" &&
+    (last.data as { error_message?: unknown }).error_message !== "cancelled"
+  )
+    process.exitCode = 1;
 }
 
 /** One message, or a conversation read line by line from stdin. */
@@ -445,13 +610,13 @@ async function chat(
   client: ArborClient,
   model: string,
   message: string | undefined,
-  maxTokens: number | undefined,
+  sampling: Pick<remote.ChatArgs, "maxTokens" | "temperature" | "topP" | "seed">,
   io: Io,
 ): Promise<void> {
   if (message !== undefined) {
     await remote.chat(
       client,
-      { model, messages: [{ role: "user", content: message }], maxTokens },
+      { model, messages: [{ role: "user", content: message }], ...sampling },
       io.write,
     );
     io.write("\n");
@@ -470,11 +635,29 @@ async function chat(
     if (process.stdin.isTTY) io.write("model> ");
     messages.push({
       role: "assistant",
-      content: await remote.chat(client, { model, messages, maxTokens }, io.write),
+      content: await remote.chat(client, { model, messages, ...sampling }, io.write),
     });
     io.write("\n");
   }
   rl.close();
+}
+
+function oneOf<const T extends string>(
+  value: string | undefined,
+  name: string,
+  allowed: readonly T[],
+): T | undefined {
+  if (value === undefined) return undefined;
+  if (!(allowed as readonly string[]).includes(value))
+    throw new Error(`${name} must be one of ${allowed.join(", ")}, got "${value}".`);
+  return value as T;
+}
+
+/** The object without its undefined properties. */
+function defined<T extends Record<string, unknown>>(
+  object: T,
+): { [K in keyof T]: Exclude<T[K], undefined> } {
+  return Object.fromEntries(Object.entries(object).filter(([, v]) => v !== undefined)) as never;
 }
 
 function required(value: string | undefined, name: string): string {

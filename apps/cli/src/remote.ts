@@ -4,11 +4,77 @@ import { readFile, rename, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import type { ArborClient, TrainingJobEvent } from "@arbor/client";
+import type { ArborClient, Model, TrainingJob, TrainingJobEvent } from "@arbor/client";
 import tar from "tar-stream";
 import type { Output } from "./admin.ts";
 
 /** The commands that talk to a running server through @arbor/client. */
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/**
+ * A model as a person types it: its id, or `<entity>/<project>/<name>`. Resolved before any
+ * side effect (an upload, a job), so a typo costs nothing.
+ */
+export async function resolveModel(client: ArborClient, ref: string): Promise<Model> {
+  const byId = UUID.test(ref);
+  for await (const model of client.training.models.list({ limit: 100 })) {
+    if (byId ? model.id === ref : `${model.entity}/${model.project}/${model.name}` === ref)
+      return model;
+  }
+  throw new Error(
+    `No trained model "${ref}" for this key: give its id or <entity>/<project>/<name> (see "arbor models list").`,
+  );
+}
+
+/** `arbor models list`: the key's trained models, newest first. */
+export async function listModels(
+  client: ArborClient,
+  args: { project?: string | undefined },
+  out: Output,
+): Promise<void> {
+  out.line(["id", "model", "base", "latest step", "created"].join("\t"));
+  for await (const m of client.training.models.list({
+    limit: 100,
+    ...(args.project ? { project: args.project } : {}),
+  })) {
+    out.line(
+      [
+        m.id,
+        `${m.entity}/${m.project}/${m.name}`,
+        m.base_model,
+        m.latest_step,
+        new Date(m.created_at * 1000).toISOString(),
+      ].join("\t"),
+    );
+  }
+}
+
+/** `arbor jobs list`: the key's jobs, newest first, of one model or status. */
+export async function listJobs(
+  client: ArborClient,
+  args: { model?: string | undefined; status?: TrainingJob["status"] | undefined },
+  out: Output,
+): Promise<void> {
+  const model = args.model ? await resolveModel(client, args.model) : undefined;
+  out.line(["id", "type", "model", "status", "steps", "created"].join("\t"));
+  for await (const j of client.training.jobs.list({
+    limit: 100,
+    ...(model ? { model_id: model.id } : {}),
+    ...(args.status ? { status: args.status } : {}),
+  })) {
+    out.line(
+      [
+        j.id,
+        j.type,
+        j.model_id,
+        j.status,
+        `${j.step_from}→${j.step_to ?? "…"}`,
+        new Date(j.created_at * 1000).toISOString(),
+      ].join("\t"),
+    );
+  }
+}
 
 export async function uploadDataset(
   client: ArborClient,
@@ -39,28 +105,29 @@ export async function createModel(
   return model.id;
 }
 
+type Sft = Parameters<ArborClient["training"]["jobs"]["createSft"]>[0];
+
 export interface SftArgs {
+  /** The model's id or `<entity>/<project>/<name>`. */
   model: string;
   data: string;
-  epochs?: number | undefined;
-  batchSize?: number | "auto" | undefined;
-  learningRate?: number | undefined;
-  checkpointEvery?: number | undefined;
+  /** `SftConfig` fields as given (unset ones take the server's defaults). */
+  config?: NonNullable<Sft["config"]>;
+  experimental?: NonNullable<Sft["experimental_config"]>;
 }
 
 export async function trainSft(client: ArborClient, args: SftArgs, out: Output): Promise<string> {
+  const model = await resolveModel(client, args.model);
   const url = /^(dataset|https):\/\//.test(args.data)
     ? args.data
     : await uploadDataset(client, { file: args.data }, out);
   const job = await client.training.jobs.createSft({
-    model_id: args.model,
+    model_id: model.id,
     training_data_url: url,
-    config: {
-      ...(args.epochs !== undefined ? { epochs: args.epochs } : {}),
-      ...(args.batchSize !== undefined ? { batch_size: args.batchSize } : {}),
-      ...(args.learningRate !== undefined ? { learning_rate: args.learningRate } : {}),
-      ...(args.checkpointEvery !== undefined ? { checkpoint_every: args.checkpointEvery } : {}),
-    },
+    config: args.config ?? {},
+    ...(args.experimental && Object.keys(args.experimental).length
+      ? { experimental_config: args.experimental }
+      : {}),
   });
   out.line(`SFT job ${job.id} ${job.status}.`);
   return job.id;
@@ -71,9 +138,10 @@ export async function trainRl(
   args: { model: string; groups: string },
   out: Output,
 ): Promise<string> {
+  const model = await resolveModel(client, args.model);
   const groups = JSON.parse(readFileSync(args.groups, "utf8")) as unknown;
   const job = await client.training.jobs.createRl({
-    model_id: args.model,
+    model_id: model.id,
     trajectory_groups: (Array.isArray(groups) ? groups : [groups]) as never,
   });
   out.line(`RL job ${job.id} ${job.status}.`);
@@ -122,7 +190,11 @@ export async function followJob(
     } else if (event.type === "training_ended") {
       out.line("Training ended.");
     } else if (event.type === "training_failed") {
-      out.line(`Training failed: ${String(data.error_message)}`);
+      out.line(
+        data.error_message === "cancelled"
+          ? "Training cancelled."
+          : `Training failed: ${String(data.error_message)}`,
+      );
     }
   }
   return last;
@@ -139,7 +211,8 @@ export async function listCheckpoints(
   out: Output,
 ): Promise<void> {
   out.line(["step", "model", "created", "metrics"].join("\t"));
-  for await (const c of client.training.models.checkpoints.list(args.model, {
+  const { id } = await resolveModel(client, args.model);
+  for await (const c of client.training.models.checkpoints.list(id, {
     limit: 100,
     order: "asc",
   })) {
@@ -159,20 +232,26 @@ export async function deleteCheckpoints(
   args: { model: string; steps: number[] },
   out: Output,
 ): Promise<void> {
-  const result = await client.training.models.checkpoints.delete(args.model, args.steps);
+  const { id } = await resolveModel(client, args.model);
+  const result = await client.training.models.checkpoints.delete(id, args.steps);
   out.line(
     `Deleted ${result.deleted_count}${result.not_found_steps.length ? `; not found: ${result.not_found_steps.join(", ")}` : ""}.`,
   );
 }
 
+export interface ChatArgs {
+  model: string;
+  messages: { role: "system" | "user" | "assistant"; content: string }[];
+  maxTokens?: number | undefined;
+  temperature?: number | undefined;
+  topP?: number | undefined;
+  seed?: number | undefined;
+}
+
 /** One chat turn, streamed to the output as it is generated. */
 export async function chat(
   client: ArborClient,
-  args: {
-    model: string;
-    messages: { role: "system" | "user" | "assistant"; content: string }[];
-    maxTokens?: number | undefined;
-  },
+  args: ChatArgs,
   write: (text: string) => void,
 ): Promise<string> {
   let text = "";
@@ -180,6 +259,9 @@ export async function chat(
     model: args.model,
     messages: args.messages,
     ...(args.maxTokens ? { max_tokens: args.maxTokens } : {}),
+    ...(args.temperature !== undefined ? { temperature: args.temperature } : {}),
+    ...(args.topP !== undefined ? { top_p: args.topP } : {}),
+    ...(args.seed !== undefined ? { seed: args.seed } : {}),
     stream: true,
   })) {
     const piece = chunk.choices[0]?.delta.content ?? "";
@@ -195,7 +277,8 @@ export async function downloadCheckpoint(
   args: { model: string; step: number; format: "peft" | "gguf" | "gguf-lora"; file: string },
   out: Output,
 ): Promise<void> {
-  const content = await client.training.models.checkpoints.download(args.model, args.step, {
+  const { id } = await resolveModel(client, args.model);
+  const content = await client.training.models.checkpoints.download(id, args.step, {
     format: args.format,
   });
   const partial = `${args.file}.partial`;
@@ -228,6 +311,7 @@ export async function uploadCheckpoint(
   args: { model: string; path: string },
   out: Output,
 ): Promise<void> {
+  const model = await resolveModel(client, args.model);
   let body: Buffer;
   if ((await stat(args.path)).isDirectory()) {
     const pack = tar.pack();
@@ -241,6 +325,6 @@ export async function uploadCheckpoint(
   } else {
     body = await readFile(args.path);
   }
-  const checkpoint = await client.training.models.checkpoints.upload(args.model, body);
+  const checkpoint = await client.training.models.checkpoints.upload(model.id, body);
   out.line(`step ${checkpoint.step}: ${checkpoint.model}`);
 }

@@ -52,7 +52,8 @@ describe("arbor CLI", () => {
     );
     const jobId = await remote.trainSft(
       client,
-      { model: modelId, data: file, epochs: 2, batchSize: 2 },
+      // By name, as a person types it.
+      { model: "default/cli/reverser", data: file, config: { epochs: 2, batch_size: 2 } },
       out,
     );
     const last = await remote.followJob(client, { job: jobId }, out);
@@ -120,6 +121,62 @@ describe("arbor CLI", () => {
       ),
     ).rejects.toThrow(/no checkpoint at step 9/);
     expect(existsSync(join(dir, "none.tar.partial"))).toBe(false);
+  });
+
+  it("when a model is named that does not exist, then training fails before anything is uploaded", async () => {
+    const client = server.authorizedClient();
+    const file = join(dir, "never.jsonl");
+    writeFileSync(
+      file,
+      '{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}',
+    );
+    const { lines, out } = capture();
+    await expect(
+      remote.trainSft(client, { model: "default/cli/no-such-model", data: file }, out),
+    ).rejects.toThrow(/No trained model "default\/cli\/no-such-model".*arbor models list/);
+    expect(lines).toEqual([]);
+  });
+
+  it("when models and jobs are listed, then names resolve and each shows once, newest first", async () => {
+    const client = server.authorizedClient();
+    const { out } = capture();
+    const id = await remote.createModel(
+      client,
+      { project: "cli", name: "listed", base: "arbor/tiny-chat" },
+      out,
+    );
+    const models = capture();
+    await remote.listModels(client, { project: "cli" }, models.out);
+    expect(models.lines[0]).toBe("id\tmodel\tbase\tlatest step\tcreated");
+    expect(models.lines.filter((l) => l.startsWith(`${id}\tdefault/cli/listed\t`))).toHaveLength(1);
+    const jobs = capture();
+    await remote.listJobs(client, { model: "default/cli/listed" }, jobs.out);
+    expect(jobs.lines).toEqual(["id\ttype\tmodel\tstatus\tsteps\tcreated"]);
+    const checkpoints = capture();
+    await remote.listCheckpoints(client, { model: "default/cli/listed" }, checkpoints.out);
+    expect(checkpoints.lines[1]).toMatch(/^0\tdefault\/cli\/listed:step0\t/);
+  });
+
+  it("when no key is set and none was written, then the error says where it looked and what to set", async () => {
+    const { run } = await import("@arbor/cli/commands");
+    const empty = mkdtempSync(join(tmpdir(), "arbor-cli-nokey-"));
+    const saved = { ...process.env };
+    process.env.ARBOR_BASE_URL = server.baseUrl;
+    process.env.ARBOR_DATA_DIR = empty;
+    delete process.env.ARBOR_API_KEY;
+    try {
+      await expect(run(["models", "list"], { line: () => {}, write: () => {} })).rejects.toThrow(
+        new RegExp(
+          `No API key: ARBOR_API_KEY is not set and ${join(empty, "admin.key")} does not exist`,
+        ),
+      );
+    } finally {
+      for (const k of ["ARBOR_BASE_URL", "ARBOR_DATA_DIR", "ARBOR_API_KEY"]) {
+        if (saved[k] === undefined) delete process.env[k];
+        else process.env[k] = saved[k];
+      }
+      rmSync(empty, { recursive: true, force: true });
+    }
   });
 
   it("when the progress bar is drawn, then it fills in proportion", () => {
