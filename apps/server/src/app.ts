@@ -3,15 +3,16 @@ import { ADAPTER_MAX_BYTES, DATASET_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
+import { ADMIN_ENTITY } from "./bootstrap.ts";
 import type { AppConfig, Role } from "./config.ts";
-import { authentication } from "./http/auth.ts";
+import { type Authenticate, authentication } from "./http/auth.ts";
 import { jsonBody } from "./http/body.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
 import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
 import type { Handlers } from "./http/operations.ts";
 import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
-import { mountOperations, pendingOperations } from "./http/routes.ts";
+import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
 import type { Principal } from "./modules/access.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
 import { consoleRoutes } from "./modules/console/routes.ts";
@@ -27,6 +28,8 @@ import { ModelDirectory } from "./modules/inference/models.ts";
 import { inferenceHandlers } from "./modules/inference/routes.ts";
 import { ChatService } from "./modules/inference/service.ts";
 import { upstreamChatBackend } from "./modules/inference/upstream.ts";
+import type { Metrics } from "./modules/metrics/metrics.ts";
+import { metricsEndpoint, requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsHandlers } from "./modules/models/routes.ts";
 import { trainingHandlers } from "./modules/training/routes.ts";
 
@@ -39,6 +42,8 @@ export interface AppDeps {
   store: Store;
   engines: EngineHost;
   probes: Probes;
+  /** The process's metrics, served at `/metrics` (the training worker reports into them too). */
+  metrics: Metrics;
   /** Called when a training job was queued, so an idle worker looks at once. */
   onJobQueued?: () => void;
 }
@@ -50,23 +55,37 @@ export function createApp(deps: AppDeps): Express {
   app.disable("x-powered-by");
   app.set("query parser", "extended");
 
+  const authenticate: Authenticate = async (token) =>
+    principalOf(await deps.store.apiKeys.verify(token));
   app.use(requestId);
   app.use(accessLog(logger));
+  app.use(requestMetrics(deps.metrics));
   app.use(publicDocuments(spec));
   app.use(consoleRoutes());
+  // Every role serves it: each process counts its own requests, chats and jobs.
+  app.use(
+    metricsEndpoint({
+      access: config.metrics,
+      metrics: deps.metrics,
+      authenticate,
+      isAdmin: async (principal) =>
+        (await deps.store.users.roleIn(principal.userId, ADMIN_ENTITY)) === "admin",
+    }),
+  );
   app.use(rawModelIdInPath);
   // Roles: a deployment may serve only some surfaces; the others' paths answer 404 here.
   const operations = specOperations(spec).filter((op) =>
     config.roles.some((role) => servesPath(role, op.path)),
   );
+  app.use(tagOperations(operations));
   const publicPaths = new Set(operations.filter((op) => op.public).map((op) => op.path));
+  app.use(authentication(authenticate, publicPaths));
   app.use(
-    authentication(
-      async (token) => principalOf(await deps.store.apiKeys.verify(token)),
-      publicPaths,
+    "/v1/chat/completions",
+    rateLimited(new RateLimiter(config.rateLimits), (scope, limit) =>
+      deps.metrics.rateLimited(scope, limit),
     ),
   );
-  app.use("/v1/chat/completions", rateLimited(new RateLimiter(config.rateLimits)));
   app.use("/v1/chat/completions", jsonBody(10 * 1024 * 1024));
   app.use(
     "/v1/preview/datasets",
@@ -121,6 +140,7 @@ export function createApp(deps: AppDeps): Express {
         },
         calls: deps.store.calls,
         logger,
+        observer: deps.metrics.chat,
       }),
     }),
   };

@@ -1,4 +1,4 @@
-import type { Config, Role, UpstreamConfig } from "@arbor/config";
+import type { Config, MetricsAccess, Role, UpstreamConfig } from "@arbor/config";
 import type { RateLimits } from "./http/rate-limit.ts";
 
 export type { Role } from "@arbor/config";
@@ -15,6 +15,8 @@ export interface AppConfig {
   rateLimits: RateLimits;
   /** Model ids served by OpenAI-compatible upstreams instead of the engine. */
   upstreams: Record<string, UpstreamConfig>;
+  /** Who may read `GET /metrics` (`ARBOR_METRICS`). */
+  metrics: MetricsAccess;
 }
 
 /** The app's part of the configuration, requests and responses validated. */
@@ -24,6 +26,7 @@ export function appConfigOf(config: Config): AppConfig {
     validateRequests: true,
     validateResponses: true,
     upstreams: config.upstreams,
+    metrics: config.metrics,
     rateLimits: {
       keyRequestsPerMinute: config.keyRequestsPerMinute,
       projectRequestsPerMinute: config.projectRequestsPerMinute,

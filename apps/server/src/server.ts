@@ -12,6 +12,7 @@ import { loadSpec } from "./http/openapi.ts";
 import { engineProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
 import { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
+import { Metrics } from "./modules/metrics/metrics.ts";
 
 /** What a caller may change of how the server is put together: tests and benches. */
 export interface BuildOptions {
@@ -78,6 +79,8 @@ export async function buildServer(
     const notStarted = { success: false, error: "starting", threads: 0, running: 0 };
     probes.worker = workerProbe(() => worker?.health() ?? notStarted);
   }
+  // This process's counters: its requests, chats, and the jobs its embedded worker runs.
+  const metrics = new Metrics({ jobCounts: () => store.jobs.depth(), logger });
   const app = createApp({
     config: { ...appConfigOf(config), ...options.app },
     logger,
@@ -85,6 +88,7 @@ export async function buildServer(
     store: options.storeSeenByApp?.(store) ?? store,
     engines,
     probes,
+    metrics,
     onJobQueued: () => worker?.poke(),
   });
   let sweeper: NodeJS.Timeout | undefined;
@@ -136,6 +140,7 @@ export async function buildServer(
           allowHosts: config.trainingDataAllowHosts,
           kernelThreads: config.engineThreads,
           baseModelsDir: modelsDir,
+          onActivity: (activity) => metrics.training(activity),
         });
       }
     },

@@ -2,6 +2,8 @@ export {
   adminKeyPath,
   baseModelsDir,
   type Config,
+  METRICS_ACCESS,
+  type MetricsAccess,
   ROLES,
   type Role,
   readConfig,

@@ -20,6 +20,7 @@ describe("readConfig", () => {
       upstreams: {},
       keyRequestsPerMinute: undefined,
       databaseUrl: undefined,
+      metrics: "key",
     });
     expect(config.engineThreads).toBeGreaterThanOrEqual(1);
     expect(config.llamaModels.size).toBe(0);
@@ -36,6 +37,7 @@ describe("readConfig", () => {
         ARBOR_ROLES: "training,sales",
         DATABASE_URL: "mysql://x",
         ARBOR_UPSTREAMS: "{not json",
+        ARBOR_METRICS: "yes",
       });
     expect(attempt).toThrow(/ARBOR_PORT must be an integer from 0 to 65535, got "70000"/);
     for (const name of [
@@ -45,6 +47,7 @@ describe("readConfig", () => {
       'ARBOR_ROLES has unknown role "sales"',
       "DATABASE_URL must be a postgres:// URL",
       "ARBOR_UPSTREAMS is not valid JSON",
+      'ARBOR_METRICS must be one of key, public, off, got "yes"',
     ])
       expect(attempt).toThrow(name);
   });
@@ -55,11 +58,13 @@ describe("readConfig", () => {
       ARBOR_UPSTREAMS: '{"big/model": {"url": "http://gpu:8000/v1", "apiKey": "k"}}',
       ARBOR_ROLES: "inference",
       ARBOR_KEY_RPM: "60",
+      ARBOR_METRICS: " public ",
     });
     expect(config.trainingDataAllowHosts).toEqual(["data.internal:8443", "other"]);
     expect(config.upstreams).toEqual({ "big/model": { url: "http://gpu:8000/v1", apiKey: "k" } });
     expect(config.roles).toEqual(["inference"]);
     expect(config.keyRequestsPerMinute).toBe(60);
+    expect(config.metrics).toBe("public");
   });
 });
 

@@ -24,6 +24,10 @@ export function adminKeyPath(dataDir: string): string {
 export type Role = "training" | "inference" | "calls";
 export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 
+/** Who may read `GET /metrics`: admin keys, anyone, or no one (404). */
+export type MetricsAccess = "key" | "public" | "off";
+export const METRICS_ACCESS: readonly MetricsAccess[] = ["key", "public", "off"];
+
 /** An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, another Arbor) that serves a
  * model id of ours. */
 export interface UpstreamConfig {
@@ -116,6 +120,18 @@ export const SETTINGS = {
       if (!["trace", "debug", "info", "warn", "error", "fatal", "silent"].includes(level))
         throw new Error(`must be a log level, got ${JSON.stringify(level)}`);
       return level;
+    },
+  }),
+  metrics: setting({
+    env: "ARBOR_METRICS",
+    group: "server",
+    shown: "key",
+    doc: "`GET /metrics` (Prometheus text): `key` asks for an admin key, `public` serves it to anyone, `off` answers 404.",
+    read: (raw): MetricsAccess => {
+      const value = unset(raw) ? "key" : raw.trim();
+      if (!METRICS_ACCESS.includes(value as MetricsAccess))
+        throw new Error(`must be one of ${METRICS_ACCESS.join(", ")}, got ${JSON.stringify(raw)}`);
+      return value as MetricsAccess;
     },
   }),
   dataDir: setting({

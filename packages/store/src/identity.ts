@@ -205,6 +205,15 @@ export class UsersRepo {
     return entitiesOf(this.#sql, userId);
   }
 
+  /** The user's role in `entity` (`admin`, `member`, …), or undefined when not a member. */
+  async roleIn(userId: string, entity: string): Promise<string | undefined> {
+    const row = await this.#sql.one(
+      "SELECT role FROM memberships WHERE user_id = $1 AND entity = $2",
+      [userId, entity],
+    );
+    return row ? String(row.role) : undefined;
+  }
+
   async isMember(userId: string, entity: string): Promise<boolean> {
     const row = await this.#sql.one(
       "SELECT 1 AS ok FROM memberships WHERE user_id = $1 AND entity = $2",

@@ -12,6 +12,16 @@ describeBackends("identity", (ctx) => {
     expect(await ctx.store.users.isMember(user.id, "elsewhere")).toBe(false);
   });
 
+  it("when a user has memberships, then roleIn names its role in each and nothing elsewhere", async () => {
+    const home = unique("home");
+    const user = await ctx.store.users.create({ name: unique("erin"), defaultEntity: home });
+    const other = unique("other");
+    await ctx.store.users.addMembership(user.id, other);
+    expect(await ctx.store.users.roleIn(user.id, home)).toBe("admin");
+    expect(await ctx.store.users.roleIn(user.id, other)).toBe("member");
+    expect(await ctx.store.users.roleIn(user.id, unique("elsewhere"))).toBeUndefined();
+  });
+
   it("when a user name is taken, then create throws ConflictError", async () => {
     const name = unique("bob");
     await ctx.store.users.create({ name, defaultEntity: unique("team") });

@@ -59,6 +59,11 @@ export {
 } from "./runner/embedded.ts";
 export { dataDirIdentity, processIdentity, type WorkerIdentity } from "./runner/identity.ts";
 export { baseModels, sftExamplesLoader, type TrainingDataSettings } from "./runner/loaders.ts";
-export { TrainingWorker, type TrainingWorkerOptions } from "./runner/runner.ts";
+export {
+  type JobOutcome,
+  type TrainingActivity,
+  TrainingWorker,
+  type TrainingWorkerOptions,
+} from "./runner/runner.ts";
 export type { WorkerThreadSettings } from "./runner/thread.ts";
 export { type SweepOptions, type SweepResult, sweepBlobs } from "./sweep.ts";

@@ -5,6 +5,7 @@ import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { EmbeddedWorker } from "../src/runner/embedded.ts";
+import type { TrainingActivity } from "../src/runner/runner.ts";
 
 /** The supervisor around training threads, with a stand-in thread that dies mid-job. */
 const dirs: string[] = [];
@@ -28,8 +29,9 @@ async function runningJob(): Promise<{ store: Store; dataDir: string; jobId: str
   return { store, dataDir, jobId: job.id };
 }
 
-function start(store: Store, dataDir: string) {
+function start(store: Store, dataDir: string, onActivity?: (activity: TrainingActivity) => void) {
   return EmbeddedWorker.start({
+    ...(onActivity ? { onActivity } : {}),
     store,
     logger: pino({ level: "silent" }),
     dataDir,
@@ -50,11 +52,18 @@ describe("EmbeddedWorker", () => {
       join(dataDir, "crash-plan.json"),
       JSON.stringify({ workerId: "thread-0#boot", jobId, crashes: 1 }),
     );
-    const worker = await start(store, dataDir);
+    const activity: TrainingActivity[] = [];
+    const worker = await start(store, dataDir, (a) => activity.push(a));
     try {
       await vi.waitFor(async () => {
         expect((await store.jobs.get("e", jobId))?.status).toBe("failed");
       });
+      // The supervisor reports the dead thread's job as failed, for metrics.
+      await vi.waitFor(() =>
+        expect(activity).toEqual([
+          { type: "ended", jobType: "rl", outcome: "failed", seconds: expect.any(Number) },
+        ]),
+      );
       const job = await store.jobs.get("e", jobId);
       expect(job?.error_message).toContain("simulated: JavaScript heap out of memory");
       const events = (await store.jobs.listEvents("e", jobId)).data;

@@ -9,7 +9,7 @@ import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { createDataset } from "../src/datasets/datasets.ts";
 import { enqueueRlJob, enqueueSftJob, MAX_JOB_EXAMPLES } from "../src/jobs.ts";
 import { baseModels, sftExamplesLoader } from "../src/runner/loaders.ts";
-import { TrainingWorker } from "../src/runner/runner.ts";
+import { type TrainingActivity, TrainingWorker } from "../src/runner/runner.ts";
 
 /** The runner, without HTTP: a job's size is bounded before its first step. */
 let dataDir: string;
@@ -41,11 +41,13 @@ describe("TrainingWorker.runJob", () => {
       initialCheckpoint: {},
     });
     const lines = Math.floor(MAX_JOB_EXAMPLES / 1000) + 1;
+    const activity: TrainingActivity[] = [];
     const worker = new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
       loadBaseModel: baseModels(),
       loadSftExamples: async () => Array.from({ length: lines }, () => example),
+      onActivity: (a) => activity.push(a),
     });
     await store.jobs.enqueue({
       type: "sft",
@@ -61,14 +63,18 @@ describe("TrainingWorker.runJob", () => {
     expect(after?.error_message).toContain(`limit of ${MAX_JOB_EXAMPLES}`);
     const events = (await store.jobs.listEvents("e", job!.id)).data;
     expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+    expect(activity).toEqual([
+      { type: "ended", jobType: "sft", outcome: "failed", seconds: expect.any(Number) },
+    ]);
   });
 
-  function worker() {
+  function worker(onActivity?: (activity: TrainingActivity) => void) {
     return new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
       loadBaseModel: baseModels(),
       loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
+      ...(onActivity ? { onActivity } : {}),
     });
   }
 
@@ -107,7 +113,8 @@ describe("TrainingWorker.runJob", () => {
       config: { batch_size: 2, epochs: 2, checkpoint_every: 2 },
       experimental_config: { lora_rank: 4, seed: 3 },
     });
-    const job = await runNext(worker());
+    const activity: TrainingActivity[] = [];
+    const job = await runNext(worker((a) => activity.push(a)));
     expect(job).toMatchObject({
       status: "succeeded",
       step_from: 0,
@@ -115,6 +122,19 @@ describe("TrainingWorker.runJob", () => {
       error_message: null,
     });
     const events = (await store.jobs.listEvents("e", job.id, { limit: 100 })).data;
+    // What the worker reports for metrics: each step's tokens, as its event says, then the end.
+    const stepTokens = events
+      .filter((e) => e.type === "gradient_step")
+      .map((e) => ({
+        type: "tokens",
+        jobType: "sft",
+        tokens: (e.data as { num_tokens: number }).num_tokens,
+      }));
+    expect(activity).toEqual([
+      ...stepTokens,
+      { type: "ended", jobType: "sft", outcome: "succeeded", seconds: expect.any(Number) },
+    ]);
+    expect((activity.at(-1) as { seconds: number }).seconds).toBeGreaterThan(0);
     expect(events.map((e) => e.type)).toEqual([
       "training_started",
       ...Array.from({ length: 6 }, (_, i) =>
@@ -129,6 +149,44 @@ describe("TrainingWorker.runJob", () => {
     const config = JSON.parse(new TextDecoder().decode(files["adapter_config.json"]!));
     expect(config).toMatchObject({ r: 4, base_model_name_or_path: "arbor/tiny-chat" });
     expect(files["optimizer.bin"]).toBeDefined();
+  });
+
+  it("when a running job is cancelled, then it stops and reports the run as cancelled", async () => {
+    const m = await model("cancelled");
+    const text = `${Array.from({ length: 4 }, (_, i) =>
+      JSON.stringify({
+        messages: [
+          { role: "user", content: `Say ${i}` },
+          { role: "assistant", content: `${i}` },
+        ],
+      }),
+    ).join("\n")}\n`;
+    const dataset = await createDataset(store, { entity: "e", name: null, text });
+    const queued = await enqueueSftJob(store, m, {
+      training_data_url: `dataset://${dataset.id}`,
+      config: { batch_size: 1, epochs: 25 },
+    });
+    const activity: TrainingActivity[] = [];
+    const w = new TrainingWorker({
+      store,
+      logger: pino({ level: "silent" }),
+      loadBaseModel: baseModels(),
+      loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
+      heartbeatMs: 10,
+      onActivity: (a) => {
+        activity.push(a);
+        // Cancelled as it trains; the next lease renewal notices.
+        if (a.type === "tokens" && activity.length === 1) void store.jobs.cancelJob("e", queued.id);
+      },
+    });
+    const job = await runNext(w);
+    expect(job.status).toBe("cancelled");
+    expect(activity.at(-1)).toEqual({
+      type: "ended",
+      jobType: "sft",
+      outcome: "cancelled",
+      seconds: expect.any(Number),
+    });
   });
 
   it("when the data has a bad line, then the job fails before its first step naming the line", async () => {
@@ -169,7 +227,8 @@ describe("TrainingWorker.runJob", () => {
       ],
       experimental_config: { loss_fn: "pg", learning_rate: 1e-3 },
     });
-    const job = await runNext(worker());
+    const activity: TrainingActivity[] = [];
+    const job = await runNext(worker((a) => activity.push(a)));
     expect(job).toMatchObject({ status: "succeeded", step_to: 1 });
     const events = (await store.jobs.listEvents("e", job.id)).data;
     expect(events.map((e) => e.type)).toEqual([
@@ -180,6 +239,14 @@ describe("TrainingWorker.runJob", () => {
     ]);
     expect(events[0]!.data).toEqual({ num_sequences: 1, skipped_groups: 1 });
     expect(events[1]!.data).toMatchObject({ num_groups_trainable: 1, num_groups_skipped: 1 });
+    expect(activity).toEqual([
+      {
+        type: "tokens",
+        jobType: "rl",
+        tokens: (events[1]!.data as { num_tokens: number }).num_tokens,
+      },
+      { type: "ended", jobType: "rl", outcome: "succeeded", seconds: expect.any(Number) },
+    ]);
     expect((await store.models.get("e", m.id))?.latest_step).toBe(1);
   });
 });

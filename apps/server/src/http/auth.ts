@@ -18,19 +18,13 @@ export type Authenticate = (apiKey: string) => Promise<Principal | null>;
 export function authentication(authenticate: Authenticate, publicPaths: ReadonlySet<string>) {
   return (req: Request, res: Response, next: NextFunction) => {
     if (publicPaths.has(req.path)) return next();
-    const header = req.header("authorization");
-    if (!header) {
-      return next(
-        ApiError.unauthorized("Missing API key: send `Authorization: Bearer <API key>`."),
-      );
+    let token: string;
+    try {
+      token = bearerToken(req);
+    } catch (err) {
+      return next(err);
     }
-    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
-    if (!match?.[1]) {
-      return next(
-        ApiError.unauthorized("Malformed Authorization header: expected `Bearer <API key>`."),
-      );
-    }
-    authenticate(match[1])
+    authenticate(token)
       .then((principal) => {
         if (!principal) return next(ApiError.unauthorized("Invalid API key."));
         res.locals.principal = principal;
@@ -39,6 +33,19 @@ export function authentication(authenticate: Authenticate, publicPaths: Readonly
       })
       .catch(next);
   };
+}
+
+/** The key of `Authorization: Bearer <key>`; a missing or malformed header is a 401. */
+export function bearerToken(req: Request): string {
+  const header = req.header("authorization");
+  if (!header) {
+    throw ApiError.unauthorized("Missing API key: send `Authorization: Bearer <API key>`.");
+  }
+  const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
+  if (!match?.[1]) {
+    throw ApiError.unauthorized("Malformed Authorization header: expected `Bearer <API key>`.");
+  }
+  return match[1];
 }
 
 /** The project header (`Compat-Project`, or its alias `OpenAI-Project`); absent →

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { ApiError } from "./errors.ts";
-import { RateLimiter } from "./rate-limit.ts";
+import { RateLimitError, RateLimiter } from "./rate-limit.ts";
 
 function refused(fn: () => unknown): ApiError {
   try {
@@ -27,6 +27,8 @@ describe("RateLimiter", () => {
     expect(error.code).toBe("rate_limit_exceeded");
     expect(error.headers["retry-after"]).toBe("30");
     expect(error.headers["x-ratelimit-limit-requests"]).toBe("2");
+    expect(error).toBeInstanceOf(RateLimitError);
+    expect(error).toMatchObject({ scope: "key", limit: "requests_per_minute" });
     expect(limiter.acquire("other-key", "e/p")).toBeTruthy();
     now += 30_000;
     expect(limiter.acquire("k", "e/p")).toBeTruthy();
@@ -35,7 +37,11 @@ describe("RateLimiter", () => {
   it("when a project's keys together exceed the project limit, then 429", () => {
     const limiter = new RateLimiter({ projectRequestsPerMinute: 1 }, () => 0);
     limiter.acquire("a", "e/p");
-    expect(refused(() => limiter.acquire("b", "e/p")).status).toBe(429);
+    expect(refused(() => limiter.acquire("b", "e/p"))).toMatchObject({
+      status: 429,
+      scope: "project",
+      limit: "requests_per_minute",
+    });
     expect(limiter.acquire("b", "e/other")).toBeTruthy();
   });
 
@@ -44,6 +50,7 @@ describe("RateLimiter", () => {
     const first = limiter.acquire("k", "e/p");
     const error = refused(() => limiter.acquire("k", "e/p"));
     expect(error.code).toBe("concurrency_limit_exceeded");
+    expect(error).toMatchObject({ scope: "key", limit: "concurrency" });
     first.release();
     first.release();
     const second = limiter.acquire("k", "e/p");

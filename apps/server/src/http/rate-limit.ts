@@ -9,6 +9,25 @@ export interface RateLimits {
   projectConcurrent?: number | undefined;
 }
 
+export type RateLimitScope = "key" | "project";
+export type RateLimitKind = "requests_per_minute" | "concurrency";
+
+/** A 429 of the limiter, saying which limit refused. */
+export class RateLimitError extends ApiError {
+  readonly scope: RateLimitScope;
+  readonly limit: RateLimitKind;
+  constructor(
+    scope: RateLimitScope,
+    limit: RateLimitKind,
+    message: string,
+    options: { code: string; headers: Record<string, string> },
+  ) {
+    super(429, message, options);
+    this.scope = scope;
+    this.limit = limit;
+  }
+}
+
 /** A token bucket: `limit` requests a minute, refilled continuously. */
 class Bucket {
   readonly limit: number;
@@ -78,8 +97,9 @@ export class RateLimiter {
       : {};
     if (empty) {
       const wait = empty.waitMs();
-      throw new ApiError(
-        429,
+      throw new RateLimitError(
+        this.#buckets.get(`key:${keyId}`) === empty ? "key" : "project",
+        "requests_per_minute",
         `Rate limit reached: ${empty.limit} requests per minute. Retry after ${Math.ceil(wait / 1000)} s.`,
         {
           code: "rate_limit_exceeded",
@@ -97,9 +117,11 @@ export class RateLimiter {
     ];
     for (const [name, limit] of slots) {
       if (limit !== undefined && (this.#inFlight.get(name) ?? 0) >= limit) {
-        throw new ApiError(
-          429,
-          `Too many concurrent generations: at most ${limit} at once for this ${name.split(":")[0]}.`,
+        const scope = name.startsWith("key:") ? "key" : "project";
+        throw new RateLimitError(
+          scope,
+          "concurrency",
+          `Too many concurrent generations: at most ${limit} at once for this ${scope}.`,
           {
             code: "concurrency_limit_exceeded",
             headers: { ...headers, "retry-after": "1" },
@@ -135,14 +157,25 @@ export class RateLimiter {
   }
 }
 
-/** Applies the limiter to a generation route: a slot is held until the response closes. */
-export function rateLimited(limiter: RateLimiter) {
+/** Applies the limiter to a generation route: a slot is held until the response closes.
+ * `onRejected` hears of each refusal (for metrics). */
+export function rateLimited(
+  limiter: RateLimiter,
+  onRejected?: (scope: RateLimitScope, limit: RateLimitKind) => void,
+) {
   return (_req: Request, res: Response, next: NextFunction) => {
     if (!limiter.enabled) return next();
     // Mounted after `authentication`, which sets both on every path that is not public.
     const { principal, project } = res.locals;
     if (!principal || !project) return next();
-    const { release, headers } = limiter.acquire(principal.keyId, project.id);
+    let acquired: ReturnType<RateLimiter["acquire"]>;
+    try {
+      acquired = limiter.acquire(principal.keyId, project.id);
+    } catch (err) {
+      if (err instanceof RateLimitError) onRejected?.(err.scope, err.limit);
+      throw err;
+    }
+    const { release, headers } = acquired;
     for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
     res.on("close", release);
     next();

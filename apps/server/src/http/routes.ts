@@ -30,6 +30,19 @@ export function mountOperations(operations: SpecOperation[], handlers: Handlers)
   return router;
 }
 
+/** Names each request's operation (`res.locals.operationId`) as soon as it arrives, so what
+ * answers before its route (a 401, a 429, a validation error) is still counted under it. */
+export function tagOperations(operations: SpecOperation[]): Router {
+  const router = Router({ strict: true });
+  for (const op of operations) {
+    router[op.method](op.expressPath, (_req: Request, res: Response, next: NextFunction) => {
+      res.locals.operationId = op.operationId;
+      next();
+    });
+  }
+  return router;
+}
+
 async function run(
   op: SpecOperation,
   handler: Handler<OperationId>,

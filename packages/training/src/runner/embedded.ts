@@ -3,6 +3,7 @@ import { Worker } from "node:worker_threads";
 import type { Store } from "@arbor/store";
 import type { Logger } from "pino";
 import { dataDirIdentity, type WorkerIdentity } from "./identity.ts";
+import type { TrainingActivity } from "./runner.ts";
 import type { ThreadReport, WorkerThreadSettings } from "./thread.ts";
 
 export interface EmbeddedWorkerOptions extends WorkerThreadSettings {
@@ -16,6 +17,8 @@ export interface EmbeddedWorkerOptions extends WorkerThreadSettings {
   restartDelayMs?: number;
   /** The module each thread runs (default `./thread.ts`); tests give a stand-in. */
   threadModule?: URL;
+  /** Told of the threads' work, for metrics; the job of a thread that died ends as failed. */
+  onActivity?: (activity: TrainingActivity) => void;
 }
 
 type SlotState = "starting" | "running" | "restarting" | "stopped";
@@ -27,6 +30,8 @@ class Slot {
   thread: Worker | undefined;
   workerId: string | undefined;
   job: string | null = null;
+  /** When the thread said it started `job` (performance.now()). */
+  jobStarted = 0;
   deaths = 0;
   lastError: string | null = null;
   timer: NodeJS.Timeout | undefined;
@@ -118,7 +123,8 @@ export class EmbeddedWorker {
 
   /** Starts the slot's thread and resolves once it reports that it runs. */
   async #startSlot(slot: Slot): Promise<void> {
-    const { store, logger, threads, restartDelayMs, threadModule, ...settings } = this.#options;
+    const { store, logger, threads, restartDelayMs, threadModule, onActivity, ...settings } =
+      this.#options;
     const identity = {
       stable: `${this.#identity.stable}.${slot.index}`,
       persistent: this.#identity.persistent,
@@ -134,7 +140,11 @@ export class EmbeddedWorker {
       error = err;
     });
     thread.on("message", (message: ThreadReport) => {
-      if (message.type === "job") slot.job = message.jobId;
+      if (message.type === "job") {
+        slot.job = message.jobId;
+        slot.jobStarted = performance.now();
+      }
+      if (message.type === "activity") onActivity?.(message.activity);
     });
     thread.once("exit", (code) => void this.#died(slot, thread, error, code));
     const [started] = (await Promise.race([
@@ -163,11 +173,17 @@ export class EmbeddedWorker {
     );
     if (slot.job && slot.workerId) {
       const message = `The training worker died while running this job: ${cause}`;
-      await store.jobs
-        .failJob(slot.workerId, slot.job, message)
-        .catch((err: unknown) =>
+      await store.jobs.failJob(slot.workerId, slot.job, message).then(
+        (job) =>
+          this.#options.onActivity?.({
+            type: "ended",
+            jobType: job.type,
+            outcome: "failed",
+            seconds: (performance.now() - slot.jobStarted) / 1000,
+          }),
+        (err: unknown) =>
           logger.warn({ err, jobId: slot.job }, "could not fail the job of a dead training thread"),
-        );
+      );
     }
     const delay = Math.min(30_000, (this.#options.restartDelayMs ?? 1000) * 2 ** (slot.deaths - 1));
     slot.timer = setTimeout(() => {

@@ -17,7 +17,7 @@ import {
   trainRlStep,
   trainSft,
 } from "@arbor/engine";
-import type { BlobStore, Store, TrainingJob } from "@arbor/store";
+import type { BlobStore, JobType, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
 import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../checkpoints.ts";
 import { JobInputError } from "../errors.ts";
@@ -55,7 +55,20 @@ export interface TrainingWorkerOptions {
   onJob?: (jobId: string | null) => void;
   /** Kernel threads the training computation shares (this thread included). Default 1. */
   kernelThreads?: number;
+  /** Told of the work done, for metrics: tokens trained per step, and how each run ended. */
+  onActivity?: (activity: TrainingActivity) => void;
 }
+
+/** How a run of a job ended here. A run handed back to the queue (shutdown) is none of these. */
+export type JobOutcome = "succeeded" | "failed" | "cancelled";
+
+/** What a worker reports of its work; the process that runs the worker counts it (nothing here
+ * knows how it is exported). */
+export type TrainingActivity =
+  /** A step trained on `tokens` tokens (its `num_tokens`). */
+  | { type: "tokens"; jobType: JobType; tokens: number }
+  /** A run of a job ended with `outcome`, `seconds` after this worker claimed it. */
+  | { type: "ended"; jobType: JobType; outcome: JobOutcome; seconds: number };
 
 /** Why a running job stopped without failing: cancelled or deleted elsewhere, or shutdown. */
 class Interrupted extends Error {
@@ -74,8 +87,10 @@ class Interrupted extends Error {
  * (this worker died) is requeued and resumed from its last checkpoint.
  */
 export class TrainingWorker {
-  readonly #o: Required<Omit<TrainingWorkerOptions, "identity" | "onJob" | "kernelThreads">> &
-    Pick<TrainingWorkerOptions, "onJob">;
+  readonly #o: Required<
+    Omit<TrainingWorkerOptions, "identity" | "onJob" | "kernelThreads" | "onActivity">
+  > &
+    Pick<TrainingWorkerOptions, "onJob" | "onActivity">;
   readonly #kernelThreads: number;
   #kernels: Kernels | undefined;
   readonly #identity: { stable: string; persistent: boolean };
@@ -182,6 +197,14 @@ export class TrainingWorker {
     const { store, logger, leaseMs } = this.#o;
     const workerId = this.#workerId;
     const abort = new AbortController();
+    const started = performance.now();
+    const ended = (outcome: JobOutcome) =>
+      this.#o.onActivity?.({
+        type: "ended",
+        jobType: job.type,
+        outcome,
+        seconds: (performance.now() - started) / 1000,
+      });
     this.#current = abort;
     this.#o.onJob?.(job.id);
     const renew = setInterval(() => {
@@ -201,11 +224,13 @@ export class TrainingWorker {
           : await this.#runRl(job, abort.signal);
       abort.signal.throwIfAborted();
       await store.jobs.completeJob(workerId, job.id, { step_to: stepTo });
+      ended("succeeded");
       log.info({ stepTo }, "training job succeeded");
     } catch (err) {
       const reason = abort.signal.aborted ? abort.signal.reason : err;
       if (reason instanceof Interrupted) {
         if (reason.release) await store.jobs.releaseJob(workerId, job.id).catch(() => false);
+        else ended("cancelled");
         log.info({ reason: reason.message }, "training job interrupted");
       } else {
         const message =
@@ -214,9 +239,10 @@ export class TrainingWorker {
             : `training failed: ${err instanceof Error ? err.message : String(err)}`;
         if (!(err instanceof TrainingInputError || err instanceof JobInputError))
           log.error({ err }, "training job failed");
-        await store.jobs
-          .failJob(workerId, job.id, message)
-          .catch((e: unknown) => log.warn({ err: e }, "could not fail the job"));
+        await store.jobs.failJob(workerId, job.id, message).then(
+          () => ended("failed"),
+          (e: unknown) => log.warn({ err: e }, "could not fail the job"),
+        );
       }
     } finally {
       clearInterval(renew);
@@ -309,6 +335,11 @@ export class TrainingWorker {
       ...(resume ? { resume } : {}),
       onStep: async (progress) => {
         signal.throwIfAborted();
+        this.#o.onActivity?.({
+          type: "tokens",
+          jobType: "sft",
+          tokens: progress.metrics.num_tokens,
+        });
         await store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
         if (progress.step % every === 0 || progress.step === totalSteps) {
           await this.#saveCheckpoint(
@@ -366,6 +397,7 @@ export class TrainingWorker {
     if (optimizerState) trainer.loadOptimizerState(optimizerState);
     signal.throwIfAborted();
     const metrics = trainRlStep(trainer, groups, learningRate, config);
+    this.#o.onActivity?.({ type: "tokens", jobType: "rl", tokens: metrics.num_tokens });
     await store.jobs.appendEvent(job.id, "gradient_step", { ...metrics, gradient_step: 1 });
     await this.#saveCheckpoint(
       job,

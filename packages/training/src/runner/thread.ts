@@ -8,7 +8,7 @@ import { parentPort, workerData } from "node:worker_threads";
 import { openStore } from "@arbor/store";
 import { pino } from "pino";
 import { baseModels, sftExamplesLoader } from "./loaders.ts";
-import { TrainingWorker } from "./runner.ts";
+import { type TrainingActivity, TrainingWorker } from "./runner.ts";
 
 export interface WorkerThreadSettings {
   dataDir: string;
@@ -28,6 +28,7 @@ export interface WorkerThreadSettings {
 export type ThreadReport =
   | { type: "started"; workerId: string }
   | { type: "job"; jobId: string | null }
+  | { type: "activity"; activity: TrainingActivity }
   | { type: "stopped" };
 
 const settings = workerData as WorkerThreadSettings & {
@@ -52,6 +53,7 @@ const worker = new TrainingWorker({
     allowHosts: settings.allowHosts,
   }),
   onJob: (jobId) => report({ type: "job", jobId }),
+  onActivity: (activity) => report({ type: "activity", activity }),
 });
 worker.start();
 parentPort?.on("message", (message: unknown) => {

@@ -45,11 +45,28 @@ export type ChatBackends = {
   [K in ResolvedModel["kind"]]: ChatBackend<Extract<ResolvedModel, { kind: K }>>;
 };
 
+/** Told how each chat went, for metrics (it knows nothing of how they are exported). */
+export interface ChatObserver {
+  /** The run's first token (of any choice) came from its backend, `seconds` after the service
+   * took the request: the same moment whether the answer is streamed or not. */
+  firstToken(model: string, seconds: number): void;
+  /** A run ended (finished, failed, or its client gone), with the usage its call records and
+   * the seconds from the backend's start to the end. */
+  ended(run: {
+    model: string;
+    backend: ResolvedModel["kind"];
+    promptTokens: number;
+    completionTokens: number;
+    generationSeconds: number;
+  }): void;
+}
+
 export interface ChatServiceDeps {
   directory: ModelDirectory;
   backends: ChatBackends;
   calls: CallsRepo;
   logger: Logger;
+  observer?: ChatObserver;
 }
 
 /**
@@ -65,6 +82,7 @@ export class ChatService {
   }
 
   async start(principal: Principal, body: ChatRequest, call: InferenceCall): Promise<ChatRun> {
+    const taken = performance.now();
     const resolved = await this.#deps.directory.resolve(principal, body.model);
     const prepared = await this.#prepare(resolved, body);
     const recorded = await RecordedCall.open(
@@ -73,7 +91,11 @@ export class ChatService {
       resolved.id,
       this.#deps.logger,
     );
-    return new ChatRun(resolved.id, body, prepared, recorded);
+    return new ChatRun(resolved.id, body, prepared, recorded, {
+      backend: resolved.kind,
+      taken,
+      ...(this.#deps.observer ? { observer: this.#deps.observer } : {}),
+    });
   }
 
   #prepare(resolved: ResolvedModel, body: ChatRequest): Promise<PreparedChat> {
@@ -98,14 +120,22 @@ export class ChatRun {
   readonly #body: ChatRequest;
   readonly #prepared: PreparedChat;
   readonly #call: RecordedCall;
+  readonly #observed: ObservedRun;
   #completion: ChatCompletion | undefined;
 
-  constructor(model: string, body: ChatRequest, prepared: PreparedChat, call: RecordedCall) {
+  constructor(
+    model: string,
+    body: ChatRequest,
+    prepared: PreparedChat,
+    call: RecordedCall,
+    observed: ObservedRun,
+  ) {
     this.model = model;
     this.fingerprint = `fp_${createHash("sha256").update(model).digest("hex").slice(0, 10)}`;
     this.#body = body;
     this.#prepared = prepared;
     this.#call = call;
+    this.#observed = observed;
   }
 
   /** Runs to the end and answers the whole completion. */
@@ -204,11 +234,18 @@ export class ChatRun {
     let completionTokens = 0;
     let failure: unknown;
     let finished = false;
+    const { observer, backend, taken } = this.#observed;
+    const generating = performance.now();
+    let first = true;
     try {
       for await (const event of started) {
         if (event.type === "usage") {
           ({ promptTokens, completionTokens } = event);
           continue;
+        }
+        if (first) {
+          first = false;
+          observer?.firstToken(this.model, (performance.now() - taken) / 1000);
         }
         const choice = choices[event.choice];
         if (!choice) continue;
@@ -244,6 +281,13 @@ export class ChatRun {
         },
       };
       this.#completion = completion;
+      observer?.ended({
+        model: this.model,
+        backend,
+        promptTokens,
+        completionTokens,
+        generationSeconds: (performance.now() - generating) / 1000,
+      });
       await this.#call.close({
         promptTokens,
         completionTokens,
@@ -254,6 +298,14 @@ export class ChatRun {
     // A client that left gets nothing more; its run ended as it should, not as a failure.
     if (failure !== undefined && !signal.aborted) throw failure;
   }
+}
+
+/** What a run tells its observer besides its usage: which backend ran it and when the service
+ * took it (performance.now()). */
+interface ObservedRun {
+  backend: ResolvedModel["kind"];
+  taken: number;
+  observer?: ChatObserver;
 }
 
 /** Why a run ended early, as its call records it: a client that left, or the failure. A reader
