@@ -2,9 +2,16 @@ import { readConfig } from "@arbor/config";
 import { buildServer } from "./server.ts";
 
 /** Reads the configuration from the environment, builds and starts the server, and shuts it
- * down gracefully on SIGINT/SIGTERM. A port that cannot be bound ends the process with one line. */
+ * down gracefully on SIGINT/SIGTERM. What stops it from starting (a port in use, a data
+ * directory it cannot write, a database it cannot reach, a bad setting) ends the process with
+ * one line on stderr and exit code 1, never a stack trace or a server that claims to listen. */
 export async function serve(): Promise<void> {
-  const server = await buildServer(readConfig());
+  let server: Awaited<ReturnType<typeof buildServer>>;
+  try {
+    server = await buildServer(readConfig());
+  } catch (err) {
+    cannotStart(startupReason(err));
+  }
   const { config, logger, firstStart } = server;
   if (firstStart) {
     // Printed once: only its hash is stored. The same key is in the file, readable by this user only.
@@ -22,9 +29,8 @@ export async function serve(): Promise<void> {
           ? err.message
           : String(err);
     logger.fatal({ err }, `Arbor cannot start: ${reason}`);
-    process.stderr.write(`arbor: cannot start: ${reason}\n`);
     await server.close().catch(() => {});
-    process.exit(1);
+    cannotStart(reason);
   }
   const port = Number(new URL(server.url!).port);
   logger.info(
@@ -48,4 +54,29 @@ export async function serve(): Promise<void> {
   }
   process.on("SIGINT", () => shutdown("SIGINT"));
   process.on("SIGTERM", () => shutdown("SIGTERM"));
+}
+
+function cannotStart(reason: string): never {
+  process.stderr.write(`arbor: cannot start: ${reason}\n`);
+  process.exit(1);
+}
+
+/** What went wrong before the server could listen, said in terms of the setting to change. */
+function startupReason(err: unknown): string {
+  const e = err as NodeJS.ErrnoException & { address?: string; port?: number };
+  switch (e.code) {
+    case "EACCES":
+    case "EROFS":
+    case "EPERM":
+    case "ENOTDIR":
+    case "ENOENT":
+      return `cannot write ${e.path ?? "the data directory"} (${e.code}): set ARBOR_DATA_DIR to a directory this user can write`;
+    case "ECONNREFUSED":
+    case "ENOTFOUND":
+    case "ETIMEDOUT":
+    case "EAI_AGAIN":
+      return `cannot reach the database${e.address ? ` at ${e.address}${e.port ? `:${e.port}` : ""}` : ""} (${e.code}): check DATABASE_URL`;
+  }
+  const message = err instanceof Error ? err.message : String(err);
+  return message.split("\n")[0]!;
 }

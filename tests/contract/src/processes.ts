@@ -55,7 +55,7 @@ export async function spawnLogged(
 export async function startServerProcess(
   dataDir: string,
   env: Record<string, string> = {},
-): Promise<{ child: Child; client: ArborClient }> {
+): Promise<{ child: Child; client: ArborClient; port: number }> {
   const { child, entry } = await spawnLogged(
     serverMain,
     { ARBOR_DATA_DIR: dataDir, ARBOR_PORT: "0", ...env },
@@ -64,6 +64,7 @@ export async function startServerProcess(
   const apiKey = readFileSync(join(dataDir, "admin.key"), "utf8").trim();
   return {
     child,
+    port: entry.port as number,
     client: createArborClient({
       baseUrl: `http://127.0.0.1:${entry.port as number}`,
       apiKey,
