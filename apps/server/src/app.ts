@@ -46,6 +46,8 @@ export interface AppDeps {
   metrics: Metrics;
   /** Called when a training job was queued, so an idle worker looks at once. */
   onJobQueued?: () => void;
+  /** Called when a job was cancelled, so the worker running it in this process stops now. */
+  onJobCancelled?: (jobId: string) => void;
 }
 
 /** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */
@@ -127,6 +129,7 @@ export function createApp(deps: AppDeps): Express {
     ...trainingHandlers({
       store: deps.store,
       ...(deps.onJobQueued ? { onJobQueued: deps.onJobQueued } : {}),
+      ...(deps.onJobCancelled ? { onJobCancelled: deps.onJobCancelled } : {}),
     }),
     ...datasetsHandlers(deps.store),
     ...inferenceHandlers({

@@ -90,6 +90,7 @@ export async function buildServer(
     probes,
     metrics,
     onJobQueued: () => worker?.poke(),
+    onJobCancelled: (jobId) => worker?.cancelled(jobId),
   });
   let sweeper: NodeJS.Timeout | undefined;
   const sweep = () =>

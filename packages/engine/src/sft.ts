@@ -75,6 +75,12 @@ export interface SftOptions {
   kernels?: Kernels;
   /** Checked between steps; an abort throws its reason. */
   signal?: AbortSignal;
+  /**
+   * Called before each step and each micro-batch, synchronously: it throws to stop the job
+   * mid-step (a cancel seen through shared memory while this thread computes, when the event
+   * loop, and so `signal`, cannot run).
+   */
+  interrupt?: () => void;
   /** Awaited after every step (save checkpoints, write events). */
   onStep?: (progress: SftProgress) => void | Promise<void>;
   /** Start from this adapter (e.g. a model's latest checkpoint) instead of a fresh one. */
@@ -223,6 +229,7 @@ export async function trainSft(
   const steps: SftStepMetrics[] = [];
   for (let step = start; step < totalSteps; step++) {
     options.signal?.throwIfAborted();
+    options.interrupt?.();
     const t0 = performance.now();
     const { epoch, examples: indices } = prepared.plan[step]!;
     const seqs = indices.map((i) => prepared.sequences[i]!);
@@ -234,6 +241,7 @@ export async function trainSft(
     }
     let loss = 0;
     for (const micro of microBatches(seqs, microBudget)) {
+      options.interrupt?.();
       const batch = packBatch(micro, model.config.maxPositions);
       const mask = batch.lossMask;
       const result = trainer.backward(batch, {

@@ -17,6 +17,8 @@ export interface RunningServer {
   engines: EngineHost;
   /** The operations this server answers 501 for. */
   pending: string[];
+  /** The jobs its embedded worker runs now (none without one). */
+  runningJobs(): string[];
   /** A client without a key; `maxRetries: 0` so a test sees each answer as sent. */
   client(options?: Partial<ArborClientOptions>): ArborClient;
   /** The first admin's key (user `admin`, entity `default`). */
@@ -78,6 +80,7 @@ export async function startServer(
     store: server.store,
     engines: server.engines,
     pending: server.app.locals.pendingOperations as string[],
+    runningJobs: () => server.worker?.running() ?? [],
     adminKey: admin.token,
     client,
     authorizedClient: (options = {}) => client({ apiKey: admin.token, ...options }),

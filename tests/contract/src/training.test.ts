@@ -204,6 +204,35 @@ describe("cancelTrainingJob", () => {
     expect(again.response.status).toBe(409);
     await follow(first.id);
   });
+
+  it("when a running job is cancelled, then its worker stops within the step it was in", async () => {
+    const modelId = await newModel("cancelled-running");
+    const url = await upload(words.map(reversal));
+    const job = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      config: { epochs: 500, batch_size: 1 },
+    });
+    // Cancel once it has trained a few steps.
+    for await (const event of client.training.jobs.events.follow(job.id)) {
+      if (event.type === "gradient_step" && Number(event.data.gradient_step) >= 3) break;
+    }
+    await client.training.jobs.cancel(job.id);
+    while (server.runningJobs().includes(job.id)) await new Promise((r) => setTimeout(r, 20));
+    const events = [];
+    for await (const event of client.training.jobs.events.list(job.id, { limit: 100 }))
+      events.push(event);
+    const end = events.findIndex((e) => e.type === "training_failed");
+    expect(events[end]?.data).toEqual({ error_message: "cancelled" });
+    // The step in flight may finish and write its event; none after it. (A lease check alone
+    // notices a cancel only after a heartbeat: many steps of this model.)
+    expect(
+      events.slice(end + 1).filter((e) => e.type === "gradient_step").length,
+    ).toBeLessThanOrEqual(1);
+    expect(events.filter((e) => e.type === "gradient_step").length).toBeLessThan(
+      words.length * 500,
+    );
+  });
 });
 
 describe("listTrainingJobs", () => {

@@ -2,9 +2,10 @@ import { once } from "node:events";
 import { Worker } from "node:worker_threads";
 import type { Store } from "@arbor/store";
 import type { Logger } from "pino";
+import { writeCancelled } from "./cancel.ts";
 import { dataDirIdentity, type WorkerIdentity } from "./identity.ts";
 import type { TrainingActivity } from "./runner.ts";
-import type { ThreadReport, WorkerThreadSettings } from "./thread.ts";
+import type { ThreadData, ThreadReport, WorkerThreadSettings } from "./thread.ts";
 
 export interface EmbeddedWorkerOptions extends WorkerThreadSettings {
   /** Training threads, each running one job at a time (jobs of different models run side by
@@ -35,6 +36,8 @@ class Slot {
   deaths = 0;
   lastError: string | null = null;
   timer: NodeJS.Timeout | undefined;
+  /** Shared with the slot's thread (each new thread of the slot gets the same memory). */
+  readonly cancelled = new Int32Array(new SharedArrayBuffer(16));
   constructor(index: number) {
     this.index = index;
   }
@@ -75,6 +78,17 @@ export class EmbeddedWorker {
       throw err;
     }
     return worker;
+  }
+
+  /** A job was cancelled (or its model deleted) in this process: the thread running it stops
+   * within the step it is in, instead of at its next lease renewal after the step. */
+  cancelled(jobId: string): void {
+    for (const slot of this.#slots) writeCancelled(slot.cancelled, jobId);
+  }
+
+  /** The jobs the threads run now. */
+  running(): string[] {
+    return this.#slots.flatMap((s) => (s.job ? [s.job] : []));
   }
 
   /** A job was just queued: the threads look now rather than at their next poll. */
@@ -130,7 +144,7 @@ export class EmbeddedWorker {
       persistent: this.#identity.persistent,
     };
     const thread = new Worker(threadModule ?? new URL("./thread.ts", import.meta.url), {
-      workerData: { ...settings, identity },
+      workerData: { ...settings, identity, cancelled: slot.cancelled } satisfies ThreadData,
     });
     slot.thread = thread;
     slot.state = "starting";

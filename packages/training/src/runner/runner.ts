@@ -31,6 +31,7 @@ import {
   sftTrainingConfig,
 } from "../jobs.ts";
 import { sweepBlobs } from "../sweep.ts";
+import { idWords, isCancelled } from "./cancel.ts";
 
 export interface TrainingWorkerOptions {
   store: Store;
@@ -57,6 +58,12 @@ export interface TrainingWorkerOptions {
   kernelThreads?: number;
   /** Told of the work done, for metrics: tokens trained per step, and how each run ended. */
   onActivity?: (activity: TrainingActivity) => void;
+  /**
+   * Shared memory where a supervisor on another thread writes the id of a job cancelled in
+   * this process (`writeCancelled`): checked between micro-batches, so a cancel stops the job
+   * within the step it arrives in, while the lease check waits for the step to end.
+   */
+  cancelled?: Int32Array;
 }
 
 /** How a run of a job ended here. A run handed back to the queue (shutdown) is none of these. */
@@ -88,9 +95,9 @@ class Interrupted extends Error {
  */
 export class TrainingWorker {
   readonly #o: Required<
-    Omit<TrainingWorkerOptions, "identity" | "onJob" | "kernelThreads" | "onActivity">
+    Omit<TrainingWorkerOptions, "identity" | "onJob" | "kernelThreads" | "onActivity" | "cancelled">
   > &
-    Pick<TrainingWorkerOptions, "onJob" | "onActivity">;
+    Pick<TrainingWorkerOptions, "onJob" | "onActivity" | "cancelled">;
   readonly #kernelThreads: number;
   #kernels: Kernels | undefined;
   readonly #identity: { stable: string; persistent: boolean };
@@ -207,6 +214,12 @@ export class TrainingWorker {
       });
     this.#current = abort;
     this.#o.onJob?.(job.id);
+    const words = idWords(job.id);
+    const interrupt = () => {
+      if (!abort.signal.aborted && isCancelled(this.#o.cancelled, words))
+        abort.abort(new Interrupted("the job was cancelled", false));
+      abort.signal.throwIfAborted();
+    };
     const renew = setInterval(() => {
       store.jobs
         .renewLease(workerId, job.id, leaseMs)
@@ -220,7 +233,7 @@ export class TrainingWorker {
       log.info("training job started");
       const stepTo =
         job.type === "sft"
-          ? await this.#runSft(job, abort.signal)
+          ? await this.#runSft(job, abort.signal, interrupt)
           : await this.#runRl(job, abort.signal);
       abort.signal.throwIfAborted();
       await store.jobs.completeJob(workerId, job.id, { step_to: stepTo });
@@ -281,7 +294,7 @@ export class TrainingWorker {
     return { stepFrom, baseId: model.base_model };
   }
 
-  async #runSft(job: TrainingJob, signal: AbortSignal): Promise<number> {
+  async #runSft(job: TrainingJob, signal: AbortSignal, interrupt: () => void): Promise<number> {
     const { store } = this.#o;
     const spec = sftJobSpec(job);
     const { stepFrom, baseId } = await this.#stepFrom(job);
@@ -331,6 +344,7 @@ export class TrainingWorker {
       kernels: this.#kernelSet(),
       plan,
       signal,
+      interrupt,
       ...(adapter ? { adapter } : {}),
       ...(resume ? { resume } : {}),
       onStep: async (progress) => {

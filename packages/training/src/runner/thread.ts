@@ -24,6 +24,13 @@ export interface WorkerThreadSettings {
   baseModelsDir?: string | undefined;
 }
 
+/** What the supervisor gives each thread besides its settings. */
+export interface ThreadData extends WorkerThreadSettings {
+  identity: { stable: string; persistent: boolean };
+  /** Shared with the supervisor: the id of a job cancelled in this process (`writeCancelled`). */
+  cancelled: Int32Array;
+}
+
 /** What a thread tells its supervisor. */
 export type ThreadReport =
   | { type: "started"; workerId: string }
@@ -31,9 +38,7 @@ export type ThreadReport =
   | { type: "activity"; activity: TrainingActivity }
   | { type: "stopped" };
 
-const settings = workerData as WorkerThreadSettings & {
-  identity: { stable: string; persistent: boolean };
-};
+const settings = workerData as ThreadData;
 const report = (message: ThreadReport) => parentPort?.postMessage(message);
 const logger = pino({ level: settings.logLevel }).child({ component: "worker" });
 const store = await openStore({
@@ -54,6 +59,7 @@ const worker = new TrainingWorker({
   }),
   onJob: (jobId) => report({ type: "job", jobId }),
   onActivity: (activity) => report({ type: "activity", activity }),
+  cancelled: settings.cancelled,
 });
 worker.start();
 parentPort?.on("message", (message: unknown) => {

@@ -10,6 +10,8 @@ export interface TrainingDeps {
   /** How often a live follower looks for new events. */
   followPollMs?: number;
   onJobQueued?: () => void;
+  /** Told when a job was cancelled here, so a worker in this process stops it mid-step. */
+  onJobCancelled?: (jobId: string) => void;
 }
 
 /** Training jobs and their events (CONTRACT §5). */
@@ -46,7 +48,9 @@ export function trainingHandlers(deps: TrainingDeps): Handlers {
           code: "job_already_ended",
         });
       }
-      return jobToWire(await store.jobs.cancelJob(job.entity, job.id));
+      const cancelled = await store.jobs.cancelJob(job.entity, job.id);
+      deps.onJobCancelled?.(job.id);
+      return jobToWire(cancelled);
     },
 
     listTrainingJobEvents: async ({ params, query, principal, req, res }) => {

@@ -1,0 +1,28 @@
+/**
+ * A cancel seen across threads while a training step computes: the supervisor writes the
+ * cancelled job's id into shared memory, and the training thread compares it with its job's id
+ * between micro-batches (its event loop, and so any message or timer, waits for the step).
+ */
+
+/** A job id (a UUID) as the four 32-bit words the shared memory holds. */
+export function idWords(id: string): [number, number, number, number] {
+  const hex = id.replace(/-/g, "").padEnd(32, "0").slice(0, 32);
+  return [0, 1, 2, 3].map((i) => Number.parseInt(hex.slice(i * 8, i * 8 + 8), 16) | 0) as [
+    number,
+    number,
+    number,
+    number,
+  ];
+}
+
+/** Tells the thread reading `cancelled` that job `id` was cancelled. */
+export function writeCancelled(cancelled: Int32Array, id: string): void {
+  idWords(id).forEach((word, i) => {
+    Atomics.store(cancelled, i, word);
+  });
+}
+
+/** Whether `cancelled` names the job whose id is `words`. */
+export function isCancelled(cancelled: Int32Array | undefined, words: readonly number[]): boolean {
+  return cancelled !== undefined && words.every((w, i) => Atomics.load(cancelled, i) === w);
+}
