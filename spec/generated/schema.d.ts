@@ -1162,6 +1162,16 @@ export interface components {
             config: {
                 [key: string]: unknown;
             };
+            /**
+             * @description How far the job got: its latest gradient step (of `total_steps`, from `training_started`)
+             *     with that step's loss, and reward for RL. Null until the first gradient step.
+             */
+            progress: null | {
+                step: number;
+                total_steps: number | null;
+                loss: number | null;
+                reward: number | null;
+            };
         };
         /**
          * TrainingJobList
@@ -3082,6 +3092,7 @@ export interface operations {
                      *           "error_message": null,
                      *           "step_from": 3,
                      *           "step_to": null,
+                     *           "progress": null,
                      *           "config": {
                      *             "config": {
                      *               "epochs": 3,
@@ -3201,6 +3212,7 @@ export interface operations {
                      *       "error_message": null,
                      *       "step_from": 3,
                      *       "step_to": null,
+                     *       "progress": null,
                      *       "config": {
                      *         "experimental_config": {}
                      *       }
@@ -3268,6 +3280,7 @@ export interface operations {
                      *       "error_message": null,
                      *       "step_from": 0,
                      *       "step_to": null,
+                     *       "progress": null,
                      *       "config": {
                      *         "config": {
                      *           "epochs": 3,
@@ -3323,6 +3336,12 @@ export interface operations {
                      *       "error_message": null,
                      *       "step_from": 3,
                      *       "step_to": 4,
+                     *       "progress": {
+                     *         "step": 4,
+                     *         "total_steps": 4,
+                     *         "loss": 0.412,
+                     *         "reward": null
+                     *       },
                      *       "config": {
                      *         "experimental_config": {}
                      *       }
@@ -3373,6 +3392,12 @@ export interface operations {
                      *       "error_message": "cancelled",
                      *       "step_from": 0,
                      *       "step_to": 10,
+                     *       "progress": {
+                     *         "step": 10,
+                     *         "total_steps": 10,
+                     *         "loss": 0.412,
+                     *         "reward": null
+                     *       },
                      *       "config": {
                      *         "config": {
                      *           "epochs": 3,

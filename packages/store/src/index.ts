@@ -41,6 +41,7 @@ export { unixSeconds, uuidv7 } from "./ids.ts";
 export {
   type EnqueueInput,
   type JobEvent,
+  type JobProgress,
   type JobStatus,
   type JobsRepo,
   type JobType,

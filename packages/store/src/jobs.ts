@@ -14,9 +14,17 @@ import {
 } from "./common.ts";
 import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import { inList, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
+import { inList, listParam, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
 
 export type JobType = "rl" | "sft";
+
+/** How far a job got: its last gradient step (of `total_steps`) and that step's loss/reward. */
+export interface JobProgress {
+  step: number;
+  total_steps: number | null;
+  loss: number | null;
+  reward: number | null;
+}
 export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
 export const TERMINAL_STATUSES: readonly JobStatus[] = ["succeeded", "failed", "cancelled"];
 
@@ -454,6 +462,39 @@ export class JobsRepo {
       }
       return result;
     });
+  }
+
+  /** Each job's progress (jobs with no gradient step yet have none), from its latest
+   * `gradient_step` and `training_started` events. */
+  async progress(jobIds: readonly string[]): Promise<Map<string, JobProgress>> {
+    const out = new Map<string, JobProgress>();
+    if (jobIds.length === 0) return out;
+    const rows = await this.#sql.query(
+      `SELECT e.job_id, e.type, e.data FROM job_events e
+       WHERE ${inList(this.#sql.dialect, "e.job_id", 1)}
+         AND e.type IN ('gradient_step', 'training_started')
+         AND e.sequence = (SELECT MAX(x.sequence) FROM job_events x
+                           WHERE x.job_id = e.job_id AND x.type = e.type)`,
+      [listParam(jobIds)],
+    );
+    const totals = new Map<string, number>();
+    for (const r of rows) {
+      const data = fromJson(String(r.data)) as Record<string, unknown>;
+      const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+      if (r.type === "training_started") {
+        const total = num(data.num_sequences);
+        if (total !== null) totals.set(String(r.job_id), total);
+      } else {
+        out.set(String(r.job_id), {
+          step: num(data.gradient_step) ?? 0,
+          total_steps: null,
+          loss: num(data.loss),
+          reward: num(data.reward),
+        });
+      }
+    }
+    for (const [id, p] of out) p.total_steps = totals.get(id) ?? null;
+    return out;
   }
 
   /** Of these model ids, the ones with a running job (whose worker may be writing files). */

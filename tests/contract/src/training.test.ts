@@ -280,6 +280,36 @@ describe("listTrainingJobs", () => {
 });
 
 describe("retrieveTrainingJob", () => {
+  it("when an SFT job has stepped, then it shows its progress, and each checkpoint its step's training metrics", async () => {
+    const modelId = await newModel("progress");
+    const url = await upload(words.slice(0, 8).map(reversal));
+    const job = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      config: { batch_size: 2, checkpoint_every: 2 },
+    });
+    expect(job.progress).toBeNull();
+    const events = await follow(job.id);
+    const steps = events.filter((e) => e.type === "gradient_step").map((e) => e.data);
+    const last = steps.at(-1)!;
+    const done = await client.training.jobs.retrieve(job.id);
+    expect(done.progress).toEqual({ step: 4, total_steps: 4, loss: last.loss, reward: null });
+    const listed = await client.training.jobs.list({ model_id: modelId });
+    expect(listed.data[0]?.progress).toEqual(done.progress);
+    const checkpoints = (await client.training.models.checkpoints.list(modelId, { order: "asc" }))
+      .data;
+    expect(checkpoints.map((c) => [c.step, c.metrics["train/loss"]])).toEqual([
+      [0, undefined],
+      [2, steps[1]!.loss],
+      [4, steps[3]!.loss],
+    ]);
+    expect(checkpoints[2]!.metrics).toMatchObject({
+      "train/grad_norm": steps[3]!.grad_norm,
+      "train/learning_rate": steps[3]!.learning_rate,
+      "train/num_tokens": steps[3]!.num_tokens,
+    });
+  });
+
   it("when a job was created with settings, then it shows them as given", async () => {
     const modelId = await newModel("shown-config");
     const url = await upload(words.slice(0, 4).map(reversal));

@@ -87,6 +87,17 @@ class Interrupted extends Error {
   }
 }
 
+/** The metrics of the step a checkpoint was saved at, as the checkpoint keeps them:
+ * `train/loss`, `train/grad_norm`, `train/learning_rate`, `train/reward` (RL), `train/num_tokens`. */
+function trainMetrics(step: Record<string, unknown>): Record<string, number> {
+  const kept: Record<string, number> = {};
+  for (const key of ["loss", "grad_norm", "learning_rate", "reward", "num_tokens"]) {
+    const value = step[key];
+    if (typeof value === "number" && Number.isFinite(value)) kept[`train/${key}`] = value;
+  }
+  return kept;
+}
+
 /**
  * Takes queued jobs one at a time (one running job per model is the store's rule), trains, and
  * writes checkpoints and events. Checkpoint files go first, then the row, then the event; the
@@ -361,6 +372,7 @@ export class TrainingWorker {
             stepFrom + progress.step,
             { ...adapterToFiles(progress.adapter), [OPTIMIZER_FILE]: progress.optimizerState() },
             signal,
+            { ...progress.metrics },
           );
         }
       },
@@ -418,6 +430,7 @@ export class TrainingWorker {
       stepFrom + 1,
       { ...adapterToFiles(trainer.adapter), [OPTIMIZER_FILE]: trainer.optimizerStateToBytes() },
       signal,
+      { ...metrics },
     );
     return stepFrom + 1;
   }
@@ -428,6 +441,7 @@ export class TrainingWorker {
     step: number,
     files: Record<string, Uint8Array>,
     signal: AbortSignal,
+    metrics: Record<string, unknown> = {},
   ): Promise<void> {
     const blobs = this.#blobs();
     const prefix = await writeCheckpointFiles(blobs, job.model_id, step, files);
@@ -438,7 +452,7 @@ export class TrainingWorker {
     await this.#o.store.models.addCheckpoint(job.entity, job.model_id, {
       step,
       blob_key: prefix,
-      metrics: {},
+      metrics: trainMetrics(metrics),
     });
     await this.#o.store.jobs.appendEvent(job.id, "checkpoint_saved", { step });
   }

@@ -36,10 +36,17 @@ export function trainingHandlers(deps: TrainingDeps): Handlers {
         project: query.project,
         order: "desc",
       });
-      return { object: "list", ...page, data: page.data.map(jobToWire) };
+      const progress = await store.jobs.progress(page.data.map((j) => j.id));
+      return {
+        object: "list",
+        ...page,
+        data: page.data.map((j) => jobToWire(j, progress.get(j.id) ?? null)),
+      };
     },
-    retrieveTrainingJob: async ({ params, principal }) =>
-      jobToWire(await findJob(store, principal, params.training_job_id)),
+    retrieveTrainingJob: async ({ params, principal }) => {
+      const job = await findJob(store, principal, params.training_job_id);
+      return jobToWire(job, (await store.jobs.progress([job.id])).get(job.id) ?? null);
+    },
 
     cancelTrainingJob: async ({ params, principal }) => {
       const job = await findJob(store, principal, params.training_job_id);
@@ -50,7 +57,7 @@ export function trainingHandlers(deps: TrainingDeps): Handlers {
       }
       const cancelled = await store.jobs.cancelJob(job.entity, job.id);
       deps.onJobCancelled?.(job.id);
-      return jobToWire(cancelled);
+      return jobToWire(cancelled, (await store.jobs.progress([job.id])).get(job.id) ?? null);
     },
 
     listTrainingJobEvents: async ({ params, query, principal, req, res }) => {

@@ -1,12 +1,22 @@
 import type { components } from "@arbor/spec/schema";
-import { type JobEvent, NotFoundError, quote, type Store, type TrainingJob } from "@arbor/store";
+import {
+  type JobEvent,
+  type JobProgress,
+  NotFoundError,
+  quote,
+  type Store,
+  type TrainingJob,
+} from "@arbor/store";
 import { findOwned, type Principal } from "../access.ts";
 
 type Schemas = components["schemas"];
 
 export const TERMINAL_EVENT_TYPES = new Set(["training_ended", "training_failed"]);
 
-export function jobToWire(job: TrainingJob): Schemas["TrainingJob"] {
+export function jobToWire(
+  job: TrainingJob,
+  progress: JobProgress | null = null,
+): Schemas["TrainingJob"] {
   return {
     id: job.id,
     object: "training_job",
@@ -24,6 +34,7 @@ export function jobToWire(job: TrainingJob): Schemas["TrainingJob"] {
       job.type === "sft"
         ? ((job.config ?? {}) as Record<string, unknown>)
         : { experimental_config: job.config ?? {} },
+    progress,
   };
 }
 
