@@ -470,7 +470,9 @@ export interface paths {
         };
         /**
          * List models
-         * @description The base models and the trained models (with each live checkpoint) the key can use.
+         * @description The base models and the trained models the key can use: each trained model once, as
+         *     `<entity>/<project>/<name>` (its latest checkpoint). Every live checkpoint is also a model id
+         *     (`…:step<N>`) for chat and for `retrieveModel`; `include=checkpoints` lists them here too.
          */
         get: operations["listModels"];
         put?: never;
@@ -3832,7 +3834,10 @@ export interface operations {
     };
     listModels: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description `checkpoints` also lists each live checkpoint of each trained model as `…:step<N>`. */
+                include?: "checkpoints";
+            };
             header?: {
                 /**
                  * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).

@@ -264,7 +264,7 @@ describe("request options", () => {
       },
     });
     await expect(
-      client.models.list({ maxRetries: 0, headers: { "x-trace": "t1" } }),
+      client.models.list({}, { maxRetries: 0, headers: { "x-trace": "t1" } }),
     ).rejects.toBeInstanceOf(InternalServerError);
     expect(seen).toHaveLength(1);
     expect(seen[0]!.headers.get("x-trace")).toBe("t1");

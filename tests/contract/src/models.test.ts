@@ -221,11 +221,19 @@ describe("deleteCheckpoints", () => {
       type: "conflict_error",
       code: "latest_checkpoint",
     });
-    const { data } = await client.models.list();
+    const { data } = await client.models.list({ include: "checkpoints" });
     expect(data.map((m) => m.id).filter((id) => id.startsWith("default/proj/pruned"))).toEqual([
       "default/proj/pruned",
       "default/proj/pruned:step2",
     ]);
+    // Without it, each trained model once.
+    const plain = await client.models.list();
+    expect(
+      plain.data.map((m) => m.id).filter((id) => id.startsWith("default/proj/pruned")),
+    ).toEqual(["default/proj/pruned"]);
+    expect((await client.models.retrieve("default/proj/pruned:step2")).parent).toBe(
+      "default/proj/pruned",
+    );
   });
 });
 

@@ -11,7 +11,7 @@ type TokenLogprob = NonNullable<
 
 /** A streaming chat with any base model, trained model or `:stepN` checkpoint. */
 export async function playgroundPage({ root, query, signal }: PageContext): Promise<void> {
-  const entries = await all(api().models.list());
+  const entries = await all(api().models.list({ include: "checkpoints" }));
   const model = h("input", {
     name: "model",
     list: "model-ids",

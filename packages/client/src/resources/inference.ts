@@ -92,10 +92,11 @@ export class Models {
     this.#core = core;
   }
 
-  /** Base models, trained models and their `:stepN` checkpoints (one page: not paged). */
-  list(options?: RequestOptions): PagePromise<ModelEntry> {
+  /** Base models and trained models (one page: not paged); `include: "checkpoints"` adds
+   * each trained model's `:stepN` checkpoints. */
+  list(query: { include?: "checkpoints" } = {}, options?: RequestOptions): PagePromise<ModelEntry> {
     return new PagePromise(() =>
-      data(this.#core.api.GET("/v1/models", { ...this.#core.init(options) })),
+      data(this.#core.api.GET("/v1/models", { params: { query }, ...this.#core.init(options) })),
     );
   }
 

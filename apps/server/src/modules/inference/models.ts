@@ -34,7 +34,7 @@ export class ModelDirectory {
     this.#upstreams = new Map(Object.entries(upstreams));
   }
 
-  async list(principal: Principal): Promise<ModelEntry[]> {
+  async list(principal: Principal, options: { checkpoints?: boolean } = {}): Promise<ModelEntry[]> {
     const base = (id: string, created: number): ModelEntry => ({
       id,
       object: "model",
@@ -49,12 +49,17 @@ export class ModelDirectory {
       .filter((id) => !bases.some((b) => b.id === id))
       .map((id) => base(id, 0));
     const llama = [...this.#engines.llamaModels().keys()].map((id) => base(id, 0));
-    return [...engine, ...upstream, ...llama, ...(await this.#trained(principal))];
+    return [
+      ...engine,
+      ...upstream,
+      ...llama,
+      ...(await this.#trained(principal, options.checkpoints ?? false)),
+    ];
   }
 
-  /** Each trained model the key can see, twice: `<e>/<p>/<n>` (its latest checkpoint) and
-   * `…:step<N>` per live checkpoint. */
-  async #trained(principal: Principal): Promise<ModelEntry[]> {
+  /** Each trained model the key can see as `<e>/<p>/<n>` (its latest checkpoint), and with
+   * `checkpoints` also `…:step<N>` per live checkpoint. */
+  async #trained(principal: Principal, checkpoints: boolean): Promise<ModelEntry[]> {
     const entries: ModelEntry[] = [];
     for (const model of await this.#models(principal)) {
       const alias = `${model.entity}/${model.project}/${model.name}`;
@@ -67,6 +72,7 @@ export class ModelDirectory {
         root: model.base_model,
         parent: latest,
       });
+      if (!checkpoints) continue;
       for (const checkpoint of await this.#checkpoints(model)) {
         entries.push({
           id: `${alias}:step${checkpoint.step}`,
@@ -107,8 +113,10 @@ export class ModelDirectory {
     }
   }
 
+  /** Any id `list` gives, checkpoints (`…:step<N>`) included. */
   async retrieve(principal: Principal, id: string): Promise<ModelEntry> {
-    const entry = (await this.list(principal)).find((m) => m.id === id);
+    const entries = await this.list(principal, { checkpoints: /:step\d+$/.test(id) });
+    const entry = entries.find((m) => m.id === id);
     if (!entry) throw modelNotFound(id);
     return entry;
   }

@@ -33,9 +33,9 @@ export function inferenceHandlers(deps: InferenceDeps): Handlers {
   return {
     createChatCompletion: chat,
     createChatCompletionTrailingSlash: chat,
-    listModels: async ({ principal }) => ({
+    listModels: async ({ principal, query }) => ({
       object: "list",
-      data: await deps.directory.list(principal),
+      data: await deps.directory.list(principal, { checkpoints: query.include === "checkpoints" }),
     }),
     retrieveModel: ({ principal, params }) => deps.directory.retrieve(principal, params.model),
   };
