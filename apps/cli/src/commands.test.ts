@@ -1,3 +1,6 @@
+import { execFileSync, spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { COMMANDS, run } from "./commands.ts";
 
@@ -72,5 +75,21 @@ describe("arbor's command line", () => {
       if (saved === undefined) delete process.env.ARBOR_BASE_URL;
       else process.env.ARBOR_BASE_URL = saved;
     }
+  });
+
+  it("when the bin runs on Node 24, then it works; on an older Node, then it says which Node it needs", () => {
+    const bin = fileURLToPath(new URL("../bin/arbor.js", import.meta.url));
+    expect(execFileSync(process.execPath, [bin, "--version"], { encoding: "utf8" })).toMatch(
+      /^arbor \d+\.\d+\.\d+/,
+    );
+    // The machine's own Node (20 here), when there is one older than 24.
+    const old = "/usr/bin/node";
+    if (!existsSync(old)) return;
+    const version = execFileSync(old, ["--version"], { encoding: "utf8" }).trim();
+    if (Number(version.slice(1).split(".")[0]) >= 24) return;
+    const result = spawnSync(old, [bin, "--version"], { encoding: "utf8" });
+    expect(result.status).toBe(1);
+    expect(result.stderr).toContain(`needs Node 24 or later; this is Node ${version.slice(1)}`);
+    expect(result.stderr).toContain("./scripts/arbor");
   });
 });
