@@ -216,6 +216,19 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.goto(`${server.baseUrl}/docs`, { waitUntil: "networkidle" });
     await page.getByText("Arbor API").first().waitFor();
     await shot("docs");
+    // Every link of the page resolves: the ones to its own sections open the page itself.
+    const hrefs = await page.$$eval("a[href]", (links) =>
+      links.map((a) => (a as HTMLAnchorElement).href),
+    );
+    const own = [...new Set(hrefs)].filter((h) => h.startsWith(server.baseUrl));
+    expect(own.length).toBeGreaterThan(3);
+    for (const href of own) {
+      const res = await page.request.get(href, { headers: { accept: "text/html" } });
+      expect(res.status(), href).toBe(200);
+    }
+    // Reloading a section shows that section.
+    await page.goto(`${server.baseUrl}/training-jobs`, { waitUntil: "networkidle" });
+    await page.getByText("Arbor API").first().waitFor();
     expect(problems).toEqual([]);
   }, 120_000);
 });

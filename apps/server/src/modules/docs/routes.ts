@@ -1,12 +1,18 @@
 import { readFileSync } from "node:fs";
 import { docsHtmlPath } from "@arbor/docs";
-import { Router } from "express";
+import { type Request, type Response, Router } from "express";
+
+/** Paths that belong to the API, the console or the server, never to the docs page (besides
+ * the spec's own paths). */
+const SERVER_PREFIXES = /^\/(v1|call|console|docs|metrics|openapi|favicon)(\/|$|\.|_)/;
+
 import { type OpenApiDocument, specYamlPath } from "../../http/openapi.ts";
 
 /** `/docs`, `/openapi.json` and `/openapi.yaml`: public, outside the validated API. */
 export function publicDocuments(spec: OpenApiDocument): Router {
   const router = Router();
   const json = JSON.stringify(spec);
+  const apiPaths = new Set(Object.keys((spec as { paths?: object }).paths ?? {}));
   const yaml = readFileSync(specYamlPath, "utf8");
   let html: string | undefined;
   router.get("/openapi.json", (_req, res) => {
@@ -15,7 +21,7 @@ export function publicDocuments(spec: OpenApiDocument): Router {
   router.get("/openapi.yaml", (_req, res) => {
     res.type("application/yaml").send(yaml);
   });
-  router.get(["/docs", "/docs/"], (_req, res) => {
+  const page = (_req: Request, res: Response) => {
     try {
       html ??= readFileSync(docsHtmlPath, "utf8");
     } catch {
@@ -26,6 +32,19 @@ export function publicDocuments(spec: OpenApiDocument): Router {
       return;
     }
     res.type("text/html").send(html);
+  };
+  router.get(["/docs", "/docs/"], page);
+  // The page routes by path: its sidebar links to `/<tag>` and `/<tag>/<operation>` at the
+  // root. A browser opening such a link (a new tab, a reload) gets the page, which shows that
+  // section; API paths and API clients (which do not ask for HTML first) are never answered so.
+  router.get(/^\/[a-z0-9-]+(\/[a-z0-9-]+)*$/, (req, res, next) => {
+    if (
+      SERVER_PREFIXES.test(req.path) ||
+      apiPaths.has(req.path) ||
+      req.accepts(["application/json", "text/html"]) !== "text/html"
+    )
+      return next();
+    page(req, res);
   });
   return router;
 }
