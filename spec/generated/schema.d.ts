@@ -1230,7 +1230,11 @@ export interface components {
         SftConfig: {
             /** @description Sequences per gradient step, or `auto` to fit memory. Default `auto`. */
             batch_size?: number | "auto";
-            /** @description One peak rate for the schedule, or an explicit rate per optimizer step (the last repeats). Default 2e-4 (LoRA). */
+            /**
+             * @description One peak rate for the schedule, or an explicit rate per optimizer step (the last repeats).
+             *     Default for LoRA: 2e-4 on base models of 100M parameters or more, 3e-3 on smaller ones
+             *     (such as arbor/tiny-chat, where 2e-4 barely moves the adapter in a few hundred steps).
+             */
             learning_rate?: number | number[];
             /** @default 1 */
             epochs?: number;
@@ -1241,7 +1245,7 @@ export interface components {
              */
             assistant_turns?: "all" | "last";
             /**
-             * @default constant
+             * @default cosine
              * @enum {string}
              */
             lr_schedule?: "constant" | "linear" | "cosine";

@@ -167,7 +167,22 @@ export function rlJobSpec(job: TrainingJob): RlJobSpec {
 
 /** The engine's SFT configuration for a job on `baseModel`; absent or null fields keep the
  * engine's defaults. */
-export function sftTrainingConfig(spec: SftJobSpec, baseModel: string): SftConfig {
+/** Below this many base-model parameters, LoRA's default learning rate is `SMALL_MODEL_LR`. */
+export const SMALL_MODEL_PARAMETERS = 100_000_000;
+/** The default peak learning rate of LoRA on models of `SMALL_MODEL_PARAMETERS` or more. */
+export const DEFAULT_LR = 2e-4;
+/** On smaller models 2e-4 barely moves a LoRA adapter in a few hundred steps; this does. */
+export const SMALL_MODEL_LR = 3e-3;
+
+/**
+ * The engine's configuration of an SFT job. Unset fields take the spec's defaults: a cosine
+ * schedule, and a peak learning rate by the base model's size (`baseParameters`, when known).
+ */
+export function sftTrainingConfig(
+  spec: SftJobSpec,
+  baseModel: string,
+  baseParameters?: number,
+): SftConfig {
   const { config, experimental_config: x } = spec;
   const lora: LoraConfig = { baseModel };
   if (x.lora_rank != null) lora.rank = x.lora_rank;
@@ -178,10 +193,12 @@ export function sftTrainingConfig(spec: SftJobSpec, baseModel: string): SftConfi
     epochs: config.epochs ?? 1,
     batchSize: config.batch_size ?? "auto",
     assistantTurns: config.assistant_turns ?? "all",
-    schedule: config.lr_schedule ?? "constant",
+    schedule: config.lr_schedule ?? "cosine",
     warmupSteps: config.warmup_steps ?? 0,
   };
   if (config.learning_rate != null) out.learningRate = config.learning_rate;
+  else if (baseParameters !== undefined)
+    out.learningRate = baseParameters < SMALL_MODEL_PARAMETERS ? SMALL_MODEL_LR : DEFAULT_LR;
   if (x.max_seq_len != null) out.maxLength = x.max_seq_len;
   if (x.max_grad_norm != null) out.maxGradNorm = x.max_grad_norm;
   if (x.weight_decay != null) out.adamW = { weightDecay: x.weight_decay };

@@ -52,9 +52,19 @@ describe("sftTrainingConfig", () => {
       epochs: 1,
       batchSize: "auto",
       assistantTurns: "all",
-      schedule: "constant",
+      schedule: "cosine",
       warmupSteps: 0,
     });
+  });
+
+  it("when no learning rate is set, then it is chosen by the base model's size", () => {
+    const empty = { config: {}, experimental_config: {} };
+    expect(sftTrainingConfig(empty, "arbor/tiny-chat", 840_000).learningRate).toBe(3e-3);
+    expect(sftTrainingConfig(empty, "qwen/Qwen3-0.6B", 600_000_000).learningRate).toBe(2e-4);
+    expect(
+      sftTrainingConfig({ config: { learning_rate: 1e-4 }, experimental_config: {} }, "x", 1000)
+        .learningRate,
+    ).toBe(1e-4);
   });
 
   it("when fields are set, then each reaches its engine setting, and null means the default", () => {

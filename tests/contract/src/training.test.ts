@@ -43,7 +43,13 @@ describe("createSftTrainingJob", () => {
     const job = await client.training.jobs.createSft({
       model_id: modelId,
       training_data_url: url,
-      config: { epochs: 3, batch_size: 4, learning_rate: 3e-3, checkpoint_every: 3 },
+      config: {
+        epochs: 3,
+        batch_size: 4,
+        learning_rate: 3e-3,
+        lr_schedule: "constant",
+        checkpoint_every: 3,
+      },
     });
     expect(job).toMatchObject({
       object: "training_job",

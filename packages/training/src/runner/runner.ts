@@ -10,6 +10,7 @@ import {
   type LoraConfig,
   LoraTrainer,
   type Model,
+  parameterCount,
   planSft,
   type SftExample,
   TrainingInputError,
@@ -316,7 +317,7 @@ export class TrainingWorker {
         // Bad data is the job's input, not a crash: its message (naming the line) is the error.
         throw new JobInputError(err instanceof Error ? err.message : String(err));
       });
-    const sftConfig = sftTrainingConfig(spec, baseId);
+    const sftConfig = sftTrainingConfig(spec, baseId, parameterCount(base));
     // Bounded before planning (a plan holds every step), then again against the plan itself.
     const epochs = sftConfig.epochs ?? 1;
     if (examples.length * epochs > MAX_JOB_EXAMPLES) {
