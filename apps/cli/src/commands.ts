@@ -224,8 +224,9 @@ export const COMMANDS: readonly Command[] = [
     usage: `--model MODEL --data FILE.jsonl|dataset://ID|https://… [--follow]
     [--epochs N]            passes over the data (server default 1)
     [--batch-size N|auto]   examples per optimizer step (server default: auto)
-    [--lr X]                peak learning rate (server default 2e-4 for LoRA)
-    [--lr-schedule S]       constant | linear | cosine (server default constant)
+    [--lr X]                peak learning rate (server default: 3e-3 for base models under
+                            100M parameters such as arbor/tiny-chat, 2e-4 from 100M)
+    [--lr-schedule S]       constant | linear | cosine (server default cosine)
     [--warmup-steps N]      linear warm-up steps (default 0)
     [--assistant-turns T]   all | last: which assistant turns are trained (default all)
     [--checkpoint-every N]  a checkpoint every N steps (default: at the end)

@@ -179,6 +179,38 @@ describe("arbor CLI", () => {
     }
   });
 
+  it("when a cancelled job is followed, then it says so and is not a failure", async () => {
+    const client = server.authorizedClient();
+    const { out } = capture();
+    await remote.createModel(
+      client,
+      { project: "cli", name: "to-cancel", base: "arbor/tiny-chat" },
+      out,
+    );
+    const file = join(dir, "cancel.jsonl");
+    writeFileSync(
+      file,
+      '{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}',
+    );
+    // A first job holds the model, so the second stays queued until it is cancelled.
+    const first = await remote.trainSft(
+      client,
+      { model: "default/cli/to-cancel", data: file, config: { epochs: 200, batch_size: 1 } },
+      out,
+    );
+    const second = await remote.trainSft(
+      client,
+      { model: "default/cli/to-cancel", data: file },
+      out,
+    );
+    await remote.cancelJob(client, { job: second }, out);
+    await remote.cancelJob(client, { job: first }, out);
+    const followed = capture();
+    const last = await remote.followJob(client, { job: second }, followed.out);
+    expect(last?.type).toBe("training_failed");
+    expect(followed.lines).toEqual(["Training cancelled."]);
+  });
+
   it("when the progress bar is drawn, then it fills in proportion", () => {
     expect(remote.progressBar(0, 4, 8)).toBe("[........]");
     expect(remote.progressBar(2, 4, 8)).toBe("[####....]");
