@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { createDataset } from "../src/datasets/datasets.ts";
 import { enqueueRlJob, enqueueSftJob, MAX_JOB_EXAMPLES } from "../src/jobs.ts";
+import { writeCancelled } from "../src/runner/cancel.ts";
 import { baseModels, sftExamplesLoader } from "../src/runner/loaders.ts";
 import { type TrainingActivity, TrainingWorker } from "../src/runner/runner.ts";
 
@@ -167,20 +168,29 @@ describe("TrainingWorker.runJob", () => {
       config: { batch_size: 1, epochs: 25 },
     });
     const activity: TrainingActivity[] = [];
+    const cancelled = new Int32Array(new SharedArrayBuffer(16));
     const w = new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
       loadBaseModel: baseModels(),
       loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
       heartbeatMs: 10,
+      cancelled,
       onActivity: (a) => {
         activity.push(a);
-        // Cancelled as it trains; the next lease renewal notices.
-        if (a.type === "tokens" && activity.length === 1) void store.jobs.cancelJob("e", queued.id);
+        // Cancelled as it trains, as the server does it: the row, then the shared word that
+        // the worker reads before its next step (a SQLite-backed worker never yields to its
+        // lease timer while it trains).
+        if (a.type === "tokens" && activity.length === 1) {
+          void store.jobs.cancelJob("e", queued.id);
+          writeCancelled(cancelled, queued.id);
+        }
       },
     });
     const job = await runNext(w);
     expect(job.status).toBe("cancelled");
+    // It stopped at once: one step trained, not the 100 planned.
+    expect(activity.filter((a) => a.type === "tokens")).toHaveLength(1);
     expect(activity.at(-1)).toEqual({
       type: "ended",
       jobType: "sft",

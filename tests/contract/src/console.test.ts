@@ -218,7 +218,7 @@ describe.skipIf(missing)("the console in a browser", () => {
     await shot("docs");
     // Every link of the page resolves: the ones to its own sections open the page itself.
     const hrefs = await page.$$eval("a[href]", (links) =>
-      links.map((a) => (a as HTMLAnchorElement).href),
+      links.map((a) => (a as unknown as { href: string }).href),
     );
     const own = [...new Set(hrefs)].filter((h) => h.startsWith(server.baseUrl));
     expect(own.length).toBeGreaterThan(3);
