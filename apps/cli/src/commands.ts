@@ -222,7 +222,7 @@ export const COMMANDS: readonly Command[] = [
   command({
     name: "train sft",
     usage: `--model MODEL --data FILE.jsonl|dataset://ID|https://… [--follow]
-    [--epochs N]            passes over the data (server default 1)
+    [--epochs N]            passes over the data (server default 3)
     [--batch-size N|auto]   examples per optimizer step (server default: auto)
     [--lr X]                peak learning rate (server default: 3e-3 for base models under
                             100M parameters such as arbor/tiny-chat, 2e-4 from 100M)

@@ -138,7 +138,7 @@ function isChoice(item: unknown): boolean {
 /** What a job's size is known to be at create: its examples and, with a fixed batch size, its
  * steps. The worker checks again against its plan (tokens too) before the first step. */
 function checkSftSize(lines: number, config: Schemas["SftConfig"]): void {
-  const epochs = config.epochs ?? 1;
+  const epochs = config.epochs ?? DEFAULT_EPOCHS;
   if (lines * epochs > MAX_JOB_EXAMPLES) {
     throw new InvalidInputError(
       `The job would train on ${lines} lines × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} examples per job.`,
@@ -167,6 +167,8 @@ export function rlJobSpec(job: TrainingJob): RlJobSpec {
 
 /** The engine's SFT configuration for a job on `baseModel`; absent or null fields keep the
  * engine's defaults. */
+/** Passes over the data when a job does not say: one pass over a small dataset teaches little. */
+export const DEFAULT_EPOCHS = 3;
 /** Below this many base-model parameters, LoRA's default learning rate is `SMALL_MODEL_LR`. */
 export const SMALL_MODEL_PARAMETERS = 100_000_000;
 /** The default peak learning rate of LoRA on models of `SMALL_MODEL_PARAMETERS` or more. */
@@ -190,7 +192,7 @@ export function sftTrainingConfig(
   const out: SftConfig = {
     seed: x.seed ?? 0,
     lora,
-    epochs: config.epochs ?? 1,
+    epochs: config.epochs ?? DEFAULT_EPOCHS,
     batchSize: config.batch_size ?? "auto",
     assistantTurns: config.assistant_turns ?? "all",
     schedule: config.lr_schedule ?? "cosine",

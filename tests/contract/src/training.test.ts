@@ -292,7 +292,7 @@ describe("retrieveTrainingJob", () => {
     const job = await client.training.jobs.createSft({
       model_id: modelId,
       training_data_url: url,
-      config: { batch_size: 2, checkpoint_every: 2 },
+      config: { epochs: 1, batch_size: 2, checkpoint_every: 2 },
     });
     expect(job.progress).toBeNull();
     const events = await follow(job.id);
