@@ -522,10 +522,16 @@ export interface paths {
         put?: never;
         /**
          * Get calls usage
-         * @description For each root call id, sums the usage of the call and of every descendant in its trace
-         *     (`parent_id` chain), per model. Loads every call of the requested traces into memory, so it
-         *     refuses (413) rather than truncates when they number more than `limit`; send root ids in
-         *     batches for large result sets.
+         * @description For each requested call id, sums per model the usage of the call and of every descendant:
+         *     every call reached by following `parent_id` links down from it, in its trace or not. A call
+         *     counts its own `summary.usage` (see `CallSummaryUsage`); a malformed one counts nothing.
+         *     Deleted calls and ends without a start are not read; a missing, deleted or foreign id maps
+         *     to `{}`.
+         *
+         *     The requested ids' traces are read in batches of at most `limit` calls (see `limit`): the
+         *     answer is the same for any `limit` that fits the largest trace, and a trace larger than
+         *     `limit` answers 413 instead of a partial sum. The sums are computed in the database, over
+         *     one snapshot of it, so memory does not grow with the calls aggregated.
          */
         post: operations["getCallsUsage"];
         delete?: never;
@@ -570,7 +576,9 @@ export interface paths {
         /**
          * Start call
          * @description Records the start of a call. Idempotent: repeating a start with the same content answers the
-         *     same ids. A start and an end merge by `(project_id, id)` in either order.
+         *     same ids; a start with other content is 409. A start and an end merge by
+         *     `(project_id, id)` in either order. Only its keys are validated (422); `inputs` and
+         *     `attributes` are stored as sent, whatever they hold.
          */
         post: operations["startCall"];
         delete?: never;
@@ -592,6 +600,8 @@ export interface paths {
          * End call
          * @description Records the end of a call: output, exception and the call's OWN usage in `summary.usage`.
          *     An end that arrives before its start is kept and stays invisible until the start arrives.
+         *     Only its keys and `exception` are validated (422); `output` and `summary` are stored as
+         *     sent, whatever they hold, and a malformed usage counts nothing in `POST /calls/usage`.
          */
         post: operations["endCall"];
         delete?: never;
@@ -612,8 +622,14 @@ export interface paths {
         /**
          * Upsert call batch
          * @description Records up to 10,000 starts and ends in one request, as `startCall` and `endCall` would,
-         *     in one transaction: the whole batch is validated first (422 names the item by index), and a
-         *     conflicting start (409) applies nothing.
+         *     in one transaction, and answers which items were stored. Each item is checked on its own:
+         *     an item whose keys fail validation (ids, `project_id`, `op_name`, timestamps, `mode`), or a
+         *     start that differs from the one stored (or from an earlier one in the batch), is not
+         *     stored and is reported in `errors` with its index; every other item is stored. Free-form
+         *     fields (`inputs`, `attributes`, `output`, `summary`) never refuse an item.
+         *
+         *     422 is for the body itself (not an object, no `batch`, an empty or oversized list); 403 when
+         *     an item's `project_id` belongs to an entity the key may not act for (nothing is stored).
          */
         post: operations["upsertCallBatch"];
         delete?: never;
@@ -1526,8 +1542,14 @@ export interface components {
              */
             include_costs?: boolean;
             /**
-             * @description The most calls read across all requested traces. More matching calls → 413, never a
-             *     truncated sum: send the root ids in smaller batches.
+             * @description The most calls read into one aggregation batch, not into the request. The requested ids'
+             *     traces are counted and summed in batches of whole traces of at most `limit` calls; a batch
+             *     that turns out larger (when the parent chains of the requested calls lead into other
+             *     traces, whose calls count too) is halved and retried. So many traces that fit one by one
+             *     are answered in full, a trace is counted once however many requested ids share it, and
+             *     every requested id gets all of its descendants. Only a single trace that holds more than
+             *     `limit` calls on its own answers 413, naming the trace and the limit: ask again with a
+             *     larger limit. A sum is never partial.
              * @default 10000
              */
             limit?: number;
@@ -1628,7 +1650,9 @@ export interface components {
         };
         /**
          * CallStart
-         * @description The start of a call. Keys not listed here are accepted and ignored.
+         * @description The start of a call. Its keys (ids, `project_id`, `op_name`, `started_at`) are validated;
+         *     `attributes` and `inputs` are free-form, stored and returned as sent. Keys not listed here are
+         *     accepted and ignored.
          */
         CallStart: {
             /** @description The client's id for the call; a UUID v7 is generated when absent. */
@@ -1646,12 +1670,10 @@ export interface components {
              * @description RFC 3339.
              */
             started_at: string;
-            attributes?: {
-                [key: string]: unknown;
-            };
-            inputs?: {
-                [key: string]: unknown;
-            };
+            /** @description Any JSON value (usually an object of tags), stored and returned as sent. */
+            attributes?: unknown;
+            /** @description Any JSON value (usually an object of the call's arguments), stored and returned as sent. */
+            inputs?: unknown;
         };
         /** CallStartRequest */
         CallStartRequest: {
@@ -1667,21 +1689,22 @@ export interface components {
          * @description One model's usage by this call ALONE, never its children (they report their own, or usage
          *     would be counted twice). Either naming is accepted (`prompt_tokens` or `input_tokens`,
          *     `completion_tokens` or `output_tokens`). Values should be non-negative integers; tracing SDKs
-         *     send what they have, so any other value is stored as sent and ignored by `POST /calls/usage`
-         *     rather than rejecting the whole call.
+         *     send what they have, so any value (and an entry that is not an object) is stored as sent, and
+         *     `POST /calls/usage` counts a value that is not a number as 0. An entry left with only zeros
+         *     is not counted at all (no default request either).
          */
         CallSummaryUsage: {
-            /** @description Requests made; defaults to 1 per call that has usage for the model. */
+            /** @description Requests made; defaults to 1 for an entry that reports any tokens. */
             requests?: unknown;
-            /** @description Prompt tokens (a non-negative integer; anything else is ignored when summing). */
+            /** @description Prompt tokens (a non-negative integer; anything else counts 0). */
             prompt_tokens?: unknown;
-            /** @description Folded into `prompt_tokens` when summing. */
+            /** @description Added to `prompt_tokens` when summing. */
             input_tokens?: unknown;
-            /** @description Completion tokens (a non-negative integer; anything else is ignored when summing). */
+            /** @description Completion tokens (a non-negative integer; anything else counts 0). */
             completion_tokens?: unknown;
-            /** @description Folded into `completion_tokens` when summing. */
+            /** @description Added to `completion_tokens` when summing. */
             output_tokens?: unknown;
-            /** @description When absent or 0, the sum uses prompt + completion. */
+            /** @description When absent or not positive, the sum uses prompt + completion. */
             total_tokens?: unknown;
             /** @description Prompt tokens read from a cache. */
             cache_read_input_tokens?: unknown;
@@ -1692,10 +1715,15 @@ export interface components {
         };
         /**
          * CallSummary
-         * @description What a call reports about itself at its end. Keys other than `usage` are kept as sent.
+         * @description What a call reports about itself at its end: any JSON value, stored and returned as sent.
+         *     `POST /calls/usage` reads `usage` from it when it is an object; anything else in it, or a
+         *     `usage` of another shape, is kept and counts nothing.
          */
         CallSummary: {
-            /** @description Model name → the call's own usage of that model. */
+            /**
+             * @description Model name → the call's own usage of that model (`CallSummaryUsage`). An entry that is not
+             *     an object counts nothing; at most the first 1,024 models of a call are counted.
+             */
             usage?: {
                 [key: string]: components["schemas"]["CallSummaryUsage"];
             };
@@ -1704,7 +1732,9 @@ export interface components {
         };
         /**
          * CallEnd
-         * @description The end of a call. Keys not listed here are accepted and ignored.
+         * @description The end of a call. Its keys (`id`, `project_id`, `ended_at`) and `exception` are validated;
+         *     `output` and `summary` are free-form, stored and returned as sent, so no content of theirs
+         *     refuses the end. Keys not listed here are accepted and ignored.
          */
         CallEnd: {
             id: string;
@@ -1714,7 +1744,7 @@ export interface components {
              * @description RFC 3339.
              */
             ended_at: string;
-            /** @description Any JSON value. */
+            /** @description Any JSON value, stored and returned as sent. */
             output?: unknown;
             /** @description Why the call failed; null or absent on success. */
             exception?: string | null;
@@ -1730,24 +1760,58 @@ export interface components {
          */
         CallEndResponse: Record<string, never>;
         /**
+         * CallUpsertBatchItem
+         * @description A start or an end, with `req` exactly the body of `startCall` or `endCall`.
+         */
+        CallUpsertBatchItem: {
+            /** @constant */
+            mode: "start";
+            req: components["schemas"]["CallStartRequest"];
+        } | {
+            /** @constant */
+            mode: "end";
+            req: components["schemas"]["CallEndRequest"];
+        };
+        /**
          * CallUpsertBatchRequest
-         * @description Starts and ends in any order; validated and applied as a whole.
+         * @description Starts and ends in any order. The body itself (an object whose `batch` holds 1–10,000 items)
+         *     is validated as a whole; each item is validated on its own, so one bad item is reported in
+         *     the answer's `errors` and the others are stored.
          */
         CallUpsertBatchRequest: {
-            batch: ({
-                /** @constant */
-                mode: "start";
-                req: components["schemas"]["CallStartRequest"];
-            } | {
-                /** @constant */
-                mode: "end";
-                req: components["schemas"]["CallEndRequest"];
-            })[];
+            batch: components["schemas"]["CallUpsertBatchItem"][];
         };
-        /** CallUpsertBatchResponse */
+        /**
+         * CallUpsertBatchError
+         * @description Why one batch item was not stored: a failed check of its keys (as a 422 would name it), or a
+         *     start that conflicts with the one stored (`type: conflict`).
+         */
+        CallUpsertBatchError: {
+            /** @description The item's index in `batch`. */
+            index: number;
+            /** @description Where the offending input is, from the top (`body`, `batch`, the index, then keys). */
+            loc: (string | number)[];
+            /** @description What is wrong. */
+            msg: string;
+            /** @description A machine-readable kind, such as `missing`, `string_too_short` or `conflict`. */
+            type: string;
+        };
+        /**
+         * CallUpsertBatchResponse
+         * @description Which items were stored. `res` is the reference trace server's answer, one entry per item in
+         *     order, with `null` for an item that was not stored; `errors` says why, item by item.
+         */
         CallUpsertBatchResponse: {
-            /** @description One entry per batch item, in order: `{id, trace_id}` for a start, `{}` for an end. */
-            res: (components["schemas"]["CallStartResponse"] | components["schemas"]["CallEndResponse"])[];
+            /**
+             * @description One entry per batch item, in order: `{id, trace_id}` for a stored start, `{}` for a
+             *     stored end, `null` for an item that was not stored.
+             */
+            res: (components["schemas"]["CallStartResponse"] | components["schemas"]["CallEndResponse"] | null)[];
+            /**
+             * @description Why each item that was not stored was refused, in item order (an item may have several
+             *     entries); empty when every item was stored.
+             */
+            errors: components["schemas"]["CallUpsertBatchError"][];
         };
         /**
          * CallsFilter
@@ -1802,15 +1866,14 @@ export interface components {
              * @description Null while the call is unfinished.
              */
             ended_at: string | null;
-            inputs: {
-                [key: string]: unknown;
-            };
+            /** @description As sent (any JSON value); `{}` when the start had none. */
+            inputs: unknown;
             /** @description Any JSON value; null until the call ends. */
             output: unknown;
             exception: string | null;
-            attributes: {
-                [key: string]: unknown;
-            };
+            /** @description As sent (any JSON value); `{}` when the start had none. */
+            attributes: unknown;
+            /** @description As sent; `{}` when the call has not ended or its end had none. */
             summary: components["schemas"]["CallSummary"];
         };
         /** CallsQueryResponse */
@@ -2125,21 +2188,6 @@ export interface components {
                 "application/json": components["schemas"]["CallsError"];
             };
         };
-        /** @description More calls than `limit` match, or the body is over the size cap. Nothing is truncated: send fewer ids per request. */
-        CallsPayloadTooLarge: {
-            headers: {
-                "x-request-id": components["headers"]["RequestId"];
-                [name: string]: unknown;
-            };
-            content: {
-                /**
-                 * @example {
-                 *       "detail": "The requested traces hold 14210 calls, more than limit=10000. Send the root call ids in smaller batches."
-                 *     }
-                 */
-                "application/json": components["schemas"]["CallsError"];
-            };
-        };
         /** @description The body fails validation. Each entry names the offending input. */
         CallsValidationError: {
             headers: {
@@ -2197,6 +2245,21 @@ export interface components {
                 /**
                  * @example {
                  *       "detail": "Call 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f in acme/support-bot already has a start with different content."
+                 *     }
+                 */
+                "application/json": components["schemas"]["CallsError"];
+            };
+        };
+        /** @description The body is over the size cap (64 MB). Nothing is stored: send fewer or smaller items per request. */
+        CallsPayloadTooLarge: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "detail": "Request body is too large."
                  *     }
                  */
                 "application/json": components["schemas"]["CallsError"];
@@ -4032,7 +4095,21 @@ export interface operations {
             };
             401: components["responses"]["CallsUnauthorized"];
             403: components["responses"]["CallsForbidden"];
-            413: components["responses"]["CallsPayloadTooLarge"];
+            /** @description A single requested trace holds more calls than `limit`. Nothing is summed. */
+            413: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "detail": "Trace \"0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00\" alone holds 14210 calls, more than the limit of 10000 calls summed in one batch, and usage is never summed in part: ask again with a larger limit."
+                     *     }
+                     */
+                    "application/json": components["schemas"]["CallsError"];
+                };
+            };
             422: components["responses"]["CallsValidationError"];
             500: components["responses"]["CallsInternalError"];
         };
@@ -4263,23 +4340,11 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    /**
-                     * @example {
-                     *       "res": [
-                     *         {
-                     *           "id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8ea0",
-                     *           "trace_id": "0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00"
-                     *         },
-                     *         {}
-                     *       ]
-                     *     }
-                     */
                     "application/json": components["schemas"]["CallUpsertBatchResponse"];
                 };
             };
             401: components["responses"]["CallsUnauthorized"];
             403: components["responses"]["CallsForbidden"];
-            409: components["responses"]["CallsConflict"];
             413: components["responses"]["CallsPayloadTooLarge"];
             422: components["responses"]["CallsValidationError"];
             500: components["responses"]["CallsInternalError"];

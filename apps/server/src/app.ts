@@ -14,6 +14,7 @@ import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
 import type { Principal } from "./modules/access.ts";
+import { withItemsValidatedSeparately } from "./modules/calls/items.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
 import { consoleRoutes } from "./modules/console/routes.ts";
 import { datasetsHandlers } from "./modules/datasets/routes.ts";
@@ -105,7 +106,9 @@ export function createApp(deps: AppDeps): Express {
       OpenApiValidator.middleware({
         // The validator keeps references into the document; give it its own copy.
         // The bundle passed Redocly's lint; our document type is only looser than the validator's.
-        apiSpec: structuredClone(spec) as unknown as ValidatorSpec,
+        // Arrays marked x-validate-items-separately take any items here; their operation
+        // checks each item itself (upsertCallBatch, ADR 35).
+        apiSpec: withItemsValidatedSeparately(structuredClone(spec)) as unknown as ValidatorSpec,
         validateRequests: config.validateRequests ? { allowUnknownQueryParameters: false } : false,
         validateResponses: config.validateResponses ? { removeAdditional: false } : false,
         validateSecurity: false,

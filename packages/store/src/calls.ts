@@ -1,9 +1,16 @@
 import { createHash } from "node:crypto";
 import { type Clock, fromJson, type Json, strOrNull, toJson } from "./common.ts";
-import { ConflictError, LimitExceededError } from "./errors.ts";
+import { ConflictError, InvalidInputError, LimitExceededError } from "./errors.ts";
 import { uuidv7 } from "./ids.ts";
 import { isoDate } from "./prices.ts";
 import { type Dialect, inList, listParam, type Row, type Sql, type SqlValue } from "./sql.ts";
+import {
+  insertUsageRows,
+  storableText,
+  USAGE_COLUMNS,
+  usageRowsJson,
+  usageRowsOf,
+} from "./usage-rows.ts";
 
 export interface CallStartInput {
   project_id: string;
@@ -99,6 +106,12 @@ export interface CallUsageResult {
   unfinished_call_ids: string[];
 }
 
+/** What became of one batch item: stored (a start answers its call's ids), or refused. */
+export type CallBatchResult =
+  | { ok: true; id: string; trace_id: string }
+  | { ok: true }
+  | { ok: false; error: ConflictError | InvalidInputError };
+
 interface PreparedStart {
   project_id: string;
   id: string;
@@ -120,8 +133,8 @@ interface PreparedEnd {
   output: string | null;
   exception: string | null;
   summary: string | null;
-  /** `summary.usage` as aggregation reads it (see `usageOf`). */
-  usage: string;
+  /** The call's own usage as aggregation counts it (`usageRowsOf`), or null. */
+  usage_rows: string | null;
 }
 
 /** JSON with sorted keys: equal content gives an equal hash whatever the key order. */
@@ -140,30 +153,57 @@ function canonical(value: unknown): string {
  * PostgreSQL cannot store in text; it becomes U+FFFD on every backend alike.
  */
 function freeText(value: string | null | undefined): string | null {
-  return value === undefined || value === null
-    ? null
-    : value.replaceAll("\u0000", "\ufffd").toWellFormed();
+  return value === undefined || value === null ? null : storableText(value);
+}
+
+/** A key of a call (its ids, project, op name): a string with neither NUL nor a lone surrogate,
+ * which no store could keep alike; else the item is refused, naming the field. */
+function key(value: unknown, param: string): string {
+  if (typeof value !== "string") {
+    throw new InvalidInputError(`${param} must be a string`, { param, code: "invalid_value" });
+  }
+  if (value.includes("\u0000") || !value.isWellFormed()) {
+    throw new InvalidInputError(`${param} contains a NUL character or a lone UTF-16 surrogate`, {
+      param,
+      code: "invalid_value",
+    });
+  }
+  return value;
+}
+
+function optionalKey(value: unknown, param: string): string | null {
+  return value === undefined || value === null ? null : key(value, param);
+}
+
+function timestamp(value: unknown, param: string): string {
+  try {
+    if (typeof value === "string" || value instanceof Date) return isoDate(value);
+  } catch {
+    // Reported below.
+  }
+  throw new InvalidInputError(`${param} is not a date-time`, { param, code: "invalid_value" });
 }
 
 function prepareStart(s: CallStartInput, now: number): PreparedStart {
-  const id = s.id ?? uuidv7(now);
+  const projectId = key(s.project_id, "start.project_id");
+  const id = optionalKey(s.id, "start.id") ?? uuidv7(now);
   // The hash covers what the client sent: a retried start without trace_id must not conflict
   // with itself just because a new trace id was generated for it.
   const start = {
-    trace_id: s.trace_id ?? null,
-    parent_id: s.parent_id ?? null,
-    op_name: s.op_name,
+    trace_id: optionalKey(s.trace_id, "start.trace_id"),
+    parent_id: optionalKey(s.parent_id, "start.parent_id"),
+    op_name: key(s.op_name, "start.op_name"),
     display_name: freeText(s.display_name),
-    started_at: isoDate(s.started_at),
+    started_at: timestamp(s.started_at, "start.started_at"),
     inputs: s.inputs ?? null,
     attributes: s.attributes ?? null,
   };
   return {
-    project_id: s.project_id,
+    project_id: projectId,
     id,
     ...start,
-    trace_id: s.trace_id ?? uuidv7(now),
-    trace_generated: !s.trace_id,
+    trace_id: start.trace_id ?? uuidv7(now),
+    trace_generated: !start.trace_id,
     inputs: toJson(start.inputs),
     attributes: toJson(start.attributes),
     hash: createHash("sha256").update(canonical(start)).digest("base64url"),
@@ -172,51 +212,14 @@ function prepareStart(s: CallStartInput, now: number): PreparedStart {
 
 function prepareEnd(e: CallEndInput): PreparedEnd {
   return {
-    project_id: e.project_id,
-    id: e.id,
-    ended_at: isoDate(e.ended_at),
+    project_id: key(e.project_id, "end.project_id"),
+    id: key(e.id, "end.id"),
+    ended_at: timestamp(e.ended_at, "end.ended_at"),
     output: toJson(e.output ?? null),
     exception: freeText(e.exception),
     summary: toJson(e.summary ?? null),
-    usage: usageOf(e.summary),
+    usage_rows: usageRowsJson(usageRowsOf(e.summary)),
   };
-}
-
-/** The fields of a model's usage that aggregation sums. */
-const USAGE_FIELDS = [
-  "requests",
-  "prompt_tokens",
-  "input_tokens",
-  "completion_tokens",
-  "output_tokens",
-  "total_tokens",
-  "cache_read_input_tokens",
-  "cache_creation_input_tokens",
-] as const;
-
-/**
- * `summary.usage` as aggregation reads it, extracted when the call ends: model → its finite
- * numeric fields (`{}` without a usage map). Whatever else a summary holds (free-form, kept as
- * sent) never reaches the aggregation query, so no content of it can make that query fail.
- */
-function usageOf(summary: unknown): string {
-  const usage = (summary as { usage?: unknown } | null | undefined)?.usage;
-  if (!isPlainObject(summary) || !isPlainObject(usage)) return "{}";
-  const out: Record<string, Record<string, number>> = {};
-  for (const [model, value] of Object.entries(usage)) {
-    if (!isPlainObject(value)) continue;
-    const fields: Record<string, number> = {};
-    for (const field of USAGE_FIELDS) {
-      const n = value[field];
-      if (typeof n === "number" && Number.isFinite(n)) fields[field] = n;
-    }
-    out[freeText(model)!] = fields;
-  }
-  return JSON.stringify(out);
-}
-
-function isPlainObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
 function toCall(r: Row): Call {
@@ -252,7 +255,8 @@ const UPSERT_COLUMNS = [
   "exception",
   "attributes",
   "summary",
-  "usage_json",
+  "usage_rows",
+  "link",
   "started",
   "start_hash",
 ] as const;
@@ -264,9 +268,10 @@ const START_FIELDS = [
   "started_at",
   "inputs",
   "attributes",
+  "link",
   "start_hash",
 ];
-const END_FIELDS = ["ended_at", "output", "exception", "summary", "usage_json"];
+const END_FIELDS = ["ended_at", "output", "exception", "summary", "usage_rows"];
 const UPSERT_CONFLICT = `ON CONFLICT (project_id, id) DO UPDATE SET ${[
   // Start fields are written once: a repeated (identical) start keeps the stored ones.
   ...START_FIELDS.map(
@@ -279,6 +284,8 @@ const UPSERT_CONFLICT = `ON CONFLICT (project_id, id) DO UPDATE SET ${[
   "started = CASE WHEN excluded.started = 1 THEN 1 ELSE calls.started END",
 ].join(", ")}`;
 const ROWS_PER_STATEMENT = 400;
+/** Calls written per round of lookups (their ids and their parents' go in one list). */
+const ROWS_PER_CHUNK = 2000;
 
 function upsertText(rows: number): string {
   const width = UPSERT_COLUMNS.length;
@@ -289,42 +296,26 @@ function upsertText(rows: number): string {
   return `INSERT INTO calls (${UPSERT_COLUMNS.join(", ")}) VALUES ${values} ${UPSERT_CONFLICT}`;
 }
 
+/** One call's items of a batch, merged. */
 interface Merged {
   project_id: string;
   id: string;
   start?: PreparedStart;
+  /** The items that started it, for their results. */
+  startItems: number[];
   end?: PreparedEnd;
+  /** Set while writing: 2, 1 or 0 (see migration 5) for a start stored now. */
+  link?: number;
 }
 
-/** The usage numbers of one `summary.usage[model]` object, per dialect; non-numbers read as 0. */
-function usageSql(dialect: Dialect) {
-  const n = (k: string) =>
-    dialect === "sqlite"
-      ? `(CASE WHEN json_type(u, '$.${k}') IN ('integer', 'real') THEN json_extract(u, '$.${k}') ELSE 0 END)`
-      : `(CASE WHEN jsonb_typeof(u -> '${k}') = 'number' THEN (u ->> '${k}')::float8 ELSE 0 END)`;
-  const has = (k: string) =>
-    dialect === "sqlite"
-      ? `json_type(u, '$.${k}') IN ('integer', 'real')`
-      : `jsonb_typeof(u -> '${k}') = 'number'`;
-  // `usage_json` holds only model → numbers (`usageOf`); rows ended before it existed fall back
-  // to their summary.
-  const usageRows =
-    dialect === "sqlite"
-      ? `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
-         FROM tree t CROSS JOIN calls c
-         CROSS JOIN json_each(CASE WHEN c.usage_json IS NOT NULL THEN c.usage_json
-                              WHEN json_type(c.summary, '$.usage') = 'object'
-                              THEN json_extract(c.summary, '$.usage') ELSE '{}' END) j
-         WHERE c.project_id = $1 AND c.id = t.id AND j.type = 'object'`
-      : `SELECT t.root_id, c.started_at, j.key AS model, j.value AS u
-         FROM tree t JOIN calls c ON c.project_id = $1 AND c.id = t.id
-         CROSS JOIN LATERAL (SELECT CASE WHEN c.usage_json IS NOT NULL THEN c.usage_json::jsonb
-                                         ELSE c.summary::jsonb -> 'usage' END AS usage) s
-         CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(s.usage) = 'object'
-                                       THEN s.usage ELSE '{}'::jsonb END) j
-         WHERE (c.usage_json IS NOT NULL OR c.summary IS NOT NULL)
-           AND jsonb_typeof(j.value) = 'object'`;
-  return { n, has, usageRows };
+/** What the store holds of a call (or of a parent) before a batch is written. */
+interface Stored {
+  trace_id: string | null;
+  started: boolean;
+  ended: boolean;
+  deleted: boolean;
+  start_hash: string | null;
+  link: number;
 }
 
 /** Code-point order (a database collation may order otherwise). */
@@ -332,60 +323,65 @@ function compare(a: string, b: string): number {
   return a < b ? -1 : a > b ? 1 : 0;
 }
 
+/** `(trace_id, call_id) IN` a JSON list of pairs bound as one parameter. */
+function pairsIn(dialect: Dialect, param: number): string {
+  return dialect === "sqlite"
+    ? `(trace_id, call_id) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+         FROM json_each($${param}))`
+    : `(trace_id, call_id) IN (SELECT value ->> 0, value ->> 1
+         FROM jsonb_array_elements($${param}::jsonb))`;
+}
+
 /**
- * Sums the usage of the calls in `tree` (a CTE of `(root_id, id)` pairs, parameters `$1` the
- * project and what the CTE uses) per `root_id` and model, in the database; with costs, each call
- * is priced at the price in effect when it started.
+ * Sums usage rows per key and model, in the database. `rows` selects, from what `ctes` defines,
+ * `key` and `call_usage`'s columns (`USAGE_COLUMNS`); `$1` is the project. With costs, each
+ * call is priced at the price in effect when it started: the project's own newest price dated
+ * at or before the start if it has one, else the default's.
  */
 async function sumUsage(
   sql: Sql,
-  tree: string,
+  ctes: string,
+  rows: string,
   params: SqlValue[],
   includeCosts: boolean,
 ): Promise<{ key: string; model: string; usage: ModelUsage }[]> {
-  const { n, has, usageRows } = usageSql(sql.dialect);
-  const priceId = includeCosts
-    ? `, (SELECT p.id FROM prices p
-          WHERE p.model = usage_rows.model AND (p.project_id = $1 OR p.project_id IS NULL)
-            AND p.effective_date <= usage_rows.started_at
-          ORDER BY CASE WHEN p.project_id IS NULL THEN 1 ELSE 0 END, p.effective_date DESC
-          LIMIT 1) AS price_id`
+  // Each price is in effect from its date until the next of the same model and scope.
+  const periods = includeCosts
+    ? `, price_periods AS (
+         SELECT p.id, p.model, p.project_id, p.effective_date AS since,
+           LEAD(p.effective_date) OVER (PARTITION BY p.model, p.project_id ORDER BY p.effective_date) AS until,
+           p.prompt_token_cost, p.completion_token_cost,
+           p.cache_read_input_token_cost, p.cache_creation_input_token_cost
+         FROM prices p WHERE p.project_id = $1 OR p.project_id IS NULL)`
     : "";
+  const inEffect = (alias: string, scope: string) =>
+    `LEFT JOIN price_periods ${alias} ON ${alias}.project_id ${scope} AND ${alias}.model = r.model
+       AND ${alias}.since <= r.started_at AND (${alias}.until IS NULL OR r.started_at < ${alias}.until)`;
+  const cost = (column: string) =>
+    `CASE WHEN own.id IS NOT NULL THEN COALESCE(own.${column}, 0) ELSE COALESCE(def.${column}, 0) END`;
   const costs = includeCosts
-    ? `, SUM(per_call.prompt * COALESCE(p.prompt_token_cost, 0)) AS prompt_cost,
-         SUM(per_call.completion * COALESCE(p.completion_token_cost, 0)) AS completion_cost,
-         SUM(per_call.cache_read * COALESCE(p.cache_read_input_token_cost, 0)) AS cache_read_cost,
-         SUM(per_call.cache_creation * COALESCE(p.cache_creation_input_token_cost, 0)) AS cache_creation_cost`
+    ? `, SUM(r.prompt_tokens * ${cost("prompt_token_cost")}) AS prompt_cost,
+         SUM(r.completion_tokens * ${cost("completion_token_cost")}) AS completion_cost,
+         SUM(r.cache_read_input_tokens * ${cost("cache_read_input_token_cost")}) AS cache_read_cost,
+         SUM(r.cache_creation_input_tokens * ${cost("cache_creation_input_token_cost")}) AS cache_creation_cost`
     : "";
-  const rows = await sql.query(
-    `${tree},
-     usage_rows AS (${usageRows}),
-     per_call AS (
-       SELECT root_id, model,
-         CASE WHEN ${has("requests")} THEN ${n("requests")} ELSE 1 END AS requests,
-         ${n("prompt_tokens")} + ${n("input_tokens")} AS prompt,
-         ${n("completion_tokens")} + ${n("output_tokens")} AS completion,
-         ${n("total_tokens")} AS total_raw,
-         ${n("cache_read_input_tokens")} AS cache_read,
-         ${n("cache_creation_input_tokens")} AS cache_creation
-         ${priceId}
-       FROM usage_rows
-     )
-     SELECT per_call.root_id, per_call.model,
-       SUM(per_call.requests) AS requests,
-       SUM(per_call.prompt) AS prompt_tokens,
-       SUM(per_call.completion) AS completion_tokens,
-       SUM(CASE WHEN per_call.total_raw > 0 THEN per_call.total_raw
-                ELSE per_call.prompt + per_call.completion END) AS total_tokens,
-       SUM(per_call.cache_read) AS cache_read_input_tokens,
-       SUM(per_call.cache_creation) AS cache_creation_input_tokens
+  const result = await sql.query(
+    `${ctes ? `${ctes},` : "WITH"} usage_rows AS (${rows})${periods}
+     SELECT r.key, r.model,
+       SUM(r.requests) AS requests,
+       SUM(r.prompt_tokens) AS prompt_tokens,
+       SUM(r.completion_tokens) AS completion_tokens,
+       SUM(r.total_tokens) AS total_tokens,
+       SUM(r.cache_read_input_tokens) AS cache_read_input_tokens,
+       SUM(r.cache_creation_input_tokens) AS cache_creation_input_tokens
        ${costs}
-     FROM per_call ${includeCosts ? "LEFT JOIN prices p ON p.id = per_call.price_id" : ""}
-     GROUP BY per_call.root_id, per_call.model`,
+     FROM usage_rows r
+     ${includeCosts ? `${inEffect("own", "= $1")} ${inEffect("def", "IS NULL")}` : ""}
+     GROUP BY r.key, r.model`,
     params,
   );
-  return rows.map((r) => ({
-    key: String(r.root_id),
+  return result.map((r) => ({
+    key: String(r.key),
     model: String(r.model),
     usage: {
       requests: Number(r.requests),
@@ -402,6 +398,23 @@ async function sumUsage(
   }));
 }
 
+/** `call_usage`'s summed columns, from alias `u`. */
+const USAGE_SELECT = USAGE_COLUMNS.map((c) => `u.${c}`).join(", ");
+
+/** A requested trace, as `callUsage` plans it. */
+interface TraceUnit {
+  trace_id: string;
+  /** Its visible calls. */
+  calls: number;
+  /** Its visible calls without an end. */
+  open: number;
+  /** The requested id that is its root, when the trace's calls are exactly that root's
+   * descendants (then they are read by trace, not by walking parent links). */
+  root: string | null;
+  /** The other requested ids in it: their descendants are found by their parent links. */
+  walked: string[];
+}
+
 export class CallsRepo {
   readonly #sql: Sql;
   readonly #now: Clock;
@@ -412,132 +425,165 @@ export class CallsRepo {
 
   /**
    * Records a call's start. Repeating a start with identical content is harmless; with different
-   * content → ConflictError. An end that arrived first is merged in.
+   * content → ConflictError. An end that arrived first is merged in. A key that cannot be kept
+   * (NUL, a bad date) → InvalidInputError.
    */
   async startCall(start: CallStartInput): Promise<{ id: string; trace_id: string }> {
     const [result] = await this.upsertBatch([{ mode: "start", start }]);
-    return result!;
+    if (!result!.ok) throw result!.error;
+    const { id, trace_id } = result as { id: string; trace_id: string };
+    return { id, trace_id };
   }
 
   /** Records a call's end; before its start it is stored but stays invisible. */
   async endCall(end: CallEndInput): Promise<void> {
-    await this.upsertBatch([{ mode: "end", end }]);
+    const [result] = await this.upsertBatch([{ mode: "end", end }]);
+    if (!result!.ok) throw result!.error;
   }
 
   /**
-   * Applies starts and ends in order, in ONE transaction: all or nothing. A conflicting start
-   * anywhere rejects the whole batch with ConflictError.
+   * Applies starts and ends in order, in ONE transaction, and answers one result per item. An
+   * item that cannot be stored (a key with NUL, a bad date: InvalidInputError; a start that
+   * differs from the one stored or from an earlier one in the batch: ConflictError) is refused
+   * alone: every other item is stored.
    */
-  async upsertBatch(items: readonly CallBatchItem[]): Promise<{ id: string; trace_id: string }[]> {
+  async upsertBatch(items: readonly CallBatchItem[]): Promise<CallBatchResult[]> {
     const now = this.#now();
+    const results: (CallBatchResult | undefined)[] = new Array(items.length);
     const merged = new Map<string, Merged>();
-    const started: { project_id: string; id: string; trace_id: string; generated: boolean }[] = [];
-    for (const item of items) {
-      const prepared =
-        item.mode === "start" ? prepareStart(startOf(item), now) : prepareEnd(endOf(item));
-      const key = `${prepared.project_id}\u0000${prepared.id}`;
-      let m = merged.get(key);
+    for (const [index, item] of items.entries()) {
+      let prepared: PreparedStart | PreparedEnd;
+      try {
+        prepared =
+          item.mode === "start" ? prepareStart(startOf(item), now) : prepareEnd(endOf(item));
+      } catch (err) {
+        if (!(err instanceof InvalidInputError)) throw err;
+        results[index] = { ok: false, error: err };
+        continue;
+      }
+      const mapKey = `${prepared.project_id}\u0000${prepared.id}`;
+      let m = merged.get(mapKey);
       if (!m) {
-        m = { project_id: prepared.project_id, id: prepared.id };
-        merged.set(key, m);
+        m = { project_id: prepared.project_id, id: prepared.id, startItems: [] };
+        merged.set(mapKey, m);
       }
       if (item.mode === "start") {
         const s = prepared as PreparedStart;
         if (m.start && m.start.hash !== s.hash) {
-          throw new ConflictError(`Call ${s.id} was started twice with different content`);
+          results[index] = {
+            ok: false,
+            error: new ConflictError(`Call ${s.id} is started twice in this batch, differently`),
+          };
+          continue;
         }
         m.start ??= s;
-        started.push({
-          project_id: s.project_id,
-          id: s.id,
-          trace_id: m.start.trace_id,
-          generated: s.trace_generated,
-        });
+        m.startItems.push(index);
       } else {
         m.end = prepared as PreparedEnd;
+        results[index] = { ok: true };
       }
     }
     // Key order: two concurrent batches touching the same calls lock them in the same order,
     // so PostgreSQL never deadlocks them against each other.
-    const rows = [...merged.values()].sort((a, b) =>
-      a.project_id === b.project_id
-        ? a.id < b.id
-          ? -1
-          : a.id > b.id
-            ? 1
-            : 0
-        : a.project_id < b.project_id
-          ? -1
-          : 1,
+    const rows = [...merged.values()].sort(
+      (a, b) => compare(a.project_id, b.project_id) || compare(a.id, b.id),
     );
-    if (rows.length > 0) await this.#sql.transaction((tx) => this.#write(tx, rows));
-    // A repeated start without trace_id keeps the trace stored the first time: report that one.
-    const generated = started.filter((s) => s.generated);
-    const byProject = new Map<string, { id: string }[]>();
-    for (const g of generated) {
-      const list = byProject.get(g.project_id) ?? [];
-      list.push(g);
-      byProject.set(g.project_id, list);
-    }
-    const stored = new Map<string, string>();
-    for (const [project, list] of byProject) {
-      const traces = await this.#storedTraces(project, list);
-      list.forEach((g, i) => {
-        if (traces[i]) stored.set(`${project}\u0000${g.id}`, traces[i]);
+    if (rows.length > 0)
+      await this.#sql.transaction(async (tx) => {
+        for (let i = 0; i < rows.length; ) {
+          // One project per chunk.
+          let j = i + 1;
+          while (
+            j < rows.length &&
+            j - i < ROWS_PER_CHUNK &&
+            rows[j]!.project_id === rows[i]!.project_id
+          )
+            j++;
+          await this.#write(tx, rows.slice(i, j), results);
+          i = j;
+        }
+      });
+    return results as CallBatchResult[];
+  }
+
+  /** Writes one project's calls: starts checked against the stored ones, links, usage rows. */
+  async #write(tx: Sql, rows: Merged[], results: (CallBatchResult | undefined)[]): Promise<void> {
+    const d = tx.dialect;
+    const project = rows[0]!.project_id;
+    const ids = new Set(rows.map((r) => r.id));
+    for (const r of rows) if (r.start?.parent_id) ids.add(r.start.parent_id);
+    const stored = new Map<string, Stored>();
+    for (const s of await tx.query(
+      `SELECT id, trace_id, started, ended_at, deleted_at, start_hash, link FROM calls
+       WHERE project_id = $1 AND ${inList(d, "id", 2)}`,
+      [project, listParam([...ids])],
+    )) {
+      stored.set(String(s.id), {
+        trace_id: strOrNull(s.trace_id),
+        started: Number(s.started) === 1,
+        ended: s.ended_at !== null && s.ended_at !== undefined,
+        deleted: s.deleted_at !== null && s.deleted_at !== undefined,
+        start_hash: strOrNull(s.start_hash),
+        link: Number(s.link ?? 0),
       });
     }
-    return started.map((s) => ({
-      id: s.id,
-      trace_id: stored.get(`${s.project_id}\u0000${s.id}`) ?? s.trace_id,
-    }));
-  }
 
-  /** The stored trace ids of these calls (undefined where none), in the same order. */
-  async #storedTraces(
-    projectId: string,
-    calls: readonly { id: string }[],
-  ): Promise<(string | undefined)[]> {
-    if (calls.length === 0) return [];
-    const found = new Map<string, string>();
-    for (let i = 0; i < calls.length; i += 5000) {
-      const chunk = calls.slice(i, i + 5000).map((c) => c.id);
-      const rows = await this.#sql.query<{ id: string; trace_id: string }>(
-        `SELECT id, trace_id FROM calls WHERE project_id = $1 AND ${inList(this.#sql.dialect, "id", 2)}`,
-        [projectId, listParam(chunk)],
-      );
-      for (const r of rows) found.set(String(r.id), String(r.trace_id));
-    }
-    return calls.map((c) => found.get(c.id));
-  }
-
-  async #write(tx: Sql, rows: Merged[]): Promise<void> {
-    // Conflict check against stored starts, per project, one query per chunk of ids.
-    const startsByProject = new Map<string, Map<string, string>>();
+    // Starts: a repeat keeps the stored one (and its trace); a different one is refused.
+    const fresh = new Map<string, Merged>();
     for (const r of rows) {
       if (!r.start) continue;
-      let ids = startsByProject.get(r.project_id);
-      if (!ids) {
-        ids = new Map();
-        startsByProject.set(r.project_id, ids);
-      }
-      ids.set(r.id, r.start.hash);
-    }
-    for (const [project, ids] of startsByProject) {
-      const all = [...ids.keys()];
-      for (let i = 0; i < all.length; i += 5000) {
-        const chunk = all.slice(i, i + 5000);
-        const existing = await tx.query<{ id: string; start_hash: string }>(
-          `SELECT id, start_hash FROM calls WHERE project_id = $1 AND started = 1
-             AND ${inList(tx.dialect, "id", 2)}`,
-          [project, listParam(chunk)],
-        );
-        for (const e of existing) {
-          if (ids.get(String(e.id)) !== String(e.start_hash)) {
-            throw new ConflictError(`Call ${e.id} already exists with different content`);
-          }
+      const was = stored.get(r.id);
+      if (was?.started) {
+        if (was.start_hash !== r.start.hash) {
+          const error = new ConflictError(`Call ${r.id} already exists with different content`);
+          for (const index of r.startItems) results[index] = { ok: false, error };
+          delete r.start;
+          continue;
         }
+        for (const index of r.startItems)
+          results[index] = { ok: true, id: r.id, trace_id: was.trace_id ?? r.start.trace_id };
+      } else {
+        fresh.set(r.id, r);
+        for (const index of r.startItems)
+          results[index] = { ok: true, id: r.id, trace_id: r.start.trace_id };
       }
     }
+    // Links of the calls started now: up each parent chain inside the batch until a call whose
+    // link is known (no parent, a stored parent, one of another trace, or one linked already).
+    for (const r of fresh.values()) {
+      if (r.link !== undefined) continue;
+      const chain: Merged[] = [];
+      let top = 0;
+      for (let at: Merged = r; ; ) {
+        if (at.link !== undefined) {
+          // Linked already, or on this chain (-1): a cycle, which links nothing.
+          top = at.link > 0 ? 1 : 0;
+          break;
+        }
+        at.link = -1;
+        chain.push(at);
+        const start = at.start!;
+        if (start.parent_id === null) {
+          top = 2;
+          break;
+        }
+        const parent = fresh.get(start.parent_id);
+        if (parent) {
+          if (parent.start!.trace_id !== start.trace_id) break;
+          at = parent;
+          continue;
+        }
+        const was = stored.get(start.parent_id);
+        top =
+          was?.started && !was.deleted && was.trace_id === start.trace_id && was.link > 0 ? 1 : 0;
+        break;
+      }
+      // A parentless call is 2; below a linked call, 1.
+      for (const [k, c] of chain.entries()) {
+        c.link = k === chain.length - 1 ? top : top > 0 ? 1 : 0;
+      }
+    }
+
     for (let i = 0; i < rows.length; i += ROWS_PER_STATEMENT) {
       const chunk = rows.slice(i, i + ROWS_PER_STATEMENT);
       const params: SqlValue[] = [];
@@ -558,12 +604,65 @@ export class CallsRepo {
           e?.exception ?? null,
           s?.attributes ?? null,
           e?.summary ?? null,
-          e?.usage ?? null,
+          e?.usage_rows ?? null,
+          s && fresh.has(r.id) ? Math.max(0, r.link ?? 0) : 0,
           s ? 1 : 0,
           s?.hash ?? null,
         );
       }
       await tx.exec(upsertText(chunk.length), params);
+    }
+    // A start without trace_id sent twice at once (two batches, PostgreSQL) is stored once: its
+    // trace is the one stored first, which this transaction sees now that it holds the row.
+    const generated = [...fresh.values()].filter((r) => r.start!.trace_generated);
+    if (generated.length > 0) {
+      for (const row of await tx.query(
+        `SELECT id, trace_id FROM calls WHERE project_id = $1 AND ${inList(d, "id", 2)}`,
+        [project, listParam(generated.map((r) => r.id))],
+      )) {
+        const r = fresh.get(String(row.id))!;
+        r.start!.trace_id = String(row.trace_id);
+        for (const index of r.startItems)
+          results[index] = { ok: true, id: r.id, trace_id: r.start!.trace_id };
+      }
+    }
+
+    // Calls stored earlier whose parent is linked now (an end of the chain that arrived before
+    // its start, say) link in turn, and their descendants in the same trace with them.
+    const linked = [...fresh.values()].filter((r) => (r.link ?? 0) > 0).map((r) => r.id);
+    if (linked.length > 0) {
+      await tx.exec(
+        `WITH RECURSIVE fix(id, trace_id) AS (
+           SELECT c.id, c.trace_id FROM calls p CROSS JOIN calls c
+           WHERE p.project_id = $1 AND ${inList(d, "p.id", 2)}
+             AND c.project_id = $1 AND c.parent_id = p.id AND c.trace_id = p.trace_id
+             AND c.link = 0 AND c.parent_id IS NOT NULL AND c.started = 1 AND c.deleted_at IS NULL
+           UNION ALL
+           SELECT c.id, c.trace_id FROM fix f CROSS JOIN calls c
+           WHERE c.project_id = $1 AND c.parent_id = f.id AND c.trace_id = f.trace_id
+             AND c.link = 0 AND c.parent_id IS NOT NULL AND c.started = 1 AND c.deleted_at IS NULL
+         )
+         UPDATE calls SET link = 1 WHERE project_id = $1 AND id IN (SELECT id FROM fix)`,
+        [project, listParam(linked)],
+      );
+    }
+
+    // Usage rows of every call that ended now, or started now after its end: replaced whole.
+    const usage: [string, string][] = [];
+    for (const r of rows) {
+      const was = stored.get(r.id);
+      const trace = was?.started ? was.trace_id : r.start?.trace_id;
+      if (trace && (r.end || (r.start && was?.ended))) usage.push([trace, r.id]);
+    }
+    if (usage.length > 0) {
+      await tx.exec(`DELETE FROM call_usage WHERE project_id = $1 AND ${pairsIn(d, 2)}`, [
+        project,
+        JSON.stringify(usage),
+      ]);
+      await tx.exec(insertUsageRows(d, `c.project_id = $1 AND ${inList(d, "c.id", 2)}`), [
+        project,
+        listParam(usage.map(([, id]) => id)),
+      ]);
     }
   }
 
@@ -617,8 +716,9 @@ export class CallsRepo {
   async deleteCalls(projectId: string, ids: readonly string[]): Promise<number> {
     if (ids.length === 0) return 0;
     const d = this.#sql.dialect;
-    return this.#sql.transaction((tx) =>
-      tx.exec(
+    const params = [projectId, listParam(ids), new Date(this.#now()).toISOString()];
+    return this.#sql.transaction(async (tx) => {
+      const deleted = await tx.exec(
         `WITH RECURSIVE tree(id) AS (
            SELECT id FROM calls
            WHERE project_id = $1 AND ${inList(d, "id", 2)} AND started = 1 AND deleted_at IS NULL
@@ -628,30 +728,52 @@ export class CallsRepo {
          )
          UPDATE calls SET deleted_at = $3
          WHERE project_id = $1 AND id IN (SELECT id FROM tree) AND deleted_at IS NULL`,
-        [projectId, listParam(ids), new Date(this.#now()).toISOString()],
-      ),
-    );
+        params,
+      );
+      // Their usage rows go with them: sums read call_usage alone. The walk reads the calls
+      // marked now (and any deleted before under them, whose rows are gone already).
+      if (deleted > 0)
+        await tx.exec(
+          `WITH RECURSIVE tree(id, trace_id) AS (
+             SELECT id, trace_id FROM calls
+             WHERE project_id = $1 AND ${inList(d, "id", 2)} AND started = 1 AND deleted_at = $3
+             UNION
+             SELECT c.id, c.trace_id FROM tree t CROSS JOIN calls c
+             WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1
+               AND c.deleted_at IS NOT NULL
+           )
+           DELETE FROM call_usage
+           WHERE project_id = $1 AND trace_id IN (SELECT trace_id FROM tree)
+             AND call_id IN (SELECT id FROM tree)`,
+          params,
+        );
+      return deleted;
+    });
   }
 
   /**
-   * Usage per requested call (its own plus every descendant's), per model, computed in the
-   * database. Throws LimitExceededError before aggregating when the trees hold more than `limit`
-   * calls.
+   * Usage per requested call (its own plus every descendant's), per model, summed in the
+   * database, in batches of at most `limit` calls (default 10,000).
+   *
+   * The requested calls' traces are counted first and packed whole into batches; a batch reads
+   * its traces' calls (and, when a parent chain leaves them, the descendants of the requested
+   * calls in other traces) and sums them. A batch that turns out larger than `limit` is halved
+   * and each half retried; a single trace that does not fit throws LimitExceededError, before
+   * any answer is given: sums are never partial. A call counts once per batch however many
+   * requested ids share it, and each requested id gets all of its descendants. Everything is
+   * read in one snapshot.
+   *
+   * A requested trace root whose trace is exactly its descendants (every call of the trace
+   * linked to it, none with a child in another trace: see migration 5) is summed by trace from
+   * `call_usage`, without walking parent links; any other requested id walks them.
    */
   async callUsage(
     projectId: string,
     callIds: readonly string[],
     options: { includeCosts?: boolean; limit?: number } = {},
   ): Promise<CallUsageResult> {
-    if (this.#sql.dialect === "sqlite")
-      return this.#callUsage(this.#sql, projectId, callIds, options);
-    // One REPEATABLE READ snapshot for the count, the sums and the unfinished ids. The planner
-    // sorts the usage rows for the aggregate (a recursive CTE's estimates are tiny); more
-    // work_mem keeps 100k rows off the disk.
-    return this.#sql.transaction(async (tx) => {
-      await tx.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY");
-      await tx.exec("SET LOCAL work_mem = '64MB'");
-      return this.#callUsage(tx, projectId, callIds, options);
+    return this.#sql.transaction((tx) => this.#callUsage(tx, projectId, callIds, options), {
+      readOnly: true,
     });
   }
 
@@ -670,16 +792,13 @@ export class CallsRepo {
     // midnight and the next day's.
     const next = new Date(`${endDate}T00:00:00.000Z`);
     next.setUTCDate(next.getUTCDate() + 1);
-    const tree = `WITH tree(root_id, id) AS (
-        SELECT substr(c.started_at, 1, 10), c.id FROM calls c
-        WHERE c.project_id = $1 AND c.started = 1 AND c.deleted_at IS NULL
-          AND c.started_at >= $2 AND c.started_at < $3
-      )`;
+    const rows = `SELECT substr(u.started_at, 1, 10) AS key, ${USAGE_SELECT} FROM call_usage u
+      WHERE u.project_id = $1 AND u.started_at >= $2 AND u.started_at < $3`;
     const params = [projectId, `${startDate}T00:00:00.000Z`, next.toISOString()];
-    const rows = await sumUsage(this.#sql, tree, params, options.includeCosts ?? false);
-    rows.sort((a, b) => compare(a.key, b.key) || compare(a.model, b.model));
+    const sums = await sumUsage(this.#sql, "", rows, params, options.includeCosts ?? false);
+    sums.sort((a, b) => compare(a.key, b.key) || compare(a.model, b.model));
     const days: Record<string, Record<string, ModelUsage>> = Object.create(null);
-    for (const r of rows) {
+    for (const r of sums) {
       days[r.key] ??= Object.create(null);
       days[r.key]![r.model] = r.usage;
     }
@@ -698,41 +817,185 @@ export class CallsRepo {
     for (const id of distinct) result.call_usage[id] = {};
     if (distinct.length === 0) return result;
     const d = sql.dialect;
-    const limit = options.limit ?? 10000;
+    const limit = Math.max(1, Math.floor(options.limit ?? 10000));
     const includeCosts = options.includeCosts ?? false;
-    // CROSS JOIN pins the join order on SQLite (tree outside, the parent index inside); without
-    // it the planner walked the whole project per step.
-    // `open` = 1 for a call without ended_at, so counting also tells whether the unfinished-ids
-    // query is needed at all.
-    const tree = `WITH RECURSIVE tree(root_id, id, open) AS (
-        SELECT c.id, c.id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END FROM calls c
-        WHERE c.project_id = $1 AND ${inList(d, "c.id", 2)} AND c.started = 1 AND c.deleted_at IS NULL
-        UNION
-        SELECT t.root_id, c.id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END
-        FROM tree t CROSS JOIN calls c
-        WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
-      )`;
-    const params = [projectId, listParam(distinct)];
 
-    const count = await sql.one<{ n: number; open: number | null }>(
-      `${tree} SELECT COUNT(*) AS n, SUM(open) AS open FROM tree`,
-      params,
+    const requested = await sql.query<{ id: string; trace_id: string; link: number }>(
+      `SELECT id, trace_id, link FROM calls
+       WHERE project_id = $1 AND ${inList(d, "id", 2)} AND started = 1 AND deleted_at IS NULL`,
+      [projectId, listParam(distinct)],
     );
-    const matched = Number(count?.n ?? 0);
-    if (matched > limit) throw new LimitExceededError(matched, limit);
-    if (matched === 0) return result;
-
-    for (const r of await sumUsage(sql, tree, params, includeCosts)) {
-      const usage = result.call_usage[r.key];
-      if (usage) usage[r.model] = r.usage;
+    if (requested.length === 0) return result;
+    const traceIds = [...new Set(requested.map((r) => String(r.trace_id)))];
+    const traces = listParam(traceIds);
+    const shapes = await sql.query(
+      `SELECT trace_id, COUNT(*) AS n,
+         SUM(CASE WHEN link = 0 THEN 1 ELSE 0 END) AS unlinked,
+         SUM(CASE WHEN link = 2 THEN 1 ELSE 0 END) AS roots,
+         SUM(CASE WHEN ended_at IS NULL THEN 1 ELSE 0 END) AS open
+       FROM calls WHERE project_id = $1 AND ${inList(d, "trace_id", 2)}
+         AND started = 1 AND deleted_at IS NULL
+       GROUP BY trace_id`,
+      [projectId, traces],
+    );
+    // Traces with a call whose child lies in another trace: such a child is never linked, so
+    // the few unlinked calls of the project are all there is to look at.
+    const crossing = new Set(
+      (
+        await sql.query<{ trace_id: string }>(
+          `SELECT DISTINCT p.trace_id FROM calls c CROSS JOIN calls p
+           WHERE c.project_id = $1 AND c.link = 0 AND c.parent_id IS NOT NULL
+             AND c.started = 1 AND c.deleted_at IS NULL
+             AND p.project_id = $1 AND p.id = c.parent_id AND p.started = 1
+             AND p.deleted_at IS NULL AND p.trace_id <> c.trace_id
+             AND ${inList(d, "p.trace_id", 2)}`,
+          [projectId, traces],
+        )
+      ).map((r) => String(r.trace_id)),
+    );
+    const units = new Map<string, TraceUnit>();
+    const exact = new Set<string>();
+    for (const s of shapes) {
+      const trace = String(s.trace_id);
+      if (Number(s.unlinked) === 0 && Number(s.roots) === 1 && !crossing.has(trace))
+        exact.add(trace);
+      units.set(trace, {
+        trace_id: trace,
+        calls: Number(s.n),
+        open: Number(s.open),
+        root: null,
+        walked: [],
+      });
     }
-    if (!Number(count?.open ?? 0)) return result;
-    const unfinished = await sql.query<{ id: string }>(
-      `${tree} SELECT DISTINCT id FROM tree WHERE open = 1`,
-      params,
-    );
+    for (const r of requested) {
+      const trace = String(r.trace_id);
+      const unit = units.get(trace)!;
+      // The only link-2 call of an exact trace is its root.
+      if (Number(r.link) === 2 && exact.has(trace)) unit.root = String(r.id);
+      else unit.walked.push(String(r.id));
+    }
+    const ordered = [...units.values()].sort((a, b) => compare(a.trace_id, b.trace_id));
+    for (const u of ordered)
+      if (u.calls > limit) throw new LimitExceededError(u.calls, limit, u.trace_id);
+
+    // Whole traces, packed in order into batches of at most `limit` calls.
+    const pending: TraceUnit[][] = [];
+    let batch: TraceUnit[] = [];
+    let size = 0;
+    for (const u of ordered) {
+      if (size + u.calls > limit && batch.length > 0) {
+        pending.push(batch);
+        batch = [];
+        size = 0;
+      }
+      batch.push(u);
+      size += u.calls;
+    }
+    if (batch.length > 0) pending.push(batch);
+    pending.reverse();
+
+    const unfinished = new Set<string>();
+    while (pending.length > 0) {
+      const next = pending.pop()!;
+      const done = await this.#usageBatch(sql, projectId, next, limit, includeCosts);
+      if ("overflow" in done) {
+        if (next.length === 1)
+          throw new LimitExceededError(done.overflow, limit, next[0]!.trace_id);
+        const half = Math.ceil(next.length / 2);
+        pending.push(next.slice(half), next.slice(0, half));
+        continue;
+      }
+      for (const r of done.sums) {
+        const usage = result.call_usage[r.key];
+        if (usage) usage[r.model] = r.usage;
+      }
+      for (const id of done.unfinished) unfinished.add(id);
+    }
     // Sorted here, not in SQL: a database collation may not order like code points.
-    result.unfinished_call_ids = unfinished.map((u) => String(u.id)).sort();
+    result.unfinished_call_ids = [...unfinished].sort(compare);
     return result;
+  }
+
+  /** One batch of whole traces: its sums per requested id and model, and its calls without an
+   * end; or, when the calls it would read outnumber `limit`, how many they are. */
+  async #usageBatch(
+    sql: Sql,
+    projectId: string,
+    units: TraceUnit[],
+    limit: number,
+    includeCosts: boolean,
+  ): Promise<
+    | { overflow: number }
+    | { sums: { key: string; model: string; usage: ModelUsage }[]; unfinished: string[] }
+  > {
+    const d = sql.dialect;
+    const sums: { key: string; model: string; usage: ModelUsage }[] = [];
+    const unfinished: string[] = [];
+    const read = units.reduce((n, u) => n + u.calls, 0);
+
+    const walked = units.flatMap((u) => u.walked);
+    if (walked.length > 0) {
+      // CROSS JOIN pins the join order on SQLite (tree outside, the parent index inside).
+      const tree = `WITH RECURSIVE tree(root_id, id, trace_id, open) AS (
+          SELECT c.id, c.id, c.trace_id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END
+          FROM calls c
+          WHERE c.project_id = $1 AND ${inList(d, "c.id", 2)} AND c.started = 1 AND c.deleted_at IS NULL
+          UNION
+          SELECT t.root_id, c.id, c.trace_id, CASE WHEN c.ended_at IS NULL THEN 1 ELSE 0 END
+          FROM tree t CROSS JOIN calls c
+          WHERE c.project_id = $1 AND c.parent_id = t.id AND c.started = 1 AND c.deleted_at IS NULL
+        )`;
+      const params = [projectId, listParam(walked)];
+      // Descendants outside the batch's traces count too.
+      const count = await sql.one<{ outside: number; open: number | null }>(
+        `${tree} SELECT COUNT(DISTINCT CASE WHEN NOT (${inList(d, "trace_id", 3)}) THEN id END) AS outside,
+           SUM(open) AS open FROM tree`,
+        [...params, listParam(units.map((u) => u.trace_id))],
+      );
+      const total = read + Number(count?.outside ?? 0);
+      if (total > limit) return { overflow: total };
+      sums.push(
+        ...(await sumUsage(
+          sql,
+          tree,
+          `SELECT t.root_id AS key, ${USAGE_SELECT} FROM tree t CROSS JOIN call_usage u
+           WHERE u.project_id = $1 AND u.trace_id = t.trace_id AND u.call_id = t.id`,
+          params,
+          includeCosts,
+        )),
+      );
+      if (Number(count?.open ?? 0) > 0) {
+        const open = await sql.query<{ id: string }>(
+          `${tree} SELECT DISTINCT id FROM tree WHERE open = 1`,
+          params,
+        );
+        for (const o of open) unfinished.push(String(o.id));
+      }
+    }
+
+    const rooted = units.filter((u) => u.root !== null);
+    if (rooted.length > 0) {
+      const rootOf = new Map(rooted.map((u) => [u.trace_id, u.root!]));
+      const params = [projectId, listParam(rooted.map((u) => u.trace_id))];
+      for (const r of await sumUsage(
+        sql,
+        "",
+        `SELECT u.trace_id AS key, ${USAGE_SELECT} FROM call_usage u
+         WHERE u.project_id = $1 AND ${inList(d, "u.trace_id", 2)}`,
+        params,
+        includeCosts,
+      ))
+        sums.push({ ...r, key: rootOf.get(r.key)! });
+      const open = rooted.filter((u) => u.open > 0).map((u) => u.trace_id);
+      if (open.length > 0) {
+        const rows = await sql.query<{ id: string }>(
+          `SELECT id FROM calls WHERE project_id = $1 AND ${inList(d, "trace_id", 2)}
+             AND started = 1 AND deleted_at IS NULL AND ended_at IS NULL`,
+          [projectId, listParam(open)],
+        );
+        for (const o of rows) unfinished.push(String(o.id));
+      }
+    }
+    return { sums, unfinished };
   }
 }

@@ -81,14 +81,19 @@ export class LimitExceededError extends DomainError {
   override name = "LimitExceededError";
   readonly matched: number;
   readonly limit: number;
-  constructor(matched: number, limit: number) {
+  /** The trace that alone does not fit the limit, when that is the reason. */
+  readonly traceId: string | null;
+  constructor(matched: number, limit: number, traceId: string | null = null) {
     super(
       "too_large",
-      `The requested calls match ${matched} calls, more than the limit of ${limit}; ask for fewer call ids per request`,
+      traceId === null
+        ? `The requested calls match ${matched} calls, more than the limit of ${limit}; ask for fewer call ids per request`
+        : `Trace ${quote(traceId)} alone holds ${matched} calls, more than the limit of ${limit} calls summed in one batch, and usage is never summed in part: ask again with a larger limit`,
       { code: "request_too_large" },
     );
     this.matched = matched;
     this.limit = limit;
+    this.traceId = traceId;
   }
 }
 

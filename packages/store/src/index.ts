@@ -2,6 +2,7 @@ export { assertBlobKey, type BlobBody, type BlobStore, FsBlobStore } from "./blo
 export type {
   Call,
   CallBatchItem,
+  CallBatchResult,
   CallEndInput,
   CallFilter,
   CallStartInput,
@@ -52,10 +53,18 @@ export {
 export { MIGRATIONS, type Migration, migrate } from "./migrations.ts";
 export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.ts";
 export { isoDate, type Price, type PricesRepo, type SetPriceInput } from "./prices.ts";
-export { type Dialect, PostgresSql, type Sql, SqliteSql, type SqlValue } from "./sql.ts";
+export {
+  type Dialect,
+  PostgresSql,
+  type Sql,
+  SqliteSql,
+  type SqlValue,
+  type TransactionOptions,
+} from "./sql.ts";
 export {
   openStore,
   type PingResult,
   type Store,
   type StoreOptions,
 } from "./store.ts";
+export { MAX_USAGE_MODELS, type UsageRow, usageRowsOf } from "./usage-rows.ts";

@@ -1,11 +1,32 @@
-import type { Sql } from "./sql.ts";
+import { fromJson } from "./common.ts";
+import { inList, listParam, type Sql } from "./sql.ts";
+import { insertUsageRows, usageRowsJson, usageRowsOf } from "./usage-rows.ts";
 
 export interface Migration {
   version: number;
   name: string;
-  /** Portable DDL: both SQLite and PostgreSQL accept every statement below. */
-  statements: readonly string[];
+  /** DDL: a string both SQLite and PostgreSQL accept, or one statement per dialect. */
+  statements: readonly (string | { sqlite: string; postgres: string })[];
+  /** Data to carry over, after the statements, in the same transaction. */
+  run?: (tx: Sql) => Promise<void>;
 }
+
+/** `call_usage`'s columns: the sums' key (`project_id, trace_id, call_id, seq`), the model and
+ * the call's start (for its price), and the numbers. */
+const CALL_USAGE_COLUMNS = `
+  project_id TEXT NOT NULL,
+  trace_id TEXT NOT NULL,
+  call_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  model TEXT NOT NULL,
+  started_at TEXT NOT NULL,
+  requests DOUBLE PRECISION NOT NULL,
+  prompt_tokens DOUBLE PRECISION NOT NULL,
+  completion_tokens DOUBLE PRECISION NOT NULL,
+  total_tokens DOUBLE PRECISION NOT NULL,
+  cache_read_input_tokens DOUBLE PRECISION NOT NULL,
+  cache_creation_input_tokens DOUBLE PRECISION NOT NULL,
+  PRIMARY KEY (project_id, trace_id, call_id, seq)`;
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -164,6 +185,35 @@ export const MIGRATIONS: readonly Migration[] = [
       "ALTER TABLE calls ADD COLUMN usage_json TEXT",
     ],
   },
+  {
+    version: 5,
+    name: "calls: usage rows per call and model, and each trace's shape",
+    statements: [
+      // The call's own usage as aggregation counts it (`usageRowsOf`), written with its end;
+      // it replaces usage_json (model → raw numbers), which every sum re-read as JSON.
+      "ALTER TABLE calls ADD COLUMN usage_rows TEXT",
+      "ALTER TABLE calls DROP COLUMN usage_json",
+      // 2: no parent. 1: the parent is a visible call of the same trace whose link is > 0 (so
+      // the parent chain reaches a link-2 call inside the trace, through calls that arrived
+      // earlier: no cycle can be linked). 0: anything else, until its parent links.
+      "ALTER TABLE calls ADD COLUMN link INTEGER NOT NULL DEFAULT 0",
+      // One row per visible, ended call and model: a trace's usage is one range of this table.
+      {
+        sqlite: `CREATE TABLE call_usage (${CALL_USAGE_COLUMNS}) WITHOUT ROWID`,
+        postgres: `CREATE TABLE call_usage (${CALL_USAGE_COLUMNS})`,
+      },
+      "CREATE INDEX call_usage_started ON call_usage (project_id, started_at)",
+      // A trace's visible calls, their links and ends, counted from the index alone.
+      "DROP INDEX calls_trace",
+      `CREATE INDEX calls_trace ON calls (project_id, trace_id, link, ended_at)
+        WHERE started = 1 AND deleted_at IS NULL`,
+      // The visible calls not linked to their trace's root: few, read to find the calls whose
+      // parent lies in another trace.
+      `CREATE INDEX calls_unlinked ON calls (project_id, parent_id)
+        WHERE link = 0 AND parent_id IS NOT NULL AND started = 1 AND deleted_at IS NULL`,
+    ],
+    run: backfillUsageAndLinks,
+  },
 ];
 
 /**
@@ -191,7 +241,9 @@ export async function migrate(
     const done: number[] = [];
     for (const m of [...migrations].sort((a, b) => a.version - b.version)) {
       if (applied.has(m.version)) continue;
-      for (const statement of m.statements) await tx.exec(statement);
+      for (const statement of m.statements)
+        await tx.exec(typeof statement === "string" ? statement : statement[tx.dialect]);
+      await m.run?.(tx);
       await tx.exec(
         "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
         [m.version, m.name, Math.floor(Date.now() / 1000)],
@@ -200,4 +252,64 @@ export async function migrate(
     }
     return done;
   });
+}
+
+/** Version 5's data: every ended call's usage rows from its summary, a chunk at a time; the
+ * links of every visible call, from the roots down; then `call_usage`. */
+async function backfillUsageAndLinks(tx: Sql): Promise<void> {
+  let after: [string, string] | undefined;
+  for (;;) {
+    const rows = await tx.query<{ project_id: string; id: string; summary: string | null }>(
+      `SELECT project_id, id, summary FROM calls WHERE ended_at IS NOT NULL
+       ${after ? "AND (project_id > $1 OR (project_id = $1 AND id > $2))" : ""}
+       ORDER BY project_id, id LIMIT 1000`,
+      after ?? [],
+    );
+    if (rows.length === 0) break;
+    const last = rows[rows.length - 1]!;
+    after = [String(last.project_id), String(last.id)];
+    const byProject = new Map<string, [string, string][]>();
+    for (const r of rows) {
+      let summary: unknown = null;
+      try {
+        summary = fromJson(r.summary);
+      } catch {
+        // Stored as JSON text by this store; anything else has no usage to count.
+      }
+      const usage = usageRowsJson(usageRowsOf(summary));
+      if (usage === null) continue;
+      const list = byProject.get(String(r.project_id)) ?? [];
+      list.push([String(r.id), usage]);
+      byProject.set(String(r.project_id), list);
+    }
+    for (const [project, list] of byProject) {
+      const ids = listParam(list.map(([id]) => id));
+      const values = JSON.stringify(list);
+      await tx.exec(
+        tx.dialect === "sqlite"
+          ? `UPDATE calls SET usage_rows = (SELECT json_extract(v.value, '$[1]') FROM json_each($3) v
+               WHERE json_extract(v.value, '$[0]') = calls.id)
+             WHERE project_id = $1 AND ${inList(tx.dialect, "id", 2)}`
+          : `UPDATE calls SET usage_rows = v.value ->> 1
+             FROM jsonb_array_elements($3::jsonb) v
+             WHERE calls.project_id = $1 AND calls.id = v.value ->> 0 AND ${inList(tx.dialect, "calls.id", 2)}`,
+        [project, ids, values],
+      );
+    }
+  }
+  await tx.exec(
+    "UPDATE calls SET link = 2 WHERE parent_id IS NULL AND started = 1 AND deleted_at IS NULL",
+  );
+  await tx.exec(
+    `WITH RECURSIVE linked(project_id, id, trace_id) AS (
+       SELECT project_id, id, trace_id FROM calls WHERE link = 2
+       UNION ALL
+       SELECT c.project_id, c.id, c.trace_id FROM linked l CROSS JOIN calls c
+       WHERE c.project_id = l.project_id AND c.parent_id = l.id AND c.trace_id = l.trace_id
+         AND c.parent_id IS NOT NULL AND c.started = 1 AND c.deleted_at IS NULL
+     )
+     UPDATE calls SET link = 1
+     WHERE parent_id IS NOT NULL AND (project_id, id) IN (SELECT project_id, id FROM linked)`,
+  );
+  await tx.exec(insertUsageRows(tx.dialect, "1 = 1"));
 }

@@ -7,6 +7,10 @@ export type Dialect = "sqlite" | "postgres";
 export type SqlValue = string | number | bigint | boolean | null | undefined | Uint8Array;
 export type Row = Record<string, unknown>;
 
+export interface TransactionOptions {
+  readOnly?: boolean;
+}
+
 /**
  * The one thin layer both backends share. SQL is written once with `$1`-style placeholders
  * (translated to `?1` for SQLite); where the dialects differ, callers branch on `dialect`.
@@ -17,8 +21,10 @@ export interface Sql {
   one<T = Row>(text: string, params?: readonly SqlValue[]): Promise<T | undefined>;
   /** Runs a statement and returns the number of rows it changed. */
   exec(text: string, params?: readonly SqlValue[]): Promise<number>;
-  /** Runs `fn` in one transaction (SQLite: BEGIN IMMEDIATE, serialised); nested calls join it. */
-  transaction<T>(fn: (tx: Sql) => Promise<T>): Promise<T>;
+  /** Runs `fn` in one transaction (SQLite: BEGIN IMMEDIATE, serialised); nested calls join it.
+   * `readOnly`: one snapshot for every read in it, and no write lock (SQLite: a deferred BEGIN;
+   * PostgreSQL: REPEATABLE READ, READ ONLY). */
+  transaction<T>(fn: (tx: Sql) => Promise<T>, options?: TransactionOptions): Promise<T>;
   close(): Promise<void>;
 }
 
@@ -236,14 +242,16 @@ export class SqliteSql implements Sql {
     return this.runNow(text, params);
   }
 
-  async transaction<T>(fn: (tx: Sql) => Promise<T>): Promise<T> {
+  async transaction<T>(fn: (tx: Sql) => Promise<T>, options?: TransactionOptions): Promise<T> {
     while (this.#gate.active) await this.#gate.active;
     let release: () => void = () => {};
     this.#gate.active = new Promise<void>((resolve) => {
       release = resolve;
     });
     try {
-      this.db.exec("BEGIN IMMEDIATE");
+      // WAL: a deferred transaction reads one snapshot from its first read on and lets other
+      // processes write meanwhile.
+      this.db.exec(options?.readOnly ? "BEGIN" : "BEGIN IMMEDIATE");
       try {
         const result = await fn(this.#tx);
         this.db.exec("COMMIT");
@@ -361,11 +369,13 @@ export class PostgresSql implements Sql {
     return this.#plain.exec(text, params);
   }
 
-  async transaction<T>(fn: (tx: Sql) => Promise<T>): Promise<T> {
+  async transaction<T>(fn: (tx: Sql) => Promise<T>, options?: TransactionOptions): Promise<T> {
     const client = await this.pool.connect();
     let broken = false;
     try {
-      await client.query("BEGIN");
+      await client.query(
+        options?.readOnly ? "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY" : "BEGIN",
+      );
       try {
         const result = await fn(new PgTx(client));
         await client.query("COMMIT");

@@ -1,12 +1,19 @@
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   type CallBatchItem,
   ConflictError,
   type Json,
   LimitExceededError,
+  MIGRATIONS,
   type ModelUsage,
+  migrate,
+  openStore,
+  PostgresSql,
+  SqliteSql,
 } from "../src/index.ts";
-import { describeBackends, unique } from "./helpers.ts";
+import { describeBackends, PG_URL, unique } from "./helpers.ts";
 
 interface SeedCall {
   id: string;
@@ -193,12 +200,8 @@ const USAGE_CASES: UsageCase[] = [
       { id: "c4", parent: "r", summary: { other: 1 } },
     ],
     ids: ["r"],
-    expected: {
-      r: {
-        A: usage({ requests: 1, completion_tokens: 5, total_tokens: 5 }),
-        C: usage({ requests: 1 }),
-      },
-    },
+    // C is left with only zeros: dropped, its default request with it.
+    expected: { r: { A: usage({ requests: 1, completion_tokens: 5, total_tokens: 5 }) } },
   },
   {
     name: "usage missing at the root and the middle still reaches the root from the leaf",
@@ -340,9 +343,10 @@ describeBackends("calls ingestion", (ctx) => {
     await expect(
       ctx.store.calls.startCall(start(p, "s", { op_name: "other" })),
     ).rejects.toBeInstanceOf(ConflictError);
-    await expect(
-      ctx.store.calls.upsertBatch([{ mode: "start", start: start(p, "s", { inputs: {} }) }]),
-    ).rejects.toBeInstanceOf(ConflictError);
+    const [refused] = await ctx.store.calls.upsertBatch([
+      { mode: "start", start: start(p, "s", { inputs: {} }) },
+    ]);
+    expect(refused).toMatchObject({ ok: false, error: expect.any(ConflictError) });
     expect((await ctx.store.calls.getCall(p, "s"))?.op_name).toBe("op");
   });
 
@@ -353,43 +357,61 @@ describeBackends("calls ingestion", (ctx) => {
     const again = await ctx.store.calls.startCall(input);
     expect(again).toEqual(first);
     const [batched] = await ctx.store.calls.upsertBatch([{ mode: "start", req: { start: input } }]);
-    expect(batched).toEqual(first);
-    const twice = await ctx.store.calls.upsertBatch([
+    expect(batched).toEqual({ ok: true, ...first });
+    const twice = (await ctx.store.calls.upsertBatch([
       { mode: "start", start: { ...input, id: "fresh" } },
       { mode: "start", start: { ...input, id: "fresh" } },
-    ]);
+    ])) as { trace_id: string }[];
     expect(twice[0]?.trace_id).toBe(twice[1]?.trace_id);
     expect((await ctx.store.calls.getCall(p, "fresh"))?.trace_id).toBe(twice[0]?.trace_id);
     expect((await ctx.store.calls.getCall(p, "no-trace"))?.trace_id).toBe(first.trace_id);
   });
 
-  it("when a batch holds thousands of items, then all land in one transaction; a conflict rolls back all", async () => {
+  it("when a batch holds thousands of items, then all land in one transaction; a refused item leaves the others stored", async () => {
     const p = unique("ent/proj");
     const calls: SeedCall[] = Array.from({ length: 3000 }, (_, i) => ({
       id: `b${i}`,
       parent: i === 0 ? undefined : `b${Math.floor((i - 1) / 4)}`,
       usage: { A: { prompt_tokens: 1, completion_tokens: 1 } },
     }));
-    const started = await ctx.store.calls.upsertBatch(batch(p, calls));
-    expect(started).toHaveLength(3000);
+    const results = await ctx.store.calls.upsertBatch(batch(p, calls));
+    expect(results).toHaveLength(6000);
+    expect(results.every((r) => r.ok)).toBe(true);
     const result = await ctx.store.calls.callUsage(p, ["b0"]);
     expect(result.call_usage.b0?.A).toEqual(
       usage({ requests: 3000, prompt_tokens: 3000, completion_tokens: 3000, total_tokens: 6000 }),
     );
 
     const bad = batch(p, [{ id: "new1" }, { id: "new2" }]);
-    bad.push({
-      mode: "start",
-      start: { project_id: p, id: "b5", trace_id: "other", op_name: "x", started_at: T0 },
+    bad.push(
+      {
+        mode: "start",
+        start: { project_id: p, id: "b5", trace_id: "other", op_name: "x", started_at: T0 },
+      },
+      { mode: "start", start: { project_id: p, id: "new3", op_name: "x", started_at: "never" } },
+      { mode: "end", end: { project_id: p, id: "nul\u0000", ended_at: T0 } },
+    );
+    const outcome = await ctx.store.calls.upsertBatch(bad);
+    expect(outcome.map((r) => r.ok)).toEqual([true, true, true, true, false, false, false]);
+    expect(outcome[4]).toMatchObject({ error: expect.any(ConflictError) });
+    expect(outcome[5]).toMatchObject({
+      error: expect.objectContaining({ kind: "invalid", param: "start.started_at" }),
     });
-    await expect(ctx.store.calls.upsertBatch(bad)).rejects.toBeInstanceOf(ConflictError);
-    expect(await ctx.store.calls.getCall(p, "new1")).toBeUndefined();
+    expect(outcome[6]).toMatchObject({
+      error: expect.objectContaining({ kind: "invalid", param: "end.id" }),
+    });
+    expect(await ctx.store.calls.getCall(p, "new1")).toMatchObject({
+      ended_at: expect.any(String),
+    });
+    expect((await ctx.store.calls.getCall(p, "b5"))?.trace_id).toBe("trace-1");
 
-    const twice = [
+    const twice = await ctx.store.calls.upsertBatch([
       { mode: "start" as const, start: start(p, "dup") },
       { mode: "start" as const, start: start(p, "dup", { op_name: "changed" }) },
-    ];
-    await expect(ctx.store.calls.upsertBatch(twice)).rejects.toBeInstanceOf(ConflictError);
+    ]);
+    expect(twice[0]).toEqual({ ok: true, id: "dup", trace_id: "t" });
+    expect(twice[1]).toMatchObject({ ok: false, error: expect.any(ConflictError) });
+    expect((await ctx.store.calls.getCall(p, "dup"))?.op_name).toBe("op");
   });
 
   it("when overlapping batches arrive at once on separate handles, then none deadlocks and all land", async () => {
@@ -715,4 +737,389 @@ describeBackends("prices", (ctx) => {
     await ctx.store.prices.delete(null, a.id);
     expect(await ctx.store.prices.list({ model, project_id: "e/p" })).toEqual([]);
   });
+});
+
+/** Two traces of four calls each: `ra` → `a1`, `a2` → `a3`, and `rb` → `b1` → `b2` → `b3`. */
+const TWO_TRACES: SeedCall[] = [
+  { id: "ra", trace: "ta", usage: { A: { prompt_tokens: 1, completion_tokens: 1 } } },
+  { id: "a1", trace: "ta", parent: "ra", usage: { A: { prompt_tokens: 2 } } },
+  { id: "a2", trace: "ta", parent: "ra", usage: { B: { prompt_tokens: 3 } } },
+  { id: "a3", trace: "ta", parent: "a2", ended: false },
+  { id: "rb", trace: "tb", usage: { A: { prompt_tokens: 10 } } },
+  { id: "b1", trace: "tb", parent: "rb", usage: { A: { completion_tokens: 20 } } },
+  { id: "b2", trace: "tb", parent: "b1" },
+  { id: "b3", trace: "tb", parent: "b2", usage: { B: { prompt_tokens: 30, total_tokens: 99 } } },
+];
+
+const TWO_TRACES_USAGE = {
+  ra: {
+    A: usage({ requests: 2, prompt_tokens: 3, completion_tokens: 1, total_tokens: 4 }),
+    B: usage({ requests: 1, prompt_tokens: 3, total_tokens: 3 }),
+  },
+  rb: {
+    A: usage({ requests: 2, prompt_tokens: 10, completion_tokens: 20, total_tokens: 30 }),
+    B: usage({ requests: 1, prompt_tokens: 30, total_tokens: 99 }),
+  },
+};
+
+interface BatchCase {
+  name: string;
+  calls: SeedCall[];
+  ids: string[];
+  limit: number;
+  /** The usage expected, or the trace that alone does not fit. */
+  expected: Record<string, Record<string, ModelUsage>> | { tooLarge: string; matched: number };
+  unfinished?: string[];
+}
+
+const BATCH_CASES: BatchCase[] = [
+  ...[4, 5, 8, 10000].map((limit) => ({
+    name: `two 4-call traces with limit ${limit} are answered in full`,
+    calls: TWO_TRACES,
+    ids: ["ra", "rb"],
+    limit,
+    expected: TWO_TRACES_USAGE,
+    unfinished: ["a3"],
+  })),
+  {
+    name: "a 4-call trace with limit 3 does not fit",
+    calls: TWO_TRACES,
+    ids: ["rb"],
+    limit: 3,
+    expected: { tooLarge: "tb", matched: 4 },
+  },
+  {
+    name: "a root and its descendants in one request count their trace once",
+    calls: TWO_TRACES,
+    ids: ["a2", "ra", "a3", "ra", "b2"],
+    limit: 4,
+    expected: {
+      a2: { B: usage({ requests: 1, prompt_tokens: 3, total_tokens: 3 }) },
+      ra: TWO_TRACES_USAGE.ra,
+      a3: {},
+      b2: { B: usage({ requests: 1, prompt_tokens: 30, total_tokens: 99 }) },
+    },
+    unfinished: ["a3"],
+  },
+  {
+    name: "a child in another trace is its parent's descendant, and counts toward the batch",
+    calls: [
+      { id: "r", trace: "t1", usage: { A: { prompt_tokens: 1 } } },
+      { id: "r1", trace: "t1", parent: "r", usage: { A: { prompt_tokens: 2 } } },
+      { id: "x", trace: "t2", parent: "r1", usage: { A: { prompt_tokens: 4 } } },
+      { id: "y", trace: "t2", parent: "x", usage: { B: { prompt_tokens: 8 } }, ended: false },
+    ],
+    ids: ["r", "x"],
+    limit: 4,
+    expected: {
+      r: {
+        A: usage({ requests: 3, prompt_tokens: 7, total_tokens: 7 }),
+      },
+      x: { A: usage({ requests: 1, prompt_tokens: 4, total_tokens: 4 }) },
+    },
+    unfinished: ["y"],
+  },
+  {
+    name: "a trace whose descendants in another trace overflow the limit does not fit",
+    calls: [
+      { id: "r", trace: "t1" },
+      { id: "r1", trace: "t1", parent: "r" },
+      { id: "x", trace: "t2", parent: "r1" },
+      { id: "y", trace: "t2", parent: "x" },
+    ],
+    ids: ["r"],
+    limit: 3,
+    expected: { tooLarge: "t1", matched: 4 },
+  },
+  {
+    name: "two traces of a root and a crossing child split into batches by bisection",
+    calls: [
+      { id: "r", trace: "t1", usage: { A: { prompt_tokens: 1 } } },
+      { id: "x", trace: "t2", parent: "r", usage: { A: { prompt_tokens: 4 } } },
+      { id: "s", trace: "t3", usage: { A: { prompt_tokens: 16 } } },
+    ],
+    ids: ["r", "s"],
+    limit: 2,
+    expected: {
+      r: { A: usage({ requests: 2, prompt_tokens: 5, total_tokens: 5 }) },
+      s: { A: usage({ requests: 1, prompt_tokens: 16, total_tokens: 16 }) },
+    },
+  },
+  {
+    name: "two parentless calls in one trace are two roots",
+    calls: [
+      { id: "p", trace: "t", usage: { A: { prompt_tokens: 1 } } },
+      { id: "q", trace: "t", usage: { A: { prompt_tokens: 2 } } },
+      { id: "q1", trace: "t", parent: "q", usage: { A: { prompt_tokens: 4 } } },
+    ],
+    ids: ["p", "q"],
+    limit: 3,
+    expected: {
+      p: { A: usage({ requests: 1, prompt_tokens: 1, total_tokens: 1 }) },
+      q: { A: usage({ requests: 2, prompt_tokens: 6, total_tokens: 6 }) },
+    },
+  },
+  {
+    name: "a cycle of parents belongs to no root, and its members count each other",
+    calls: [
+      { id: "r", trace: "t", usage: { A: { prompt_tokens: 1 } } },
+      { id: "c1", trace: "t", parent: "c2", usage: { A: { prompt_tokens: 2 } } },
+      { id: "c2", trace: "t", parent: "c1", usage: { A: { prompt_tokens: 4 } } },
+    ],
+    ids: ["r", "c1"],
+    limit: 3,
+    expected: {
+      r: { A: usage({ requests: 1, prompt_tokens: 1, total_tokens: 1 }) },
+      c1: { A: usage({ requests: 2, prompt_tokens: 6, total_tokens: 6 }) },
+    },
+  },
+];
+
+describeBackends("callUsage in batches", (ctx) => {
+  describe.each(BATCH_CASES)("$name", (c) => {
+    it("then the answer is whole, or LimitExceededError names the trace", async () => {
+      const p = unique("ent/proj");
+      await ctx.store.calls.upsertBatch(batch(p, c.calls));
+      const asked = ctx.store.calls.callUsage(p, c.ids, { limit: c.limit });
+      if ("tooLarge" in c.expected) {
+        const err = await asked.catch((e: unknown) => e);
+        expect(err).toBeInstanceOf(LimitExceededError);
+        expect(err).toMatchObject({
+          traceId: c.expected.tooLarge,
+          matched: c.expected.matched,
+          limit: c.limit,
+        });
+        expect((err as Error).message).toMatch(
+          new RegExp(`"${c.expected.tooLarge}".*limit of ${c.limit}.*larger limit`),
+        );
+        return;
+      }
+      const result = await asked;
+      expect(result.call_usage).toEqual(c.expected);
+      expect(result.unfinished_call_ids).toEqual(c.unfinished ?? []);
+    });
+  });
+
+  it("when a trace's calls arrive children first, then they link to its root as their parents arrive", async () => {
+    const p = unique("ent/proj");
+    const calls: SeedCall[] = [
+      { id: "r", usage: { A: { prompt_tokens: 1 } } },
+      { id: "m", parent: "r", usage: { A: { prompt_tokens: 2 } } },
+      { id: "l1", parent: "m", usage: { A: { prompt_tokens: 4 } } },
+      { id: "l2", parent: "m", usage: { B: { prompt_tokens: 8 } } },
+    ];
+    // Leaves first, then the middle, then the root: three batches, each a different order.
+    for (const ids of [["l2", "l1"], ["m"], ["r"]]) {
+      await ctx.store.calls.upsertBatch(
+        batch(
+          p,
+          ids.map((id) => calls.find((c) => c.id === id)!),
+        ),
+      );
+    }
+    const links = await ctx.store.sql.query<{ id: string; link: number }>(
+      "SELECT id, link FROM calls WHERE project_id = $1 ORDER BY id",
+      [p],
+    );
+    expect(links.map((l) => [l.id, Number(l.link)])).toEqual([
+      ["l1", 1],
+      ["l2", 1],
+      ["m", 1],
+      ["r", 2],
+    ]);
+    const result = await ctx.store.calls.callUsage(p, ["r", "m"], { includeCosts: true });
+    expect(result.call_usage.r?.A?.prompt_tokens).toBe(7);
+    expect(result.call_usage.r?.B?.prompt_tokens).toBe(8);
+    expect(result.call_usage.m?.A?.prompt_tokens).toBe(6);
+  });
+
+  it("when a call ends again, then its usage is the new end's", async () => {
+    const p = unique("ent/proj");
+    await ctx.store.calls.upsertBatch(batch(p, TREE));
+    await ctx.store.calls.endCall({
+      project_id: p,
+      id: "grandchild",
+      ended_at: T0,
+      summary: { usage: { C: { prompt_tokens: 5 } } },
+    });
+    const result = await ctx.store.calls.callUsage(p, ["root"]);
+    expect(result.call_usage.root?.C?.prompt_tokens).toBe(5);
+    expect(result.call_usage.root?.A?.requests).toBe(2);
+    const days = await ctx.store.calls.usageByDay(p, "2026-03-01", "2026-03-01");
+    expect(days["2026-03-01"]?.C?.prompt_tokens).toBe(5);
+  });
+
+  it("when a project's calls were stored before usage rows existed, then migrating to version 5 sums them alike", async () => {
+    const dir = join(ctx.dataDir, "v4");
+    mkdirSync(dir, { recursive: true });
+    const fresh =
+      ctx.backend === "sqlite"
+        ? new SqliteSql({ path: join(dir, "arbor.db") })
+        : new PostgresSql({ connectionString: PG_URL, schema: `${ctx.schema}_v4` });
+    if (ctx.backend === "postgres") await fresh.exec(`CREATE SCHEMA ${ctx.schema}_v4`);
+    try {
+      await migrate(fresh, MIGRATIONS.slice(0, 4));
+      const rows: [string, string | null, string | null, string | null, string | null][] = [
+        // id, parent, summary, usage_json (null: ended before version 4), deleted_at
+        ["r", null, JSON.stringify({ usage: { A: { prompt_tokens: 1 }, Z: {} } }), "{}", null],
+        ["c", "r", JSON.stringify({ usage: { A: { input_tokens: 2, requests: 3 } } }), null, null],
+        ["d", "c", JSON.stringify({ usage: { B: { prompt_tokens: 4 } } }), null, null],
+        ["gone", "r", JSON.stringify({ usage: { A: { prompt_tokens: 100 } } }), null, T0],
+        ["odd", "r", JSON.stringify({ usage: "oops", other: [1] }), null, null],
+      ];
+      for (const [id, parent, summary, usageJson, deleted] of rows) {
+        await fresh.exec(
+          `INSERT INTO calls (project_id, id, trace_id, parent_id, op_name, started_at, ended_at,
+             summary, usage_json, deleted_at, started, start_hash)
+           VALUES ('e/p', $1, 't', $2, 'op', $3, $3, $4, $5, $6, 1, 'h')`,
+          [id, parent, T0, summary, usageJson, deleted],
+        );
+      }
+      expect(await migrate(fresh)).toEqual([5]);
+      await fresh.close();
+      const store = await openStore(
+        ctx.backend === "sqlite"
+          ? { dataDir: dir }
+          : { databaseUrl: PG_URL, schema: `${ctx.schema}_v4`, blobDir: join(dir, "blobs") },
+      );
+      try {
+        const result = await store.calls.callUsage("e/p", ["r", "c"]);
+        expect(result.call_usage).toEqual({
+          r: {
+            A: usage({ requests: 4, prompt_tokens: 3, total_tokens: 3 }),
+            B: usage({ requests: 1, prompt_tokens: 4, total_tokens: 4 }),
+          },
+          c: {
+            A: usage({ requests: 3, prompt_tokens: 2, total_tokens: 2 }),
+            B: usage({ requests: 1, prompt_tokens: 4, total_tokens: 4 }),
+          },
+        });
+        const links = await store.sql.query<{ id: string; link: number }>(
+          "SELECT id, link FROM calls WHERE deleted_at IS NULL ORDER BY id",
+        );
+        expect(links.map((l) => [l.id, Number(l.link)])).toEqual([
+          ["c", 1],
+          ["d", 1],
+          ["odd", 1],
+          ["r", 2],
+        ]);
+      } finally {
+        await store.close();
+      }
+    } finally {
+      if (ctx.backend === "postgres")
+        await ctx.store.sql.exec(`DROP SCHEMA IF EXISTS ${ctx.schema}_v4 CASCADE`);
+    }
+  });
+});
+
+/** A small deterministic PRNG, so a failing forest can be replayed from its seed. */
+function prng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return s / 2 ** 32;
+  };
+}
+
+describeBackends("callUsage against a walk of every parent link", (ctx) => {
+  it.each([1, 2, 3, 4, 5, 6])(
+    "when forest %i arrives in random order, with crossings, orphans, cycles and deletes, then every answer equals the walk",
+    async (seed) => {
+      const random = prng(seed);
+      const pick = <T>(list: readonly T[]): T => list[Math.floor(random() * list.length)]!;
+      const p = unique("ent/forest");
+      const calls: SeedCall[] = [];
+      for (let i = 0; i < 60; i++) {
+        const trace = `t${Math.floor(random() * 4)}`;
+        const sameTrace = calls.filter((c) => c.trace === trace);
+        const roll = random();
+        const parent =
+          i === 0 || roll < 0.15
+            ? undefined
+            : roll < 0.2
+              ? `ghost${i}`
+              : roll < 0.27
+                ? pick(calls).id // maybe another trace
+                : roll < 0.3
+                  ? `n${i + 1 + Math.floor(random() * 5)}` // a later call: cycles, children first
+                  : sameTrace.length > 0
+                    ? pick(sameTrace).id
+                    : undefined;
+        calls.push({
+          id: `n${i}`,
+          trace,
+          parent,
+          ended: random() > 0.1,
+          usage:
+            random() < 0.8
+              ? { [pick(["A", "B", "C"])]: { prompt_tokens: 1 + Math.floor(random() * 9) } }
+              : undefined,
+        });
+      }
+      // Several batches, each in shuffled order.
+      const items = batch(p, calls).sort(() => random() - 0.5);
+      for (let i = 0; i < items.length; i += 17)
+        await ctx.store.calls.upsertBatch(items.slice(i, i + 17));
+      const deleted = [pick(calls).id, pick(calls).id];
+      await ctx.store.calls.deleteCalls(p, deleted);
+
+      // The walk: every visible call's children by parent link, whatever their trace.
+      const visible = new Map<string, SeedCall>();
+      for (const c of await ctx.store.calls.queryCalls(p, {}, 1000)) {
+        visible.set(c.id, calls.find((s) => s.id === c.id)!);
+      }
+      const children = new Map<string, string[]>();
+      for (const c of visible.values()) {
+        if (!c.parent) continue;
+        children.set(c.parent, [...(children.get(c.parent) ?? []), c.id]);
+      }
+      const walk = (id: string) => {
+        const seen = new Set<string>([id]);
+        const queue = [id];
+        while (queue.length > 0)
+          for (const child of children.get(queue.shift()!) ?? [])
+            if (!seen.has(child)) {
+              seen.add(child);
+              queue.push(child);
+            }
+        return seen;
+      };
+      for (let round = 0; round < 4; round++) {
+        const ids = Array.from({ length: 1 + Math.floor(random() * 6) }, () => pick(calls).id);
+        const expected: Record<string, Record<string, ModelUsage>> = {};
+        const unfinished = new Set<string>();
+        for (const id of ids) {
+          expected[id] = {};
+          if (!visible.has(id)) continue;
+          for (const member of walk(id)) {
+            const c = visible.get(member)!;
+            if (c.ended === false) {
+              unfinished.add(member);
+              continue;
+            }
+            for (const [model, u] of Object.entries(
+              (c.usage ?? {}) as Record<string, { prompt_tokens: number }>,
+            )) {
+              expected[id]![model] ??= usage({});
+              const sum = expected[id]![model]!;
+              sum.requests += 1;
+              sum.prompt_tokens += u.prompt_tokens;
+              sum.total_tokens += u.prompt_tokens;
+            }
+          }
+        }
+        for (const limit of [1_000_000, 12]) {
+          const answer = await ctx.store.calls
+            .callUsage(p, ids, { limit })
+            .catch((e: unknown) => e);
+          if (answer instanceof LimitExceededError && limit < 1_000_000) continue;
+          expect(answer).toEqual({
+            call_usage: expected,
+            unfinished_call_ids: [...unfinished].sort(),
+          });
+        }
+      }
+    },
+  );
 });

@@ -1,6 +1,7 @@
 import { type ArborClient, unwrap } from "@arbor/client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { PG_URL, pgSkipReason } from "./pg.ts";
 
 let server: RunningServer;
 let client: ArborClient;
@@ -128,38 +129,54 @@ describe("upsertCallBatch", () => {
     ]);
   });
 
-  it("when one start in a batch conflicts, then 409 and nothing of the batch is applied", async () => {
+  it("when one start in a batch conflicts, then that item is reported and the others are stored", async () => {
     const project = "default/b2";
     await client.calls.start({ start: start(project, "taken", { trace_id: "t" }) });
+    const result = await client.calls.upsertBatch({
+      batch: [
+        { mode: "start", req: { start: start(project, "fresh", { trace_id: "t" }) } },
+        {
+          mode: "start",
+          req: { start: start(project, "taken", { trace_id: "t", op_name: "changed" }) },
+        },
+      ],
+    });
+    expect(result).toEqual({
+      res: [{ id: "fresh", trace_id: "t" }, null],
+      errors: [
+        {
+          index: 1,
+          loc: ["body", "batch", 1, "req", "start"],
+          msg: "Call taken already exists with different content",
+          type: "conflict",
+        },
+      ],
+    });
+    expect((await query(project)).calls.map((c) => [c.id, c.op_name])).toEqual([
+      ["fresh", "agent.step"],
+      ["taken", "agent.step"],
+    ]);
+  });
+
+  it("when the body itself is malformed, then 422 and nothing is stored", async () => {
+    for (const body of [{}, { batch: [] }, { batch: "x" }]) {
+      const { response, error } = await client.POST("/call/upsert_batch", { body: body as never });
+      expect(response.status).toBe(422);
+      expect((error as { detail: { loc: unknown[] }[] }).detail[0]!.loc[0]).toBe("body");
+    }
+  });
+
+  it("when an item names a project of another entity, then 403 and nothing is stored", async () => {
     const { response } = await client.POST("/call/upsert_batch", {
       body: {
         batch: [
-          { mode: "start", req: { start: start(project, "fresh", { trace_id: "t" }) } },
-          {
-            mode: "start",
-            req: { start: start(project, "taken", { trace_id: "t", op_name: "changed" }) },
-          },
+          { mode: "start", req: { start: start("default/b4", "mine") } },
+          { mode: "start", req: { start: start("nobody/p", "theirs") } },
         ],
       },
     });
-    expect(response.status).toBe(409);
-    expect((await query(project)).calls.map((c) => c.id)).toEqual(["taken"]);
-  });
-
-  it("when an item is invalid, then 422 locating it by index", async () => {
-    const { response, error } = await client.POST("/call/upsert_batch", {
-      body: {
-        batch: [
-          { mode: "start", req: { start: start("default/b3", "ok") } },
-          { mode: "start", req: { start: { project_id: "default/b3" } } },
-        ],
-      } as never,
-    });
-    expect(response.status).toBe(422);
-    const detail = (error as { detail: { loc: unknown[] }[] }).detail;
-    expect(detail.some((d) => d.loc[0] === "body" && d.loc[1] === "batch" && d.loc[2] === 1)).toBe(
-      true,
-    );
+    expect(response.status).toBe(403);
+    expect((await query("default/b4")).calls).toEqual([]);
   });
 });
 
@@ -242,4 +259,175 @@ describe("deleteCalls", () => {
     });
     expect((await query("default/d2")).calls.map((c) => c.id)).toEqual(["keep"]);
   });
+});
+
+/** The same checks on each store: SQLite, and PostgreSQL when it answers. */
+const STORES = [
+  { store: "SQLite", postgres: undefined },
+  { store: "PostgreSQL", postgres: { url: PG_URL } },
+];
+
+describe.each(STORES)("tolerant ingestion on $store", ({ store, postgres }) => {
+  const skip = store === "PostgreSQL" && pgSkipReason !== null;
+  let own: RunningServer;
+  let api: ArborClient;
+  beforeAll(async () => {
+    if (skip) return;
+    own = await startServer({}, postgres ? { postgres } : {});
+    api = own.authorizedClient();
+  });
+  afterAll(() => (skip ? undefined : own.close()));
+
+  const project = "default/tolerant";
+  const rows = async () =>
+    (await api.calls.query({ project_id: project, limit: 100 })).calls.map((c) => ({
+      id: c.id,
+      inputs: c.inputs,
+      attributes: c.attributes,
+      output: c.output,
+      summary: c.summary,
+    }));
+
+  it.skipIf(skip)(
+    "when free-form fields hold any JSON, malformed usage included, then the calls are stored as sent and answer 200",
+    async () => {
+      const odd = {
+        inputs: "a bare string",
+        attributes: [1, "two", null],
+      };
+      expect(
+        await api.calls.start({ start: start(project, "free", { trace_id: "f", ...odd }) }),
+      ).toEqual({ id: "free", trace_id: "f" });
+      const summary = {
+        usage: { "some-model": "oops", m: { prompt_tokens: "12", completion_tokens: 3 }, z: {} },
+        note: [true],
+      };
+      expect(
+        await api.calls.end({ end: end(project, "free", { output: 42, summary } as never) }),
+      ).toEqual({});
+      const { response, data } = await api.POST("/call/end", {
+        body: { end: end(project, "free", { summary: "not even an object" as never }) },
+      });
+      expect([response.status, data]).toEqual([200, {}]);
+      expect(await rows()).toEqual([
+        { id: "free", ...odd, output: null, summary: "not even an object" },
+      ]);
+      await api.calls.end({ end: end(project, "free", { output: 42, summary } as never) });
+      expect(await rows()).toEqual([{ id: "free", ...odd, output: 42, summary }]);
+      // Only numbers count: m has one request and 3 completion tokens; the rest count nothing.
+      expect(
+        (await api.calls.usage({ project_id: project, call_ids: ["free"] })).call_usage,
+      ).toEqual({
+        free: {
+          m: {
+            requests: 1,
+            prompt_tokens: 0,
+            completion_tokens: 3,
+            total_tokens: 3,
+            cache_read_input_tokens: 0,
+            cache_creation_input_tokens: 0,
+            prompt_tokens_total_cost: null,
+            completion_tokens_total_cost: null,
+            cache_read_input_tokens_total_cost: null,
+            cache_creation_input_tokens_total_cost: null,
+          },
+        },
+      });
+    },
+  );
+
+  it.skipIf(skip)(
+    "when a structural field is bad, then /call/start and /call/end still answer 422 locating it",
+    async () => {
+      for (const [path, body, loc] of [
+        ["/call/start", { start: start(project, "x", { started_at: "yesterday" }) }, "started_at"],
+        ["/call/start", { start: start(project, "x", { id: "" }) }, "id"],
+        ["/call/end", { end: end(project, "x", { ended_at: 5 }) }, "ended_at"],
+        ["/call/end", { end: end("no-slash", "x") }, "project_id"],
+      ] as const) {
+        const { response, error } = await api.POST(path as "/call/start", { body: body as never });
+        expect(response.status).toBe(422);
+        expect((error as { detail: { loc: unknown[] }[] }).detail[0]!.loc.at(-1)).toBe(loc);
+      }
+    },
+  );
+
+  interface BadItem {
+    name: string;
+    item: unknown;
+    /** Where the first error is, under `["body", "batch", index]`, and its type. */
+    loc: (string | number)[];
+    type: string;
+  }
+
+  const BAD_ITEMS: BadItem[] = [
+    {
+      name: "a start without op_name",
+      item: {
+        mode: "start",
+        req: { start: { project_id: project, id: "b1", started_at: "2026-11-01T10:00:00Z" } },
+      },
+      loc: ["req", "start", "op_name"],
+      type: "missing",
+    },
+    {
+      name: "a start whose started_at is not a date-time",
+      item: { mode: "start", req: { start: start(project, "b2", { started_at: "noon" }) } },
+      loc: ["req", "start", "started_at"],
+      type: "format",
+    },
+    {
+      name: "an end whose project_id is not <entity>/<project>",
+      item: { mode: "end", req: { end: end("nope", "b3") } },
+      loc: ["req", "end", "project_id"],
+      type: "string_pattern_mismatch",
+    },
+    {
+      name: "an item with an unknown mode",
+      item: { mode: "update", req: {} },
+      loc: ["mode"],
+      type: "enum",
+    },
+    { name: "an item that is not an object", item: "start", loc: [], type: "dict_type" },
+    {
+      name: "a start whose id holds a NUL",
+      item: { mode: "start", req: { start: start(project, "nul\u0000") } },
+      loc: ["req", "start", "id"],
+      type: "value_error",
+    },
+  ];
+
+  it.skipIf(skip).each(BAD_ITEMS)(
+    "when one item of a batch is $name, then its index is reported and the others are stored",
+    async ({ item, loc, type }) => {
+      const p = `default/batch-${type}`;
+      const result = await api.calls.upsertBatch({
+        batch: [
+          { mode: "start", req: { start: start(p, "before", { trace_id: "t", summary: 1 }) } },
+          item as never,
+          { mode: "end", req: { end: end(p, "before", { summary: { usage: { m: "x" } } }) } },
+          {
+            mode: "start",
+            req: { start: start(p, "after", { trace_id: "t", parent_id: "before" }) },
+          },
+        ],
+      });
+      expect(result.res).toEqual([
+        { id: "before", trace_id: "t" },
+        null,
+        {},
+        { id: "after", trace_id: "t" },
+      ]);
+      expect(result.errors.length).toBeGreaterThan(0);
+      expect(result.errors.every((e) => e.index === 1)).toBe(true);
+      expect(result.errors[0]).toMatchObject({ loc: ["body", "batch", 1, ...loc], type });
+      const calls = (await api.calls.query({ project_id: p })).calls;
+      expect(calls.map((c) => [c.id, c.ended_at !== null])).toEqual(
+        [
+          ["after", false],
+          ["before", true],
+        ].sort(),
+      );
+    },
+  );
 });

@@ -1,6 +1,7 @@
 import { type ArborClient, unwrap } from "@arbor/client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { PG_URL, pgSkipReason } from "./pg.ts";
 
 let server: RunningServer;
 let client: ArborClient;
@@ -358,14 +359,16 @@ describe("getCallsUsage", () => {
     expect(error).toEqual({ detail: 'This API key may not act for entity "default".' });
   });
 
-  it("when the traces hold more calls than limit, then 413 says how many and asks for smaller batches", async () => {
+  it("when a trace holds more calls than limit, then 413 names the trace and the limit and asks for a larger one", async () => {
     const project = "default/limit";
     await ingest(project, threeLevels);
     const { response, error } = await client.POST("/calls/usage", {
       body: { project_id: project, call_ids: ["root"], limit: 2 },
     });
     expect(response.status).toBe(413);
-    expect((error as { detail: string }).detail).toMatch(/3 calls.*limit of 2/);
+    expect((error as { detail: string }).detail).toMatch(
+      /Trace "t" alone holds 3 calls, more than the limit of 2 .* a larger limit/,
+    );
     const ok = await client.POST("/calls/usage", {
       body: { project_id: project, call_ids: ["root"], limit: 3 },
     });
@@ -466,4 +469,142 @@ describe("getCallsUsageByDay", () => {
       stranger.client.calls.usageByDay({ project_id: "default/daily-range" }),
     ).rejects.toMatchObject({ status: 403 });
   });
+});
+
+/** The same checks on each store: SQLite, and PostgreSQL when it answers. */
+const STORES = [
+  { store: "SQLite", postgres: undefined },
+  { store: "PostgreSQL", postgres: { url: PG_URL } },
+];
+
+/** Two traces of four calls: `ra` → `a1`, `a2` → `a3` (unfinished), `rb` → `b1` → `b2` → `b3`. */
+const twoTraces: [string, Node[]][] = [
+  [
+    "ta",
+    [
+      { id: "ra", usage: { m1: { prompt_tokens: 1, completion_tokens: 1 } } },
+      { id: "a1", parent: "ra", usage: { m1: { prompt_tokens: 2 } } },
+      { id: "a2", parent: "ra", usage: { m2: { prompt_tokens: 3 } } },
+      { id: "a3", parent: "a2", ended: false },
+    ],
+  ],
+  [
+    "tb",
+    [
+      { id: "rb", usage: { m1: { prompt_tokens: 10 } } },
+      { id: "b1", parent: "rb", usage: { m1: { completion_tokens: 20 } } },
+      { id: "b2", parent: "b1" },
+      { id: "b3", parent: "b2", usage: { m2: { prompt_tokens: 30, total_tokens: 99 } } },
+    ],
+  ],
+];
+
+const ra = {
+  m1: usage({ requests: 2, prompt: 3, completion: 1, total: 4 }),
+  m2: usage({ requests: 1, prompt: 3, completion: 0, total: 3 }),
+};
+const rb = {
+  m1: usage({ requests: 2, prompt: 10, completion: 20, total: 30 }),
+  m2: usage({ requests: 1, prompt: 30, completion: 0, total: 99 }),
+};
+
+interface LimitCase {
+  name: string;
+  ids: string[];
+  limit: number;
+  /** The usage and unfinished ids, or the 413 detail expected. */
+  expected: { call_usage: Record<string, unknown>; unfinished_call_ids: string[] } | RegExp;
+}
+
+const LIMIT_CASES: LimitCase[] = [
+  ...[4, 5, 8].map((limit) => ({
+    name: `two 4-call traces with limit ${limit}`,
+    ids: ["ra", "rb"],
+    limit,
+    expected: { call_usage: { ra, rb }, unfinished_call_ids: ["a3"] },
+  })),
+  {
+    name: "one 4-call trace with limit 3",
+    ids: ["rb"],
+    limit: 3,
+    expected:
+      /^Trace "tb" alone holds 4 calls, more than the limit of 3 .*ask again with a larger limit\.$/,
+  },
+  {
+    name: "a root, its descendants and a duplicate with limit 4",
+    ids: ["a2", "ra", "a3", "a2", "b3"],
+    limit: 4,
+    expected: {
+      call_usage: {
+        a2: { m2: usage({ requests: 1, prompt: 3, completion: 0, total: 3 }) },
+        ra,
+        a3: {},
+        b3: { m2: usage({ requests: 1, prompt: 30, completion: 0, total: 99 }) },
+      },
+      unfinished_call_ids: ["a3"],
+    },
+  },
+];
+
+describe.each(STORES)("getCallsUsage's limit on $store", ({ store, postgres }) => {
+  const skip = store === "PostgreSQL" && pgSkipReason !== null;
+  let own: RunningServer;
+  let api: ArborClient;
+  const project = "default/limits";
+  beforeAll(async () => {
+    if (skip) return;
+    own = await startServer({}, postgres ? { postgres } : {});
+    api = own.authorizedClient();
+    for (const [trace, nodes] of twoTraces) {
+      const items = nodes.flatMap((n) => [
+        {
+          mode: "start" as const,
+          req: {
+            start: {
+              project_id: project,
+              id: n.id,
+              trace_id: trace,
+              parent_id: n.parent ?? null,
+              op_name: "op",
+              started_at: "2026-11-01T00:00:00Z",
+            },
+          },
+        },
+        ...(n.ended === false
+          ? []
+          : [
+              {
+                mode: "end" as const,
+                req: {
+                  end: {
+                    project_id: project,
+                    id: n.id,
+                    ended_at: "2026-11-01T00:00:01Z",
+                    summary: n.usage ? { usage: n.usage } : {},
+                  },
+                },
+              },
+            ]),
+      ]);
+      // Children before their parents: the order of arrival changes nothing.
+      expect((await api.calls.upsertBatch({ batch: items.reverse() })).errors).toEqual([]);
+    }
+  });
+  afterAll(() => (skip ? undefined : own.close()));
+
+  it.skipIf(skip).each(LIMIT_CASES)(
+    "when asked for $ids with $name, then the answer is whole or 413",
+    async ({ ids, limit, expected }) => {
+      const { response, data, error } = await api.POST("/calls/usage", {
+        body: { project_id: project, call_ids: ids, limit },
+      });
+      if (expected instanceof RegExp) {
+        expect(response.status).toBe(413);
+        expect((error as { detail: string }).detail).toMatch(expected);
+        return;
+      }
+      expect(response.status).toBe(200);
+      expect(data).toEqual(expected);
+    },
+  );
 });

@@ -15,6 +15,7 @@ export function callsHandlers(store: Store): Handlers {
       await calls.endCall(body.end);
       return {};
     },
+    // The validator checked the body but not its items (see items.ts): each is checked there.
     upsertCallBatch: ({ body, principal }) => upsertBatch(calls, principal, body.batch),
     queryCalls: async ({ body, principal }) => {
       const project = authorizeProject(principal, body.project_id);

@@ -1,6 +1,7 @@
 import type { components } from "@arbor/spec/schema";
-import type { Call, CallBatchItem, CallsRepo, Json } from "@arbor/store";
+import type { Call, CallBatchItem, CallsRepo } from "@arbor/store";
 import { type Principal, projectFor } from "../access.ts";
+import { checkBatchItem } from "./items.ts";
 
 type Schemas = components["schemas"];
 
@@ -21,35 +22,69 @@ export function callToWire(call: Call): Schemas["Call"] {
     display_name: call.display_name,
     started_at: call.started_at,
     ended_at: call.ended_at,
-    inputs: asObject(call.inputs),
+    inputs: call.inputs ?? {},
     output: call.output,
     exception: call.exception,
-    attributes: asObject(call.attributes),
-    summary: asObject(call.summary),
+    attributes: call.attributes ?? {},
+    // Any JSON value, as sent (the spec's CallSummary types the usual object shape).
+    summary: (call.summary ?? {}) as Schemas["Call"]["summary"],
   };
 }
 
-function asObject(value: Json): Record<string, unknown> {
-  return typeof value === "object" && value !== null && !Array.isArray(value) ? value : {};
+type BatchResponse = Schemas["CallUpsertBatchResponse"];
+
+/** Where a store error's `param` (`start.started_at`) is in an item's request. */
+function locOfParam(index: number, param: string | null): (string | number)[] {
+  return ["body", "batch", index, "req", ...(param ? param.split(".") : [])];
 }
 
-type BatchItem = Schemas["CallUpsertBatchRequest"]["batch"][number];
-
-/** Applies a batch in one transaction; answers one entry per item, in order. */
-export async function upsertBatch(calls: CallsRepo, principal: Principal, batch: BatchItem[]) {
-  const items: CallBatchItem[] = batch.map((item) => {
-    if (item.mode === "start") {
-      const start = (item.req as Schemas["CallStartRequest"]).start;
-      authorizeProject(principal, start.project_id);
-      return { mode: "start", start };
+/**
+ * Applies a batch in one transaction and answers per item, in order (ADR 35): each item is
+ * checked against the spec on its own, and an item that fails, or that the store refuses (a
+ * start that conflicts), is reported in `errors` while every other item is stored. A project
+ * the key may not act for refuses the whole request (403), before anything is stored.
+ */
+export async function upsertBatch(
+  calls: CallsRepo,
+  principal: Principal,
+  batch: unknown[],
+): Promise<BatchResponse> {
+  const errors: BatchResponse["errors"][] = new Array(batch.length);
+  const items: CallBatchItem[] = [];
+  const positions: number[] = [];
+  for (const [index, raw] of batch.entries()) {
+    const checked = checkBatchItem(raw, index);
+    if (!checked.ok) {
+      errors[index] = checked.issues.map((issue) => ({ index, ...issue }));
+      continue;
     }
-    const end = (item.req as Schemas["CallEndRequest"]).end;
-    authorizeProject(principal, end.project_id);
-    return { mode: "end", end };
-  });
-  const started = await calls.upsertBatch(items);
-  let next = 0;
-  return {
-    res: items.map((item) => (item.mode === "start" ? started[next++]! : {})),
-  };
+    const { item } = checked;
+    if (item.mode === "start") {
+      authorizeProject(principal, item.req.start.project_id);
+      items.push({ mode: "start", start: item.req.start });
+    } else {
+      authorizeProject(principal, item.req.end.project_id);
+      items.push({ mode: "end", end: item.req.end });
+    }
+    positions.push(index);
+  }
+  const res: BatchResponse["res"] = new Array(batch.length).fill(null);
+  const results = items.length > 0 ? await calls.upsertBatch(items) : [];
+  for (const [k, result] of results.entries()) {
+    const index = positions[k]!;
+    if (result.ok) {
+      res[index] = "id" in result ? { id: result.id, trace_id: result.trace_id } : {};
+    } else {
+      const { error } = result;
+      errors[index] = [
+        {
+          index,
+          loc: locOfParam(index, error.kind === "conflict" ? "start" : error.param),
+          msg: error.message,
+          type: error.kind === "conflict" ? "conflict" : "value_error",
+        },
+      ];
+    }
+  }
+  return { res, errors: errors.flatMap((e) => e ?? []) };
 }
