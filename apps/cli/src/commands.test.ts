@@ -1,5 +1,7 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
+import type { AddressInfo } from "node:net";
+import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { COMMANDS, run } from "./commands.ts";
@@ -65,11 +67,17 @@ describe("arbor's command line", () => {
   it("when no server listens at the URL, then the error names the URL and how to change it", async () => {
     const { io } = capture();
     const saved = process.env.ARBOR_BASE_URL;
-    // Port 9 (discard) on loopback: nothing listens there in a test run.
-    process.env.ARBOR_BASE_URL = "http://127.0.0.1:9";
+    // A port that was just free: nothing listens there.
+    const probe = createServer();
+    await new Promise<void>((r) => probe.listen(0, "127.0.0.1", r));
+    const { port } = probe.address() as AddressInfo;
+    await new Promise((r) => probe.close(r));
+    process.env.ARBOR_BASE_URL = `http://127.0.0.1:${port}`;
     try {
       await expect(run(["models", "list"], io)).rejects.toThrow(
-        /Could not reach the Arbor server at http:\/\/127\.0\.0\.1:9 .*ARBOR_BASE_URL/,
+        new RegExp(
+          `Could not reach the Arbor server at http://127\\.0\\.0\\.1:${port} \\(connect ECONNREFUSED .*\\).*ARBOR_BASE_URL`,
+        ),
       );
     } finally {
       if (saved === undefined) delete process.env.ARBOR_BASE_URL;

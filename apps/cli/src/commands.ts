@@ -3,6 +3,7 @@ import { createInterface } from "node:readline/promises";
 import { type ParseArgsOptionsConfig, parseArgs } from "node:util";
 import {
   APIConnectionError,
+  APIConnectionTimeoutError,
   type ArborClient,
   AuthenticationError,
   createArborClient,
@@ -539,9 +540,14 @@ function keySource(config: Config): { apiKey?: string; from: string } {
 
 /** A connection or key problem, said in terms of what to change. */
 function explain(err: unknown, config: Config): unknown {
+  if (err instanceof APIConnectionTimeoutError) {
+    return new Error(
+      `The Arbor server at ${serverUrl(config)} did not answer in time (${err.message}). Is it overloaded, or is ARBOR_BASE_URL pointing at something else?`,
+    );
+  }
   if (err instanceof APIConnectionError) {
     return new Error(
-      `Could not reach the Arbor server at ${serverUrl(config)} (${err.cause instanceof Error ? err.cause.message : err.message}). ` +
+      `Could not reach the Arbor server at ${serverUrl(config)} (${rootCause(err)}). ` +
         "Start it with ./scripts/serve, or point the CLI at it with ARBOR_BASE_URL (or the server's ARBOR_HOST and ARBOR_PORT).",
     );
   }
@@ -554,6 +560,14 @@ function explain(err: unknown, config: Config): unknown {
     );
   }
   return err;
+}
+
+/** The innermost cause's message: fetch wraps ECONNREFUSED and the like in "fetch failed". */
+function rootCause(err: Error): string {
+  let cause: unknown = err;
+  while (cause instanceof Error && cause.cause instanceof Error) cause = cause.cause;
+  const e = cause as NodeJS.ErrnoException;
+  return e.code && !e.message.includes(e.code) ? `${e.code}: ${e.message}` : e.message;
 }
 
 /** The candidate nearest to `typed` by edit distance, if it is near enough to be a typo. */

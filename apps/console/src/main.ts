@@ -133,5 +133,10 @@ function header(signedIn: boolean, path = ""): HTMLElement {
   );
 }
 
+// The skip link focuses the content; it is not a route.
+document.querySelector("a.skip")?.addEventListener("click", (event) => {
+  event.preventDefault();
+  document.getElementById("main")?.focus();
+});
 window.addEventListener("hashchange", () => void render());
 void render();

@@ -7,10 +7,13 @@ import { buildServer } from "./server.ts";
  * one line on stderr and exit code 1, never a stack trace or a server that claims to listen. */
 export async function serve(): Promise<void> {
   let server: Awaited<ReturnType<typeof buildServer>>;
+  let dataDir: string | undefined;
   try {
-    server = await buildServer(readConfig());
+    const config = readConfig();
+    dataDir = config.dataDir;
+    server = await buildServer(config);
   } catch (err) {
-    cannotStart(startupReason(err));
+    cannotStart(startupReason(err, dataDir));
   }
   const { config, logger, firstStart } = server;
   if (firstStart) {
@@ -62,7 +65,7 @@ function cannotStart(reason: string): never {
 }
 
 /** What went wrong before the server could listen, said in terms of the setting to change. */
-function startupReason(err: unknown): string {
+function startupReason(err: unknown, dataDir: string | undefined): string {
   const e = err as NodeJS.ErrnoException & { address?: string; port?: number };
   switch (e.code) {
     case "EACCES":
@@ -70,7 +73,10 @@ function startupReason(err: unknown): string {
     case "EPERM":
     case "ENOTDIR":
     case "ENOENT":
-      return `cannot write ${e.path ?? "the data directory"} (${e.code}): set ARBOR_DATA_DIR to a directory this user can write`;
+      // Only a file under the data directory is the data directory's fault.
+      if (e.path && dataDir && (e.path === dataDir || e.path.startsWith(`${dataDir}/`)))
+        return `cannot write ${e.path} (${e.code}): set ARBOR_DATA_DIR to a directory this user can write`;
+      return `cannot read or write ${e.path ?? "a file"} (${e.code})`;
     case "ECONNREFUSED":
     case "ENOTFOUND":
     case "ETIMEDOUT":

@@ -115,6 +115,35 @@ describe("chat.completions.create with stream: true", () => {
     expect(sent).toMatchObject({ stream: true, model: "m" });
   });
 
+  it("when the server keeps the stream open after [DONE], then the iteration still ends, and the body is cancelled", async () => {
+    let cancelled = false;
+    const client = createArborClient({
+      baseUrl: base,
+      fetch: async () => {
+        const body = new ReadableStream<Uint8Array>({
+          start(controller) {
+            const line = `data: ${JSON.stringify({ id: "c", object: "chat.completion.chunk", created: 1, model: "m", choices: [{ index: 0, delta: { content: "x" }, finish_reason: null }] })}\n\ndata: [DONE]\n\n`;
+            controller.enqueue(new TextEncoder().encode(line));
+            // …and never closes.
+          },
+          cancel() {
+            cancelled = true;
+          },
+        });
+        return new Response(body, { headers: { "content-type": "text/event-stream" } });
+      },
+    });
+    const stream = await client.chat.completions.create({
+      model: "m",
+      messages: [],
+      stream: true,
+    });
+    const parts: string[] = [];
+    for await (const c of stream) parts.push(c.choices[0]?.delta.content ?? "");
+    expect(parts).toEqual(["x"]);
+    expect(cancelled).toBe(true);
+  });
+
   it("when an error event arrives after the headers, then it is thrown", async () => {
     const client = createArborClient({
       baseUrl: base,

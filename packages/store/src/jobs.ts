@@ -14,7 +14,7 @@ import {
 } from "./common.ts";
 import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import { inList, listParam, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
+import { inList, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
 
 export type JobType = "rl" | "sft";
 
@@ -468,32 +468,31 @@ export class JobsRepo {
    * `gradient_step` and `training_started` events. */
   async progress(jobIds: readonly string[]): Promise<Map<string, JobProgress>> {
     const out = new Map<string, JobProgress>();
-    if (jobIds.length === 0) return out;
-    const rows = await this.#sql.query(
-      `SELECT e.job_id, e.type, e.data FROM job_events e
-       WHERE ${inList(this.#sql.dialect, "e.job_id", 1)}
-         AND e.type IN ('gradient_step', 'training_started')
-         AND e.sequence = (SELECT MAX(x.sequence) FROM job_events x
-                           WHERE x.job_id = e.job_id AND x.type = e.type)`,
-      [listParam(jobIds)],
-    );
-    const totals = new Map<string, number>();
-    for (const r of rows) {
-      const data = fromJson(String(r.data)) as Record<string, unknown>;
-      const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
-      if (r.type === "training_started") {
-        const total = num(data.num_sequences);
-        if (total !== null) totals.set(String(r.job_id), total);
-      } else {
-        out.set(String(r.job_id), {
-          step: num(data.gradient_step) ?? 0,
-          total_steps: null,
-          loss: num(data.loss),
-          reward: num(data.reward),
-        });
-      }
+    const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+    // Per job, on the (job_id, sequence) key: the last gradient_step walking back from the end
+    // (it is the latest event or nearly), and training_started walking from the start (it is
+    // the first), so a long job's thousands of step events are never read.
+    const one = (jobId: string, type: string, order: "ASC" | "DESC") =>
+      this.#sql.one(
+        `SELECT data FROM job_events WHERE job_id = $1 AND type = $2
+         ORDER BY sequence ${order} LIMIT 1`,
+        [jobId, type],
+      );
+    for (const id of new Set(jobIds)) {
+      const step = await one(id, "gradient_step", "DESC");
+      if (!step) continue;
+      const data = fromJson(String(step.data)) as Record<string, unknown>;
+      const started = await one(id, "training_started", "ASC");
+      const total = started
+        ? num((fromJson(String(started.data)) as Record<string, unknown>).num_sequences)
+        : null;
+      out.set(id, {
+        step: num(data.gradient_step) ?? 0,
+        total_steps: total,
+        loss: num(data.loss),
+        reward: num(data.reward),
+      });
     }
-    for (const [id, p] of out) p.total_steps = totals.get(id) ?? null;
     return out;
   }
 

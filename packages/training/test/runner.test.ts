@@ -199,6 +199,46 @@ describe("TrainingWorker.runJob", () => {
     });
   });
 
+  it("when another cancel overwrites the shared word, then the cancelled job still stops within a step", async () => {
+    const m = await model("cancelled-twice");
+    const text = `${Array.from({ length: 4 }, (_, i) =>
+      JSON.stringify({
+        messages: [
+          { role: "user", content: `Say ${i}` },
+          { role: "assistant", content: `${i}` },
+        ],
+      }),
+    ).join("\n")}\n`;
+    const dataset = await createDataset(store, { entity: "e", name: null, text });
+    const queued = await enqueueSftJob(store, m, {
+      training_data_url: `dataset://${dataset.id}`,
+      config: { batch_size: 1, epochs: 25 },
+    });
+    const activity: TrainingActivity[] = [];
+    const cancelled = new Int32Array(new SharedArrayBuffer(16));
+    const w = new TrainingWorker({
+      store,
+      logger: pino({ level: "silent" }),
+      loadBaseModel: baseModels(),
+      loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
+      cancelled,
+      onActivity: (a) => {
+        activity.push(a);
+        if (a.type === "tokens" && activity.length === 1) {
+          void store.jobs.cancelJob("e", queued.id).then(() => {
+            writeCancelled(cancelled, queued.id);
+            // A second cancel, of another job, before this thread looked.
+            writeCancelled(cancelled, "01900000-0000-7000-8000-000000000000");
+          });
+        }
+      },
+    });
+    const job = await runNext(w);
+    expect(job.status).toBe("cancelled");
+    // The row was checked before the next step's event: at most the step in flight ran.
+    expect(activity.filter((a) => a.type === "tokens").length).toBeLessThanOrEqual(2);
+  });
+
   it("when the data has a bad line, then the job fails before its first step naming the line", async () => {
     const m = await model("bad-data");
     await store.blobs!.put(

@@ -16,7 +16,19 @@ const clientDir = join(root, "packages/client");
 const fixture = join(root, "tests/contract/fixtures/client-consumer");
 const tsc = join(root, "node_modules/typescript/bin/tsc");
 /** The machine's own Node (20 here), beside the project's Node 24 that runs this test. */
-const NODE_20 = "/usr/bin/node";
+const NODE_20 = process.env.ARBOR_NODE_20 ?? "/usr/bin/node";
+/** This machine has a Node 20 to run the consumer under (CI machines do: it is an error there). */
+const node20 = (() => {
+  try {
+    return execFileSync(NODE_20, ["--version"], { encoding: "utf8" }).startsWith("v20.");
+  } catch {
+    return false;
+  }
+})();
+if (!node20 && process.env.CI === "true")
+  throw new Error(
+    `${NODE_20} is not Node 20: set ARBOR_NODE_20 to one for the client-package test.`,
+  );
 
 const run = promisify(execFile);
 
@@ -93,10 +105,7 @@ describe("@arbor/client from its tarball", () => {
     execFileSync(process.execPath, [tsc, "-p", "tsconfig.json"], { cwd: work, stdio: "pipe" });
   }, 60_000);
 
-  it.each([
-    ["Node 24", process.execPath],
-    ["Node 20", NODE_20],
-  ])(
+  it.each([["Node 24", process.execPath], ...(node20 ? [["Node 20", NODE_20]] : [])])(
     "when the consumer runs under %s, then it trains, follows, lists, chats and reads usage",
     async (name, node) => {
       const { stdout: version } = await run(node, ["--version"]);

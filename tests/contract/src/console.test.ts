@@ -226,9 +226,11 @@ describe.skipIf(missing)("the console in a browser", () => {
       const res = await page.request.get(href, { headers: { accept: "text/html" } });
       expect(res.status(), href).toBe(200);
     }
-    // Reloading a section shows that section.
+    // Reloading a section shows that section, not Redoc's "no page at this address".
     await page.goto(`${server.baseUrl}/training-jobs`, { waitUntil: "networkidle" });
     await page.getByText("Arbor API").first().waitFor();
+    expect(new URL(page.url()).pathname).toBe("/training-jobs");
+    expect(await page.getByText("No page at this address").count()).toBe(0);
     expect(problems).toEqual([]);
   }, 120_000);
 });

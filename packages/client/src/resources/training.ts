@@ -362,10 +362,10 @@ export class Events {
       );
       if (!result.response.ok) unwrap(result);
       let ended = false;
-      // After the terminal event the server ends the stream: read on to its end (a cancelled
-      // response reads as aborted in a browser).
-      for await (const event of sseJson<TrainingJobEvent>(result.response)) {
-        if (ended) continue;
+      // The stream ends after the terminal event (read to its end, briefly: see sseJson).
+      for await (const event of sseJson<TrainingJobEvent>(result.response, (e) =>
+        terminalEventTypes.has(e.type),
+      )) {
         yield event;
         after = event.id;
         ended = terminalEventTypes.has(event.type);

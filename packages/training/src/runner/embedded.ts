@@ -181,13 +181,15 @@ export class EmbeddedWorker {
     slot.lastError = cause;
     slot.state = "restarting";
     slot.thread = undefined;
+    const job = slot.job;
+    slot.job = null;
     logger.error(
-      { err: error, code, thread: slot.index, jobId: slot.job },
+      { err: error, code, thread: slot.index, jobId: job },
       `training worker thread ${slot.index} died: ${cause}`,
     );
-    if (slot.job && slot.workerId) {
+    if (job && slot.workerId) {
       const message = `The training worker died while running this job: ${cause}`;
-      await store.jobs.failJob(slot.workerId, slot.job, message).then(
+      await store.jobs.failJob(slot.workerId, job, message).then(
         (job) =>
           this.#options.onActivity?.({
             type: "ended",
@@ -196,7 +198,7 @@ export class EmbeddedWorker {
             seconds: (performance.now() - slot.jobStarted) / 1000,
           }),
         (err: unknown) =>
-          logger.warn({ err, jobId: slot.job }, "could not fail the job of a dead training thread"),
+          logger.warn({ err, jobId: job }, "could not fail the job of a dead training thread"),
       );
     }
     const delay = Math.min(30_000, (this.#options.restartDelayMs ?? 1000) * 2 ** (slot.deaths - 1));

@@ -232,6 +232,15 @@ export class TrainingWorker {
         abort.abort(new Interrupted("the job was cancelled", false));
       abort.signal.throwIfAborted();
     };
+    // After each step, before its event: the row says whether the job is still this worker's.
+    // The shared word only carries the latest cancel of this process, and a separate worker
+    // process has none; this catches every other cancel (and a deleted model) within a step.
+    const held = async () => {
+      interrupt();
+      if (!(await store.jobs.renewLease(workerId, job.id, leaseMs)))
+        abort.abort(new Interrupted("the job was cancelled or deleted", false));
+      abort.signal.throwIfAborted();
+    };
     const renew = setInterval(() => {
       store.jobs
         .renewLease(workerId, job.id, leaseMs)
@@ -245,7 +254,7 @@ export class TrainingWorker {
       log.info("training job started");
       const stepTo =
         job.type === "sft"
-          ? await this.#runSft(job, abort.signal, interrupt)
+          ? await this.#runSft(job, abort.signal, interrupt, held)
           : await this.#runRl(job, abort.signal);
       abort.signal.throwIfAborted();
       await store.jobs.completeJob(workerId, job.id, { step_to: stepTo });
@@ -306,7 +315,12 @@ export class TrainingWorker {
     return { stepFrom, baseId: model.base_model };
   }
 
-  async #runSft(job: TrainingJob, signal: AbortSignal, interrupt: () => void): Promise<number> {
+  async #runSft(
+    job: TrainingJob,
+    signal: AbortSignal,
+    interrupt: () => void,
+    held: () => Promise<void>,
+  ): Promise<number> {
     const { store } = this.#o;
     const spec = sftJobSpec(job);
     const { stepFrom, baseId } = await this.#stepFrom(job);
@@ -360,7 +374,7 @@ export class TrainingWorker {
       ...(adapter ? { adapter } : {}),
       ...(resume ? { resume } : {}),
       onStep: async (progress) => {
-        signal.throwIfAborted();
+        await held();
         this.#o.onActivity?.({
           type: "tokens",
           jobType: "sft",
@@ -368,6 +382,7 @@ export class TrainingWorker {
         });
         await store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
         if (progress.step % every === 0 || progress.step === totalSteps) {
+          interrupt();
           await this.#saveCheckpoint(
             job,
             stepFrom + progress.step,

@@ -44,6 +44,8 @@ export function publicDocuments(spec: OpenApiDocument): Router {
       req.accepts(["application/json", "text/html"]) !== "text/html"
     )
       return next();
+    // The same URL answers an API client otherwise: caches must tell them apart.
+    res.vary("Accept");
     page(req, res);
   });
   return router;
