@@ -68,19 +68,22 @@ describe("EmbeddedWorker", () => {
       expect(job?.error_message).toContain("simulated: JavaScript heap out of memory");
       const events = (await store.jobs.listEvents("e", jobId)).data;
       expect(events.map((e) => e.type)).toEqual(["training_failed"]);
-      await vi.waitFor(() =>
-        expect(worker.health()).toEqual({
-          success: true,
-          error: null,
-          threads: 1,
-          running: 1,
-        }),
+      // A fresh thread loads its store and engine: on a loaded machine that takes seconds.
+      await vi.waitFor(
+        () =>
+          expect(worker.health()).toEqual({
+            success: true,
+            error: null,
+            threads: 1,
+            running: 1,
+          }),
+        { timeout: 30_000, interval: 50 },
       );
     } finally {
       await worker.stop();
       await store.close();
     }
-  });
+  }, 60_000);
 
   it("when a thread keeps dying, then the health reports it restarting with the cause", async () => {
     const { store, dataDir, jobId } = await runningJob();
