@@ -4,13 +4,7 @@ import { ConflictError, InvalidInputError, LimitExceededError } from "./errors.t
 import { uuidv7 } from "./ids.ts";
 import { isoDate } from "./prices.ts";
 import { type Dialect, inList, listParam, type Row, type Sql, type SqlValue } from "./sql.ts";
-import {
-  insertUsageRows,
-  storableText,
-  USAGE_COLUMNS,
-  usageRowsJson,
-  usageRowsOf,
-} from "./usage-rows.ts";
+import { storableText, USAGE_COLUMNS, usageRowsJson, usageRowsOf } from "./usage-rows.ts";
 
 export interface CallStartInput {
   project_id: string;
@@ -285,7 +279,7 @@ const UPSERT_CONFLICT = `ON CONFLICT (project_id, id) DO UPDATE SET ${[
 ].join(", ")}`;
 const ROWS_PER_STATEMENT = 400;
 /** Calls written per round of lookups (their ids and their parents' go in one list). */
-const ROWS_PER_CHUNK = 2000;
+const ROWS_PER_CHUNK = 5000;
 
 function upsertText(rows: number): string {
   const width = UPSERT_COLUMNS.length;
@@ -293,7 +287,8 @@ function upsertText(rows: number): string {
     { length: rows },
     (_, r) => `(${Array.from({ length: width }, (_, c) => `$${r * width + c + 1}`).join(", ")})`,
   ).join(", ");
-  return `INSERT INTO calls (${UPSERT_COLUMNS.join(", ")}) VALUES ${values} ${UPSERT_CONFLICT}`;
+  return `INSERT INTO calls (${UPSERT_COLUMNS.join(", ")}) VALUES ${values} ${UPSERT_CONFLICT}
+    RETURNING id, trace_id, started, started_at, ended_at, deleted_at, usage_rows`;
 }
 
 /** One call's items of a batch, merged. */
@@ -584,6 +579,10 @@ export class CallsRepo {
       }
     }
 
+    // Each row as stored after the write (RETURNING), in this transaction's view: its trace
+    // (the first stored, for a start without trace_id sent twice at once), whether it is
+    // visible and ended (a call deleted meanwhile is not), and its usage.
+    const after = new Map<string, Row>();
     for (let i = 0; i < rows.length; i += ROWS_PER_STATEMENT) {
       const chunk = rows.slice(i, i + ROWS_PER_STATEMENT);
       const params: SqlValue[] = [];
@@ -610,59 +609,111 @@ export class CallsRepo {
           s?.hash ?? null,
         );
       }
-      await tx.exec(upsertText(chunk.length), params);
+      for (const row of await tx.query(upsertText(chunk.length), params))
+        after.set(String(row.id), row);
     }
-    // A start without trace_id sent twice at once (two batches, PostgreSQL) is stored once: its
-    // trace is the one stored first, which this transaction sees now that it holds the row.
-    const generated = [...fresh.values()].filter((r) => r.start!.trace_generated);
-    if (generated.length > 0) {
-      for (const row of await tx.query(
-        `SELECT id, trace_id FROM calls WHERE project_id = $1 AND ${inList(d, "id", 2)}`,
-        [project, listParam(generated.map((r) => r.id))],
-      )) {
-        const r = fresh.get(String(row.id))!;
-        r.start!.trace_id = String(row.trace_id);
-        for (const index of r.startItems)
-          results[index] = { ok: true, id: r.id, trace_id: r.start!.trace_id };
-      }
+    for (const r of fresh.values()) {
+      if (!r.start!.trace_generated) continue;
+      r.start!.trace_id = String(after.get(r.id)?.trace_id ?? r.start!.trace_id);
+      for (const index of r.startItems)
+        results[index] = { ok: true, id: r.id, trace_id: r.start!.trace_id };
     }
 
-    // Calls stored earlier whose parent is linked now (an end of the chain that arrived before
-    // its start, say) link in turn, and their descendants in the same trace with them.
-    const linked = [...fresh.values()].filter((r) => (r.link ?? 0) > 0).map((r) => r.id);
-    if (linked.length > 0) {
-      await tx.exec(
-        `WITH RECURSIVE fix(id, trace_id) AS (
-           SELECT c.id, c.trace_id FROM calls p CROSS JOIN calls c
-           WHERE p.project_id = $1 AND ${inList(d, "p.id", 2)}
-             AND c.project_id = $1 AND c.parent_id = p.id AND c.trace_id = p.trace_id
-             AND c.link = 0 AND c.parent_id IS NOT NULL AND c.started = 1 AND c.deleted_at IS NULL
-           UNION ALL
-           SELECT c.id, c.trace_id FROM fix f CROSS JOIN calls c
-           WHERE c.project_id = $1 AND c.parent_id = f.id AND c.trace_id = f.trace_id
-             AND c.link = 0 AND c.parent_id IS NOT NULL AND c.started = 1 AND c.deleted_at IS NULL
-         )
-         UPDATE calls SET link = 1 WHERE project_id = $1 AND id IN (SELECT id FROM fix)`,
-        [project, listParam(linked)],
+    // Calls stored earlier whose parent is linked now (they arrived before it) link in turn,
+    // and their descendants in the same trace with them, a level at a time. The unlinked calls
+    // are few and indexed, so a level that finds none costs one probe per parent.
+    let parents = new Map(
+      [...fresh.values()]
+        .filter((r) => (r.link ?? 0) > 0)
+        .map((r) => [r.id, String(after.get(r.id)?.trace_id ?? r.start!.trace_id)]),
+    );
+    while (parents.size > 0) {
+      const children = await tx.query<{ id: string; parent_id: string; trace_id: string }>(
+        `SELECT id, parent_id, trace_id FROM calls
+         WHERE project_id = $1 AND link = 0 AND parent_id IS NOT NULL AND started = 1
+           AND deleted_at IS NULL AND ${inList(d, "parent_id", 2)}`,
+        [project, listParam([...parents.keys()])],
       );
+      const next = new Map<string, string>();
+      for (const c of children)
+        if (parents.get(String(c.parent_id)) === String(c.trace_id))
+          next.set(String(c.id), String(c.trace_id));
+      if (next.size > 0)
+        await tx.exec(`UPDATE calls SET link = 1 WHERE project_id = $1 AND ${inList(d, "id", 2)}`, [
+          project,
+          listParam([...next.keys()]),
+        ]);
+      parents = next;
     }
 
-    // Usage rows of every call that ended now, or started now after its end: replaced whole.
-    const usage: [string, string][] = [];
+    // Usage rows of every call that ended now, or started now after its end: replaced whole,
+    // from the call as stored.
+    const replaced: [string, string][] = [];
+    const usage: SqlValue[][] = [];
     for (const r of rows) {
-      const was = stored.get(r.id);
-      const trace = was?.started ? was.trace_id : r.start?.trace_id;
-      if (trace && (r.end || (r.start && was?.ended))) usage.push([trace, r.id]);
+      if (!(r.end || (fresh.has(r.id) && stored.get(r.id)?.ended))) continue;
+      const row = after.get(r.id);
+      if (!row || Number(row.started) !== 1 || row.trace_id === null) continue;
+      const trace = String(row.trace_id);
+      replaced.push([trace, r.id]);
+      if (row.deleted_at !== null || row.ended_at === null || row.usage_rows === null) continue;
+      for (const [seq, u] of (JSON.parse(String(row.usage_rows)) as unknown[][]).entries())
+        usage.push([
+          project,
+          trace,
+          r.id,
+          seq,
+          u[0] as string,
+          String(row.started_at),
+          ...(u.slice(1) as number[]),
+        ]);
     }
-    if (usage.length > 0) {
+    if (replaced.length > 0)
       await tx.exec(`DELETE FROM call_usage WHERE project_id = $1 AND ${pairsIn(d, 2)}`, [
         project,
-        JSON.stringify(usage),
+        JSON.stringify(replaced),
       ]);
-      await tx.exec(insertUsageRows(d, `c.project_id = $1 AND ${inList(d, "c.id", 2)}`), [
-        project,
-        listParam(usage.map(([, id]) => id)),
-      ]);
+    const columns = `project_id, trace_id, call_id, seq, ${USAGE_COLUMNS.join(", ")}`;
+    if (d === "postgres") {
+      // One JSON parameter: binding 12 parameters a row cost PostgreSQL more than parsing.
+      for (let i = 0; i < usage.length; i += 5000) {
+        await tx.exec(
+          `INSERT INTO call_usage (${columns})
+           SELECT $1, r.t, r.c, r.s, r.m, r.a, r.q, r.p, r.o, r.x, r.cr, r.cc
+           FROM jsonb_to_recordset($2::jsonb) AS r(t text, c text, s int, m text, a text,
+             q float8, p float8, o float8, x float8, cr float8, cc float8)`,
+          [
+            project,
+            JSON.stringify(
+              usage.slice(i, i + 5000).map(([, t, c, seq, m, a, q, p, o, x, cr, cc]) => ({
+                t,
+                c,
+                s: seq,
+                m,
+                a,
+                q,
+                p,
+                o,
+                x,
+                cr,
+                cc,
+              })),
+            ),
+          ],
+        );
+      }
+    } else {
+      const width = 4 + USAGE_COLUMNS.length;
+      for (let i = 0; i < usage.length; i += ROWS_PER_STATEMENT) {
+        const chunk = usage.slice(i, i + ROWS_PER_STATEMENT);
+        const values = chunk
+          .map(
+            (_, r) =>
+              `(${Array.from({ length: width }, (_, c) => `$${r * width + c + 1}`).join(", ")})`,
+          )
+          .join(", ");
+        await tx.exec(`INSERT INTO call_usage (${columns}) VALUES ${values}`, chunk.flat());
+      }
     }
   }
 
