@@ -8,12 +8,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import {
-  type CallBatchItem,
-  openStore,
-  type Store,
-  type StoreOptions,
-} from "../packages/store/src/index.ts";
+import { openStore, type Store, type StoreOptions } from "../packages/store/src/index.ts";
+import { seedPrices, treeBatches } from "./calls-tree.ts";
 
 const PG_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 const SELF = fileURLToPath(import.meta.url);
@@ -34,69 +30,6 @@ interface Row {
 
 function rate(n: number, ms: number): string {
   return `${Math.round((n / ms) * 1000).toLocaleString("en-US")}/s`;
-}
-
-const MODELS = ["tiny/a", "tiny/b", "tiny/c"];
-
-/** 100 roots, depth up to 8, three models: `total` calls in one project. */
-function* treeBatches(
-  project: string,
-  total: number,
-  batchCalls = 5000,
-): Generator<CallBatchItem[]> {
-  const roots = 100;
-  const depth: number[] = [];
-  const parents: number[] = [];
-  let items: CallBatchItem[] = [];
-  let seed = 42;
-  const random = () => {
-    seed = (seed * 1103515245 + 12345) & 0x7fffffff;
-    return seed / 0x7fffffff;
-  };
-  for (let i = 0; i < total; i++) {
-    let parent = -1;
-    if (i >= roots) {
-      // A random earlier call of the same root whose depth allows a child.
-      do parent = Math.floor(random() * i);
-      while (depth[parent]! >= 7);
-    }
-    parents.push(parent);
-    depth.push(parent < 0 ? 0 : depth[parent]! + 1);
-    const rootOf = (k: number): number => (parents[k]! < 0 ? k : rootOf(parents[k]!));
-    const id = `c${i}`;
-    const model = MODELS[i % 3]!;
-    items.push({
-      mode: "start",
-      start: {
-        project_id: project,
-        id,
-        trace_id: `t${rootOf(i)}`,
-        parent_id: parent < 0 ? null : `c${parent}`,
-        op_name: "llm",
-        started_at: new Date(Date.UTC(2026, 0, 1) + i).toISOString(),
-        inputs: { messages: [{ role: "user", content: "hello" }] },
-      },
-    });
-    items.push({
-      mode: "end",
-      end: {
-        project_id: project,
-        id,
-        ended_at: new Date(Date.UTC(2026, 0, 1) + i + 10).toISOString(),
-        output: { content: "hi" },
-        summary: {
-          usage: {
-            [model]: { prompt_tokens: 10, completion_tokens: 5, cache_read_input_tokens: 2 },
-          },
-        },
-      },
-    });
-    if (items.length >= batchCalls * 2) {
-      yield items;
-      items = [];
-    }
-  }
-  if (items.length) yield items;
 }
 
 async function usageChild(arg: string): Promise<void> {
@@ -224,6 +157,7 @@ async function bench(backend: "sqlite" | "postgres", sizes: number[]): Promise<R
       t = performance.now();
       for (const batch of treeBatches(project, size)) await store.calls.upsertBatch(batch);
       const seedMs = performance.now() - t;
+      await seedPrices(store, project);
       add(
         `seed ${size.toLocaleString("en-US")} calls (upsertBatch of 5,000)`,
         `${rate(size, seedMs)} calls`,
