@@ -1547,9 +1547,9 @@ export interface components {
              *     that turns out larger (when the parent chains of the requested calls lead into other
              *     traces, whose calls count too) is halved and retried. So many traces that fit one by one
              *     are answered in full, a trace is counted once however many requested ids share it, and
-             *     every requested id gets all of its descendants. Only a single trace that holds more than
-             *     `limit` calls on its own answers 413, naming the trace and the limit: ask again with a
-             *     larger limit. A sum is never partial.
+             *     every requested id gets all of its descendants. Only a single trace that does not fit on
+             *     its own (its calls, with its requested calls' descendants in other traces) answers 413,
+             *     naming the trace and the limit: ask again with a larger limit. A sum is never partial.
              * @default 10000
              */
             limit?: number;
