@@ -107,7 +107,7 @@ export function createApp(deps: AppDeps): Express {
         // The validator keeps references into the document; give it its own copy.
         // The bundle passed Redocly's lint; our document type is only looser than the validator's.
         // Arrays marked x-validate-items-separately take any items here; their operation
-        // checks each item itself (upsertCallBatch, ADR 35).
+        // checks each item itself (upsertCallBatch, ADR 37).
         apiSpec: withItemsValidatedSeparately(structuredClone(spec)) as unknown as ValidatorSpec,
         validateRequests: config.validateRequests ? { allowUnknownQueryParameters: false } : false,
         validateResponses: config.validateResponses ? { removeAdditional: false } : false,

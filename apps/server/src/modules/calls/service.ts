@@ -39,7 +39,7 @@ function locOfParam(index: number, param: string | null): (string | number)[] {
 }
 
 /**
- * Applies a batch in one transaction and answers per item, in order (ADR 35): each item is
+ * Applies a batch in one transaction and answers per item, in order (ADR 37): each item is
  * checked against the spec on its own, and an item that fails, or that the store refuses (a
  * start that conflicts), is reported in `errors` while every other item is stored. A project
  * the key may not act for refuses the whole request (403), before anything is stored.
