@@ -70,14 +70,16 @@ function command<const O extends ParseArgsOptionsConfig>(def: CommandDef<O>): Co
           strict: true,
         });
       } catch (err) {
-        const message = (err as Error).message;
-        const unknown = /Unknown option '(--?[^']+)'/.exec(message)?.[1];
+        const raw = (err as Error).message;
+        const unknown = /Unknown option '(--?[^']+)'/.exec(raw)?.[1];
         const guess = unknown
           ? closest(unknown.replace(/^-+/, ""), Object.keys(def.options))
           : undefined;
-        throw new Error(
-          `${message}${guess ? ` Did you mean --${guess}?` : ""}\n\nUsage: ${commandHelp(def)}`,
-        );
+        // Node's own text explains positionals after `--`; a person wants the option's name.
+        const message = unknown
+          ? `Unknown option ${unknown} for "arbor ${def.name}".${guess ? ` Did you mean --${guess}?` : ""}`
+          : raw;
+        throw new Error(`${message}\n\nUsage: ${commandHelp(def)}`);
       }
       return def.run({ ...env, ...parsed });
     },
