@@ -18,7 +18,14 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
  */
 export async function resolveModel(client: ArborClient, ref: string): Promise<Model> {
   const byId = UUID.test(ref);
-  for await (const model of client.training.models.list({ limit: 100 })) {
+  // A name pages only through its own project's models.
+  const project = byId ? undefined : ref.split("/")[1];
+  if (project !== undefined && !/^[A-Za-z0-9._-]+$/.test(project))
+    throw new Error(`"${ref}" is neither a model id nor <entity>/<project>/<name>.`);
+  for await (const model of client.training.models.list({
+    limit: 100,
+    ...(project ? { project } : {}),
+  })) {
     if (byId ? model.id === ref : `${model.entity}/${model.project}/${model.name}` === ref)
       return model;
   }

@@ -106,3 +106,35 @@ export function field(label: string, control: HTMLElement, hint?: string): HTMLE
     hint ? h("small", null, hint) : null,
   );
 }
+
+/** A table: a header row, then one row per item, one cell per child (a `td` given as it is). */
+export function table(
+  heads: readonly (string | null)[],
+  rows: readonly Child[][],
+  props: Props | null = null,
+): HTMLTableElement {
+  return h(
+    "table",
+    props,
+    h(
+      "thead",
+      null,
+      h(
+        "tr",
+        null,
+        heads.map((t) => (t === null ? null : h("th", null, t))),
+      ),
+    ),
+    h(
+      "tbody",
+      null,
+      rows.map((cells) =>
+        h(
+          "tr",
+          null,
+          cells.map((cell) => (cell instanceof HTMLTableCellElement ? cell : h("td", null, cell))),
+        ),
+      ),
+    ),
+  );
+}

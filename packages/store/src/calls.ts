@@ -4,7 +4,13 @@ import { ConflictError, InvalidInputError, LimitExceededError } from "./errors.t
 import { uuidv7 } from "./ids.ts";
 import { isoDate } from "./prices.ts";
 import { type Dialect, inList, listParam, type Row, type Sql, type SqlValue } from "./sql.ts";
-import { storableText, USAGE_COLUMNS, usageRowsJson, usageRowsOf } from "./usage-rows.ts";
+import {
+  storableText,
+  USAGE_COLUMNS,
+  type UsageRow,
+  usageRowsJson,
+  usageRowsOf,
+} from "./usage-rows.ts";
 
 export interface CallStartInput {
   project_id: string;
@@ -80,13 +86,8 @@ export interface CallFilter {
   trace_roots_only?: boolean;
 }
 
-export interface ModelUsage {
-  requests: number;
-  prompt_tokens: number;
-  completion_tokens: number;
-  total_tokens: number;
-  cache_read_input_tokens: number;
-  cache_creation_input_tokens: number;
+/** A model's usage summed over calls: the counts of `UsageRow`, and their costs when asked. */
+export interface ModelUsage extends Omit<UsageRow, "model"> {
   prompt_tokens_total_cost: number | null;
   completion_tokens_total_cost: number | null;
   cache_read_input_tokens_total_cost: number | null;

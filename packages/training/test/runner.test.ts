@@ -69,13 +69,31 @@ describe("TrainingWorker.runJob", () => {
     ]);
   });
 
-  function worker(onActivity?: (activity: TrainingActivity) => void) {
+  function worker(onActivity?: (activity: TrainingActivity) => void, cancelled?: Int32Array) {
     return new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
       loadBaseModel: baseModels(),
       loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
       ...(onActivity ? { onActivity } : {}),
+      ...(cancelled ? { cancelled } : {}),
+    });
+  }
+
+  /** A queued SFT job of 100 one-example steps on a new model: long enough to cancel. */
+  async function longSftJob(name: string) {
+    const text = `${Array.from({ length: 4 }, (_, i) =>
+      JSON.stringify({
+        messages: [
+          { role: "user", content: `Say ${i}` },
+          { role: "assistant", content: `${i}` },
+        ],
+      }),
+    ).join("\n")}\n`;
+    const dataset = await createDataset(store, { entity: "e", name: null, text });
+    return enqueueSftJob(store, await model(name), {
+      training_data_url: `dataset://${dataset.id}`,
+      config: { batch_size: 1, epochs: 25 },
     });
   }
 
@@ -153,40 +171,19 @@ describe("TrainingWorker.runJob", () => {
   });
 
   it("when a running job is cancelled, then it stops and reports the run as cancelled", async () => {
-    const m = await model("cancelled");
-    const text = `${Array.from({ length: 4 }, (_, i) =>
-      JSON.stringify({
-        messages: [
-          { role: "user", content: `Say ${i}` },
-          { role: "assistant", content: `${i}` },
-        ],
-      }),
-    ).join("\n")}\n`;
-    const dataset = await createDataset(store, { entity: "e", name: null, text });
-    const queued = await enqueueSftJob(store, m, {
-      training_data_url: `dataset://${dataset.id}`,
-      config: { batch_size: 1, epochs: 25 },
-    });
+    const queued = await longSftJob("cancelled");
     const activity: TrainingActivity[] = [];
     const cancelled = new Int32Array(new SharedArrayBuffer(16));
-    const w = new TrainingWorker({
-      store,
-      logger: pino({ level: "silent" }),
-      loadBaseModel: baseModels(),
-      loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
-      heartbeatMs: 10,
-      cancelled,
-      onActivity: (a) => {
-        activity.push(a);
-        // Cancelled as it trains, as the server does it: the row, then the shared word that
-        // the worker reads before its next step (a SQLite-backed worker never yields to its
-        // lease timer while it trains).
-        if (a.type === "tokens" && activity.length === 1) {
-          void store.jobs.cancelJob("e", queued.id);
-          writeCancelled(cancelled, queued.id);
-        }
-      },
-    });
+    const w = worker((a) => {
+      activity.push(a);
+      // Cancelled as it trains, as the server does it: the row, then the shared word that the
+      // worker reads before its next step (a SQLite-backed worker never yields to a timer while
+      // it trains).
+      if (a.type === "tokens" && activity.length === 1) {
+        void store.jobs.cancelJob("e", queued.id);
+        writeCancelled(cancelled, queued.id);
+      }
+    }, cancelled);
     const job = await runNext(w);
     expect(job.status).toBe("cancelled");
     // It stopped at once: one step trained, not the 100 planned.
@@ -200,39 +197,19 @@ describe("TrainingWorker.runJob", () => {
   });
 
   it("when another cancel overwrites the shared word, then the cancelled job still stops within a step", async () => {
-    const m = await model("cancelled-twice");
-    const text = `${Array.from({ length: 4 }, (_, i) =>
-      JSON.stringify({
-        messages: [
-          { role: "user", content: `Say ${i}` },
-          { role: "assistant", content: `${i}` },
-        ],
-      }),
-    ).join("\n")}\n`;
-    const dataset = await createDataset(store, { entity: "e", name: null, text });
-    const queued = await enqueueSftJob(store, m, {
-      training_data_url: `dataset://${dataset.id}`,
-      config: { batch_size: 1, epochs: 25 },
-    });
+    const queued = await longSftJob("cancelled-twice");
     const activity: TrainingActivity[] = [];
     const cancelled = new Int32Array(new SharedArrayBuffer(16));
-    const w = new TrainingWorker({
-      store,
-      logger: pino({ level: "silent" }),
-      loadBaseModel: baseModels(),
-      loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
-      cancelled,
-      onActivity: (a) => {
-        activity.push(a);
-        if (a.type === "tokens" && activity.length === 1) {
-          void store.jobs.cancelJob("e", queued.id).then(() => {
-            writeCancelled(cancelled, queued.id);
-            // A second cancel, of another job, before this thread looked.
-            writeCancelled(cancelled, "01900000-0000-7000-8000-000000000000");
-          });
-        }
-      },
-    });
+    const w = worker((a) => {
+      activity.push(a);
+      if (a.type === "tokens" && activity.length === 1) {
+        void store.jobs.cancelJob("e", queued.id).then(() => {
+          writeCancelled(cancelled, queued.id);
+          // A second cancel, of another job, before this thread looked.
+          writeCancelled(cancelled, "01900000-0000-7000-8000-000000000000");
+        });
+      }
+    }, cancelled);
     const job = await runNext(w);
     expect(job.status).toBe("cancelled");
     // The row was checked before the next step's event: at most the step in flight ran.

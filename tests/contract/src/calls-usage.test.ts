@@ -20,8 +20,8 @@ interface Node {
   started_at?: string;
 }
 
-/** Ingests the nodes with one upsert_batch: every start, then the ends. */
-async function ingest(project: string, nodes: Node[], trace = "t") {
+/** The nodes as one upsert_batch: every start, then the ends. */
+function batchOf(project: string, nodes: Node[], trace = "t") {
   const starts = nodes.map((n) => ({
     mode: "start" as const,
     req: {
@@ -48,7 +48,12 @@ async function ingest(project: string, nodes: Node[], trace = "t") {
         },
       },
     }));
-  await client.calls.upsertBatch({ batch: [...starts, ...ends] });
+  return [...starts, ...ends];
+}
+
+/** Ingests the nodes with one upsert_batch. */
+async function ingest(project: string, nodes: Node[], trace = "t") {
+  await client.calls.upsertBatch({ batch: batchOf(project, nodes, trace) });
 }
 
 /** A full usage value; costs null unless priced. */
@@ -556,36 +561,7 @@ describe.each(STORES)("getCallsUsage's limit on $store", ({ store, postgres }) =
     own = await startServer({}, postgres ? { postgres } : {});
     api = own.authorizedClient();
     for (const [trace, nodes] of twoTraces) {
-      const items = nodes.flatMap((n) => [
-        {
-          mode: "start" as const,
-          req: {
-            start: {
-              project_id: project,
-              id: n.id,
-              trace_id: trace,
-              parent_id: n.parent ?? null,
-              op_name: "op",
-              started_at: "2026-11-01T00:00:00Z",
-            },
-          },
-        },
-        ...(n.ended === false
-          ? []
-          : [
-              {
-                mode: "end" as const,
-                req: {
-                  end: {
-                    project_id: project,
-                    id: n.id,
-                    ended_at: "2026-11-01T00:00:01Z",
-                    summary: n.usage ? { usage: n.usage } : {},
-                  },
-                },
-              },
-            ]),
-      ]);
+      const items = batchOf(project, nodes, trace);
       // Children before their parents: the order of arrival changes nothing.
       expect((await api.calls.upsertBatch({ batch: items.reverse() })).errors).toEqual([]);
     }

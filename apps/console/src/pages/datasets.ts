@@ -1,5 +1,5 @@
 import type { Dataset, DatasetLine, Model } from "@arbor/client";
-import { alertBox, empty, field, h, mount, num } from "../dom.ts";
+import { alertBox, empty, field, h, mount, num, table } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 import { all, modelName } from "./models.ts";
@@ -121,33 +121,19 @@ function linesTable(lines: DatasetLine[], total: number): HTMLElement {
     "details",
     { open: true },
     h("summary", null, `First ${lines.length} of ${total} examples`),
-    h(
-      "table",
-      null,
-      h("thead", null, h("tr", null, h("th", null, "Line"), h("th", null, "Messages"))),
-      h(
-        "tbody",
-        null,
-        lines.map((l) =>
+    table(
+      ["Line", "Messages"],
+      lines.map((l) => [
+        num(l.line),
+        l.example.messages.map((m) =>
           h(
-            "tr",
+            "div",
             null,
-            h("td", null, num(l.line)),
-            h(
-              "td",
-              null,
-              l.example.messages.map((m) =>
-                h(
-                  "div",
-                  null,
-                  h("strong", null, `${m.role}: `),
-                  typeof m.content === "string" ? m.content : JSON.stringify(m.content),
-                ),
-              ),
-            ),
+            h("strong", null, `${m.role}: `),
+            typeof m.content === "string" ? m.content : JSON.stringify(m.content),
           ),
         ),
-      ),
+      ]),
     ),
   );
 }

@@ -1,5 +1,5 @@
 import type { Checkpoint, Model, TrainingJob } from "@arbor/client";
-import { alertBox, confirmAction, empty, field, h, mount, num, time } from "../dom.ts";
+import { alertBox, confirmAction, empty, field, h, mount, num, table, time } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 
@@ -42,30 +42,16 @@ export async function modelsPage({ root }: PageContext): Promise<void> {
       h("h2", null, "Base models"),
       bases.length === 0
         ? empty("This server serves no base model.")
-        : h(
-            "table",
-            null,
-            h("thead", null, h("tr", null, h("th", null, "Id"), h("th", null, "Chat"))),
-            h(
-              "tbody",
-              null,
-              bases.map((b) =>
-                h(
-                  "tr",
-                  null,
-                  h("td", null, h("code", null, b.id)),
-                  h(
-                    "td",
-                    null,
-                    h(
-                      "a",
-                      { href: `#/playground?model=${encodeURIComponent(b.id)}` },
-                      "Open in playground",
-                    ),
-                  ),
-                ),
+        : table(
+            ["Id", "Chat"],
+            bases.map((b) => [
+              h("code", null, b.id),
+              h(
+                "a",
+                { href: `#/playground?model=${encodeURIComponent(b.id)}` },
+                "Open in playground",
               ),
-            ),
+            ]),
           ),
     ),
   );
@@ -79,64 +65,46 @@ function renderTrained(list: HTMLElement, trained: Model[]): void {
   }
   mount(
     list,
-    h(
-      "table",
-      null,
-      h(
-        "thead",
-        null,
+    table(
+      ["Model", "Base", "Latest step", "Created", ""],
+      trained.map((m) => [
+        h("a", { href: `#/models/${m.id}` }, modelName(m)),
+        h("code", null, m.base_model),
+        num(m.latest_step),
+        time(m.created_at),
         h(
-          "tr",
-          null,
-          ["Model", "Base", "Latest step", "Created", ""].map((t) => h("th", null, t)),
-        ),
-      ),
-      h(
-        "tbody",
-        null,
-        trained.map((m) =>
+          "td",
+          { class: "actions" },
           h(
-            "tr",
-            null,
-            h("td", null, h("a", { href: `#/models/${m.id}` }, modelName(m))),
-            h("td", null, h("code", null, m.base_model)),
-            h("td", null, num(m.latest_step)),
-            h("td", null, time(m.created_at)),
-            h(
-              "td",
-              { class: "actions" },
-              h(
-                "button",
-                {
-                  class: "danger",
-                  onclick: async (e: Event) => {
-                    const button = e.currentTarget as HTMLButtonElement;
-                    if (
-                      !(await confirmAction(
-                        `Delete ${modelName(m)} with all its checkpoints and files? A running job is cancelled.`,
-                        "Delete model",
-                      ))
-                    )
-                      return;
-                    button.disabled = true;
-                    try {
-                      await api().training.models.delete(m.id);
-                      renderTrained(
-                        list,
-                        trained.filter((t) => t.id !== m.id),
-                      );
-                    } catch (err) {
-                      button.disabled = false;
-                      list.prepend(alertBox(err));
-                    }
-                  },
-                },
-                "Delete",
-              ),
-            ),
+            "button",
+            {
+              class: "danger",
+              onclick: async (e: Event) => {
+                const button = e.currentTarget as HTMLButtonElement;
+                if (
+                  !(await confirmAction(
+                    `Delete ${modelName(m)} with all its checkpoints and files? A running job is cancelled.`,
+                    "Delete model",
+                  ))
+                )
+                  return;
+                button.disabled = true;
+                try {
+                  await api().training.models.delete(m.id);
+                  renderTrained(
+                    list,
+                    trained.filter((t) => t.id !== m.id),
+                  );
+                } catch (err) {
+                  button.disabled = false;
+                  list.prepend(alertBox(err));
+                }
+              },
+            },
+            "Delete",
           ),
         ),
-      ),
+      ]),
     ),
   );
 }
@@ -257,59 +225,33 @@ function renderCheckpoints(section: HTMLElement, model: Model, checkpoints: Chec
     h("h2", null, "Checkpoints"),
     checkpoints.length === 0
       ? empty("No checkpoints.")
-      : h(
-          "table",
-          null,
-          h(
-            "thead",
-            null,
-            h(
-              "tr",
-              null,
-              ["", "Step", "Created", "Metrics", ""].map((t) => h("th", null, t)),
-            ),
-          ),
-          h(
-            "tbody",
-            null,
-            checkpoints.map((c) => {
-              const box = h("input", {
-                type: "checkbox",
-                "aria-label": `Select step ${c.step}`,
-                disabled: c.step === latest,
-                title: c.step === latest ? "The latest checkpoint cannot be pruned" : undefined,
-              });
-              boxes.set(c.step, box);
-              const metrics = Object.entries(c.metrics ?? {});
-              return h(
-                "tr",
-                null,
-                h("td", null, box),
-                h("td", null, num(c.step)),
-                h("td", null, time(c.created_at)),
-                h(
-                  "td",
-                  null,
-                  metrics.length === 0
-                    ? "—"
-                    : metrics.map(([k, v]) =>
-                        h("span", { class: "chip" }, `${k} ${num(v as number)}`),
-                      ),
-                ),
-                h(
-                  "td",
-                  null,
-                  h(
-                    "a",
-                    {
-                      href: `#/playground?model=${encodeURIComponent(`${modelName(model)}:step${c.step}`)}`,
-                    },
-                    "Chat",
-                  ),
-                ),
-              );
-            }),
-          ),
+      : table(
+          ["", "Step", "Created", "Metrics", ""],
+          checkpoints.map((c) => {
+            const box = h("input", {
+              type: "checkbox",
+              "aria-label": `Select step ${c.step}`,
+              disabled: c.step === latest,
+              title: c.step === latest ? "The latest checkpoint cannot be pruned" : undefined,
+            });
+            boxes.set(c.step, box);
+            const metrics = Object.entries(c.metrics ?? {});
+            return [
+              box,
+              num(c.step),
+              time(c.created_at),
+              metrics.length === 0
+                ? "—"
+                : metrics.map(([k, v]) => h("span", { class: "chip" }, `${k} ${num(v as number)}`)),
+              h(
+                "a",
+                {
+                  href: `#/playground?model=${encodeURIComponent(`${modelName(model)}:step${c.step}`)}`,
+                },
+                "Chat",
+              ),
+            ];
+          }),
         ),
     h("div", { class: "row" }, prune),
     status,
@@ -318,41 +260,17 @@ function renderCheckpoints(section: HTMLElement, model: Model, checkpoints: Chec
 
 export function jobsTable(jobs: TrainingJob[], names?: Map<string, string>): HTMLElement {
   if (jobs.length === 0) return empty("No training jobs yet.");
-  return h(
-    "table",
-    null,
-    h(
-      "thead",
-      null,
-      h(
-        "tr",
-        null,
-        ["Job", "Type", names ? "Model" : null, "Status", "Steps", "Created"]
-          .filter((t) => t !== null)
-          .map((t) => h("th", null, t)),
-      ),
-    ),
-    h(
-      "tbody",
-      null,
-      jobs.map((j) =>
-        h(
-          "tr",
-          null,
-          h("td", null, h("a", { href: `#/jobs/${j.id}` }, h("code", null, j.id.slice(0, 13)))),
-          h("td", null, j.type.toUpperCase()),
-          names
-            ? h(
-                "td",
-                null,
-                h("a", { href: `#/models/${j.model_id}` }, names.get(j.model_id) ?? j.model_id),
-              )
-            : null,
-          h("td", null, h("span", { class: `status ${j.status}` }, j.status)),
-          h("td", null, `${j.step_from} → ${j.step_to ?? "…"}`),
-          h("td", null, time(j.created_at)),
-        ),
-      ),
-    ),
+  return table(
+    ["Job", "Type", names ? "Model" : null, "Status", "Steps", "Created"],
+    jobs.map((j) => [
+      h("a", { href: `#/jobs/${j.id}` }, h("code", null, j.id.slice(0, 13))),
+      j.type.toUpperCase(),
+      ...(names
+        ? [h("a", { href: `#/models/${j.model_id}` }, names.get(j.model_id) ?? j.model_id)]
+        : []),
+      h("span", { class: `status ${j.status}` }, j.status),
+      `${j.step_from} → ${j.step_to ?? "…"}`,
+      time(j.created_at),
+    ]),
   );
 }

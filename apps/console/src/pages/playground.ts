@@ -1,5 +1,5 @@
 import type { ChatCompletionChunk, ChatCompletionCreateParamsStreaming } from "@arbor/client";
-import { alertBox, field, h, mount, num } from "../dom.ts";
+import { alertBox, field, h, mount, num, table } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 import { all } from "./models.ts";
@@ -145,39 +145,16 @@ function logprobTable(tokens: TokenLogprob[]): HTMLElement {
     "details",
     null,
     h("summary", null, `Logprobs of ${tokens.length} tokens`),
-    h(
-      "table",
+    table(
+      ["Token", "Logprob", "Alternatives"],
+      tokens.map((t) => [
+        h("code", null, JSON.stringify(t.token)),
+        num(t.logprob, 3),
+        (t.top_logprobs ?? [])
+          .map((a) => `${JSON.stringify(a.token)} ${num(a.logprob, 3)}`)
+          .join(", "),
+      ]),
       { class: "logprobs" },
-      h(
-        "thead",
-        null,
-        h(
-          "tr",
-          null,
-          h("th", null, "Token"),
-          h("th", null, "Logprob"),
-          h("th", null, "Alternatives"),
-        ),
-      ),
-      h(
-        "tbody",
-        null,
-        tokens.map((t) =>
-          h(
-            "tr",
-            null,
-            h("td", null, h("code", null, JSON.stringify(t.token))),
-            h("td", null, num(t.logprob, 3)),
-            h(
-              "td",
-              null,
-              (t.top_logprobs ?? [])
-                .map((a) => `${JSON.stringify(a.token)} ${num(a.logprob, 3)}`)
-                .join(", "),
-            ),
-          ),
-        ),
-      ),
     ),
   );
 }

@@ -1,5 +1,6 @@
+import type { components } from "@arbor/client";
 import uPlot from "uplot";
-import { alertBox, empty, field, h, mount, num } from "../dom.ts";
+import { alertBox, empty, field, h, mount, num, table } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 import { all } from "./models.ts";
@@ -83,7 +84,7 @@ export async function usagePage({ root, query, signal }: PageContext): Promise<v
     mount(
       out,
       chart(result.start_date, result.end_date, result.daily_usage, models, signal),
-      table(days, costs.checked),
+      usageTable(days, costs.checked),
     );
   } catch (err) {
     mount(out, alertBox(err));
@@ -141,61 +142,30 @@ function chart(
   return figure;
 }
 
-type Usage = {
-  requests: number;
-  prompt_tokens: number;
-  completion_tokens: number;
-  total_tokens: number;
-  prompt_tokens_total_cost: number | null;
-  completion_tokens_total_cost: number | null;
-};
+type Usage = components["schemas"]["LLMUsage"];
 
-function table(days: [string, Record<string, Usage>][], withCosts: boolean): HTMLElement {
+function usageTable(days: [string, Record<string, Usage>][], withCosts: boolean): HTMLElement {
   const heads = ["Day", "Model", "Requests", "Prompt tokens", "Completion tokens", "Total tokens"];
   if (withCosts) heads.push("Cost");
   return h(
     "section",
     { class: "card" },
-    h(
-      "table",
+    table(
+      heads,
+      days.flatMap(([d, byModel]) =>
+        Object.entries(byModel).map(([model, u]) => [
+          d,
+          h("code", null, model),
+          num(u.requests),
+          num(u.prompt_tokens),
+          num(u.completion_tokens),
+          num(u.total_tokens),
+          ...(withCosts
+            ? [num((u.prompt_tokens_total_cost ?? 0) + (u.completion_tokens_total_cost ?? 0), 4)]
+            : []),
+        ]),
+      ),
       { class: "usage" },
-      h(
-        "thead",
-        null,
-        h(
-          "tr",
-          null,
-          heads.map((t) => h("th", null, t)),
-        ),
-      ),
-      h(
-        "tbody",
-        null,
-        days.flatMap(([d, byModel]) =>
-          Object.entries(byModel).map(([model, u]) =>
-            h(
-              "tr",
-              null,
-              h("td", null, d),
-              h("td", null, h("code", null, model)),
-              h("td", null, num(u.requests)),
-              h("td", null, num(u.prompt_tokens)),
-              h("td", null, num(u.completion_tokens)),
-              h("td", null, num(u.total_tokens)),
-              withCosts
-                ? h(
-                    "td",
-                    null,
-                    num(
-                      (u.prompt_tokens_total_cost ?? 0) + (u.completion_tokens_total_cost ?? 0),
-                      4,
-                    ),
-                  )
-                : null,
-            ),
-          ),
-        ),
-      ),
     ),
   );
 }
