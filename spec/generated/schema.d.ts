@@ -449,8 +449,9 @@ export interface paths {
         };
         /**
          * System check
-         * @description Probes the database, the work queue, the engine and (when this process runs one) the
-         *     embedded training worker. Readiness for load balancers.
+         * @description Probes what this process's roles depend on: the database, the work queue (`training`), the
+         *     engine (`training`, `inference`) and, when this process runs one, the embedded training
+         *     worker. Readiness for load balancers: each role of a split deployment reports its own.
          */
         get: operations["getSystemCheck"];
         put?: never;
@@ -1448,7 +1449,11 @@ export interface components {
         };
         /**
          * SystemCheck
-         * @description One probe per dependency. Served with 200 when every probe succeeds, 503 otherwise.
+         * @description One probe per dependency of the roles this process serves (`ARBOR_ROLES`). Served with 200
+         *     when every probe succeeds, 503 otherwise. A process serving every role (the default) reports
+         *     all of `database`, `queue` and `engine`; a split deployment's processes report only their own:
+         *     `database` always (keys live there), `queue` with the `training` role, `engine` with the roles
+         *     that serve chat (`training`, `inference`), `worker` when the process runs an embedded worker.
          */
         SystemCheck: {
             /**
@@ -1456,8 +1461,11 @@ export interface components {
              * @constant
              */
             api: true;
+            /** @description The roles this process serves, which decide the probes it reports. */
+            roles: ("training" | "inference" | "calls")[];
             database: components["schemas"]["DependencyCheck"];
-            queue: {
+            /** @description The training queue; reported by a process serving the `training` role. */
+            queue?: {
                 success: boolean;
                 /** @description How long the probe took, in milliseconds. */
                 duration: number;
@@ -1466,7 +1474,8 @@ export interface components {
                 /** @description Training jobs waiting in the queue, when the probe could read it. */
                 depth?: number;
             };
-            engine: {
+            /** @description The engine and upstreams; reported by a process serving chat (`training` or `inference`). */
+            engine?: {
                 success: boolean;
                 /** @description How long the probe took, in milliseconds. */
                 duration: number;
@@ -3832,6 +3841,11 @@ export interface operations {
                     /**
                      * @example {
                      *       "api": true,
+                     *       "roles": [
+                     *         "training",
+                     *         "inference",
+                     *         "calls"
+                     *       ],
                      *       "database": {
                      *         "success": true,
                      *         "duration": 1.8,
@@ -3878,6 +3892,9 @@ export interface operations {
                     /**
                      * @example {
                      *       "api": true,
+                     *       "roles": [
+                     *         "training"
+                     *       ],
                      *       "database": {
                      *         "success": false,
                      *         "duration": 5000,

@@ -74,7 +74,7 @@ export async function buildServer(
   }
   let worker: EmbeddedWorker | undefined;
   let http: Server | undefined;
-  const probes = storeProbes(store, engineProbe(engines));
+  const probes = storeProbes(store, engineProbe(engines), config.roles);
   if (config.embeddedWorker) {
     const notStarted = { success: false, error: "starting", threads: 0, running: 0 };
     probes.worker = workerProbe(() => worker?.health() ?? notStarted);

@@ -26,6 +26,14 @@ describe("readConfig", () => {
     expect(config.llamaModels.size).toBe(0);
   });
 
+  it("when the roles leave out training, then no embedded worker runs unless asked for", () => {
+    expect(readConfig({ ARBOR_ROLES: "inference" }).embeddedWorker).toBe(false);
+    expect(readConfig({ ARBOR_ROLES: "calls,training" }).embeddedWorker).toBe(true);
+    expect(
+      readConfig({ ARBOR_ROLES: "inference", ARBOR_EMBEDDED_WORKER: "on" }).embeddedWorker,
+    ).toBe(true);
+  });
+
   it("when settings are bad, then one error names every bad variable", () => {
     const attempt = () =>
       readConfig({

@@ -168,8 +168,8 @@ export const SETTINGS = {
   embeddedWorker: setting({
     env: "ARBOR_EMBEDDED_WORKER",
     group: "training",
-    shown: "on",
-    doc: "`off` when separate worker processes (`apps/worker`) take the jobs.",
+    shown: "on with the `training` role",
+    doc: "`off` when separate worker processes (`apps/worker`) take the jobs. Unset, a process whose `ARBOR_ROLES` leave out `training` runs none.",
     read: (raw) => {
       if (unset(raw) || raw.trim() === "on") return true;
       if (raw.trim() === "off") return false;
@@ -363,7 +363,11 @@ export function readConfig(env: NodeJS.ProcessEnv = process.env): Config {
     }
   }
   if (problems.length > 0) throw new Error(`Bad settings: ${problems.join("; ")}`);
-  return config as Config;
+  const read = config as Config;
+  // Unset, the embedded worker follows the roles: an inference or calls replica trains nothing.
+  if (unset(env[SETTINGS.embeddedWorker.env]) && !read.roles.includes("training"))
+    read.embeddedWorker = false;
+  return read;
 }
 
 /** The settings as the README's Markdown table. */

@@ -30,6 +30,7 @@ describe("getSystemCheck", () => {
     expect(result.response.status).toBe(200);
     const report = unwrap(result);
     expect(report.api).toBe(true);
+    expect(report.roles).toEqual(["training", "inference", "calls"]);
     expect(report.database).toMatchObject({ success: true, error: null });
     expect(report.database.duration).toBeGreaterThan(0);
     expect(report.queue).toMatchObject({ success: true, error: null, depth: 0 });

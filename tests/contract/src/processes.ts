@@ -51,19 +51,22 @@ export async function spawnLogged(
   return { child, entry };
 }
 
-/** A server process on port 0 over `dataDir`, and a client with its first admin key. */
+/** A server process on port 0 over `dataDir`, and a client with `apiKey`, or else with the
+ * first admin key it wrote there (only the first process on a store writes one). */
 export async function startServerProcess(
   dataDir: string,
   env: Record<string, string> = {},
-): Promise<{ child: Child; client: ArborClient; port: number }> {
+  apiKey: string = "",
+): Promise<{ child: Child; client: ArborClient; port: number; apiKey: string }> {
   const { child, entry } = await spawnLogged(
     serverMain,
     { ARBOR_DATA_DIR: dataDir, ARBOR_PORT: "0", ...env },
     "Arbor listening",
   );
-  const apiKey = readFileSync(join(dataDir, "admin.key"), "utf8").trim();
+  apiKey ||= readFileSync(join(dataDir, "admin.key"), "utf8").trim();
   return {
     child,
+    apiKey,
     port: entry.port as number,
     client: createArborClient({
       baseUrl: `http://127.0.0.1:${entry.port as number}`,

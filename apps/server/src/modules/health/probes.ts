@@ -1,18 +1,30 @@
+import type { Role } from "@arbor/config";
 import type { Store } from "@arbor/store";
 import type { WorkerHealth } from "@arbor/training";
 import type { EngineHost } from "../inference/engines.ts";
 import { type Probe, type Probes, timed } from "./service.ts";
 
-/** Real checks: a database round trip, the queue's depth, the engine's catalogue. */
-export function storeProbes(store: Store, engine: Probes["engine"]): Probes {
+/** Real checks of what `roles` use: a database round trip (every role: keys live there), the
+ * queue's depth (`training`), the engine's catalogue (the roles that serve chat). */
+export function storeProbes(
+  store: Store,
+  engine: NonNullable<Probes["engine"]>,
+  roles: readonly Role[],
+): Probes {
+  const serves = (role: Role) => roles.includes(role);
   return {
+    roles,
     database: async () => ({ ...(await store.ping()) }),
-    queue: () =>
-      timed(async () => {
-        const depth = await store.jobs.depth();
-        return { depth: depth.queued };
-      }),
-    engine,
+    ...(serves("training")
+      ? {
+          queue: () =>
+            timed(async () => {
+              const depth = await store.jobs.depth();
+              return { depth: depth.queued };
+            }),
+        }
+      : {}),
+    ...(serves("training") || serves("inference") ? { engine } : {}),
   };
 }
 
@@ -27,7 +39,7 @@ export function workerProbe(health: () => WorkerHealth): Probe {
 /** The engine serves: the shipped models load (the first probe pays for loading; folders a user
  * added are checked when scanned, and loaded on first use). Folders that cannot be served are
  * listed with why, and do not fail the check: the others are served. */
-export function engineProbe(engines: EngineHost): Probes["engine"] {
+export function engineProbe(engines: EngineHost): NonNullable<Probes["engine"]> {
   return () =>
     timed(async () => {
       const models = await engines.current();

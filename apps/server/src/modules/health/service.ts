@@ -1,3 +1,5 @@
+import type { Role } from "@arbor/config";
+
 /** One dependency check, as `/v1/system-check` reports it. */
 export interface ProbeResult {
   success: boolean;
@@ -9,11 +11,16 @@ export interface ProbeResult {
 
 export type Probe = () => Promise<ProbeResult>;
 
-/** The dependencies `/v1/system-check` probes: each runs a real query or call. */
+/** The dependencies `/v1/system-check` probes, each a real query or call: the ones this
+ * process's roles use (ADR 43). */
 export interface Probes {
+  /** The roles served, reported with the probes. */
+  roles: readonly Role[];
   database: Probe;
-  queue: Probe;
-  engine: Probe;
+  /** The training queue: the `training` role. */
+  queue?: Probe;
+  /** The engine and upstreams: the roles that serve chat (`training`, `inference`). */
+  engine?: Probe;
   /** The embedded training worker, when this process runs one. */
   worker?: Probe;
 }
@@ -39,12 +46,16 @@ function round(ms: number): number {
 export async function systemCheck(probes: Probes) {
   const [database, queue, engine, worker] = await Promise.all([
     probes.database(),
-    probes.queue(),
-    probes.engine(),
+    probes.queue?.(),
+    probes.engine?.(),
     probes.worker?.(),
   ]);
+  const optional = { queue, engine, worker };
+  const present = Object.fromEntries(
+    Object.entries(optional).filter((entry): entry is [string, ProbeResult] => !!entry[1]),
+  );
   return {
-    healthy: database.success && queue.success && engine.success && (worker?.success ?? true),
-    report: { api: true as const, database, queue, engine, ...(worker ? { worker } : {}) },
+    healthy: database.success && Object.values(present).every((probe) => probe.success),
+    report: { api: true as const, roles: [...probes.roles], database, ...present },
   };
 }
