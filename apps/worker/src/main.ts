@@ -2,12 +2,12 @@
  * A separate training worker process, for scale: `DATABASE_URL=postgres://… node apps/worker/src/main.ts`
  * (or `pnpm --filter @arbor/worker start`). Several of them, on several machines, share one
  * PostgreSQL queue; a claim is a lease (FOR UPDATE SKIP LOCKED), so no job runs twice. Run the
- * API servers with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR (a shared directory).
+ * API servers without the `training` role, or with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR.
  * Settings: see the README's Settings (read by @arbor/config).
  */
 import { baseModelsDir, readConfig } from "@arbor/config";
 import { openStore } from "@arbor/store";
-import { baseModels, processIdentity, sftExamplesLoader, TrainingWorker } from "@arbor/training";
+import { EmbeddedWorker, processIdentity } from "@arbor/training";
 import { pino } from "pino";
 
 const config = readConfig();
@@ -17,21 +17,28 @@ const store = await openStore({
   ...(config.databaseUrl ? { databaseUrl: config.databaseUrl } : {}),
   ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
 });
-const worker = new TrainingWorker({
+// The same supervised training threads as the server's embedded worker: this thread stays free
+// to watch for cancels (made through any replica's API), so a job stops between micro-batches.
+const identity = processIdentity(config.workerId);
+const worker = await EmbeddedWorker.start({
   store,
   logger,
-  kernelThreads: config.engineThreads,
-  loadBaseModel: baseModels(baseModelsDir(config)),
-  loadSftExamples: sftExamplesLoader(store, {
-    maxBytes: config.trainingDataMaxBytes,
-    allowHosts: config.trainingDataAllowHosts,
-  }),
+  identity,
+  threads: config.trainingThreads,
+  dataDir: config.dataDir,
+  databaseUrl: config.databaseUrl,
+  schema: config.databaseSchema,
+  logLevel: config.logLevel,
   leaseMs: config.workerLeaseMs,
-  // A stable name per replica lets a restarted worker take back its jobs at once.
-  identity: processIdentity(config.workerId),
+  maxTrainingDataBytes: config.trainingDataMaxBytes,
+  allowHosts: config.trainingDataAllowHosts,
+  kernelThreads: config.engineThreads,
+  baseModelsDir: baseModelsDir(config),
 });
-worker.start();
-logger.info({ workerId: worker.workerId, database: store.dialect }, "training worker started");
+logger.info(
+  { workerId: identity.stable, threads: config.trainingThreads, database: store.dialect },
+  "training worker started",
+);
 
 async function shutdown(signal: string) {
   logger.info({ signal }, "stopping: a running job goes back to the queue");

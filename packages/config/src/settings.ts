@@ -180,7 +180,7 @@ export const SETTINGS = {
     env: "ARBOR_TRAINING_THREADS",
     group: "training",
     shown: "1",
-    doc: "Embedded training threads: jobs of that many models train side by side.",
+    doc: "Training threads of the embedded worker, or of a worker process (`apps/worker`): jobs of that many models train side by side.",
     read: (raw) => (unset(raw) ? 1 : integer(raw, 1, 64)),
   }),
   workerLeaseMs: setting({

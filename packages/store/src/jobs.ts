@@ -496,6 +496,17 @@ export class JobsRepo {
     return out;
   }
 
+  /** Whether `workerId` still holds job `jobId`: running, under its lease. A read, unlike
+   * `renewLease`, for a supervisor that watches for cancels made by other processes. */
+  async stillHeld(workerId: string, jobId: string): Promise<boolean> {
+    const row = await this.#sql.one(
+      `SELECT 1 AS held FROM training_jobs
+       WHERE id = $1 AND lease_owner = $2 AND status = 'running'`,
+      [jobId, workerId],
+    );
+    return row !== undefined;
+  }
+
   /** Of these model ids, the ones with a running job (whose worker may be writing files). */
   runningAmong(modelIds: readonly string[]): Promise<Set<string>> {
     return presentAmong(

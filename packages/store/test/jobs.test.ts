@@ -101,11 +101,14 @@ describeBackends("training jobs and the queue", (ctx) => {
       entity,
     });
     expect((await ctx.store.jobs.claimNextJob("w", 10_000))?.id).toBe(queued.id);
+    expect(await ctx.store.jobs.stillHeld("w", queued.id)).toBe(true);
+    expect(await ctx.store.jobs.stillHeld("other-worker", queued.id)).toBe(false);
     const cancelledQueued = await ctx.store.jobs.cancelJob(entity, running.id);
     expect(cancelledQueued.status).toBe("cancelled");
     const cancelledRunning = await ctx.store.jobs.cancelJob(entity, queued.id);
     expect(cancelledRunning).toMatchObject({ status: "cancelled", error_message: "cancelled" });
     expect(await ctx.store.jobs.renewLease("w", queued.id, 10_000)).toBe(false);
+    expect(await ctx.store.jobs.stillHeld("w", queued.id)).toBe(false);
     // Cancelling again changes nothing and writes no second event.
     expect((await ctx.store.jobs.cancelJob(entity, queued.id)).status).toBe("cancelled");
     await expect(ctx.store.jobs.cancelJob("other", queued.id)).rejects.toBeInstanceOf(

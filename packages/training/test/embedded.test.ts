@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { openStore, type Store } from "@arbor/store";
@@ -29,7 +29,12 @@ async function runningJob(): Promise<{ store: Store; dataDir: string; jobId: str
   return { store, dataDir, jobId: job.id };
 }
 
-function start(store: Store, dataDir: string, onActivity?: (activity: TrainingActivity) => void) {
+function start(
+  store: Store,
+  dataDir: string,
+  onActivity?: (activity: TrainingActivity) => void,
+  thread = "crashing-thread.ts",
+) {
   return EmbeddedWorker.start({
     ...(onActivity ? { onActivity } : {}),
     store,
@@ -41,11 +46,36 @@ function start(store: Store, dataDir: string, onActivity?: (activity: TrainingAc
     allowHosts: [],
     kernelThreads: 1,
     restartDelayMs: 50,
-    threadModule: new URL("./fixtures/crashing-thread.ts", import.meta.url),
+    threadModule: new URL(`./fixtures/${thread}`, import.meta.url),
+    cancelPollMs: 100,
   });
 }
 
 describe("EmbeddedWorker", () => {
+  it("when a job is cancelled by another process while its thread computes, then the supervisor tells the thread mid-step", async () => {
+    const { store, dataDir, jobId } = await runningJob();
+    // Give up after about 10 minutes of compute: only a cancel that arrives ends it sooner.
+    writeFileSync(
+      join(dataDir, "compute-plan.json"),
+      JSON.stringify({ workerId: "thread-0#boot", jobId, maxMicroBatches: 60_000 }),
+    );
+    const worker = await start(store, dataDir, undefined, "computing-thread.ts");
+    try {
+      // Another process's cancel: a row change only, never `worker.cancelled()`.
+      await vi.waitFor(() => expect(worker.running()).toEqual([jobId]));
+      await store.jobs.cancelJob("e", jobId);
+      const result = await vi.waitFor(
+        () => JSON.parse(readFileSync(join(dataDir, "computed.json"), "utf8")),
+        { timeout: 660_000, interval: 50 },
+      );
+      expect(result.cancelled).toBe(true);
+      expect(result.microBatches).toBeLessThan(60_000);
+    } finally {
+      await worker.stop();
+      await store.close();
+    }
+  }, 660_000);
+
   it("when a training thread dies mid-job, then the job fails naming the cause, the health is down, and a fresh thread starts", async () => {
     const { store, dataDir, jobId } = await runningJob();
     writeFileSync(

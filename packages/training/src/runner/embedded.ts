@@ -20,6 +20,13 @@ export interface EmbeddedWorkerOptions extends WorkerThreadSettings {
   threadModule?: URL;
   /** Told of the threads' work, for metrics; the job of a thread that died ends as failed. */
   onActivity?: (activity: TrainingActivity) => void;
+  /** How often the supervisor reads whether its threads' jobs are still theirs (default 500 ms):
+   * a cancel made by another process (a replica's API, a deleted model) then reaches the thread
+   * between micro-batches, not only after the step in flight. */
+  cancelPollMs?: number;
+  /** Who the threads are (default: this data directory's identity); a worker process with
+   * `ARBOR_WORKER_ID` names itself. */
+  identity?: WorkerIdentity;
 }
 
 type SlotState = "starting" | "running" | "restarting" | "stopped";
@@ -62,6 +69,7 @@ export class EmbeddedWorker {
   readonly #identity: WorkerIdentity;
   readonly #slots: Slot[];
   #stopping = false;
+  #watcher: NodeJS.Timeout | undefined;
 
   private constructor(options: EmbeddedWorkerOptions, identity: WorkerIdentity) {
     this.#options = options;
@@ -70,14 +78,35 @@ export class EmbeddedWorker {
   }
 
   static async start(options: EmbeddedWorkerOptions): Promise<EmbeddedWorker> {
-    const worker = new EmbeddedWorker(options, dataDirIdentity(options.dataDir));
+    const worker = new EmbeddedWorker(
+      options,
+      options.identity ?? dataDirIdentity(options.dataDir),
+    );
     try {
       await Promise.all(worker.#slots.map((slot) => worker.#startSlot(slot)));
     } catch (err) {
       await worker.stop();
       throw err;
     }
+    worker.#watcher = setInterval(() => void worker.#watch(), options.cancelPollMs ?? 500);
+    worker.#watcher.unref();
     return worker;
+  }
+
+  /** Tells each thread whose job is no longer its own (cancelled or deleted anywhere, or its
+   * lease taken back) to stop now: one indexed read per running job. */
+  async #watch(): Promise<void> {
+    for (const slot of this.#slots) {
+      const { job, workerId } = slot;
+      if (!job || !workerId) continue;
+      try {
+        if (!(await this.#options.store.jobs.stillHeld(workerId, job)) && slot.job === job)
+          writeCancelled(slot.cancelled, job);
+      } catch (err) {
+        // The thread's own lease renewal notices a lost job too, after its step.
+        this.#options.logger.debug({ err, jobId: job }, "could not read whether the job is held");
+      }
+    }
   }
 
   /** A job was cancelled (or its model deleted) in this process: the thread running it stops
@@ -117,6 +146,7 @@ export class EmbeddedWorker {
 
   async stop(): Promise<void> {
     this.#stopping = true;
+    clearInterval(this.#watcher);
     await Promise.all(
       this.#slots.map(async (slot) => {
         clearTimeout(slot.timer);
@@ -137,8 +167,17 @@ export class EmbeddedWorker {
 
   /** Starts the slot's thread and resolves once it reports that it runs. */
   async #startSlot(slot: Slot): Promise<void> {
-    const { store, logger, threads, restartDelayMs, threadModule, onActivity, ...settings } =
-      this.#options;
+    const {
+      store,
+      logger,
+      threads,
+      restartDelayMs,
+      threadModule,
+      onActivity,
+      cancelPollMs,
+      identity: _,
+      ...settings
+    } = this.#options;
     const identity = {
       stable: `${this.#identity.stable}.${slot.index}`,
       persistent: this.#identity.persistent,
