@@ -4,7 +4,8 @@ import type { AddressInfo } from "node:net";
 import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import { COMMANDS, run } from "./commands.ts";
+import pkg from "../package.json" with { type: "json" };
+import { COMMANDS, checkNode, run } from "./commands.ts";
 
 function capture() {
   const lines: string[] = [];
@@ -61,7 +62,7 @@ describe("arbor's command line", () => {
   it("when --version is asked, then it prints the version", async () => {
     const { io, lines } = capture();
     await run(["--version"], io);
-    expect(lines).toEqual([expect.stringMatching(/^arbor \d+\.\d+\.\d+/)]);
+    expect(lines).toEqual([`arbor ${pkg.version}`]);
   });
 
   it("when no server listens at the URL, then the error names the URL and how to change it", async () => {
@@ -99,5 +100,25 @@ describe("arbor's command line", () => {
     expect(result.status).toBe(1);
     expect(result.stderr).toContain(`needs Node 24 or later; this is Node ${version.slice(1)}`);
     expect(result.stderr).toContain("./scripts/arbor");
+  });
+
+  it("when a store command meets a Node older than 24, then one line names the Node it needs; server commands need none", () => {
+    const needing = COMMANDS.filter((c) => c.needs).map((c) => c.name);
+    expect(needing).toEqual([
+      "keys create",
+      "keys list",
+      "keys revoke",
+      "prices set",
+      "prices list",
+      "prices delete",
+    ]);
+    const keys = COMMANDS.find((c) => c.name === "keys list")!;
+    expect(() => checkNode(keys, "20.20.2")).toThrow(
+      /^"arbor keys list" needs Node 24 or later \(it opens the Arbor store with node:sqlite\); this is Node 20\.20\.2\. [^\n]+$/,
+    );
+    expect(() => checkNode(keys, "22.12.0")).toThrow(/needs Node 24 or later/);
+    expect(() => checkNode(keys, "24.0.0")).not.toThrow();
+    for (const c of COMMANDS.filter((c) => !c.needs))
+      expect(() => checkNode(c, "20.0.0")).not.toThrow();
   });
 });
