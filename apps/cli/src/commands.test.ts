@@ -1,5 +1,4 @@
 import { execFileSync, spawnSync } from "node:child_process";
-import { existsSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { createServer } from "node:net";
 import { fileURLToPath } from "node:url";
@@ -86,20 +85,21 @@ describe("arbor's command line", () => {
     }
   });
 
-  it("when the bin runs on Node 24, then it works; on an older Node, then it says which Node it needs", () => {
+  it("when the bin runs, then it runs the bundle; on a Node older than 20, then it says which Node it needs", () => {
     const bin = fileURLToPath(new URL("../bin/arbor.js", import.meta.url));
-    expect(execFileSync(process.execPath, [bin, "--version"], { encoding: "utf8" })).toMatch(
-      /^arbor \d+\.\d+\.\d+/,
+    expect(execFileSync(process.execPath, [bin, "--version"], { encoding: "utf8" })).toBe(
+      `arbor ${pkg.version}\n`,
     );
-    // The machine's own Node (20 here), when there is one older than 24.
-    const old = "/usr/bin/node";
-    if (!existsSync(old)) return;
-    const version = execFileSync(old, ["--version"], { encoding: "utf8" }).trim();
-    if (Number(version.slice(1).split(".")[0]) >= 24) return;
-    const result = spawnSync(old, [bin, "--version"], { encoding: "utf8" });
+    // Node 18 as the bin sees it: no older Node is installed here to run it for real.
+    const node18 = `data:text/javascript,Object.defineProperty(process,"versions",{value:{...process.versions,node:"18.20.0"}})`;
+    const result = spawnSync(process.execPath, ["--import", node18, bin, "--version"], {
+      encoding: "utf8",
+    });
     expect(result.status).toBe(1);
-    expect(result.stderr).toContain(`needs Node 24 or later; this is Node ${version.slice(1)}`);
-    expect(result.stderr).toContain("./scripts/arbor");
+    expect(result.stdout).toBe("");
+    expect(result.stderr).toBe(
+      `arbor: this command needs Node 20 or later; this is Node 18.20.0 (${process.execPath}).\n`,
+    );
   });
 
   it("when a store command meets a Node older than 24, then one line names the Node it needs; server commands need none", () => {
