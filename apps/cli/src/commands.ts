@@ -7,12 +7,13 @@ import {
   type ArborClient,
   AuthenticationError,
   createArborClient,
-  VERSION,
 } from "@arbor/client";
 import { adminKeyPath, baseModelsDir, type Config, readConfig } from "@arbor/config";
-import { openStore, type Store } from "@arbor/store";
+// Types only: the store (node:sqlite) and the engine (its WebAssembly) are imported when a
+// command uses them, so that the remote commands load neither (and run on Node 20).
+import type { Store } from "@arbor/store";
+import pkg from "../package.json" with { type: "json" };
 import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
-import { addBaseModel } from "./base-models.ts";
 import * as remote from "./remote.ts";
 
 /** Where commands print. */
@@ -35,12 +36,23 @@ interface Env {
   client: () => ArborClient;
 }
 
+/** A newer Node than the CLI's own floor (20) that a local command needs, and why. */
+export interface NodeNeed {
+  major: number;
+  why: string;
+}
+
+/** The admin commands open the store, on node:sqlite: the server's own Node. */
+const STORE: NodeNeed = { major: 24, why: "it opens the Arbor store with node:sqlite" };
+
 interface CommandDef<O extends ParseArgsOptionsConfig> {
   /** `models create`, or `chat` (whose next word is a positional). */
   name: string;
   /** The arguments after the name, as `help` shows them. */
   usage: string;
   summary: string;
+  /** Set on a local command that needs a newer Node than the remote ones. */
+  needs?: NodeNeed;
   /** The command's own options; any other is refused. */
   options: O;
   run(ctx: Env & { values: Values<O>; positionals: string[] }): Promise<void>;
@@ -51,15 +63,17 @@ export interface Command {
   name: string;
   usage: string;
   summary: string;
+  needs?: NodeNeed | undefined;
   execute(args: readonly string[], env: Env): Promise<void>;
 }
 
 function command<const O extends ParseArgsOptionsConfig>(def: CommandDef<O>): Command {
-  const { name, usage, summary } = def;
+  const { name, usage, summary, needs } = def;
   return {
     name,
     usage,
     summary,
+    needs,
     execute(args, env) {
       let parsed: { values: Values<O>; positionals: string[] };
       try {
@@ -92,6 +106,7 @@ const flag = { type: "boolean" } as const;
 export const COMMANDS: readonly Command[] = [
   command({
     name: "keys create",
+    needs: STORE,
     usage: "--user U --entity E [--name N]",
     summary: "create an API key (and the user, and its membership of the entity)",
     options: { user: str, entity: str, name: str },
@@ -106,6 +121,7 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "keys list",
+    needs: STORE,
     usage: "[--user U]",
     summary: "list keys by prefix (never the key itself)",
     options: { user: str },
@@ -113,6 +129,7 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "keys revoke",
+    needs: STORE,
     usage: "KEY_PREFIX_OR_ID",
     summary: "revoke a key; it stops working on the next request",
     options: {},
@@ -123,6 +140,7 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "prices set",
+    needs: STORE,
     usage:
       "--model M --prompt P --completion C [--project E/P] [--effective DATE] [--cache-read X] [--cache-creation Y]",
     summary: "set a model's price per token (the default, or a project's own)",
@@ -150,6 +168,7 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "prices list",
+    needs: STORE,
     usage: "[--project E/P] [--model M]",
     summary: "list prices: the defaults, plus the project's own",
     options: { project: str, model: str },
@@ -158,6 +177,7 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "prices delete",
+    needs: STORE,
     usage: "PRICE_ID [--project E/P]",
     summary: "delete a price",
     options: { project: str },
@@ -174,6 +194,7 @@ export const COMMANDS: readonly Command[] = [
     options: { id: str },
     run: async ({ values, positionals, io }) => {
       const config = readConfig();
+      const { addBaseModel } = await import("./base-models.ts");
       await addBaseModel(
         {
           folder: required(positionals[0], "FOLDER"),
@@ -455,8 +476,8 @@ ${lines.join("\n")}
 
 Run "arbor help COMMAND" (or "arbor COMMAND --help") for a command's options.
 
-Admin commands (keys, prices) open the store directly: ARBOR_DATA_DIR (default ~/.arbor) or
-DATABASE_URL. The others call the server: ARBOR_BASE_URL (default http://ARBOR_HOST:ARBOR_PORT,
+Admin commands (keys, prices) open the store directly, on Node 24 or later: ARBOR_DATA_DIR
+(default ~/.arbor) or DATABASE_URL. The others call the server, on Node 20 or later: ARBOR_BASE_URL (default http://ARBOR_HOST:ARBOR_PORT,
 that is http://127.0.0.1:8080), ARBOR_API_KEY (default: the first-start key in
 ARBOR_DATA_DIR/admin.key), ARBOR_PROJECT.`;
 }
@@ -478,7 +499,7 @@ function findCommand(argv: readonly string[]): { command: Command; rest: string[
 /** Runs the command line `argv` (without `node` and the script). */
 export async function run(argv: readonly string[], io: Io): Promise<void> {
   if (argv[0] === "--version" || argv[0] === "-v" || argv[0] === "version") {
-    io.line(`arbor ${VERSION}`);
+    io.line(`arbor ${pkg.version}`);
     return;
   }
   if (argv.length === 0 || argv[0] === "help" || argv[0] === "--help" || argv[0] === "-h") {
@@ -502,12 +523,14 @@ export async function run(argv: readonly string[], io: Io): Promise<void> {
     io.line(commandHelp(command));
     return;
   }
+  checkNode(command, process.versions.node);
   const config = readConfig();
   let opened: Store | undefined;
   try {
     await command.execute(rest, {
       io,
       store: async () => {
+        const { openStore } = await import("@arbor/store");
         opened ??= await openStore({
           dataDir: config.dataDir,
           databaseUrl: config.databaseUrl,
@@ -522,6 +545,19 @@ export async function run(argv: readonly string[], io: Io): Promise<void> {
   } finally {
     await opened?.close();
   }
+}
+
+/**
+ * Refuses, in one line, a command that needs a newer Node than `version` (the installed
+ * package runs on Node 20; its admin commands do not).
+ */
+export function checkNode(command: Pick<Command, "name" | "needs">, version: string): void {
+  const need = command.needs;
+  if (!need || Number(version.split(".")[0]) >= need.major) return;
+  throw new Error(
+    `"arbor ${command.name}" needs Node ${need.major} or later (${need.why}); this is Node ${version}. ` +
+      "The server commands (models, datasets, train, jobs, checkpoints, chat) run on Node 20 and later.",
+  );
 }
 
 /** The server the remote commands call: ARBOR_BASE_URL, or else where the server's own

@@ -5,6 +5,7 @@ import { join, resolve } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { NODE_20, node20 } from "./node20.ts";
 
 /**
  * @arbor/client as another team gets it: packed, installed with npm into a folder outside the
@@ -15,21 +16,6 @@ const root = resolve(import.meta.dirname, "../../..");
 const clientDir = join(root, "packages/client");
 const fixture = join(root, "tests/contract/fixtures/client-consumer");
 const tsc = join(root, "node_modules/typescript/bin/tsc");
-/** The machine's own Node (20 here), beside the project's Node 24 that runs this test. */
-const NODE_20 = process.env.ARBOR_NODE_20 ?? "/usr/bin/node";
-/** This machine has a Node 20 to run the consumer under (CI machines do: it is an error there). */
-const node20 = (() => {
-  try {
-    return execFileSync(NODE_20, ["--version"], { encoding: "utf8" }).startsWith("v20.");
-  } catch {
-    return false;
-  }
-})();
-if (!node20 && process.env.CI === "true")
-  throw new Error(
-    `${NODE_20} is not Node 20: set ARBOR_NODE_20 to one for the client-package test.`,
-  );
-
 const run = promisify(execFile);
 
 let server: RunningServer;
@@ -86,7 +72,7 @@ describe("@arbor/client from its tarball", () => {
     expect(manifest.version).toBe(spec.info.version);
   });
 
-  it("when the workspace is read, then each publishable package has a CHANGELOG.md", () => {
+  it("when the workspace is read, then each publishable package has a CHANGELOG.md with its version", () => {
     const publishable = ["spec", "packages", "apps"]
       .flatMap((group) =>
         group === "spec"
@@ -94,11 +80,12 @@ describe("@arbor/client from its tarball", () => {
           : readdirSync(join(root, group)).map((d) => join(root, group, d)),
       )
       .filter((dir) => !JSON.parse(readFileSync(join(dir, "package.json"), "utf8")).private);
-    expect(publishable).toEqual([clientDir]);
-    for (const dir of publishable) expect(existsSync(join(dir, "CHANGELOG.md"))).toBe(true);
-    expect(readFileSync(join(clientDir, "CHANGELOG.md"), "utf8")).toContain(
-      `## ${JSON.parse(readFileSync(join(clientDir, "package.json"), "utf8")).version}`,
-    );
+    expect(publishable).toEqual([clientDir, join(root, "apps/cli")]);
+    for (const dir of publishable) {
+      const { version } = JSON.parse(readFileSync(join(dir, "package.json"), "utf8"));
+      expect(existsSync(join(dir, "CHANGELOG.md"))).toBe(true);
+      expect(readFileSync(join(dir, "CHANGELOG.md"), "utf8")).toContain(`## ${version}`);
+    }
   });
 
   it("when a consumer is type-checked with tsc --strict outside the workspace, then it compiles", () => {
