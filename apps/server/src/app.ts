@@ -28,7 +28,8 @@ import { llamaChatBackend } from "./modules/inference/llama-chat.ts";
 import { ModelDirectory } from "./modules/inference/models.ts";
 import { inferenceHandlers } from "./modules/inference/routes.ts";
 import { ChatService } from "./modules/inference/service.ts";
-import { upstreamChatBackend } from "./modules/inference/upstream.ts";
+import { UpstreamChatBackend } from "./modules/inference/upstream.ts";
+import { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
 import type { Metrics } from "./modules/metrics/metrics.ts";
 import { metricsEndpoint, requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsHandlers } from "./modules/models/routes.ts";
@@ -121,6 +122,12 @@ export function createApp(deps: AppDeps): Express {
   }
 
   const directory = new ModelDirectory(deps.engines, deps.store, config.upstreams);
+  const upstreamAdapters = new UpstreamAdapters({
+    upstreams: config.upstreams,
+    dir: config.upstreamLoraDir,
+    blobs: deps.store.blobs,
+    logger,
+  });
   const handlers: Handlers = {
     ...healthHandlers(deps.probes),
     ...callsHandlers(deps.store),
@@ -128,6 +135,7 @@ export function createApp(deps: AppDeps): Express {
       store: deps.store,
       baseModels: async () => (await deps.engines.current()).map((m) => m.id),
       baseModel: (id) => deps.engines.find(id),
+      checkpointsDeleted: (model, blobKeys) => upstreamAdapters.deleted(model.base_model, blobKeys),
     }),
     ...trainingHandlers({
       store: deps.store,
@@ -142,7 +150,7 @@ export function createApp(deps: AppDeps): Express {
         backends: {
           engine: new EngineChatBackend(deps.engines, deps.store.blobs),
           llama: llamaChatBackend,
-          upstream: upstreamChatBackend,
+          upstream: new UpstreamChatBackend(upstreamAdapters),
         },
         calls: deps.store.calls,
         logger,

@@ -1,4 +1,10 @@
-import type { Config, MetricsAccess, Role, UpstreamConfig } from "@arbor/config";
+import {
+  type Config,
+  type MetricsAccess,
+  type Role,
+  type UpstreamConfig,
+  upstreamLoraDir,
+} from "@arbor/config";
 import type { RateLimits } from "./http/rate-limit.ts";
 
 export type { Role } from "@arbor/config";
@@ -15,6 +21,9 @@ export interface AppConfig {
   rateLimits: RateLimits;
   /** Model ids served by OpenAI-compatible upstreams instead of the engine. */
   upstreams: Record<string, UpstreamConfig>;
+  /** Where the adapters of checkpoints served by upstreams are written for them to read
+   * (`ARBOR_UPSTREAM_LORA_DIR`). */
+  upstreamLoraDir: string;
   /** Who may read `GET /metrics` (`ARBOR_METRICS`). */
   metrics: MetricsAccess;
 }
@@ -26,6 +35,7 @@ export function appConfigOf(config: Config): AppConfig {
     validateRequests: true,
     validateResponses: true,
     upstreams: config.upstreams,
+    upstreamLoraDir: upstreamLoraDir(config),
     metrics: config.metrics,
     rateLimits: {
       keyRequestsPerMinute: config.keyRequestsPerMinute,

@@ -2,6 +2,7 @@ export {
   adminKeyPath,
   baseModelsDir,
   type Config,
+  DEFAULT_UPSTREAM_MAX_LORAS,
   METRICS_ACCESS,
   type MetricsAccess,
   ROLES,
@@ -12,4 +13,5 @@ export {
   type Settings,
   settingsTable,
   type UpstreamConfig,
+  upstreamLoraDir,
 } from "./settings.ts";

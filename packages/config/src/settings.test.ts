@@ -3,7 +3,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { readConfig, settingsTable } from "./settings.ts";
+import { readConfig, settingsTable, upstreamLoraDir } from "./settings.ts";
 
 describe("readConfig", () => {
   it("when nothing is set, then every setting has its default", () => {
@@ -73,6 +73,43 @@ describe("readConfig", () => {
     expect(config.roles).toEqual(["inference"]);
     expect(config.keyRequestsPerMinute).toBe(60);
     expect(config.metrics).toBe("public");
+  });
+});
+
+describe("ARBOR_UPSTREAMS and ARBOR_UPSTREAM_LORA_DIR", () => {
+  it("when an upstream names how it sees the adapters' directory and how many it keeps, then both are read", () => {
+    const config = readConfig({
+      ARBOR_DATA_DIR: "/srv/arbor",
+      ARBOR_UPSTREAM_LORA_DIR: " /mnt/shared/lora ",
+      ARBOR_UPSTREAMS: JSON.stringify({
+        "qwen/Qwen3-0.6B": { url: "http://gpu:8000/v1", loraDir: "/data/lora", maxLoras: 2 },
+      }),
+    });
+    expect(config.upstreams).toEqual({
+      "qwen/Qwen3-0.6B": { url: "http://gpu:8000/v1", loraDir: "/data/lora", maxLoras: 2 },
+    });
+    expect(upstreamLoraDir(config)).toBe("/mnt/shared/lora");
+    expect(upstreamLoraDir(readConfig({ ARBOR_DATA_DIR: "/srv/arbor" }))).toBe(
+      "/srv/arbor/upstream-lora",
+    );
+  });
+
+  it("when loraDir, maxLoras or the directory are not usable, then each is named", () => {
+    const upstream = (fields: object) =>
+      readConfig({
+        ARBOR_UPSTREAMS: JSON.stringify({ "a/b": { url: "http://gpu:8000/v1", ...fields } }),
+      });
+    expect(() => upstream({ loraDir: "lora" })).toThrow(
+      'ARBOR_UPSTREAMS ["a/b"].loraDir must be an absolute path',
+    );
+    for (const maxLoras of [0, 1.5, "8", 5000]) {
+      expect(() => upstream({ maxLoras })).toThrow(
+        'ARBOR_UPSTREAMS ["a/b"].maxLoras must be an integer from 1 to 1024',
+      );
+    }
+    expect(() => readConfig({ ARBOR_UPSTREAM_LORA_DIR: "relative/dir" })).toThrow(
+      'ARBOR_UPSTREAM_LORA_DIR must be an absolute path, got "relative/dir"',
+    );
   });
 });
 

@@ -16,6 +16,18 @@ export function baseModelsDir(config: {
   return config.baseModelsDir ?? join(config.dataDir, "models");
 }
 
+/** Where adapters served by upstreams are written: `ARBOR_UPSTREAM_LORA_DIR`, else
+ * `<data dir>/upstream-lora`. */
+export function upstreamLoraDir(config: {
+  upstreamLoraDir: string | undefined;
+  dataDir: string;
+}): string {
+  return config.upstreamLoraDir ?? join(config.dataDir, "upstream-lora");
+}
+
+/** Adapters an upstream keeps loaded at once when its `maxLoras` is not set. */
+export const DEFAULT_UPSTREAM_MAX_LORAS = 8;
+
 /** The first-start admin key, written (mode 0600) in the data directory. */
 export function adminKeyPath(dataDir: string): string {
   return join(dataDir, "admin.key");
@@ -36,6 +48,12 @@ export interface UpstreamConfig {
   apiKey?: string;
   /** The model name the upstream knows; default: our id. */
   model?: string;
+  /** `ARBOR_UPSTREAM_LORA_DIR` as the upstream sees it (its own mount of that directory), for
+   * the `lora_path` of the checkpoints it serves; default: the same path. */
+  loraDir?: string;
+  /** Checkpoint adapters kept loaded on this upstream at once (least recently used unloaded
+   * first); default 8. */
+  maxLoras?: number;
 }
 
 export interface Setting<T> {
@@ -240,7 +258,7 @@ export const SETTINGS = {
     env: "ARBOR_UPSTREAMS",
     group: "inference",
     shown: "none",
-    doc: 'JSON: model id → `{"url": "http://host/v1", "apiKey"?, "model"?}` of an OpenAI-compatible server that serves it.',
+    doc: 'JSON: model id → `{"url": "http://host/v1", "apiKey"?, "model"?, "loraDir"?, "maxLoras"?}` of an OpenAI-compatible server that serves it. Checkpoints trained on that base are served there too, as LoRA adapters it loads at run time (vLLM\'s `/v1/load_lora_adapter`): `loraDir` is `ARBOR_UPSTREAM_LORA_DIR` as the upstream sees it (default: the same path), `maxLoras` how many it keeps loaded (default 8, least recently used unloaded first).',
     read: (raw): Record<string, UpstreamConfig> => {
       if (unset(raw)) return {};
       const parsed = parseJson(raw);
@@ -251,13 +269,34 @@ export const SETTINGS = {
         const v = value as Partial<UpstreamConfig> | null;
         if (typeof v?.url !== "string" || !URL.canParse(v.url))
           throw new Error(`[${JSON.stringify(id)}].url must be a URL`);
+        if (v.loraDir !== undefined && (typeof v.loraDir !== "string" || !isAbsolute(v.loraDir)))
+          throw new Error(`[${JSON.stringify(id)}].loraDir must be an absolute path`);
+        if (
+          v.maxLoras !== undefined &&
+          (!Number.isInteger(v.maxLoras) || v.maxLoras < 1 || v.maxLoras > 1024)
+        )
+          throw new Error(`[${JSON.stringify(id)}].maxLoras must be an integer from 1 to 1024`);
         out[id] = {
           url: v.url,
           ...(typeof v.apiKey === "string" ? { apiKey: v.apiKey } : {}),
           ...(typeof v.model === "string" ? { model: v.model } : {}),
+          ...(v.loraDir !== undefined ? { loraDir: v.loraDir } : {}),
+          ...(v.maxLoras !== undefined ? { maxLoras: v.maxLoras } : {}),
         };
       }
       return out;
+    },
+  }),
+  upstreamLoraDir: setting({
+    env: "ARBOR_UPSTREAM_LORA_DIR",
+    group: "inference",
+    shown: "ARBOR_DATA_DIR/upstream-lora",
+    doc: "Where checkpoints served by upstreams are written, one PEFT folder each (`adapter_config.json`, `adapter_model.safetensors`), for the upstreams to read: a directory they share with this process (the same host, or a network mount).",
+    read: (raw) => {
+      if (unset(raw)) return undefined;
+      if (!isAbsolute(raw.trim()))
+        throw new Error(`must be an absolute path, got ${JSON.stringify(raw)}`);
+      return raw.trim();
     },
   }),
   llamaModels: setting({

@@ -15,8 +15,15 @@ export type ResolvedModel =
   | { kind: "engine"; id: string; baseId: string; checkpoint: Checkpoint | null }
   /** A user-supplied GGUF on llama.cpp. */
   | { kind: "llama"; id: string; backend: LlamaCppBackend }
-  /** An OpenAI-compatible upstream. */
-  | { kind: "upstream"; id: string; upstream: UpstreamConfig };
+  /** An OpenAI-compatible upstream: a base model it serves, or a trained checkpoint of one
+   * (its adapter loaded there; a checkpoint without files is the base itself). */
+  | {
+      kind: "upstream";
+      id: string;
+      baseId: string;
+      upstream: UpstreamConfig;
+      checkpoint: Checkpoint | null;
+    };
 
 /** `<entity>/<project>/<name>` or `<entity>/<project>/<name>:step<N>`. */
 const trainedId = /^([^/:\s]+)\/([^/:\s]+)\/([^/:\s]+)(?::step(\d+))?$/;
@@ -123,7 +130,7 @@ export class ModelDirectory {
 
   async resolve(principal: Principal, id: string): Promise<ResolvedModel> {
     const upstream = this.#upstreams.get(id);
-    if (upstream) return { kind: "upstream", id, upstream };
+    if (upstream) return { kind: "upstream", id, baseId: id, upstream, checkpoint: null };
     const llama = this.#engines.llamaModels().get(id);
     if (llama) return { kind: "llama", id, backend: llama };
     const trained = trainedId.exec(id);
@@ -149,12 +156,13 @@ export class ModelDirectory {
       step === undefined ? undefined : Number(step),
     );
     if (!checkpoint) throw modelNotFound(id);
-    return {
-      kind: "engine",
-      id: `${entity}/${project}/${name}:step${checkpoint.step}`,
-      baseId: model.base_model,
-      checkpoint,
-    };
+    const served = `${entity}/${project}/${name}:step${checkpoint.step}`;
+    // A base that an upstream serves serves its checkpoints there too (ADR 40).
+    const upstream = this.#upstreams.get(model.base_model);
+    if (upstream) {
+      return { kind: "upstream", id: served, baseId: model.base_model, upstream, checkpoint };
+    }
+    return { kind: "engine", id: served, baseId: model.base_model, checkpoint };
   }
 }
 

@@ -11,6 +11,7 @@ import {
 } from "@arbor/training";
 import { type Handlers, RESPONDED } from "../../http/operations.ts";
 import {
+  type CheckpointsDeleted,
   checkpointToWire,
   createModel,
   deleteCheckpoints,
@@ -31,6 +32,9 @@ export interface ModelsDeps {
   baseModels: () => Promise<string[]>;
   /** A base model the engine serves: its folder, and its config (the shapes an adapter must fit). */
   baseModel: (id: string) => Promise<{ dir: string; config: ModelConfig } | undefined>;
+  /** Told of checkpoints deleted (their rows and files gone), by their files' keys: upstreams
+   * serving them unload them. Never throws. */
+  checkpointsDeleted?: CheckpointsDeleted;
 }
 
 /** Models and their checkpoints (CONTRACT §5). */
@@ -38,7 +42,8 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
   const { store } = deps;
   return {
     createModel: ({ body, principal }) => createModel(deps, principal, body),
-    deleteModel: ({ params, principal }) => deleteModel(store, principal, params.model_id),
+    deleteModel: ({ params, principal }) =>
+      deleteModel(store, principal, params.model_id, deps.checkpointsDeleted),
 
     listTrainableModels: async ({ query, principal }) => {
       const page = await store.models.list(principal.entities, {
@@ -141,7 +146,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
     },
 
     deleteCheckpoints: ({ params, body, principal }) =>
-      deleteCheckpoints(store, principal, params.model_id, body.steps),
+      deleteCheckpoints(store, principal, params.model_id, body.steps, deps.checkpointsDeleted),
 
     logModelMetrics: ({ params, body, principal }) =>
       logMetrics(store, principal, params.model_id, body),

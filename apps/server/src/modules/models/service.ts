@@ -95,7 +95,12 @@ export async function createModel(
 /** Deletes a model with its checkpoints and files. A job still queued or running for it is
  * cancelled first (its terminal event is written); then the rows go, then the files: a crash in
  * between leaves unnamed files (swept later), never a row that points at nothing. */
-export async function deleteModel(store: Store, principal: Principal, modelId: string) {
+export async function deleteModel(
+  store: Store,
+  principal: Principal,
+  modelId: string,
+  deleted: CheckpointsDeleted = noHook,
+) {
   const model = await findModel(store, principal, modelId);
   for (const status of ["running", "queued"] as const) {
     const { data } = await store.jobs.list(model.entity, {
@@ -105,13 +110,14 @@ export async function deleteModel(store: Store, principal: Principal, modelId: s
     });
     for (const job of data) await store.jobs.cancelJob(model.entity, job.id).catch(() => undefined);
   }
-  const deleted = await store.models.delete(model.entity, model.id);
+  const removed = await store.models.delete(model.entity, model.id);
   // Everything under the model's prefix goes, files no row named included.
   await store.blobs?.deletePrefix(modelFilesPrefix(model.id));
-  await deleteBlobs(store, deleted.payload_keys);
+  await deleteBlobs(store, removed.payload_keys);
+  await deleted(model, removed.blob_keys);
   return {
     model_id: model.id,
-    deleted_checkpoints: deleted.deleted_checkpoints,
+    deleted_checkpoints: removed.deleted_checkpoints,
     deleted_run: false as const,
   };
 }
@@ -122,6 +128,7 @@ export async function deleteCheckpoints(
   principal: Principal,
   modelId: string,
   steps: number[],
+  deleted: CheckpointsDeleted = noHook,
 ) {
   const model = await findModel(store, principal, modelId);
   const result = await store.models
@@ -135,8 +142,15 @@ export async function deleteCheckpoints(
       throw err;
     });
   await deleteBlobs(store, result.blob_keys);
+  await deleted(model, result.blob_keys);
   return { deleted_count: result.deleted_count, not_found_steps: result.not_found_steps };
 }
+
+/** Told of a model's checkpoints deleted, by their files' keys, once rows and files are gone
+ * (upstreams serving them unload them). It never throws. */
+export type CheckpointsDeleted = (model: Model, blobKeys: string[]) => Promise<void>;
+
+const noHook: CheckpointsDeleted = async () => {};
 
 /** Files go after their rows. */
 async function deleteBlobs(store: Store, keys: string[]): Promise<void> {
