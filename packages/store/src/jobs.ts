@@ -317,6 +317,15 @@ export class JobsRepo {
     return row ? toEvent(row) : undefined;
   }
 
+  /** Whether the job has an event of `type` (e.g. whether a run of it started training). */
+  async hasEvent(jobId: string, type: string): Promise<boolean> {
+    const row = await this.#sql.one(
+      "SELECT 1 AS found FROM job_events WHERE job_id = $1 AND type = $2 LIMIT 1",
+      [jobId, type],
+    );
+    return row !== undefined;
+  }
+
   /** Events in creation order, paged by `after` (an event id). */
   async listEvents(
     entity: string,
