@@ -354,7 +354,10 @@ export interface paths {
         /**
          * Get training job events
          * @description The job's events in creation order, paged by `after` and `limit`. Events are immutable, so
-         *     polling with `after` = the last id seen is safe.
+         *     polling with `after` = the last id seen is safe. Each step is reported once, also when a
+         *     job is resumed after its worker died: the resumed run writes `training_started` again with
+         *     `data.resumed_from_step` and `data.attempt`, and does not report again the steps that an
+         *     earlier run reported (see `TrainingJobEvent`).
          *
          *     With `Accept: text/event-stream` the same path follows the job live instead: it sends the
          *     events after `after` (all when absent), then each new one as it is written, one JSON
@@ -1309,16 +1312,33 @@ export interface components {
          * TrainingJobEvent
          * @description One immutable event of a job, in creation order. `data` by `type`:
          *
-         *     - `training_started`: `{num_sequences}` — the gradient steps this job will take (int).
+         *     - `training_started`: `{num_sequences}` — the gradient steps this job will take (int). When
+         *       a job is resumed (its worker died, or stopped and handed it back), its next run writes
+         *       `training_started` again with `resumed_from_step` and `attempt` (see below).
          *     - `gradient_step`: flat numbers `loss`, `grad_norm`, `learning_rate`, `num_tokens`,
-         *       `num_trainable_tokens`, `tokens_per_second`, `gradient_step`, and `reward` for RL.
-         *     - `checkpoint_saved`: `{step}` — the checkpoint is listed before this event is written.
+         *       `num_trainable_tokens`, `tokens_per_second`, `gradient_step` (the job's step, from 1 to
+         *       `num_sequences`), and `reward` for RL.
+         *     - `checkpoint_saved`: `{step}` — the model's step; the checkpoint is listed before this
+         *       event is written.
          *     - `training_ended`: `{}`.
          *     - `training_failed`: `{error_message}` (`cancelled` for a cancelled job).
          *
-         *     `training_started` precedes every `gradient_step`. Exactly one terminal event
+         *     The first `training_started` precedes every `gradient_step`. Exactly one terminal event
          *     (`training_ended` or `training_failed`) ends every job. RL groups skipped for equal rewards
          *     are reported in `training_started.data.skipped_groups`.
+         *
+         *     **Each step is reported once**: a job has at most one `gradient_step` per `gradient_step`
+         *     and one `checkpoint_saved` per `step`, so a follower can key its curves by step.
+         *
+         *     **A resumed job** goes on from its last checkpoint. Its run's `training_started` has
+         *     `resumed_from_step` (int: the last of the job's steps that it does not train again, that
+         *     of the checkpoint it resumes from; 0 when the job had none and starts over) and `attempt`
+         *     (int: the job's run, 2 for its first resume). The steps after `resumed_from_step` that an
+         *     earlier run already reported are trained again but not reported again: the first report
+         *     stands, though a re-run's numbers may differ slightly (`tokens_per_second` always does). So
+         *     the first `gradient_step` after a resume may be later than `resumed_from_step + 1`. A
+         *     checkpoint an earlier run saved is reported before the resumed run's `training_started`.
+         *     Only a later `training_started` carries `resumed_from_step`; the job's first never does.
          */
         TrainingJobEvent: {
             /** Format: uuid */

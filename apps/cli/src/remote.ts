@@ -173,7 +173,8 @@ export async function cancelJob(
   out.line(`Job ${job.id} ${job.status}.`);
 }
 
-/** Draws a progress bar with the loss from the job's events; ends with its terminal event. */
+/** Draws a progress bar with the loss from the job's events, says where a resumed job went on,
+ * and ends with its terminal event. */
 export async function followJob(
   client: ArborClient,
   args: { job: string },
@@ -186,7 +187,13 @@ export async function followJob(
     const data = event.data as Record<string, unknown>;
     if (event.type === "training_started") {
       total = Number(data.num_sequences ?? 0);
-      out.line(`Training started: ${total} step${total === 1 ? "" : "s"}.`);
+      // A later run of the job (its worker died): it goes on after this step; the steps an
+      // earlier run reported are not reported again.
+      if (typeof data.resumed_from_step === "number")
+        out.line(
+          `Resumed from step ${data.resumed_from_step} of ${total}${typeof data.attempt === "number" ? ` (attempt ${data.attempt})` : ""}.`,
+        );
+      else out.line(`Training started: ${total} step${total === 1 ? "" : "s"}.`);
     } else if (event.type === "gradient_step") {
       const step = Number(data.gradient_step ?? 0);
       const line = `${progressBar(step, total)} step ${step}/${total}  loss ${Number(data.loss).toFixed(4)}${typeof data.reward === "number" ? `  reward ${data.reward.toFixed(3)}` : ""}`;

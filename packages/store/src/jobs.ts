@@ -103,6 +103,26 @@ function toEvent(r: Row): JobEvent {
   };
 }
 
+/**
+ * The event types that report a step, and the `data` field that names it: `gradient_step` (the
+ * job's own step count) and `checkpoint_saved` (the model's step). A job has at most one event
+ * of each type per step, so a step that a resumed run trains again, or that two workers both
+ * reach after a lease expired, is reported once: the first report stands.
+ */
+const STEP_FIELDS: Readonly<Record<string, string>> = {
+  gradient_step: "gradient_step",
+  checkpoint_saved: "step",
+};
+
+/** The step an event reports, its key among the job's events of its type; null for the others. */
+export function eventStep(type: string, data: JsonInput): number | null {
+  const field = STEP_FIELDS[type];
+  if (field === undefined || data === null || typeof data !== "object" || Array.isArray(data))
+    return null;
+  const step = (data as { readonly [key: string]: JsonInput })[field];
+  return typeof step === "number" && Number.isSafeInteger(step) ? step : null;
+}
+
 /** The oldest queued job whose model has neither a running job nor an older queued one. */
 const NEXT_RUNNABLE = `
   SELECT j.id FROM training_jobs j
@@ -124,7 +144,7 @@ export interface ReclaimResult {
 /**
  * Training jobs, their events, and the work queue. The row is the truth: a job is queued by
  * inserting it, claimed by leasing it, and ends with exactly one terminal event written in the
- * same transaction as its terminal status.
+ * same transaction as its terminal status. A step is reported at most once (`eventStep`).
  */
 export class JobsRepo {
   readonly #sql: Sql;
@@ -263,24 +283,47 @@ export class JobsRepo {
     return n > 0;
   }
 
-  /** Appends an event; its sequence follows the job's last one. */
-  async appendEvent(jobId: string, type: string, data: JsonInput = {}): Promise<JobEvent> {
+  /**
+   * Appends an event; its sequence follows the job's last one. A step event (`eventStep`) for
+   * a step the job already reported is ignored: undefined, and the first report stands.
+   */
+  async appendEvent(
+    jobId: string,
+    type: string,
+    data: JsonInput = {},
+  ): Promise<JobEvent | undefined> {
     return this.#sql.transaction((tx) => this.#appendEvent(tx, jobId, type, data));
   }
 
-  async #appendEvent(tx: Sql, jobId: string, type: string, data: JsonInput): Promise<JobEvent> {
+  async #appendEvent(
+    tx: Sql,
+    jobId: string,
+    type: string,
+    data: JsonInput,
+  ): Promise<JobEvent | undefined> {
     const now = this.#now();
     if (tx.dialect === "postgres") {
       // Serialises appends per job so two writers never pick the same sequence.
       await tx.query("SELECT id FROM training_jobs WHERE id = $1 FOR UPDATE", [jobId]);
     }
     const row = await tx.one(
-      `INSERT INTO job_events (job_id, sequence, id, type, data, created_at)
-       SELECT $1, COALESCE(MAX(sequence), 0) + 1, $2, $3, $4, CAST($5 AS BIGINT) FROM job_events WHERE job_id = $1
+      `INSERT INTO job_events (job_id, sequence, id, type, data, created_at, step)
+       SELECT $1, COALESCE(MAX(sequence), 0) + 1, $2, $3, $4, CAST($5 AS BIGINT), CAST($6 AS INTEGER)
+       FROM job_events WHERE job_id = $1
+       ON CONFLICT (job_id, type, step) WHERE step IS NOT NULL DO NOTHING
        RETURNING *`,
-      [jobId, uuidv7(now), type, toJson(data), unixSeconds(now)],
+      [jobId, uuidv7(now), type, toJson(data), unixSeconds(now), eventStep(type, data)],
     );
-    return toEvent(row!);
+    return row ? toEvent(row) : undefined;
+  }
+
+  /** Whether the job has an event of `type` (e.g. whether a run of it started training). */
+  async hasEvent(jobId: string, type: string): Promise<boolean> {
+    const row = await this.#sql.one(
+      "SELECT 1 AS found FROM job_events WHERE job_id = $1 AND type = $2 LIMIT 1",
+      [jobId, type],
+    );
+    return row !== undefined;
   }
 
   /** Events in creation order, paged by `after` (an event id). */

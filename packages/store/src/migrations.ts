@@ -1,4 +1,5 @@
 import { fromJson } from "./common.ts";
+import { eventStep } from "./jobs.ts";
 import { inList, listParam, type Sql } from "./sql.ts";
 import { insertUsageRows, usageRowsJson, usageRowsOf } from "./usage-rows.ts";
 
@@ -221,6 +222,18 @@ export const MIGRATIONS: readonly Migration[] = [
     ],
     run: backfillUsageAndLinks,
   },
+  {
+    version: 6,
+    name: "job events: one report per step",
+    statements: [
+      // The step a `gradient_step` or `checkpoint_saved` event reports (`eventStep`), null for
+      // the other types: a job's second report of a step (a resumed run training it again) is
+      // refused by the key and ignored.
+      "ALTER TABLE job_events ADD COLUMN step INTEGER",
+      "CREATE UNIQUE INDEX job_events_step ON job_events (job_id, type, step) WHERE step IS NOT NULL",
+    ],
+    run: backfillEventSteps,
+  },
 ];
 
 /**
@@ -319,4 +332,39 @@ async function backfillUsageAndLinks(tx: Sql): Promise<void> {
      WHERE parent_id IS NOT NULL AND (project_id, id) IN (SELECT project_id, id FROM linked)`,
   );
   await tx.exec(insertUsageRows(tx.dialect, "1 = 1"));
+}
+
+/** Version 6's data: the step of each job's first report of a step, in sequence order. A
+ * repeat written before the key existed keeps a null step: it stays, as events are immutable,
+ * but no longer counts as the step's report. */
+async function backfillEventSteps(tx: Sql): Promise<void> {
+  let after: [string, number] = ["", 0];
+  let job = "";
+  let seen = new Set<string>();
+  for (;;) {
+    const rows = await tx.query<{ job_id: string; sequence: number; type: string; data: string }>(
+      `SELECT job_id, sequence, type, data FROM job_events
+       WHERE type IN ('gradient_step', 'checkpoint_saved')
+         AND (job_id > $1 OR (job_id = $1 AND sequence > $2))
+       ORDER BY job_id, sequence LIMIT 1000`,
+      after,
+    );
+    if (rows.length === 0) return;
+    for (const r of rows) {
+      if (r.job_id !== job) {
+        job = r.job_id;
+        seen = new Set();
+      }
+      const step = eventStep(r.type, fromJson(r.data));
+      if (step === null || seen.has(`${r.type} ${step}`)) continue;
+      seen.add(`${r.type} ${step}`);
+      await tx.exec("UPDATE job_events SET step = $3 WHERE job_id = $1 AND sequence = $2", [
+        r.job_id,
+        r.sequence,
+        step,
+      ]);
+    }
+    const last = rows.at(-1)!;
+    after = [last.job_id, Number(last.sequence)];
+  }
 }

@@ -1,6 +1,18 @@
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
 import { expect, it } from "vitest";
-import { ConflictError, type Model, NotFoundError, type TrainingJob } from "../src/index.ts";
-import { describeBackends, unique } from "./helpers.ts";
+import {
+  ConflictError,
+  MIGRATIONS,
+  type Model,
+  migrate,
+  NotFoundError,
+  openStore,
+  PostgresSql,
+  SqliteSql,
+  type TrainingJob,
+} from "../src/index.ts";
+import { describeBackends, PG_URL, unique } from "./helpers.ts";
 
 describeBackends("training jobs and the queue", (ctx) => {
   const newModel = async (entity: string): Promise<Model> => {
@@ -201,6 +213,180 @@ describeBackends("training jobs and the queue", (ctx) => {
       attempts: 2,
       lease_owner: "w2",
     });
+  });
+
+  it("when a step is reported again, then the repeat is ignored and the first report stands", async () => {
+    const entity = unique("ent");
+    const model = await newModel(entity);
+    const job = await ctx.store.jobs.enqueue({ type: "sft", model_id: model.id, entity });
+    const append = (type: string, data: Record<string, number>) =>
+      ctx.store.jobs.appendEvent(job.id, type, data);
+    expect(await append("training_started", { num_sequences: 3 })).toBeDefined();
+    expect(await append("gradient_step", { gradient_step: 1, loss: 1 })).toBeDefined();
+    expect(await append("gradient_step", { gradient_step: 2, loss: 0.5 })).toBeDefined();
+    expect(await append("checkpoint_saved", { step: 2 })).toBeDefined();
+    // A resumed run: started again, then steps 2 (already reported) and 3.
+    expect(
+      await append("training_started", { num_sequences: 3, resumed_from_step: 1 }),
+    ).toBeDefined();
+    expect(await append("gradient_step", { gradient_step: 2, loss: 0.49 })).toBeUndefined();
+    expect(await append("checkpoint_saved", { step: 2 })).toBeUndefined();
+    expect(await append("gradient_step", { gradient_step: 3, loss: 0.25 })).toBeDefined();
+    // Each type has its own steps; an event without an integer step is never a repeat.
+    expect(await append("checkpoint_saved", { step: 3 })).toBeDefined();
+    expect(await append("gradient_step", { loss: 0.1 })).toBeDefined();
+    expect(await append("gradient_step", { loss: 0.1 })).toBeDefined();
+    expect(await append("gradient_step", { gradient_step: 2.5 })).toBeDefined();
+    // Another job's step 1 is its own.
+    const other = await ctx.store.jobs.enqueue({ type: "sft", model_id: model.id, entity });
+    expect(
+      await ctx.store.jobs.appendEvent(other.id, "gradient_step", { gradient_step: 1 }),
+    ).toBeDefined();
+
+    const events = (await ctx.store.jobs.listEvents(entity, job.id, { limit: 100 })).data;
+    expect(events.map((e) => [e.sequence, e.type, e.data])).toEqual([
+      [1, "training_started", { num_sequences: 3 }],
+      [2, "gradient_step", { gradient_step: 1, loss: 1 }],
+      [3, "gradient_step", { gradient_step: 2, loss: 0.5 }],
+      [4, "checkpoint_saved", { step: 2 }],
+      [5, "training_started", { num_sequences: 3, resumed_from_step: 1 }],
+      [6, "gradient_step", { gradient_step: 3, loss: 0.25 }],
+      [7, "checkpoint_saved", { step: 3 }],
+      [8, "gradient_step", { loss: 0.1 }],
+      [9, "gradient_step", { loss: 0.1 }],
+      [10, "gradient_step", { gradient_step: 2.5 }],
+    ]);
+  });
+
+  it("when events were stored before steps were keyed, then migrating to version 6 keys each step's first report", async () => {
+    const dir = join(ctx.dataDir, "v5-events");
+    mkdirSync(dir, { recursive: true });
+    const schema = `${ctx.schema}_v5e`;
+    const fresh =
+      ctx.backend === "sqlite"
+        ? new SqliteSql({ path: join(dir, "arbor.db") })
+        : new PostgresSql({ connectionString: PG_URL, schema });
+    if (ctx.backend === "postgres") await fresh.exec(`CREATE SCHEMA ${schema}`);
+    try {
+      await migrate(fresh, MIGRATIONS.slice(0, 5));
+      await fresh.exec("INSERT INTO entities (name, created_at) VALUES ('e', 0)");
+      await fresh.exec(
+        `INSERT INTO models (id, entity, project, name, base_model, created_at)
+         VALUES ('m', 'e', 'p', 'n', 'b', 0)`,
+      );
+      for (const [job, status] of [
+        ["j1", "running"],
+        ["j2", "succeeded"],
+      ])
+        await fresh.exec(
+          `INSERT INTO training_jobs (id, type, model_id, entity, status, created_at)
+           VALUES ($1, 'sft', 'm', 'e', $2, 0)`,
+          [job, status],
+        );
+      const stored: [string, string, object][] = [
+        ["j1", "training_started", { num_sequences: 4 }],
+        ["j1", "gradient_step", { gradient_step: 1, loss: 1 }],
+        ["j1", "gradient_step", { gradient_step: 2, loss: 0.5 }],
+        ["j1", "checkpoint_saved", { step: 1 }],
+        ["j1", "training_started", { num_sequences: 4 }],
+        // Reported twice before the key: both stay, the first is the step's report.
+        ["j1", "gradient_step", { gradient_step: 2, loss: 0.49 }],
+        ["j1", "gradient_step", { gradient_step: 3, loss: 0.25 }],
+        ["j2", "gradient_step", { gradient_step: 1, loss: 2 }],
+      ];
+      for (const [i, [job, type, data]] of stored.entries())
+        await fresh.exec(
+          `INSERT INTO job_events (job_id, sequence, id, type, data, created_at)
+           VALUES ($1, $2, $3, $4, $5, 0)`,
+          [job, i + 1, `event-${i}`, type, JSON.stringify(data)],
+        );
+      expect(await migrate(fresh, MIGRATIONS.slice(0, 6))).toEqual([6]);
+      const steps = await fresh.query<{ id: string; step: number | null }>(
+        "SELECT id, step FROM job_events ORDER BY sequence",
+      );
+      expect(steps.map((r) => [r.id, r.step === null ? null : Number(r.step)])).toEqual([
+        ["event-0", null],
+        ["event-1", 1],
+        ["event-2", 2],
+        ["event-3", 1],
+        ["event-4", null],
+        ["event-5", null],
+        ["event-6", 3],
+        ["event-7", 1],
+      ]);
+      await fresh.close();
+      const store = await openStore(
+        ctx.backend === "sqlite"
+          ? { dataDir: dir }
+          : { databaseUrl: PG_URL, schema, blobDir: join(dir, "blobs") },
+      );
+      try {
+        const append = (job: string, type: string, data: object) =>
+          store.jobs.appendEvent(job, type, data as Record<string, number>);
+        expect(await append("j1", "gradient_step", { gradient_step: 2 })).toBeUndefined();
+        expect(await append("j1", "gradient_step", { gradient_step: 3 })).toBeUndefined();
+        expect(await append("j1", "checkpoint_saved", { step: 1 })).toBeUndefined();
+        expect(await append("j2", "gradient_step", { gradient_step: 1 })).toBeUndefined();
+        expect(await append("j1", "gradient_step", { gradient_step: 4 })).toMatchObject({
+          sequence: 8,
+        });
+        expect((await store.jobs.listEvents("e", "j1", { limit: 100 })).data).toHaveLength(8);
+      } finally {
+        await store.close();
+      }
+    } finally {
+      if (ctx.backend === "postgres")
+        await ctx.store.sql.exec(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    }
+  });
+
+  it("when two workers report the same step at once, then it is reported once", async () => {
+    const entity = unique("ent");
+    const job = await ctx.store.jobs.enqueue({
+      type: "sft",
+      model_id: (await newModel(entity)).id,
+      entity,
+    });
+    const stores = [ctx.store, await ctx.openAnother(), await ctx.openAnother()];
+    const results = await Promise.all(
+      stores.flatMap((store, w) =>
+        [1, 2, 3].map((step) =>
+          store.jobs.appendEvent(job.id, "gradient_step", { gradient_step: step, worker: w }),
+        ),
+      ),
+    );
+    expect(results.filter((r) => r !== undefined)).toHaveLength(3);
+    const events = (await ctx.store.jobs.listEvents(entity, job.id)).data;
+    expect(events.map((e) => e.sequence)).toEqual([1, 2, 3]);
+    expect(events.map((e) => (e.data as { gradient_step: number }).gradient_step).sort()).toEqual([
+      1, 2, 3,
+    ]);
+  });
+
+  it("when a job is completed, cancelled, failed and reclaimed at once, then it has exactly one terminal event", async () => {
+    await drain();
+    const entity = unique("ent");
+    const model = await newModel(entity);
+    const [a, b] = [await ctx.openAnother(), await ctx.openAnother()];
+    for (let round = 0; round < 5; round++) {
+      const job = await ctx.store.jobs.enqueue({ type: "rl", model_id: model.id, entity });
+      await ctx.store.jobs.claimNextJob("w", 1000);
+      ctx.time += 1001;
+      const outcomes = await Promise.allSettled([
+        ctx.store.jobs.completeJob("w", job.id),
+        a.jobs.cancelJob(entity, job.id),
+        b.jobs.failJob("w", job.id, "boom"),
+        a.jobs.reclaimExpiredLeases(),
+      ]);
+      for (const o of outcomes)
+        if (o.status === "rejected") expect(o.reason).toBeInstanceOf(ConflictError);
+      const events = (await ctx.store.jobs.listEvents(entity, job.id)).data;
+      expect(events).toHaveLength(1);
+      expect(["training_ended", "training_failed"]).toContain(events[0]!.type);
+      // Whoever came first ended it (a reclaim first requeues it, and the cancel ends it).
+      const after = await ctx.store.jobs.get(entity, job.id);
+      expect(["succeeded", "cancelled", "failed"]).toContain(after?.status);
+    }
   });
 
   it("when several workers claim at once, then no job is claimed twice and no model runs two jobs", async () => {

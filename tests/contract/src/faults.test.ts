@@ -3,7 +3,8 @@ import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { type ArborClient, unwrap } from "@arbor/client";
+import * as remote from "@arbor/cli/remote";
+import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { type Child, startServerProcess } from "./processes.ts";
 
@@ -36,7 +37,7 @@ const lines = ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"].map((w) =
 );
 
 describe("kill -9 during a job", () => {
-  it("when the server dies mid-job and restarts, then the job resumes from its checkpoint to one terminal event, no partial checkpoint is listed, and the queue goes on", async () => {
+  it("when the server dies mid-job and restarts, then the job resumes from its checkpoint to one terminal event, reports each step once, no partial checkpoint is listed, and the queue goes on", async () => {
     let client = await startChild();
     const model = await client.training.models.create({
       project: "faults",
@@ -66,20 +67,46 @@ describe("kill -9 during a job", () => {
     await kill9();
 
     client = await startChild();
+    const followed = new Map<string, TrainingJobEvent[]>();
     for (const id of [job.id, next.id]) {
       const events = [];
       for await (const event of client.training.jobs.events.follow(id)) events.push(event);
+      followed.set(id, events);
       const terminal = events.filter(
         (e) => e.type === "training_ended" || e.type === "training_failed",
       );
       expect(terminal).toHaveLength(1);
       expect(events.at(-1)).toEqual(terminal[0]);
-      // Resumed, not restarted: a checkpoint was saved before the kill, so step 1 ran once.
+      // Each step reported once, in order, though the resumed run trained some of them again.
       const steps = events
         .filter((e) => e.type === "gradient_step")
         .map((e) => (e.data as { gradient_step: number }).gradient_step);
-      expect(steps.filter((step) => step === 1)).toHaveLength(1);
+      const total = (events[0]!.data as { num_sequences: number }).num_sequences;
+      expect(steps).toEqual(Array.from({ length: total }, (_, i) => i + 1));
+      const saved = events
+        .filter((e) => e.type === "checkpoint_saved")
+        .map((e) => (e.data as { step: number }).step);
+      expect(new Set(saved).size).toBe(saved.length);
     }
+    // The killed job says where it went on: after a checkpoint saved before the kill, so not
+    // from the start; its next run is its second. The queued one just started.
+    const starts = (id: string) =>
+      followed
+        .get(id)!
+        .filter((e) => e.type === "training_started")
+        .map((e) => e.data as { resumed_from_step?: number; attempt?: number });
+    const [, resumed] = starts(job.id);
+    expect(starts(job.id)).toHaveLength(2);
+    expect(starts(job.id)[0]!.resumed_from_step).toBeUndefined();
+    expect(resumed).toMatchObject({ resumed_from_step: expect.any(Number), attempt: 2 });
+    expect(resumed!.resumed_from_step).toBeGreaterThanOrEqual(1);
+    expect(starts(next.id)).toEqual([{ num_sequences: 2 }]);
+    // `arbor jobs follow` on the killed job.
+    const said: string[] = [];
+    await remote.followJob(client, { job: job.id }, { line: (t) => said.push(t), bar: () => {} });
+    expect(said[0]).toBe("Training started: 48 steps.");
+    expect(said).toContain(`Resumed from step ${resumed!.resumed_from_step} of 48 (attempt 2).`);
+    expect(said.at(-1)).toBe("Training ended.");
     const [first, second] = await Promise.all(
       [job.id, next.id].map(async (id) => await client.training.jobs.retrieve(id)),
     );

@@ -3,16 +3,18 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
 import pg from "pg";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { PG_URL, pgSkipReason } from "./pg.ts";
 import { type Child, spawnLogged, startServerProcess, workerMain } from "./processes.ts";
 
 /** Scale-out: an API server with no embedded worker and two worker processes on one
- * PostgreSQL queue. Every job runs exactly once. */
+ * PostgreSQL queue. Every job runs exactly once; a killed worker's job is resumed by the other. */
 const databaseUrl = PG_URL;
 const schema = `arbor_contract_${process.pid}_${Date.now()}`;
 const dataDir = mkdtempSync(join(tmpdir(), "arbor-pg-workers-"));
 const children: Child[] = [];
+/** The worker processes, by the id they lease jobs under. */
+const workers = new Map<string, Child>();
 let client: ArborClient;
 
 const reachable = pgSkipReason === null;
@@ -23,8 +25,16 @@ beforeAll(async () => {
   const server = await startServerProcess(dataDir, { ...env, ARBOR_EMBEDDED_WORKER: "off" });
   children.push(server.child);
   client = server.client;
-  for (let i = 0; i < 2; i++)
-    children.push((await spawnLogged(workerMain, env, "training worker started")).child);
+  for (let i = 0; i < 2; i++) {
+    // A short lease: a killed worker's job is taken back by the other within seconds.
+    const { child, entry } = await spawnLogged(
+      workerMain,
+      { ...env, ARBOR_WORKER_LEASE_MS: "5000" },
+      "training worker started",
+    );
+    children.push(child);
+    workers.set(String(entry.workerId), child);
+  }
 });
 
 afterAll(async () => {
@@ -38,15 +48,17 @@ afterAll(async () => {
   rmSync(dataDir, { recursive: true, force: true });
 });
 
+/** An SFT line that teaches reversing `w`. */
+const line = (w: string) =>
+  JSON.stringify({
+    messages: [
+      { role: "user", content: `Reverse ${w}.` },
+      { role: "assistant", content: [...w].reverse().join("") },
+    ],
+  });
+
 describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
   it("when several jobs are queued, then each runs exactly once and ends with one terminal event", async () => {
-    const line = (w: string) =>
-      JSON.stringify({
-        messages: [
-          { role: "user", content: `Reverse ${w}.` },
-          { role: "assistant", content: [...w].reverse().join("") },
-        ],
-      });
     const dataset = await client.training.datasets.create(
       ["cat", "dog", "sun", "map"].map(line).join("\n"),
     );
@@ -75,5 +87,67 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
       const done = await client.training.jobs.retrieve(job.id);
       expect(done).toMatchObject({ status: "succeeded", step_from: 0, step_to: 4 });
     }
+  }, 180_000);
+
+  it("when the worker running a job is killed, then the other resumes it after the lease, reporting each step once and saying where it resumed", async () => {
+    const dataset = await client.training.datasets.create(
+      ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"].map(line).join("\n"),
+    );
+    const model = await client.training.models.create({
+      project: "scale",
+      name: "killed",
+      base_model: "arbor/tiny-chat",
+    });
+    const job = await client.training.jobs.createSft({
+      model_id: model.id,
+      training_data_url: dataset.url,
+      config: { epochs: 12, batch_size: 2, checkpoint_every: 1 },
+    });
+    // Once it saved a checkpoint, kill the worker that holds it.
+    await vi.waitFor(
+      async () => {
+        const { data } = await client.training.jobs.events.list(job.id, { limit: 100 });
+        expect(data.some((e) => e.type === "checkpoint_saved")).toBe(true);
+      },
+      { timeout: 60_000, interval: 100 },
+    );
+    const db = new pg.Client({ connectionString: databaseUrl });
+    await db.connect();
+    const { rows } = await db
+      .query<{ lease_owner: string | null }>(
+        `SELECT lease_owner FROM ${schema}.training_jobs WHERE id = $1`,
+        [job.id],
+      )
+      .finally(() => db.end());
+    const holder = workers.get(String(rows[0]?.lease_owner));
+    expect(holder).toBeDefined();
+    await holder!.kill9();
+
+    const events: TrainingJobEvent[] = [];
+    for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
+    const types = events.map((e) => e.type);
+    expect(types.filter((t) => t === "training_ended" || t === "training_failed")).toEqual([
+      "training_ended",
+    ]);
+    expect(types.at(-1)).toBe("training_ended");
+    const steps = events
+      .filter((e) => e.type === "gradient_step")
+      .map((e) => (e.data as { gradient_step: number }).gradient_step);
+    expect(steps).toEqual(Array.from({ length: 48 }, (_, i) => i + 1));
+    const starts = events
+      .filter((e) => e.type === "training_started")
+      .map((e) => e.data as { resumed_from_step?: number; attempt?: number });
+    expect(starts).toHaveLength(2);
+    expect(starts[0]).toEqual({ num_sequences: 48 });
+    expect(starts[1]).toMatchObject({ num_sequences: 48, attempt: 2 });
+    expect(starts[1]!.resumed_from_step).toBeGreaterThanOrEqual(1);
+    const saved = events
+      .filter((e) => e.type === "checkpoint_saved")
+      .map((e) => (e.data as { step: number }).step);
+    expect(saved).toEqual(Array.from({ length: 48 }, (_, i) => i + 1));
+    expect(await client.training.jobs.retrieve(job.id)).toMatchObject({
+      status: "succeeded",
+      step_to: 48,
+    });
   }, 180_000);
 });

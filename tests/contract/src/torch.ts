@@ -1,4 +1,4 @@
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -29,16 +29,35 @@ const script = join(
   "../test/torch_reference.py",
 );
 
-/** Last-position logits of each prompt, by the reference, with the adapter applied. */
-export function referenceLogits(modelDir: string, adapterDir: string, prompts: number[][]) {
-  const result = spawnSync("/usr/bin/python3", [script, modelDir], {
-    input: JSON.stringify({ prompts, adapter: { dir: adapterDir } }),
-    encoding: "utf8",
-    maxBuffer: 256 * 1024 * 1024,
+/**
+ * Last-position logits of each prompt, by the reference, with the adapter applied. Run without
+ * blocking: the server under test shares this process, and a loop blocked for longer than its
+ * keep-alive timeout closed the client's idle socket just as the next request took it
+ * (ECONNRESET).
+ */
+export async function referenceLogits(
+  modelDir: string,
+  adapterDir: string,
+  prompts: number[][],
+): Promise<number[][]> {
+  const child = spawn("/usr/bin/python3", [script, modelDir], {
     env: { ...process.env, TORCH_THREADS: "1", OMP_NUM_THREADS: "1" },
   });
-  if (result.status !== 0) throw new Error(`torch_reference.py failed: ${result.stderr}`);
-  return (JSON.parse(result.stdout) as { last_logits: number[][] }).last_logits;
+  let stdout = "";
+  let stderr = "";
+  child.stdout.setEncoding("utf8").on("data", (d: string) => {
+    stdout += d;
+  });
+  child.stderr.setEncoding("utf8").on("data", (d: string) => {
+    stderr += d;
+  });
+  child.stdin.end(JSON.stringify({ prompts, adapter: { dir: adapterDir } }));
+  const status = await new Promise<number | null>((resolve, reject) => {
+    child.once("error", reject);
+    child.once("close", resolve);
+  });
+  if (status !== 0) throw new Error(`torch_reference.py failed: ${stderr}`);
+  return (JSON.parse(stdout) as { last_logits: number[][] }).last_logits;
 }
 
 /** The k largest log-probabilities of a logits row, in descending order. */
@@ -74,7 +93,7 @@ export async function expectServedLikeReference(
 ): Promise<void> {
   const messages = [{ role: "user" as const, content: "What is the code word 3?" }];
   const prompt = (await loadModel(baseDir)).chat.encode(messages, { addGenerationPrompt: true });
-  const [logits] = referenceLogits(baseDir, adapterDir, [prompt]);
+  const [logits] = await referenceLogits(baseDir, adapterDir, [prompt]);
   const completion = await client.chat.completions.create({
     model,
     messages,

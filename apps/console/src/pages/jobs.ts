@@ -171,10 +171,15 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
     });
   };
 
-  const drawSummary = (current: TrainingJob, latest: Map<string, number>) =>
-    mount(summary, jobSummary(current, model ? modelName(model) : current.model_id, latest));
   const latest = new Map<string, number>();
-  drawSummary(job, latest);
+  /** Where the job went on after its worker died, one entry per resumed run. */
+  const resumes: string[] = [];
+  const drawSummary = (current: TrainingJob) =>
+    mount(
+      summary,
+      jobSummary(current, model ? modelName(model) : current.model_id, latest, resumes),
+    );
+  drawSummary(job);
 
   await Promise.all(
     followed.map(async (f, i) => {
@@ -187,13 +192,20 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
           apply(f, event);
           redraw();
           if (i === 0) {
+            const data = event.data as Record<string, unknown>;
             if (event.type === "gradient_step") {
-              for (const [k, v] of Object.entries(event.data))
+              for (const [k, v] of Object.entries(data))
                 if (typeof v === "number") latest.set(k, v);
-              drawSummary({ ...job, status: "running" }, latest);
+              drawSummary({ ...job, status: "running" });
+            }
+            if (event.type === "training_started" && typeof data.resumed_from_step === "number") {
+              resumes.push(
+                `from step ${data.resumed_from_step}${typeof data.attempt === "number" ? ` (attempt ${data.attempt})` : ""}`,
+              );
+              drawSummary({ ...job, status: "running" });
             }
             if (event.type === "training_ended" || event.type === "training_failed")
-              drawSummary(await client.training.jobs.retrieve(job.id), latest);
+              drawSummary(await client.training.jobs.retrieve(job.id));
           }
         }
       } catch (err) {
@@ -206,10 +218,13 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
 function apply(f: Followed, event: TrainingJobEvent): void {
   const data = event.data as Record<string, unknown>;
   if (event.type === "gradient_step") {
+    // One point per step: a step is reported once (a resumed run does not report again the
+    // steps it re-trains), and in a history from before that, the first report stands.
     const step = Number(data.gradient_step);
     for (const [key] of METRICS) {
       const v = data[key];
-      if (typeof v === "number" && Number.isFinite(v)) f.lines.get(key)!.values.set(step, v);
+      const values = f.lines.get(key)!.values;
+      if (typeof v === "number" && Number.isFinite(v) && !values.has(step)) values.set(step, v);
     }
   } else if (event.type === "checkpoint_saved") {
     // Checkpoint steps count from the model's first step; the curves from the job's.
@@ -218,7 +233,12 @@ function apply(f: Followed, event: TrainingJobEvent): void {
   }
 }
 
-function jobSummary(job: TrainingJob, model: string, latest: Map<string, number>): HTMLElement {
+function jobSummary(
+  job: TrainingJob,
+  model: string,
+  latest: Map<string, number>,
+  resumes: readonly string[],
+): HTMLElement {
   const running = job.status === "queued" || job.status === "running";
   const rows: [string, Node | string][] = [
     ["Status", h("span", { class: `status ${job.status}` }, job.status)],
@@ -227,6 +247,7 @@ function jobSummary(job: TrainingJob, model: string, latest: Map<string, number>
     ["Started", time(job.training_start)],
     ["Ended", time(job.training_end)],
     ["Steps", `${job.step_from} → ${job.step_to ?? "…"}`],
+    ...(resumes.length > 0 ? [["Resumed", resumes.join(", ")] as [string, string]] : []),
     ...[...latest]
       .filter(([k]) => k === "loss" || k === "reward" || k === "gradient_step")
       .map(([k, v]) => [`Last ${k.replace("_", " ")}`, num(v)] as [string, string]),

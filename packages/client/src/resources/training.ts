@@ -341,8 +341,12 @@ export class Events {
     });
   }
 
-  /** Yields the job's events live, until its terminal event (`training_ended` or
-   * `training_failed`); a dropped stream is followed again from the last event seen. */
+  /**
+   * Yields the job's events live, until its terminal event (`training_ended` or
+   * `training_failed`); a dropped stream is followed again from the last event seen. Each step
+   * comes once: a job resumed after its worker died yields `training_started` again, with
+   * `data.resumed_from_step` and `data.attempt`, and then only the steps not yet reported.
+   */
   async *follow(
     trainingJobId: string,
     query: { after?: string } = {},

@@ -355,8 +355,7 @@ export class TrainingWorker {
     }
     const every = spec.config.checkpoint_every ?? totalSteps;
     const resume = await this.#resumePoint(job, base, stepFrom);
-    if (!resume)
-      await store.jobs.appendEvent(job.id, "training_started", { num_sequences: totalSteps });
+    await this.#started(job, { num_sequences: totalSteps }, resume?.step ?? 0, resume?.checkpoint);
     const adapter = resume
       ? undefined
       : await this.#startAdapter(
@@ -398,14 +397,54 @@ export class TrainingWorker {
 
   /** After a crash: the last checkpoint this job wrote, with its optimizer state. */
   async #resumePoint(job: TrainingJob, base: Model, stepFrom: number) {
-    if (job.attempts <= 1) return undefined;
-    const latest = await this.#o.store.models.getCheckpoint(job.entity, job.model_id);
-    if (!latest || latest.step <= stepFrom || !latest.blob_key) return undefined;
+    const latest = await this.#ownCheckpoint(job, stepFrom);
+    if (!latest?.blob_key) return undefined;
     const files = await readCheckpointFiles(this.#blobs(), latest.blob_key);
     const optimizerState = files[OPTIMIZER_FILE];
     if (!optimizerState) return undefined;
     this.#o.logger.info({ jobId: job.id, step: latest.step }, "resuming from the last checkpoint");
-    return { step: latest.step - stepFrom, adapter: adapterFromFiles(files, base), optimizerState };
+    return {
+      step: latest.step - stepFrom,
+      checkpoint: latest.step,
+      adapter: adapterFromFiles(files, base),
+      optimizerState,
+    };
+  }
+
+  /** On a later run of a job, the last checkpoint an earlier run of it saved (the model's
+   * latest, past the job's start: no other job of the model ran since). */
+  async #ownCheckpoint(job: TrainingJob, stepFrom: number) {
+    if (job.attempts <= 1) return undefined;
+    const latest = await this.#o.store.models.getCheckpoint(job.entity, job.model_id);
+    return latest && latest.step > stepFrom ? latest : undefined;
+  }
+
+  /**
+   * `training_started`. A later run of a job that had started says so: `resumed_from_step` is
+   * the last of the job's steps it does not train again (its checkpoint's; 0 without one), and
+   * `attempt` the run (the job's claims). The steps after it that an earlier run reported are
+   * not reported again (the store keeps the first report). The checkpoint it resumes from is
+   * announced again first, in case that run died between listing it and its event (the store
+   * drops the repeat).
+   */
+  async #started(
+    job: TrainingJob,
+    data: { num_sequences: number; skipped_groups?: number },
+    resumedFrom: number,
+    checkpoint: number | undefined,
+  ): Promise<void> {
+    const { jobs } = this.#o.store;
+    if (job.attempts <= 1 || !(await jobs.hasEvent(job.id, "training_started"))) {
+      await jobs.appendEvent(job.id, "training_started", data);
+      return;
+    }
+    if (checkpoint !== undefined)
+      await jobs.appendEvent(job.id, "checkpoint_saved", { step: checkpoint });
+    await jobs.appendEvent(job.id, "training_started", {
+      ...data,
+      resumed_from_step: resumedFrom,
+      attempt: job.attempts,
+    });
   }
 
   /** One optimizer step on the job's trajectory groups → checkpoint `step_from + 1`. The Adam
@@ -421,10 +460,14 @@ export class TrainingWorker {
     const skipped = groups.filter(
       (g) => new Set(g.trajectories.map((t) => t.reward)).size <= 1,
     ).length;
-    await store.jobs.appendEvent(job.id, "training_started", {
-      num_sequences: 1,
-      skipped_groups: skipped,
-    });
+    const started = { num_sequences: 1, skipped_groups: skipped };
+    const done = await this.#ownCheckpoint(job, stepFrom);
+    if (done) {
+      // An earlier run took the step and saved it, then died before ending the job.
+      await this.#started(job, started, 1, done.step);
+      return done.step;
+    }
+    await this.#started(job, started, 0, undefined);
     const start = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, stepFrom);
     if (!start) throw new JobInputError(`checkpoint step ${stepFrom} of the model is gone`);
     const files = start.blob_key ? await readCheckpointFiles(this.#blobs(), start.blob_key) : {};
