@@ -5,7 +5,13 @@ import type { ArborClient, TrainingJobEvent } from "@arbor/client";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { PG_URL, pgSkipReason } from "./pg.ts";
-import { type Child, spawnLogged, startServerProcess, workerMain } from "./processes.ts";
+import {
+  type Child,
+  leaseWorker,
+  spawnLogged,
+  startServerProcess,
+  workerMain,
+} from "./processes.ts";
 
 /** Scale-out: an API server with no embedded worker and two worker processes on one
  * PostgreSQL queue. Every job runs exactly once; a killed worker's job is resumed by the other. */
@@ -119,7 +125,7 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
         [job.id],
       )
       .finally(() => db.end());
-    const holder = workers.get(String(rows[0]?.lease_owner));
+    const holder = workers.get(leaseWorker(String(rows[0]?.lease_owner)));
     expect(holder).toBeDefined();
     await holder!.kill9();
 

@@ -75,3 +75,9 @@ export async function startServerProcess(
     }),
   };
 }
+
+/** The worker process (its logged `workerId`) whose training thread holds a lease: a worker's
+ * threads hold leases as `<workerId>.<thread>#<boot>`. */
+export function leaseWorker(owner: string): string {
+  return owner.replace(/\.\d+#[0-9a-f]+$/, "");
+}
