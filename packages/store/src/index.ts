@@ -52,6 +52,7 @@ export {
 } from "./jobs.ts";
 export { MIGRATIONS, type Migration, migrate } from "./migrations.ts";
 export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.ts";
+export { BlobChangedError, PG_BLOB_CHUNK_BYTES, PgBlobStore } from "./pg-blobs.ts";
 export { isoDate, type Price, type PricesRepo, type SetPriceInput } from "./prices.ts";
 export {
   type Dialect,
@@ -62,6 +63,8 @@ export {
   type TransactionOptions,
 } from "./sql.ts";
 export {
+  BLOB_BACKENDS,
+  type BlobBackend,
   openStore,
   type PingResult,
   type Store,
