@@ -512,6 +512,7 @@ export async function run(argv: readonly string[], io: Io): Promise<void> {
           dataDir: config.dataDir,
           databaseUrl: config.databaseUrl,
           schema: config.databaseSchema,
+          blobs: config.blobs,
         });
         return opened;
       },

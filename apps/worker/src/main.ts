@@ -2,7 +2,8 @@
  * A separate training worker process, for scale: `DATABASE_URL=postgres://… node apps/worker/src/main.ts`
  * (or `pnpm --filter @arbor/worker start`). Several of them, on several machines, share one
  * PostgreSQL queue; a claim is a lease (FOR UPDATE SKIP LOCKED), so no job runs twice. Run the
- * API servers with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR (a shared directory).
+ * API servers with ARBOR_EMBEDDED_WORKER=off. Blobs: in PostgreSQL (or, with ARBOR_BLOBS=fs,
+ * ARBOR_DATA_DIR/blobs, a directory every process shares).
  * Settings: see the README's Settings (read by @arbor/config).
  */
 import { baseModelsDir, readConfig } from "@arbor/config";
@@ -16,6 +17,7 @@ const store = await openStore({
   dataDir: config.dataDir,
   ...(config.databaseUrl ? { databaseUrl: config.databaseUrl } : {}),
   ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
+  ...(config.blobs ? { blobs: config.blobs } : {}),
 });
 const worker = new TrainingWorker({
   store,

@@ -1,5 +1,7 @@
 export {
   adminKeyPath,
+  BLOB_BACKENDS,
+  type BlobBackend,
   baseModelsDir,
   type Config,
   METRICS_ACCESS,
