@@ -1,6 +1,6 @@
 import type { Server } from "node:http";
 import { baseModelsDir, type Config } from "@arbor/config";
-import { openStore, type Store } from "@arbor/store";
+import { openRateLimits, openStore, type RateLimitState, type Store } from "@arbor/store";
 import { EmbeddedWorker, sweepBlobs } from "@arbor/training";
 import type { Express } from "express";
 import { type Logger, pino } from "pino";
@@ -9,7 +9,7 @@ import { ensureFirstAdmin, type FirstStart } from "./bootstrap.ts";
 import { type AppConfig, appConfigOf } from "./config.ts";
 import { listen } from "./http/listen.ts";
 import { loadSpec } from "./http/openapi.ts";
-import { engineProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
+import { engineProbe, redisProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
 import { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
 import { Metrics } from "./modules/metrics/metrics.ts";
@@ -36,6 +36,8 @@ export interface ArborServer {
   readonly firstStart: FirstStart | undefined;
   /** The embedded training worker, once `start()` ran it. */
   readonly worker: EmbeddedWorker | undefined;
+  /** Where the rate limits are counted. */
+  readonly rateLimits: RateLimitState;
   /** The listening HTTP server, once `start()` bound it. */
   readonly http: Server | undefined;
   /** Where it listens, once started: `http://host:port`. */
@@ -61,8 +63,21 @@ export async function buildServer(
     dataDir: config.dataDir,
     databaseUrl: config.databaseUrl,
     schema: config.databaseSchema,
+    blobs: config.blobs,
   });
   const firstStart = await ensureFirstAdmin(store, config.dataDir);
+  // Rate limits every replica shares: Redis with ARBOR_REDIS_URL, else PostgreSQL, else here.
+  let rateLimits: RateLimitState;
+  try {
+    rateLimits = await openRateLimits({
+      sql: store.sql,
+      redisUrl: config.redisUrl,
+      namespace: config.databaseSchema,
+    });
+  } catch (err) {
+    await store.close();
+    throw new Error(`${err instanceof Error ? err.message : String(err)}: check ARBOR_REDIS_URL`);
+  }
   const llama =
     options.llama ??
     new Map([...config.llamaModels].map(([id, path]) => [id, new LlamaCppBackend(path)]));
@@ -75,6 +90,7 @@ export async function buildServer(
   let worker: EmbeddedWorker | undefined;
   let http: Server | undefined;
   const probes = storeProbes(store, engineProbe(engines));
+  if (rateLimits.backend === "redis") probes.redis = redisProbe(rateLimits);
   if (config.embeddedWorker) {
     const notStarted = { success: false, error: "starting", threads: 0, running: 0 };
     probes.worker = workerProbe(() => worker?.health() ?? notStarted);
@@ -89,6 +105,7 @@ export async function buildServer(
     engines,
     probes,
     metrics,
+    rateLimits,
     onJobQueued: () => worker?.poke(),
     onJobCancelled: (jobId) => worker?.cancelled(jobId),
   });
@@ -109,6 +126,7 @@ export async function buildServer(
     store,
     engines,
     firstStart,
+    rateLimits,
     get worker() {
       return worker;
     },
@@ -135,6 +153,7 @@ export async function buildServer(
           dataDir: config.dataDir,
           databaseUrl: config.databaseUrl,
           schema: config.databaseSchema,
+          blobs: config.blobs,
           logLevel: config.logLevel,
           leaseMs: config.workerLeaseMs,
           maxTrainingDataBytes: config.trainingDataMaxBytes,
@@ -155,6 +174,7 @@ export async function buildServer(
       // A running job goes back to the queue, to resume from its last checkpoint.
       await worker?.stop();
       await engines.dispose();
+      await rateLimits.close();
       await store.close();
     },
   };

@@ -250,12 +250,13 @@ export const MIGRATIONS: readonly Migration[] = [
       },
       // Weights do not compress: store chunks out of line without trying to.
       { postgres: "ALTER TABLE blob_chunks ALTER COLUMN data SET STORAGE EXTERNAL" },
-      // Shared rate limits (ADR 39): a token bucket per name (`key:<id>`, `project:<id>`), and
-      // concurrency slots held as leases that lapse unless renewed.
+      // Shared rate limits (ADR 39): a row per name (`key:<id>`, `project:<id>`), locked by
+      // each check: its token bucket (tokens null: never drawn from, so full), and the mutex of
+      // the name's concurrency slots, which are leases that lapse unless renewed.
       {
         postgres: `CREATE TABLE rate_buckets (
           name TEXT PRIMARY KEY,
-          tokens DOUBLE PRECISION NOT NULL,
+          tokens DOUBLE PRECISION,
           updated_at BIGINT NOT NULL
         )`,
       },

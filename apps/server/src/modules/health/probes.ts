@@ -1,4 +1,4 @@
-import type { Store } from "@arbor/store";
+import type { RateLimitState, Store } from "@arbor/store";
 import type { WorkerHealth } from "@arbor/training";
 import type { EngineHost } from "../inference/engines.ts";
 import { type Probe, type Probes, timed } from "./service.ts";
@@ -14,6 +14,15 @@ export function storeProbes(store: Store, engine: Probes["engine"]): Probes {
       }),
     engine,
   };
+}
+
+/** The Redis that keeps the rate limits: a PING. */
+export function redisProbe(state: RateLimitState): Probe {
+  return () =>
+    timed(async () => {
+      await state.ping();
+      return {};
+    });
 }
 
 /** The embedded training worker: every training thread alive. */

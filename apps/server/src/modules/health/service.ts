@@ -16,6 +16,8 @@ export interface Probes {
   engine: Probe;
   /** The embedded training worker, when this process runs one. */
   worker?: Probe;
+  /** The Redis that keeps the rate limits, when one is configured (`ARBOR_REDIS_URL`). */
+  redis?: Probe;
 }
 
 /** Times `check` and turns a throw into a failed probe. */
@@ -37,14 +39,27 @@ function round(ms: number): number {
 }
 
 export async function systemCheck(probes: Probes) {
-  const [database, queue, engine, worker] = await Promise.all([
+  const [database, queue, engine, worker, redis] = await Promise.all([
     probes.database(),
     probes.queue(),
     probes.engine(),
     probes.worker?.(),
+    probes.redis?.(),
   ]);
   return {
-    healthy: database.success && queue.success && engine.success && (worker?.success ?? true),
-    report: { api: true as const, database, queue, engine, ...(worker ? { worker } : {}) },
+    healthy:
+      database.success &&
+      queue.success &&
+      engine.success &&
+      (worker?.success ?? true) &&
+      (redis?.success ?? true),
+    report: {
+      api: true as const,
+      database,
+      queue,
+      engine,
+      ...(worker ? { worker } : {}),
+      ...(redis ? { redis } : {}),
+    },
   };
 }
