@@ -4,8 +4,10 @@ import type { Clock } from "./common.ts";
 import { uuidv7 } from "./ids.ts";
 import type { PostgresSql } from "./sql.ts";
 
-/** Chunk rows are this size (the last of a blob may be shorter). */
-export const PG_BLOB_CHUNK_BYTES = 1024 * 1024;
+/** Chunk rows are this size (the last of a blob may be shorter). A chunk travels as hex text
+ * twice its size; a streamed read held about 3 MiB with 256 KiB chunks and 7 MiB with 1 MiB
+ * ones, at the same speed on a loaded machine (bench/blobs.ts). */
+export const PG_BLOB_CHUNK_BYTES = 256 * 1024;
 
 export interface PgBlobStoreOptions {
   /** Bytes per chunk row; tests make it small to cut blobs into many chunks. */
