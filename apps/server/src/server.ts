@@ -1,6 +1,14 @@
+import { readdirSync } from "node:fs";
 import type { Server } from "node:http";
+import { join } from "node:path";
 import { baseModelsDir, type Config } from "@arbor/config";
-import { openRateLimits, openStore, type RateLimitState, type Store } from "@arbor/store";
+import {
+  FsBlobStore,
+  openRateLimits,
+  openStore,
+  type RateLimitState,
+  type Store,
+} from "@arbor/store";
 import { EmbeddedWorker, sweepBlobs } from "@arbor/training";
 import type { Express } from "express";
 import { type Logger, pino } from "pino";
@@ -66,6 +74,7 @@ export async function buildServer(
     blobs: config.blobs,
   });
   const firstStart = await ensureFirstAdmin(store, config.dataDir);
+  warnOfUnservedFiles(store, config.dataDir, logger);
   // Rate limits every replica shares: Redis with ARBOR_REDIS_URL, else PostgreSQL, else here.
   let rateLimits: RateLimitState;
   try {
@@ -179,4 +188,21 @@ export async function buildServer(
     },
   };
   return server;
+}
+
+/** Blobs in PostgreSQL leave a data directory's `blobs/` unread: say so, once, at start. */
+function warnOfUnservedFiles(store: Store, dataDir: string, logger: Logger): void {
+  if (store.dialect !== "postgres" || store.blobs instanceof FsBlobStore) return;
+  const dir = join(dataDir, "blobs");
+  let entries: string[] = [];
+  try {
+    entries = readdirSync(dir);
+  } catch {
+    return;
+  }
+  if (entries.length === 0) return;
+  logger.warn(
+    { dir },
+    `${dir} holds files this server does not read: checkpoints and datasets are kept in PostgreSQL (ARBOR_BLOBS). Copy them in with "arbor blobs import", or set ARBOR_BLOBS=fs to keep using the directory.`,
+  );
 }
