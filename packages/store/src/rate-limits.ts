@@ -1,5 +1,4 @@
 import { createHash } from "node:crypto";
-import { createClient } from "@redis/client";
 import type { PostgresSql, Sql } from "./sql.ts";
 
 /**
@@ -284,8 +283,10 @@ export interface RedisRateLimitsOptions {
 
 /** Checks fail at once while the connection is lost (no offline queue), and it is made again
  * after a loss; before the first connection, a failure gives up, so a bad URL stops the start
- * with its cause. */
-function redisClient(url: string, connected: () => boolean) {
+ * with its cause. The client is loaded here, on first use: importing it takes about half a
+ * second, which only deployments with a Redis should pay (the CLI and workers never do). */
+async function redisClient(url: string, connected: () => boolean) {
+  const { createClient } = await import("@redis/client");
   return createClient({
     url,
     disableOfflineQueue: true,
@@ -297,7 +298,7 @@ function redisClient(url: string, connected: () => boolean) {
   });
 }
 
-type Redis = ReturnType<typeof redisClient>;
+type Redis = Awaited<ReturnType<typeof redisClient>>;
 
 /** Limits shared by every replica on one Redis: each check is one script, run atomically. */
 export class RedisRateLimits implements RateLimitState {
@@ -318,7 +319,7 @@ export class RedisRateLimits implements RateLimitState {
     options: RedisRateLimitsOptions = {},
   ): Promise<RedisRateLimits> {
     let connected = false;
-    const client = redisClient(url, () => connected);
+    const client = await redisClient(url, () => connected);
     let lastError: unknown;
     // A lost connection is reported by the checks that fail, not by crashing the process.
     client.on("error", (err: unknown) => {

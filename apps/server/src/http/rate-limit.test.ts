@@ -3,7 +3,7 @@ import {
   MemoryRateLimits,
   openStore,
   PgRateLimits,
-  type PostgresSql,
+  PostgresSql,
   type RateLimitState,
   RedisRateLimits,
   type Store,
@@ -60,8 +60,8 @@ const stores: Store[] = [];
 afterAll(async () => {
   for (const store of stores) await store.close();
   if (pgSkip === null) {
-    const admin = await openStore({ databaseUrl: PG_URL });
-    await admin.sql.exec(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    const admin = new PostgresSql({ connectionString: PG_URL });
+    await admin.exec(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
     await admin.close();
   }
 });
