@@ -91,7 +91,7 @@ export function createApp(deps: AppDeps): Express {
     rateLimited(
       new RateLimiter(config.rateLimits, {
         ...(deps.rateLimits ? { state: deps.rateLimits } : {}),
-        onError: (err) => logger.warn({ err }, "could not renew or release a rate-limit slot"),
+        onError: (err) => logger.warn({ err }, "rate limits: their state could not be reached"),
       }),
       (scope, limit) => deps.metrics.rateLimited(scope, limit),
     ),

@@ -258,12 +258,18 @@ describe("RateLimiter, state unreachable", () => {
   it("when the shared state cannot answer, then unavailable (a 503), not a pass", async () => {
     const state = new MemoryRateLimits();
     vi.spyOn(state, "take").mockRejectedValue(new Error("connection refused"));
-    const acquiring = new RateLimiter({ keyRequestsPerMinute: 1 }, { state }).acquire("k", "e/p");
+    const causes: unknown[] = [];
+    const acquiring = new RateLimiter(
+      { keyRequestsPerMinute: 1 },
+      { state, onError: (err) => causes.push(err) },
+    ).acquire("k", "e/p");
     await expect(acquiring).rejects.toBeInstanceOf(UnavailableError);
     await expect(acquiring).rejects.toMatchObject({
       kind: "unavailable",
       code: "rate_limits_unavailable",
-      message: expect.stringContaining("connection refused"),
+      message: "Rate limits cannot be checked right now; retry shortly.",
     });
+    // The cause is logged, not sent.
+    expect(causes).toEqual([new Error("connection refused")]);
   });
 });

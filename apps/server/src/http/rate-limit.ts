@@ -41,7 +41,8 @@ export interface RateLimiterOptions {
    * replica shares (PostgreSQL, Redis; ADR 39). */
   state?: RateLimitState;
   now?: () => number;
-  /** Told of a slot that could not be renewed or released (it lapses with its lease). */
+  /** Told why the state could not be reached, and of a slot that could not be renewed or
+   * released (it lapses with its lease). */
   onError?: (err: unknown) => void;
 }
 
@@ -94,10 +95,12 @@ export class RateLimiter {
     try {
       taken = await this.#state.take({ buckets, slots, lease, now: this.#now() });
     } catch (err) {
-      throw new UnavailableError(
-        `Rate limits cannot be checked (${this.#state.backend}): ${err instanceof Error ? err.message : String(err)}`,
-        { code: "rate_limits_unavailable", retryAfterSeconds: 1 },
-      );
+      // The cause (an address, a driver's message) goes to the log, not to the client.
+      this.#onError(err);
+      throw new UnavailableError("Rate limits cannot be checked right now; retry shortly.", {
+        code: "rate_limits_unavailable",
+        retryAfterSeconds: 1,
+      });
     }
     const { tokens, refused } = taken;
     const empty = refused?.kind === "bucket" ? refused.index : -1;
