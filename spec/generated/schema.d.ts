@@ -453,8 +453,10 @@ export interface paths {
         /**
          * System check
          * @description Probes what this process's roles depend on: the database, the work queue (`training`), the
-         *     engine (`training`, `inference`) and, when this process runs one, the embedded training
-         *     worker. Readiness for load balancers: each role of a split deployment reports its own.
+         *     engine (`training`, `inference`), the Redis that keeps the rate limits (when `ARBOR_REDIS_URL`
+         *     names one and the process serves chat) and, when this process runs one, the embedded
+         *     training worker. Readiness for load balancers: each role of a split deployment reports its
+         *     own.
          */
         get: operations["getSystemCheck"];
         put?: never;
@@ -1513,6 +1515,12 @@ export interface components {
                     reason: string;
                 }[];
             };
+            /**
+             * @description The Redis that keeps the rate limits, when one is configured (`ARBOR_REDIS_URL`): a
+             *     `PING`. Without it this key is absent: the limits are then kept in PostgreSQL (with
+             *     `DATABASE_URL`) or in the process, and the database probe covers them.
+             */
+            redis?: components["schemas"]["DependencyCheck"];
             /**
              * @description The embedded training worker, when this process runs one: it fails while a training thread
              *     is dead or restarting (its job failed with the cause; a fresh thread is on its way).

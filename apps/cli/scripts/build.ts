@@ -45,7 +45,8 @@ const result = await build({
   legalComments: "none",
   logLevel: "warning",
   // pg asks for its native binding only when `pg.native` is read, which the store never does.
-  external: ["pg-native"],
+  // The store loads @redis/client only for rate limits kept in Redis, which only a server has.
+  external: ["pg-native", "@redis/client"],
   // CommonJS packages in the bundle (pg, tar-stream) call require() for Node's built-ins.
   banner: {
     js: 'import { createRequire as __arborCreateRequire } from "node:module"; const require = __arborCreateRequire(import.meta.url);',

@@ -1,6 +1,9 @@
-import { openStore, type Store } from "@arbor/store";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { FsBlobStore, openStore, type Store } from "@arbor/store";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { createKey, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
+import { createKey, importBlobs, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
 
 let store: Store;
 let lines: string[];
@@ -63,5 +66,40 @@ describe("prices", () => {
     expect(lines).toHaveLength(3);
     expect(lines.join("\n")).toMatch(/\(default\).*0\.001/);
     expect(lines.join("\n")).toMatch(/acme\/p.*0\.5/);
+  });
+});
+
+describe("blobs import", () => {
+  it("when a data directory's files are imported, then the store's blobs have them, and a second run copies nothing", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "arbor-import-"));
+    try {
+      const old = new FsBlobStore(join(dir, "old"));
+      await old.put("datasets/a.jsonl", '{"messages": []}\n');
+      await old.put("checkpoints/m/1-x/adapter_model.safetensors", new Uint8Array([1, 2, 3]));
+      const target = await openStore({ dataDir: ":memory:", blobDir: join(dir, "new") });
+      try {
+        await target.blobs!.put("datasets/a.jsonl", "already here");
+        const result = await importBlobs(target, { from: join(dir, "old") }, out);
+        expect(result).toEqual({ copied: 1, skipped: 1 });
+        expect(lines.at(-1)).toBe(
+          `Imported 1 files from ${join(dir, "old")} (1 were already there).`,
+        );
+        expect([
+          ...(await target.blobs!.get("checkpoints/m/1-x/adapter_model.safetensors"))!,
+        ]).toEqual([1, 2, 3]);
+        expect((await target.blobs!.get("datasets/a.jsonl"))!.toString()).toBe("already here");
+        expect(await importBlobs(target, { from: join(dir, "old") }, out)).toEqual({
+          copied: 0,
+          skipped: 2,
+        });
+        await expect(importBlobs(target, { from: join(dir, "new") }, out)).rejects.toThrow(
+          "this store's own blob directory",
+        );
+      } finally {
+        await target.close();
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

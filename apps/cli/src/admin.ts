@@ -1,4 +1,4 @@
-import type { Store } from "@arbor/store";
+import { FsBlobStore, type Store } from "@arbor/store";
 
 /** Output of a command: lines for a person, or one JSON document with `--json`. */
 export interface Output {
@@ -144,4 +144,34 @@ export async function deletePrice(
 
 function iso(seconds: number | null): string {
   return seconds === null ? "" : new Date(seconds * 1000).toISOString();
+}
+
+/** `blobs import [--from DIR]`: copies the files of a data directory's blobs (checkpoints,
+ * datasets, exports) into the store's blob store, as a server that switched to blobs in
+ * PostgreSQL needs (ADR 39). Keys already there are left as they are; each file streams. */
+export async function importBlobs(
+  store: Store,
+  args: { from: string },
+  out: Output,
+): Promise<{ copied: number; skipped: number }> {
+  const target = store.blobs;
+  if (!target) throw new Error("This store has no blob store to import into.");
+  const source = new FsBlobStore(args.from);
+  if (target instanceof FsBlobStore && target.root === source.root) {
+    throw new Error(`${args.from} is this store's own blob directory: nothing to import.`);
+  }
+  let copied = 0;
+  let skipped = 0;
+  for (const key of await source.list("")) {
+    if (await target.exists(key)) {
+      skipped++;
+      continue;
+    }
+    const body = await source.stream(key);
+    if (!body) continue;
+    await target.put(key, body);
+    copied++;
+  }
+  out.line(`Imported ${copied} files from ${args.from} (${skipped} were already there).`);
+  return { copied, skipped };
 }

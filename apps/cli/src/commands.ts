@@ -1,4 +1,5 @@
 import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
 import { createInterface } from "node:readline/promises";
 import { type ParseArgsOptionsConfig, parseArgs } from "node:util";
 import {
@@ -13,7 +14,15 @@ import { adminKeyPath, baseModelsDir, type Config, readConfig } from "@arbor/con
 // command uses them, so that the remote commands load neither (and run on Node 20).
 import type { Store } from "@arbor/store";
 import pkg from "../package.json" with { type: "json" };
-import { createKey, deletePrice, listKeys, listPrices, revokeKey, setPrice } from "./admin.ts";
+import {
+  createKey,
+  deletePrice,
+  importBlobs,
+  listKeys,
+  listPrices,
+  revokeKey,
+  setPrice,
+} from "./admin.ts";
 import * as remote from "./remote.ts";
 
 /** Where commands print. */
@@ -184,6 +193,18 @@ export const COMMANDS: readonly Command[] = [
     run: async ({ values, positionals, store, io }) => {
       const args = { id: required(positionals[0], "PRICE_ID"), project: values.project };
       await deletePrice(await store(), args, io);
+    },
+  }),
+  command({
+    name: "blobs import",
+    usage: "[--from DIR]",
+    summary:
+      "copy checkpoint and dataset files from a data directory (default ARBOR_DATA_DIR/blobs) into the store's blobs",
+    needs: STORE,
+    options: { from: str },
+    run: async ({ values, store, io }) => {
+      const from = values.from ?? join(readConfig().dataDir, "blobs");
+      await importBlobs(await store(), { from }, io);
     },
   }),
   command({
@@ -476,7 +497,7 @@ ${lines.join("\n")}
 
 Run "arbor help COMMAND" (or "arbor COMMAND --help") for a command's options.
 
-Admin commands (keys, prices) open the store directly, on Node 24 or later: ARBOR_DATA_DIR
+Admin commands (keys, prices, blobs) open the store directly, on Node 24 or later: ARBOR_DATA_DIR
 (default ~/.arbor) or DATABASE_URL. The others call the server, on Node 20 or later: ARBOR_BASE_URL (default http://ARBOR_HOST:ARBOR_PORT,
 that is http://127.0.0.1:8080), ARBOR_API_KEY (default: the first-start key in
 ARBOR_DATA_DIR/admin.key), ARBOR_PROJECT.`;
@@ -535,6 +556,7 @@ export async function run(argv: readonly string[], io: Io): Promise<void> {
           dataDir: config.dataDir,
           databaseUrl: config.databaseUrl,
           schema: config.databaseSchema,
+          blobs: config.blobs,
         });
         return opened;
       },

@@ -1,4 +1,4 @@
-import type { KeyIdentity, Store } from "@arbor/store";
+import type { KeyIdentity, RateLimitState, Store } from "@arbor/store";
 import { ADAPTER_MAX_BYTES, DATASET_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
@@ -46,6 +46,9 @@ export interface AppDeps {
   probes: Probes;
   /** The process's metrics, served at `/metrics` (the training worker reports into them too). */
   metrics: Metrics;
+  /** Where rate limits are counted (shared by replicas on PostgreSQL or Redis); default: in
+   * this process. */
+  rateLimits?: RateLimitState;
   /** Called when a training job was queued, so an idle worker looks at once. */
   onJobQueued?: () => void;
   /** Called when a job was cancelled, so the worker running it in this process stops now. */
@@ -86,8 +89,12 @@ export function createApp(deps: AppDeps): Express {
   app.use(authentication(authenticate, publicPaths));
   app.use(
     "/v1/chat/completions",
-    rateLimited(new RateLimiter(config.rateLimits), (scope, limit) =>
-      deps.metrics.rateLimited(scope, limit),
+    rateLimited(
+      new RateLimiter(config.rateLimits, {
+        ...(deps.rateLimits ? { state: deps.rateLimits } : {}),
+        onError: (err) => logger.warn({ err }, "rate limits: their state could not be reached"),
+      }),
+      (scope, limit) => deps.metrics.rateLimited(scope, limit),
     ),
   );
   app.use("/v1/chat/completions", jsonBody(10 * 1024 * 1024));

@@ -1,6 +1,14 @@
+import { readdirSync } from "node:fs";
 import type { Server } from "node:http";
+import { join } from "node:path";
 import { baseModelsDir, type Config } from "@arbor/config";
-import { openStore, type Store } from "@arbor/store";
+import {
+  FsBlobStore,
+  openRateLimits,
+  openStore,
+  type RateLimitState,
+  type Store,
+} from "@arbor/store";
 import { EmbeddedWorker, sweepBlobs } from "@arbor/training";
 import type { Express } from "express";
 import { type Logger, pino } from "pino";
@@ -9,7 +17,7 @@ import { ensureFirstAdmin, type FirstStart } from "./bootstrap.ts";
 import { type AppConfig, appConfigOf } from "./config.ts";
 import { listen } from "./http/listen.ts";
 import { loadSpec } from "./http/openapi.ts";
-import { engineProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
+import { engineProbe, redisProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
 import { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
 import { Metrics } from "./modules/metrics/metrics.ts";
@@ -36,6 +44,8 @@ export interface ArborServer {
   readonly firstStart: FirstStart | undefined;
   /** The embedded training worker, once `start()` ran it. */
   readonly worker: EmbeddedWorker | undefined;
+  /** Where the rate limits are counted. */
+  readonly rateLimits: RateLimitState;
   /** The listening HTTP server, once `start()` bound it. */
   readonly http: Server | undefined;
   /** Where it listens, once started: `http://host:port`. */
@@ -61,8 +71,22 @@ export async function buildServer(
     dataDir: config.dataDir,
     databaseUrl: config.databaseUrl,
     schema: config.databaseSchema,
+    blobs: config.blobs,
   });
   const firstStart = await ensureFirstAdmin(store, config.dataDir);
+  warnOfUnservedFiles(store, config.dataDir, logger);
+  // Rate limits every replica shares: Redis with ARBOR_REDIS_URL, else PostgreSQL, else here.
+  let rateLimits: RateLimitState;
+  try {
+    rateLimits = await openRateLimits({
+      sql: store.sql,
+      redisUrl: config.redisUrl,
+      namespace: config.databaseSchema,
+    });
+  } catch (err) {
+    await store.close();
+    throw new Error(`${err instanceof Error ? err.message : String(err)}: check ARBOR_REDIS_URL`);
+  }
   const llama =
     options.llama ??
     new Map([...config.llamaModels].map(([id, path]) => [id, new LlamaCppBackend(path)]));
@@ -75,6 +99,9 @@ export async function buildServer(
   let worker: EmbeddedWorker | undefined;
   let http: Server | undefined;
   const probes = storeProbes(store, engineProbe(engines), config.roles);
+  // The rate limits guard chat, which the calls role does not serve.
+  if (rateLimits.backend === "redis" && config.roles.some((role) => role !== "calls"))
+    probes.redis = redisProbe(rateLimits);
   if (config.embeddedWorker) {
     const notStarted = { success: false, error: "starting", threads: 0, running: 0 };
     probes.worker = workerProbe(() => worker?.health() ?? notStarted);
@@ -89,6 +116,7 @@ export async function buildServer(
     engines,
     probes,
     metrics,
+    rateLimits,
     onJobQueued: () => worker?.poke(),
     onJobCancelled: (jobId) => worker?.cancelled(jobId),
   });
@@ -109,6 +137,7 @@ export async function buildServer(
     store,
     engines,
     firstStart,
+    rateLimits,
     get worker() {
       return worker;
     },
@@ -135,6 +164,7 @@ export async function buildServer(
           dataDir: config.dataDir,
           databaseUrl: config.databaseUrl,
           schema: config.databaseSchema,
+          blobs: config.blobs,
           logLevel: config.logLevel,
           leaseMs: config.workerLeaseMs,
           maxTrainingDataBytes: config.trainingDataMaxBytes,
@@ -155,8 +185,26 @@ export async function buildServer(
       // A running job goes back to the queue, to resume from its last checkpoint.
       await worker?.stop();
       await engines.dispose();
+      await rateLimits.close();
       await store.close();
     },
   };
   return server;
+}
+
+/** Blobs in PostgreSQL leave a data directory's `blobs/` unread: say so, once, at start. */
+function warnOfUnservedFiles(store: Store, dataDir: string, logger: Logger): void {
+  if (store.dialect !== "postgres" || store.blobs instanceof FsBlobStore) return;
+  const dir = join(dataDir, "blobs");
+  let entries: string[] = [];
+  try {
+    entries = readdirSync(dir);
+  } catch {
+    return;
+  }
+  if (entries.length === 0) return;
+  logger.warn(
+    { dir },
+    `${dir} holds files this server does not read: checkpoints and datasets are kept in PostgreSQL (ARBOR_BLOBS). Copy them in with "arbor blobs import", or set ARBOR_BLOBS=fs to keep using the directory.`,
+  );
 }

@@ -2,7 +2,8 @@
  * A separate training worker process, for scale: `DATABASE_URL=postgres://… node apps/worker/src/main.ts`
  * (or `pnpm --filter @arbor/worker start`). Several of them, on several machines, share one
  * PostgreSQL queue; a claim is a lease (FOR UPDATE SKIP LOCKED), so no job runs twice. Run the
- * API servers without the `training` role, or with ARBOR_EMBEDDED_WORKER=off. Blobs: ARBOR_DATA_DIR.
+ * API servers without the `training` role, or with ARBOR_EMBEDDED_WORKER=off. Blobs: in
+ * PostgreSQL (or, with ARBOR_BLOBS=fs, ARBOR_DATA_DIR/blobs, a directory every process shares).
  * Settings: see the README's Settings (read by @arbor/config).
  */
 import { baseModelsDir, readConfig } from "@arbor/config";
@@ -16,6 +17,7 @@ const store = await openStore({
   dataDir: config.dataDir,
   ...(config.databaseUrl ? { databaseUrl: config.databaseUrl } : {}),
   ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
+  ...(config.blobs ? { blobs: config.blobs } : {}),
 });
 // The same supervised training threads as the server's embedded worker: this thread stays free
 // to watch for cancels (made through any replica's API), so a job stops between micro-batches.
@@ -28,6 +30,7 @@ const worker = await EmbeddedWorker.start({
   dataDir: config.dataDir,
   databaseUrl: config.databaseUrl,
   schema: config.databaseSchema,
+  blobs: config.blobs,
   logLevel: config.logLevel,
   leaseMs: config.workerLeaseMs,
   maxTrainingDataBytes: config.trainingDataMaxBytes,

@@ -1,5 +1,7 @@
 export {
   adminKeyPath,
+  BLOB_BACKENDS,
+  type BlobBackend,
   baseModelsDir,
   type Config,
   DEFAULT_UPSTREAM_MAX_LORAS,

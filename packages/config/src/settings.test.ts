@@ -20,6 +20,8 @@ describe("readConfig", () => {
       upstreams: {},
       keyRequestsPerMinute: undefined,
       databaseUrl: undefined,
+      blobs: undefined,
+      redisUrl: undefined,
       metrics: "key",
     });
     expect(config.engineThreads).toBeGreaterThanOrEqual(1);
@@ -46,6 +48,8 @@ describe("readConfig", () => {
         DATABASE_URL: "mysql://x",
         ARBOR_UPSTREAMS: "{not json",
         ARBOR_METRICS: "yes",
+        ARBOR_BLOBS: "s3",
+        ARBOR_REDIS_URL: "http://cache:6379",
       });
     expect(attempt).toThrow(/ARBOR_PORT must be an integer from 0 to 65535, got "70000"/);
     for (const name of [
@@ -56,6 +60,8 @@ describe("readConfig", () => {
       "DATABASE_URL must be a postgres:// URL",
       "ARBOR_UPSTREAMS is not valid JSON",
       'ARBOR_METRICS must be one of key, public, off, got "yes"',
+      'ARBOR_BLOBS must be one of fs, postgres, got "s3"',
+      "ARBOR_REDIS_URL must be a redis:// or rediss:// URL",
     ])
       expect(attempt).toThrow(name);
   });
@@ -109,6 +115,27 @@ describe("ARBOR_UPSTREAMS and ARBOR_UPSTREAM_LORA_DIR", () => {
     }
     expect(() => readConfig({ ARBOR_UPSTREAM_LORA_DIR: "relative/dir" })).toThrow(
       'ARBOR_UPSTREAM_LORA_DIR must be an absolute path, got "relative/dir"',
+    );
+  });
+});
+
+describe("ARBOR_BLOBS and ARBOR_REDIS_URL", () => {
+  it("when blobs are asked for in PostgreSQL, then only with DATABASE_URL", () => {
+    expect(() => readConfig({ ARBOR_BLOBS: "postgres" })).toThrow(
+      "ARBOR_BLOBS=postgres needs DATABASE_URL",
+    );
+    const pg = "postgres://db/arbor";
+    expect(readConfig({ ARBOR_BLOBS: " postgres ", DATABASE_URL: pg }).blobs).toBe("postgres");
+    expect(readConfig({ ARBOR_BLOBS: "fs", DATABASE_URL: pg }).blobs).toBe("fs");
+    expect(readConfig({ ARBOR_BLOBS: "fs" }).blobs).toBe("fs");
+  });
+
+  it("when a Redis URL is given, then it is kept as given", () => {
+    expect(readConfig({ ARBOR_REDIS_URL: " redis://127.0.0.1:6379/2 " }).redisUrl).toBe(
+      "redis://127.0.0.1:6379/2",
+    );
+    expect(readConfig({ ARBOR_REDIS_URL: "rediss://user:pw@cache:6380" }).redisUrl).toBe(
+      "rediss://user:pw@cache:6380",
     );
   });
 });

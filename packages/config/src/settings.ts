@@ -34,6 +34,10 @@ export function adminKeyPath(dataDir: string): string {
 }
 
 export type Role = "training" | "inference" | "calls";
+
+/** Where checkpoint and dataset files live (`ARBOR_BLOBS`). */
+export type BlobBackend = "fs" | "postgres";
+export const BLOB_BACKENDS: readonly BlobBackend[] = ["fs", "postgres"];
 export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 
 /** Who may read `GET /metrics`: admin keys, anyone, or no one (404). */
@@ -156,7 +160,7 @@ export const SETTINGS = {
     env: "ARBOR_DATA_DIR",
     group: "store",
     shown: "~/.arbor",
-    doc: "SQLite database, blobs (checkpoints, datasets) and the first admin key.",
+    doc: "SQLite database, blobs (checkpoints, datasets) when they are kept in files, and the first admin key.",
     read: (raw) => (unset(raw) ? join(homedir(), ".arbor") : raw.trim()),
   }),
   databaseUrl: setting({
@@ -181,6 +185,19 @@ export const SETTINGS = {
       if (!/^[a-z_][a-z0-9_]{0,62}$/.test(raw.trim()))
         throw new Error(`must be a lower-case SQL identifier, got ${JSON.stringify(raw)}`);
       return raw.trim();
+    },
+  }),
+  blobs: setting({
+    env: "ARBOR_BLOBS",
+    group: "store",
+    shown: "postgres with DATABASE_URL, else fs",
+    doc: "Where checkpoint and dataset files live: `postgres` (tables of the database, shared by every replica and worker) or `fs` (`ARBOR_DATA_DIR/blobs`, a directory every process must share).",
+    read: (raw): BlobBackend | undefined => {
+      if (unset(raw)) return undefined;
+      const value = raw.trim();
+      if (!BLOB_BACKENDS.includes(value as BlobBackend))
+        throw new Error(`must be one of ${BLOB_BACKENDS.join(", ")}, got ${JSON.stringify(raw)}`);
+      return value as BlobBackend;
     },
   }),
   embeddedWorker: setting({
@@ -357,6 +374,19 @@ export const SETTINGS = {
     doc: "Concurrent generations per project.",
     read: positive(undefined),
   }),
+  redisUrl: setting({
+    env: "ARBOR_REDIS_URL",
+    group: "limits",
+    shown: "unset",
+    doc: "A `redis://` or `rediss://` URL: keep the rate limits' state in Redis. Without it they are kept in PostgreSQL with `DATABASE_URL`, else in the process.",
+    read: (raw) => {
+      if (unset(raw)) return undefined;
+      const value = raw.trim();
+      if (!/^rediss?:\/\//.test(value) || !URL.canParse(value))
+        throw new Error("must be a redis:// or rediss:// URL");
+      return value;
+    },
+  }),
   baseUrl: setting({
     env: "ARBOR_BASE_URL",
     group: "cli",
@@ -400,6 +430,9 @@ export function readConfig(env: NodeJS.ProcessEnv = process.env): Config {
     } catch (err) {
       problems.push(`${spec.env} ${err instanceof Error ? err.message : String(err)}`);
     }
+  }
+  if (config.blobs === "postgres" && unset(env[SETTINGS.databaseUrl.env])) {
+    problems.push("ARBOR_BLOBS=postgres needs DATABASE_URL (SQLite keeps blobs in files)");
   }
   if (problems.length > 0) throw new Error(`Bad settings: ${problems.join("; ")}`);
   const read = config as Config;

@@ -11,6 +11,8 @@ export type BlobBody = Uint8Array | string | AsyncIterable<Uint8Array> | Readabl
  * Where checkpoint and dataset files live. Keys are `/`-separated relative paths such as
  * `models/<id>/checkpoints/3/adapter_model.safetensors`. A put is atomic: a reader sees the old
  * bytes or the new ones, never a part. Write the blob first, then the row that names it.
+ * Implementations: `FsBlobStore` (the data directory) and `PgBlobStore` (PostgreSQL, ADR 39);
+ * `openStore` chooses. `get` holds the whole blob once; `stream` holds about one chunk.
  */
 export interface BlobStore {
   put(key: string, body: BlobBody): Promise<{ bytes: number }>;
@@ -64,15 +66,14 @@ export class FsBlobStore implements BlobStore {
     const file = await open(temp, "wx", 0o644);
     let bytes = 0;
     try {
-      if (typeof body === "string" || body instanceof Uint8Array) {
-        const buf = typeof body === "string" ? Buffer.from(body) : body;
-        await file.writeFile(buf);
-        bytes = buf.byteLength;
+      if (body instanceof Uint8Array) {
+        await file.writeFile(body);
+        bytes = body.byteLength;
       } else {
-        for await (const chunk of body as AsyncIterable<Uint8Array | string>) {
-          const buf = typeof chunk === "string" ? Buffer.from(chunk) : chunk;
-          await file.write(buf);
-          bytes += buf.byteLength;
+        // A string is encoded a slice at a time: never a second whole copy of it.
+        for await (const chunk of bodyChunks(body, STRING_SLICE_BYTES)) {
+          await file.write(chunk);
+          bytes += chunk.byteLength;
         }
       }
       await file.sync();
@@ -203,6 +204,69 @@ export class FsBlobStore implements BlobStore {
       }
     }
   }
+}
+
+/** Encoded slices of a string body are about this size. */
+const STRING_SLICE_BYTES = 1024 * 1024;
+
+/**
+ * A body as a sequence of byte chunks, holding at most one chunk besides the body itself:
+ * bytes are cut into views (no copy), a string is encoded a slice at a time (never split inside
+ * a surrogate pair), and a stream's pieces are passed on as they come. With `exact`, chunks are
+ * `size` bytes each but the last (stream pieces are gathered or cut to that size).
+ */
+export async function* bodyChunks(
+  body: BlobBody,
+  size: number,
+  exact = false,
+): AsyncGenerator<Uint8Array> {
+  if (body instanceof Uint8Array) {
+    for (let at = 0; at < body.byteLength; at += size) {
+      yield body.subarray(at, Math.min(body.byteLength, at + size));
+    }
+    return;
+  }
+  if (typeof body === "string") {
+    // A UTF-16 unit is at most 3 bytes of UTF-8 (a surrogate pair, 2 units, is 4).
+    const units = Math.max(2, Math.floor(size / 3));
+    const slices = (async function* () {
+      for (let at = 0; at < body.length; ) {
+        let end = Math.min(body.length, at + units);
+        const last = body.charCodeAt(end - 1);
+        if (end < body.length && last >= 0xd800 && last <= 0xdbff) end--;
+        yield Buffer.from(body.slice(at, end));
+        at = end;
+      }
+    })();
+    yield* exact ? regroup(slices, size) : slices;
+    return;
+  }
+  const pieces = (async function* () {
+    for await (const piece of body as AsyncIterable<Uint8Array | string>) {
+      yield typeof piece === "string" ? Buffer.from(piece) : piece;
+    }
+  })();
+  yield* exact ? regroup(pieces, size) : pieces;
+}
+
+/** Pieces of any size → chunks of exactly `size` bytes (the last may be shorter). */
+async function* regroup(pieces: AsyncIterable<Uint8Array>, size: number) {
+  let chunk = Buffer.allocUnsafe(size);
+  let filled = 0;
+  for await (const piece of pieces) {
+    for (let at = 0; at < piece.byteLength; ) {
+      const take = Math.min(size - filled, piece.byteLength - at);
+      chunk.set(piece.subarray(at, at + take), filled);
+      filled += take;
+      at += take;
+      if (filled === size) {
+        yield chunk;
+        chunk = Buffer.allocUnsafe(size);
+        filled = 0;
+      }
+    }
+  }
+  if (filled > 0) yield chunk.subarray(0, filled);
 }
 
 async function syncDir(dir: string): Promise<void> {

@@ -52,7 +52,22 @@ export {
 } from "./jobs.ts";
 export { MIGRATIONS, type Migration, migrate } from "./migrations.ts";
 export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.ts";
+export { BlobChangedError, PG_BLOB_CHUNK_BYTES, PgBlobStore } from "./pg-blobs.ts";
 export { isoDate, type Price, type PricesRepo, type SetPriceInput } from "./prices.ts";
+export {
+  MemoryRateLimits,
+  type NamedLimit,
+  openRateLimits,
+  PgRateLimits,
+  RATE_LIMIT_LEASE_MS,
+  type RateLimitBackend,
+  type RateLimitState,
+  RedisRateLimits,
+  type RedisRateLimitsOptions,
+  refill,
+  type TakeRequest,
+  type TakeResult,
+} from "./rate-limits.ts";
 export {
   type Dialect,
   PostgresSql,
@@ -62,6 +77,8 @@ export {
   type TransactionOptions,
 } from "./sql.ts";
 export {
+  BLOB_BACKENDS,
+  type BlobBackend,
   openStore,
   type PingResult,
   type Store,

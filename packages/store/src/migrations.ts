@@ -6,8 +6,9 @@ import { insertUsageRows, usageRowsJson, usageRowsOf } from "./usage-rows.ts";
 export interface Migration {
   version: number;
   name: string;
-  /** DDL: a string both SQLite and PostgreSQL accept, or one statement per dialect. */
-  statements: readonly (string | { sqlite: string; postgres: string })[];
+  /** DDL: a string both SQLite and PostgreSQL accept, or one statement per dialect (a dialect
+   * left out runs nothing: a table only one dialect's implementation uses). */
+  statements: readonly (string | { sqlite?: string; postgres?: string })[];
   /** Data to carry over, after the statements, in the same transaction. */
   run?: (tx: Sql) => Promise<void>;
 }
@@ -234,6 +235,54 @@ export const MIGRATIONS: readonly Migration[] = [
     ],
     run: backfillEventSteps,
   },
+  {
+    version: 7,
+    name: "blobs and rate limits in PostgreSQL",
+    statements: [
+      // PgBlobStore (ADR 39): a key names one written version of its bytes, kept as chunk rows
+      // of that version; a put writes the chunks and swaps the key in one transaction. Keys
+      // compare bytewise (COLLATE "C"), so a prefix is one index range and lists sort as the
+      // data directory's do. SQLite keeps blobs in the data directory.
+      {
+        postgres: `CREATE TABLE blobs (
+          key TEXT COLLATE "C" PRIMARY KEY,
+          version TEXT NOT NULL,
+          bytes BIGINT NOT NULL,
+          chunks INTEGER NOT NULL,
+          modified_at BIGINT NOT NULL
+        )`,
+      },
+      {
+        postgres: `CREATE TABLE blob_chunks (
+          key TEXT COLLATE "C" NOT NULL,
+          version TEXT NOT NULL,
+          seq INTEGER NOT NULL,
+          data BYTEA NOT NULL,
+          PRIMARY KEY (key, version, seq)
+        )`,
+      },
+      // Weights do not compress: store chunks out of line without trying to.
+      { postgres: "ALTER TABLE blob_chunks ALTER COLUMN data SET STORAGE EXTERNAL" },
+      // Shared rate limits (ADR 39): a row per name (`key:<id>`, `project:<id>`), locked by
+      // each check: its token bucket (tokens null: never drawn from, so full), and the mutex of
+      // the name's concurrency slots, which are leases that lapse unless renewed.
+      {
+        postgres: `CREATE TABLE rate_buckets (
+          name TEXT PRIMARY KEY,
+          tokens DOUBLE PRECISION,
+          updated_at BIGINT NOT NULL
+        )`,
+      },
+      {
+        postgres: `CREATE TABLE rate_leases (
+          name TEXT NOT NULL,
+          lease TEXT NOT NULL,
+          expires_at BIGINT NOT NULL,
+          PRIMARY KEY (name, lease)
+        )`,
+      },
+    ],
+  },
 ];
 
 /**
@@ -261,8 +310,10 @@ export async function migrate(
     const done: number[] = [];
     for (const m of [...migrations].sort((a, b) => a.version - b.version)) {
       if (applied.has(m.version)) continue;
-      for (const statement of m.statements)
-        await tx.exec(typeof statement === "string" ? statement : statement[tx.dialect]);
+      for (const statement of m.statements) {
+        const text = typeof statement === "string" ? statement : statement[tx.dialect];
+        if (text !== undefined) await tx.exec(text);
+      }
       await m.run?.(tx);
       await tx.exec(
         "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",

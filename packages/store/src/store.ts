@@ -9,6 +9,7 @@ import { ApiKeysRepo, EntitiesRepo, UsersRepo } from "./identity.ts";
 import { JobsRepo } from "./jobs.ts";
 import { migrate } from "./migrations.ts";
 import { ModelsRepo } from "./models.ts";
+import { PgBlobStore } from "./pg-blobs.ts";
 import { PricesRepo } from "./prices.ts";
 import { type Dialect, PostgresSql, type Sql, SqliteSql } from "./sql.ts";
 
@@ -23,7 +24,11 @@ export interface StoreOptions {
   databaseUrl?: string;
   /** PostgreSQL only: the schema to use (created when missing). */
   schema?: string;
-  /** Where blobs go; default `<dataDir>/blobs`. */
+  /** Where checkpoint and dataset files live: `postgres` (the database's own tables, shared by
+   * every replica; only with `databaseUrl`) or `fs` (a directory). Default: `postgres` with
+   * `databaseUrl`, else `fs`. */
+  blobs?: BlobBackend;
+  /** `fs` blobs: where they go; default `<dataDir>/blobs`. */
   blobDir?: string;
   /** Injected clock (Unix ms), for leases and timestamps in tests. */
   now?: Clock;
@@ -33,6 +38,9 @@ export interface StoreOptions {
   /** PostgreSQL pool size. Default 10. */
   poolSize?: number;
 }
+
+export type BlobBackend = "fs" | "postgres";
+export const BLOB_BACKENDS: readonly BlobBackend[] = ["fs", "postgres"];
 
 export interface PingResult {
   success: boolean;
@@ -52,7 +60,7 @@ export interface Store {
   readonly datasets: DatasetsRepo;
   readonly calls: CallsRepo;
   readonly prices: PricesRepo;
-  /** undefined when the store has no directory for blobs (":memory:" without blobDir). */
+  /** undefined when the store has no place for blobs (SQLite ":memory:" without blobDir). */
   readonly blobs: BlobStore | undefined;
   /** The migration versions applied by this open. */
   readonly migrated: number[];
@@ -66,6 +74,10 @@ export interface Store {
  */
 export async function openStore(options: StoreOptions = {}): Promise<Store> {
   const now = options.now ?? Date.now;
+  const blobBackend = options.blobs ?? (options.databaseUrl ? "postgres" : "fs");
+  if (blobBackend === "postgres" && !options.databaseUrl) {
+    throw new Error("Blobs in PostgreSQL need a databaseUrl (SQLite keeps them in a directory).");
+  }
   let sql: Sql;
   if (options.databaseUrl) {
     // The constructor refuses a schema name that is not a plain identifier.
@@ -109,6 +121,12 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
     (options.dataDir && options.dataDir !== ":memory:"
       ? join(options.dataDir, "blobs")
       : undefined);
+  const blobs =
+    blobBackend === "postgres" && sql instanceof PostgresSql
+      ? new PgBlobStore(sql, now)
+      : blobDir
+        ? new FsBlobStore(blobDir)
+        : undefined;
 
   return {
     dialect: sql.dialect,
@@ -121,7 +139,7 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
     datasets: new DatasetsRepo(sql, now),
     calls: new CallsRepo(sql, now),
     prices: new PricesRepo(sql, now),
-    blobs: blobDir ? new FsBlobStore(blobDir) : undefined,
+    blobs,
     migrated,
     async ping(): Promise<PingResult> {
       const started = performance.now();

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, describe } from "vitest";
-import { openStore, type Store, type StoreOptions } from "../src/index.ts";
+import { openStore, RedisRateLimits, type Store, type StoreOptions } from "../src/index.ts";
 
 export const PG_URL = process.env.ARBOR_TEST_PG ?? "postgres://postgres@127.0.0.1:5432/test";
 
@@ -35,6 +35,40 @@ if (pgSkipReason !== null) {
     pgSkipReason === "ARBOR_TEST_PG=off"
       ? "[@arbor/store] Postgres half SKIPPED: ARBOR_TEST_PG=off."
       : `[@arbor/store] Postgres half SKIPPED: cannot use ${PG_URL} (${pgSkipReason}). Set ARBOR_TEST_PG to a reachable URL to run it.`,
+  );
+}
+
+export const REDIS_URL = process.env.ARBOR_TEST_REDIS ?? "redis://127.0.0.1:6379";
+
+async function probeRedis(): Promise<string | null> {
+  if (process.env.ARBOR_TEST_REDIS === "off") return "ARBOR_TEST_REDIS=off";
+  try {
+    const state = await RedisRateLimits.connect(REDIS_URL);
+    await state.ping();
+    await state.close();
+    return null;
+  } catch (err) {
+    return err instanceof Error ? err.message : String(err);
+  }
+}
+
+/** Why the Redis half is skipped, or null when it runs; like PostgreSQL, an error under
+ * `CI=true`. */
+export const redisSkipReason = await probeRedis();
+if (
+  redisSkipReason !== null &&
+  redisSkipReason !== "ARBOR_TEST_REDIS=off" &&
+  process.env.CI === "true"
+) {
+  throw new Error(
+    `[@arbor/store] Redis at ${REDIS_URL} is unreachable (${redisSkipReason}); CI needs it.`,
+  );
+}
+if (redisSkipReason !== null) {
+  console.log(
+    redisSkipReason === "ARBOR_TEST_REDIS=off"
+      ? "[@arbor/store] Redis half SKIPPED: ARBOR_TEST_REDIS=off."
+      : `[@arbor/store] Redis half SKIPPED: ${redisSkipReason}. Set ARBOR_TEST_REDIS to a reachable URL to run it.`,
   );
 }
 

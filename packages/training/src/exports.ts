@@ -49,6 +49,16 @@ export async function checkpointGguf(
   return pending;
 }
 
+/** `bytes` over an ArrayBuffer of its own, which can be transferred: a view of a shared pool
+ * (small Buffers) is copied first. */
+function ownBuffer(bytes: Uint8Array): Uint8Array<ArrayBuffer> {
+  const whole =
+    bytes.buffer instanceof ArrayBuffer &&
+    bytes.byteOffset === 0 &&
+    bytes.byteLength === bytes.buffer.byteLength;
+  return whole ? (bytes as Uint8Array<ArrayBuffer>) : new Uint8Array(bytes);
+}
+
 async function build(
   blobs: BlobStore,
   prefix: string,
@@ -62,9 +72,14 @@ async function build(
   const dir = await mkdtemp(join(tmpdir(), "arbor-export-"));
   try {
     const path = join(dir, "export.gguf");
+    // The adapter's bytes move to the thread (transferred, not copied): they are held once.
+    const owned = Object.fromEntries(
+      Object.entries(files).map(([file, bytes]) => [file, ownBuffer(bytes)]),
+    );
     await new Promise<void>((resolve, reject) => {
       const worker = new Worker(new URL("./export-thread.ts", import.meta.url), {
-        workerData: { kind, baseDir, files, path, name },
+        workerData: { kind, baseDir, files: owned, path, name },
+        transferList: Object.values(owned).map((bytes) => bytes.buffer),
       });
       worker.once("error", reject);
       worker.once("exit", (code) =>

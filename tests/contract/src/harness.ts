@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { type ArborClient, type ArborClientOptions, createArborClient } from "@arbor/client";
 import { readConfig } from "@arbor/config";
 import { type AppConfig, buildServer, type EngineHost, type LlamaCppBackend } from "@arbor/server";
-import type { Store } from "@arbor/store";
+import type { RateLimitState, Store } from "@arbor/store";
 import pg from "pg";
 import { pino } from "pino";
 
@@ -15,6 +15,8 @@ export interface RunningServer {
   dataDir: string;
   store: Store;
   engines: EngineHost;
+  /** Where its rate limits are counted. */
+  rateLimits: RateLimitState;
   /** The operations this server answers 501 for. */
   pending: string[];
   /** The jobs its embedded worker runs now (none without one). */
@@ -44,6 +46,8 @@ export async function startServer(
     storeSeenByApp?: (store: Store) => Store;
     /** Run on PostgreSQL (a fresh schema, dropped on close) instead of SQLite. */
     postgres?: { url: string };
+    /** More settings, as environment variables (`ARBOR_REDIS_URL`, say). */
+    env?: Record<string, string>;
   } = {},
 ): Promise<RunningServer> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-contract-"));
@@ -61,6 +65,7 @@ export async function startServer(
       ...(options.postgres
         ? { DATABASE_URL: options.postgres.url, ARBOR_DATABASE_SCHEMA: schema }
         : {}),
+      ...options.env,
     }),
     {
       logger: pino({ level }),
@@ -79,6 +84,7 @@ export async function startServer(
     dataDir,
     store: server.store,
     engines: server.engines,
+    rateLimits: server.rateLimits,
     pending: server.app.locals.pendingOperations as string[],
     runningJobs: () => server.worker?.running() ?? [],
     adminKey: admin.token,

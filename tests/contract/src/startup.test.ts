@@ -68,6 +68,11 @@ describe("starting the server", () => {
       { DATABASE_URL: "postgres://postgres@127.0.0.1:1/test", ARBOR_PORT: "0" },
       /^arbor: cannot start: cannot reach the database at 127\.0\.0\.1:1 \(ECONNREFUSED\): check DATABASE_URL$/,
     ],
+    [
+      "the Redis that keeps the rate limits cannot be reached",
+      { ARBOR_REDIS_URL: "redis://127.0.0.1:1" },
+      /^arbor: cannot start: cannot reach Redis at 127\.0\.0\.1:1 \(ECONNREFUSED\): check ARBOR_REDIS_URL$/,
+    ],
   ])(
     "when %s, then one line says what to change and the exit code is 1",
     async (_, env, line) => {

@@ -1,3 +1,11 @@
+import { randomUUID } from "node:crypto";
+import {
+  MemoryRateLimits,
+  type NamedLimit,
+  type RateLimitState,
+  type TakeResult,
+  UnavailableError,
+} from "@arbor/store";
 import type { NextFunction, Request, Response } from "express";
 import { ApiError } from "./errors.ts";
 
@@ -28,36 +36,32 @@ export class RateLimitError extends ApiError {
   }
 }
 
-/** A token bucket: `limit` requests a minute, refilled continuously. */
-class Bucket {
-  readonly limit: number;
-  tokens: number;
-  updated: number;
-  constructor(limit: number, now: number) {
-    this.limit = limit;
-    this.tokens = limit;
-    this.updated = now;
-  }
-  refill(now: number): void {
-    this.tokens = Math.min(this.limit, this.tokens + ((now - this.updated) * this.limit) / 60_000);
-    this.updated = now;
-  }
-  /** Milliseconds until one token is back. */
-  waitMs(): number {
-    return this.tokens >= 1 ? 0 : Math.ceil(((1 - this.tokens) * 60_000) / this.limit);
-  }
+export interface RateLimiterOptions {
+  /** Where the buckets and slots are kept: this process (the default), or a state every
+   * replica shares (PostgreSQL, Redis; ADR 39). */
+  state?: RateLimitState;
+  now?: () => number;
+  /** Told why the state could not be reached, and of a slot that could not be renewed or
+   * released (it lapses with its lease). */
+  onError?: (err: unknown) => void;
 }
 
-/** In-process limits: each server replica enforces its own share. */
+/**
+ * Requests per minute (token buckets) and concurrent generations, per API key and per
+ * project. The counts live in a `RateLimitState`; this class turns its answer into headers and
+ * 429s, and renews a held slot's lease while its response is open.
+ */
 export class RateLimiter {
   readonly #limits: RateLimits;
+  readonly #state: RateLimitState;
   readonly #now: () => number;
-  readonly #buckets = new Map<string, Bucket>();
-  readonly #inFlight = new Map<string, number>();
+  readonly #onError: (err: unknown) => void;
 
-  constructor(limits: RateLimits, now: () => number = Date.now) {
+  constructor(limits: RateLimits, options: RateLimiterOptions = {}) {
     this.#limits = limits;
-    this.#now = now;
+    this.#state = options.state ?? new MemoryRateLimits();
+    this.#now = options.now ?? Date.now;
+    this.#onError = options.onError ?? (() => {});
   }
 
   get enabled(): boolean {
@@ -70,37 +74,58 @@ export class RateLimiter {
     ].some((v) => v !== undefined);
   }
 
-  /** Takes a request slot for the key and project, or throws 429. Returns the release. */
-  acquire(
+  /** Takes a request slot for the key and project, or throws 429 (503 when the state cannot be
+   * reached). Returns the release (once; it settles when the slots are given back). */
+  async acquire(
     keyId: string,
     projectId: string,
-  ): { release: () => void; headers: Record<string, string> } {
-    const now = this.#now();
-    const checks: [string, number | undefined][] = [
+  ): Promise<{ release: () => Promise<void>; headers: Record<string, string> }> {
+    const named = (pairs: [string, number | undefined][]): NamedLimit[] =>
+      pairs.flatMap(([name, limit]) => (limit === undefined ? [] : [{ name, limit }]));
+    const buckets = named([
       [`key:${keyId}`, this.#limits.keyRequestsPerMinute],
       [`project:${projectId}`, this.#limits.projectRequestsPerMinute],
-    ];
-    const buckets = checks.flatMap(([name, limit]) =>
-      limit === undefined ? [] : [this.#bucket(name, limit, now)],
-    );
-    for (const bucket of buckets) bucket.refill(now);
-    const empty = buckets.find((b) => b.tokens < 1);
-    const tightest = empty ?? buckets.sort((a, b) => a.tokens / a.limit - b.tokens / b.limit)[0];
-    const headers: Record<string, string> = tightest
-      ? {
-          "x-ratelimit-limit-requests": String(tightest.limit),
-          "x-ratelimit-remaining-requests": String(
-            Math.max(0, Math.floor(tightest.tokens) - (empty ? 0 : 1)),
-          ),
-          "x-ratelimit-reset-requests": `${Math.ceil(((tightest.limit - tightest.tokens + (empty ? 0 : 1)) * 60) / tightest.limit)}s`,
-        }
-      : {};
-    if (empty) {
-      const wait = empty.waitMs();
+    ]);
+    const slots = named([
+      [`key:${keyId}`, this.#limits.keyConcurrent],
+      [`project:${projectId}`, this.#limits.projectConcurrent],
+    ]);
+    const lease = randomUUID();
+    let taken: TakeResult;
+    try {
+      taken = await this.#state.take({ buckets, slots, lease, now: this.#now() });
+    } catch (err) {
+      // The cause (an address, a driver's message) goes to the log, not to the client.
+      this.#onError(err);
+      throw new UnavailableError("Rate limits cannot be checked right now; retry shortly.", {
+        code: "rate_limits_unavailable",
+        retryAfterSeconds: 1,
+      });
+    }
+    const { tokens, refused } = taken;
+    const empty = refused?.kind === "bucket" ? refused.index : -1;
+    const order = buckets.map((_, i) => i);
+    const tightestIndex =
+      empty >= 0
+        ? empty
+        : order.sort((a, b) => tokens[a]! / buckets[a]!.limit - tokens[b]! / buckets[b]!.limit)[0];
+    const headers: Record<string, string> = {};
+    if (tightestIndex !== undefined) {
+      const { limit } = buckets[tightestIndex]!;
+      const left = tokens[tightestIndex]!;
+      const drawn = empty >= 0 ? 0 : 1;
+      headers["x-ratelimit-limit-requests"] = String(limit);
+      headers["x-ratelimit-remaining-requests"] = String(Math.max(0, Math.floor(left) - drawn));
+      headers["x-ratelimit-reset-requests"] =
+        `${Math.ceil(((limit - left + drawn) * 60) / limit)}s`;
+    }
+    if (refused?.kind === "bucket") {
+      const { name, limit } = buckets[refused.index]!;
+      const wait = Math.ceil(((1 - tokens[refused.index]!) * 60_000) / limit);
       throw new RateLimitError(
-        this.#buckets.get(`key:${keyId}`) === empty ? "key" : "project",
+        name.startsWith("key:") ? "key" : "project",
         "requests_per_minute",
-        `Rate limit reached: ${empty.limit} requests per minute. Retry after ${Math.ceil(wait / 1000)} s.`,
+        `Rate limit reached: ${limit} requests per minute. Retry after ${Math.ceil(wait / 1000)} s.`,
         {
           code: "rate_limit_exceeded",
           headers: {
@@ -111,49 +136,39 @@ export class RateLimiter {
         },
       );
     }
-    const slots: [string, number | undefined][] = [
-      [`key:${keyId}`, this.#limits.keyConcurrent],
-      [`project:${projectId}`, this.#limits.projectConcurrent],
-    ];
-    for (const [name, limit] of slots) {
-      if (limit !== undefined && (this.#inFlight.get(name) ?? 0) >= limit) {
-        const scope = name.startsWith("key:") ? "key" : "project";
-        throw new RateLimitError(
-          scope,
-          "concurrency",
-          `Too many concurrent generations: at most ${limit} at once for this ${scope}.`,
-          {
-            code: "concurrency_limit_exceeded",
-            headers: { ...headers, "retry-after": "1" },
-          },
-        );
-      }
+    if (refused?.kind === "slot") {
+      const { name, limit } = slots[refused.index]!;
+      const scope = name.startsWith("key:") ? "key" : "project";
+      throw new RateLimitError(
+        scope,
+        "concurrency",
+        `Too many concurrent generations: at most ${limit} at once for this ${scope}.`,
+        {
+          code: "concurrency_limit_exceeded",
+          headers: { ...headers, "retry-after": "1" },
+        },
+      );
     }
-    for (const bucket of buckets) bucket.tokens -= 1;
-    const held = slots.filter(([, limit]) => limit !== undefined).map(([name]) => name);
-    for (const name of held) this.#inFlight.set(name, (this.#inFlight.get(name) ?? 0) + 1);
+    const held = slots.map((s) => s.name);
+    // A shared state's slots lapse unless renewed: renewed while the response is open.
+    const leaseMs = this.#state.leaseMs;
+    const renewal =
+      held.length > 0 && leaseMs !== undefined
+        ? setInterval(
+            () => this.#state.renew(lease, held, this.#now()).catch(this.#onError),
+            Math.max(1, Math.floor(leaseMs / 3)),
+          ).unref()
+        : undefined;
     let released = false;
     return {
       headers,
-      release: () => {
+      release: async () => {
         if (released) return;
         released = true;
-        for (const name of held) {
-          const left = (this.#inFlight.get(name) ?? 1) - 1;
-          if (left <= 0) this.#inFlight.delete(name);
-          else this.#inFlight.set(name, left);
-        }
+        clearInterval(renewal);
+        if (held.length > 0) await this.#state.release(lease, held).catch(this.#onError);
       },
     };
-  }
-
-  #bucket(name: string, limit: number, now: number): Bucket {
-    let bucket = this.#buckets.get(name);
-    if (!bucket) {
-      bucket = new Bucket(limit, now);
-      this.#buckets.set(name, bucket);
-    }
-    return bucket;
   }
 }
 
@@ -163,21 +178,26 @@ export function rateLimited(
   limiter: RateLimiter,
   onRejected?: (scope: RateLimitScope, limit: RateLimitKind) => void,
 ) {
-  return (_req: Request, res: Response, next: NextFunction) => {
+  return async (req: Request, res: Response, next: NextFunction) => {
     if (!limiter.enabled) return next();
     // Mounted after `authentication`, which sets both on every path that is not public.
     const { principal, project } = res.locals;
     if (!principal || !project) return next();
-    let acquired: ReturnType<RateLimiter["acquire"]>;
+    let acquired: Awaited<ReturnType<RateLimiter["acquire"]>>;
     try {
-      acquired = limiter.acquire(principal.keyId, project.id);
+      acquired = await limiter.acquire(principal.keyId, project.id);
     } catch (err) {
       if (err instanceof RateLimitError) onRejected?.(err.scope, err.limit);
       throw err;
     }
     const { release, headers } = acquired;
+    // The client may have gone while the check ran (a shared state answers asynchronously).
+    if (req.socket.destroyed) {
+      await release();
+      return;
+    }
     for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
-    res.on("close", release);
+    res.on("close", () => void release());
     next();
   };
 }

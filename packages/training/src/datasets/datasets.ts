@@ -1,7 +1,8 @@
 import { StringDecoder } from "node:string_decoder";
+import type { SftExample as EngineSftExample } from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
 import { type BlobStore, type Dataset, NotFoundError, quote, type Store } from "@arbor/store";
-import { parseSftLine, validateSftJsonlAsync } from "./jsonl.ts";
+import { parseSftLine, sftExamplesFromLines, validateSftJsonlAsync } from "./jsonl.ts";
 
 type DatasetLine = components["schemas"]["DatasetLine"];
 
@@ -60,6 +61,18 @@ export async function findDataset(store: Store, entity: string, id: string): Pro
     throw new NotFoundError(`Dataset ${quote(id)} not found.`, { code: "dataset_not_found" });
   }
   return dataset;
+}
+
+/** A dataset's examples as the engine trains on them, read from the blob store as a stream, a
+ * line at a time: the file is never held whole (not as bytes, nor as text). */
+export async function datasetExamples(store: Store, dataset: Dataset): Promise<EngineSftExample[]> {
+  const stream = await requireBlobs(store).stream(dataset.blob_key);
+  if (!stream) throw missingBlob(dataset);
+  try {
+    return await sftExamplesFromLines(lines(stream));
+  } finally {
+    stream.destroy();
+  }
 }
 
 /** The stored JSONL of a dataset. */

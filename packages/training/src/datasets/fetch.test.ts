@@ -3,17 +3,19 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DomainError, openStore } from "@arbor/store";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { datasetIdOf } from "./datasets.ts";
 import {
   type AddressClass,
   classifyAddress,
   fetchTrainingData,
+  loadSftExamples,
   loadTrainingData,
   readBodyCapped,
   resolveDatasetUrl,
   type Transport,
 } from "./fetch.ts";
+import { DatasetLineError, sftExamples } from "./jsonl.ts";
 
 async function refusal(promise: Promise<unknown>): Promise<DomainError> {
   try {
@@ -355,6 +357,60 @@ describe("resolveDatasetUrl", () => {
       expect(missing.kind).toBe("not_found");
       const malformed = await refusal(resolveDatasetUrl(store, "acme", "dataset://x"));
       expect(malformed.kind).toBe("invalid");
+    } finally {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("when a job loads a dataset, then it is streamed line by line (never read whole) into the same examples and errors", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "arbor-datasets-"));
+    const store = await openStore({ dataDir: dir });
+    try {
+      await store.entities.ensure("acme");
+      const line = (i: number) =>
+        JSON.stringify({
+          messages: [
+            { role: "user", content: `Wie viel ist ${i} + ${i}? ✓ ${"é".repeat(i % 50)}` },
+            { role: "assistant", content: `${2 * i} 😀` },
+          ],
+        });
+      // Several of the file stream's 64 KiB chunks, lines and characters cut across them.
+      const lines = Array.from({ length: 2000 }, (_, i) => line(i));
+      const text = `\ufeff${lines.join("\r\n")}\n\n`;
+      const add = async (key: string, body: string) => {
+        await store.blobs!.put(key, body);
+        const dataset = await store.datasets.create({
+          entity: "acme",
+          name: null,
+          blob_key: key,
+          bytes: Buffer.byteLength(body),
+          lines: 1,
+        });
+        return `dataset://${dataset.id}`;
+      };
+      const get = vi.spyOn(store.blobs!, "get");
+      const url = await add("datasets/big.jsonl", text);
+      const examples = await loadSftExamples(store, "acme", url, { maxBytes: 10 });
+      expect(examples).toEqual(sftExamples(text));
+      expect(examples).toHaveLength(2000);
+      expect(get).not.toHaveBeenCalled();
+
+      const bad = await add(
+        "datasets/bad.jsonl",
+        `${lines.slice(0, 1500).join("\n")}\n{"messages": 1}\n`,
+      );
+      const error = await refusal(loadSftExamples(store, "acme", bad, { maxBytes: 10 }));
+      expect(error).toBeInstanceOf(DatasetLineError);
+      expect(error.message).toMatch(/^Line 1501: /);
+      const empty = await add("datasets/empty.jsonl", "\n \n");
+      expect((await refusal(loadSftExamples(store, "acme", empty, { maxBytes: 10 }))).message).toBe(
+        "The dataset is empty: no JSONL lines.",
+      );
+      const missing = "dataset://0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192";
+      expect((await refusal(loadSftExamples(store, "acme", missing, { maxBytes: 10 }))).kind).toBe(
+        "not_found",
+      );
     } finally {
       await store.close();
       rmSync(dir, { recursive: true, force: true });

@@ -3,10 +3,12 @@ import { lookup as dnsLookup } from "node:dns/promises";
 import { request as httpsRequest } from "node:https";
 import { isIP, type LookupFunction } from "node:net";
 import { Readable } from "node:stream";
-import { quote, type Store } from "@arbor/store";
+import type { SftExample as EngineSftExample } from "@arbor/engine";
+import { type Dataset, quote, type Store } from "@arbor/store";
 import ipaddr from "ipaddr.js";
 import { TrainingDataError } from "../errors.ts";
-import { datasetIdOf, datasetText, findDataset } from "./datasets.ts";
+import { datasetExamples, datasetIdOf, datasetText, findDataset } from "./datasets.ts";
+import { sftExamples } from "./jsonl.ts";
 
 /**
  * Where `training_data_url` points (CONTRACT §5): `dataset://<id>` (an upload of the same entity)
@@ -324,12 +326,30 @@ export async function resolveDatasetUrl(
   entity: string,
   url: string,
 ): Promise<string> {
+  return datasetText(store, await datasetOfUrl(store, entity, url));
+}
+
+async function datasetOfUrl(store: Store, entity: string, url: string): Promise<Dataset> {
   const id = datasetIdOf(url);
   if (id === undefined) {
     throw badUrl(`Training data URL must look like dataset://<id>, got ${quote(url)}.`);
   }
-  return datasetText(store, await findDataset(store, entity, id));
+  return findDataset(store, entity, id);
 }
+
+/** Either scheme of `training_data_url` to validated SFT examples: what the SFT worker trains
+ * on. A `dataset://` file is read from the blob store line by line, never whole. */
+export async function loadSftExamples(
+  store: Store,
+  entity: string,
+  url: string,
+  options: FetchTrainingDataOptions,
+): Promise<EngineSftExample[]> {
+  if (isDatasetUrl(url)) return datasetExamples(store, await datasetOfUrl(store, entity, url));
+  return sftExamples(await fetchTrainingData(url, options));
+}
+
+const isDatasetUrl = (url: string) => url.trim().toLowerCase().startsWith("dataset://");
 
 /** Either scheme of `training_data_url` to text: what the SFT worker calls before parsing. */
 export async function loadTrainingData(
@@ -338,7 +358,7 @@ export async function loadTrainingData(
   url: string,
   options: FetchTrainingDataOptions,
 ): Promise<string> {
-  if (url.trim().toLowerCase().startsWith("dataset://")) {
+  if (isDatasetUrl(url)) {
     return resolveDatasetUrl(store, entity, url);
   }
   return fetchTrainingData(url, options);

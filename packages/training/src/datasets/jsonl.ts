@@ -137,6 +137,25 @@ export function sftExamples(text: string): EngineSftExample[] {
   return examples;
 }
 
+/** Every example of a file read line by line (`\n`-split lines, as a stream yields them): the
+ * same checks and errors as `sftExamples`, without the whole file in memory as text. */
+export async function sftExamplesFromLines(
+  lines: AsyncIterable<string>,
+): Promise<EngineSftExample[]> {
+  const examples: EngineSftExample[] = [];
+  let line = 0;
+  for await (const raw of lines) {
+    line++;
+    const text = line === 1 && raw.charCodeAt(0) === 0xfeff ? raw.slice(1) : raw;
+    if (text.trim() === "") continue;
+    examples.push(toEngineExample(parseSftLine(text, line)));
+  }
+  if (examples.length === 0) {
+    throw new InvalidDatasetError(null, "The dataset is empty: no JSONL lines");
+  }
+  return examples;
+}
+
 /** One line, checked; throws `DatasetLineError` naming it. */
 export function parseSftLine(raw: string, line: number): SftLine {
   let value: unknown;

@@ -7,8 +7,7 @@ import {
   type SftExample,
 } from "@arbor/engine";
 import type { Store } from "@arbor/store";
-import { loadTrainingData } from "../datasets/fetch.ts";
-import { sftExamples } from "../datasets/jsonl.ts";
+import { loadSftExamples } from "../datasets/fetch.ts";
 
 export interface TrainingDataSettings {
   /** Largest `https://` training file fetched (bytes). */
@@ -19,13 +18,11 @@ export interface TrainingDataSettings {
 
 /** `dataset://` or `https://` → validated SFT examples (a bad line fails naming it). */
 export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) {
-  return async (entity: string, url: string): Promise<SftExample[]> => {
-    const text = await loadTrainingData(store, entity, url, {
+  return (entity: string, url: string): Promise<SftExample[]> =>
+    loadSftExamples(store, entity, url, {
       maxBytes: settings.maxBytes,
       allowHosts: settings.allowHosts,
     });
-    return sftExamples(text);
-  };
 }
 
 /** The base models, each loaded once: the shipped ones, and the folders `<owner>/<name>/` under

@@ -14,6 +14,8 @@ export interface WorkerThreadSettings {
   dataDir: string;
   databaseUrl?: string | undefined;
   schema?: string | undefined;
+  /** Where blobs live (`ARBOR_BLOBS`); the store's default when unset. */
+  blobs?: "fs" | "postgres" | undefined;
   logLevel: string;
   leaseMs: number;
   maxTrainingDataBytes: number;
@@ -45,6 +47,7 @@ const store = await openStore({
   dataDir: settings.dataDir,
   databaseUrl: settings.databaseUrl,
   ...(settings.schema ? { schema: settings.schema } : {}),
+  ...(settings.blobs ? { blobs: settings.blobs } : {}),
 });
 const worker = new TrainingWorker({
   store,

@@ -1,5 +1,5 @@
 import type { Role } from "@arbor/config";
-import type { Store } from "@arbor/store";
+import type { RateLimitState, Store } from "@arbor/store";
 import type { WorkerHealth } from "@arbor/training";
 import type { EngineHost } from "../inference/engines.ts";
 import { type Probe, type Probes, timed } from "./service.ts";
@@ -26,6 +26,15 @@ export function storeProbes(
       : {}),
     ...(serves("training") || serves("inference") ? { engine } : {}),
   };
+}
+
+/** The Redis that keeps the rate limits: a PING. */
+export function redisProbe(state: RateLimitState): Probe {
+  return () =>
+    timed(async () => {
+      await state.ping();
+      return {};
+    });
 }
 
 /** The embedded training worker: every training thread alive. */

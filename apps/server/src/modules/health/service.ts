@@ -23,6 +23,8 @@ export interface Probes {
   engine?: Probe;
   /** The embedded training worker, when this process runs one. */
   worker?: Probe;
+  /** The Redis that keeps the rate limits, when one is configured (`ARBOR_REDIS_URL`). */
+  redis?: Probe;
 }
 
 /** Times `check` and turns a throw into a failed probe. */
@@ -44,13 +46,14 @@ function round(ms: number): number {
 }
 
 export async function systemCheck(probes: Probes) {
-  const [database, queue, engine, worker] = await Promise.all([
+  const [database, queue, engine, worker, redis] = await Promise.all([
     probes.database(),
     probes.queue?.(),
     probes.engine?.(),
     probes.worker?.(),
+    probes.redis?.(),
   ]);
-  const optional = { queue, engine, worker };
+  const optional = { queue, engine, worker, redis };
   const present = Object.fromEntries(
     Object.entries(optional).filter((entry): entry is [string, ProbeResult] => !!entry[1]),
   );
