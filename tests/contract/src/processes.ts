@@ -15,6 +15,8 @@ export const workerMain = fileURLToPath(
 
 export interface Child {
   process: ChildProcess;
+  /** Every JSON log line the process has written so far. */
+  logs: Record<string, unknown>[];
   kill9(): Promise<void>;
 }
 
@@ -28,10 +30,12 @@ export async function spawnLogged(
     env: { ...process.env, ARBOR_LOG_LEVEL: "info", ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });
+  const logs: Record<string, unknown>[] = [];
   const entry = await new Promise<Record<string, unknown>>((resolve, reject) => {
     createInterface({ input: proc.stdout! }).on("line", (line) => {
       try {
         const parsed = JSON.parse(line) as Record<string, unknown>;
+        logs.push(parsed);
         if (typeof parsed.msg === "string" && parsed.msg.startsWith(ready)) resolve(parsed);
       } catch {
         // not a log line
@@ -41,6 +45,7 @@ export async function spawnLogged(
   });
   const child: Child = {
     process: proc,
+    logs,
     kill9: () =>
       new Promise((resolve) => {
         if (proc.exitCode !== null || proc.signalCode !== null) return resolve();
