@@ -1,4 +1,5 @@
-import { FsBlobStore, type Store } from "@arbor/store";
+// Types only: the store (node:sqlite) loads when a store command runs (ADR 42).
+import type { Store } from "@arbor/store";
 
 /** Output of a command: lines for a person, or one JSON document with `--json`. */
 export interface Output {
@@ -156,6 +157,7 @@ export async function importBlobs(
 ): Promise<{ copied: number; skipped: number }> {
   const target = store.blobs;
   if (!target) throw new Error("This store has no blob store to import into.");
+  const { FsBlobStore } = await import("@arbor/store");
   const source = new FsBlobStore(args.from);
   if (target instanceof FsBlobStore && target.root === source.root) {
     throw new Error(`${args.from} is this store's own blob directory: nothing to import.`);

@@ -111,6 +111,7 @@ describe("arbor's command line", () => {
       "prices set",
       "prices list",
       "prices delete",
+      "blobs import",
     ]);
     const keys = COMMANDS.find((c) => c.name === "keys list")!;
     expect(() => checkNode(keys, "20.20.2")).toThrow(
