@@ -196,6 +196,18 @@ describe("TrainingWorker.runJob", () => {
     });
   });
 
+  it("when a thread claims again a job whose earlier run it was told to stop, then the old word does not stop it", async () => {
+    const queued = await longSftJob("requeued");
+    const cancelled = new Int32Array(new SharedArrayBuffer(16));
+    // Its earlier run on this thread lost its lease: the supervisor wrote the word, and the job
+    // was requeued rather than cancelled.
+    writeCancelled(cancelled, queued.id);
+    const activity: TrainingActivity[] = [];
+    const job = await runNext(worker((a) => activity.push(a), cancelled));
+    expect(job.status).toBe("succeeded");
+    expect(activity.at(-1)).toMatchObject({ type: "ended", outcome: "succeeded" });
+  });
+
   it("when another cancel overwrites the shared word, then the cancelled job still stops within a step", async () => {
     const queued = await longSftJob("cancelled-twice");
     const activity: TrainingActivity[] = [];

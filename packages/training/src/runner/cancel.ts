@@ -26,3 +26,12 @@ export function writeCancelled(cancelled: Int32Array, id: string): void {
 export function isCancelled(cancelled: Int32Array | undefined, words: readonly number[]): boolean {
   return cancelled !== undefined && words.every((w, i) => Atomics.load(cancelled, i) === w);
 }
+
+/** Forgets the cancel `cancelled` holds, when it names the job whose id is `words`: a thread
+ * that claims that job again (requeued after its lease lapsed) must not stop on an old cancel. */
+export function clearCancelled(cancelled: Int32Array | undefined, words: readonly number[]): void {
+  if (!cancelled) return;
+  words.forEach((word, i) => {
+    Atomics.compareExchange(cancelled, i, word, 0);
+  });
+}

@@ -70,6 +70,7 @@ export class EmbeddedWorker {
   readonly #slots: Slot[];
   #stopping = false;
   #watcher: NodeJS.Timeout | undefined;
+  #watching = false;
 
   private constructor(options: EmbeddedWorkerOptions, identity: WorkerIdentity) {
     this.#options = options;
@@ -96,6 +97,17 @@ export class EmbeddedWorker {
   /** Tells each thread whose job is no longer its own (cancelled or deleted anywhere, or its
    * lease taken back) to stop now: one indexed read per running job. */
   async #watch(): Promise<void> {
+    // One read per job at a time: a slow database does not pile the reads up.
+    if (this.#watching) return;
+    this.#watching = true;
+    try {
+      await this.#watchSlots();
+    } finally {
+      this.#watching = false;
+    }
+  }
+
+  async #watchSlots(): Promise<void> {
     for (const slot of this.#slots) {
       const { job, workerId } = slot;
       if (!job || !workerId) continue;

@@ -32,7 +32,7 @@ import {
   sftTrainingConfig,
 } from "../jobs.ts";
 import { sweepBlobs } from "../sweep.ts";
-import { idWords, isCancelled } from "./cancel.ts";
+import { clearCancelled, idWords, isCancelled } from "./cancel.ts";
 
 export interface TrainingWorkerOptions {
   store: Store;
@@ -227,6 +227,9 @@ export class TrainingWorker {
     this.#current = abort;
     this.#o.onJob?.(job.id);
     const words = idWords(job.id);
+    // The claim is fresh: a cancel of an earlier run of this job (its lease lapsed, it was
+    // requeued and claimed here again) is not this run's; the row says if this run is cancelled.
+    if (isCancelled(this.#o.cancelled, words)) clearCancelled(this.#o.cancelled, words);
     const interrupt = () => {
       if (!abort.signal.aborted && isCancelled(this.#o.cancelled, words))
         abort.abort(new Interrupted("the job was cancelled", false));

@@ -227,6 +227,8 @@ export class UpstreamAdapters {
     entry.loading.then(
       () => {
         entry.settled = true;
+        // A settled entry no request holds can now be evicted: a waiter may have its place.
+        this.#wake(upstream);
       },
       () => {
         entry.settled = true;
@@ -307,16 +309,21 @@ export class UpstreamAdapters {
       for (const name of names) upstream.loaded.delete(name);
       this.#wake(upstream);
       const listed = await this.#listed(upstream);
-      for (const name of names) {
-        if (!listed || listed.has(name)) await this.#unload(upstream, name);
-      }
-    }
-    for (const name of names) {
-      await this.#writing.get(name)?.catch(() => {});
-      await rm(join(this.#dir, name), { recursive: true, force: true }).catch((err: unknown) =>
-        this.#logger.warn({ err, lora: name }, "could not remove an adapter's folder"),
+      // Side by side: a model's many checkpoints never wait on each other's calls.
+      await Promise.all(
+        names
+          .filter((name) => !listed || listed.has(name))
+          .map((name) => this.#unload(upstream, name)),
       );
     }
+    await Promise.all(
+      names.map(async (name) => {
+        await this.#writing.get(name)?.catch(() => {});
+        await rm(join(this.#dir, name), { recursive: true, force: true }).catch((err: unknown) =>
+          this.#logger.warn({ err, lora: name }, "could not remove an adapter's folder"),
+        );
+      }),
+    );
   }
 
   /** `POST /v1/load_lora_adapter`. vLLM answers 400 "has already been loaded" for a name it
