@@ -388,6 +388,18 @@ async function backfillUsageAndLinks(tx: Sql): Promise<void> {
 /** Version 6's data: the step of each job's first report of a step, in sequence order. A
  * repeat written before the key existed keeps a null step: it stays, as events are immutable,
  * but no longer counts as the step's report. */
+/** Sets `step` on the events a JSON array of `[job_id, sequence, step]` names. */
+const SET_EVENT_STEPS = {
+  sqlite: `UPDATE job_events SET step = v.step
+    FROM (SELECT json_extract(value, '$[0]') AS job_id, json_extract(value, '$[1]') AS sequence,
+                 json_extract(value, '$[2]') AS step FROM json_each($1)) AS v
+    WHERE job_events.job_id = v.job_id AND job_events.sequence = v.sequence`,
+  postgres: `UPDATE job_events AS e SET step = v.step
+    FROM (SELECT x->>0 AS job_id, (x->>1)::bigint AS sequence, (x->>2)::integer AS step
+          FROM jsonb_array_elements($1::jsonb) AS x) AS v
+    WHERE e.job_id = v.job_id AND e.sequence = v.sequence`,
+} as const;
+
 async function backfillEventSteps(tx: Sql): Promise<void> {
   let after: [string, number] = ["", 0];
   let job = "";
@@ -401,6 +413,7 @@ async function backfillEventSteps(tx: Sql): Promise<void> {
       after,
     );
     if (rows.length === 0) return;
+    const keyed: [string, number, number][] = [];
     for (const r of rows) {
       if (r.job_id !== job) {
         job = r.job_id;
@@ -409,12 +422,10 @@ async function backfillEventSteps(tx: Sql): Promise<void> {
       const step = eventStep(r.type, fromJson(r.data));
       if (step === null || seen.has(`${r.type} ${step}`)) continue;
       seen.add(`${r.type} ${step}`);
-      await tx.exec("UPDATE job_events SET step = $3 WHERE job_id = $1 AND sequence = $2", [
-        r.job_id,
-        r.sequence,
-        step,
-      ]);
+      keyed.push([r.job_id, Number(r.sequence), step]);
     }
+    // One statement per page of events, not a round trip per event.
+    if (keyed.length > 0) await tx.exec(SET_EVENT_STEPS[tx.dialect], [JSON.stringify(keyed)]);
     const last = rows.at(-1)!;
     after = [last.job_id, Number(last.sequence)];
   }

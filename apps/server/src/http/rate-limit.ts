@@ -93,7 +93,11 @@ export class RateLimiter {
     const lease = randomUUID();
     let taken: TakeResult;
     try {
-      taken = await this.#state.take({ buckets, slots, lease, now: this.#now() });
+      taken = await withTimeout(
+        this.#state.take({ buckets, slots, lease, now: this.#now() }),
+        TAKE_TIMEOUT_MS,
+        "the rate-limit state did not answer",
+      );
     } catch (err) {
       // The cause (an address, a driver's message) goes to the log, not to the client.
       this.#onError(err);
@@ -152,10 +156,17 @@ export class RateLimiter {
     const held = slots.map((s) => s.name);
     // A shared state's slots lapse unless renewed: renewed while the response is open.
     const leaseMs = this.#state.leaseMs;
+    // A renewal in flight when the response closes is waited for before the release: landing
+    // after it, it would hold the slot again for a whole lease.
+    let renewing: Promise<void> = Promise.resolve();
     const renewal =
       held.length > 0 && leaseMs !== undefined
         ? setInterval(
-            () => this.#state.renew(lease, held, this.#now()).catch(this.#onError),
+            () => {
+              renewing = renewing
+                .then(() => this.#state.renew(lease, held, this.#now()))
+                .catch(this.#onError);
+            },
             Math.max(1, Math.floor(leaseMs / 3)),
           ).unref()
         : undefined;
@@ -166,10 +177,23 @@ export class RateLimiter {
         if (released) return;
         released = true;
         clearInterval(renewal);
+        await renewing;
         if (held.length > 0) await this.#state.release(lease, held).catch(this.#onError);
       },
     };
   }
+}
+
+/** How long a check waits for a shared state (a hung Redis or database) before the request
+ * answers 503 instead of waiting with it. */
+const TAKE_TIMEOUT_MS = 5000;
+
+function withTimeout<T>(promise: Promise<T>, ms: number, message: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${message} within ${ms} ms`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
 /** Applies the limiter to a generation route: a slot is held until the response closes.
