@@ -156,16 +156,16 @@ export class RateLimiter {
     const held = slots.map((s) => s.name);
     // A shared state's slots lapse unless renewed: renewed while the response is open.
     const leaseMs = this.#state.leaseMs;
-    // A renewal in flight when the response closes is waited for before the release: landing
-    // after it, it would hold the slot again for a whole lease.
-    let renewing: Promise<void> = Promise.resolve();
+    // Renewals in flight when the response closes are waited for before the release: landing
+    // after it, one would hold the slot again for a whole lease.
+    const renewing = new Set<Promise<void>>();
     const renewal =
       held.length > 0 && leaseMs !== undefined
         ? setInterval(
             () => {
-              renewing = renewing
-                .then(() => this.#state.renew(lease, held, this.#now()))
-                .catch(this.#onError);
+              const renewed = this.#state.renew(lease, held, this.#now()).catch(this.#onError);
+              renewing.add(renewed);
+              void renewed.finally(() => renewing.delete(renewed));
             },
             Math.max(1, Math.floor(leaseMs / 3)),
           ).unref()
@@ -177,7 +177,7 @@ export class RateLimiter {
         if (released) return;
         released = true;
         clearInterval(renewal);
-        await renewing;
+        await Promise.all(renewing);
         if (held.length > 0) await this.#state.release(lease, held).catch(this.#onError);
       },
     };
