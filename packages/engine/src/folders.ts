@@ -96,7 +96,7 @@ export async function checkModelFolder(
     throw new ModelFileError(configPath, (err as Error).message.replace(/^config\.json: /, ""));
   }
   // The kernels keep every weight packed in F32 in their arena, with room to compute beside it.
-  const packed = trainingMemory(config).weights;
+  const packed = trainingMemory(config, "f32").weights;
   if (packed + SERVING_ROOM > ARENA_LIMIT) {
     throw new ModelFileError(
       configPath,

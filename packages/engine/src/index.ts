@@ -25,7 +25,7 @@ export {
   UnsupportedSchemaError,
 } from "./json-constraint.ts";
 export { jsKernels } from "./kernels/js.ts";
-export type { Kernels } from "./kernels/types.ts";
+export type { Kernels, WeightDtype } from "./kernels/types.ts";
 export { ARENA_LIMIT, createWasmKernels } from "./kernels/wasm.ts";
 export {
   AdapterError,
@@ -39,8 +39,10 @@ export {
 } from "./lora.ts";
 export { LoraTrainer } from "./lora-train.ts";
 export {
+  type LoadOptions,
   loadModel,
   type Model,
+  packModel,
   parameterCount,
   randomModel,
   readChatFiles,
@@ -53,5 +55,5 @@ export { deriveSeed, Rng } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
 export { ModelFileError } from "./tokenizer.ts";
-export { type TrainingMemory, trainingMemory } from "./train-memory.ts";
+export { type TrainingMemory, trainingMemory, type WeightStorage } from "./train-memory.ts";
 export { TrainingInputError } from "./training-data.ts";

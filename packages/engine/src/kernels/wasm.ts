@@ -1,7 +1,8 @@
 /// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
+import { isWeightSource, type WeightSource } from "../weights.ts";
 import { jsKernels } from "./js.ts";
-import type { Kernels, Workspace } from "./types.ts";
+import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
 import { ArenaAllocator, align } from "./wasm/arena.ts";
 import { type CALLS, call, Op, runJob } from "./wasm/jobs.ts";
 import { type Job, MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
@@ -196,7 +197,7 @@ export class WasmKernels implements Kernels {
   }
 
   /** An arena block of `bytes` that lives as long as `owner`. */
-  private slot(owner: Float32Array, bytes: number, token?: object): number {
+  private slot(owner: object, bytes: number, token?: object): number {
     const offset = this.heap.alloc(bytes);
     this.ensure(this.heap.top);
     this.reclaim.register(owner, { offset, size: bytes }, token);
@@ -246,6 +247,72 @@ export class WasmKernels implements Kernels {
         blocks.length = 0;
       },
     };
+  }
+
+  /**
+   * A [rows, cols] weight kept packed in the arena as W-panels (`Wᵀ`, 8 rows per panel, zero
+   * past the last row): the model's only copy of it, freed when the returned object is
+   * collected. Fill it with `writeRows`; `readRows` unpacks rows back (export, merging).
+   */
+  packWeight(rows: number, cols: number, dtype: WeightDtype): PackedWeight {
+    if (dtype !== "f32") throw new Error(`kernels: ${dtype} weights are not supported`);
+    const bytes = panelBytes(rows, cols);
+    const weight = new ArenaWeight(this, 0, rows, cols, dtype, bytes);
+    weight.offset = this.slot(weight, bytes);
+    return weight;
+  }
+
+  /** Packs rows [r0, r0 + n) of `weight` from row-major `data` (r0 a multiple of 8). */
+  writePacked(weight: ArenaWeight, r0: number, data: Float32Array): void {
+    const n = data.length / weight.cols;
+    if (r0 % 8 !== 0 || !Number.isInteger(n) || r0 + n > weight.rows) {
+      throw new Error(
+        `kernels: rows ${r0}..${r0 + n} do not fit a [${weight.rows}, ${weight.cols}] weight`,
+      );
+    }
+    const dst = weight.offset + (r0 / 8) * weight.cols * 32;
+    this.packInto(dst, data, "w", n, weight.cols, this.heap.top);
+  }
+
+  /** Rows [r0, r1) of a packed weight, unpacked to row-major F32. */
+  readPacked(weight: ArenaWeight, r0: number, r1: number, out?: Float32Array): Float32Array {
+    const K = weight.cols;
+    const result = out ?? new Float32Array((r1 - r0) * K);
+    const arena = new Float32Array(this.memory.buffer);
+    const base = weight.offset / 4;
+    for (let r = r0; r < r1; r++) {
+      let at = base + (r >> 3) * K * 8 + (r & 7);
+      const o = (r - r0) * K;
+      for (let k = 0; k < K; k++, at += 8) result[o + k] = arena[at]!;
+    }
+    return result;
+  }
+
+  /**
+   * Packs a weight W[N,K] kept here as W-panels into B-panels of B = W ([N rows][K columns],
+   * for dX = dY·W) at `dst`: each 8×8 block of a W-panel, transposed.
+   */
+  private weightToB(dst: number, weight: ArenaWeight): void {
+    const { rows: N, cols: K } = weight;
+    const arena = new Float32Array(this.memory.buffer);
+    const src = weight.offset / 4;
+    this.ensure(dst + panelBytes(K, N));
+    const out = dst / 4;
+    const K8 = Math.ceil(K / 8);
+    for (let p = 0; p < Math.ceil(N / 8); p++) {
+      const rows = Math.min(8, N - p * 8);
+      const panel = src + p * K * 8;
+      for (let j = 0; j < K8; j++) {
+        const cols = Math.min(8, K - j * 8);
+        const from = panel + j * 64;
+        const to = out + j * N * 8 + p * 64;
+        for (let r = 0; r < rows; r++) {
+          const o = to + r * 8;
+          for (let c = 0; c < cols; c++) arena[o + c] = arena[from + c * 8 + r]!;
+          for (let c = cols; c < 8; c++) arena[o + c] = 0;
+        }
+      }
+    }
   }
 
   /**
@@ -335,7 +402,7 @@ export class WasmKernels implements Kernels {
   private gemm(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    weight: Float32Array | WeightSource,
     layout: "w" | "b",
     M: number,
     N: number,
@@ -344,17 +411,23 @@ export class WasmKernels implements Kernels {
     bVersion: number | undefined,
     transposedA: boolean,
   ): void {
+    // A weight packed here (its only copy) is used where it lies; another source is read whole.
+    const own = weight instanceof ArenaWeight && weight.kernels === this ? weight : null;
+    const b = own ?? (isWeightSource(weight) ? weight.readRows(0, weight.rows) : weight);
     // Only a weight's W[N,K] panels are kept. Its B[K,N] panels (a backward's dX = dY·W) are
     // packed per call: one pass over the weight against M·N·K work, and keeping them would
     // hold a second packed copy of the model in the arena.
-    const keep = bVersion !== undefined && layout === "w";
+    const keep =
+      layout === "w" && (own !== null || (bVersion !== undefined && !isWeightSource(weight)));
     let panels: number;
-    if (keep) panels = this.packedWeight(b, bVersion, N, K);
+    if (own && layout === "w") panels = own.offset;
+    else if (keep) panels = this.packedWeight(b as Float32Array, bVersion!, N, K);
     let top = this.heap.top;
     if (!keep) {
       panels = top;
       top += align(panelBytes(N, K));
-      this.packInto(panels, b, layout, N, K, top);
+      if (own) this.weightToB(panels, own);
+      else this.packInto(panels, b as Float32Array, layout, N, K, top);
     }
     // Operands already in the arena (workspace arrays) are used in place; others are copied.
     const N8 = Math.ceil(N / 8) * 8;
@@ -414,7 +487,7 @@ export class WasmKernels implements Kernels {
   matmulNT(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    b: Float32Array | WeightSource,
     M: number,
     N: number,
     K: number,
@@ -427,7 +500,7 @@ export class WasmKernels implements Kernels {
   matmulNN(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    b: Float32Array | WeightSource,
     M: number,
     N: number,
     K: number,
@@ -786,6 +859,45 @@ export class WasmKernels implements Kernels {
     this.copyOut(x, xo, rows * cols);
     this.copyOut(rowMax, mo, rows);
     this.copyOut(rowSum, sumo, rows);
+  }
+}
+
+/** A weight packed in a `WasmKernels` arena (see `packWeight`). */
+class ArenaWeight implements PackedWeight {
+  readonly kernels: WasmKernels;
+  /** Byte offset of its panels in the arena. */
+  offset: number;
+  readonly rows: number;
+  readonly cols: number;
+  readonly dtype: WeightDtype;
+  readonly bytes: number;
+
+  constructor(
+    kernels: WasmKernels,
+    offset: number,
+    rows: number,
+    cols: number,
+    dtype: WeightDtype,
+    bytes: number,
+  ) {
+    this.kernels = kernels;
+    this.offset = offset;
+    this.rows = rows;
+    this.cols = cols;
+    this.dtype = dtype;
+    this.bytes = bytes;
+  }
+
+  get length(): number {
+    return this.rows * this.cols;
+  }
+
+  writeRows(r0: number, data: Float32Array): void {
+    this.kernels.writePacked(this, r0, data);
+  }
+
+  readRows(r0: number, r1: number, out?: Float32Array): Float32Array {
+    return this.kernels.readPacked(this, r0, r1, out);
   }
 }
 

@@ -1,10 +1,12 @@
 import { join } from "node:path";
 import {
   catalogModelDir,
+  type Kernels,
   listCatalog,
   loadModel,
   type Model,
   type SftExample,
+  type WeightDtype,
 } from "@arbor/engine";
 import type { Store } from "@arbor/store";
 import { loadTrainingData } from "../datasets/fetch.ts";
@@ -28,23 +30,35 @@ export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) 
   };
 }
 
-/** The base models, each loaded once: the shipped ones, and the folders `<owner>/<name>/` under
- * `modelsDir` (the server's `ARBOR_BASE_MODELS_DIR`). A model that fails to load is tried again
- * by the next job. */
-export function baseModels(modelsDir?: string): (baseId: string) => Promise<Model> {
-  const loaded = new Map<string, Promise<Model>>();
+/** The base models, each loaded once per kernel set, its weights packed in those kernels as
+ * their only copy (`weights`: F32, or BF16 widened inside the kernels): the shipped ones, and
+ * the folders `<owner>/<name>/` under `modelsDir` (the server's `ARBOR_BASE_MODELS_DIR`). A
+ * model that fails to load is tried again by the next job. */
+export function baseModels(
+  modelsDir?: string,
+  options: { weights?: WeightDtype } = {},
+): (baseId: string, kernels: Kernels) => Promise<Model> {
+  const loaded = new WeakMap<Kernels, Map<string, Promise<Model>>>();
   const shipped = new Set(listCatalog().map((e) => e.id));
-  return (baseId) => {
-    let model = loaded.get(baseId);
+  return (baseId, kernels) => {
+    let models = loaded.get(kernels);
+    if (!models) {
+      models = new Map();
+      loaded.set(kernels, models);
+    }
+    let model = models.get(baseId);
     if (!model) {
       const dir = shipped.has(baseId)
         ? catalogModelDir(baseId)
         : modelsDir && /^[^/]+\/[^/]+$/.test(baseId) && !baseId.includes("..")
           ? join(modelsDir, baseId)
           : undefined;
-      model = dir ? loadModel(dir) : Promise.reject(new Error(`no base model ${baseId}`));
-      model.catch(() => loaded.delete(baseId));
-      loaded.set(baseId, model);
+      model = dir
+        ? loadModel(dir, { kernels, weights: options.weights ?? "f32" })
+        : Promise.reject(new Error(`no base model ${baseId}`));
+      const cache = models;
+      model.catch(() => cache.delete(baseId));
+      models.set(baseId, model);
     }
     return model;
   };

@@ -1,0 +1,109 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { randomBatch, tinyModel } from "../test/fixtures.ts";
+import { createKvCache, forwardBatch } from "./forward.ts";
+import { ggufBytes } from "./gguf.ts";
+import { jsKernels } from "./kernels/js.ts";
+import type { Kernels } from "./kernels/types.ts";
+import { createWasmKernels } from "./kernels/wasm.ts";
+import {
+  createLoraAdapter,
+  loraHooks,
+  loraParameters,
+  mergeAdapter,
+  zerosLikeAdapter,
+} from "./lora.ts";
+import { loadModel, type Model, packModel, saveModel } from "./model.ts";
+import { Trainer } from "./optim.ts";
+import { Rng } from "./rng.ts";
+import { lossAndGradients } from "./train.ts";
+import { isWeightSource, parameters, weightArray } from "./weights.ts";
+
+// Odd sizes: the vocabulary (300) and the MLP (44) are not whole 8-row panels, nor is K of the
+// down projection a multiple of 8.
+const overrides = { intermediateSize: 44 };
+
+function logits(model: Model, kernels = createWasmKernels("simd")): Float32Array[] {
+  const prompts = [
+    [1, 5, 9, 200, 17],
+    [3, 4],
+  ];
+  return forwardBatch(
+    model,
+    kernels,
+    prompts.map((tokens) => ({ cache: createKvCache(model, 16), tokens })),
+  );
+}
+
+function adapterGradients(model: Model, kernels: Kernels = createWasmKernels("simd")) {
+  const adapter = createLoraAdapter(model, { rank: 3, alpha: 6 }, 4);
+  const rng = new Rng(5);
+  for (const p of loraParameters(adapter)) {
+    for (let i = 0; i < p.data.length; i++) p.data[i] = rng.normal() * 0.1;
+  }
+  const grads = zerosLikeAdapter(adapter);
+  const { loss } = lossAndGradients(
+    model,
+    kernels,
+    randomBatch(model.config.vocabSize, 2, 9, 3),
+    null,
+    {
+      hooks: loraHooks(adapter, kernels, grads),
+    },
+  );
+  return { loss, grads: loraParameters(grads).map((p) => Array.from(p.data)) };
+}
+
+describe("weights packed in the kernels as their only copy", () => {
+  let dir: string;
+  const plain = tinyModel(3, overrides);
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), "arbor-packed-"));
+    await saveModel(plain, dir);
+  });
+  afterAll(() => rm(dir, { recursive: true, force: true }));
+
+  it("when a folder is loaded into kernels, then no weight matrix stays a plain array, every tensor reads back exactly, and the logits are the plain model's, bit for bit", async () => {
+    const kernels = createWasmKernels("simd");
+    const packed = await loadModel(dir, { kernels });
+    expect(packed.storage).toBe("f32");
+    const plainParams = parameters(plain.config, plain.weights);
+    const packedParams = parameters(packed.config, packed.weights);
+    expect(packedParams.map((p) => p.name)).toEqual(plainParams.map((p) => p.name));
+    packedParams.forEach((p, i) => {
+      expect(isWeightSource(p.data), p.name).toBe(p.shape.length === 2);
+      expect(weightArray(p.data), p.name).toEqual(plainParams[i]!.data);
+    });
+    expect(logits(packed, kernels)).toEqual(logits(plain));
+  });
+
+  it("when a packed model is exported, merged or trained, then it gives the plain model's bytes and gradients", async () => {
+    const kernels = createWasmKernels("simd");
+    const packed = packModel(plain, kernels);
+    expect(ggufBytes(packed)).toEqual(ggufBytes(plain));
+    const adapter = createLoraAdapter(plain, { rank: 2, alpha: 4 }, 9);
+    for (const p of loraParameters(adapter)) p.data.fill(0.05);
+    const mergedPacked = mergeAdapter(packed, adapter);
+    const mergedPlain = mergeAdapter(plain, adapter);
+    expect(ggufBytes(mergedPacked)).toEqual(ggufBytes(mergedPlain));
+    // The merge changed the adapted weights (the test would pass vacuously otherwise).
+    expect(ggufBytes(mergedPlain)).not.toEqual(ggufBytes(plain));
+    // Backward through packed weights (dX = dY·W from the W-panels) and on other kernels.
+    const reference = adapterGradients(plain);
+    expect(adapterGradients(packed, kernels)).toEqual(reference);
+    const js = adapterGradients(packed, jsKernels);
+    expect(js.loss).toBeCloseTo(reference.loss, 4);
+  });
+
+  it("when a packed model is given to full fine-tuning, then it is refused by name", () => {
+    const packed = packModel(plain, createWasmKernels("simd"));
+    expect(
+      () =>
+        new Trainer(packed as Model<Float32Array>, jsKernels, {
+          schedule: { kind: "constant", peak: 1e-3, warmupSteps: 0, totalSteps: 1 },
+        }),
+    ).toThrow(/full fine-tuning needs the weights as plain F32 arrays/);
+  });
+});
