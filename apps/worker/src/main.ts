@@ -21,7 +21,7 @@ const worker = new TrainingWorker({
   store,
   logger,
   kernelThreads: config.engineThreads,
-  loadBaseModel: baseModels(baseModelsDir(config)),
+  loadBaseModel: baseModels(baseModelsDir(config), { weights: config.engineWeights }),
   loadSftExamples: sftExamplesLoader(store, {
     maxBytes: config.trainingDataMaxBytes,
     allowHosts: config.trainingDataAllowHosts,

@@ -2,6 +2,8 @@ export {
   adminKeyPath,
   baseModelsDir,
   type Config,
+  ENGINE_WEIGHTS,
+  type EngineWeights,
   METRICS_ACCESS,
   type MetricsAccess,
   ROLES,

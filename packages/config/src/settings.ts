@@ -27,6 +27,9 @@ export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 /** Who may read `GET /metrics`: admin keys, anyone, or no one (404). */
 export type MetricsAccess = "key" | "public" | "off";
 export const METRICS_ACCESS: readonly MetricsAccess[] = ["key", "public", "off"];
+/** `ARBOR_ENGINE_WEIGHTS`: how engines keep weights (`WeightDtype` of @arbor/engine). */
+export const ENGINE_WEIGHTS = ["bf16", "f32"] as const;
+export type EngineWeights = (typeof ENGINE_WEIGHTS)[number];
 
 /** An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, another Arbor) that serves a
  * model id of ours. */
@@ -235,6 +238,18 @@ export const SETTINGS = {
     shown: "one per core",
     doc: "Kernel threads of each engine (inference, and each training thread). Node counts cores without container CPU quotas: set it there, and keep engines × threads about the number of cores.",
     read: (raw) => (unset(raw) ? Math.min(availableParallelism(), 64) : integer(raw, 1, 64)),
+  }),
+  engineWeights: setting({
+    env: "ARBOR_ENGINE_WEIGHTS",
+    group: "inference",
+    shown: "bf16",
+    doc: "How each engine (inference and training) keeps a base model's weights, packed once in its WebAssembly memory: `bf16` (half the memory; widened to F32 inside the kernels, exactly, for the BF16 weights models are published in) or `f32` (F16/F32 weights unrounded). Full fine-tuning is not offered; LoRA trains on either.",
+    read: (raw): EngineWeights => {
+      const value = unset(raw) ? "bf16" : raw.trim();
+      if (!ENGINE_WEIGHTS.includes(value as EngineWeights))
+        throw new Error(`must be one of ${ENGINE_WEIGHTS.join(", ")}, got ${JSON.stringify(raw)}`);
+      return value as EngineWeights;
+    },
   }),
   upstreams: setting({
     env: "ARBOR_UPSTREAMS",

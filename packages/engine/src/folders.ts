@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { catalogModelDir, listCatalog } from "./catalog.ts";
 import { ChatFormat } from "./chat.ts";
 import { type ModelConfig, parseConfig } from "./config.ts";
+import type { WeightDtype } from "./kernels/types.ts";
 import { ARENA_LIMIT } from "./kernels/wasm.ts";
 import { readChatFiles } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
@@ -43,12 +44,13 @@ const SHIPPED = Math.floor(Date.UTC(2026, 10, 23) / 1000);
  */
 export async function scanBaseModels(
   modelsDir: string | undefined,
+  options: FolderCheckOptions = {},
 ): Promise<{ models: BaseModelFolder[]; skipped: SkippedFolder[] }> {
   const models: BaseModelFolder[] = [];
   const skipped: SkippedFolder[] = [];
   for (const entry of listCatalog()) {
     const dir = catalogModelDir(entry.id);
-    const checked = await checkModelFolder(dir);
+    const checked = await checkModelFolder(dir, options);
     models.push({ id: entry.id, dir, ...checked, created: SHIPPED, shipped: true });
   }
   if (!modelsDir) return { models, skipped };
@@ -67,7 +69,7 @@ export async function scanBaseModels(
         models.push({
           id,
           dir,
-          ...(await checkModelFolder(dir)),
+          ...(await checkModelFolder(dir, options)),
           created: Math.floor(written.mtimeMs / 1000),
           shipped: false,
         });
@@ -79,6 +81,11 @@ export async function scanBaseModels(
   return { models, skipped };
 }
 
+export interface FolderCheckOptions {
+  /** How the engine will keep the weights (ARBOR_ENGINE_WEIGHTS), which sets what fits. */
+  weights?: WeightDtype;
+}
+
 /**
  * Checks a model folder as loading it would, without reading its weights: `config.json` (an
  * architecture the engine computes), the tokenizer and chat template, and that the safetensors
@@ -87,6 +94,7 @@ export async function scanBaseModels(
  */
 export async function checkModelFolder(
   dir: string,
+  options: FolderCheckOptions = {},
 ): Promise<{ config: ModelConfig; parameters: number }> {
   const configPath = join(dir, "config.json");
   let config: ModelConfig;
@@ -95,12 +103,13 @@ export async function checkModelFolder(
   } catch (err) {
     throw new ModelFileError(configPath, (err as Error).message.replace(/^config\.json: /, ""));
   }
-  // The kernels keep every weight packed in F32 in their arena, with room to compute beside it.
-  const packed = trainingMemory(config, "f32").weights;
+  // The kernels keep every weight packed in their arena, with room to compute beside it.
+  const weights = options.weights ?? "f32";
+  const packed = trainingMemory(config, weights).weights;
   if (packed + SERVING_ROOM > ARENA_LIMIT) {
     throw new ModelFileError(
       configPath,
-      `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in F32, and the engine's WebAssembly memory holds ${(ARENA_LIMIT / 1e9).toFixed(2)} GB (about 0.9B parameters at most until Memory64 lands)`,
+      `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in ${weights.toUpperCase()}, and the engine's WebAssembly memory holds ${(ARENA_LIMIT / 1e9).toFixed(2)} GB (about ${weights === "bf16" ? "1.8" : "0.9"}B parameters at most until Memory64 lands)`,
     );
   }
   const chat = new ChatFormat(await readChatFiles(dir), config.eosTokenId);

@@ -14,6 +14,7 @@ export { EngineThread, type ThreadGenerateRequest } from "./engine-thread.ts";
 export {
   type BaseModelFolder,
   checkModelFolder,
+  type FolderCheckOptions,
   type SkippedFolder,
   scanBaseModels,
 } from "./folders.ts";

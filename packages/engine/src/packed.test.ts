@@ -56,54 +56,84 @@ function adapterGradients(model: Model, kernels: Kernels = createWasmKernels("si
   return { loss, grads: loraParameters(grads).map((p) => Array.from(p.data)) };
 }
 
-describe("weights packed in the kernels as their only copy", () => {
-  let dir: string;
-  const plain = tinyModel(3, overrides);
-  beforeAll(async () => {
-    dir = await mkdtemp(join(tmpdir(), "arbor-packed-"));
-    await saveModel(plain, dir);
-  });
-  afterAll(() => rm(dir, { recursive: true, force: true }));
-
-  it("when a folder is loaded into kernels, then no weight matrix stays a plain array, every tensor reads back exactly, and the logits are the plain model's, bit for bit", async () => {
-    const kernels = createWasmKernels("simd");
-    const packed = await loadModel(dir, { kernels });
-    expect(packed.storage).toBe("f32");
-    const plainParams = parameters(plain.config, plain.weights);
-    const packedParams = parameters(packed.config, packed.weights);
-    expect(packedParams.map((p) => p.name)).toEqual(plainParams.map((p) => p.name));
-    packedParams.forEach((p, i) => {
-      expect(isWeightSource(p.data), p.name).toBe(p.shape.length === 2);
-      expect(weightArray(p.data), p.name).toEqual(plainParams[i]!.data);
+describe.each(["f32", "bf16"] as const)(
+  "weights packed in the kernels as their only copy (%s)",
+  (dtype) => {
+    let dir: string;
+    // The reference: the same numbers as plain F32 arrays (for BF16, the folder's BF16 weights
+    // widened), computed by the same kernels.
+    let plain: Model<Float32Array>;
+    beforeAll(async () => {
+      dir = await mkdtemp(join(tmpdir(), "arbor-packed-"));
+      await saveModel(tinyModel(3, overrides), dir, { dtype: dtype === "bf16" ? "BF16" : "F32" });
+      plain = await loadModel(dir);
     });
-    expect(logits(packed, kernels)).toEqual(logits(plain));
-  });
+    afterAll(() => rm(dir, { recursive: true, force: true }));
 
-  it("when a packed model is exported, merged or trained, then it gives the plain model's bytes and gradients", async () => {
-    const kernels = createWasmKernels("simd");
-    const packed = packModel(plain, kernels);
-    expect(ggufBytes(packed)).toEqual(ggufBytes(plain));
-    const adapter = createLoraAdapter(plain, { rank: 2, alpha: 4 }, 9);
-    for (const p of loraParameters(adapter)) p.data.fill(0.05);
-    const mergedPacked = mergeAdapter(packed, adapter);
-    const mergedPlain = mergeAdapter(plain, adapter);
-    expect(ggufBytes(mergedPacked)).toEqual(ggufBytes(mergedPlain));
-    // The merge changed the adapted weights (the test would pass vacuously otherwise).
-    expect(ggufBytes(mergedPlain)).not.toEqual(ggufBytes(plain));
-    // Backward through packed weights (dX = dY·W from the W-panels) and on other kernels.
-    const reference = adapterGradients(plain);
-    expect(adapterGradients(packed, kernels)).toEqual(reference);
-    const js = adapterGradients(packed, jsKernels);
-    expect(js.loss).toBeCloseTo(reference.loss, 4);
-  });
+    it("when a folder is loaded into kernels, then no weight matrix stays a plain array, every tensor reads back exactly, and the logits are the plain model's, bit for bit", async () => {
+      const kernels = createWasmKernels("simd");
+      const packed = await loadModel(dir, { kernels, weights: dtype });
+      expect(packed.storage).toBe(dtype);
+      const plainParams = parameters(plain.config, plain.weights);
+      const packedParams = parameters(packed.config, packed.weights);
+      expect(packedParams.map((p) => p.name)).toEqual(plainParams.map((p) => p.name));
+      packedParams.forEach((p, i) => {
+        expect(isWeightSource(p.data), p.name).toBe(p.shape.length === 2);
+        expect(weightArray(p.data), p.name).toEqual(plainParams[i]!.data);
+      });
+      expect(logits(packed, kernels)).toEqual(logits(plain));
+    });
 
-  it("when a packed model is given to full fine-tuning, then it is refused by name", () => {
-    const packed = packModel(plain, createWasmKernels("simd"));
-    expect(
-      () =>
-        new Trainer(packed as Model<Float32Array>, jsKernels, {
-          schedule: { kind: "constant", peak: 1e-3, warmupSteps: 0, totalSteps: 1 },
-        }),
-    ).toThrow(/full fine-tuning needs the weights as plain F32 arrays/);
+    it("when a packed model is exported, merged or trained, then it gives the plain model's bytes and gradients", async () => {
+      const kernels = createWasmKernels("simd");
+      const packed = packModel(plain, kernels, dtype);
+      expect(ggufBytes(packed)).toEqual(ggufBytes(plain));
+      const adapter = createLoraAdapter(plain, { rank: 2, alpha: 4 }, 9);
+      for (const p of loraParameters(adapter)) p.data.fill(0.05);
+      const mergedPacked = mergeAdapter(packed, adapter);
+      const mergedPlain = mergeAdapter(plain, adapter);
+      expect(ggufBytes(mergedPacked)).toEqual(ggufBytes(mergedPlain));
+      // The merge changed the adapted weights (the test would pass vacuously otherwise).
+      expect(ggufBytes(mergedPlain)).not.toEqual(ggufBytes(plain));
+      // Backward through packed weights (dX = dY·W from the W-panels) and on other kernels.
+      const reference = adapterGradients(plain);
+      expect(adapterGradients(packed, kernels)).toEqual(reference);
+      const js = adapterGradients(packed, jsKernels);
+      expect(js.loss).toBeCloseTo(reference.loss, 4);
+    });
+
+    it("when a packed model is given to full fine-tuning, then it is refused by name", () => {
+      const packed = packModel(plain, createWasmKernels("simd"), dtype);
+      expect(
+        () =>
+          new Trainer(packed as Model<Float32Array>, jsKernels, {
+            schedule: { kind: "constant", peak: 1e-3, warmupSteps: 0, totalSteps: 1 },
+          }),
+      ).toThrow(/full fine-tuning needs the weights as plain F32 arrays/);
+    });
+  },
+);
+
+describe("BF16 packing", () => {
+  it("when F32 weights are packed in BF16, then each rounds to the nearest BF16 as a BF16 file stores it, and relaxed SIMD computes on them too", async () => {
+    const model = tinyModel(5, overrides);
+    const dir = await mkdtemp(join(tmpdir(), "arbor-packed-"));
+    try {
+      await saveModel(model, dir, { dtype: "BF16" });
+      const rounded = await loadModel(dir);
+      for (const variant of ["simd", "relaxed"] as const) {
+        const kernels = createWasmKernels(variant);
+        const packed = packModel(model, kernels, "bf16");
+        const a = parameters(packed.config, packed.weights);
+        parameters(rounded.config, rounded.weights).forEach((p, i) => {
+          if (p.shape.length === 2) expect(weightArray(a[i]!.data), p.name).toEqual(p.data);
+        });
+        expect(logits(packed, kernels)).toEqual(logits(rounded, createWasmKernels(variant)));
+      }
+      // Rounding happened: F32 weights are not all BF16 numbers.
+      expect(weightArray(rounded.weights.layers[0]!.q)).not.toEqual(model.weights.layers[0]!.q);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

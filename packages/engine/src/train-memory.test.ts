@@ -50,8 +50,8 @@ const SHAPES: Record<string, Record<string, unknown>> = {
     head_dim: 32,
   },
 };
-/** Plain arrays (packed beside them), and packed as the only copy. */
-const STORAGES: WeightStorage[] = ["plain", "f32"];
+/** Plain arrays (packed beside them), and packed as the only copy in F32 and BF16. */
+const STORAGES: WeightStorage[] = ["plain", "f32", "bf16"];
 const models = new Map<string, Model>();
 const model = (name: string) => {
   const m = models.get(name) ?? randomModel(SHAPES[name]!, qwen3, 1);

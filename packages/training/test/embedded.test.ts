@@ -40,6 +40,7 @@ function start(store: Store, dataDir: string, onActivity?: (activity: TrainingAc
     maxTrainingDataBytes: 1 << 20,
     allowHosts: [],
     kernelThreads: 1,
+    engineWeights: "bf16",
     restartDelayMs: 50,
     threadModule: new URL("./fixtures/crashing-thread.ts", import.meta.url),
   });

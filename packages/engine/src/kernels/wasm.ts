@@ -23,6 +23,9 @@ type Gemm = (
 interface KernelExports {
   gemm: Gemm;
   gemm_at: Gemm;
+  /** `gemm` on panels of BF16 numbers, widened as they are loaded (`ps` = K·16). */
+  gemm_bf16: Gemm;
+  narrow_bf16(dst: number, src: number, n: number): void;
   pack_b(dst: number, src: number, N: number, K: number, ps: number): void;
   pack_w(dst: number, src: number, N: number, K: number, ps: number): void;
   rms_norm(
@@ -255,8 +258,7 @@ export class WasmKernels implements Kernels {
    * collected. Fill it with `writeRows`; `readRows` unpacks rows back (export, merging).
    */
   packWeight(rows: number, cols: number, dtype: WeightDtype): PackedWeight {
-    if (dtype !== "f32") throw new Error(`kernels: ${dtype} weights are not supported`);
-    const bytes = panelBytes(rows, cols);
+    const bytes = dtype === "bf16" ? panelBytes(rows, cols) / 2 : panelBytes(rows, cols);
     const weight = new ArenaWeight(this, 0, rows, cols, dtype, bytes);
     weight.offset = this.slot(weight, bytes);
     return weight;
@@ -264,20 +266,39 @@ export class WasmKernels implements Kernels {
 
   /** Packs rows [r0, r0 + n) of `weight` from row-major `data` (r0 a multiple of 8). */
   writePacked(weight: ArenaWeight, r0: number, data: Float32Array): void {
-    const n = data.length / weight.cols;
+    const K = weight.cols;
+    const n = data.length / K;
     if (r0 % 8 !== 0 || !Number.isInteger(n) || r0 + n > weight.rows) {
       throw new Error(
         `kernels: rows ${r0}..${r0 + n} do not fit a [${weight.rows}, ${weight.cols}] weight`,
       );
     }
-    const dst = weight.offset + (r0 / 8) * weight.cols * 32;
-    this.packInto(dst, data, "w", n, weight.cols, this.heap.top);
+    if (weight.dtype === "f32") {
+      this.packInto(weight.offset + (r0 / 8) * K * 32, data, "w", n, K, this.heap.top);
+      return;
+    }
+    // BF16: packed in F32 in scratch, then narrowed into place (panels keep their order).
+    const scratch = this.heap.top;
+    const floats = panelBytes(n, K) / 4;
+    this.packInto(scratch, data, "w", n, K, scratch + align(floats * 4));
+    this.exports.narrow_bf16(weight.offset + (r0 / 8) * K * 16, scratch, floats);
   }
 
   /** Rows [r0, r1) of a packed weight, unpacked to row-major F32. */
   readPacked(weight: ArenaWeight, r0: number, r1: number, out?: Float32Array): Float32Array {
     const K = weight.cols;
     const result = out ?? new Float32Array((r1 - r0) * K);
+    if (weight.dtype === "bf16") {
+      const bits = new Uint32Array(result.buffer, result.byteOffset, result.length);
+      const arena = new Uint16Array(this.memory.buffer);
+      const base = weight.offset / 2;
+      for (let r = r0; r < r1; r++) {
+        let at = base + (r >> 3) * K * 8 + BF16_LANE[r & 7]!;
+        const o = (r - r0) * K;
+        for (let k = 0; k < K; k++, at += 8) bits[o + k] = arena[at]! << 16;
+      }
+      return result;
+    }
     const arena = new Float32Array(this.memory.buffer);
     const base = weight.offset / 4;
     for (let r = r0; r < r1; r++) {
@@ -294,9 +315,13 @@ export class WasmKernels implements Kernels {
    */
   private weightToB(dst: number, weight: ArenaWeight): void {
     const { rows: N, cols: K } = weight;
-    const arena = new Float32Array(this.memory.buffer);
-    const src = weight.offset / 4;
     this.ensure(dst + panelBytes(K, N));
+    // F32 bits either way: a BF16 number is the top half of its F32.
+    const out32 = new Uint32Array(this.memory.buffer);
+    const bf16 = weight.dtype === "bf16";
+    const arena = bf16 ? new Uint16Array(this.memory.buffer) : out32;
+    const shift = bf16 ? 16 : 0;
+    const src = weight.offset / (bf16 ? 2 : 4);
     const out = dst / 4;
     const K8 = Math.ceil(K / 8);
     for (let p = 0; p < Math.ceil(N / 8); p++) {
@@ -308,8 +333,9 @@ export class WasmKernels implements Kernels {
         const to = out + j * N * 8 + p * 64;
         for (let r = 0; r < rows; r++) {
           const o = to + r * 8;
-          for (let c = 0; c < cols; c++) arena[o + c] = arena[from + c * 8 + r]!;
-          for (let c = cols; c < 8; c++) arena[o + c] = 0;
+          const lane = bf16 ? BF16_LANE[r]! : r;
+          for (let c = 0; c < cols; c++) out32[o + c] = arena[from + c * 8 + lane]! << shift;
+          for (let c = cols; c < 8; c++) out32[o + c] = 0;
         }
       }
     }
@@ -422,6 +448,8 @@ export class WasmKernels implements Kernels {
     let panels: number;
     if (own && layout === "w") panels = own.offset;
     else if (keep) panels = this.packedWeight(b as Float32Array, bVersion!, N, K);
+    // The forward reads a BF16 weight's own panels; everything else is F32.
+    const bf16 = own !== null && layout === "w" && own.dtype === "bf16";
     let top = this.heap.top;
     if (!keep) {
       panels = top;
@@ -477,7 +505,18 @@ export class WasmKernels implements Kernels {
                 this.tnChunk,
               ],
             }
-          : call("gemm", [o, ldo, aOffset + m0 * lda, lda, panels!, K * 32, m1 - m0, N, K, acc]),
+          : call(bf16 ? "gemm_bf16" : "gemm", [
+              o,
+              ldo,
+              aOffset + m0 * lda,
+              lda,
+              panels!,
+              bf16 ? K * 16 : K * 32,
+              m1 - m0,
+              N,
+              K,
+              acc,
+            ]),
       );
     }
     this.runJobs(jobs);
@@ -861,6 +900,9 @@ export class WasmKernels implements Kernels {
     this.copyOut(rowSum, sumo, rows);
   }
 }
+
+/** Where column c of a BF16 panel row is stored (the order 0 4 1 5 2 6 3 7, see build-wasm.ts). */
+const BF16_LANE = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /** A weight packed in a `WasmKernels` arena (see `packWeight`). */
 class ArenaWeight implements PackedWeight {
