@@ -47,6 +47,7 @@ export {
   parameterCount,
   randomModel,
   readChatFiles,
+  releaseModel,
   saveModel,
 } from "./model.ts";
 export { Trainer } from "./optim.ts";

@@ -12,17 +12,19 @@ import type { Kernels, PackedWeight, WeightDtype } from "./kernels/types.ts";
 import { PACK_SLICE } from "./kernels/wasm.ts";
 import { openSafetensors, type SafetensorsEntry, saveSafetensors } from "./safetensors.ts";
 import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
-import type { WeightStorage } from "./train-memory.ts";
+import { trainingMemory, type WeightStorage } from "./train-memory.ts";
 import {
   countParameters,
   hfName,
   initWeights,
+  isWeightSource,
   type LayerKey,
   type LayerWeights,
   layerKeysOf,
   layerShape,
   linearKeys,
   type ModelWeights,
+  parameters,
   type Weight,
   weightRows,
   weightsToTensors,
@@ -144,6 +146,16 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
   const pack = kernels?.packWeight
     ? (rows: number, cols: number) => kernels.packWeight!(rows, cols, options.weights ?? "f32")
     : null;
+  if (kernels && pack) {
+    const storage = options.weights ?? "f32";
+    const need = trainingMemory(config, storage).weights;
+    if (need > kernels.memoryLimit) {
+      throw new ModelFileError(
+        join(dir, "config.json"),
+        `too large for the engine: its weights take ${(need / 1e9).toFixed(2)} GB packed in ${storage.toUpperCase()}, and the engine's memory holds ${(kernels.memoryLimit / 1e9).toFixed(2)} GB`,
+      );
+    }
+  }
   const weights = await readWeights(dir, config, pack);
   return createModel(config, weights, files, pack ? (options.weights ?? "f32") : "plain");
 }
@@ -370,6 +382,13 @@ export function packModel(model: Model, kernels: Kernels, dtype: WeightDtype = "
     },
     storage: dtype,
   };
+}
+
+/** Frees the memory of a model's packed weights now; the model must not be used after. */
+export function releaseModel(model: Model): void {
+  for (const p of parameters(model.config, model.weights)) {
+    if (isWeightSource(p.data) && "release" in p.data) (p.data as PackedWeight).release();
+  }
 }
 
 export function parameterCount(model: Model): number {

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -15,7 +15,7 @@ import {
   mergeAdapter,
   zerosLikeAdapter,
 } from "./lora.ts";
-import { loadModel, type Model, packModel, saveModel } from "./model.ts";
+import { loadModel, type Model, packModel, releaseModel, saveModel } from "./model.ts";
 import { Trainer } from "./optim.ts";
 import { Rng } from "./rng.ts";
 import { lossAndGradients } from "./train.ts";
@@ -132,6 +132,49 @@ describe("BF16 packing", () => {
       }
       // Rounding happened: F32 weights are not all BF16 numbers.
       expect(weightArray(rounded.weights.layers[0]!.q)).not.toEqual(model.weights.layers[0]!.q);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("packed weights' memory", () => {
+  it("when a packed model is released, then its arena blocks are reused and using it throws", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "arbor-packed-"));
+    try {
+      await saveModel(tinyModel(6, overrides), dir, { dtype: "BF16" });
+      const kernels = createWasmKernels("simd");
+      const first = await loadModel(dir, { kernels, weights: "bf16" });
+      const expected = logits(first, kernels);
+      const peak = kernels.peakBytes;
+      releaseModel(first);
+      expect(() => logits(first, kernels)).toThrow(/a released weight was used/);
+      for (let i = 0; i < 5; i++) {
+        const again = await loadModel(dir, { kernels, weights: "bf16" });
+        expect(logits(again, kernels)).toEqual(expected);
+        releaseModel(again);
+      }
+      // Each load took the blocks the last one freed: the arena never grew past the first.
+      expect(kernels.peakBytes).toBe(peak);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("when a folder's packed weights exceed the kernels' memory, then it is refused before its weights are read, naming both sizes", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "arbor-packed-"));
+    try {
+      await saveModel(tinyModel(6, overrides), dir);
+      const config = JSON.parse(await readFile(join(dir, "config.json"), "utf8"));
+      await writeFile(
+        join(dir, "config.json"),
+        JSON.stringify({ ...config, hidden_size: 2048, intermediate_size: 8192 }),
+      );
+      await rm(join(dir, "model.safetensors"));
+      const kernels = createWasmKernels("simd", { memoryLimit: 64 << 20 });
+      await expect(loadModel(dir, { kernels, weights: "bf16" })).rejects.toThrow(
+        /config\.json: too large for the engine: its weights take 0\.\d\d GB packed in BF16, and the engine's memory holds 0\.07 GB/,
+      );
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

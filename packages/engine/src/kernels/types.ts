@@ -10,6 +10,8 @@ export interface PackedWeight extends WeightSource {
   readonly bytes: number;
   /** Packs rows [r0, r0 + data.length / cols) (r0 a multiple of 8). */
   writeRows(r0: number, data: Float32Array): void;
+  /** Frees its memory now (else when it is garbage-collected); it must not be used after. */
+  release(): void;
 }
 
 /** Scratch arrays for one pass (a forward, or a training step), freed together. */

@@ -260,8 +260,14 @@ export class WasmKernels implements Kernels {
   packWeight(rows: number, cols: number, dtype: WeightDtype): PackedWeight {
     const bytes = dtype === "bf16" ? panelBytes(rows, cols) / 2 : panelBytes(rows, cols);
     const weight = new ArenaWeight(this, 0, rows, cols, dtype, bytes);
-    weight.offset = this.slot(weight, bytes);
+    weight.offset = this.slot(weight, bytes, weight);
     return weight;
+  }
+
+  /** Frees a packed weight's block now (`PackedWeight.release`). */
+  releasePacked(weight: ArenaWeight): void {
+    this.reclaim.unregister(weight);
+    this.heap.free(weight.offset, weight.bytes);
   }
 
   /** Packs rows [r0, r0 + n) of `weight` from row-major `data` (r0 a multiple of 8). */
@@ -439,6 +445,7 @@ export class WasmKernels implements Kernels {
   ): void {
     // A weight packed here (its only copy) is used where it lies; another source is read whole.
     const own = weight instanceof ArenaWeight && weight.kernels === this ? weight : null;
+    own?.live();
     const b = own ?? (isWeightSource(weight) ? weight.readRows(0, weight.rows) : weight);
     // Only a weight's W[N,K] panels are kept. Its B[K,N] panels (a backward's dX = dY·W) are
     // packed per call: one pass over the weight against M·N·K work, and keeping them would
@@ -935,10 +942,23 @@ class ArenaWeight implements PackedWeight {
   }
 
   writeRows(r0: number, data: Float32Array): void {
+    this.live();
     this.kernels.writePacked(this, r0, data);
   }
 
+  release(): void {
+    if (this.offset < 0) return;
+    this.kernels.releasePacked(this);
+    this.offset = -1;
+  }
+
+  /** Throws when the weight was released (its arena block may hold something else now). */
+  live(): void {
+    if (this.offset < 0) throw new Error("kernels: a released weight was used");
+  }
+
   readRows(r0: number, r1: number, out?: Float32Array): Float32Array {
+    this.live();
     return this.kernels.readPacked(this, r0, r1, out);
   }
 }

@@ -5,6 +5,7 @@ import {
   listCatalog,
   loadModel,
   type Model,
+  releaseModel,
   type SftExample,
   type WeightDtype,
 } from "@arbor/engine";
@@ -30,36 +31,38 @@ export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) 
   };
 }
 
-/** The base models, each loaded once per kernel set, its weights packed in those kernels as
+/** The base models, each loaded into a kernel set with its weights packed in those kernels as
  * their only copy (`weights`: F32, or BF16 widened inside the kernels): the shipped ones, and
  * the folders `<owner>/<name>/` under `modelsDir` (the server's `ARBOR_BASE_MODELS_DIR`). A
- * model that fails to load is tried again by the next job. */
+ * kernel set keeps one base model at a time (jobs run one after another): loading another
+ * frees the previous one's memory first, so the arena plan of a job (`trainingMemory`) is what
+ * its arena holds. A model that fails to load is tried again by the next job. */
 export function baseModels(
   modelsDir?: string,
   options: { weights?: WeightDtype } = {},
 ): (baseId: string, kernels: Kernels) => Promise<Model> {
-  const loaded = new WeakMap<Kernels, Map<string, Promise<Model>>>();
+  const resident = new WeakMap<Kernels, { id: string; model: Promise<Model> }>();
   const shipped = new Set(listCatalog().map((e) => e.id));
-  return (baseId, kernels) => {
-    let models = loaded.get(kernels);
-    if (!models) {
-      models = new Map();
-      loaded.set(kernels, models);
+  return async (baseId, kernels) => {
+    const current = resident.get(kernels);
+    if (current?.id === baseId) return current.model;
+    if (current) {
+      resident.delete(kernels);
+      const previous = await current.model.catch(() => null);
+      if (previous) releaseModel(previous);
     }
-    let model = models.get(baseId);
-    if (!model) {
-      const dir = shipped.has(baseId)
-        ? catalogModelDir(baseId)
-        : modelsDir && /^[^/]+\/[^/]+$/.test(baseId) && !baseId.includes("..")
-          ? join(modelsDir, baseId)
-          : undefined;
-      model = dir
-        ? loadModel(dir, { kernels, weights: options.weights ?? "f32" })
-        : Promise.reject(new Error(`no base model ${baseId}`));
-      const cache = models;
-      model.catch(() => cache.delete(baseId));
-      models.set(baseId, model);
-    }
+    const dir = shipped.has(baseId)
+      ? catalogModelDir(baseId)
+      : modelsDir && /^[^/]+\/[^/]+$/.test(baseId) && !baseId.includes("..")
+        ? join(modelsDir, baseId)
+        : undefined;
+    if (!dir) throw new Error(`no base model ${baseId}`);
+    const model = loadModel(dir, { kernels, weights: options.weights ?? "f32" });
+    const entry = { id: baseId, model };
+    resident.set(kernels, entry);
+    model.catch(() => {
+      if (resident.get(kernels) === entry) resident.delete(kernels);
+    });
     return model;
   };
 }
