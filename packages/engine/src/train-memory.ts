@@ -1,6 +1,6 @@
 import type { ModelConfig } from "./config.ts";
 import type { Kernels, WeightDtype } from "./kernels/types.ts";
-import { PACK_SLICE, panelBytes } from "./kernels/wasm.ts";
+import { B_SLAB_BYTES, PACK_SLICE, panelBytes } from "./kernels/wasm.ts";
 import { TrainingInputError } from "./training-data.ts";
 
 /** How a model holds its weights: plain F32 arrays (which kernels pack beside them), or packed
@@ -16,7 +16,8 @@ export interface TrainingMemory {
   /** Every Linear weight and the head, packed into GEMM panels (kept between passes); for a
    * model loaded packed (`storage` "f32" or "bf16") also untied embeddings. */
   weights: number;
-  /** Scratch of the largest call: a weight's B-panels packed per backward call, and the slice it is copied through. */
+  /** Scratch of the largest call: a weight's B-panels packed per backward call (a slab of them
+   * for packed weights), and the slice it is copied through. */
   fixed: number;
   /** Activations saved for the backward, the backward's own per-layer arrays, and the logits. */
   perRow: number;
@@ -41,7 +42,11 @@ export function trainingMemory(
   const f32 = L * layer + tables * panelBytes(V, D);
   const weights = storage === "bf16" ? f32 / 2 : f32;
   // The backward's dX = dY·W packs W as B-panels per call: the head's is the largest (V ≥ I).
-  const fixed = Math.max(panelBytes(D, V), panelBytes(D, I), panelBytes(I, D)) + PACK_SLICE;
+  // Plain weights are packed whole, through a slice; packed ones a slab of at most
+  // B_SLAB_BYTES at a time (loading packs through a slice and, for BF16, F32 panels of it).
+  const panels = Math.max(panelBytes(D, V), panelBytes(D, I), panelBytes(I, D));
+  const fixed =
+    storage === "plain" ? panels + PACK_SLICE : Math.min(panels, B_SLAB_BYTES) + 3 * PACK_SLICE;
   const norms = qkNorm ? q + kv + config.numHeads + config.numKvHeads : 0;
   const saved = 4 * D + 2 * q + 2 * kv + 3 * I + 2 + norms;
   const backward = 2 * D + 3 * I + 2 * q + 2 * kv + (qkNorm ? q + kv : 0);

@@ -107,6 +107,8 @@ const PAGE = 65536;
 const MAX_PAGES = 65536;
 /** The most bytes a WASM kernel arena holds (wasm32: 4 GiB). */
 export const ARENA_LIMIT = MAX_PAGES * PAGE;
+/** `WasmKernels.bSlabBytes` by default. */
+export const B_SLAB_BYTES = 32 << 20;
 /** Largest slice of a weight copied into the arena at a time to be packed. */
 export const PACK_SLICE = 8 << 20;
 
@@ -133,6 +135,12 @@ export class WasmKernels implements Kernels {
    * 44–49 GFLOP/s on the tiny-chat shapes at 128–512 rows, 30–41 in one pass over 4,096).
    */
   tnChunk = 256;
+  /**
+   * Most bytes of B-panels made at once from a weight packed here (dX = dY·W in a backward):
+   * larger weights (the head's V rows) are done in slabs of rows, so the scratch a backward
+   * needs stays small (`trainingMemory`'s `fixed`).
+   */
+  bSlabBytes = B_SLAB_BYTES;
   /** Arena blocks of weights and caches whose arrays were garbage-collected go back to the heap. */
   private readonly reclaim = new FinalizationRegistry<{ offset: number; size: number }>(
     ({ offset, size }) => this.heap.free(offset, size),
@@ -319,8 +327,9 @@ export class WasmKernels implements Kernels {
    * Packs a weight W[N,K] kept here as W-panels into B-panels of B = W ([N rows][K columns],
    * for dX = dY·W) at `dst`: each 8×8 block of a W-panel, transposed.
    */
-  private weightToB(dst: number, weight: ArenaWeight): void {
-    const { rows: N, cols: K } = weight;
+  private weightToB(dst: number, weight: ArenaWeight, n0 = 0, n1 = weight.rows): void {
+    const K = weight.cols;
+    const N = n1 - n0;
     this.ensure(dst + panelBytes(K, N));
     // F32 bits either way: a BF16 number is the top half of its F32.
     const out32 = new Uint32Array(this.memory.buffer);
@@ -330,9 +339,10 @@ export class WasmKernels implements Kernels {
     const src = weight.offset / (bf16 ? 2 : 4);
     const out = dst / 4;
     const K8 = Math.ceil(K / 8);
+    // Rows n0… of W (n0 a multiple of 8) become rows 0… of the B-panels.
     for (let p = 0; p < Math.ceil(N / 8); p++) {
       const rows = Math.min(8, N - p * 8);
-      const panel = src + p * K * 8;
+      const panel = src + (n0 / 8 + p) * K * 8;
       for (let j = 0; j < K8; j++) {
         const cols = Math.min(8, K - j * 8);
         const from = panel + j * 64;
@@ -458,11 +468,20 @@ export class WasmKernels implements Kernels {
     // The forward reads a BF16 weight's own panels; everything else is F32.
     const bf16 = own !== null && layout === "w" && own.dtype === "bf16";
     let top = this.heap.top;
+    // A weight packed here gives its B-panels a slab of K rows at a time (at most
+    // `bSlabBytes`), each slab's product added onto the last: every sum runs over k in order
+    // (the accumulators go through `out` between slabs), so the bits are those of one pass.
+    let slab = K;
     if (!keep) {
       panels = top;
-      top += align(panelBytes(N, K));
-      if (own) this.weightToB(panels, own);
-      else this.packInto(panels, b as Float32Array, layout, N, K, top);
+      if (own) {
+        const perRow = Math.ceil(N / 8) * 32;
+        slab = Math.min(K, Math.max(8, Math.floor(this.bSlabBytes / perRow / 8) * 8));
+        top += align(panelBytes(N, slab));
+      } else {
+        top += align(panelBytes(N, K));
+        this.packInto(panels, b as Float32Array, layout, N, K, top);
+      }
     }
     // Operands already in the arena (workspace arrays) are used in place; others are copied.
     const N8 = Math.ceil(N / 8) * 8;
@@ -485,7 +504,40 @@ export class WasmKernels implements Kernels {
     if (accumulate && !outInPlace) copyRows(outView, N8, out, N, M);
     const lda = transposedA ? M * 4 : K * 4;
     const ldo = N8 * 4;
-    const acc = accumulate ? 1 : 0;
+    for (let k0 = 0; k0 < K; k0 += slab) {
+      const k1 = Math.min(K, k0 + slab);
+      if (own && layout === "b") this.weightToB(panels!, own, k0, k1);
+      this.gemmJobs(
+        outOffset,
+        ldo,
+        aOffset + k0 * 4,
+        lda,
+        panels!,
+        M,
+        N,
+        k1 - k0,
+        accumulate || k0 > 0 ? 1 : 0,
+        transposedA,
+        bf16,
+      );
+    }
+    if (!outInPlace) copyRows(out, N, outView, N8, M);
+  }
+
+  /** One GEMM over packed panels, its rows shared among threads. */
+  private gemmJobs(
+    outOffset: number,
+    ldo: number,
+    aOffset: number,
+    lda: number,
+    panels: number,
+    M: number,
+    N: number,
+    K: number,
+    acc: number,
+    transposedA: boolean,
+    bf16: boolean,
+  ): void {
     const parts = this.parts(2 * M * N * K);
     const jobs: Job[] = [];
     for (let i = 0; i < parts; i++) {
@@ -503,7 +555,7 @@ export class WasmKernels implements Kernels {
                 ldo,
                 aOffset + m0 * 4,
                 lda,
-                panels!,
+                panels,
                 K * 32,
                 m1 - m0,
                 N,
@@ -517,7 +569,7 @@ export class WasmKernels implements Kernels {
               ldo,
               aOffset + m0 * lda,
               lda,
-              panels!,
+              panels,
               bf16 ? K * 16 : K * 32,
               m1 - m0,
               N,
@@ -527,7 +579,6 @@ export class WasmKernels implements Kernels {
       );
     }
     this.runJobs(jobs);
-    if (!outInPlace) copyRows(out, N, outView, N8, M);
   }
 
   matmulNT(
