@@ -17,7 +17,7 @@ export async function addBaseModel(
     id?: string | undefined;
     modelsDir: string;
     /** How the server's engines keep weights (ARBOR_ENGINE_WEIGHTS): what fits depends on it. */
-    weights?: "bf16" | "f32";
+    weights?: "auto" | "bf16" | "f32";
   },
   out: { line(text: string): void },
 ): Promise<string> {
@@ -25,7 +25,7 @@ export async function addBaseModel(
   const id = args.id ?? `local/${basename(source)}`;
   if (!ID.test(id)) throw new Error(`--id must be "<owner>/<name>", got ${JSON.stringify(id)}.`);
   const { config, parameters } = await checkModelFolder(source, {
-    weights: args.weights ?? "bf16",
+    weights: args.weights ?? "auto",
   });
   const target = join(args.modelsDir, ...id.split("/"));
   if (await stat(target).catch(() => undefined)) {

@@ -28,7 +28,7 @@ export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 export type MetricsAccess = "key" | "public" | "off";
 export const METRICS_ACCESS: readonly MetricsAccess[] = ["key", "public", "off"];
 /** `ARBOR_ENGINE_WEIGHTS`: how engines keep weights (`WeightDtype` of @arbor/engine). */
-export const ENGINE_WEIGHTS = ["bf16", "f32"] as const;
+export const ENGINE_WEIGHTS = ["auto", "bf16", "f32"] as const;
 export type EngineWeights = (typeof ENGINE_WEIGHTS)[number];
 
 /** An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, another Arbor) that serves a
@@ -242,10 +242,10 @@ export const SETTINGS = {
   engineWeights: setting({
     env: "ARBOR_ENGINE_WEIGHTS",
     group: "inference",
-    shown: "bf16",
-    doc: "How each engine (inference and training) keeps a base model's weights, packed once in its WebAssembly memory: `bf16` (half the memory; widened to F32 inside the kernels, exactly, for the BF16 weights models are published in) or `f32` (F16/F32 weights unrounded). Full fine-tuning is not offered; LoRA trains on either.",
+    shown: "auto",
+    doc: "How each engine (inference and training) keeps a base model's weights, packed once in its WebAssembly memory: `bf16` (half the memory, widened to F32 inside the kernels; F32 and F16 files are rounded), `f32`, or `auto`: BF16 when the folder's weight matrices are BF16 (exact: what most models are published in), F32 otherwise. LoRA trains on any of them (full fine-tuning is not offered).",
     read: (raw): EngineWeights => {
-      const value = unset(raw) ? "bf16" : raw.trim();
+      const value = unset(raw) ? "auto" : raw.trim();
       if (!ENGINE_WEIGHTS.includes(value as EngineWeights))
         throw new Error(`must be one of ${ENGINE_WEIGHTS.join(", ")}, got ${JSON.stringify(raw)}`);
       return value as EngineWeights;

@@ -6,16 +6,15 @@
 import { parentPort, workerData } from "node:worker_threads";
 import { Engine, type GenerationEvent } from "./engine.ts";
 import type { FromEngineThread, ToEngineThread } from "./engine-thread.ts";
-import type { WeightDtype } from "./kernels/types.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
 import { adapterFromFiles, type LoraAdapter } from "./lora.ts";
-import { loadModel, parameterCount } from "./model.ts";
+import { loadModel, parameterCount, type WeightChoice } from "./model.ts";
 import { ContextLengthError } from "./prompt-encoder.ts";
 
 const { modelDir, threads, weights } = workerData as {
   modelDir: string;
   threads: number;
-  weights: WeightDtype;
+  weights: WeightChoice;
 };
 const post = (message: FromEngineThread, transfer: ArrayBuffer[] = []) =>
   parentPort!.postMessage(message, transfer);

@@ -2,7 +2,7 @@ import { Worker } from "node:worker_threads";
 import type { ChatMessage } from "./chat.ts";
 import type { ModelConfig } from "./config.ts";
 import type { GenerateRequest, GenerationEvent } from "./engine.ts";
-import type { WeightDtype } from "./kernels/types.ts";
+import type { WeightChoice } from "./model.ts";
 import { ContextLengthError, PromptError, promptBytes } from "./prompt-encoder.ts";
 
 /** What an engine thread serves, read once it has loaded its model. */
@@ -81,11 +81,12 @@ export class EngineThread {
   }
 
   /** Starts a thread that loads the model in `modelDir`, its weights packed in its kernels'
-   * arena as their only copy (`weights`: F32, or BF16 widened inside the kernels; default F32);
+   * arena as their only copy (`weights`: F32, BF16 widened inside the kernels, or `auto`: BF16
+   * for BF16 files, else F32; default F32);
    * `threads` kernel threads share its large kernel calls (the thread itself included). */
   static async start(
     modelDir: string,
-    options: { threads?: number; weights?: WeightDtype } = {},
+    options: { threads?: number; weights?: WeightChoice } = {},
   ): Promise<EngineThread> {
     const worker = new Worker(new URL("./engine-thread-worker.ts", import.meta.url), {
       workerData: { modelDir, threads: options.threads ?? 1, weights: options.weights ?? "f32" },

@@ -3,8 +3,8 @@ import { join } from "node:path";
 import { catalogModelDir, listCatalog } from "./catalog.ts";
 import { ChatFormat } from "./chat.ts";
 import { type ModelConfig, parseConfig } from "./config.ts";
-import type { WeightDtype } from "./kernels/types.ts";
 import { ARENA_LIMIT } from "./kernels/wasm.ts";
+import type { WeightChoice } from "./model.ts";
 import { readChatFiles } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
 import { trainingMemory } from "./train-memory.ts";
@@ -83,7 +83,21 @@ export async function scanBaseModels(
 
 export interface FolderCheckOptions {
   /** How the engine will keep the weights (ARBOR_ENGINE_WEIGHTS), which sets what fits. */
-  weights?: WeightDtype;
+  weights?: WeightChoice;
+}
+
+/** Whether the weight matrices `loadModel` packs are all BF16 in the folder's files (false
+ * when the headers cannot be read: the tensor checks then name the file). */
+async function weightMatricesAreBf16(dir: string, config: ModelConfig): Promise<boolean> {
+  const tensors = await safetensorsShapes(dir).catch(() => null);
+  if (!tensors) return false;
+  const names = ["model.embed_tokens.weight"];
+  if (!config.tieWordEmbeddings) names.push("lm_head.weight");
+  for (let l = 0; l < config.numLayers; l++) {
+    for (const key of layerKeysOf(config))
+      if (layerShape(config, key).length === 2) names.push(hfName(l, key));
+  }
+  return names.every((name) => tensors.get(name)?.dtype === "BF16");
 }
 
 /**
@@ -103,8 +117,11 @@ export async function checkModelFolder(
   } catch (err) {
     throw new ModelFileError(configPath, (err as Error).message.replace(/^config\.json: /, ""));
   }
-  // The kernels keep every weight packed in their arena, with room to compute beside it.
-  const weights = options.weights ?? "f32";
+  // The kernels keep every weight packed in their arena, with room to compute beside it; `auto`
+  // packs in BF16 when every weight matrix of the files is BF16 (their headers say).
+  const choice = options.weights ?? "f32";
+  const weights =
+    choice !== "auto" ? choice : (await weightMatricesAreBf16(dir, config)) ? "bf16" : "f32";
   const packed = trainingMemory(config, weights).weights;
   if (packed + SERVING_ROOM > ARENA_LIMIT) {
     throw new ModelFileError(
@@ -146,7 +163,7 @@ export async function checkModelFolder(
 /** Every tensor's shape and file, from the safetensors headers (shards included). */
 async function safetensorsShapes(
   dir: string,
-): Promise<Map<string, { shape: number[]; file: string }>> {
+): Promise<Map<string, { shape: number[]; file: string; dtype: string }>> {
   let files = ["model.safetensors"];
   const indexPath = join(dir, "model.safetensors.index.json");
   const index = await readFile(indexPath, "utf8").catch(() => undefined);
@@ -158,7 +175,7 @@ async function safetensorsShapes(
       throw new ModelFileError(indexPath, `not valid JSON (${(err as Error).message})`);
     }
   }
-  const out = new Map<string, { shape: number[]; file: string }>();
+  const out = new Map<string, { shape: number[]; file: string; dtype: string }>();
   for (const name of files) {
     const path = join(dir, name);
     const handle = await open(path, "r").catch(() => {
@@ -189,7 +206,7 @@ async function safetensorsShapes(
         if ((entry.data_offsets?.[1] ?? 0) + 8 + length > size) {
           throw new ModelFileError(path, `truncated: ${tensor} ends past the end of the file`);
         }
-        out.set(tensor, { shape: entry.shape ?? [], file: path });
+        out.set(tensor, { shape: entry.shape ?? [], file: path, dtype: entry.dtype ?? "" });
       }
     } catch (err) {
       if (err instanceof ModelFileError) throw err;

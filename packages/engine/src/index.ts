@@ -49,6 +49,7 @@ export {
   readChatFiles,
   releaseModel,
   saveModel,
+  type WeightChoice,
 } from "./model.ts";
 export { Trainer } from "./optim.ts";
 export { ContextLengthError } from "./prompt-encoder.ts";

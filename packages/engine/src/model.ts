@@ -118,9 +118,16 @@ export interface LoadOptions {
    * arrays, which any kernels pack on first use (a second copy) and full fine-tuning updates.
    */
   kernels?: Kernels;
-  /** How packed weights hold their numbers: F32, or BF16 widened inside the kernels. Default F32. */
-  weights?: WeightDtype;
+  /**
+   * How packed weights hold their numbers: F32, BF16 widened inside the kernels (F32 and F16
+   * files are rounded), or `auto`: BF16 when every weight matrix in the files is BF16 (exact,
+   * half the memory), F32 otherwise (never rounds). Default F32.
+   */
+  weights?: WeightChoice;
 }
+
+/** `LoadOptions.weights`. */
+export type WeightChoice = WeightDtype | "auto";
 
 /**
  * Loads a Hugging Face model folder: `config.json`, `tokenizer.json` and `tokenizer_config.json`,
@@ -142,22 +149,34 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
     );
   }
   const files = await readChatFiles(dir);
-  const kernels = options.kernels;
-  const pack = kernels?.packWeight
-    ? (rows: number, cols: number) => kernels.packWeight!(rows, cols, options.weights ?? "f32")
-    : null;
-  if (kernels && pack) {
-    const storage = options.weights ?? "f32";
-    const need = trainingMemory(config, storage).weights;
-    if (need > kernels.memoryLimit) {
+  const kernels = options.kernels?.packWeight ? options.kernels : null;
+  const choice = options.weights ?? "f32";
+  /** Refuses, before any weight is read, weights that cannot fit the kernels' memory. */
+  const fits = (dtype: WeightDtype) => {
+    const need = trainingMemory(config, dtype).weights;
+    if (kernels && need > kernels.memoryLimit) {
       throw new ModelFileError(
         join(dir, "config.json"),
-        `too large for the engine: its weights take ${(need / 1e9).toFixed(2)} GB packed in ${storage.toUpperCase()}, and the engine's memory holds ${(kernels.memoryLimit / 1e9).toFixed(2)} GB`,
+        `too large for the engine: its weights take ${(need / 1e9).toFixed(2)} GB packed in ${dtype.toUpperCase()}, and the engine's memory holds ${(kernels.memoryLimit / 1e9).toFixed(2)} GB`,
       );
     }
-  }
-  const weights = await readWeights(dir, config, pack);
-  return createModel(config, weights, files, pack ? (options.weights ?? "f32") : "plain");
+  };
+  if (choice !== "auto") fits(choice);
+  const { weights, storage } = await readWeights(
+    dir,
+    config,
+    kernels
+      ? {
+          choose: (allBf16) => {
+            const dtype = choice === "auto" ? (allBf16 ? "bf16" : "f32") : choice;
+            fits(dtype);
+            return dtype;
+          },
+          pack: (rows, cols, dtype) => kernels.packWeight!(rows, cols, dtype),
+        }
+      : null,
+  );
+  return createModel(config, weights, files, storage);
 }
 
 /** The folder's tokenizer, chat template and generation config. */
@@ -228,8 +247,12 @@ async function readJson(
 async function readWeights(
   dir: string,
   config: ModelConfig,
-  pack: ((rows: number, cols: number) => PackedWeight) | null,
-): Promise<ModelWeights> {
+  packing: {
+    /** The dtype to pack in, told whether every weight matrix in the files is BF16. */
+    choose(allBf16: boolean): WeightDtype;
+    pack(rows: number, cols: number, dtype: WeightDtype): PackedWeight;
+  } | null,
+): Promise<{ weights: ModelWeights; storage: WeightStorage }> {
   let index: { weight_map?: Record<string, string> } | null = null;
   try {
     index = JSON.parse(await readFile(join(dir, "model.safetensors.index.json"), "utf8"));
@@ -279,11 +302,22 @@ async function readWeights(
         throw fileError(path, err);
       });
     };
+    // The matrices packed: every layer's 2-D weights, the embeddings and an untied head.
+    const matrices = [
+      "model.embed_tokens.weight",
+      ...(config.tieWordEmbeddings ? [] : ["lm_head.weight"]),
+      ...Array.from({ length: config.numLayers }, (_, i) =>
+        layerKeysOf(config)
+          .filter((key) => layerShape(config, key).length === 2)
+          .map((key) => hfName(i, key)),
+      ).flat(),
+    ];
+    const dtype = packing?.choose(matrices.every((n) => entries.get(n)?.entry.dtype === "BF16"));
     const matrix = async (name: string, shape: number[]): Promise<Weight> => {
-      if (!pack) return plain(name, shape);
+      if (!packing || !dtype) return plain(name, shape);
       const { entry, path } = find(name, shape);
       const [rows, cols] = shape as [number, number];
-      const weight = pack(rows, cols);
+      const weight = packing.pack(rows, cols, dtype);
       // Blocks of whole 8-row panels, about PACK_SLICE bytes of F32 each.
       const step = Math.max(8, Math.floor(PACK_SLICE / (cols * 4 * 8)) * 8);
       try {
@@ -313,7 +347,7 @@ async function readWeights(
     // Untied: the head must be there; falling back to the embeddings would answer wrongly.
     const lmHead = config.tieWordEmbeddings ? null : await matrix("lm_head.weight", vd);
     const norm = await plain("model.norm.weight", [config.hiddenSize]);
-    return { embed, layers, norm, lmHead };
+    return { weights: { embed, layers, norm, lmHead }, storage: dtype ?? "plain" };
   } finally {
     for (const shard of opened) await shard.close();
   }

@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { randomBatch, tinyModel } from "../test/fixtures.ts";
+import { checkModelFolder } from "./folders.ts";
 import { createKvCache, forwardBatch } from "./forward.ts";
 import { ggufBytes } from "./gguf.ts";
 import { jsKernels } from "./kernels/js.ts";
@@ -15,7 +16,14 @@ import {
   mergeAdapter,
   zerosLikeAdapter,
 } from "./lora.ts";
-import { loadModel, type Model, packModel, releaseModel, saveModel } from "./model.ts";
+import {
+  loadModel,
+  type Model,
+  packModel,
+  parameterCount,
+  releaseModel,
+  saveModel,
+} from "./model.ts";
 import { Trainer } from "./optim.ts";
 import { Rng } from "./rng.ts";
 import { lossAndGradients } from "./train.ts";
@@ -178,6 +186,29 @@ describe("packed weights' memory", () => {
       await expect(loadModel(dir, { kernels, weights: "bf16" })).rejects.toThrow(
         /config\.json: too large for the engine: its weights take 0\.\d\d GB packed in BF16, and the engine's memory holds 0\.07 GB/,
       );
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe("weights: auto", () => {
+  it("when a folder is loaded with weights auto, then BF16 files are packed in BF16 and F32 files in F32, never rounded", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "arbor-packed-"));
+    try {
+      for (const [file, storage] of [
+        ["BF16", "bf16"],
+        ["F32", "f32"],
+      ] as const) {
+        const folder = join(dir, file);
+        await saveModel(tinyModel(8, overrides), folder, { dtype: file });
+        const kernels = createWasmKernels("simd");
+        const packed = await loadModel(folder, { kernels, weights: "auto" });
+        expect(packed.storage).toBe(storage);
+        expect(logits(packed, kernels)).toEqual(logits(await loadModel(folder)));
+        const checked = await checkModelFolder(folder, { weights: "auto" });
+        expect(checked.parameters).toBe(parameterCount(packed));
+      }
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

@@ -40,7 +40,7 @@ function start(store: Store, dataDir: string, onActivity?: (activity: TrainingAc
     maxTrainingDataBytes: 1 << 20,
     allowHosts: [],
     kernelThreads: 1,
-    engineWeights: "bf16",
+    engineWeights: "auto",
     restartDelayMs: 50,
     threadModule: new URL("./fixtures/crashing-thread.ts", import.meta.url),
   });

@@ -7,7 +7,7 @@ import {
   type Model,
   releaseModel,
   type SftExample,
-  type WeightDtype,
+  type WeightChoice,
 } from "@arbor/engine";
 import type { Store } from "@arbor/store";
 import { loadTrainingData } from "../datasets/fetch.ts";
@@ -32,14 +32,15 @@ export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) 
 }
 
 /** The base models, each loaded into a kernel set with its weights packed in those kernels as
- * their only copy (`weights`: F32, or BF16 widened inside the kernels): the shipped ones, and
+ * their only copy (`weights`: F32, BF16 widened inside the kernels, or `auto`: BF16 for BF16
+ * files, else F32): the shipped ones, and
  * the folders `<owner>/<name>/` under `modelsDir` (the server's `ARBOR_BASE_MODELS_DIR`). A
  * kernel set keeps one base model at a time (jobs run one after another): loading another
  * frees the previous one's memory first, so the arena plan of a job (`trainingMemory`) is what
  * its arena holds. A model that fails to load is tried again by the next job. */
 export function baseModels(
   modelsDir?: string,
-  options: { weights?: WeightDtype } = {},
+  options: { weights?: WeightChoice } = {},
 ): (baseId: string, kernels: Kernels) => Promise<Model> {
   const resident = new WeakMap<Kernels, { id: string; model: Promise<Model> }>();
   const shipped = new Set(listCatalog().map((e) => e.id));

@@ -5,7 +5,7 @@
  * supervisor (`EmbeddedWorker`) who it is and which job it runs, so a death fails that job.
  */
 import { parentPort, workerData } from "node:worker_threads";
-import type { WeightDtype } from "@arbor/engine";
+import type { WeightChoice } from "@arbor/engine";
 import { openStore } from "@arbor/store";
 import { pino } from "pino";
 import { baseModels, sftExamplesLoader } from "./loaders.ts";
@@ -22,7 +22,7 @@ export interface WorkerThreadSettings {
   /** Kernel threads of this training thread's engine. */
   kernelThreads: number;
   /** How its engine keeps base models' weights (ARBOR_ENGINE_WEIGHTS). */
-  engineWeights: WeightDtype;
+  engineWeights: WeightChoice;
   /** Where base-model folders are (besides the shipped models). */
   baseModelsDir?: string | undefined;
 }

@@ -3,7 +3,7 @@ import {
   EngineThread,
   type SkippedFolder,
   scanBaseModels,
-  type WeightDtype,
+  type WeightChoice,
 } from "@arbor/engine";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { readCheckpointFiles } from "@arbor/training";
@@ -22,8 +22,8 @@ export interface EngineHostOptions {
   llama?: Map<string, LlamaCppBackend>;
   /** Kernel threads of each engine (`engineThreads` of the configuration); default 1. */
   threads?: number;
-  /** How each engine keeps the weights (`engineWeights` of the configuration); default BF16. */
-  weights?: WeightDtype;
+  /** How each engine keeps the weights (`engineWeights` of the configuration); default auto. */
+  weights?: WeightChoice;
 }
 
 /** One base model's engine thread and the adapters loaded into it. */
@@ -45,13 +45,13 @@ export class EngineHost {
   readonly #slots = new Map<string, Promise<Slot>>();
   readonly #llama: Map<string, LlamaCppBackend>;
   readonly #threads: number;
-  readonly #weights: WeightDtype;
+  readonly #weights: WeightChoice;
 
   constructor(options: EngineHostOptions = {}) {
     this.#modelsDir = options.modelsDir;
     this.#llama = options.llama ?? new Map();
     this.#threads = options.threads ?? 1;
-    this.#weights = options.weights ?? "bf16";
+    this.#weights = options.weights ?? "auto";
   }
 
   /**
