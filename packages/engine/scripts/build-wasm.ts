@@ -201,6 +201,28 @@ function narrowBf16(): string {
 }
 
 /**
+ * Widens n BF16 values (n a multiple of 8: whole panel rows, in `narrowBf16`'s order) at src to
+ * F32 panel rows at dst: what `gemm` reads, for products of many rows, where widening a weight
+ * once costs less than widening it in every tile.
+ */
+function widenBf16(): string {
+  return `(func (export "widen_bf16") (param $dst i32) (param $src i32) (param $n i32)
+    (local $i i32) (local $v v128) (local $hi v128)
+    ${set("hi", HIGH_HALVES)}
+    ${forLoop(
+      "wb",
+      "i",
+      8,
+      "(local.get $n)",
+      `${set("v", "(v128.load (i32.add (local.get $src) (i32.shl (local.get $i) (i32.const 1))))")}
+      (v128.store (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 2)))
+        (i32x4.shl (local.get $v) (i32.const 16)))
+      (v128.store offset=16 (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 2)))
+        (v128.and (local.get $v) (local.get $hi)))`,
+    )})`;
+}
+
+/**
  * Packs B into the panels `gemm` reads: [ceil(N/8)][K][8] floats, `ps` bytes per panel, zero
  * past N. `fromWeight`: the source is a Linear weight W[N,K] (B = Wᵀ) instead of B[K,N].
  */
@@ -649,6 +671,7 @@ function module(madd: Madd): string {
   ${gemm(madd, "gemm_at", true)}
   ${gemm(madd, "gemm_bf16", false, true)}
   ${narrowBf16()}
+  ${widenBf16()}
   ${pack("pack_b", false)}
   ${pack("pack_w", true)}
   ${rmsNorm(madd)}

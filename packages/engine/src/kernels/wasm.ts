@@ -26,6 +26,7 @@ interface KernelExports {
   /** `gemm` on panels of BF16 numbers, widened as they are loaded (`ps` = K·16). */
   gemm_bf16: Gemm;
   narrow_bf16(dst: number, src: number, n: number): void;
+  widen_bf16(dst: number, src: number, n: number): void;
   pack_b(dst: number, src: number, N: number, K: number, ps: number): void;
   pack_w(dst: number, src: number, N: number, K: number, ps: number): void;
   rms_norm(
@@ -107,6 +108,12 @@ const PAGE = 65536;
 const MAX_PAGES = 65536;
 /** The most bytes a WASM kernel arena holds (wasm32: 4 GiB). */
 export const ARENA_LIMIT = MAX_PAGES * PAGE;
+/**
+ * From this many rows on, a GEMM on BF16 panels widens them to F32 a slab at a time and runs the
+ * F32 kernel (widening in every tile costs about a third more at 128 rows; at decode, reading
+ * half the bytes wins).
+ */
+const BF16_WIDEN_ROWS = 16;
 /** `WasmKernels.bSlabBytes` by default. */
 export const B_SLAB_BYTES = 32 << 20;
 /** Largest slice of a weight copied into the arena at a time to be packed. */
@@ -504,6 +511,34 @@ export class WasmKernels implements Kernels {
     if (accumulate && !outInPlace) copyRows(outView, N8, out, N, M);
     const lda = transposedA ? M * 4 : K * 4;
     const ldo = N8 * 4;
+    if (bf16 && M >= BF16_WIDEN_ROWS) {
+      // Many rows: widen the weight to F32 panels a slab of columns at a time (in scratch above
+      // the operands) and run the F32 kernel on each, which sums exactly as gemm_bf16 does.
+      const perPanel = K * 32;
+      const panelsPerSlab = Math.max(1, Math.floor(this.bSlabBytes / perPanel));
+      const scratch = top;
+      this.ensure(scratch + Math.min(Math.ceil(N / 8), panelsPerSlab) * perPanel);
+      for (let p0 = 0; p0 < Math.ceil(N / 8); p0 += panelsPerSlab) {
+        const p1 = Math.min(Math.ceil(N / 8), p0 + panelsPerSlab);
+        this.exports.widen_bf16(scratch, own!.offset + p0 * K * 16, (p1 - p0) * K * 8);
+        const n0 = p0 * 8;
+        this.gemmJobs(
+          outOffset + n0 * 4,
+          ldo,
+          aOffset,
+          lda,
+          scratch,
+          M,
+          Math.min(N, p1 * 8) - n0,
+          K,
+          accumulate ? 1 : 0,
+          false,
+          false,
+        );
+      }
+      if (!outInPlace) copyRows(out, N, outView, N8, M);
+      return;
+    }
     for (let k0 = 0; k0 < K; k0 += slab) {
       const k1 = Math.min(K, k0 + slab);
       if (own && layout === "b") this.weightToB(panels!, own, k0, k1);
