@@ -17,6 +17,7 @@
  * A measurement that fails (e.g. the engine's 4 GB WebAssembly arena) is a "failed: …" cell.
  *
  * Usage: node bench/engine-families.ts [--shapes smol,qwen06,qwen17] [--threads 1,2] [--fresh]
+ *        [--weights f32|bf16|plain] (how the engine holds the weights; default f32, packed)
  *        node bench/engine-families.ts --plan   (only the arena plan: no model is built or run)
  * PyTorch: apt-get install python3-torch libopenblas0-pthread (see ./torch.ts).
  */
@@ -45,6 +46,7 @@ import {
   saveModel,
   trainingMemory,
   trainSft,
+  type WeightStorage,
 } from "@arbor/engine";
 import type { Token } from "node-llama-cpp";
 import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
@@ -329,8 +331,9 @@ async function inferenceJob(shape: Shape, threads: number): Promise<object> {
   };
   const all = [1, BATCH].flatMap((n) => [`prefill${n}`, `decode${n}`]);
   let model: Model | null = null;
+  const kernels = createWasmKernels("auto", { threads });
   try {
-    model = await loadModel(folderOf(shape));
+    model = await loadInto(folderOf(shape), kernels);
   } catch (err) {
     fail(all, err);
   }
@@ -340,10 +343,9 @@ async function inferenceJob(shape: Shape, threads: number): Promise<object> {
     out.weights_bf16_bytes = parameterCount(m) * 2;
     // The caches of the 8-sequence case, as the engine holds them (F32).
     out.kv_bytes = BATCH * (PROMPT + DECODE) * c.numLayers * 2 * c.numKvHeads * c.headDim * 4;
-    const kernels = createWasmKernels("auto", { threads });
     const rng = new Rng(SEED + threads);
     try {
-      // Warm-up: the first pass packs every weight into the kernels' arena.
+      // Warm-up (plain weights: the first pass packs every weight into the kernels' arena).
       forwardBatch(m, kernels, [{ cache: createKvCache(m, 16), tokens: [1, 2, 3, 4, 5, 6, 7, 8] }]);
       for (const n of [1, BATCH]) {
         try {
@@ -357,8 +359,8 @@ async function inferenceJob(shape: Shape, threads: number): Promise<object> {
     } catch (err) {
       fail(all, err);
     }
-    out.arena_mb = kernels.memory.buffer.byteLength / 2 ** 20;
   }
+  out.arena_mb = kernels.memory.buffer.byteLength / 2 ** 20;
   out.max_rss_mb = maxRssMb();
   return out;
 }
@@ -388,7 +390,8 @@ function syntheticExamples(count: number): SftExample[] {
 
 async function trainingJob(shape: Shape, threads: number): Promise<object> {
   const started = performance.now();
-  const model = await loadModel(folderOf(shape));
+  const kernels = createWasmKernels("auto", { threads });
+  const model = await loadInto(folderOf(shape), kernels);
   const examples = syntheticExamples(TRAIN_EXAMPLES);
   const config: SftConfig = {
     batchSize: "auto",
@@ -411,7 +414,7 @@ async function trainingJob(shape: Shape, threads: number): Promise<object> {
   let error: string | undefined;
   try {
     await trainSft(model, examples, config, {
-      kernels: createWasmKernels("auto", { threads }),
+      kernels,
       plan,
       signal: controller.signal,
       onStep: ({ metrics }) => {
@@ -745,6 +748,15 @@ function option(name: string): string | undefined {
   return at >= 0 ? process.argv[at + 1] : undefined;
 }
 
+/** How the engine holds the weights (`--weights`): packed in its kernels as their only copy, in
+ * F32 or BF16 (as the service loads them), or "plain" F32 arrays packed beside them (before
+ * issue 13's memory work). */
+const WEIGHTS = (option("--weights") ?? "f32") as WeightStorage;
+
+function loadInto(dir: string, kernels: Kernels): Promise<Model> {
+  return WEIGHTS === "plain" ? loadModel(dir) : loadModel(dir, { kernels, weights: WEIGHTS });
+}
+
 async function runJob(kind: string, shape: Shape, threads: number): Promise<void> {
   try {
     if (kind === "prepare") emit(await prepareJob(shape));
@@ -761,14 +773,14 @@ async function runJob(kind: string, shape: Shape, threads: number): Promise<void
 /** `trainingMemory` of each shape: what a training pass needs of the 4 GiB arena. */
 function printArenaPlan(shapes: Shape[]): void {
   console.log(
-    "\n### Arena plan (trainingMemory: packed F32 weights, scratch of the largest call, bytes " +
+    `\n### Arena plan (trainingMemory: packed weights (${WEIGHTS}), scratch of the largest call, bytes ` +
       `per row; the arena holds ${gb(ARENA_LIMIT)})\n`,
   );
   printTable(
     ["shape", "packed weights", "scratch", "per row", "rows that fit"],
     shapes.map((shape) => {
       const config = parseConfig(shape.config);
-      const { weights, fixed, perRow } = trainingMemory(config);
+      const { weights, fixed, perRow } = trainingMemory(config, WEIGHTS);
       const rows = Math.floor((ARENA_LIMIT - weights - fixed) / perRow);
       return [
         shape.name,
@@ -841,6 +853,8 @@ function main(): void {
         shape.key,
         "--threads",
         `${threads}`,
+        "--weights",
+        WEIGHTS,
       ];
       const entry: NonNullable<ReturnType<ShapeResults["threads"]["get"]>> = {};
       results.threads.set(threads, entry);

@@ -12,13 +12,21 @@ const ID = /^(?!\.\.?\/)[A-Za-z0-9._-]{1,128}\/(?!\.\.?$)[A-Za-z0-9._-]{1,128}$/
  * then renamed into place. Sub-folders (such as Llama's `original/`) are left out.
  */
 export async function addBaseModel(
-  args: { folder: string; id?: string | undefined; modelsDir: string },
+  args: {
+    folder: string;
+    id?: string | undefined;
+    modelsDir: string;
+    /** How the server's engines keep weights (ARBOR_ENGINE_WEIGHTS): what fits depends on it. */
+    weights?: "auto" | "bf16" | "f32";
+  },
   out: { line(text: string): void },
 ): Promise<string> {
   const source = resolve(args.folder);
   const id = args.id ?? `local/${basename(source)}`;
   if (!ID.test(id)) throw new Error(`--id must be "<owner>/<name>", got ${JSON.stringify(id)}.`);
-  const { config, parameters } = await checkModelFolder(source);
+  const { config, parameters } = await checkModelFolder(source, {
+    weights: args.weights ?? "auto",
+  });
   const target = join(args.modelsDir, ...id.split("/"));
   if (await stat(target).catch(() => undefined)) {
     throw new Error(`${target} already exists: remove it first, or choose another --id.`);

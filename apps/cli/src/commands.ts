@@ -221,6 +221,7 @@ export const COMMANDS: readonly Command[] = [
           folder: required(positionals[0], "FOLDER"),
           id: values.id,
           modelsDir: baseModelsDir(config),
+          weights: config.engineWeights,
         },
         io,
       );

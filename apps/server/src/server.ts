@@ -91,7 +91,12 @@ export async function buildServer(
     options.llama ??
     new Map([...config.llamaModels].map(([id, path]) => [id, new LlamaCppBackend(path)]));
   const modelsDir = baseModelsDir(config);
-  const engines = new EngineHost({ llama, threads: config.engineThreads, modelsDir });
+  const engines = new EngineHost({
+    llama,
+    threads: config.engineThreads,
+    weights: config.engineWeights,
+    modelsDir,
+  });
   await engines.refresh();
   for (const { dir, reason } of engines.skipped) {
     logger.warn({ dir }, `base model folder skipped: ${reason}`);
@@ -170,6 +175,7 @@ export async function buildServer(
           maxTrainingDataBytes: config.trainingDataMaxBytes,
           allowHosts: config.trainingDataAllowHosts,
           kernelThreads: config.engineThreads,
+          engineWeights: config.engineWeights,
           baseModelsDir: modelsDir,
           onActivity: (activity) => metrics.training(activity),
         });

@@ -37,6 +37,7 @@ const worker = await EmbeddedWorker.start({
   allowHosts: config.trainingDataAllowHosts,
   kernelThreads: config.engineThreads,
   baseModelsDir: baseModelsDir(config),
+  engineWeights: config.engineWeights,
 });
 logger.info(
   { workerId: identity.stable, threads: config.trainingThreads, database: store.dialect },

@@ -5,6 +5,8 @@ export {
   baseModelsDir,
   type Config,
   DEFAULT_UPSTREAM_MAX_LORAS,
+  ENGINE_WEIGHTS,
+  type EngineWeights,
   METRICS_ACCESS,
   type MetricsAccess,
   ROLES,

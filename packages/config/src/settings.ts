@@ -43,6 +43,9 @@ export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 /** Who may read `GET /metrics`: admin keys, anyone, or no one (404). */
 export type MetricsAccess = "key" | "public" | "off";
 export const METRICS_ACCESS: readonly MetricsAccess[] = ["key", "public", "off"];
+/** `ARBOR_ENGINE_WEIGHTS`: how engines keep weights (`WeightDtype` of @arbor/engine). */
+export const ENGINE_WEIGHTS = ["auto", "bf16", "f32"] as const;
+export type EngineWeights = (typeof ENGINE_WEIGHTS)[number];
 
 /** An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, another Arbor) that serves a
  * model id of ours. */
@@ -270,6 +273,18 @@ export const SETTINGS = {
     shown: "one per core",
     doc: "Kernel threads of each engine (inference, and each training thread). Node counts cores without container CPU quotas: set it there, and keep engines × threads about the number of cores.",
     read: (raw) => (unset(raw) ? Math.min(availableParallelism(), 64) : integer(raw, 1, 64)),
+  }),
+  engineWeights: setting({
+    env: "ARBOR_ENGINE_WEIGHTS",
+    group: "inference",
+    shown: "auto",
+    doc: "How each engine (inference and training) keeps a base model's weights, packed once in its WebAssembly memory: `bf16` (half the memory, widened to F32 inside the kernels; F32 and F16 files are rounded), `f32`, or `auto`: BF16 when the folder's weight matrices are BF16 (exact: what most models are published in), F32 otherwise. LoRA trains on any of them (full fine-tuning is not offered).",
+    read: (raw): EngineWeights => {
+      const value = unset(raw) ? "auto" : raw.trim();
+      if (!ENGINE_WEIGHTS.includes(value as EngineWeights))
+        throw new Error(`must be one of ${ENGINE_WEIGHTS.join(", ")}, got ${JSON.stringify(raw)}`);
+      return value as EngineWeights;
+    },
   }),
   upstreams: setting({
     env: "ARBOR_UPSTREAMS",

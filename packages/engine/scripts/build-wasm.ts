@@ -43,8 +43,13 @@ function forLoop(
  * the rows can be split among threads without changing a bit. Columns are written in whole
  * panels, so `out` needs room for N rounded up to 8 per row (`ldo` bytes apart).
  * `transposedA`: A(m,k) at a + k·lda + 4m (weight gradients) instead of a + m·lda + 4k.
+ * `bf16`: the panels hold BF16 numbers ([K][8] × 2 bytes, each row's columns stored in the
+ * order 0 4 1 5 2 6 3 7; see `narrowBf16`), widened to F32 as they are loaded: BF16 is the top
+ * half of an F32, so one shift gives columns 0–3 and one mask columns 4–7. A weight kept in
+ * BF16 gives exactly the sums of its F32 widening.
  */
-function gemm(madd: Madd, name: string, transposedA: boolean): string {
+function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): string {
+  const stride = bf16 ? 16 : 32;
   const U = 4;
   const L = (n: string) => `(local.get $${n})`;
   const zero = "(v128.const i32x4 0 0 0 0)";
@@ -90,8 +95,14 @@ function gemm(madd: Madd, name: string, transposedA: boolean): string {
         lines.push(set(`pk${u}`, add(L(u === 1 ? "pa0" : `pk${u - 1}`), L("lda"))));
       if (MR === 1) lines.push(set("s", aAt(0)));
       for (let j = 0; j < NP; j++) {
-        lines.push(set("b0", `(v128.load offset=${u * 32} ${L(`pb${j}`)})`));
-        lines.push(set("b1", `(v128.load offset=${u * 32 + 16} ${L(`pb${j}`)})`));
+        if (bf16) {
+          lines.push(set("b1", `(v128.load offset=${u * 16} ${L(`pb${j}`)})`));
+          lines.push(set("b0", `(i32x4.shl ${L("b1")} (i32.const 16))`));
+          lines.push(set("b1", `(v128.and ${L("b1")} ${L("hi")})`));
+        } else {
+          lines.push(set("b0", `(v128.load offset=${u * 32} ${L(`pb${j}`)})`));
+          lines.push(set("b1", `(v128.load offset=${u * 32 + 16} ${L(`pb${j}`)})`));
+        }
         for (let i = 0; i < MR; i++) {
           if (MR > 1) lines.push(set("s", aAt(i)));
           lines.push(set(acc(i, j, 0), madd(L("s"), L("b0"), L(acc(i, j, 0)))));
@@ -105,7 +116,7 @@ function gemm(madd: Madd, name: string, transposedA: boolean): string {
         ...(transposedA
           ? [set("pa0", add(L(steps === 1 ? "pa0" : `pk${steps - 1}`), L("lda")))]
           : range(MR).map((i) => set(`pa${i}`, add(L(`pa${i}`), i32(steps * 4))))),
-        ...range(NP).map((j) => set(`pb${j}`, add(L(`pb${j}`), i32(steps * 32)))),
+        ...range(NP).map((j) => set(`pb${j}`, add(L(`pb${j}`), i32(steps * stride)))),
       ].join("\n");
     const store = range(MR)
       .map(
@@ -142,7 +153,7 @@ function gemm(madd: Madd, name: string, transposedA: boolean): string {
         range(U).map((u) => `pk${u}`),
       )
       .map((l) => `(local $${l} i32)`),
-    ...["s", "b0", "b1"].map((l) => `(local $${l} v128)`),
+    ...["s", "b0", "b1", "hi"].map((l) => `(local $${l} v128)`),
     ...range(6).flatMap((i) =>
       range(4).flatMap((j) => range(2).map((v) => `(local $c${i}_${j}_${v} v128)`)),
     ),
@@ -151,6 +162,7 @@ function gemm(madd: Madd, name: string, transposedA: boolean): string {
       (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
     ${locals.join(" ")}
     ${set("N8", `(i32.and ${add(L("N"), i32(7))} (i32.const -8))`)}
+    ${bf16 ? set("hi", HIGH_HALVES) : ""}
     ${set("m", i32(0))}
     ${forLoop("m6", "m", 6, L("M"), panels(6, 1))}
     ${[5, 4, 3, 2, 1]
@@ -159,6 +171,55 @@ function gemm(madd: Madd, name: string, transposedA: boolean): string {
           `(if (i32.eq (i32.sub ${L("M")} ${L("m")}) ${i32(r)}) (then ${panels(r, widths[r]!)}))`,
       )
       .join("\n")})`;
+}
+
+const HIGH_HALVES = "(v128.const i32x4 0xffff0000 0xffff0000 0xffff0000 0xffff0000)";
+
+/**
+ * Narrows n F32 values (n a multiple of 8: whole panel rows) at src to BF16 at dst, rounding to
+ * nearest even (NaN is not kept apart: weights are finite), each row of 8 stored in the order
+ * 0 4 1 5 2 6 3 7, so that `gemm` widens a row with a shift and a mask: column c (c < 4) is
+ * the low half of 32-bit lane c, column c + 4 its high half.
+ */
+function narrowBf16(): string {
+  const round = (v: string) =>
+    `(i32x4.add (i32x4.add ${v} (v128.const i32x4 0x7fff 0x7fff 0x7fff 0x7fff))
+      (v128.and (i32x4.shr_u ${v} (i32.const 16)) (v128.const i32x4 1 1 1 1)))`;
+  return `(func (export "narrow_bf16") (param $dst i32) (param $src i32) (param $n i32)
+    (local $i i32) (local $a v128) (local $b v128)
+    ${forLoop(
+      "nb",
+      "i",
+      8,
+      "(local.get $n)",
+      `${set("a", "(v128.load (i32.add (local.get $src) (i32.shl (local.get $i) (i32.const 2))))")}
+      ${set("b", "(v128.load offset=16 (i32.add (local.get $src) (i32.shl (local.get $i) (i32.const 2))))")}
+      (v128.store (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 1)))
+        (v128.or (i32x4.shr_u ${round("(local.get $a)")} (i32.const 16))
+          (v128.and ${round("(local.get $b)")} ${HIGH_HALVES})))`,
+    )})`;
+}
+
+/**
+ * Widens n BF16 values (n a multiple of 8: whole panel rows, in `narrowBf16`'s order) at src to
+ * F32 panel rows at dst: what `gemm` reads, for products of many rows, where widening a weight
+ * once costs less than widening it in every tile.
+ */
+function widenBf16(): string {
+  return `(func (export "widen_bf16") (param $dst i32) (param $src i32) (param $n i32)
+    (local $i i32) (local $v v128) (local $hi v128)
+    ${set("hi", HIGH_HALVES)}
+    ${forLoop(
+      "wb",
+      "i",
+      8,
+      "(local.get $n)",
+      `${set("v", "(v128.load (i32.add (local.get $src) (i32.shl (local.get $i) (i32.const 1))))")}
+      (v128.store (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 2)))
+        (i32x4.shl (local.get $v) (i32.const 16)))
+      (v128.store offset=16 (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 2)))
+        (v128.and (local.get $v) (local.get $hi)))`,
+    )})`;
 }
 
 /**
@@ -608,6 +669,9 @@ function module(madd: Madd): string {
   ${expFunction(madd)}
   ${gemm(madd, "gemm", false)}
   ${gemm(madd, "gemm_at", true)}
+  ${gemm(madd, "gemm_bf16", false, true)}
+  ${narrowBf16()}
+  ${widenBf16()}
   ${pack("pack_b", false)}
   ${pack("pack_w", true)}
   ${rmsNorm(madd)}

@@ -7,7 +7,7 @@
 import type { Kernels, Workspace } from "./kernels/types.ts";
 import type { LinearHooks } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
-import type { LayerWeights } from "./weights.ts";
+import type { LayerGrads } from "./weights.ts";
 
 /** What one layer computes over `rows` rows; training keeps one per layer for the backward. */
 export interface LayerActivations {
@@ -189,7 +189,7 @@ export function layerForward(
 
 /** Gradients a layer's backward writes: the weights' (full fine-tuning) and attention's. */
 export interface LayerGradients {
-  layer: LayerWeights | undefined;
+  layer: LayerGrads | undefined;
   /** Attention's backward, given d(att): adds into dq, dk, dv. */
   attendBackward(
     a: LayerActivations,

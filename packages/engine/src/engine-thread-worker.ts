@@ -8,17 +8,23 @@ import { Engine, type GenerationEvent } from "./engine.ts";
 import type { FromEngineThread, ToEngineThread } from "./engine-thread.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
 import { adapterFromFiles, type LoraAdapter } from "./lora.ts";
-import { loadModel, parameterCount } from "./model.ts";
+import { loadModel, parameterCount, type WeightChoice } from "./model.ts";
 import { ContextLengthError } from "./prompt-encoder.ts";
 
-const { modelDir, threads } = workerData as { modelDir: string; threads: number };
+const { modelDir, threads, weights } = workerData as {
+  modelDir: string;
+  threads: number;
+  weights: WeightChoice;
+};
 const post = (message: FromEngineThread, transfer: ArrayBuffer[] = []) =>
   parentPort!.postMessage(message, transfer);
 
 let engine: Engine;
 try {
-  const model = await loadModel(modelDir);
-  engine = new Engine(model, { kernels: createWasmKernels("auto", { threads }) });
+  // The weights live packed in the kernels' arena, their only copy.
+  const kernels = createWasmKernels("auto", { threads });
+  const model = await loadModel(modelDir, { kernels, weights });
+  engine = new Engine(model, { kernels });
   post({
     type: "ready",
     info: {

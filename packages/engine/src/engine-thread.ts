@@ -2,6 +2,7 @@ import { Worker } from "node:worker_threads";
 import type { ChatMessage } from "./chat.ts";
 import type { ModelConfig } from "./config.ts";
 import type { GenerateRequest, GenerationEvent } from "./engine.ts";
+import type { WeightChoice } from "./model.ts";
 import { ContextLengthError, PromptError, promptBytes } from "./prompt-encoder.ts";
 
 /** What an engine thread serves, read once it has loaded its model. */
@@ -79,11 +80,16 @@ export class EngineThread {
     worker.on("exit", (code) => lost(new Error(`the engine thread exited (code ${code})`)));
   }
 
-  /** Starts a thread that loads the model in `modelDir`; `threads` kernel threads share its
-   * large kernel calls (the thread itself included). */
-  static async start(modelDir: string, options: { threads?: number } = {}): Promise<EngineThread> {
+  /** Starts a thread that loads the model in `modelDir`, its weights packed in its kernels'
+   * arena as their only copy (`weights`: F32, BF16 widened inside the kernels, or `auto`: BF16
+   * for BF16 files, else F32; default F32);
+   * `threads` kernel threads share its large kernel calls (the thread itself included). */
+  static async start(
+    modelDir: string,
+    options: { threads?: number; weights?: WeightChoice } = {},
+  ): Promise<EngineThread> {
     const worker = new Worker(new URL("./engine-thread-worker.ts", import.meta.url), {
-      workerData: { modelDir, threads: options.threads ?? 1 },
+      workerData: { modelDir, threads: options.threads ?? 1, weights: options.weights ?? "f32" },
     });
     const info = await new Promise<EngineThreadInfo>((resolve, reject) => {
       worker.once("message", (message: FromEngineThread) => {

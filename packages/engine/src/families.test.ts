@@ -8,12 +8,14 @@ import { FAMILIES, type Family, familyChatFiles } from "../test/families.ts";
 import { ChatFormat } from "./chat.ts";
 import { parseConfig } from "./config.ts";
 import { createKvCache, forwardBatch } from "./forward.ts";
+import type { Kernels } from "./kernels/types.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
 import { createLoraAdapter, loraParameters, saveAdapter } from "./lora.ts";
 import { LoraTrainer } from "./lora-train.ts";
 import { createModel, loadModel, type Model, saveModel } from "./model.ts";
 import { Rng } from "./rng.ts";
 import { packBatch } from "./sft.ts";
+import type { WeightStorage } from "./train-memory.ts";
 import { initWeights, parameters } from "./weights.ts";
 
 /**
@@ -182,13 +184,12 @@ function argmax(values: ArrayLike<number>): number {
 
 describe.each(CASES)("$name", ({ config, tokenizer }) => {
   it.skipIf(!torchFound && !required)(
-    "when saved in BF16 and loaded, then logits, greedy tokens and LoRA gradients match PyTorch",
+    "when saved in BF16 and loaded as plain arrays, packed in F32 or packed in BF16, then logits, greedy tokens and LoRA gradients match PyTorch",
     async () => {
       const dir = mkdtempSync(join(tmpdir(), "arbor-family-"));
       dirs.push(dir);
       await saveModel(buildModel(config, tokenizer, 7), dir, { dtype: "BF16" });
       const model = await loadModel(dir);
-      const kernels = createWasmKernels("auto", { threads: 1 });
       const prompts = [
         model.chat.encode(
           [
@@ -231,30 +232,50 @@ describe.each(CASES)("$name", ({ config, tokenizer }) => {
         ],
       });
 
-      prompts.forEach((prompt, i) => {
-        const [logits] = forwardBatch(model, kernels, [
-          { cache: createKvCache(model), tokens: prompt },
-        ]);
-        expect(maxAbsDiff(logits!, torch.last_logits[i]!), `prompt ${i}`).toBeLessThanOrEqual(1e-3);
-      });
-
-      const cache = createKvCache(model);
-      let logits = forwardBatch(model, kernels, [{ cache, tokens: prompts[0]! }])[0]!;
-      const greedy: number[] = [];
-      for (let t = 0; t < 20; t++) {
-        const token = argmax(logits);
-        greedy.push(token);
-        logits = forwardBatch(model, kernels, [{ cache, tokens: [token] }])[0]!;
+      // The weights are BF16 numbers in every mode (the file's), so one tolerance holds for all;
+      // packed in BF16 they are widened exactly, so its logits are packed F32's, bit for bit.
+      const lastLogits = new Map<WeightStorage, Float32Array[]>();
+      for (const storage of ["plain", "f32", "bf16"] as const) {
+        const kernels = createWasmKernels("auto", { threads: 1 });
+        const m = storage === "plain" ? model : await loadModel(dir, { kernels, weights: storage });
+        lastLogits.set(storage, checkEngine(m, kernels, storage));
       }
-      expect(greedy).toEqual(torch.greedy);
+      expect(lastLogits.get("bf16")).toEqual(lastLogits.get("f32"));
 
-      const trainer = new LoraTrainer(model, adapter, { kernels });
-      const { loss } = trainer.backward(batch);
-      expect(Math.abs(loss - torch.loss!)).toBeLessThanOrEqual(1e-4 * Math.max(1, Math.abs(loss)));
-      for (const p of loraParameters(trainer.grads)) {
-        const expected = torch.grads![p.name]!;
-        const scale = Math.max(...expected.map(Math.abs), 1e-6);
-        expect(maxAbsDiff(p.data, expected) / scale, p.name).toBeLessThanOrEqual(2e-3);
+      /** Logits, greedy decoding and LoRA gradients of `m` against PyTorch's. */
+      function checkEngine(m: Model, kernels: Kernels, storage: WeightStorage): Float32Array[] {
+        const all = prompts.map((prompt, i) => {
+          const [logits] = forwardBatch(m, kernels, [{ cache: createKvCache(m), tokens: prompt }]);
+          expect(
+            maxAbsDiff(logits!, torch.last_logits[i]!),
+            `${storage}: prompt ${i}`,
+          ).toBeLessThanOrEqual(1e-3);
+          return logits!;
+        });
+
+        const cache = createKvCache(m);
+        let logits = forwardBatch(m, kernels, [{ cache, tokens: prompts[0]! }])[0]!;
+        const greedy: number[] = [];
+        for (let t = 0; t < 20; t++) {
+          const token = argmax(logits);
+          greedy.push(token);
+          logits = forwardBatch(m, kernels, [{ cache, tokens: [token] }])[0]!;
+        }
+        expect(greedy, storage).toEqual(torch.greedy);
+
+        const trainer = new LoraTrainer(m, adapter, { kernels });
+        const { loss } = trainer.backward(batch);
+        expect(Math.abs(loss - torch.loss!), storage).toBeLessThanOrEqual(
+          1e-4 * Math.max(1, Math.abs(loss)),
+        );
+        for (const p of loraParameters(trainer.grads)) {
+          const expected = torch.grads![p.name]!;
+          const scale = Math.max(...expected.map(Math.abs), 1e-6);
+          expect(maxAbsDiff(p.data, expected) / scale, `${storage}: ${p.name}`).toBeLessThanOrEqual(
+            2e-3,
+          );
+        }
+        return all;
       }
     },
     120_000,

@@ -4,6 +4,7 @@ import { catalogModelDir, listCatalog } from "./catalog.ts";
 import { ChatFormat } from "./chat.ts";
 import { type ModelConfig, parseConfig } from "./config.ts";
 import { ARENA_LIMIT } from "./kernels/wasm.ts";
+import type { WeightChoice } from "./model.ts";
 import { readChatFiles } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
 import { trainingMemory } from "./train-memory.ts";
@@ -43,12 +44,13 @@ const SHIPPED = Math.floor(Date.UTC(2026, 10, 23) / 1000);
  */
 export async function scanBaseModels(
   modelsDir: string | undefined,
+  options: FolderCheckOptions = {},
 ): Promise<{ models: BaseModelFolder[]; skipped: SkippedFolder[] }> {
   const models: BaseModelFolder[] = [];
   const skipped: SkippedFolder[] = [];
   for (const entry of listCatalog()) {
     const dir = catalogModelDir(entry.id);
-    const checked = await checkModelFolder(dir);
+    const checked = await checkModelFolder(dir, options);
     models.push({ id: entry.id, dir, ...checked, created: SHIPPED, shipped: true });
   }
   if (!modelsDir) return { models, skipped };
@@ -67,7 +69,7 @@ export async function scanBaseModels(
         models.push({
           id,
           dir,
-          ...(await checkModelFolder(dir)),
+          ...(await checkModelFolder(dir, options)),
           created: Math.floor(written.mtimeMs / 1000),
           shipped: false,
         });
@@ -79,6 +81,25 @@ export async function scanBaseModels(
   return { models, skipped };
 }
 
+export interface FolderCheckOptions {
+  /** How the engine will keep the weights (ARBOR_ENGINE_WEIGHTS), which sets what fits. */
+  weights?: WeightChoice;
+}
+
+/** Whether the weight matrices `loadModel` packs are all BF16 in the folder's files (false
+ * when the headers cannot be read: the tensor checks then name the file). */
+async function weightMatricesAreBf16(dir: string, config: ModelConfig): Promise<boolean> {
+  const tensors = await safetensorsShapes(dir).catch(() => null);
+  if (!tensors) return false;
+  const names = ["model.embed_tokens.weight"];
+  if (!config.tieWordEmbeddings) names.push("lm_head.weight");
+  for (let l = 0; l < config.numLayers; l++) {
+    for (const key of layerKeysOf(config))
+      if (layerShape(config, key).length === 2) names.push(hfName(l, key));
+  }
+  return names.every((name) => tensors.get(name)?.dtype === "BF16");
+}
+
 /**
  * Checks a model folder as loading it would, without reading its weights: `config.json` (an
  * architecture the engine computes), the tokenizer and chat template, and that the safetensors
@@ -87,6 +108,7 @@ export async function scanBaseModels(
  */
 export async function checkModelFolder(
   dir: string,
+  options: FolderCheckOptions = {},
 ): Promise<{ config: ModelConfig; parameters: number }> {
   const configPath = join(dir, "config.json");
   let config: ModelConfig;
@@ -95,12 +117,16 @@ export async function checkModelFolder(
   } catch (err) {
     throw new ModelFileError(configPath, (err as Error).message.replace(/^config\.json: /, ""));
   }
-  // The kernels keep every weight packed in F32 in their arena, with room to compute beside it.
-  const packed = trainingMemory(config).weights;
+  // The kernels keep every weight packed in their arena, with room to compute beside it; `auto`
+  // packs in BF16 when every weight matrix of the files is BF16 (their headers say).
+  const choice = options.weights ?? "f32";
+  const weights =
+    choice !== "auto" ? choice : (await weightMatricesAreBf16(dir, config)) ? "bf16" : "f32";
+  const packed = trainingMemory(config, weights).weights;
   if (packed + SERVING_ROOM > ARENA_LIMIT) {
     throw new ModelFileError(
       configPath,
-      `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in F32, and the engine's WebAssembly memory holds ${(ARENA_LIMIT / 1e9).toFixed(2)} GB (about 0.9B parameters at most until Memory64 lands)`,
+      `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in ${weights.toUpperCase()}, and the engine's WebAssembly memory holds ${(ARENA_LIMIT / 1e9).toFixed(2)} GB (about ${weights === "bf16" ? "1.8" : "0.9"}B parameters at most until Memory64 lands)`,
     );
   }
   const chat = new ChatFormat(await readChatFiles(dir), config.eosTokenId);
@@ -137,7 +163,7 @@ export async function checkModelFolder(
 /** Every tensor's shape and file, from the safetensors headers (shards included). */
 async function safetensorsShapes(
   dir: string,
-): Promise<Map<string, { shape: number[]; file: string }>> {
+): Promise<Map<string, { shape: number[]; file: string; dtype: string }>> {
   let files = ["model.safetensors"];
   const indexPath = join(dir, "model.safetensors.index.json");
   const index = await readFile(indexPath, "utf8").catch(() => undefined);
@@ -149,7 +175,7 @@ async function safetensorsShapes(
       throw new ModelFileError(indexPath, `not valid JSON (${(err as Error).message})`);
     }
   }
-  const out = new Map<string, { shape: number[]; file: string }>();
+  const out = new Map<string, { shape: number[]; file: string; dtype: string }>();
   for (const name of files) {
     const path = join(dir, name);
     const handle = await open(path, "r").catch(() => {
@@ -180,7 +206,7 @@ async function safetensorsShapes(
         if ((entry.data_offsets?.[1] ?? 0) + 8 + length > size) {
           throw new ModelFileError(path, `truncated: ${tensor} ends past the end of the file`);
         }
-        out.set(tensor, { shape: entry.shape ?? [], file: path });
+        out.set(tensor, { shape: entry.shape ?? [], file: path, dtype: entry.dtype ?? "" });
       }
     } catch (err) {
       if (err instanceof ModelFileError) throw err;

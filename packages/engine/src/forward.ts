@@ -2,6 +2,7 @@ import { type Attend, blockPass, inferenceActivations, layerForward } from "./bl
 import { type Kernels, withWorkspace } from "./kernels/types.ts";
 import { type LinearHooks, type LoraAdapter, loraRowHooks } from "./lora.ts";
 import type { Model } from "./model.ts";
+import { copyRow } from "./weights.ts";
 
 /** Keys and values of one sequence, per layer, [positions, kvHeads·headDim]. The arrays grow
  * (doubling) as the sequence does, up to `limit` positions: a long context costs memory only
@@ -81,7 +82,7 @@ export function forwardBatch(
       for (const token of item.tokens) {
         if (token < 0 || token >= config.vocabSize)
           throw new Error(`forward: token ${token} out of range`);
-        x.set(weights.embed.subarray(token * D, token * D + D), r * D);
+        copyRow(weights.embed, D, token, x, r * D);
         r++;
       }
     }

@@ -2,7 +2,7 @@ import { open } from "node:fs/promises";
 import { configToJson, type ModelConfig, type ModelType } from "./config.ts";
 import type { LinearKey, LoraAdapter, LoraModule } from "./lora.ts";
 import type { Model } from "./model.ts";
-import { type LayerKey, layerKeysOf, layerShape } from "./weights.ts";
+import { type LayerKey, layerKeysOf, layerShape, type Weight, weightArray } from "./weights.ts";
 
 /** GGUF v3 (llama.cpp): header, typed key/values, tensor infos, aligned tensor data. */
 
@@ -189,7 +189,10 @@ const ARCH: Record<ModelType, { name: string; permute: boolean }> = {
 interface GgufTensor {
   name: string;
   dims: number[];
-  data: Float32Array;
+  /** Read when the tensor is written (a packed weight is unpacked then, one at a time). */
+  data: Weight;
+  /** Q/K rows permuted as `convert_hf_to_gguf.py` does, when written. */
+  permute?: { heads: number; inDim: number };
 }
 
 /** A model as an F32 GGUF of its llama.cpp architecture with a gpt2-style BPE tokenizer: the
@@ -203,19 +206,22 @@ function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: 
   ];
   weights.layers.forEach((layer, l) => {
     for (const key of layerKeysOf(config)) {
-      let data = layer[key]!;
+      const data = layer[key]!;
       const [rows, inDim] = (() => {
         const shape = layerShape(config, key);
         return shape.length === 1 ? [1, shape[0]!] : [shape[0]!, shape[1]!];
       })();
-      if (arch.permute && (key === "q" || key === "qBias"))
-        data = permuteForGguf(data, config.numHeads, rows === 1 ? 1 : inDim);
-      if (arch.permute && (key === "k" || key === "kBias"))
-        data = permuteForGguf(data, config.numKvHeads, rows === 1 ? 1 : inDim);
+      const heads =
+        key === "q" || key === "qBias"
+          ? config.numHeads
+          : key === "k" || key === "kBias"
+            ? config.numKvHeads
+            : 0;
       tensors.push({
         name: `blk.${l}.${layerNames[key]}`,
         dims: rows === 1 ? [inDim] : [inDim, rows],
         data,
+        ...(arch.permute && heads > 0 ? { permute: { heads, inDim: rows === 1 ? 1 : inDim } } : {}),
       });
     }
   });
@@ -301,9 +307,11 @@ function ggufHeader(metadata: [string, GgufValue][], tensors: GgufTensor[]): Uin
 
 /** A tensor's F32 little-endian bytes, padded to the alignment. */
 function tensorBytes(t: GgufTensor): Uint8Array {
-  const bytes = new Uint8Array(Math.ceil((t.data.length * 4) / ALIGNMENT) * ALIGNMENT);
+  let data = weightArray(t.data);
+  if (t.permute) data = permuteForGguf(data, t.permute.heads, t.permute.inDim);
+  const bytes = new Uint8Array(Math.ceil((data.length * 4) / ALIGNMENT) * ALIGNMENT);
   const view = new DataView(bytes.buffer);
-  for (let i = 0; i < t.data.length; i++) view.setFloat32(i * 4, t.data[i]!, true);
+  for (let i = 0; i < data.length; i++) view.setFloat32(i * 4, data[i]!, true);
   return bytes;
 }
 

@@ -14,6 +14,7 @@ export { EngineThread, type ThreadGenerateRequest } from "./engine-thread.ts";
 export {
   type BaseModelFolder,
   checkModelFolder,
+  type FolderCheckOptions,
   type SkippedFolder,
   scanBaseModels,
 } from "./folders.ts";
@@ -25,7 +26,7 @@ export {
   UnsupportedSchemaError,
 } from "./json-constraint.ts";
 export { jsKernels } from "./kernels/js.ts";
-export type { Kernels } from "./kernels/types.ts";
+export type { Kernels, WeightDtype } from "./kernels/types.ts";
 export { ARENA_LIMIT, createWasmKernels } from "./kernels/wasm.ts";
 export {
   AdapterError,
@@ -39,12 +40,16 @@ export {
 } from "./lora.ts";
 export { LoraTrainer } from "./lora-train.ts";
 export {
+  type LoadOptions,
   loadModel,
   type Model,
+  packModel,
   parameterCount,
   randomModel,
   readChatFiles,
+  releaseModel,
   saveModel,
+  type WeightChoice,
 } from "./model.ts";
 export { Trainer } from "./optim.ts";
 export { ContextLengthError } from "./prompt-encoder.ts";
@@ -53,5 +58,5 @@ export { deriveSeed, Rng } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
 export { ModelFileError } from "./tokenizer.ts";
-export { type TrainingMemory, trainingMemory } from "./train-memory.ts";
+export { type TrainingMemory, trainingMemory, type WeightStorage } from "./train-memory.ts";
 export { TrainingInputError } from "./training-data.ts";

@@ -5,7 +5,7 @@ import type { Kernels } from "./kernels/types.ts";
 import type { Model } from "./model.ts";
 import { Rng } from "./rng.ts";
 import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
-import { hfName, layerShape } from "./weights.ts";
+import { hfName, isWeightSource, layerShape, type Weight, type WeightSource } from "./weights.ts";
 
 /** The linear layers an adapter can target, by their Hugging Face / PEFT module names. */
 export type LoraTarget =
@@ -509,20 +509,51 @@ function addLoraRows(
 
 /**
  * The base model with the adapter folded in (W + (α/r)·B·A for every adapted linear), as a new
- * model: the base's arrays are not changed, only the adapted ones are copied. For exports that
- * carry one set of weights (a merged GGUF).
+ * model: the base's weights are not changed. An adapted weight is computed when it is read, a
+ * block of rows at a time (`MergedWeight`), so exporting the merged model (a GGUF) unpacks one
+ * tensor at a time and never holds a second copy of the model.
  */
 export function mergeAdapter(model: Model, adapter: LoraAdapter): Model {
   checkAdapter(model, adapter);
   const layers = model.weights.layers.map((layer, l) => {
     const merged = { ...layer };
     for (const [key, m] of Object.entries(adapter.layers[l] ?? {}) as [LinearKey, LoraModule][]) {
-      const w = Float32Array.from(layer[key]!);
-      const scaledB = Float32Array.from(m.b, (v) => v * adapter.scale);
-      jsKernels.matmulNN(w, scaledB, m.a, m.outFeatures, m.inFeatures, adapter.rank, true);
-      merged[key] = w;
+      merged[key] = new MergedWeight(layer[key], m, adapter.scale);
     }
     return merged;
   });
   return { ...model, weights: { ...model.weights, layers }, version: model.version + 1 };
+}
+
+/** A base weight W[out, in] plus scale·B·A, computed per block of rows when read. */
+class MergedWeight implements WeightSource {
+  readonly rows: number;
+  readonly cols: number;
+  private readonly base: Weight;
+  private readonly module: LoraModule;
+  private readonly scaledB: Float32Array;
+
+  constructor(base: Weight, module: LoraModule, scale: number) {
+    this.base = base;
+    this.module = module;
+    this.rows = module.outFeatures;
+    this.cols = module.inFeatures;
+    this.scaledB = Float32Array.from(module.b, (v) => v * scale);
+  }
+
+  get length(): number {
+    return this.rows * this.cols;
+  }
+
+  readRows(r0: number, r1: number, out?: Float32Array): Float32Array {
+    const { cols } = this;
+    const rank = this.module.a.length / cols;
+    const w = out ?? new Float32Array((r1 - r0) * cols);
+    const base = this.base;
+    if (isWeightSource(base)) base.readRows(r0, r1, w);
+    else w.set(base.subarray(r0 * cols, r1 * cols));
+    const b = this.scaledB.subarray(r0 * rank, r1 * rank);
+    jsKernels.matmulNN(w, b, this.module.a, r1 - r0, cols, rank, true);
+    return w;
+  }
 }

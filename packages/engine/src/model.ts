@@ -8,19 +8,34 @@ import {
   parseConfig,
   parseGenerationConfig,
 } from "./config.ts";
-import { readSafetensorsFile, saveSafetensors, type TensorMap } from "./safetensors.ts";
+import type { Kernels, PackedWeight, WeightDtype } from "./kernels/types.ts";
+import { PACK_SLICE } from "./kernels/wasm.ts";
+import { openSafetensors, type SafetensorsEntry, saveSafetensors } from "./safetensors.ts";
 import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
+import { trainingMemory, type WeightStorage } from "./train-memory.ts";
 import {
   countParameters,
+  hfName,
   initWeights,
+  isWeightSource,
+  type LayerKey,
+  type LayerWeights,
+  layerKeysOf,
+  layerShape,
+  linearKeys,
   type ModelWeights,
-  weightsFromTensors,
+  parameters,
+  type Weight,
+  weightRows,
   weightsToTensors,
 } from "./weights.ts";
 
-export interface Model {
+/** A model; `W` is how its Linear weights are held: `Float32Array` (plain arrays, which kernels
+ * pack on first use, and which full fine-tuning updates) or `Weight` (possibly packed in a
+ * kernels' arena as their only copy, see `loadModel`'s `kernels`). */
+export interface Model<W extends Weight = Weight> {
   config: ModelConfig;
-  weights: ModelWeights;
+  weights: ModelWeights<W>;
   tokenizer: Tokenizer;
   /** The tokenizer with the model's chat template and the ids that end a turn. */
   chat: ChatFormat;
@@ -29,6 +44,8 @@ export interface Model {
   rope: RopeTables;
   /** Bumped whenever weights change in place, so kernels can refresh cached copies. */
   version: number;
+  /** Where the weights live: plain arrays, or packed in kernels (F32 or BF16) as the only copy. */
+  storage: WeightStorage;
 }
 
 export interface RopeTables {
@@ -37,9 +54,15 @@ export interface RopeTables {
   half: number;
 }
 
-export function createModel(config: ModelConfig, weights: ModelWeights, files: ChatFiles): Model {
+export function createModel<W extends Weight>(
+  config: ModelConfig,
+  weights: ModelWeights<W>,
+  files: ChatFiles,
+  storage: WeightStorage = "plain",
+): Model<W> {
   const chat = new ChatFormat(files, config.eosTokenId);
   return {
+    storage,
     config,
     weights,
     tokenizer: chat.tokenizer,
@@ -85,13 +108,36 @@ function scaledFrequency(invFreq: number, config: ModelConfig): number {
   return (1 - smooth) * (invFreq / factor) + smooth * invFreq;
 }
 
+/** Where `loadModel` keeps the weights. */
+export interface LoadOptions {
+  /**
+   * Kernels that keep every Linear weight and the embeddings packed in their memory (the WASM
+   * arena) as the model's only copy, read from the files a block of rows at a time: the
+   * model then costs its packed size, and export and merging unpack one tensor at a time.
+   * Without kernels (or with kernels that cannot pack, `jsKernels`) the weights are plain F32
+   * arrays, which any kernels pack on first use (a second copy) and full fine-tuning updates.
+   */
+  kernels?: Kernels;
+  /**
+   * How packed weights hold their numbers: F32, BF16 widened inside the kernels (F32 and F16
+   * files are rounded), or `auto`: BF16 when every weight matrix in the files is BF16 (exact,
+   * half the memory), F32 otherwise (never rounds). Default F32.
+   */
+  weights?: WeightChoice;
+}
+
+/** `LoadOptions.weights`. */
+export type WeightChoice = WeightDtype | "auto";
+
 /**
  * Loads a Hugging Face model folder: `config.json`, `tokenizer.json` and `tokenizer_config.json`,
  * the chat template (`chat_template.jinja`, else `tokenizer_config.json`'s), the optional
- * `generation_config.json`, and the safetensors weights. A file that cannot be used is a
- * `ModelFileError` naming it.
+ * `generation_config.json`, and the safetensors weights (one file or shards; F32, F16 or BF16),
+ * read tensor by tensor. A file that cannot be used is a `ModelFileError` naming it.
  */
-export async function loadModel(dir: string): Promise<Model> {
+export async function loadModel(dir: string): Promise<Model<Float32Array>>;
+export async function loadModel(dir: string, options: LoadOptions): Promise<Model>;
+export async function loadModel(dir: string, options: LoadOptions = {}): Promise<Model> {
   let config: ModelConfig;
   try {
     config = parseConfig(await readJson(dir, "config.json"));
@@ -103,14 +149,34 @@ export async function loadModel(dir: string): Promise<Model> {
     );
   }
   const files = await readChatFiles(dir);
-  const tensors = await readWeights(dir);
-  let weights: ModelWeights;
-  try {
-    weights = weightsFromTensors(config, tensors);
-  } catch (err) {
-    throw new ModelFileError(join(dir, "model.safetensors"), (err as Error).message);
-  }
-  return createModel(config, weights, files);
+  const kernels = options.kernels?.packWeight ? options.kernels : null;
+  const choice = options.weights ?? "f32";
+  /** Refuses, before any weight is read, weights that cannot fit the kernels' memory. */
+  const fits = (dtype: WeightDtype) => {
+    const need = trainingMemory(config, dtype).weights;
+    if (kernels && need > kernels.memoryLimit) {
+      throw new ModelFileError(
+        join(dir, "config.json"),
+        `too large for the engine: its weights take ${(need / 1e9).toFixed(2)} GB packed in ${dtype.toUpperCase()}, and the engine's memory holds ${(kernels.memoryLimit / 1e9).toFixed(2)} GB`,
+      );
+    }
+  };
+  if (choice !== "auto") fits(choice);
+  const { weights, storage } = await readWeights(
+    dir,
+    config,
+    kernels
+      ? {
+          choose: (allBf16) => {
+            const dtype = choice === "auto" ? (allBf16 ? "bf16" : "f32") : choice;
+            fits(dtype);
+            return dtype;
+          },
+          pack: (rows, cols, dtype) => kernels.packWeight!(rows, cols, dtype),
+        }
+      : null,
+  );
+  return createModel(config, weights, files, storage);
 }
 
 /** The folder's tokenizer, chat template and generation config. */
@@ -173,8 +239,20 @@ async function readJson(
   }
 }
 
-/** model.safetensors, or the shards listed in model.safetensors.index.json. */
-async function readWeights(dir: string): Promise<TensorMap> {
+/**
+ * The weights the config needs, from model.safetensors or the shards listed in
+ * model.safetensors.index.json, a tensor at a time: with `pack`, each matrix is packed a block
+ * of rows at a time as it is read (never whole in F32); without, each becomes a plain array.
+ */
+async function readWeights(
+  dir: string,
+  config: ModelConfig,
+  packing: {
+    /** The dtype to pack in, told whether every weight matrix in the files is BF16. */
+    choose(allBf16: boolean): WeightDtype;
+    pack(rows: number, cols: number, dtype: WeightDtype): PackedWeight;
+  } | null,
+): Promise<{ weights: ModelWeights; storage: WeightStorage }> {
   let index: { weight_map?: Record<string, string> } | null = null;
   try {
     index = JSON.parse(await readFile(join(dir, "model.safetensors.index.json"), "utf8"));
@@ -184,21 +262,95 @@ async function readWeights(dir: string): Promise<TensorMap> {
   const files = index?.weight_map
     ? [...new Set(Object.values(index.weight_map))]
     : ["model.safetensors"];
-  const tensors: TensorMap = new Map();
-  for (const file of files) {
-    const path = join(dir, file);
-    try {
-      await readSafetensorsFile(path, (name, tensor) => tensors.set(name, tensor));
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "ENOENT") {
-        throw new ModelFileError(path, "missing (the model's weights)");
-      }
-      throw err instanceof ModelFileError
-        ? err
-        : new ModelFileError(path, (err as Error).message.replace(`${path}: `, ""));
+  const opened: { close(): Promise<void> }[] = [];
+  const entries = new Map<string, { entry: SafetensorsEntry; path: string }>();
+  const fileError = (path: string, err: unknown) => {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") {
+      return new ModelFileError(path, "missing (the model's weights)");
     }
+    return err instanceof ModelFileError
+      ? err
+      : new ModelFileError(path, (err as Error).message.replace(`${path}: `, ""));
+  };
+  try {
+    for (const file of files) {
+      const path = join(dir, file);
+      try {
+        const shard = await openSafetensors(path);
+        opened.push(shard);
+        for (const [name, entry] of shard.tensors) entries.set(name, { entry, path });
+      } catch (err) {
+        throw fileError(path, err);
+      }
+    }
+    const find = (name: string, shape: number[]) => {
+      const found = entries.get(name);
+      if (!found) {
+        throw new ModelFileError(join(dir, "model.safetensors"), `model: missing tensor ${name}`);
+      }
+      if (found.entry.shape.join(",") !== shape.join(",")) {
+        throw new ModelFileError(
+          found.path,
+          `model: ${name} has shape [${found.entry.shape}], expected [${shape}]`,
+        );
+      }
+      return found;
+    };
+    const plain = async (name: string, shape: number[]): Promise<Float32Array> => {
+      const { entry, path } = find(name, shape);
+      return entry.read(0, shape[0]!).catch((err) => {
+        throw fileError(path, err);
+      });
+    };
+    // The matrices packed: every layer's 2-D weights, the embeddings and an untied head.
+    const matrices = [
+      "model.embed_tokens.weight",
+      ...(config.tieWordEmbeddings ? [] : ["lm_head.weight"]),
+      ...Array.from({ length: config.numLayers }, (_, i) =>
+        layerKeysOf(config)
+          .filter((key) => layerShape(config, key).length === 2)
+          .map((key) => hfName(i, key)),
+      ).flat(),
+    ];
+    const dtype = packing?.choose(matrices.every((n) => entries.get(n)?.entry.dtype === "BF16"));
+    const matrix = async (name: string, shape: number[]): Promise<Weight> => {
+      if (!packing || !dtype) return plain(name, shape);
+      const { entry, path } = find(name, shape);
+      const [rows, cols] = shape as [number, number];
+      const weight = packing.pack(rows, cols, dtype);
+      // Blocks of whole 8-row panels, about PACK_SLICE bytes of F32 each.
+      const step = Math.max(8, Math.floor(PACK_SLICE / (cols * 4 * 8)) * 8);
+      try {
+        for (let r0 = 0; r0 < rows; r0 += step) {
+          weight.writeRows(r0, await entry.read(r0, Math.min(rows, r0 + step)));
+        }
+      } catch (err) {
+        throw fileError(path, err);
+      }
+      return weight;
+    };
+    const layers: LayerWeights[] = [];
+    for (let i = 0; i < config.numLayers; i++) {
+      const layer = {} as Record<LayerKey, Weight>;
+      for (const key of layerKeysOf(config)) {
+        const shape = layerShape(config, key);
+        layer[key] =
+          shape.length === 2
+            ? await matrix(hfName(i, key), shape)
+            : await plain(hfName(i, key), shape);
+      }
+      layers.push(layer as unknown as LayerWeights);
+    }
+    const vd = [config.vocabSize, config.hiddenSize];
+    const embed = await matrix("model.embed_tokens.weight", vd);
+    // Tied: the embeddings are the output head (a stored lm_head is a copy of them, not read).
+    // Untied: the head must be there; falling back to the embeddings would answer wrongly.
+    const lmHead = config.tieWordEmbeddings ? null : await matrix("lm_head.weight", vd);
+    const norm = await plain("model.norm.weight", [config.hiddenSize]);
+    return { weights: { embed, layers, norm, lmHead }, storage: dtype ?? "plain" };
+  } finally {
+    for (const shard of opened) await shard.close();
   }
-  return tensors;
 }
 
 /** Writes a Hugging Face folder that `loadModel` (and `transformers`) read back; the weights in
@@ -227,6 +379,50 @@ export async function saveModel(
       options.dtype ?? "F32",
     ),
   );
+}
+
+/**
+ * The model with its Linear weights and embeddings packed in `kernels` as their only copy (as
+ * `loadModel(dir, { kernels, weights })` loads them), a tensor at a time; norms and biases are
+ * shared with `model`. For models built in memory (`randomModel`): tests and benches.
+ */
+export function packModel(model: Model, kernels: Kernels, dtype: WeightDtype = "f32"): Model {
+  if (!kernels.packWeight) throw new Error(`kernels ${kernels.name} cannot keep packed weights`);
+  const { config, weights } = model;
+  const pack = (w: Weight, rows: number, cols: number): Weight => {
+    const packed = kernels.packWeight!(rows, cols, dtype);
+    const step = Math.max(8, Math.floor(PACK_SLICE / (cols * 4 * 8)) * 8);
+    for (let r0 = 0; r0 < rows; r0 += step) {
+      packed.writeRows(r0, weightRows(w, cols, r0, Math.min(rows, r0 + step)));
+    }
+    return packed;
+  };
+  const layers = weights.layers.map((layer) => {
+    const out = { ...layer };
+    for (const key of linearKeys) {
+      const [rows, cols] = layerShape(config, key) as [number, number];
+      out[key] = pack(layer[key], rows, cols);
+    }
+    return out;
+  });
+  const [V, D] = [config.vocabSize, config.hiddenSize];
+  return {
+    ...model,
+    weights: {
+      embed: pack(weights.embed, V, D),
+      layers,
+      norm: weights.norm,
+      lmHead: weights.lmHead ? pack(weights.lmHead, V, D) : null,
+    },
+    storage: dtype,
+  };
+}
+
+/** Frees the memory of a model's packed weights now; the model must not be used after. */
+export function releaseModel(model: Model): void {
+  for (const p of parameters(model.config, model.weights)) {
+    if (isWeightSource(p.data) && "release" in p.data) (p.data as PackedWeight).release();
+  }
 }
 
 export function parameterCount(model: Model): number {
@@ -259,7 +455,11 @@ export function applyRope(
  * are not downloaded here. `config` is a `config.json` (its `vocab_size` defaults to the
  * tokenizer's).
  */
-export function randomModel(config: Record<string, unknown>, files: ChatFiles, seed = 0): Model {
+export function randomModel(
+  config: Record<string, unknown>,
+  files: ChatFiles,
+  seed = 0,
+): Model<Float32Array> {
   const chat = new ChatFormat(files, []);
   const parsed = parseConfig({ vocab_size: chat.tokenizer.vocabSize, ...config });
   return createModel(parsed, initWeights(parsed, seed), files);

@@ -1,7 +1,7 @@
 import type { Kernels } from "./kernels/types.ts";
 import type { Model } from "./model.ts";
 import { type LossResult, lossAndGradients, type TrainBatch } from "./train.ts";
-import { type ModelWeights, parameters, zerosLike } from "./weights.ts";
+import { type ModelGrads, parameters, zerosLike } from "./weights.ts";
 
 export type ScheduleKind = "constant" | "linear" | "cosine";
 
@@ -129,21 +129,31 @@ export interface StepResult extends LossResult {
   gradNorm: number;
 }
 
-/** Full-parameter training of a model: one `step` = forward, backward, clip, AdamW. */
+/**
+ * Full-parameter training of a model: one `step` = forward, backward, clip, AdamW. It updates
+ * the weights in place, so it needs them as plain F32 arrays (a model from `loadModel` without
+ * kernels, or `randomModel`): a model whose weights live packed in the kernels (BF16 or F32,
+ * `loadModel(dir, { kernels })`) is refused; LoRA (`LoraTrainer`) trains on those.
+ */
 export class Trainer {
-  readonly grads: ModelWeights;
+  readonly grads: ModelGrads;
   private readonly gradList: Float32Array[];
   private readonly optimizer: AdamW;
-  readonly model: Model;
+  readonly model: Model<Float32Array>;
   readonly kernels: Kernels;
   readonly options: TrainerOptions;
 
-  constructor(model: Model, kernels: Kernels, options: TrainerOptions) {
+  constructor(model: Model<Float32Array>, kernels: Kernels, options: TrainerOptions) {
     this.model = model;
     this.kernels = kernels;
     this.options = options;
-    this.grads = zerosLike(model.weights);
     const params = parameters(model.config, model.weights);
+    if (params.some((p) => !(p.data instanceof Float32Array))) {
+      throw new Error(
+        "full fine-tuning needs the weights as plain F32 arrays; this model keeps them packed in the kernels (train a LoRA adapter, or load the model without kernels)",
+      );
+    }
+    this.grads = zerosLike(model.weights);
     this.gradList = parameters(model.config, this.grads).map((p) => p.data);
     this.optimizer = new AdamW(
       params.map((p) => ({ data: p.data, decay: p.shape.length === 2 })),

@@ -246,6 +246,7 @@ export function trainRlStep(
       trainer.kernels,
       sequences,
       config.microBatchTokens ?? 4096,
+      trainer.model.storage,
     );
     for (const micro of microBatches(sequences, budget)) {
       const batch = packBatch(micro, maxLen);

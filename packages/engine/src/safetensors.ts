@@ -1,5 +1,6 @@
 /** Minimal safetensors reader/writer: 8-byte LE header length, JSON header, raw little-endian data. */
 import { open } from "node:fs/promises";
+import { type Weight, weightArray } from "./weights.ts";
 
 export type Dtype = "F32" | "F16" | "BF16";
 
@@ -69,15 +70,24 @@ interface HeaderEntry {
   data_offsets: [number, number];
 }
 
+/** A tensor of an open safetensors file: its header entry, read a block of rows at a time. */
+export interface SafetensorsEntry {
+  dtype: Dtype;
+  shape: number[];
+  /** Elements per row: the product of the shape past its first dimension (1 for a vector). */
+  rowLength: number;
+  /** Rows [r0, r1) (for a vector: elements) widened to F32. */
+  read(r0: number, r1: number): Promise<Float32Array>;
+}
+
 /**
- * Reads a safetensors file tensor by tensor (positioned reads), widening each to F32 and handing
- * it to `onTensor` before reading the next: the file is never held whole beside the weights it
- * becomes. A truncated file or an unknown dtype is an error naming the file and the tensor.
+ * Opens a safetensors file and checks its header (dtypes, offsets within the file); tensors are
+ * then read with positioned reads, a block of rows at a time, so a file is never held whole.
+ * Errors name the file and the tensor. `close()` when done.
  */
-export async function readSafetensorsFile(
+export async function openSafetensors(
   path: string,
-  onTensor: (name: string, tensor: NamedTensor) => void,
-): Promise<void> {
+): Promise<{ tensors: Map<string, SafetensorsEntry>; close(): Promise<void> }> {
   const file = await open(path, "r");
   try {
     const { size } = await file.stat();
@@ -99,20 +109,33 @@ export async function readSafetensorsFile(
       return fail("the header is not valid JSON");
     }
     const base = 8 + headerLength;
+    const tensors = new Map<string, SafetensorsEntry>();
     for (const [name, value] of Object.entries(header)) {
       if (name === "__metadata__") continue;
       const { dtype, shape, data_offsets } = value as HeaderEntry;
+      const width = DTYPE_BYTES[dtype];
+      if (width === undefined) fail(`safetensors: unsupported dtype ${dtype} for ${name}`);
       const [start, end] = data_offsets;
       if (base + end > size) fail(`truncated: ${name} ends past the end of the file`);
-      const raw = Buffer.alloc(end - start);
-      await file.read(raw, 0, raw.length, base + start);
-      const data = decode(raw, dtype, `${name} of ${path}`);
       const count = shape.reduce((a, b) => a * b, 1);
-      if (data.length !== count) fail(`${name} has ${data.length} values for shape [${shape}]`);
-      onTensor(name, { shape, data });
+      if (end - start !== count * width!)
+        fail(`${name} has ${(end - start) / width!} values for shape [${shape}]`);
+      const rowLength = shape.slice(1).reduce((a, b) => a * b, 1);
+      tensors.set(name, {
+        dtype: dtype as Dtype,
+        shape,
+        rowLength,
+        read: async (r0, r1) => {
+          const raw = Buffer.alloc((r1 - r0) * rowLength * width!);
+          await file.read(raw, 0, raw.length, base + start + r0 * rowLength * width!);
+          return decode(raw, dtype, `${name} of ${path}`);
+        },
+      });
     }
-  } finally {
+    return { tensors, close: () => file.close() };
+  } catch (err) {
     await file.close();
+    throw err;
   }
 }
 
@@ -151,7 +174,7 @@ function halfToFloat(h: number): number {
 /** Writes tensors as F32 (or BF16, rounded to nearest even), in name order, each 8-byte aligned
  * as the format recommends. */
 export function saveSafetensors(
-  tensors: TensorMap,
+  tensors: Map<string, { shape: number[]; data: Weight }>,
   metadata: Record<string, string> = {},
   dtype: "F32" | "BF16" = "F32",
 ): Uint8Array {
@@ -178,7 +201,8 @@ export function saveSafetensors(
   const bits = new Uint32Array(1);
   const float = new Float32Array(bits.buffer);
   for (const name of names) {
-    const { data } = tensors.get(name)!;
+    // A packed weight is read one tensor at a time, never the whole model beside the output.
+    const data = weightArray(tensors.get(name)!.data);
     if (dtype === "F32") {
       for (let i = 0; i < data.length; i++) view.setFloat32(position + i * 4, data[i]!, true);
     } else {

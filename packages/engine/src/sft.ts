@@ -225,6 +225,7 @@ export async function trainSft(
     trainer.kernels,
     prepared.sequences,
     config.microBatchTokens ?? 4096,
+    model.storage,
   );
   const steps: SftStepMetrics[] = [];
   for (let step = start; step < totalSteps; step++) {

@@ -4,9 +4,14 @@ import { jsKernels } from "./kernels/js.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
 import { createLoraAdapter } from "./lora.ts";
 import { LoraTrainer } from "./lora-train.ts";
-import { type Model, randomModel } from "./model.ts";
+import { type Model, packModel, randomModel } from "./model.ts";
 import { type SftExample, trainSft } from "./sft.ts";
-import { microBatchBudget, rowsThatFit, trainingMemory } from "./train-memory.ts";
+import {
+  microBatchBudget,
+  rowsThatFit,
+  trainingMemory,
+  type WeightStorage,
+} from "./train-memory.ts";
 import { TrainingInputError } from "./training-data.ts";
 
 const qwen3 = familyChatFiles(FAMILIES.find((f) => f.name === "Qwen3")!);
@@ -45,6 +50,8 @@ const SHAPES: Record<string, Record<string, unknown>> = {
     head_dim: 32,
   },
 };
+/** Plain arrays (packed beside them), and packed as the only copy in F32 and BF16. */
+const STORAGES: WeightStorage[] = ["plain", "f32", "bf16"];
 const models = new Map<string, Model>();
 const model = (name: string) => {
   const m = models.get(name) ?? randomModel(SHAPES[name]!, qwen3, 1);
@@ -52,9 +59,11 @@ const model = (name: string) => {
   return m;
 };
 
-/** The arena's high-water mark over one LoRA backward of `rows` rows, on fresh kernels. */
-function peakOfBackward(m: Model, rows: number): number {
+/** The arena's high-water mark over one LoRA backward of `rows` rows, on fresh kernels (holding
+ * the weights packed as their only copy, unless `storage` is "plain"). */
+function peakOfBackward(plain: Model, rows: number, storage: WeightStorage): number {
   const kernels = createWasmKernels("simd");
+  const m = storage === "plain" ? plain : packModel(plain, kernels, storage);
   const trainer = new LoraTrainer(m, createLoraAdapter(m, { rank: 4 }, 1), { kernels });
   const inputs = Int32Array.from({ length: rows }, (_, i) => (i * 7919) % 1000);
   trainer.backward({
@@ -68,13 +77,15 @@ function peakOfBackward(m: Model, rows: number): number {
 }
 
 describe("training memory", () => {
-  for (const name of Object.keys(SHAPES)) {
-    it(`when a ${name} model trains, then the arena stays within the estimate, which is not loose per row`, () => {
+  for (const [name, storage] of Object.keys(SHAPES).flatMap((name) =>
+    STORAGES.map((storage) => [name, storage] as const),
+  )) {
+    it(`when a ${name} model trains with ${storage} weights, then the arena stays within the estimate, which is not loose per row`, () => {
       const m = model(name);
-      const { weights, fixed, perRow } = trainingMemory(m.config);
+      const { weights, fixed, perRow } = trainingMemory(m.config, storage);
       const [r1, r2] = [32, 160];
-      const p1 = peakOfBackward(m, r1);
-      const p2 = peakOfBackward(m, r2);
+      const p1 = peakOfBackward(m, r1, storage);
+      const p2 = peakOfBackward(m, r2, storage);
       expect(p1).toBeLessThanOrEqual(weights + fixed + perRow * r1);
       expect(p2).toBeLessThanOrEqual(weights + fixed + perRow * r2);
       // What a row costs is what the estimate says, within 15 %.

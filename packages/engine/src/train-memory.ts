@@ -1,7 +1,11 @@
 import type { ModelConfig } from "./config.ts";
-import type { Kernels } from "./kernels/types.ts";
-import { PACK_SLICE, panelBytes } from "./kernels/wasm.ts";
+import type { Kernels, WeightDtype } from "./kernels/types.ts";
+import { B_SLAB_BYTES, PACK_SLICE, panelBytes } from "./kernels/wasm.ts";
 import { TrainingInputError } from "./training-data.ts";
+
+/** How a model holds its weights: plain F32 arrays (which kernels pack beside them), or packed
+ * in the kernels as their only copy, in F32 or BF16 (see `loadModel`). */
+export type WeightStorage = "plain" | WeightDtype;
 
 /**
  * What a training pass (forward with saved activations, then backward) needs of the kernels'
@@ -9,15 +13,20 @@ import { TrainingInputError } from "./training-data.ts";
  * checks them against the arena's high-water mark for every family.
  */
 export interface TrainingMemory {
-  /** Every Linear weight and the head, packed into GEMM panels (kept between passes). */
+  /** Every Linear weight and the head, packed into GEMM panels (kept between passes); for a
+   * model loaded packed (`storage` "f32" or "bf16") also untied embeddings. */
   weights: number;
-  /** Scratch of the largest call: a weight's B-panels packed per backward call, and the slice it is copied through. */
+  /** Scratch of the largest call: a weight's B-panels packed per backward call (a slab of them
+   * for packed weights), and the slice it is copied through. */
   fixed: number;
   /** Activations saved for the backward, the backward's own per-layer arrays, and the logits. */
   perRow: number;
 }
 
-export function trainingMemory(config: ModelConfig): TrainingMemory {
+export function trainingMemory(
+  config: ModelConfig,
+  storage: WeightStorage = "plain",
+): TrainingMemory {
   const { hiddenSize: D, intermediateSize: I, numLayers: L, vocabSize: V, qkNorm } = config;
   const q = config.numHeads * config.headDim;
   const kv = config.numKvHeads * config.headDim;
@@ -27,9 +36,17 @@ export function trainingMemory(config: ModelConfig): TrainingMemory {
     panelBytes(D, q) +
     2 * panelBytes(I, D) +
     panelBytes(D, I);
-  const weights = L * layer + panelBytes(V, D);
+  // Plain weights are packed in F32 beside their arrays (the embeddings stay outside); packed
+  // ones are the only copy, untied embeddings included, in F32 or BF16 (half the bytes).
+  const tables = storage !== "plain" && !config.tieWordEmbeddings ? 2 : 1;
+  const f32 = L * layer + tables * panelBytes(V, D);
+  const weights = storage === "bf16" ? f32 / 2 : f32;
   // The backward's dX = dY·W packs W as B-panels per call: the head's is the largest (V ≥ I).
-  const fixed = Math.max(panelBytes(D, V), panelBytes(D, I), panelBytes(I, D)) + PACK_SLICE;
+  // Plain weights are packed whole, through a slice; packed ones a slab of at most
+  // B_SLAB_BYTES at a time (loading packs through a slice and, for BF16, F32 panels of it).
+  const panels = Math.max(panelBytes(D, V), panelBytes(D, I), panelBytes(I, D));
+  const fixed =
+    storage === "plain" ? panels + PACK_SLICE : Math.min(panels, B_SLAB_BYTES) + 3 * PACK_SLICE;
   const norms = qkNorm ? q + kv + config.numHeads + config.numKvHeads : 0;
   const saved = 4 * D + 2 * q + 2 * kv + 3 * I + 2 + norms;
   const backward = 2 * D + 3 * I + 2 * q + 2 * kv + (qkNorm ? q + kv : 0);
@@ -40,9 +57,13 @@ export function trainingMemory(config: ModelConfig): TrainingMemory {
 }
 
 /** Rows a micro-batch can hold within the kernels' memory (Infinity when unbounded). */
-export function rowsThatFit(config: ModelConfig, kernels: Kernels): number {
+export function rowsThatFit(
+  config: ModelConfig,
+  kernels: Kernels,
+  storage: WeightStorage = "plain",
+): number {
   if (!Number.isFinite(kernels.memoryLimit)) return Number.POSITIVE_INFINITY;
-  const { weights, fixed, perRow } = trainingMemory(config);
+  const { weights, fixed, perRow } = trainingMemory(config, storage);
   return Math.max(0, Math.floor((kernels.memoryLimit - weights - fixed) / perRow));
 }
 
@@ -59,12 +80,13 @@ export function microBatchBudget(
   kernels: Kernels,
   sequences: readonly { tokens: readonly number[] }[],
   budget: number,
+  storage: WeightStorage = "plain",
 ): number {
   let longest = 0;
   for (const s of sequences) longest = Math.max(longest, s.tokens.length);
-  const fit = rowsThatFit(config, kernels);
+  const fit = rowsThatFit(config, kernels, storage);
   if (longest > fit) {
-    const { weights, fixed, perRow } = trainingMemory(config);
+    const { weights, fixed, perRow } = trainingMemory(config, storage);
     throw new TrainingInputError(
       `not enough engine memory to train on a ${longest}-token sequence: it needs ${GB(weights + fixed + perRow * longest)} ` +
         `(${GB(weights)} of packed weights, ${GB(perRow * longest)} of activations, ${GB(fixed)} of scratch), ` +

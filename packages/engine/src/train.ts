@@ -9,7 +9,7 @@ import {
 import { type Kernels, type Workspace, withWorkspace } from "./kernels/types.ts";
 import type { LinearHooks } from "./lora.ts";
 import type { Model } from "./model.ts";
-import type { ModelWeights } from "./weights.ts";
+import { copyRow, type ModelGrads } from "./weights.ts";
 
 /** B sequences of T tokens, row-major; a target and a loss weight per position. */
 export interface TrainBatch {
@@ -53,7 +53,7 @@ export function lossAndGradients(
   model: Model,
   kernels: Kernels,
   batch: TrainBatch,
-  grads: ModelWeights | null,
+  grads: ModelGrads | null,
   options: LossOptions = {},
 ): LossResult {
   return withWorkspace(kernels, (ws) =>
@@ -66,7 +66,7 @@ function lossAndGradientsIn(
   model: Model,
   kernels: Kernels,
   batch: TrainBatch,
-  grads: ModelWeights | null,
+  grads: ModelGrads | null,
   options: LossOptions = {},
 ): LossResult {
   const hooks = options.hooks;
@@ -84,7 +84,7 @@ function lossAndGradientsIn(
   let x = ws.f32(R * D);
   for (let r = 0; r < R; r++) {
     const token = batch.inputs[r]!;
-    x.set(weights.embed.subarray(token * D, token * D + D), r * D);
+    copyRow(weights.embed, D, token, x, r * D);
   }
   const positions = new Int32Array(R);
   for (let r = 0; r < R; r++) positions[r] = r % T;

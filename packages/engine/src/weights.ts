@@ -1,19 +1,65 @@
 import type { ModelConfig } from "./config.ts";
 import { Rng } from "./rng.ts";
-import type { TensorMap } from "./safetensors.ts";
 
-/** Linear weights are stored [out, in], as in PyTorch's nn.Linear. Biases and q/k norms exist
- * only in the families that have them (`layerKeysOf`). */
-export interface LayerWeights {
+/**
+ * A weight matrix [rows, cols] that is not a plain array: packed in a kernel arena
+ * (`PackedWeight`, where loaded models keep their weights: one copy), or computed on demand
+ * (a LoRA adapter merged into its base). Read a block of rows at a time, so that export and
+ * merging never unpack a whole model at once.
+ */
+export interface WeightSource {
+  readonly rows: number;
+  readonly cols: number;
+  /** rows × cols. */
+  readonly length: number;
+  /** Rows [r0, r1) as row-major F32, into `out` when given (else a fresh array). */
+  readRows(r0: number, r1: number, out?: Float32Array): Float32Array;
+}
+
+/** A Linear weight or an embedding table: a plain F32 array, or a `WeightSource`. */
+export type Weight = Float32Array | WeightSource;
+
+export function isWeightSource(w: Weight): w is WeightSource {
+  return !(w instanceof Float32Array);
+}
+
+/** Rows [r0, r1) of a [rows, cols] weight (a view of a plain array; else read into `out`). */
+export function weightRows(
+  w: Weight,
+  cols: number,
+  r0: number,
+  r1: number,
+  out?: Float32Array,
+): Float32Array {
+  if (!isWeightSource(w)) return w.subarray(r0 * cols, r1 * cols);
+  return w.readRows(r0, r1, out);
+}
+
+/** Copies row `row` of a [rows, cols] weight into `out` at `at` (an embedding lookup). */
+export function copyRow(w: Weight, cols: number, row: number, out: Float32Array, at: number): void {
+  if (isWeightSource(w)) w.readRows(row, row + 1, out.subarray(at, at + cols));
+  else out.set(w.subarray(row * cols, row * cols + cols), at);
+}
+
+/** The whole weight as one F32 array: one tensor at a time (export, tests, plain-JS kernels). */
+export function weightArray(w: Weight): Float32Array {
+  return isWeightSource(w) ? w.readRows(0, w.rows) : w;
+}
+
+/** Linear weights are stored [out, in], as in PyTorch's nn.Linear; a model's may live packed in
+ * the kernels' arena (`W` = `Weight`), gradients are plain arrays (`W` = `Float32Array`). Biases and
+ * q/k norms exist only in the families that have them (`layerKeysOf`); norms and biases are
+ * always plain arrays (they are small). */
+export interface LayerWeights<W extends Weight = Weight> {
   inputNorm: Float32Array;
-  q: Float32Array;
-  k: Float32Array;
-  v: Float32Array;
-  o: Float32Array;
+  q: W;
+  k: W;
+  v: W;
+  o: W;
   postNorm: Float32Array;
-  gate: Float32Array;
-  up: Float32Array;
-  down: Float32Array;
+  gate: W;
+  up: W;
+  down: W;
   qBias?: Float32Array;
   kBias?: Float32Array;
   vBias?: Float32Array;
@@ -25,19 +71,26 @@ export interface LayerWeights {
 
 export type LayerKey = keyof LayerWeights;
 
-export interface ModelWeights {
-  embed: Float32Array;
-  layers: LayerWeights[];
+export interface ModelWeights<W extends Weight = Weight> {
+  embed: W;
+  layers: LayerWeights<W>[];
   norm: Float32Array;
   /** Absent when the embeddings are tied. */
-  lmHead: Float32Array | null;
+  lmHead: W | null;
 }
 
-export interface ParameterRef {
+/** Gradients and optimizer moments: the weights' layout in plain arrays. */
+export type ModelGrads = ModelWeights<Float32Array>;
+export type LayerGrads = LayerWeights<Float32Array>;
+
+export interface ParameterRef<W extends Weight = Weight> {
   name: string;
   shape: number[];
-  data: Float32Array;
+  data: W;
 }
+
+/** The keys whose weights are matrices a kernel may keep packed (Linear weights). */
+export const linearKeys = ["q", "k", "v", "o", "gate", "up", "down"] as const;
 
 /** The keys every family's layer has. */
 export const layerKeys = [
@@ -124,8 +177,11 @@ function isNorm(key: LayerKey): boolean {
 }
 
 /** Every parameter with its Hugging Face name, in a fixed order (used by optimizers and I/O). */
-export function parameters(config: ModelConfig, weights: ModelWeights): ParameterRef[] {
-  const out: ParameterRef[] = [
+export function parameters<W extends Weight>(
+  config: ModelConfig,
+  weights: ModelWeights<W>,
+): ParameterRef<W | Float32Array>[] {
+  const out: ParameterRef<W | Float32Array>[] = [
     {
       name: "model.embed_tokens.weight",
       shape: [config.vocabSize, config.hiddenSize],
@@ -154,12 +210,12 @@ export function countParameters(config: ModelConfig, weights: ModelWeights): num
 }
 
 /** Zero-filled weights with the same layout (gradients, optimizer moments). */
-export function zerosLike(weights: ModelWeights): ModelWeights {
+export function zerosLike(weights: ModelWeights): ModelGrads {
   return {
     embed: new Float32Array(weights.embed.length),
     layers: weights.layers.map((layer) => {
-      const copy = {} as LayerWeights;
-      for (const [key, data] of Object.entries(layer) as [LayerKey, Float32Array][])
+      const copy = {} as LayerGrads;
+      for (const [key, data] of Object.entries(layer) as [LayerKey, Weight][])
         copy[key] = new Float32Array(data.length);
       return copy;
     }),
@@ -169,7 +225,7 @@ export function zerosLike(weights: ModelWeights): ModelWeights {
 }
 
 /** GPT-2 style init: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers), norms at 1. */
-export function initWeights(config: ModelConfig, seed: number): ModelWeights {
+export function initWeights(config: ModelConfig, seed: number): ModelGrads {
   const rng = new Rng(seed);
   const normal = (n: number, std: number) => {
     const a = new Float32Array(n);
@@ -179,9 +235,9 @@ export function initWeights(config: ModelConfig, seed: number): ModelWeights {
   const size = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
   const std = 0.02;
   const residualStd = std / Math.sqrt(2 * config.numLayers);
-  const layers: LayerWeights[] = [];
+  const layers: LayerGrads[] = [];
   for (let i = 0; i < config.numLayers; i++) {
-    const layer = {} as LayerWeights;
+    const layer = {} as LayerGrads;
     for (const key of layerKeysOf(config)) {
       const n = size(layerShape(config, key));
       layer[key] = isNorm(key)
@@ -198,32 +254,11 @@ export function initWeights(config: ModelConfig, seed: number): ModelWeights {
   };
 }
 
-export function weightsFromTensors(config: ModelConfig, tensors: TensorMap): ModelWeights {
-  const get = (name: string, shape: number[]): Float32Array => {
-    const tensor = tensors.get(name);
-    if (!tensor) throw new Error(`model: missing tensor ${name}`);
-    if (tensor.shape.join(",") !== shape.join(",")) {
-      throw new Error(`model: ${name} has shape [${tensor.shape}], expected [${shape}]`);
-    }
-    return tensor.data;
-  };
-  const layers: LayerWeights[] = [];
-  for (let i = 0; i < config.numLayers; i++) {
-    const layer = {} as LayerWeights;
-    for (const key of layerKeysOf(config))
-      layer[key] = get(hfName(i, key), layerShape(config, key));
-    layers.push(layer);
-  }
-  const vd = [config.vocabSize, config.hiddenSize];
-  const embed = get("model.embed_tokens.weight", vd);
-  // Tied: the embeddings are the output head (a stored lm_head is a copy of them). Untied: the
-  // head must be there; falling back to the embeddings would answer wrongly, silently.
-  const lmHead = config.tieWordEmbeddings ? null : get("lm_head.weight", vd);
-  return { embed, layers, norm: get("model.norm.weight", [config.hiddenSize]), lmHead };
-}
-
-export function weightsToTensors(config: ModelConfig, weights: ModelWeights): TensorMap {
-  const map: TensorMap = new Map();
+export function weightsToTensors(
+  config: ModelConfig,
+  weights: ModelWeights,
+): Map<string, { shape: number[]; data: Weight }> {
+  const map = new Map<string, { shape: number[]; data: Weight }>();
   for (const p of parameters(config, weights)) map.set(p.name, { shape: p.shape, data: p.data });
   return map;
 }

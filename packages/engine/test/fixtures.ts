@@ -67,7 +67,7 @@ export function tinyConfig(vocabSize: number, overrides: Partial<ModelConfig> = 
 }
 
 /** A small random model; weights are scaled up so logits differ visibly between tokens. */
-export function tinyModel(seed = 1, overrides: Partial<ModelConfig> = {}): Model {
+export function tinyModel(seed = 1, overrides: Partial<ModelConfig> = {}): Model<Float32Array> {
   const files = tinyChatFiles();
   const config = tinyConfig(new Tokenizer(files.tokenizer).vocabSize, overrides);
   const weights = initWeights(config, seed);

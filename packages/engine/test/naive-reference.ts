@@ -1,7 +1,7 @@
 import type { Model } from "../src/model.ts";
 
 /** A deliberately naive, per-element, float64 Llama forward over a whole sequence (no cache). */
-export function naiveLogits(model: Model, tokens: number[]): number[][] {
+export function naiveLogits(model: Model<Float32Array>, tokens: number[]): number[][] {
   const c = model.config;
   const w = model.weights;
   const D = c.hiddenSize;

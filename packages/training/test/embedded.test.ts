@@ -45,6 +45,7 @@ function start(
     maxTrainingDataBytes: 1 << 20,
     allowHosts: [],
     kernelThreads: 1,
+    engineWeights: "auto",
     restartDelayMs: 50,
     threadModule: new URL(`./fixtures/${thread}`, import.meta.url),
     cancelPollMs: 100,

@@ -1,10 +1,12 @@
+import { weightArray } from "../weights.ts";
 import type { Kernels } from "./types.ts";
 
 export const jsKernels: Kernels = {
   memoryLimit: Number.POSITIVE_INFINITY,
   name: "js",
   workspace: () => ({ f32: (n) => new Float32Array(n), release() {} }),
-  matmulNT(out, a, b, M, N, K, accumulate = false) {
+  matmulNT(out, a, weight, M, N, K, accumulate = false) {
+    const b = weightArray(weight);
     for (let m = 0; m < M; m++) {
       const ao = m * K;
       const oo = m * N;
@@ -45,7 +47,8 @@ export const jsKernels: Kernels = {
       }
     }
   },
-  matmulNN(out, a, b, M, N, K, accumulate = false) {
+  matmulNN(out, a, weight, M, N, K, accumulate = false) {
+    const b = weightArray(weight);
     if (!accumulate) out.fill(0, 0, M * N);
     for (let m = 0; m < M; m++) {
       const oo = m * N;

@@ -1,3 +1,19 @@
+import type { WeightSource } from "../weights.ts";
+
+/** How a packed weight's numbers are held: F32, or BF16 (widened to F32 inside the kernels). */
+export type WeightDtype = "f32" | "bf16";
+
+/** A weight kept packed by the kernels as its only copy; filled a block of rows at a time. */
+export interface PackedWeight extends WeightSource {
+  readonly dtype: WeightDtype;
+  /** Bytes it takes in the kernels' memory. */
+  readonly bytes: number;
+  /** Packs rows [r0, r0 + data.length / cols) (r0 a multiple of 8). */
+  writeRows(r0: number, data: Float32Array): void;
+  /** Frees its memory now (else when it is garbage-collected); it must not be used after. */
+  release(): void;
+}
+
 /** Scratch arrays for one pass (a forward, or a training step), freed together. */
 export interface Workspace {
   /** A zeroed array of n floats, valid until `release()`. */
@@ -33,13 +49,18 @@ export interface Kernels {
    */
   workspace(): Workspace;
   /**
+   * A [rows, cols] Linear weight (or embedding table) kept packed where the kernels compute, as
+   * the model's only copy of it; absent when the kernels have no memory of their own (plain JS).
+   */
+  packWeight?(rows: number, cols: number, dtype: WeightDtype): PackedWeight;
+  /**
    * out[M,N] (+)= a[M,K] · b[N,K]ᵀ — a Linear layer with PyTorch's [out, in] weights.
    * A `bVersion` marks b as a weight that kernels may cache until the version changes.
    */
   matmulNT(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    b: Float32Array | WeightSource,
     M: number,
     N: number,
     K: number,
@@ -50,7 +71,7 @@ export interface Kernels {
   matmulNN(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    b: Float32Array | WeightSource,
     M: number,
     N: number,
     K: number,

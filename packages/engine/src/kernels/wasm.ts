@@ -1,7 +1,8 @@
 /// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
+import { isWeightSource, type WeightSource } from "../weights.ts";
 import { jsKernels } from "./js.ts";
-import type { Kernels, Workspace } from "./types.ts";
+import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
 import { ArenaAllocator, align } from "./wasm/arena.ts";
 import { type CALLS, call, Op, runJob } from "./wasm/jobs.ts";
 import { type Job, MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
@@ -22,6 +23,10 @@ type Gemm = (
 interface KernelExports {
   gemm: Gemm;
   gemm_at: Gemm;
+  /** `gemm` on panels of BF16 numbers, widened as they are loaded (`ps` = K·16). */
+  gemm_bf16: Gemm;
+  narrow_bf16(dst: number, src: number, n: number): void;
+  widen_bf16(dst: number, src: number, n: number): void;
   pack_b(dst: number, src: number, N: number, K: number, ps: number): void;
   pack_w(dst: number, src: number, N: number, K: number, ps: number): void;
   rms_norm(
@@ -103,6 +108,14 @@ const PAGE = 65536;
 const MAX_PAGES = 65536;
 /** The most bytes a WASM kernel arena holds (wasm32: 4 GiB). */
 export const ARENA_LIMIT = MAX_PAGES * PAGE;
+/**
+ * From this many rows on, a GEMM on BF16 panels widens them to F32 a slab at a time and runs the
+ * F32 kernel (widening in every tile costs about a third more at 128 rows; at decode, reading
+ * half the bytes wins).
+ */
+const BF16_WIDEN_ROWS = 16;
+/** `WasmKernels.bSlabBytes` by default. */
+export const B_SLAB_BYTES = 32 << 20;
 /** Largest slice of a weight copied into the arena at a time to be packed. */
 export const PACK_SLICE = 8 << 20;
 
@@ -129,6 +142,12 @@ export class WasmKernels implements Kernels {
    * 44–49 GFLOP/s on the tiny-chat shapes at 128–512 rows, 30–41 in one pass over 4,096).
    */
   tnChunk = 256;
+  /**
+   * Most bytes of B-panels made at once from a weight packed here (dX = dY·W in a backward):
+   * larger weights (the head's V rows) are done in slabs of rows, so the scratch a backward
+   * needs stays small (`trainingMemory`'s `fixed`).
+   */
+  bSlabBytes = B_SLAB_BYTES;
   /** Arena blocks of weights and caches whose arrays were garbage-collected go back to the heap. */
   private readonly reclaim = new FinalizationRegistry<{ offset: number; size: number }>(
     ({ offset, size }) => this.heap.free(offset, size),
@@ -196,7 +215,7 @@ export class WasmKernels implements Kernels {
   }
 
   /** An arena block of `bytes` that lives as long as `owner`. */
-  private slot(owner: Float32Array, bytes: number, token?: object): number {
+  private slot(owner: object, bytes: number, token?: object): number {
     const offset = this.heap.alloc(bytes);
     this.ensure(this.heap.top);
     this.reclaim.register(owner, { offset, size: bytes }, token);
@@ -246,6 +265,103 @@ export class WasmKernels implements Kernels {
         blocks.length = 0;
       },
     };
+  }
+
+  /**
+   * A [rows, cols] weight kept packed in the arena as W-panels (`Wᵀ`, 8 rows per panel, zero
+   * past the last row): the model's only copy of it, freed when the returned object is
+   * collected. Fill it with `writeRows`; `readRows` unpacks rows back (export, merging).
+   */
+  packWeight(rows: number, cols: number, dtype: WeightDtype): PackedWeight {
+    const bytes = dtype === "bf16" ? panelBytes(rows, cols) / 2 : panelBytes(rows, cols);
+    const weight = new ArenaWeight(this, 0, rows, cols, dtype, bytes);
+    weight.offset = this.slot(weight, bytes, weight);
+    return weight;
+  }
+
+  /** Frees a packed weight's block now (`PackedWeight.release`). */
+  releasePacked(weight: ArenaWeight): void {
+    this.reclaim.unregister(weight);
+    this.heap.free(weight.offset, weight.bytes);
+  }
+
+  /** Packs rows [r0, r0 + n) of `weight` from row-major `data` (r0 a multiple of 8). */
+  writePacked(weight: ArenaWeight, r0: number, data: Float32Array): void {
+    const K = weight.cols;
+    const n = data.length / K;
+    if (r0 % 8 !== 0 || !Number.isInteger(n) || r0 + n > weight.rows) {
+      throw new Error(
+        `kernels: rows ${r0}..${r0 + n} do not fit a [${weight.rows}, ${weight.cols}] weight`,
+      );
+    }
+    if (weight.dtype === "f32") {
+      this.packInto(weight.offset + (r0 / 8) * K * 32, data, "w", n, K, this.heap.top);
+      return;
+    }
+    // BF16: packed in F32 in scratch, then narrowed into place (panels keep their order).
+    const scratch = this.heap.top;
+    const floats = panelBytes(n, K) / 4;
+    this.packInto(scratch, data, "w", n, K, scratch + align(floats * 4));
+    this.exports.narrow_bf16(weight.offset + (r0 / 8) * K * 16, scratch, floats);
+  }
+
+  /** Rows [r0, r1) of a packed weight, unpacked to row-major F32. */
+  readPacked(weight: ArenaWeight, r0: number, r1: number, out?: Float32Array): Float32Array {
+    const K = weight.cols;
+    const result = out ?? new Float32Array((r1 - r0) * K);
+    if (weight.dtype === "bf16") {
+      const bits = new Uint32Array(result.buffer, result.byteOffset, result.length);
+      const arena = new Uint16Array(this.memory.buffer);
+      const base = weight.offset / 2;
+      for (let r = r0; r < r1; r++) {
+        let at = base + (r >> 3) * K * 8 + BF16_LANE[r & 7]!;
+        const o = (r - r0) * K;
+        for (let k = 0; k < K; k++, at += 8) bits[o + k] = arena[at]! << 16;
+      }
+      return result;
+    }
+    const arena = new Float32Array(this.memory.buffer);
+    const base = weight.offset / 4;
+    for (let r = r0; r < r1; r++) {
+      let at = base + (r >> 3) * K * 8 + (r & 7);
+      const o = (r - r0) * K;
+      for (let k = 0; k < K; k++, at += 8) result[o + k] = arena[at]!;
+    }
+    return result;
+  }
+
+  /**
+   * Packs a weight W[N,K] kept here as W-panels into B-panels of B = W ([N rows][K columns],
+   * for dX = dY·W) at `dst`: each 8×8 block of a W-panel, transposed.
+   */
+  private weightToB(dst: number, weight: ArenaWeight, n0 = 0, n1 = weight.rows): void {
+    const K = weight.cols;
+    const N = n1 - n0;
+    this.ensure(dst + panelBytes(K, N));
+    // F32 bits either way: a BF16 number is the top half of its F32.
+    const out32 = new Uint32Array(this.memory.buffer);
+    const bf16 = weight.dtype === "bf16";
+    const arena = bf16 ? new Uint16Array(this.memory.buffer) : out32;
+    const shift = bf16 ? 16 : 0;
+    const src = weight.offset / (bf16 ? 2 : 4);
+    const out = dst / 4;
+    const K8 = Math.ceil(K / 8);
+    // Rows n0… of W (n0 a multiple of 8) become rows 0… of the B-panels.
+    for (let p = 0; p < Math.ceil(N / 8); p++) {
+      const rows = Math.min(8, N - p * 8);
+      const panel = src + (n0 / 8 + p) * K * 8;
+      for (let j = 0; j < K8; j++) {
+        const cols = Math.min(8, K - j * 8);
+        const from = panel + j * 64;
+        const to = out + j * N * 8 + p * 64;
+        for (let r = 0; r < rows; r++) {
+          const o = to + r * 8;
+          const lane = bf16 ? BF16_LANE[r]! : r;
+          for (let c = 0; c < cols; c++) out32[o + c] = arena[from + c * 8 + lane]! << shift;
+          for (let c = cols; c < 8; c++) out32[o + c] = 0;
+        }
+      }
+    }
   }
 
   /**
@@ -335,7 +451,7 @@ export class WasmKernels implements Kernels {
   private gemm(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    weight: Float32Array | WeightSource,
     layout: "w" | "b",
     M: number,
     N: number,
@@ -344,17 +460,35 @@ export class WasmKernels implements Kernels {
     bVersion: number | undefined,
     transposedA: boolean,
   ): void {
+    // A weight packed here (its only copy) is used where it lies; another source is read whole.
+    const own = weight instanceof ArenaWeight && weight.kernels === this ? weight : null;
+    own?.live();
+    const b = own ?? (isWeightSource(weight) ? weight.readRows(0, weight.rows) : weight);
     // Only a weight's W[N,K] panels are kept. Its B[K,N] panels (a backward's dX = dY·W) are
     // packed per call: one pass over the weight against M·N·K work, and keeping them would
     // hold a second packed copy of the model in the arena.
-    const keep = bVersion !== undefined && layout === "w";
+    const keep =
+      layout === "w" && (own !== null || (bVersion !== undefined && !isWeightSource(weight)));
     let panels: number;
-    if (keep) panels = this.packedWeight(b, bVersion, N, K);
+    if (own && layout === "w") panels = own.offset;
+    else if (keep) panels = this.packedWeight(b as Float32Array, bVersion!, N, K);
+    // The forward reads a BF16 weight's own panels; everything else is F32.
+    const bf16 = own !== null && layout === "w" && own.dtype === "bf16";
     let top = this.heap.top;
+    // A weight packed here gives its B-panels a slab of K rows at a time (at most
+    // `bSlabBytes`), each slab's product added onto the last: every sum runs over k in order
+    // (the accumulators go through `out` between slabs), so the bits are those of one pass.
+    let slab = K;
     if (!keep) {
       panels = top;
-      top += align(panelBytes(N, K));
-      this.packInto(panels, b, layout, N, K, top);
+      if (own) {
+        const perRow = Math.ceil(N / 8) * 32;
+        slab = Math.min(K, Math.max(8, Math.floor(this.bSlabBytes / perRow / 8) * 8));
+        top += align(panelBytes(N, slab));
+      } else {
+        top += align(panelBytes(N, K));
+        this.packInto(panels, b as Float32Array, layout, N, K, top);
+      }
     }
     // Operands already in the arena (workspace arrays) are used in place; others are copied.
     const N8 = Math.ceil(N / 8) * 8;
@@ -377,7 +511,68 @@ export class WasmKernels implements Kernels {
     if (accumulate && !outInPlace) copyRows(outView, N8, out, N, M);
     const lda = transposedA ? M * 4 : K * 4;
     const ldo = N8 * 4;
-    const acc = accumulate ? 1 : 0;
+    if (bf16 && M >= BF16_WIDEN_ROWS) {
+      // Many rows: widen the weight to F32 panels a slab of columns at a time (in scratch above
+      // the operands) and run the F32 kernel on each, which sums exactly as gemm_bf16 does.
+      const perPanel = K * 32;
+      const panelsPerSlab = Math.max(1, Math.floor(this.bSlabBytes / perPanel));
+      const scratch = top;
+      this.ensure(scratch + Math.min(Math.ceil(N / 8), panelsPerSlab) * perPanel);
+      for (let p0 = 0; p0 < Math.ceil(N / 8); p0 += panelsPerSlab) {
+        const p1 = Math.min(Math.ceil(N / 8), p0 + panelsPerSlab);
+        this.exports.widen_bf16(scratch, own!.offset + p0 * K * 16, (p1 - p0) * K * 8);
+        const n0 = p0 * 8;
+        this.gemmJobs(
+          outOffset + n0 * 4,
+          ldo,
+          aOffset,
+          lda,
+          scratch,
+          M,
+          Math.min(N, p1 * 8) - n0,
+          K,
+          accumulate ? 1 : 0,
+          false,
+          false,
+        );
+      }
+      if (!outInPlace) copyRows(out, N, outView, N8, M);
+      return;
+    }
+    for (let k0 = 0; k0 < K; k0 += slab) {
+      const k1 = Math.min(K, k0 + slab);
+      if (own && layout === "b") this.weightToB(panels!, own, k0, k1);
+      this.gemmJobs(
+        outOffset,
+        ldo,
+        aOffset + k0 * 4,
+        lda,
+        panels!,
+        M,
+        N,
+        k1 - k0,
+        accumulate || k0 > 0 ? 1 : 0,
+        transposedA,
+        bf16,
+      );
+    }
+    if (!outInPlace) copyRows(out, N, outView, N8, M);
+  }
+
+  /** One GEMM over packed panels, its rows shared among threads. */
+  private gemmJobs(
+    outOffset: number,
+    ldo: number,
+    aOffset: number,
+    lda: number,
+    panels: number,
+    M: number,
+    N: number,
+    K: number,
+    acc: number,
+    transposedA: boolean,
+    bf16: boolean,
+  ): void {
     const parts = this.parts(2 * M * N * K);
     const jobs: Job[] = [];
     for (let i = 0; i < parts; i++) {
@@ -395,7 +590,7 @@ export class WasmKernels implements Kernels {
                 ldo,
                 aOffset + m0 * 4,
                 lda,
-                panels!,
+                panels,
                 K * 32,
                 m1 - m0,
                 N,
@@ -404,17 +599,27 @@ export class WasmKernels implements Kernels {
                 this.tnChunk,
               ],
             }
-          : call("gemm", [o, ldo, aOffset + m0 * lda, lda, panels!, K * 32, m1 - m0, N, K, acc]),
+          : call(bf16 ? "gemm_bf16" : "gemm", [
+              o,
+              ldo,
+              aOffset + m0 * lda,
+              lda,
+              panels,
+              bf16 ? K * 16 : K * 32,
+              m1 - m0,
+              N,
+              K,
+              acc,
+            ]),
       );
     }
     this.runJobs(jobs);
-    if (!outInPlace) copyRows(out, N, outView, N8, M);
   }
 
   matmulNT(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    b: Float32Array | WeightSource,
     M: number,
     N: number,
     K: number,
@@ -427,7 +632,7 @@ export class WasmKernels implements Kernels {
   matmulNN(
     out: Float32Array,
     a: Float32Array,
-    b: Float32Array,
+    b: Float32Array | WeightSource,
     M: number,
     N: number,
     K: number,
@@ -786,6 +991,61 @@ export class WasmKernels implements Kernels {
     this.copyOut(x, xo, rows * cols);
     this.copyOut(rowMax, mo, rows);
     this.copyOut(rowSum, sumo, rows);
+  }
+}
+
+/** Where column c of a BF16 panel row is stored (the order 0 4 1 5 2 6 3 7, see build-wasm.ts). */
+const BF16_LANE = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/** A weight packed in a `WasmKernels` arena (see `packWeight`). */
+class ArenaWeight implements PackedWeight {
+  readonly kernels: WasmKernels;
+  /** Byte offset of its panels in the arena. */
+  offset: number;
+  readonly rows: number;
+  readonly cols: number;
+  readonly dtype: WeightDtype;
+  readonly bytes: number;
+
+  constructor(
+    kernels: WasmKernels,
+    offset: number,
+    rows: number,
+    cols: number,
+    dtype: WeightDtype,
+    bytes: number,
+  ) {
+    this.kernels = kernels;
+    this.offset = offset;
+    this.rows = rows;
+    this.cols = cols;
+    this.dtype = dtype;
+    this.bytes = bytes;
+  }
+
+  get length(): number {
+    return this.rows * this.cols;
+  }
+
+  writeRows(r0: number, data: Float32Array): void {
+    this.live();
+    this.kernels.writePacked(this, r0, data);
+  }
+
+  release(): void {
+    if (this.offset < 0) return;
+    this.kernels.releasePacked(this);
+    this.offset = -1;
+  }
+
+  /** Throws when the weight was released (its arena block may hold something else now). */
+  live(): void {
+    if (this.offset < 0) throw new Error("kernels: a released weight was used");
+  }
+
+  readRows(r0: number, r1: number, out?: Float32Array): Float32Array {
+    this.live();
+    return this.kernels.readPacked(this, r0, r1, out);
   }
 }
 

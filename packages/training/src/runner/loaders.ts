@@ -1,10 +1,13 @@
 import { join } from "node:path";
 import {
   catalogModelDir,
+  type Kernels,
   listCatalog,
   loadModel,
   type Model,
+  releaseModel,
   type SftExample,
+  type WeightChoice,
 } from "@arbor/engine";
 import type { Store } from "@arbor/store";
 import { loadSftExamples } from "../datasets/fetch.ts";
@@ -25,24 +28,39 @@ export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) 
     });
 }
 
-/** The base models, each loaded once: the shipped ones, and the folders `<owner>/<name>/` under
- * `modelsDir` (the server's `ARBOR_BASE_MODELS_DIR`). A model that fails to load is tried again
- * by the next job. */
-export function baseModels(modelsDir?: string): (baseId: string) => Promise<Model> {
-  const loaded = new Map<string, Promise<Model>>();
+/** The base models, each loaded into a kernel set with its weights packed in those kernels as
+ * their only copy (`weights`: F32, BF16 widened inside the kernels, or `auto`: BF16 for BF16
+ * files, else F32): the shipped ones, and
+ * the folders `<owner>/<name>/` under `modelsDir` (the server's `ARBOR_BASE_MODELS_DIR`). A
+ * kernel set keeps one base model at a time (jobs run one after another): loading another
+ * frees the previous one's memory first, so the arena plan of a job (`trainingMemory`) is what
+ * its arena holds. A model that fails to load is tried again by the next job. */
+export function baseModels(
+  modelsDir?: string,
+  options: { weights?: WeightChoice } = {},
+): (baseId: string, kernels: Kernels) => Promise<Model> {
+  const resident = new WeakMap<Kernels, { id: string; model: Promise<Model> }>();
   const shipped = new Set(listCatalog().map((e) => e.id));
-  return (baseId) => {
-    let model = loaded.get(baseId);
-    if (!model) {
-      const dir = shipped.has(baseId)
-        ? catalogModelDir(baseId)
-        : modelsDir && /^[^/]+\/[^/]+$/.test(baseId) && !baseId.includes("..")
-          ? join(modelsDir, baseId)
-          : undefined;
-      model = dir ? loadModel(dir) : Promise.reject(new Error(`no base model ${baseId}`));
-      model.catch(() => loaded.delete(baseId));
-      loaded.set(baseId, model);
+  return async (baseId, kernels) => {
+    const current = resident.get(kernels);
+    if (current?.id === baseId) return current.model;
+    if (current) {
+      resident.delete(kernels);
+      const previous = await current.model.catch(() => null);
+      if (previous) releaseModel(previous);
     }
+    const dir = shipped.has(baseId)
+      ? catalogModelDir(baseId)
+      : modelsDir && /^[^/]+\/[^/]+$/.test(baseId) && !baseId.includes("..")
+        ? join(modelsDir, baseId)
+        : undefined;
+    if (!dir) throw new Error(`no base model ${baseId}`);
+    const model = loadModel(dir, { kernels, weights: options.weights ?? "f32" });
+    const entry = { id: baseId, model };
+    resident.set(kernels, entry);
+    model.catch(() => {
+      if (resident.get(kernels) === entry) resident.delete(kernels);
+    });
     return model;
   };
 }

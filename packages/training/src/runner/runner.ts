@@ -38,7 +38,8 @@ export interface TrainingWorkerOptions {
   store: Store;
   logger: Logger;
   /** The base model a trained model starts from, loaded once. */
-  loadBaseModel: (baseId: string) => Promise<Model>;
+  /** The base model `baseId`, its weights kept in `kernels` (the kernels jobs train on). */
+  loadBaseModel: (baseId: string, kernels: Kernels) => Promise<Model>;
   /** The SFT examples behind a `training_data_url` (`dataset://` or `https://`), validated;
    * throws TrainingInputError naming the bad line. */
   loadSftExamples: (entity: string, url: string) => Promise<SftExample[]>;
@@ -327,7 +328,7 @@ export class TrainingWorker {
     const { store } = this.#o;
     const spec = sftJobSpec(job);
     const { stepFrom, baseId } = await this.#stepFrom(job);
-    const base = await this.#o.loadBaseModel(baseId);
+    const base = await this.#o.loadBaseModel(baseId, this.#kernelSet());
     const examples = await this.#o
       .loadSftExamples(job.entity, job.payload_ref ?? "")
       .catch((err: unknown) => {
@@ -456,7 +457,7 @@ export class TrainingWorker {
     const { store } = this.#o;
     const { config, learningRate, maxGradNorm, seed } = rlStepConfig(rlJobSpec(job));
     const { stepFrom, baseId } = await this.#stepFrom(job);
-    const base = await this.#o.loadBaseModel(baseId);
+    const base = await this.#o.loadBaseModel(baseId, this.#kernelSet());
     const payload = job.payload_ref ? await this.#blobs().get(job.payload_ref) : undefined;
     if (!payload) throw new JobInputError("the job's trajectory groups are missing");
     const groups = JSON.parse(payload.toString("utf8")) as TrajectoryGroup[];

@@ -5,6 +5,7 @@
  * supervisor (`EmbeddedWorker`) who it is and which job it runs, so a death fails that job.
  */
 import { parentPort, workerData } from "node:worker_threads";
+import type { WeightChoice } from "@arbor/engine";
 import { openStore } from "@arbor/store";
 import { pino } from "pino";
 import { baseModels, sftExamplesLoader } from "./loaders.ts";
@@ -22,6 +23,8 @@ export interface WorkerThreadSettings {
   allowHosts: string[];
   /** Kernel threads of this training thread's engine. */
   kernelThreads: number;
+  /** How its engine keeps base models' weights (ARBOR_ENGINE_WEIGHTS). */
+  engineWeights: WeightChoice;
   /** Where base-model folders are (besides the shipped models). */
   baseModelsDir?: string | undefined;
 }
@@ -55,7 +58,7 @@ const worker = new TrainingWorker({
   identity: settings.identity,
   leaseMs: settings.leaseMs,
   kernelThreads: settings.kernelThreads,
-  loadBaseModel: baseModels(settings.baseModelsDir),
+  loadBaseModel: baseModels(settings.baseModelsDir, { weights: settings.engineWeights }),
   loadSftExamples: sftExamplesLoader(store, {
     maxBytes: settings.maxTrainingDataBytes,
     allowHosts: settings.allowHosts,

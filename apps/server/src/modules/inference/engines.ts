@@ -3,6 +3,7 @@ import {
   EngineThread,
   type SkippedFolder,
   scanBaseModels,
+  type WeightChoice,
 } from "@arbor/engine";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { readCheckpointFiles } from "@arbor/training";
@@ -21,6 +22,8 @@ export interface EngineHostOptions {
   llama?: Map<string, LlamaCppBackend>;
   /** Kernel threads of each engine (`engineThreads` of the configuration); default 1. */
   threads?: number;
+  /** How each engine keeps the weights (`engineWeights` of the configuration); default auto. */
+  weights?: WeightChoice;
 }
 
 /** One base model's engine thread and the adapters loaded into it. */
@@ -42,11 +45,13 @@ export class EngineHost {
   readonly #slots = new Map<string, Promise<Slot>>();
   readonly #llama: Map<string, LlamaCppBackend>;
   readonly #threads: number;
+  readonly #weights: WeightChoice;
 
   constructor(options: EngineHostOptions = {}) {
     this.#modelsDir = options.modelsDir;
     this.#llama = options.llama ?? new Map();
     this.#threads = options.threads ?? 1;
+    this.#weights = options.weights ?? "auto";
   }
 
   /**
@@ -55,7 +60,7 @@ export class EngineHost {
    * reason. Returns the newly skipped ones.
    */
   refresh(): Promise<void> {
-    this.#scanning ??= scanBaseModels(this.#modelsDir)
+    this.#scanning ??= scanBaseModels(this.#modelsDir, { weights: this.#weights })
       .then(({ models, skipped }) => {
         this.#models = new Map(models.map((m) => [m.id, m]));
         this.#skipped = skipped;
@@ -116,9 +121,10 @@ export class EngineHost {
     }
     const base = this.#models.get(baseId);
     if (!base) throw new Error(`no base model ${baseId}`);
-    const started = EngineThread.start(base.dir, { threads: this.#threads }).then(
-      (thread): Slot => ({ thread, adapters: new Map() }),
-    );
+    const started = EngineThread.start(base.dir, {
+      threads: this.#threads,
+      weights: this.#weights,
+    }).then((thread): Slot => ({ thread, adapters: new Map() }));
     started.catch(() => {
       if (this.#slots.get(baseId) === started) this.#slots.delete(baseId);
     });

@@ -8,6 +8,7 @@ type Fn = (...args: number[]) => void;
 /** Kernels a job calls by index with their own arguments (`Op.call`). */
 export const CALLS = [
   "gemm",
+  "gemm_bf16",
   "attention",
   "rms_norm",
   "rms_norm_backward",

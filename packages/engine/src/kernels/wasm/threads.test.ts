@@ -58,6 +58,41 @@ describe("kernels on worker threads", () => {
     expect(worst).toBeLessThan(1e-3);
   });
 
+  it("when GEMMs on weights packed in F32 and BF16 split among 1, 2 and 3 threads, then the bits are the same, and BF16 gives its widened F32's sums", async () => {
+    const rng = new Rng(8);
+    const [M, N, K] = [301, 72, 130];
+    const a = random(M * K, rng);
+    const w = random(N * K, rng);
+    const dY = random(M * N, rng);
+    // Kernels of its own: the other tests count the shared ones' split calls.
+    const sets = [1, 2, 3].map((threads) => createWasmKernels("auto", { threads }));
+    const results = outputs(sets, (k) =>
+      (["f32", "bf16"] as const).flatMap((dtype) => {
+        const packed = k.packWeight!(N, K, dtype);
+        packed.writeRows(0, w);
+        const nt = new Float32Array(M * N);
+        k.matmulNT(nt, a, packed, M, N, K);
+        const nn = new Float32Array(M * K);
+        k.matmulNN(nn, dY, packed, M, K, N);
+        // The same product on the weight as plain F32 arrays (BF16: widened), packed per call.
+        const plain = packed.readRows(0, N);
+        const ntPlain = new Float32Array(M * N);
+        k.matmulNT(ntPlain, a, plain, M, N, K);
+        const nnPlain = new Float32Array(M * K);
+        k.matmulNN(nnPlain, dY, plain, M, K, N);
+        expect(nt).toEqual(ntPlain);
+        expect(nn).toEqual(nnPlain);
+        return [nt, nn];
+      }),
+    );
+    expect(results[1]).toEqual(results[0]);
+    expect(results[2]).toEqual(results[0]);
+    // BF16 rounded the weight: its results differ from F32's (the test sees both dtypes).
+    expect(results[0]![2]).not.toEqual(results[0]![0]);
+    expect(sets[1]!.splitCalls).toBeGreaterThan(0);
+    await Promise.all(sets.map((k) => k.close()));
+  });
+
   it("when attention splits rows (prefill) or sequences (training), then the bits are the same", () => {
     const rng = new Rng(4);
     const [H, KV, hd, n, start] = [4, 2, 64, 150, 10];
