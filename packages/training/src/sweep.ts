@@ -21,13 +21,17 @@ export interface SweepOptions {
   /** A file with no row is left alone while younger than this (its row may be on its way).
    * Default 15 minutes. */
   graceMs?: number;
+  /** A checkpoint folder of a model with no running job is left alone while younger than this:
+   * an adapter upload, on any replica sharing the blobs, writes its files before its row.
+   * Default 1 minute. */
+  uploadGraceMs?: number;
   now?: () => number;
 }
 
 /**
  * Removes what interrupted writes left: partial files, and files whose row was never written.
- * A checkpoint folder is removed at once when its model is gone or has no running job (so no
- * worker can still be writing it), else once it is older than the grace; dataset files and RL
+ * A checkpoint folder is removed at once when its model is gone, else once older than the grace
+ * while the model has a running job, or than the upload grace (a minute) while it has none; dataset files and RL
  * inputs once older than the grace, since their rows follow their writes within a request.
  */
 export async function sweepBlobs(store: Store, options: SweepOptions = {}): Promise<SweepResult> {
@@ -36,7 +40,9 @@ export async function sweepBlobs(store: Store, options: SweepOptions = {}): Prom
   if (!blobs) return result;
   const now = options.now ?? Date.now;
   const grace = options.graceMs ?? 15 * 60_000;
-  const old = async (key: string) => now() - ((await blobs.info(key))?.modifiedAt ?? now()) > grace;
+  const uploadGrace = options.uploadGraceMs ?? 60_000;
+  const old = async (key: string, ms = grace) =>
+    now() - ((await blobs.info(key))?.modifiedAt ?? now()) > ms;
   if (!options.modelId) result.partial = await blobs.sweepPartial();
 
   const folders = new Map<string, { model: string; file: string }>();
@@ -54,7 +60,10 @@ export async function sweepBlobs(store: Store, options: SweepOptions = {}): Prom
   const running = await store.jobs.runningAmong(models);
   for (const [prefix, { model, file }] of folders) {
     if (referenced.has(prefix)) continue;
-    if (existing.has(model) && running.has(model) && !(await old(file))) continue;
+    // A model that exists may be having a folder written: by its running job, or by an adapter
+    // upload on another replica (files first, then the row), which no local check can see.
+    if (existing.has(model) && !(await old(file, running.has(model) ? grace : uploadGrace)))
+      continue;
     await blobs.deletePrefix(prefix);
     result.checkpoints.push(prefix);
   }
