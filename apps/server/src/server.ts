@@ -1,9 +1,7 @@
-import { readdirSync } from "node:fs";
 import type { Server } from "node:http";
-import { join } from "node:path";
 import { baseModelsDir, type Config } from "@arbor/config";
 import {
-  FsBlobStore,
+  checkFilesLeftInDataDir,
   openRateLimits,
   openStore,
   type RateLimitState,
@@ -74,7 +72,16 @@ export async function buildServer(
     blobs: config.blobs,
   });
   const firstStart = await ensureFirstAdmin(store, config.dataDir);
-  warnOfUnservedFiles(store, config.dataDir, logger);
+  // Blobs moved into PostgreSQL by default: a data directory's files are never left unseen.
+  const left = await checkFilesLeftInDataDir(
+    store,
+    config.dataDir,
+    config.blobs !== undefined,
+  ).catch(async (err: unknown) => {
+    await store.close();
+    throw err;
+  });
+  if (left) logger.warn({ dataDir: config.dataDir }, left);
   // Rate limits every replica shares: Redis with ARBOR_REDIS_URL, else PostgreSQL, else here.
   let rateLimits: RateLimitState;
   try {
@@ -196,21 +203,4 @@ export async function buildServer(
     },
   };
   return server;
-}
-
-/** Blobs in PostgreSQL leave a data directory's `blobs/` unread: say so, once, at start. */
-function warnOfUnservedFiles(store: Store, dataDir: string, logger: Logger): void {
-  if (store.dialect !== "postgres" || store.blobs instanceof FsBlobStore) return;
-  const dir = join(dataDir, "blobs");
-  let entries: string[] = [];
-  try {
-    entries = readdirSync(dir);
-  } catch {
-    return;
-  }
-  if (entries.length === 0) return;
-  logger.warn(
-    { dir },
-    `${dir} holds files this server does not read: checkpoints and datasets are kept in PostgreSQL (ARBOR_BLOBS). Copy them in with "arbor blobs import", or set ARBOR_BLOBS=fs to keep using the directory.`,
-  );
 }

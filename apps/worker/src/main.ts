@@ -7,7 +7,7 @@
  * Settings: see the README's Settings (read by @arbor/config).
  */
 import { baseModelsDir, readConfig } from "@arbor/config";
-import { openStore } from "@arbor/store";
+import { checkFilesLeftInDataDir, openStore } from "@arbor/store";
 import { EmbeddedWorker, processIdentity } from "@arbor/training";
 import { pino } from "pino";
 
@@ -19,6 +19,9 @@ const store = await openStore({
   ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
   ...(config.blobs ? { blobs: config.blobs } : {}),
 });
+// Blobs moved into PostgreSQL by default: a data directory's files are never left unseen.
+const left = await checkFilesLeftInDataDir(store, config.dataDir, config.blobs !== undefined);
+if (left) logger.warn({ dataDir: config.dataDir }, left);
 // The same supervised training threads as the server's embedded worker: this thread stays free
 // to watch for cancels (made through any replica's API), so a job stops between micro-batches.
 const identity = processIdentity(config.workerId);

@@ -52,7 +52,12 @@ export {
 } from "./jobs.ts";
 export { MIGRATIONS, type Migration, migrate } from "./migrations.ts";
 export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.ts";
-export { BlobChangedError, PG_BLOB_CHUNK_BYTES, PgBlobStore } from "./pg-blobs.ts";
+export {
+  BlobChangedError,
+  checkFilesLeftInDataDir,
+  PG_BLOB_CHUNK_BYTES,
+  PgBlobStore,
+} from "./pg-blobs.ts";
 export { isoDate, type Price, type PricesRepo, type SetPriceInput } from "./prices.ts";
 export {
   MemoryRateLimits,

@@ -1,5 +1,6 @@
+import { join } from "node:path";
 import { Readable } from "node:stream";
-import { assertBlobKey, type BlobBody, type BlobStore, bodyChunks } from "./blobs.ts";
+import { assertBlobKey, type BlobBody, type BlobStore, bodyChunks, FsBlobStore } from "./blobs.ts";
 import type { Clock } from "./common.ts";
 import { uuidv7 } from "./ids.ts";
 import type { PostgresSql } from "./sql.ts";
@@ -183,4 +184,31 @@ function range(prefix: string): [string, string] {
     throw new RangeError(`Invalid blob prefix: ${JSON.stringify(prefix)}`);
   }
   return [prefix, `${prefix}\u007f`];
+}
+
+/**
+ * A deployment on PostgreSQL that kept its files in `<dataDir>/blobs` before blobs moved into the
+ * database by default (ADR 39): throws, so the process does not start, while that directory has
+ * files and the database no checkpoint or dataset file yet, unless `chosen` (`ARBOR_BLOBS` was
+ * set): serving then would answer every checkpoint and dataset as missing. Otherwise returns a
+ * warning while the directory holds files this store does not read, or undefined.
+ */
+export async function checkFilesLeftInDataDir(
+  store: { dialect: string; blobs?: BlobStore | undefined },
+  dataDir: string,
+  chosen: boolean,
+): Promise<string | undefined> {
+  if (store.dialect !== "postgres" || !store.blobs || store.blobs instanceof FsBlobStore) return;
+  const dir = join(dataDir, "blobs");
+  const files = await new FsBlobStore(dir).list("").catch(() => [] as string[]);
+  if (files.length === 0) return;
+  const how = `Copy them in with "arbor blobs import", or set ARBOR_BLOBS=fs to keep using the directory`;
+  if (!chosen) {
+    const stored = async (prefix: string) => (await store.blobs!.list(prefix)).length > 0;
+    if (!(await stored("checkpoints/")) && !(await stored("datasets/")))
+      throw new Error(
+        `${dir} holds ${files.length} checkpoint and dataset files, and PostgreSQL, where they are kept by default now (ARBOR_BLOBS), holds none. ${how} (or ARBOR_BLOBS=postgres to start without them).`,
+      );
+  }
+  return `${dir} holds files this process does not read: checkpoints and datasets are kept in PostgreSQL (ARBOR_BLOBS). ${how}.`;
 }

@@ -1,9 +1,11 @@
 import { execFile } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { promisify } from "node:util";
+import pg from "pg";
 import { afterAll, describe, expect, it } from "vitest";
+import { PG_URL, pgSkipReason } from "./pg.ts";
 import { type Child, serverMain, startServerProcess } from "./processes.ts";
 
 /**
@@ -81,6 +83,40 @@ describe("starting the server", () => {
       expect(ended.code).toBe(1);
       expect(ended.last).toMatch(line);
       expect(ended.stderr).not.toMatch(/\n\s+at /);
+    },
+    120_000,
+  );
+
+  it.skipIf(pgSkipReason !== null)(
+    "when a PostgreSQL deployment's files are still in its data directory and not in the database, then it refuses to start until they are imported",
+    async () => {
+      const dataDir = tempDir();
+      const file = join(dataDir, "blobs", "checkpoints", "m", "1-x", "adapter_config.json");
+      mkdirSync(dirname(file), { recursive: true });
+      writeFileSync(file, "{}");
+      const schema = `arbor_startup_${process.pid}_${Date.now()}`;
+      const env = { ARBOR_DATA_DIR: dataDir, ARBOR_PORT: "0", DATABASE_URL: PG_URL };
+      try {
+        const ended = await start({ ...env, ARBOR_DATABASE_SCHEMA: schema });
+        expect(ended.code).toBe(1);
+        expect(ended.last).toMatch(
+          /^arbor: cannot start: .*blobs holds 1 checkpoint and dataset files, and PostgreSQL, .* holds none\. Copy them in with "arbor blobs import", or set ARBOR_BLOBS=fs/,
+        );
+        // Chosen on purpose, it starts (and warns).
+        const chosen = await startServerProcess(dataDir, {
+          ...env,
+          ARBOR_DATABASE_SCHEMA: schema,
+          ARBOR_BLOBS: "postgres",
+          ARBOR_EMBEDDED_WORKER: "off",
+        });
+        children.push(chosen.child);
+        expect(chosen.child.logs.some((l) => String(l.msg).includes("does not read"))).toBe(true);
+      } finally {
+        const db = new pg.Client({ connectionString: PG_URL });
+        await db.connect();
+        await db.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+        await db.end();
+      }
     },
     120_000,
   );
