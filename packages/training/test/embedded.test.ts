@@ -49,6 +49,7 @@ function start(
     restartDelayMs: 50,
     threadModule: new URL(`./fixtures/${thread}`, import.meta.url),
     cancelPollMs: 100,
+    stopWithinMs: 200,
   });
 }
 
@@ -76,6 +77,39 @@ describe("EmbeddedWorker", () => {
       await store.close();
     }
   }, 660_000);
+
+  it("when a cancelled job's thread does not stop in time, then it is ended and a fresh thread starts, the job staying cancelled", async () => {
+    const { store, dataDir, jobId } = await runningJob();
+    writeFileSync(
+      join(dataDir, "stubborn-plan.json"),
+      JSON.stringify({ workerId: "thread-0#boot", jobId }),
+    );
+    const activity: TrainingActivity[] = [];
+    const worker = await start(store, dataDir, (a) => activity.push(a), "stubborn-thread.ts");
+    try {
+      await vi.waitFor(() => expect(worker.running()).toEqual([jobId]));
+      // Cancelled through the API of this process: the row, then the word, which this thread
+      // never reads.
+      await store.jobs.cancelJob("e", jobId);
+      worker.cancelled(jobId);
+      await vi.waitFor(
+        () => expect(readFileSync(join(dataDir, "starts.log"), "utf8")).toBe("started\nstarted\n"),
+        { timeout: 60_000, interval: 50 },
+      );
+      await vi.waitFor(() => expect(worker.health()).toMatchObject({ success: true, running: 1 }));
+      expect(worker.running()).toEqual([]);
+      expect(activity).toEqual([
+        { type: "ended", jobType: "rl", outcome: "cancelled", seconds: expect.any(Number) },
+      ]);
+      const job = await store.jobs.get("e", jobId);
+      expect(job?.status).toBe("cancelled");
+      const events = (await store.jobs.listEvents("e", jobId)).data.map((e) => e.type);
+      expect(events).toEqual(["training_failed"]);
+    } finally {
+      await worker.stop();
+      await store.close();
+    }
+  }, 120_000);
 
   it("when a training thread dies mid-job, then the job fails naming the cause, the health is down, and a fresh thread starts", async () => {
     const { store, dataDir, jobId } = await runningJob();

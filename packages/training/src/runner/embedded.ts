@@ -24,6 +24,10 @@ export interface EmbeddedWorkerOptions extends WorkerThreadSettings {
    * a cancel made by another process (a replica's API, a deleted model) then reaches the thread
    * between micro-batches, not only after the step in flight. */
   cancelPollMs?: number;
+  /** How long a thread told to stop its job (cancelled, deleted, or no longer its own) may take
+   * before it is ended and a fresh one started (default 2000 ms): a micro-batch of a large model
+   * can compute for longer than that without looking at the word. */
+  stopWithinMs?: number;
   /** Who the threads are (default: this data directory's identity); a worker process with
    * `ARBOR_WORKER_ID` names itself. */
   identity?: WorkerIdentity;
@@ -38,11 +42,16 @@ class Slot {
   thread: Worker | undefined;
   workerId: string | undefined;
   job: string | null = null;
+  jobType: "sft" | "rl" = "sft";
   /** When the thread said it started `job` (performance.now()). */
   jobStarted = 0;
   deaths = 0;
   lastError: string | null = null;
   timer: NodeJS.Timeout | undefined;
+  /** Armed when the slot's job was told to stop: the thread is ended if it has not by then. */
+  stopTimer: NodeJS.Timeout | undefined;
+  /** The thread was ended on purpose (its job stopped elsewhere), not by a crash. */
+  ended = false;
   /** Shared with the slot's thread (each new thread of the slot gets the same memory). */
   readonly cancelled = new Int32Array(new SharedArrayBuffer(16));
   constructor(index: number) {
@@ -112,8 +121,10 @@ export class EmbeddedWorker {
       const { job, workerId } = slot;
       if (!job || !workerId) continue;
       try {
-        if (!(await this.#options.store.jobs.stillHeld(workerId, job)) && slot.job === job)
+        if (!(await this.#options.store.jobs.stillHeld(workerId, job)) && slot.job === job) {
           writeCancelled(slot.cancelled, job);
+          this.#stopWithin(slot, job);
+        }
       } catch (err) {
         // The thread's own lease renewal notices a lost job too, after its step.
         this.#options.logger.debug({ err, jobId: job }, "could not read whether the job is held");
@@ -124,7 +135,28 @@ export class EmbeddedWorker {
   /** A job was cancelled (or its model deleted) in this process: the thread running it stops
    * within the step it is in, instead of at its next lease renewal after the step. */
   cancelled(jobId: string): void {
-    for (const slot of this.#slots) writeCancelled(slot.cancelled, jobId);
+    for (const slot of this.#slots) {
+      writeCancelled(slot.cancelled, jobId);
+      if (slot.job === jobId) this.#stopWithin(slot, jobId);
+    }
+  }
+
+  /** Ends the slot's thread if it still runs `job` after `stopWithinMs`: a step that does not
+   * reach its next micro-batch in time is cut off. The job's row already says it stopped. */
+  #stopWithin(slot: Slot, job: string): void {
+    if (slot.stopTimer) return;
+    slot.stopTimer = setTimeout(() => {
+      slot.stopTimer = undefined;
+      const thread = slot.thread;
+      if (this.#stopping || slot.job !== job || !thread) return;
+      this.#options.logger.info(
+        { thread: slot.index, jobId: job },
+        "the training thread did not stop its job in time: ending it and starting a fresh one",
+      );
+      slot.ended = true;
+      void thread.terminate();
+    }, this.#options.stopWithinMs ?? 2000);
+    slot.stopTimer.unref();
   }
 
   /** The jobs the threads run now. */
@@ -159,6 +191,7 @@ export class EmbeddedWorker {
   async stop(): Promise<void> {
     this.#stopping = true;
     clearInterval(this.#watcher);
+    for (const slot of this.#slots) clearTimeout(slot.stopTimer);
     await Promise.all(
       this.#slots.map(async (slot) => {
         clearTimeout(slot.timer);
@@ -187,6 +220,7 @@ export class EmbeddedWorker {
       threadModule,
       onActivity,
       cancelPollMs,
+      stopWithinMs,
       identity: _,
       ...settings
     } = this.#options;
@@ -207,7 +241,10 @@ export class EmbeddedWorker {
     thread.on("message", (message: ThreadReport) => {
       if (message.type === "job") {
         slot.job = message.jobId;
+        if (message.jobType) slot.jobType = message.jobType;
         slot.jobStarted = performance.now();
+        clearTimeout(slot.stopTimer);
+        slot.stopTimer = undefined;
       }
       if (message.type === "activity") onActivity?.(message.activity);
     });
@@ -228,6 +265,26 @@ export class EmbeddedWorker {
     if (slot.thread !== thread || this.#stopping) return;
     const cause = error?.message ?? `exit code ${code}`;
     const { logger, store } = this.#options;
+    if (slot.ended) {
+      // Ended on purpose: its job was stopped elsewhere (the row says so), nothing failed.
+      slot.ended = false;
+      slot.thread = undefined;
+      slot.state = "restarting";
+      const job = slot.job;
+      slot.job = null;
+      if (job)
+        this.#options.onActivity?.({
+          type: "ended",
+          jobType: slot.jobType,
+          outcome: "cancelled",
+          seconds: (performance.now() - slot.jobStarted) / 1000,
+        });
+      this.#startSlot(slot).then(
+        () => logger.info({ thread: slot.index }, "training worker thread started afresh"),
+        () => {},
+      );
+      return;
+    }
     slot.deaths++;
     slot.lastError = cause;
     slot.state = "restarting";

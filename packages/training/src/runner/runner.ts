@@ -55,7 +55,7 @@ export interface TrainingWorkerOptions {
   /** Pause between queue polls when idle. */
   pollMs?: number;
   /** Told when a job starts (its id) and ends (null): a supervisor knows what a death takes. */
-  onJob?: (jobId: string | null) => void;
+  onJob?: (jobId: string | null, jobType?: TrainingJob["type"]) => void;
   /** Kernel threads the training computation shares (this thread included). Default 1. */
   kernelThreads?: number;
   /** Told of the work done, for metrics: tokens trained per step, and how each run ended. */
@@ -226,7 +226,7 @@ export class TrainingWorker {
         seconds: (performance.now() - started) / 1000,
       });
     this.#current = abort;
-    this.#o.onJob?.(job.id);
+    this.#o.onJob?.(job.id, job.type);
     const words = idWords(job.id);
     // The claim is fresh: a cancel of an earlier run of this job (its lease lapsed, it was
     // requeued and claimed here again) is not this run's; the row says if this run is cancelled.

@@ -39,7 +39,7 @@ export interface ThreadData extends WorkerThreadSettings {
 /** What a thread tells its supervisor. */
 export type ThreadReport =
   | { type: "started"; workerId: string }
-  | { type: "job"; jobId: string | null }
+  | { type: "job"; jobId: string | null; jobType?: "sft" | "rl" }
   | { type: "activity"; activity: TrainingActivity }
   | { type: "stopped" };
 
@@ -63,7 +63,7 @@ const worker = new TrainingWorker({
     maxBytes: settings.maxTrainingDataBytes,
     allowHosts: settings.allowHosts,
   }),
-  onJob: (jobId) => report({ type: "job", jobId }),
+  onJob: (jobId, jobType) => report({ type: "job", jobId, ...(jobType ? { jobType } : {}) }),
   onActivity: (activity) => report({ type: "activity", activity }),
   cancelled: settings.cancelled,
 });
