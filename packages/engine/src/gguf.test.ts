@@ -3,9 +3,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gguf } from "@huggingface/gguf";
 import { describe, expect, it } from "vitest";
+import { FAMILIES, familyTokenizerFiles } from "../test/families.ts";
 import { tinyModel } from "../test/fixtures.ts";
-import { exportGguf, ggufBytes, permuteForGguf, readGguf } from "./gguf.ts";
+import { exportGguf, GgufTokenizerError, ggufBytes, permuteForGguf, readGguf } from "./gguf.ts";
 import { parameterCount } from "./model.ts";
+import { ggufPreTokenizer, Tokenizer } from "./tokenizer.ts";
 
 describe("GGUF export", () => {
   const model = tinyModel(12);
@@ -69,5 +71,57 @@ describe("GGUF export", () => {
     expect(parsed.tensorInfos.map((t) => [t.name, t.shape.map(Number), Number(t.offset)])).toEqual(
       file.tensors.map((t) => [t.name, t.dims, t.offset]),
     );
+  });
+});
+
+describe("tokenizer.ggml.pre", () => {
+  it.each([
+    ["Qwen3", "qwen2"],
+    ["Llama 3", "llama-bpe"],
+    ["Llama 3.1", "llama-bpe"],
+  ] as const)("when the tokenizer is %s's, then llama.cpp's pre-tokenizer is %s", (name, pre) => {
+    const family = FAMILIES.find((f) => f.name === name)!;
+    expect(ggufPreTokenizer(familyTokenizerFiles(family).tokenizer)).toBe(pre);
+  });
+
+  it("when the model is tiny-chat (every digit alone), then it is qwen2's, written in the file", () => {
+    expect(readGguf(ggufBytes(tinyModel(12), "tiny")).metadata.get("tokenizer.ggml.pre")).toBe(
+      "qwen2",
+    );
+  });
+
+  it("when the tokenizer splits digits alone before GPT-2's split, then it is SmolLM's", () => {
+    const smollm = {
+      pre_tokenizer: {
+        type: "Sequence",
+        pretokenizers: [
+          { type: "Digits", individual_digits: true },
+          { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
+        ],
+      },
+    };
+    expect(ggufPreTokenizer(smollm)).toBe("smollm");
+  });
+
+  it("when llama.cpp has no pre-tokenizer that splits alike, then there is none and no GGUF is written", () => {
+    const llama3 = familyTokenizerFiles(FAMILIES.find((f) => f.name === "Llama 3")!).tokenizer;
+    const changed = structuredClone(llama3) as { pre_tokenizer: { pretokenizers: unknown[] } };
+    (changed.pre_tokenizer.pretokenizers[0] as { pattern: { Regex: string } }).pattern.Regex =
+      "\\p{N}{1,2}|\\s+";
+    expect(ggufPreTokenizer(changed)).toBeUndefined();
+    expect(ggufPreTokenizer({ pre_tokenizer: { type: "Metaspace", replacement: "▁" } })).toBe(
+      undefined,
+    );
+    const model = tinyModel(12);
+    const { files } = model.tokenizer;
+    const pre = structuredClone(files.tokenizer.pre_tokenizer) as {
+      pretokenizers: { pattern: { Regex: string } }[];
+    };
+    pre.pretokenizers[0]!.pattern.Regex = "\\p{N}{1,2}|\\s+|[^\\s\\p{N}]+";
+    const tokenizer = new Tokenizer({
+      ...files,
+      tokenizer: { ...files.tokenizer, pre_tokenizer: pre },
+    });
+    expect(() => ggufBytes({ ...model, tokenizer }, "tiny")).toThrow(GgufTokenizerError);
   });
 });

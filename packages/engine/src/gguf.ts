@@ -195,6 +195,9 @@ interface GgufTensor {
   permute?: { heads: number; inDim: number };
 }
 
+/** A model whose tokenizer llama.cpp cannot reproduce: no GGUF is written for it. */
+export class GgufTokenizerError extends Error {}
+
 /** A model as an F32 GGUF of its llama.cpp architecture with a gpt2-style BPE tokenizer: the
  * header (metadata and tensor infos, padded) and the tensors, in file order. */
 function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: GgufTensor[] } {
@@ -244,6 +247,11 @@ function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: 
     id >= tokenizer.vocabSize ? 5 : tokenizer.isSpecial(id) ? 3 : 1,
   );
   const hf = configToJson(config);
+  const preTokenizer = tokenizer.ggufPreTokenizer();
+  if (preTokenizer === undefined)
+    throw new GgufTokenizerError(
+      "gguf: the tokenizer's pre-tokenizer (tokenizer.json) is none that llama.cpp has, so a GGUF would split text differently; it is not written",
+    );
   const metadata: [string, GgufValue][] = [
     ["general.architecture", { type: "string", value: arch.name }],
     ["general.name", { type: "string", value: name }],
@@ -262,7 +270,7 @@ function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: 
     [`${arch.name}.rope.freq_base`, { type: "f32", value: config.ropeTheta }],
     [`${arch.name}.attention.layer_norm_rms_epsilon`, { type: "f32", value: config.rmsNormEps }],
     ["tokenizer.ggml.model", { type: "string", value: "gpt2" }],
-    ["tokenizer.ggml.pre", { type: "string", value: "qwen2" }],
+    ["tokenizer.ggml.pre", { type: "string", value: preTokenizer }],
     ["tokenizer.ggml.tokens", { type: "string[]", value: tokens }],
     ["tokenizer.ggml.token_type", { type: "i32[]", value: tokenTypes }],
     ["tokenizer.ggml.merges", { type: "string[]", value: tokenizer.merges() }],

@@ -121,6 +121,11 @@ export class Tokenizer {
     return (model?.merges ?? []).map((m) => (Array.isArray(m) ? m.join(" ") : m));
   }
 
+  /** llama.cpp's name for this tokenizer's pre-tokenizer (`ggufPreTokenizer`). */
+  ggufPreTokenizer(): string | undefined {
+    return ggufPreTokenizer(this.files.tokenizer);
+  }
+
   isSpecial(id: number): boolean {
     return this.#specialIds.has(id);
   }
@@ -158,3 +163,45 @@ function addedTokens(files: TokenizerFiles): AddedTokenJson[] {
   const list = files.tokenizer.added_tokens;
   return Array.isArray(list) ? (list as AddedTokenJson[]) : [];
 }
+
+/**
+ * The name llama.cpp gives a `tokenizer.json`'s pre-tokenizer (`tokenizer.ggml.pre`), which
+ * decides how it splits text before BPE, recognised from the file's own pre-tokenizer; undefined
+ * when llama.cpp has none that splits as it does (a GGUF would then tokenize differently, so none
+ * is written).
+ */
+export function ggufPreTokenizer(tokenizerJson: Record<string, unknown>): string | undefined {
+  const pre = tokenizerJson.pre_tokenizer as PreTokenizerJson | null | undefined;
+  const steps = pre?.type === "Sequence" ? (pre.pretokenizers ?? []) : pre ? [pre] : [];
+  const [first, byteLevel] = steps;
+  if (steps.length !== 2 || byteLevel?.type !== "ByteLevel" || byteLevel.add_prefix_space)
+    return undefined;
+  if (first?.type === "Split" && byteLevel.use_regex === false) {
+    const regex = first.pattern?.Regex;
+    return Object.keys(GGUF_PRE_REGEX).find((name) => GGUF_PRE_REGEX[name] === regex);
+  }
+  // SmolLM's: every digit alone, then GPT-2's own split (ByteLevel with its regex).
+  if (first?.type === "Digits" && first.individual_digits === true && byteLevel.use_regex !== false)
+    return "smollm";
+  return undefined;
+}
+
+/** A `tokenizer.json` pre-tokenizer, as far as `ggufPreTokenizer` reads it. */
+interface PreTokenizerJson {
+  type?: string;
+  pretokenizers?: PreTokenizerJson[];
+  pattern?: { Regex?: string };
+  add_prefix_space?: boolean;
+  use_regex?: boolean;
+  individual_digits?: boolean;
+}
+
+/** The split patterns of llama.cpp's pre-tokenizers that tokenizer.json files spell out. */
+const GGUF_PRE_REGEX: Record<string, string> = {
+  // Llama 3 and 3.1/3.2: numbers in groups of up to three digits.
+  "llama-bpe":
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+  // Qwen2, Qwen2.5 and Qwen3 (and tiny-chat): every digit alone.
+  qwen2:
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+};

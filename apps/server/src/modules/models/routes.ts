@@ -1,6 +1,8 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
 import type { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import type { ModelConfig } from "@arbor/engine";
+import { ggufPreTokenizer, type ModelConfig } from "@arbor/engine";
 import { InvalidInputError, NotFoundError, type Store } from "@arbor/store";
 import {
   checkpointAdapterTar,
@@ -113,6 +115,12 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
             { param: "format", code: "unsupported_base_model" },
           );
         }
+        if (format === "gguf" && (await ggufPreOf(base.dir)) === undefined) {
+          throw new InvalidInputError(
+            `The tokenizer of ${model.base_model} splits text in a way llama.cpp has no pre-tokenizer for, so a GGUF of it would tokenize differently; download format=peft or gguf-lora instead.`,
+            { param: "format", code: "unsupported_tokenizer" },
+          );
+        }
         const gguf = await checkpointGguf(
           blobs,
           { ...checkpoint, blob_key: checkpoint.blob_key },
@@ -151,4 +159,18 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
     logModelMetrics: ({ params, body, principal }) =>
       logMetrics(store, principal, params.model_id, body),
   };
+}
+
+/** llama.cpp's pre-tokenizer for a base model folder's tokenizer, read once per folder. */
+const ggufPre = new Map<string, Promise<string | undefined>>();
+function ggufPreOf(dir: string): Promise<string | undefined> {
+  let pre = ggufPre.get(dir);
+  if (!pre) {
+    pre = readFile(join(dir, "tokenizer.json"), "utf8").then((text) =>
+      ggufPreTokenizer(JSON.parse(text) as Record<string, unknown>),
+    );
+    ggufPre.set(dir, pre);
+    pre.catch(() => ggufPre.delete(dir));
+  }
+  return pre;
 }
