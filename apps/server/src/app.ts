@@ -135,6 +135,13 @@ export function createApp(deps: AppDeps): Express {
     blobs: deps.store.blobs,
     logger,
   });
+  if (Object.keys(config.upstreams).length > 0)
+    void upstreamAdapters.sweepPartial().then(
+      (swept) =>
+        swept.length > 0 &&
+        logger.info({ swept }, `removed ${swept.length} cut-off adapter folders for upstreams`),
+      (err: unknown) => logger.warn({ err }, "could not sweep cut-off adapter folders"),
+    );
   const handlers: Handlers = {
     ...healthHandlers(deps.probes),
     ...callsHandlers(deps.store),

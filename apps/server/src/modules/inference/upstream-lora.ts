@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { createWriteStream } from "node:fs";
-import { mkdir, open, rename, rm, stat } from "node:fs/promises";
+import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { join, posix } from "node:path";
 import { pipeline } from "node:stream/promises";
 import { DEFAULT_UPSTREAM_MAX_LORAS, type UpstreamConfig } from "@arbor/config";
@@ -139,6 +139,24 @@ export class UpstreamAdapters {
       this.#writing.set(name, writing);
     }
     return writing;
+  }
+
+  /**
+   * Removes the temporary folders of writes a crash cut off (`.partial-*`), once older than
+   * `olderThanMs`: a write in progress, here or on a replica sharing the directory, is younger.
+   * Returns their names.
+   */
+  async sweepPartial(olderThanMs = 60 * 60_000, now = Date.now()): Promise<string[]> {
+    const entries = await readdir(this.#dir).catch(() => [] as string[]);
+    const removed: string[] = [];
+    for (const entry of entries.filter((e) => e.startsWith(".partial-"))) {
+      const path = join(this.#dir, entry);
+      const info = await stat(path).catch(() => undefined);
+      if (!info || now - info.mtimeMs <= olderThanMs) continue;
+      await rm(path, { recursive: true, force: true });
+      removed.push(entry);
+    }
+    return removed;
   }
 
   async #write(blobKey: string, name: string): Promise<void> {
