@@ -134,13 +134,19 @@ export async function buildServer(
   });
   let sweeper: NodeJS.Timeout | undefined;
   const sweep = () =>
-    sweepBlobs(store).then(
-      (swept) => {
-        const count = Object.values(swept).reduce((n, keys) => n + keys.length, 0);
-        if (count > 0) logger.info({ swept }, `removed ${count} unnamed or partial files`);
-      },
-      (err: unknown) => logger.warn({ err }, "could not sweep unnamed files"),
-    );
+    Promise.all([
+      sweepBlobs(store).then(
+        (swept) => {
+          const count = Object.values(swept).reduce((n, keys) => n + keys.length, 0);
+          if (count > 0) logger.info({ swept }, `removed ${count} unnamed or partial files`);
+        },
+        (err: unknown) => logger.warn({ err }, "could not sweep unnamed files"),
+      ),
+      // Rate-limit rows of keys and projects idle for a minute, and lapsed leases.
+      rateLimits
+        .prune(Date.now())
+        .catch((err: unknown) => logger.warn({ err }, "could not prune idle rate-limit state")),
+    ]);
 
   const server: ArborServer = {
     config,

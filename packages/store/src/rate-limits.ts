@@ -48,6 +48,9 @@ export interface RateLimitState {
   release(lease: string, names: readonly string[]): Promise<void>;
   /** One round trip to where the state is kept (for `/v1/system-check`). */
   ping(): Promise<void>;
+  /** Forgets what no check needs any more: buckets idle for a minute (full again, as a name
+   * never seen is) and lapsed leases. Returns how many were removed. */
+  prune(now: number): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -111,6 +114,14 @@ export class MemoryRateLimits implements RateLimitState {
   }
 
   async ping(): Promise<void> {}
+
+  async prune(now: number): Promise<number> {
+    let removed = 0;
+    for (const [name, bucket] of this.#buckets)
+      if (bucket.updated < now - MINUTE && this.#buckets.delete(name)) removed++;
+    return removed;
+  }
+
   async close(): Promise<void> {}
 }
 
@@ -209,6 +220,16 @@ export class PgRateLimits implements RateLimitState {
 
   async ping(): Promise<void> {
     await this.#sql.one("SELECT 1 AS ok");
+  }
+
+  /** A check racing a prune locks the row first (its upsert), and the delete then sees the row
+   * it wrote, no longer idle: a bucket in use is never forgotten. */
+  async prune(now: number): Promise<number> {
+    const buckets = await this.#sql.exec("DELETE FROM rate_buckets WHERE updated_at < $1", [
+      now - MINUTE,
+    ]);
+    const leases = await this.#sql.exec("DELETE FROM rate_leases WHERE expires_at <= $1", [now]);
+    return buckets + leases;
   }
 
   /** The store owns the connection pool. */
@@ -374,6 +395,11 @@ export class RedisRateLimits implements RateLimitState {
 
   async ping(): Promise<void> {
     await this.#client.ping();
+  }
+
+  /** Nothing to do: every key expires by itself (a bucket a minute after its last use). */
+  async prune(): Promise<number> {
+    return 0;
   }
 
   /** Closes the connection (once: closing again does nothing). */

@@ -15,8 +15,14 @@ const LEASE_MS = 30_000;
 interface Backend {
   name: string;
   skip: boolean;
-  /** Two handles on one shared state (two replicas); for memory, the same one twice. */
-  open(): Promise<{ a: RateLimitState; b: RateLimitState; close(): Promise<void> }>;
+  /** Two handles on one shared state (two replicas); for memory, the same one twice. `kept`
+   * says whether the state still holds a row for a name, where it can be seen. */
+  open(): Promise<{
+    a: RateLimitState;
+    b: RateLimitState;
+    close(): Promise<void>;
+    kept?: (name: string) => Promise<boolean>;
+  }>;
 }
 
 const backends: Backend[] = [
@@ -39,6 +45,10 @@ const backends: Backend[] = [
         a: new PgRateLimits(ctx.store.sql as PostgresSql, { leaseMs: LEASE_MS }),
         b: new PgRateLimits(other.sql as PostgresSql, { leaseMs: LEASE_MS }),
         close: () => ctx.teardown(),
+        kept: async (name) =>
+          (await ctx.store.sql.one("SELECT 1 AS kept FROM rate_buckets WHERE name = $1", [
+            name,
+          ])) !== undefined,
       };
     },
   },
@@ -70,8 +80,9 @@ for (const backend of backends) {
     let a: RateLimitState;
     let b: RateLimitState;
     let close: () => Promise<void>;
+    let kept: ((name: string) => Promise<boolean>) | undefined;
     beforeAll(async () => {
-      ({ a, b, close } = await backend.open());
+      ({ a, b, close, kept } = await backend.open());
     });
     afterAll(() => close());
 
@@ -194,6 +205,23 @@ for (const backend of backends) {
         expect((await a.take(rpm(name, 1, 0))).refused).toBeNull();
         expect((await b.take(rpm(name, 1, 0))).refused).toEqual({ kind: "bucket", index: 0 });
       }
+    });
+
+    it("when pruned, then a bucket in use keeps its count, and one idle for a minute is full again", async () => {
+      const busy = `key:${fresh()}`;
+      const idle = `key:${fresh()}`;
+      await a.take(rpm(idle, 1, 0));
+      expect((await a.take(rpm(busy, 2, 30_000))).refused).toBeNull();
+      expect((await a.take(rpm(busy, 2, 30_000))).refused).toBeNull();
+      expect(await kept?.(idle)).not.toBe(false);
+      await a.prune(61_000);
+      if (kept) {
+        expect(await kept(idle)).toBe(false);
+        expect(await kept(busy)).toBe(true);
+      }
+      // busy was drawn empty 31 s ago: about one token back, not two.
+      expect((await b.take(rpm(busy, 2, 61_000))).tokens[0]).toBeCloseTo(1.0333, 3);
+      expect((await b.take(rpm(idle, 1, 61_000))).tokens).toEqual([1]);
     });
 
     it("when pinged, then it answers", async () => {
