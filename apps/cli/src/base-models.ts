@@ -1,6 +1,6 @@
 import { copyFile, link, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
-import { checkModelFolder } from "@arbor/engine";
+import { checkModelFolder, type WeightChoice } from "@arbor/engine";
 
 /** `owner/name`: two names of the spec's grammar. */
 const ID = /^(?!\.\.?\/)[A-Za-z0-9._-]{1,128}\/(?!\.\.?$)[A-Za-z0-9._-]{1,128}$/;
@@ -17,7 +17,7 @@ export async function addBaseModel(
     id?: string | undefined;
     modelsDir: string;
     /** How the server's engines keep weights (ARBOR_ENGINE_WEIGHTS): what fits depends on it. */
-    weights?: "auto" | "bf16" | "f32";
+    weights?: WeightChoice;
   },
   out: { line(text: string): void },
 ): Promise<string> {

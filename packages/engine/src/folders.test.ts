@@ -71,6 +71,8 @@ describe("base model folders", () => {
     });
     const { models, skipped } = await scanBaseModels(root);
     expect(models.filter((m) => !m.shipped).map((m) => m.id)).toEqual(["qwen/ok"]);
+    // What a GGUF download needs to know, from the tokenizer the check built anyway.
+    expect(models.map((m) => m.ggufPre)).toEqual(models.map(() => "qwen2"));
     const reasons = Object.fromEntries(skipped.map((s) => [s.id, s.reason]));
     expect(Object.keys(reasons).sort()).toEqual(
       ["qwen/huge", "qwen/mistral", "qwen/no-template", "qwen/reshaped", "qwen/truncated"].sort(),

@@ -20,6 +20,9 @@ export interface BaseModelFolder {
   dir: string;
   config: ModelConfig;
   parameters: number;
+  /** llama.cpp's pre-tokenizer for its tokenizer (`ggufPreTokenizer`): undefined when none
+   * splits alike, and no GGUF of it can be written. */
+  ggufPre: string | undefined;
   /** Unix seconds: when the folder's config.json was written (the shipped models: their release). */
   created: number;
   /** One of the models shipped with the engine. */
@@ -109,7 +112,7 @@ async function weightMatricesAreBf16(dir: string, config: ModelConfig): Promise<
 export async function checkModelFolder(
   dir: string,
   options: FolderCheckOptions = {},
-): Promise<{ config: ModelConfig; parameters: number }> {
+): Promise<{ config: ModelConfig; parameters: number; ggufPre: string | undefined }> {
   const configPath = join(dir, "config.json");
   let config: ModelConfig;
   try {
@@ -157,7 +160,7 @@ export async function checkModelFolder(
   }
   let parameters = 0;
   for (const shape of need.values()) parameters += shape.reduce((a, b) => a * b, 1);
-  return { config, parameters };
+  return { config, parameters, ggufPre: chat.tokenizer.ggufPreTokenizer() };
 }
 
 /** Every tensor's shape and file, from the safetensors headers (shards included). */

@@ -19,7 +19,7 @@ export {
   scanBaseModels,
 } from "./folders.ts";
 export { createKvCache, forwardBatch } from "./forward.ts";
-export { exportGguf, exportLoraGguf, GgufTokenizerError, readGguf } from "./gguf.ts";
+export { exportGguf, exportLoraGguf, readGguf } from "./gguf.ts";
 export {
   type JsonSchema,
   parseJsonSchema,
@@ -57,6 +57,6 @@ export { type RlConfig, type TrajectoryGroup, trainRlStep } from "./rl.ts";
 export { deriveSeed, Rng } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
-export { ggufPreTokenizer, ModelFileError } from "./tokenizer.ts";
+export { ModelFileError } from "./tokenizer.ts";
 export { type TrainingMemory, trainingMemory, type WeightStorage } from "./train-memory.ts";
 export { TrainingInputError } from "./training-data.ts";

@@ -161,6 +161,7 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
       );
     }
   };
+  // A choice made already is checked before the files are even opened.
   if (choice !== "auto") fits(choice);
   const { weights, storage } = await readWeights(
     dir,

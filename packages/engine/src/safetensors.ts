@@ -74,8 +74,6 @@ interface HeaderEntry {
 export interface SafetensorsEntry {
   dtype: Dtype;
   shape: number[];
-  /** Elements per row: the product of the shape past its first dimension (1 for a vector). */
-  rowLength: number;
   /** Rows [r0, r1) (for a vector: elements) widened to F32. */
   read(r0: number, r1: number): Promise<Float32Array>;
 }
@@ -124,7 +122,6 @@ export async function openSafetensors(
       tensors.set(name, {
         dtype: dtype as Dtype,
         shape,
-        rowLength,
         read: async (r0, r1) => {
           const raw = Buffer.alloc((r1 - r0) * rowLength * width!);
           await file.read(raw, 0, raw.length, base + start + r0 * rowLength * width!);

@@ -23,16 +23,10 @@ export function isWeightSource(w: Weight): w is WeightSource {
   return !(w instanceof Float32Array);
 }
 
-/** Rows [r0, r1) of a [rows, cols] weight (a view of a plain array; else read into `out`). */
-export function weightRows(
-  w: Weight,
-  cols: number,
-  r0: number,
-  r1: number,
-  out?: Float32Array,
-): Float32Array {
+/** Rows [r0, r1) of a [rows, cols] weight (a view of a plain array; else read). */
+export function weightRows(w: Weight, cols: number, r0: number, r1: number): Float32Array {
   if (!isWeightSource(w)) return w.subarray(r0 * cols, r1 * cols);
-  return w.readRows(r0, r1, out);
+  return w.readRows(r0, r1);
 }
 
 /** Copies row `row` of a [rows, cols] weight into `out` at `at` (an embedding lookup). */

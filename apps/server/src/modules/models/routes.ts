@@ -1,8 +1,6 @@
-import { readFile } from "node:fs/promises";
-import { join } from "node:path";
 import type { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { ggufPreTokenizer, type ModelConfig } from "@arbor/engine";
+import type { ModelConfig } from "@arbor/engine";
 import { InvalidInputError, NotFoundError, type Store } from "@arbor/store";
 import {
   checkpointAdapterTar,
@@ -33,7 +31,9 @@ export interface ModelsDeps {
   store: Store;
   baseModels: () => Promise<string[]>;
   /** A base model the engine serves: its folder, and its config (the shapes an adapter must fit). */
-  baseModel: (id: string) => Promise<{ dir: string; config: ModelConfig } | undefined>;
+  baseModel: (
+    id: string,
+  ) => Promise<{ dir: string; config: ModelConfig; ggufPre: string | undefined } | undefined>;
   /** Told of checkpoints deleted (their rows and files gone), by their files' keys: upstreams
    * serving them unload them. Never throws. */
   checkpointsDeleted?: CheckpointsDeleted;
@@ -115,7 +115,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
             { param: "format", code: "unsupported_base_model" },
           );
         }
-        if (format === "gguf" && (await ggufPreOf(base.dir)) === undefined) {
+        if (format === "gguf" && base.ggufPre === undefined) {
           throw new InvalidInputError(
             `The tokenizer of ${model.base_model} splits text in a way llama.cpp has no pre-tokenizer for, so a GGUF of it would tokenize differently; download format=peft or gguf-lora instead.`,
             { param: "format", code: "unsupported_tokenizer" },
@@ -159,18 +159,4 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
     logModelMetrics: ({ params, body, principal }) =>
       logMetrics(store, principal, params.model_id, body),
   };
-}
-
-/** llama.cpp's pre-tokenizer for a base model folder's tokenizer, read once per folder. */
-const ggufPre = new Map<string, Promise<string | undefined>>();
-function ggufPreOf(dir: string): Promise<string | undefined> {
-  let pre = ggufPre.get(dir);
-  if (!pre) {
-    pre = readFile(join(dir, "tokenizer.json"), "utf8").then((text) =>
-      ggufPreTokenizer(JSON.parse(text) as Record<string, unknown>),
-    );
-    ggufPre.set(dir, pre);
-    pre.catch(() => ggufPre.delete(dir));
-  }
-  return pre;
 }
