@@ -312,6 +312,7 @@ describe("the arbor command from its tarball", () => {
         ["keys", "list"],
         ["keys", "create", "--user", "u", "--entity", "e"],
         ["prices", "list"],
+        ["blobs", "import"],
       ]) {
         const result = await arbor(NODE_20, args, { ARBOR_DATA_DIR: dataDir });
         const version = execFileSync(NODE_20, ["-p", "process.versions.node"], {

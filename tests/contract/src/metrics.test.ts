@@ -121,7 +121,11 @@ describe("GET /metrics", () => {
     // Read from the store at each scrape.
     expect(value(samples, "arbor_training_jobs", { status: "queued" })).toBe(0);
     expect(value(samples, "arbor_training_jobs", { status: "running" })).toBe(0);
-    // Counters that exist before their first event read 0.
+    // Counters that exist before their first event read 0 (present, not merely absent).
+    expect(has(samples, "arbor_training_jobs_total", { type: "sft", outcome: "succeeded" })).toBe(
+      true,
+    );
+    expect(has(samples, "arbor_training_jobs", { status: "queued" })).toBe(true);
     expect(value(samples, "arbor_training_jobs_total", { type: "sft", outcome: "succeeded" })).toBe(
       0,
     );
