@@ -17,6 +17,7 @@ import { catalogModelDir } from "@arbor/engine";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { reversalJsonl } from "./jobs.ts";
 import { NODE_20, node20 } from "./node20.ts";
 import { PG_URL, pgSkipReason } from "./pg.ts";
 
@@ -61,19 +62,7 @@ beforeAll(async () => {
   installed = join(prefix, "lib/node_modules/@arbor/cli");
   home = join(work, "home");
   mkdirSync(home);
-  writeFileSync(
-    join(work, "data.jsonl"),
-    ["cat", "dog", "sun", "map"]
-      .map((w) =>
-        JSON.stringify({
-          messages: [
-            { role: "user", content: `Reverse the word ${w}.` },
-            { role: "assistant", content: [...w].reverse().join("") },
-          ],
-        }),
-      )
-      .join("\n"),
-  );
+  writeFileSync(join(work, "data.jsonl"), reversalJsonl(["cat", "dog", "sun", "map"]));
 }, 180_000);
 
 afterAll(async () => {

@@ -5,6 +5,7 @@ import * as remote from "@arbor/cli/remote";
 import { readAdapterTar } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { reversalJsonl } from "./jobs.ts";
 
 /** The `arbor` command's remote commands, against a real server. */
 let server: RunningServer;
@@ -31,19 +32,7 @@ describe("arbor CLI", () => {
   it("when a model is trained with --follow, then it draws a progress bar with the loss, lists checkpoints and chats", async () => {
     const client = server.authorizedClient();
     const file = join(dir, "data.jsonl");
-    writeFileSync(
-      file,
-      ["cat", "dog", "sun", "map"]
-        .map((w) =>
-          JSON.stringify({
-            messages: [
-              { role: "user", content: `Reverse the word ${w}.` },
-              { role: "assistant", content: [...w].reverse().join("") },
-            ],
-          }),
-        )
-        .join("\n"),
-    );
+    writeFileSync(file, reversalJsonl(["cat", "dog", "sun", "map"]));
     const { lines, bars, out } = capture();
     const modelId = await remote.createModel(
       client,

@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url";
 import * as remote from "@arbor/cli/remote";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
 import { afterAll, describe, expect, it, vi } from "vitest";
+import { reversalJsonl } from "./jobs.ts";
 import { type Child, startServerProcess } from "./processes.ts";
 
 /** The real server as a child process, killed with SIGKILL mid-job and started again. */
@@ -27,14 +28,7 @@ afterAll(async () => {
   rmSync(dataDir, { recursive: true, force: true });
 });
 
-const lines = ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"].map((w) =>
-  JSON.stringify({
-    messages: [
-      { role: "user", content: `Reverse the word ${w}.` },
-      { role: "assistant", content: [...w].reverse().join("") },
-    ],
-  }),
-);
+const lines = reversalJsonl(["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"]).split("\n");
 
 describe("kill -9 during a job", () => {
   it("when the server dies mid-job and restarts, then the job resumes from its checkpoint to one terminal event, reports each step once, no partial checkpoint is listed, and the queue goes on", async () => {

@@ -1,6 +1,7 @@
-import type { ArborClient, TrainingJobEvent } from "@arbor/client";
+import type { ArborClient } from "@arbor/client";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { followAll, reversalJsonl } from "./jobs.ts";
 
 /**
  * `GET /metrics` (Prometheus text, outside the spec's operations: spec/ADR.md): scraped before
@@ -230,22 +231,15 @@ describe("GET /metrics", () => {
       name: "counted",
       base_model: MODEL,
     });
-    const lines = ["cat", "dog", "sun", "map"].map((word) =>
-      JSON.stringify({
-        messages: [
-          { role: "user", content: `Reverse the word ${word}.` },
-          { role: "assistant", content: [...word].reverse().join("") },
-        ],
-      }),
+    const dataset = await client.training.datasets.create(
+      reversalJsonl(["cat", "dog", "sun", "map"]),
     );
-    const dataset = await client.training.datasets.create(lines.join("\n"));
     const job = await client.training.jobs.createSft({
       model_id: modelId,
       training_data_url: dataset.url,
       config: { epochs: 1, batch_size: 2 },
     });
-    const events: TrainingJobEvent[] = [];
-    for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
+    const events = await followAll(client, job.id);
     expect(events.at(-1)!.type).toBe("training_ended");
     const tokens = events
       .filter((e) => e.type === "gradient_step")

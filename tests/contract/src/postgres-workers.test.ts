@@ -1,9 +1,10 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { ArborClient, TrainingJobEvent } from "@arbor/client";
+import type { ArborClient } from "@arbor/client";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { followAll, leaseOwner, reversalJsonl } from "./jobs.ts";
 import { PG_URL, pgSkipReason } from "./pg.ts";
 import {
   type Child,
@@ -54,19 +55,10 @@ afterAll(async () => {
   rmSync(dataDir, { recursive: true, force: true });
 });
 
-/** An SFT line that teaches reversing `w`. */
-const line = (w: string) =>
-  JSON.stringify({
-    messages: [
-      { role: "user", content: `Reverse ${w}.` },
-      { role: "assistant", content: [...w].reverse().join("") },
-    ],
-  });
-
 describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
   it("when several jobs are queued, then each runs exactly once and ends with one terminal event", async () => {
     const dataset = await client.training.datasets.create(
-      ["cat", "dog", "sun", "map"].map(line).join("\n"),
+      reversalJsonl(["cat", "dog", "sun", "map"]),
     );
     const jobs = [];
     for (let i = 0; i < 4; i++) {
@@ -84,8 +76,7 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
       );
     }
     for (const job of jobs) {
-      const events: TrainingJobEvent[] = [];
-      for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
+      const events = await followAll(client, job.id);
       const types = events.map((e) => e.type);
       expect(types.filter((t) => t === "training_started")).toHaveLength(1);
       expect(types.filter((t) => t === "gradient_step")).toHaveLength(4);
@@ -97,7 +88,7 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
 
   it("when the worker running a job is killed, then the other resumes it after the lease, reporting each step once and saying where it resumed", async () => {
     const dataset = await client.training.datasets.create(
-      ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"].map(line).join("\n"),
+      reversalJsonl(["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"]),
     );
     const model = await client.training.models.create({
       project: "scale",
@@ -117,20 +108,11 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
       },
       { timeout: 60_000, interval: 100 },
     );
-    const db = new pg.Client({ connectionString: databaseUrl });
-    await db.connect();
-    const { rows } = await db
-      .query<{ lease_owner: string | null }>(
-        `SELECT lease_owner FROM ${schema}.training_jobs WHERE id = $1`,
-        [job.id],
-      )
-      .finally(() => db.end());
-    const holder = workers.get(leaseWorker(String(rows[0]?.lease_owner)));
+    const holder = workers.get(leaseWorker(String(await leaseOwner(databaseUrl, schema, job.id))));
     expect(holder).toBeDefined();
     await holder!.kill9();
 
-    const events: TrainingJobEvent[] = [];
-    for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
+    const events = await followAll(client, job.id);
     const types = events.map((e) => e.type);
     expect(types.filter((t) => t === "training_ended" || t === "training_failed")).toEqual([
       "training_ended",

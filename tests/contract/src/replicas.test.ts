@@ -1,9 +1,10 @@
 import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type ArborClient, createArborClient, type TrainingJobEvent } from "@arbor/client";
+import { type ArborClient, createArborClient } from "@arbor/client";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { followAll, reversalJsonl } from "./jobs.ts";
 import { PG_URL, pgSkipReason } from "./pg.ts";
 import { type Child, startServerProcess } from "./processes.ts";
 
@@ -63,14 +64,7 @@ async function bytesOf(body: ReadableStream<Uint8Array>): Promise<Buffer> {
 
 describe.skipIf(!reachable)("two replicas with separate data directories", () => {
   it("when a dataset is uploaded to one, then the other trains on it, and its checkpoints are served and downloaded by either", async () => {
-    const lines = ["cat", "dog", "sun", "map", "cup", "pen"].map((w) =>
-      JSON.stringify({
-        messages: [
-          { role: "user", content: `Reverse ${w}.` },
-          { role: "assistant", content: [...w].reverse().join("") },
-        ],
-      }),
-    );
+    const lines = reversalJsonl(["cat", "dog", "sun", "map", "cup", "pen"]).split("\n");
     const dataset = await a.training.datasets.create(lines.join("\n"), { name: "words" });
     // B reads A's upload back, line by line.
     const read = await b.training.datasets.lines(dataset.id);
@@ -86,8 +80,7 @@ describe.skipIf(!reachable)("two replicas with separate data directories", () =>
       training_data_url: dataset.url,
       config: { epochs: 2, batch_size: 3, checkpoint_every: 2 },
     });
-    const events: TrainingJobEvent[] = [];
-    for await (const event of a.training.jobs.events.follow(job.id)) events.push(event);
+    const events = await followAll(a, job.id);
     expect(events.at(-1)?.type).toBe("training_ended");
     expect(await a.training.jobs.retrieve(job.id)).toMatchObject({
       status: "succeeded",
@@ -98,14 +91,14 @@ describe.skipIf(!reachable)("two replicas with separate data directories", () =>
     // database to answer.
     const answer = await a.chat.completions.create({
       model: "default/replicas/reverser:step4",
-      messages: [{ role: "user", content: "Reverse cat." }],
+      messages: [{ role: "user", content: "Reverse the word cat." }],
       max_tokens: 4,
       temperature: 0,
     });
     expect(answer.model).toBe("default/replicas/reverser:step4");
     const onB = await b.chat.completions.create({
       model: "default/replicas/reverser:step4",
-      messages: [{ role: "user", content: "Reverse cat." }],
+      messages: [{ role: "user", content: "Reverse the word cat." }],
       max_tokens: 4,
       temperature: 0,
     });

@@ -1,14 +1,10 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import {
-  type ArborClient,
-  createArborClient,
-  RateLimitError,
-  type TrainingJobEvent,
-} from "@arbor/client";
+import { type ArborClient, createArborClient, RateLimitError } from "@arbor/client";
 import pg from "pg";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { followAll, leaseOwner, reversalJsonl } from "./jobs.ts";
 import { PG_URL, pgSkipReason } from "./pg.ts";
 import {
   type Child,
@@ -100,20 +96,6 @@ afterAll(async () => {
   for (const path of dirs) rmSync(path, { recursive: true, force: true });
 });
 
-const reverse = (w: string) =>
-  JSON.stringify({
-    messages: [
-      { role: "user", content: `Reverse ${w}.` },
-      { role: "assistant", content: [...w].reverse().join("") },
-    ],
-  });
-
-async function eventsOf(client: ArborClient, jobId: string): Promise<TrainingJobEvent[]> {
-  const events: TrainingJobEvent[] = [];
-  for await (const event of client.training.jobs.events.follow(jobId)) events.push(event);
-  return events;
-}
-
 const TERMINAL = new Set(["training_ended", "training_failed", "training_cancelled"]);
 
 describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () => {
@@ -121,7 +103,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
 
   it("when an SFT job is created on the training role, then a worker trains it and both inference replicas serve its checkpoint", async () => {
     const dataset = await training.training.datasets.create(
-      ["cat", "dog", "sun", "map"].map(reverse).join("\n"),
+      reversalJsonl(["cat", "dog", "sun", "map"]),
     );
     const model = await training.training.models.create({
       project: "split",
@@ -133,7 +115,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
       training_data_url: dataset.url,
       config: { epochs: 2, batch_size: 2 },
     });
-    const events = await eventsOf(training, job.id);
+    const events = await followAll(training, job.id);
     expect(events.at(-1)).toMatchObject({ type: "training_ended" });
     // No process but the two workers can train: the training role runs no embedded worker.
     expect(trainedBy(job.id)).toHaveLength(1);
@@ -142,7 +124,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
     for (const replica of inference) {
       const completion = await replica.chat.completions.create({
         model: checkpoint,
-        messages: [{ role: "user", content: "Reverse cat." }],
+        messages: [{ role: "user", content: "Reverse the word cat." }],
         max_tokens: 8,
         temperature: 0,
       });
@@ -154,7 +136,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
     for (const replica of inference) {
       const completion = await replica.chat.completions.create({
         model: "default/split/reverse",
-        messages: [{ role: "user", content: "Reverse cat." }],
+        messages: [{ role: "user", content: "Reverse the word cat." }],
         max_tokens: 8,
         temperature: 0,
       });
@@ -225,7 +207,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
 
   it("when the worker holding a job is killed, then the other finishes it after the lease, with one terminal event", async () => {
     const words = Array.from({ length: 64 }, (_, i) => `w${i.toString(36)}x${(i * 7) % 10}`);
-    const dataset = await training.training.datasets.create(words.map(reverse).join("\n"));
+    const dataset = await training.training.datasets.create(reversalJsonl(words));
     const model = await training.training.models.create({
       project: "split",
       name: "survivor",
@@ -237,18 +219,17 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
       config: { epochs: 4, batch_size: 2 },
     });
     // Wait for the first step, then kill whichever worker holds the lease.
-    let owner: string | undefined;
-    for (let i = 0; i < 600 && !owner; i++) {
-      const { data } = await training.training.jobs.events.list(job.id);
-      const row = await db.query(`SELECT lease_owner FROM ${schema}.training_jobs WHERE id = $1`, [
-        job.id,
-      ]);
-      if (data.some((e) => e.type === "gradient_step")) owner = row.rows[0].lease_owner;
-      else await new Promise((resolve) => setTimeout(resolve, 100));
-    }
-    expect(owner).toBeDefined();
+    await vi.waitFor(
+      async () => {
+        const { data } = await training.training.jobs.events.list(job.id);
+        expect(data.some((e) => e.type === "gradient_step")).toBe(true);
+      },
+      { timeout: 60_000, interval: 100 },
+    );
+    const owner = await leaseOwner(PG_URL, schema, job.id);
+    expect(owner).not.toBeNull();
     await workers.get(leaseWorker(owner!))!.kill9();
-    const events = await eventsOf(training, job.id);
+    const events = await followAll(training, job.id);
     expect(events.filter((e) => TERMINAL.has(e.type))).toHaveLength(1);
     expect(events.at(-1)?.type).toBe("training_ended");
     const done = await training.training.jobs.retrieve(job.id);

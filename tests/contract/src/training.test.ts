@@ -1,6 +1,7 @@
-import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import { type ArborClient, unwrap } from "@arbor/client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
+import { followAll, reversal } from "./jobs.ts";
 
 /** Training jobs end to end on the shipped model: real steps, real checkpoints. */
 const BASE = "arbor/tiny-chat";
@@ -13,12 +14,6 @@ beforeAll(async () => {
 afterAll(() => server.close());
 
 const words = ["cat", "dog", "sun", "map", "pen", "cup", "hat", "box", "bus", "owl", "fig", "jam"];
-const reversal = (word: string) => ({
-  messages: [
-    { role: "user", content: `Reverse the word ${word}.` },
-    { role: "assistant", content: [...word].reverse().join("") },
-  ],
-});
 
 async function upload(lines: unknown[]): Promise<string> {
   const body = lines.map((l) => JSON.stringify(l)).join("\n");
@@ -30,11 +25,7 @@ async function newModel(name: string): Promise<string> {
   return (await client.training.models.create({ project: "train", name, base_model: BASE })).id;
 }
 
-async function follow(jobId: string): Promise<TrainingJobEvent[]> {
-  const events: TrainingJobEvent[] = [];
-  for await (const event of client.training.jobs.events.follow(jobId)) events.push(event);
-  return events;
-}
+const follow = (jobId: string) => followAll(client, jobId);
 
 describe("createSftTrainingJob", () => {
   it("when an SFT job runs, then it steps, saves checkpoints, ends once, and the checkpoint answers differently", async () => {
