@@ -119,11 +119,6 @@ export class UpstreamAdapters {
     return upstream;
   }
 
-  /** The `lora_path` an upstream is given for `name`. */
-  pathFor(config: UpstreamConfig, name: string): string {
-    return posix.join(this.#upstream(config).loraDir, name);
-  }
-
   /**
    * Writes the checkpoint's PEFT files (`adapter_config.json`, `adapter_model.safetensors`) into
    * `<dir>/<lora name>/` unless they are there: into a temporary folder first, renamed into
