@@ -14,7 +14,7 @@ import {
 } from "./common.ts";
 import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import { inList, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
+import { inList, listParam, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
 
 export type JobType = "rl" | "sft";
 
@@ -508,28 +508,36 @@ export class JobsRepo {
   }
 
   /** Each job's progress (jobs with no gradient step yet have none), from its latest
-   * `gradient_step` and `training_started` events. */
+   * `gradient_step` and first `training_started` events: one query for all of them. */
   async progress(jobIds: readonly string[]): Promise<Map<string, JobProgress>> {
     const out = new Map<string, JobProgress>();
+    const ids = [...new Set(jobIds)];
+    if (ids.length === 0) return out;
     const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
     // Per job, on the (job_id, sequence) key: the last gradient_step walking back from the end
     // (it is the latest event or nearly), and training_started walking from the start (it is
     // the first), so a long job's thousands of step events are never read.
-    const one = (jobId: string, type: string, order: "ASC" | "DESC") =>
-      this.#sql.one(
-        `SELECT data FROM job_events WHERE job_id = $1 AND type = $2
-         ORDER BY sequence ${order} LIMIT 1`,
-        [jobId, type],
-      );
-    for (const id of new Set(jobIds)) {
-      const step = await one(id, "gradient_step", "DESC");
-      if (!step) continue;
-      const data = fromJson(String(step.data)) as Record<string, unknown>;
-      const started = await one(id, "training_started", "ASC");
-      const total = started
-        ? num((fromJson(String(started.data)) as Record<string, unknown>).num_sequences)
-        : null;
-      out.set(id, {
+    const one = (type: string, order: "ASC" | "DESC") =>
+      `(SELECT data FROM job_events WHERE job_id = ids.value AND type = '${type}'
+        ORDER BY sequence ${order} LIMIT 1)`;
+    const list =
+      this.#sql.dialect === "sqlite"
+        ? "json_each($1) AS ids"
+        : "jsonb_array_elements_text($1::jsonb) AS ids(value)";
+    const rows = await this.#sql.query<{ id: string; step: unknown; started: unknown }>(
+      `SELECT ids.value AS id, ${one("gradient_step", "DESC")} AS step,
+              ${one("training_started", "ASC")} AS started
+       FROM ${list}`,
+      [listParam(ids)],
+    );
+    for (const row of rows) {
+      if (row.step === null || row.step === undefined) continue;
+      const data = fromJson(String(row.step)) as Record<string, unknown>;
+      const total =
+        row.started === null || row.started === undefined
+          ? null
+          : num((fromJson(String(row.started)) as Record<string, unknown>).num_sequences);
+      out.set(String(row.id), {
         step: num(data.gradient_step) ?? 0,
         total_steps: total,
         loss: num(data.loss),

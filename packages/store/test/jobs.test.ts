@@ -53,6 +53,33 @@ describeBackends("training jobs and the queue", (ctx) => {
     ).rejects.toBeInstanceOf(NotFoundError);
   });
 
+  it("when jobs are asked for their progress, then each gets its latest step and first start's total, in one read", async () => {
+    const entity = unique("ent");
+    const stepped = await ctx.store.jobs.enqueue({
+      type: "sft",
+      model_id: (await newModel(entity)).id,
+      entity,
+    });
+    const fresh = await ctx.store.jobs.enqueue({
+      type: "sft",
+      model_id: (await newModel(entity)).id,
+      entity,
+    });
+    const events: [string, Record<string, number>][] = [
+      ["training_started", { num_sequences: 6 }],
+      ["gradient_step", { gradient_step: 1, loss: 2.5 }],
+      ["gradient_step", { gradient_step: 2, loss: 1.5, reward: 0.25 }],
+      ["training_started", { num_sequences: 6, resumed_from_step: 2, attempt: 2 }],
+    ];
+    for (const [type, data] of events) await ctx.store.jobs.appendEvent(stepped.id, type, data);
+    await ctx.store.jobs.appendEvent(fresh.id, "training_started", { num_sequences: 3 });
+    const progress = await ctx.store.jobs.progress([stepped.id, fresh.id, stepped.id]);
+    expect([...progress]).toEqual([
+      [stepped.id, { step: 2, total_steps: 6, loss: 1.5, reward: 0.25 }],
+    ]);
+    expect(await ctx.store.jobs.progress([])).toEqual(new Map());
+  });
+
   it("when jobs of one model are queued, then they run one at a time in creation order", async () => {
     await drain();
     const entity = unique("ent");
