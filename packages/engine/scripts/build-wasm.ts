@@ -5,6 +5,7 @@
  */
 import { writeFile } from "node:fs/promises";
 import wabtInit from "wabt";
+import { MAX_PAGES, MAX_PAGES_64 } from "../src/kernels/wasm/arena.ts";
 
 type Madd = (a: string, b: string, c: string) => string;
 const relaxed: Madd = (a, b, c) => `(f32x4.relaxed_madd ${a} ${b} ${c})`;
@@ -16,6 +17,11 @@ const add = (a: string, b: string) => `(i32.add ${a} ${b})`;
 const mul = (a: string, b: string) => `(i32.mul ${a} ${b})`;
 const i32 = (n: number) => `(i32.const ${n})`;
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+/**
+ * The shift count of a SIMD lane shift, which stays i32 in the memory64 build (see `memory64`).
+ */
+const laneShift = (bits: number) => `(i32.const ${bits} (;lane;))`;
+const LANE16 = laneShift(16);
 const hsum = (v: string) =>
   `(f32.add (f32.add (f32x4.extract_lane 0 ${get(v)}) (f32x4.extract_lane 1 ${get(v)})) (f32.add (f32x4.extract_lane 2 ${get(v)}) (f32x4.extract_lane 3 ${get(v)})))`;
 
@@ -68,7 +74,7 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
     const init = range(MR)
       .map(
         (i) => `${rowOut(i)}
-        ${eachAcc((j, v) => set(acc(i, j, v), `(select (v128.load offset=${j * 32 + v * 16} ${L("po")}) ${zero} ${L("acc")})`))}`,
+        ${eachAcc((j, v) => set(acc(i, j, v), `(select (v128.load offset=${j * 32 + v * 16} ${L("po")}) ${zero} (i32.ne ${L("acc")} (i32.const 0)))`))}`,
       )
       .join("\n");
     const pointers = [
@@ -97,7 +103,7 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
       for (let j = 0; j < NP; j++) {
         if (bf16) {
           lines.push(set("b1", `(v128.load offset=${u * 16} ${L(`pb${j}`)})`));
-          lines.push(set("b0", `(i32x4.shl ${L("b1")} (i32.const 16))`));
+          lines.push(set("b0", `(i32x4.shl ${L("b1")} ${LANE16})`));
           lines.push(set("b1", `(v128.and ${L("b1")} ${L("hi")})`));
         } else {
           lines.push(set("b0", `(v128.load offset=${u * 32} ${L(`pb${j}`)})`));
@@ -184,7 +190,7 @@ const HIGH_HALVES = "(v128.const i32x4 0xffff0000 0xffff0000 0xffff0000 0xffff00
 function narrowBf16(): string {
   const round = (v: string) =>
     `(i32x4.add (i32x4.add ${v} (v128.const i32x4 0x7fff 0x7fff 0x7fff 0x7fff))
-      (v128.and (i32x4.shr_u ${v} (i32.const 16)) (v128.const i32x4 1 1 1 1)))`;
+      (v128.and (i32x4.shr_u ${v} ${LANE16}) (v128.const i32x4 1 1 1 1)))`;
   return `(func (export "narrow_bf16") (param $dst i32) (param $src i32) (param $n i32)
     (local $i i32) (local $a v128) (local $b v128)
     ${forLoop(
@@ -195,7 +201,7 @@ function narrowBf16(): string {
       `${set("a", "(v128.load (i32.add (local.get $src) (i32.shl (local.get $i) (i32.const 2))))")}
       ${set("b", "(v128.load offset=16 (i32.add (local.get $src) (i32.shl (local.get $i) (i32.const 2))))")}
       (v128.store (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 1)))
-        (v128.or (i32x4.shr_u ${round("(local.get $a)")} (i32.const 16))
+        (v128.or (i32x4.shr_u ${round("(local.get $a)")} ${LANE16})
           (v128.and ${round("(local.get $b)")} ${HIGH_HALVES})))`,
     )})`;
 }
@@ -216,7 +222,7 @@ function widenBf16(): string {
       "(local.get $n)",
       `${set("v", "(v128.load (i32.add (local.get $src) (i32.shl (local.get $i) (i32.const 1))))")}
       (v128.store (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 2)))
-        (i32x4.shl (local.get $v) (i32.const 16)))
+        (i32x4.shl (local.get $v) ${LANE16}))
       (v128.store offset=16 (i32.add (local.get $dst) (i32.shl (local.get $i) (i32.const 2)))
         (v128.and (local.get $v) (local.get $hi)))`,
     )})`;
@@ -276,7 +282,7 @@ function expFunction(madd: Madd): string {
     (local.set $p ${c(1 / 720)})
     ${[1 / 120, 1 / 24, 1 / 6, 0.5, 1, 1].map((k) => `(local.set $p ${madd("(local.get $p)", "(local.get $r)", c(k))})`).join("\n    ")}
     (f32x4.mul (local.get $p)
-      (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $n)) (v128.const i32x4 127 127 127 127)) (i32.const 23))))`;
+      (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $n)) (v128.const i32x4 127 127 127 127)) ${laneShift(23)})))`;
 }
 
 /** out[r] = x[r] · w / rms(x[r]), and inv[r] = 1 / rms(x[r]); D must be a multiple of 4. */
@@ -663,9 +669,9 @@ function softmaxRows(): string {
       (br $rl))))`;
 }
 
-function module(madd: Madd): string {
-  return `(module
-  (memory (import "env" "memory") 1 65536 shared)
+function module(madd: Madd, wide: boolean): string {
+  const text = `(module
+  (memory (import "env" "memory") ${wide ? `i64 1 ${MAX_PAGES_64}` : `1 ${MAX_PAGES}`} shared)
   ${expFunction(madd)}
   ${gemm(madd, "gemm", false)}
   ${gemm(madd, "gemm_at", true)}
@@ -682,26 +688,66 @@ function module(madd: Madd): string {
   ${attentionBackward(madd)}
   ${swigluBackward()}
   ${softmaxRows()})`;
+  return wide ? memory64(text) : text;
 }
 
-export async function assemble(): Promise<{ relaxed: Uint8Array; simd: Uint8Array }> {
+/**
+ * Rewrites the wasm32 kernels for a 64-bit memory: every integer (addresses, sizes, counters)
+ * becomes i64, so that one operand may lie past 4 GiB. Integer parameters arrive as f64, which a
+ * JS number converts to without a BigInt and which holds any arena offset exactly, and are
+ * truncated to i64 locals of the same name on entry; the callers are unchanged. Lane shift
+ * counts (`laneShift`) stay i32, as SIMD requires.
+ */
+function memory64(text: string): string {
+  return text
+    .split(/(?=\(func )/)
+    .map((part) => {
+      if (!part.startsWith("(func ")) return part;
+      // The declarations (params, result, locals) run up to the first instruction.
+      const head =
+        /^\(func (?:\(export "\w+"\)|\$\w+)(?:\s*\((?:param|result|local) [^()]*\))*/.exec(
+          part,
+        )![0];
+      const ints = [...head.matchAll(/\(param \$(\w+) i32\)/g)].map((m) => m[1]!);
+      const declared = head.replace(/\(param \$(\w+) i32\)/g, "(param $$$1_f64 f64)");
+      const entry = ints
+        .map((name) => `(local $${name} i64)`)
+        .concat(
+          ints.map((name) => `(local.set $${name} (i64.trunc_f64_u (local.get $${name}_f64)))`),
+        )
+        .join(" ");
+      return `${declared} ${entry}${part.slice(head.length)}`;
+    })
+    .join("")
+    .replace(/\(i32\.const (\d+) \(;lane;\)\)/g, "(LANE $1)")
+    .replace(/\bi32\.(?=[a-z])/g, "i64.")
+    .replace(/\(local \$(\w+) i32\)/g, "(local $$$1 i64)")
+    .replace(/convert_i32_u/g, "convert_i64_u")
+    .replace(/\(LANE (\d+)\)/g, "(i32.const $1)");
+}
+
+/** The four kernel binaries, by file name: relaxed or plain SIMD, on a wasm32 or memory64 arena. */
+export async function assemble(): Promise<Record<string, Uint8Array>> {
   const wabt = await wabtInit();
-  const build = (madd: Madd, name: string) => {
-    const features = { simd: true, relaxed_simd: true, threads: true };
-    const parsed = wabt.parseWat(name, module(madd), features);
+  const build = (madd: Madd, wide: boolean, name: string) => {
+    const features = { simd: true, relaxed_simd: true, threads: true, memory64: wide };
+    const parsed = wabt.parseWat(name, module(madd, wide), features);
     // wabt's types omit validate's feature argument; without it, shared memory is rejected.
     (parsed.validate as (f: typeof features) => void)(features);
     return new Uint8Array(parsed.toBinary({}).buffer);
   };
-  return { relaxed: build(relaxed, "relaxed.wat"), simd: build(plain, "simd.wat") };
+  return {
+    "kernels-relaxed.wasm": build(relaxed, false, "relaxed.wat"),
+    "kernels-simd.wasm": build(plain, false, "simd.wat"),
+    "kernels-relaxed-64.wasm": build(relaxed, true, "relaxed-64.wat"),
+    "kernels-simd-64.wasm": build(plain, true, "simd-64.wat"),
+  };
 }
 
 if (import.meta.main) {
-  const { relaxed: r, simd } = await assemble();
   const dir = new URL("../src/kernels/wasm/", import.meta.url);
-  await writeFile(new URL("kernels-relaxed.wasm", dir), r);
-  await writeFile(new URL("kernels-simd.wasm", dir), simd);
-  console.log(
-    `wrote kernels-relaxed.wasm (${r.length} B) and kernels-simd.wasm (${simd.length} B)`,
-  );
+  for (const [file, bytes] of Object.entries(await assemble())) {
+    await writeFile(new URL(file, dir), bytes);
+    console.log(`wrote ${file} (${bytes.length} B)`);
+  }
 }

@@ -6,9 +6,8 @@
 import { parentPort, workerData } from "node:worker_threads";
 import { Engine, type GenerationEvent } from "./engine.ts";
 import type { FromEngineThread, ToEngineThread } from "./engine-thread.ts";
-import { createWasmKernels } from "./kernels/wasm.ts";
 import { adapterFromFiles, type LoraAdapter } from "./lora.ts";
-import { loadModel, parameterCount, type WeightChoice } from "./model.ts";
+import { loadServingModel, parameterCount, type WeightChoice } from "./model.ts";
 import { ContextLengthError } from "./prompt-encoder.ts";
 
 const { modelDir, threads, weights } = workerData as {
@@ -22,8 +21,7 @@ const post = (message: FromEngineThread, transfer: ArrayBuffer[] = []) =>
 let engine: Engine;
 try {
   // The weights live packed in the kernels' arena, their only copy.
-  const kernels = createWasmKernels("auto", { threads });
-  const model = await loadModel(modelDir, { kernels, weights });
+  const { kernels, model } = await loadServingModel(modelDir, { threads, weights });
   engine = new Engine(model, { kernels });
   post({
     type: "ready",

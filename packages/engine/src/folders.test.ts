@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { FAMILIES, familyChatFiles } from "../test/families.ts";
 import { scanBaseModels } from "./folders.ts";
+import { memory64Limit } from "./kernels/wasm.ts";
 import { randomModel, saveModel } from "./model.ts";
 
 const qwen3Files = familyChatFiles(FAMILIES.find((f) => f.name === "Qwen3")!);
@@ -51,13 +52,13 @@ describe("base model folders", () => {
       reshaped: editConfig((c) => {
         c.intermediate_size = 256;
       }),
-      // Qwen3-1.7B's shape: 6.9 GB of F32 weights, more than the 4 GiB arena.
+      // An 8B shape: 32 GB of F32 weights, more than a Memory64 arena's 16 GiB.
       huge: editConfig((c) => {
         Object.assign(c, {
-          hidden_size: 2048,
-          intermediate_size: 6144,
-          num_hidden_layers: 28,
-          num_attention_heads: 16,
+          hidden_size: 4096,
+          intermediate_size: 12288,
+          num_hidden_layers: 36,
+          num_attention_heads: 32,
           num_key_value_heads: 8,
           head_dim: 128,
         });
@@ -82,7 +83,10 @@ describe("base model folders", () => {
     expect(reasons["qwen/reshaped"]).toMatch(
       /gate_proj\.weight has shape \[128,64\], config\.json says \[256,64\]/,
     );
-    expect(reasons["qwen/huge"]).toMatch(/too large.*8\.13 GB.*4\.29 GB/);
+    const limit = (memory64Limit() / 1e9).toFixed(2);
+    expect(reasons["qwen/huge"]).toMatch(
+      new RegExp(`too large.*3\\d\\.\\d\\d GB packed in F32, .*holds ${limit} GB`),
+    );
     expect(reasons["qwen/no-template"]).toMatch(
       /tokenizer_config\.json: the chat template does not parse/,
     );

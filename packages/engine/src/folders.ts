@@ -3,15 +3,12 @@ import { join } from "node:path";
 import { catalogModelDir, listCatalog } from "./catalog.ts";
 import { ChatFormat } from "./chat.ts";
 import { type ModelConfig, parseConfig } from "./config.ts";
-import { ARENA_LIMIT } from "./kernels/wasm.ts";
+import { memory64Limit } from "./kernels/wasm.ts";
 import type { WeightChoice } from "./model.ts";
-import { readChatFiles } from "./model.ts";
+import { readChatFiles, SERVING_ROOM } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
 import { trainingMemory } from "./train-memory.ts";
 import { hfName, layerKeysOf, layerShape } from "./weights.ts";
-
-/** Arena a served model needs beside its packed weights: activations, KV mirrors, scratch. */
-const SERVING_ROOM = 256 << 20;
 
 /** A base model the engine can serve: a shipped one, or a folder under the models directory. */
 export interface BaseModelFolder {
@@ -126,10 +123,11 @@ export async function checkModelFolder(
   const weights =
     choice !== "auto" ? choice : (await weightMatricesAreBf16(dir, config)) ? "bf16" : "f32";
   const packed = trainingMemory(config, weights).weights;
-  if (packed + SERVING_ROOM > ARENA_LIMIT) {
+  const limit = memory64Limit();
+  if (packed + SERVING_ROOM > limit) {
     throw new ModelFileError(
       configPath,
-      `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in ${weights.toUpperCase()}, and the engine's WebAssembly memory holds ${(ARENA_LIMIT / 1e9).toFixed(2)} GB (about ${weights === "bf16" ? "1.8" : "0.9"}B parameters at most until Memory64 lands)`,
+      `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in ${weights.toUpperCase()}, and the engine's memory holds ${(limit / 1e9).toFixed(2)} GB`,
     );
   }
   const chat = new ChatFormat(await readChatFiles(dir), config.eosTokenId);

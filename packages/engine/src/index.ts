@@ -27,7 +27,13 @@ export {
 } from "./json-constraint.ts";
 export { jsKernels } from "./kernels/js.ts";
 export type { Kernels, WeightDtype } from "./kernels/types.ts";
-export { ARENA_LIMIT, createWasmKernels } from "./kernels/wasm.ts";
+export {
+  ARENA_LIMIT,
+  ARENA_LIMIT_64,
+  createWasmKernels,
+  memory64Limit,
+  type WasmKernels,
+} from "./kernels/wasm.ts";
 export {
   AdapterError,
   adapterFromFiles,
@@ -40,8 +46,10 @@ export {
 } from "./lora.ts";
 export { LoraTrainer } from "./lora-train.ts";
 export {
+  type ArenaChoice,
   type LoadOptions,
   loadModel,
+  loadServingModel,
   type Model,
   packModel,
   parameterCount,
@@ -58,5 +66,12 @@ export { deriveSeed, Rng } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
 export { ModelFileError } from "./tokenizer.ts";
-export { type TrainingMemory, trainingMemory, type WeightStorage } from "./train-memory.ts";
+export {
+  EngineMemoryError,
+  microBatchBudget,
+  rowsThatFit,
+  type TrainingMemory,
+  trainingMemory,
+  type WeightStorage,
+} from "./train-memory.ts";
 export { TrainingInputError } from "./training-data.ts";

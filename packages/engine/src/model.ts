@@ -9,10 +9,10 @@ import {
   parseGenerationConfig,
 } from "./config.ts";
 import type { Kernels, PackedWeight, WeightDtype } from "./kernels/types.ts";
-import { PACK_SLICE } from "./kernels/wasm.ts";
+import { createWasmKernels, PACK_SLICE, type WasmKernels } from "./kernels/wasm.ts";
 import { openSafetensors, type SafetensorsEntry, saveSafetensors } from "./safetensors.ts";
 import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
-import { trainingMemory, type WeightStorage } from "./train-memory.ts";
+import { EngineMemoryError, trainingMemory, type WeightStorage } from "./train-memory.ts";
 import {
   countParameters,
   hfName,
@@ -124,6 +124,11 @@ export interface LoadOptions {
    * half the memory), F32 otherwise (never rounds). Default F32.
    */
   weights?: WeightChoice;
+  /**
+   * Bytes of the kernels' memory to keep free beside the packed weights (for the KV caches of
+   * serving): a model that leaves less is refused before any weight is read. Default 0.
+   */
+  room?: number;
 }
 
 /** `LoadOptions.weights`. */
@@ -154,10 +159,12 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
   /** Refuses, before any weight is read, weights that cannot fit the kernels' memory. */
   const fits = (dtype: WeightDtype) => {
     const need = trainingMemory(config, dtype).weights;
-    if (kernels && need > kernels.memoryLimit) {
-      throw new ModelFileError(
-        join(dir, "config.json"),
-        `too large for the engine: its weights take ${(need / 1e9).toFixed(2)} GB packed in ${dtype.toUpperCase()}, and the engine's memory holds ${(kernels.memoryLimit / 1e9).toFixed(2)} GB`,
+    const room = options.room ?? 0;
+    if (kernels && need + room > kernels.memoryLimit) {
+      throw new EngineMemoryError(
+        `${join(dir, "config.json")}: too large for the engine: its weights take ${(need / 1e9).toFixed(2)} GB packed in ${dtype.toUpperCase()}${room ? `, with ${(room / 1e9).toFixed(2)} GB beside them to serve,` : ","} and the engine's memory holds ${(kernels.memoryLimit / 1e9).toFixed(2)} GB`,
+        need + room,
+        kernels.memoryLimit,
       );
     }
   };
@@ -178,6 +185,43 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
       : null,
   );
   return createModel(config, weights, files, storage);
+}
+
+/** Arena a served model needs beside its packed weights: activations, KV mirrors, scratch. */
+export const SERVING_ROOM = 256 << 20;
+
+/** Where `loadServingModel` puts a model: wasm32 while it fits (faster), or one forced. */
+export type ArenaChoice = "auto" | "wasm32" | "memory64";
+
+/**
+ * Loads a folder to serve it, into kernels of its own: packed in a wasm32 arena when the weights
+ * and `SERVING_ROOM` fit its 4 GiB, else in a Memory64 one (a model too large is refused before
+ * any weight is read, so trying costs nothing).
+ */
+export async function loadServingModel(
+  dir: string,
+  options: { threads: number; weights: WeightChoice; arena?: ArenaChoice },
+): Promise<{ kernels: WasmKernels; model: Model }> {
+  const arena = options.arena ?? "auto";
+  const load = async (memory64: boolean) => {
+    const kernels = createWasmKernels("auto", { threads: options.threads, memory64 });
+    try {
+      const model = await loadModel(dir, {
+        kernels,
+        weights: options.weights,
+        room: SERVING_ROOM,
+      });
+      return { kernels, model };
+    } catch (err) {
+      await kernels.close();
+      throw err;
+    }
+  };
+  if (arena !== "auto") return load(arena === "memory64");
+  return load(false).catch((err: unknown) => {
+    if (err instanceof EngineMemoryError) return load(true);
+    throw err;
+  });
 }
 
 /** The folder's tokenizer, chat template and generation config. */

@@ -70,6 +70,22 @@ export function rowsThatFit(
 const GB = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
 
 /**
+ * Work that does not fit the kernels' memory, found before any of it is done: it needs `needed`
+ * bytes and the arena holds `available`. A caller on a wasm32 arena may run it again on a
+ * Memory64 one (`createWasmKernels(…, { memory64: true })`).
+ */
+export class EngineMemoryError extends TrainingInputError {
+  readonly needed: number;
+  readonly available: number;
+
+  constructor(message: string, needed: number, available: number) {
+    super(message);
+    this.needed = needed;
+    this.available = available;
+  }
+}
+
+/**
  * The micro-batch token budget for training on `sequences`: `budget`, lowered to what the
  * kernels' memory holds. Throws a TrainingInputError naming the memory needed and available
  * when even the longest sequence alone does not fit, so a job fails before its first step,
@@ -87,10 +103,13 @@ export function microBatchBudget(
   const fit = rowsThatFit(config, kernels, storage);
   if (longest > fit) {
     const { weights, fixed, perRow } = trainingMemory(config, storage);
-    throw new TrainingInputError(
-      `not enough engine memory to train on a ${longest}-token sequence: it needs ${GB(weights + fixed + perRow * longest)} ` +
+    const needed = weights + fixed + perRow * longest;
+    throw new EngineMemoryError(
+      `not enough engine memory to train on a ${longest}-token sequence: it needs ${GB(needed)} ` +
         `(${GB(weights)} of packed weights, ${GB(perRow * longest)} of activations, ${GB(fixed)} of scratch), ` +
         `and the engine has ${GB(kernels.memoryLimit)}; use shorter examples or a smaller base model`,
+      needed,
+      kernels.memoryLimit,
     );
   }
   return Math.max(longest, Math.min(budget, fit));

@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { SftExample } from "@arbor/engine";
+import { createWasmKernels, type SftExample } from "@arbor/engine";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -244,6 +244,68 @@ describe("TrainingWorker.runJob", () => {
     const job = await runNext(worker());
     expect(job.status).toBe("failed");
     expect(job.error_message).toBe("Line 1: messages has no assistant message to learn from.");
+    const events = (await store.jobs.listEvents("e", job.id)).data;
+    expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+  });
+
+  it("when a job needs more memory than a wasm32 arena holds, then it trains on a Memory64 one, which the base model's later jobs start on", async () => {
+    // A 16 MiB "wasm32" arena holds tiny-chat's weights but not a training pass beside them.
+    const made: boolean[] = [];
+    const w = new TrainingWorker({
+      store,
+      logger: pino({ level: "silent" }),
+      loadBaseModel: baseModels(),
+      loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
+      createKernels: (memory64) => {
+        made.push(memory64);
+        return createWasmKernels("simd", memory64 ? { memory64 } : { memoryLimit: 16 << 20 });
+      },
+    });
+    const dataset = await createDataset(store, {
+      entity: "e",
+      name: null,
+      text: `${JSON.stringify(example)}\n`,
+    });
+    const sft = async (name: string) => {
+      await enqueueSftJob(store, await model(name), {
+        training_data_url: `dataset://${dataset.id}`,
+        config: { batch_size: 1, epochs: 2 },
+      });
+      return runNext(w);
+    };
+    const first = await sft("wide-1");
+    expect(first).toMatchObject({ status: "succeeded", step_to: 2, error_message: null });
+    expect(made).toEqual([false, true]);
+    // Nothing was reported of the try on the small arena.
+    const events = (await store.jobs.listEvents("e", first.id, { limit: 100 })).data;
+    expect(events.map((e) => e.type)).toEqual([
+      "training_started",
+      "gradient_step",
+      "gradient_step",
+      "checkpoint_saved",
+      "training_ended",
+    ]);
+    // The next job of that base goes to the Memory64 arena at once, and reuses it.
+    expect(await sft("wide-2")).toMatchObject({ status: "succeeded", step_to: 2 });
+    expect(made).toEqual([false, true]);
+  });
+
+  it("when a job does not fit even a Memory64 arena, then it fails before its first step, naming the memory needed and available", async () => {
+    const w = new TrainingWorker({
+      store,
+      logger: pino({ level: "silent" }),
+      loadBaseModel: baseModels(),
+      loadSftExamples: async () => [example],
+      createKernels: (memory64) => createWasmKernels("simd", { memory64, memoryLimit: 16 << 20 }),
+    });
+    await enqueueSftJob(store, await model("too-wide"), {
+      training_data_url: "https://data.example/one.jsonl",
+    });
+    const job = await runNext(w);
+    expect(job.status).toBe("failed");
+    expect(job.error_message).toMatch(
+      /^not enough engine memory to train on a \d+-token sequence: it needs 0\.0\d GB .* and the engine has 0\.02 GB/,
+    );
     const events = (await store.jobs.listEvents("e", job.id)).data;
     expect(events.map((e) => e.type)).toEqual(["training_failed"]);
   });

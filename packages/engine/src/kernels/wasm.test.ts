@@ -11,6 +11,14 @@ function random(n: number, rng: Rng): Float32Array {
   return a;
 }
 
+/** Each binary: relaxed or plain SIMD, on a wasm32 or a Memory64 arena. */
+const VARIANTS = [
+  ["relaxed", false],
+  ["simd", false],
+  ["relaxed", true],
+  ["simd", true],
+] as const;
+
 function expectClose(actual: Float32Array, expected: Float32Array, tolerance: number): void {
   expect(actual.length).toBe(expected.length);
   let worst = 0;
@@ -25,15 +33,21 @@ describe("WASM kernels", () => {
   });
 
   it("when the generator is run, then it assembles exactly the committed binaries", async () => {
-    const { relaxed, simd } = await assemble();
-    const committed = (name: string) =>
-      new Uint8Array(readFileSync(new URL(name, import.meta.url)));
-    expect(relaxed).toEqual(committed("./wasm/kernels-relaxed.wasm"));
-    expect(simd).toEqual(committed("./wasm/kernels-simd.wasm"));
+    const built = await assemble();
+    expect(Object.keys(built).sort()).toEqual([
+      "kernels-relaxed-64.wasm",
+      "kernels-relaxed.wasm",
+      "kernels-simd-64.wasm",
+      "kernels-simd.wasm",
+    ]);
+    for (const [file, bytes] of Object.entries(built))
+      expect(bytes).toEqual(
+        new Uint8Array(readFileSync(new URL(`./wasm/${file}`, import.meta.url))),
+      );
   });
 
-  for (const variant of ["relaxed", "simd"] as const) {
-    const kernels = createWasmKernels(variant);
+  for (const [variant, memory64] of VARIANTS) {
+    const kernels = createWasmKernels(variant, { memory64 });
     // Every row remainder (1–5 rows after blocks of 6), partial panels (N % 8) and k tails.
     const shapes = [
       [1, 5, 12],
@@ -45,7 +59,7 @@ describe("WASM kernels", () => {
       [9, 64, 128],
       [17, 70, 33],
     ] as const;
-    it(`when ${variant} packs a weight larger than one packing slice (8 MB), then matmuls match the JS kernels`, () => {
+    it(`when ${kernels.name} packs a weight larger than one packing slice (8 MB), then matmuls match the JS kernels`, () => {
       // 1,030 × 2,050 floats: W[N,K] is packed in slices of whole 8-row groups with a tail,
       // B[K,N] in slices of whole rows with a tail.
       const rng = new Rng(7);
@@ -65,7 +79,7 @@ describe("WASM kernels", () => {
       expectClose(gotNN, wantNN, 1e-3);
     });
     for (const [M, N, K] of shapes) {
-      it(`when ${variant} matmuls run on ${M}×${N}×${K}, then they match the JS kernels`, () => {
+      it(`when ${kernels.name} matmuls run on ${M}×${N}×${K}, then they match the JS kernels`, () => {
         const rng = new Rng(M * 1000 + N * 10 + K);
         const a = random(M * K, rng);
         const b = random(N * K, rng);
@@ -97,7 +111,7 @@ describe("WASM kernels", () => {
         expectClose(gotTN, wantTN, 1e-4);
       });
 
-      it(`when ${variant} matmuls run on ${M}×${N}×${K}, then each row has the same bits alone as in the batch`, () => {
+      it(`when ${kernels.name} matmuls run on ${M}×${N}×${K}, then each row has the same bits alone as in the batch`, () => {
         const rng = new Rng(M + N + K);
         const a = random(M * K, rng);
         const b = random(N * K, rng);
@@ -128,9 +142,9 @@ describe("WASM kernels", () => {
     expectClose(got, want, 1e-3);
   });
 
-  for (const variant of ["relaxed", "simd"] as const) {
-    const kernels = createWasmKernels(variant);
-    it(`when ${variant} rmsNorm, swiglu and attention run, then they match the JS kernels`, () => {
+  for (const [variant, memory64] of VARIANTS) {
+    const kernels = createWasmKernels(variant, { memory64 });
+    it(`when ${kernels.name} rmsNorm, swiglu and attention run, then they match the JS kernels`, () => {
       const rng = new Rng(99);
       const rows = 5;
       const D = 128;

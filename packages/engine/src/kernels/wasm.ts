@@ -1,9 +1,10 @@
 /// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
+import { totalmem } from "node:os";
 import { isWeightSource, type WeightSource } from "../weights.ts";
 import { jsKernels } from "./js.ts";
 import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
-import { ArenaAllocator, align } from "./wasm/arena.ts";
+import { ArenaAllocator, align, MAX_PAGES, MAX_PAGES_64, PAGE } from "./wasm/arena.ts";
 import { type CALLS, call, Op, runJob } from "./wasm/jobs.ts";
 import { type Job, MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
 
@@ -103,11 +104,18 @@ interface Packed {
   N: number;
 }
 
-const PAGE = 65536;
-/** wasm32's whole address space: 4 GiB. */
-const MAX_PAGES = 65536;
-/** The most bytes a WASM kernel arena holds (wasm32: 4 GiB). */
+/** The most bytes a wasm32 kernel arena holds: 4 GiB. */
 export const ARENA_LIMIT = MAX_PAGES * PAGE;
+/** The most bytes a Memory64 kernel arena holds: 16 GiB. */
+export const ARENA_LIMIT_64 = MAX_PAGES_64 * PAGE;
+
+/**
+ * What a Memory64 arena may grow to by default: 16 GiB, or three quarters of this machine's
+ * memory when that is less (the rest is the process's own and the system's).
+ */
+export function memory64Limit(): number {
+  return Math.min(ARENA_LIMIT_64, Math.floor((totalmem() * 0.75) / PAGE) * PAGE);
+}
 /**
  * From this many rows on, a GEMM on BF16 panels widens them to F32 a slab at a time and runs the
  * F32 kernel (widening in every tile costs about a third more at 128 rows; at decode, reading
@@ -159,15 +167,27 @@ export class WasmKernels implements Kernels {
   splitCalls = 0;
   private pool: ThreadPool | null;
 
+  /** Whether the arena is a Memory64 one (the kernels then take their integers as f64). */
+  readonly memory64: boolean;
+
   constructor(bytes: Uint8Array, name: string, options: WasmKernelOptions = {}) {
     this.name = name;
     this.threads = Math.min(MAX_THREADS, Math.max(1, Math.floor(options.threads ?? 1)));
+    this.memory64 = options.memory64 ?? false;
+    const limit = options.memoryLimit ?? (this.memory64 ? memory64Limit() : ARENA_LIMIT);
     const pages = Math.min(
-      MAX_PAGES,
-      Math.max(256, Math.floor((options.memoryLimit ?? Infinity) / PAGE)),
+      this.memory64 ? MAX_PAGES_64 : MAX_PAGES,
+      Math.max(256, Math.floor(limit / PAGE)),
     );
     this.memoryLimit = pages * PAGE;
-    this.memory = new WebAssembly.Memory({ initial: 256, maximum: pages, shared: true });
+    this.memory = this.memory64
+      ? new WebAssembly.Memory({
+          initial: 256n,
+          maximum: BigInt(pages),
+          shared: true,
+          address: "i64",
+        })
+      : new WebAssembly.Memory({ initial: 256, maximum: pages, shared: true });
     const module = new WebAssembly.Module(bytes);
     const instance = new WebAssembly.Instance(module, { env: { memory: this.memory } });
     this.exports = instance.exports as unknown as KernelExports;
@@ -211,7 +231,9 @@ export class WasmKernels implements Kernels {
   private ensure(bytes: number): void {
     if (bytes > this.peakBytes) this.peakBytes = bytes;
     const need = bytes - this.memory.buffer.byteLength;
-    if (need > 0) this.memory.grow(Math.ceil(need / PAGE));
+    if (need <= 0) return;
+    const pages = Math.ceil(need / PAGE);
+    this.memory.grow(this.memory64 ? BigInt(pages) : pages);
   }
 
   /** An arena block of `bytes` that lives as long as `owner`. */
@@ -1106,6 +1128,8 @@ function copyRows(
 
 const relaxedBytes = readFileSync(new URL("./wasm/kernels-relaxed.wasm", import.meta.url));
 const simdBytes = readFileSync(new URL("./wasm/kernels-simd.wasm", import.meta.url));
+const relaxed64Bytes = readFileSync(new URL("./wasm/kernels-relaxed-64.wasm", import.meta.url));
+const simd64Bytes = readFileSync(new URL("./wasm/kernels-simd-64.wasm", import.meta.url));
 
 /** Whether this runtime accepts relaxed-SIMD (decided once, by WebAssembly.validate). */
 export const relaxedSimdSupported = WebAssembly.validate(relaxedBytes);
@@ -1116,8 +1140,16 @@ export const MAX_THREADS = 64;
 export interface WasmKernelOptions {
   /** Threads sharing each large kernel call, this one included (default 1). */
   threads?: number;
-  /** Bytes the arena may grow to (at least 16 MiB; default and most: wasm32's 4 GiB). */
+  /**
+   * Bytes the arena may grow to: at least 16 MiB; by default and at most 4 GiB (wasm32), or
+   * with `memory64` at most 16 GiB and by default `memory64Limit()`.
+   */
   memoryLimit?: number;
+  /**
+   * A Memory64 arena, for models that do not fit in 4 GiB. Every address is then 64-bit, which
+   * V8 checks on each access (bench/engine-memory64.ts measures the cost); default false.
+   */
+  memory64?: boolean;
 }
 
 export function createWasmKernels(
@@ -1125,9 +1157,16 @@ export function createWasmKernels(
   options: WasmKernelOptions = {},
 ): WasmKernels {
   const useRelaxed = variant === "relaxed" || (variant === "auto" && relaxedSimdSupported);
-  return useRelaxed
-    ? new WasmKernels(relaxedBytes, "wasm-relaxed-simd", options)
-    : new WasmKernels(simdBytes, "wasm-simd", options);
+  const wide = options.memory64 ?? false;
+  const bytes = useRelaxed
+    ? wide
+      ? relaxed64Bytes
+      : relaxedBytes
+    : wide
+      ? simd64Bytes
+      : simdBytes;
+  const name = `${useRelaxed ? "wasm-relaxed-simd" : "wasm-simd"}${wide ? "-memory64" : ""}`;
+  return new WasmKernels(bytes, name, options);
 }
 
 let shared: WasmKernels | null = null;

@@ -5,18 +5,22 @@ import {
   adapterToFiles,
   createLoraAdapter,
   createWasmKernels,
+  EngineMemoryError,
   type Kernels,
   type LoraAdapter,
   type LoraConfig,
   LoraTrainer,
   type Model,
+  microBatchBudget,
   parameterCount,
   planSft,
+  type SftConfig,
   type SftExample,
   TrainingInputError,
   type TrajectoryGroup,
   trainRlStep,
   trainSft,
+  type WasmKernels,
 } from "@arbor/engine";
 import type { BlobStore, JobType, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
@@ -37,7 +41,6 @@ import { clearCancelled, idWords, isCancelled } from "./cancel.ts";
 export interface TrainingWorkerOptions {
   store: Store;
   logger: Logger;
-  /** The base model a trained model starts from, loaded once. */
   /** The base model `baseId`, its weights kept in `kernels` (the kernels jobs train on). */
   loadBaseModel: (baseId: string, kernels: Kernels) => Promise<Model>;
   /** The SFT examples behind a `training_data_url` (`dataset://` or `https://`), validated;
@@ -58,6 +61,11 @@ export interface TrainingWorkerOptions {
   onJob?: (jobId: string | null, jobType?: TrainingJob["type"]) => void;
   /** Kernel threads the training computation shares (this thread included). Default 1. */
   kernelThreads?: number;
+  /**
+   * Makes the kernels jobs train on: on a wasm32 arena, or on a Memory64 one for the jobs that
+   * need more than 4 GiB. Default `createWasmKernels("auto", { threads: kernelThreads, memory64 })`.
+   */
+  createKernels?: (memory64: boolean) => WasmKernels;
   /** Told of the work done, for metrics: tokens trained per step, and how each run ended. */
   onActivity?: (activity: TrainingActivity) => void;
   /**
@@ -108,11 +116,16 @@ function trainMetrics(step: Record<string, unknown>): Record<string, number> {
  */
 export class TrainingWorker {
   readonly #o: Required<
-    Omit<TrainingWorkerOptions, "identity" | "onJob" | "kernelThreads" | "onActivity" | "cancelled">
+    Omit<
+      TrainingWorkerOptions,
+      "identity" | "onJob" | "kernelThreads" | "createKernels" | "onActivity" | "cancelled"
+    >
   > &
     Pick<TrainingWorkerOptions, "onJob" | "onActivity" | "cancelled">;
-  readonly #kernelThreads: number;
-  #kernels: Kernels | undefined;
+  readonly #createKernels: (memory64: boolean) => WasmKernels;
+  #kernels: WasmKernels | undefined;
+  /** Base models whose jobs needed a Memory64 arena: their next jobs start on one. */
+  readonly #wide = new Set<string>();
   readonly #identity: { stable: string; persistent: boolean };
   readonly #workerId: string;
   #stopping = false;
@@ -122,8 +135,10 @@ export class TrainingWorker {
   #lastReclaim = 0;
 
   constructor(options: TrainingWorkerOptions) {
-    const { identity, kernelThreads, ...rest } = options;
-    this.#kernelThreads = kernelThreads ?? 1;
+    const { identity, kernelThreads, createKernels, ...rest } = options;
+    this.#createKernels =
+      createKernels ??
+      ((memory64) => createWasmKernels("auto", { threads: kernelThreads ?? 1, memory64 }));
     const leaseMs = options.leaseMs ?? 15_000;
     this.#o = {
       pollMs: 500,
@@ -328,35 +343,18 @@ export class TrainingWorker {
     const { store } = this.#o;
     const spec = sftJobSpec(job);
     const { stepFrom, baseId } = await this.#stepFrom(job);
-    const base = await this.#o.loadBaseModel(baseId, this.#kernelSet());
     const examples = await this.#o
       .loadSftExamples(job.entity, job.payload_ref ?? "")
       .catch((err: unknown) => {
         // Bad data is the job's input, not a crash: its message (naming the line) is the error.
         throw new JobInputError(err instanceof Error ? err.message : String(err));
       });
-    const sftConfig = sftTrainingConfig(spec, baseId, parameterCount(base));
-    // Bounded before planning (a plan holds every step), then again against the plan itself.
-    const epochs = sftConfig.epochs ?? 1;
-    if (examples.length * epochs > MAX_JOB_EXAMPLES) {
-      throw new JobInputError(
-        `The job would train on ${examples.length} examples × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} per job: use fewer epochs or a smaller dataset.`,
-      );
-    }
-    // Planned once: the plan (every example tokenized) is handed to trainSft.
-    const plan = planSft(base, examples, sftConfig);
+    const { base, kernels, sftConfig, plan } = await this.#onArena(baseId, async (kernels) => {
+      const base = await this.#o.loadBaseModel(baseId, kernels);
+      const sftConfig = sftTrainingConfig(spec, baseId, parameterCount(base));
+      return { base, kernels, sftConfig, plan: this.#planSft(base, kernels, examples, sftConfig) };
+    });
     const { totalSteps } = plan;
-    if (totalSteps > MAX_JOB_STEPS) {
-      throw new JobInputError(
-        `The job plans ${totalSteps} steps, more than the limit of ${MAX_JOB_STEPS} per job: use a larger batch_size or fewer epochs.`,
-      );
-    }
-    const tokens = plan.prepared.sequences.reduce((sum, s) => sum + s.tokens.length, 0) * epochs;
-    if (tokens > MAX_JOB_TOKENS) {
-      throw new JobInputError(
-        `The job would process ${tokens} tokens, more than the limit of ${MAX_JOB_TOKENS} per job: use fewer epochs or a smaller dataset.`,
-      );
-    }
     const every = spec.config.checkpoint_every ?? totalSteps;
     const resume = await this.#resumePoint(job, base, stepFrom);
     await this.#started(job, { num_sequences: totalSteps }, resume?.step ?? 0, resume?.checkpoint);
@@ -370,7 +368,7 @@ export class TrainingWorker {
           sftConfig.seed ?? 0,
         );
     await trainSft(base, examples, sftConfig, {
-      kernels: this.#kernelSet(),
+      kernels,
       plan,
       signal,
       interrupt,
@@ -397,6 +395,36 @@ export class TrainingWorker {
       },
     });
     return stepFrom + totalSteps;
+  }
+
+  /**
+   * The job's plan on `base`, within the limits of a job, checked to fit the kernels' memory
+   * (an EngineMemoryError before anything is trained).
+   */
+  #planSft(base: Model, kernels: Kernels, examples: SftExample[], sftConfig: SftConfig) {
+    // Bounded before planning (a plan holds every step), then again against the plan itself.
+    const epochs = sftConfig.epochs ?? 1;
+    if (examples.length * epochs > MAX_JOB_EXAMPLES) {
+      throw new JobInputError(
+        `The job would train on ${examples.length} examples × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} per job: use fewer epochs or a smaller dataset.`,
+      );
+    }
+    // Planned once: the plan (every example tokenized) is handed to trainSft.
+    const plan = planSft(base, examples, sftConfig);
+    const { totalSteps } = plan;
+    if (totalSteps > MAX_JOB_STEPS) {
+      throw new JobInputError(
+        `The job plans ${totalSteps} steps, more than the limit of ${MAX_JOB_STEPS} per job: use a larger batch_size or fewer epochs.`,
+      );
+    }
+    const tokens = plan.prepared.sequences.reduce((sum, s) => sum + s.tokens.length, 0) * epochs;
+    if (tokens > MAX_JOB_TOKENS) {
+      throw new JobInputError(
+        `The job would process ${tokens} tokens, more than the limit of ${MAX_JOB_TOKENS} per job: use fewer epochs or a smaller dataset.`,
+      );
+    }
+    microBatchBudget(base.config, kernels, plan.prepared.sequences, 0, base.storage);
+    return plan;
   }
 
   /** After a crash: the last checkpoint this job wrote, with its optimizer state. */
@@ -457,7 +485,6 @@ export class TrainingWorker {
     const { store } = this.#o;
     const { config, learningRate, maxGradNorm, seed } = rlStepConfig(rlJobSpec(job));
     const { stepFrom, baseId } = await this.#stepFrom(job);
-    const base = await this.#o.loadBaseModel(baseId, this.#kernelSet());
     const payload = job.payload_ref ? await this.#blobs().get(job.payload_ref) : undefined;
     if (!payload) throw new JobInputError("the job's trajectory groups are missing");
     const groups = JSON.parse(payload.toString("utf8")) as TrajectoryGroup[];
@@ -475,17 +502,18 @@ export class TrainingWorker {
     const start = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, stepFrom);
     if (!start) throw new JobInputError(`checkpoint step ${stepFrom} of the model is gone`);
     const files = start.blob_key ? await readCheckpointFiles(this.#blobs(), start.blob_key) : {};
-    const adapter = start.blob_key
-      ? adapterFromFiles(files, base)
-      : createLoraAdapter(base, { baseModel: baseId }, seed);
-    const trainer = new LoraTrainer(base, adapter, {
-      maxGradNorm,
-      kernels: this.#kernelSet(),
+    const { trainer, metrics } = await this.#onArena(baseId, async (kernels) => {
+      const base = await this.#o.loadBaseModel(baseId, kernels);
+      const adapter = start.blob_key
+        ? adapterFromFiles(files, base)
+        : createLoraAdapter(base, { baseModel: baseId }, seed);
+      const trainer = new LoraTrainer(base, adapter, { maxGradNorm, kernels });
+      const optimizerState = files[OPTIMIZER_FILE];
+      if (optimizerState) trainer.loadOptimizerState(optimizerState);
+      signal.throwIfAborted();
+      // The step checks that it fits the kernels' memory before it computes anything.
+      return { trainer, metrics: trainRlStep(trainer, groups, learningRate, config) };
     });
-    const optimizerState = files[OPTIMIZER_FILE];
-    if (optimizerState) trainer.loadOptimizerState(optimizerState);
-    signal.throwIfAborted();
-    const metrics = trainRlStep(trainer, groups, learningRate, config);
     this.#o.onActivity?.({ type: "tokens", jobType: "rl", tokens: metrics.num_tokens });
     await store.jobs.appendEvent(job.id, "gradient_step", { ...metrics, gradient_step: 1 });
     await this.#saveCheckpoint(
@@ -520,9 +548,41 @@ export class TrainingWorker {
     await this.#o.store.jobs.appendEvent(job.id, "checkpoint_saved", { step });
   }
 
-  /** One kernel set for every job of this worker (its helper threads start with the first). */
-  #kernelSet(): Kernels {
-    this.#kernels ??= createWasmKernels("auto", { threads: this.#kernelThreads });
+  /**
+   * Runs `work` (which loads the base model into the kernels it is given) on a wasm32 arena,
+   * the faster, unless the base model's jobs needed more than its 4 GiB before; when `work`
+   * finds that they do, with an EngineMemoryError before it has done anything, it runs again on
+   * a Memory64 arena.
+   */
+  async #onArena<T>(baseId: string, work: (kernels: Kernels) => Promise<T>): Promise<T> {
+    if (!this.#wide.has(baseId)) {
+      try {
+        return await work(this.#kernelSet(false));
+      } catch (err) {
+        if (!(err instanceof EngineMemoryError)) throw err;
+        this.#o.logger.info(
+          { baseId, needed: err.needed, available: err.available },
+          "the job needs more than a wasm32 arena: training on a Memory64 one",
+        );
+      }
+    }
+    const result = await work(this.#kernelSet(true));
+    this.#wide.add(baseId);
+    return result;
+  }
+
+  /**
+   * One kernel set at a time for every job of this worker (its helper threads start with the
+   * first), wasm32 or Memory64: a switch closes the other, and its arena goes with the base
+   * model in it (WebAssembly memory never shrinks, so only dropping it returns the memory).
+   */
+  #kernelSet(memory64: boolean): Kernels {
+    if (this.#kernels && this.#kernels.memory64 !== memory64) {
+      const old = this.#kernels;
+      this.#kernels = undefined;
+      void old.close();
+    }
+    this.#kernels ??= this.#createKernels(memory64);
     return this.#kernels;
   }
 

@@ -1,3 +1,13 @@
+/** Bytes in a WebAssembly page. */
+export const PAGE = 65536;
+/** wasm32's whole address space in pages: 4 GiB. */
+export const MAX_PAGES = 65536;
+/**
+ * The most pages of a Memory64 arena: 16 GiB, V8's limit for a 64-bit memory (the memory64
+ * kernels declare this maximum).
+ */
+export const MAX_PAGES_64 = 262144;
+
 /**
  * First-fit allocation of byte ranges in the kernels' WebAssembly.Memory: packed weights, KV
  * cache mirrors and workspaces. Freed ranges are kept sorted and merged; everything above `top`
