@@ -14,10 +14,12 @@
  * saved in BF16 with `saveModel` and kept under $TMPDIR/arbor-bench-families/<shape>/ for later
  * runs (`--fresh` rebuilds); the engine and PyTorch load that folder, and the GGUF is exported
  * from the folder's weights as loaded, so all three compute on identical numbers (in F32).
- * A measurement that fails (e.g. the engine's 4 GB WebAssembly arena) is a "failed: …" cell.
+ * A measurement that fails is a "failed: …" cell. The engine's arena is chosen as the service
+ * chooses it (wasm32 while the work fits its 4 GiB, else Memory64) unless `--arena` forces one.
  *
  * Usage: node bench/engine-families.ts [--shapes smol,qwen06,qwen17] [--threads 1,2] [--fresh]
  *        [--weights f32|bf16|plain] (how the engine holds the weights; default f32, packed)
+ *        [--arena auto|wasm32|memory64] [--engine-only] (no PyTorch, no llama.cpp)
  *        node bench/engine-families.ts --plan   (only the arena plan: no model is built or run)
  * PyTorch: apt-get install python3-torch libopenblas0-pthread (see ./torch.ts).
  */
@@ -28,24 +30,30 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
   ARENA_LIMIT,
+  type ArenaChoice,
   type ChatFiles,
   createKvCache,
   createWasmKernels,
+  EngineMemoryError,
   exportGguf,
   forwardBatch,
   type Kernels,
   loadModel,
+  loadServingModel,
   type Model,
+  memory64Limit,
   parameterCount,
   parseConfig,
   planSft,
   Rng,
   randomModel,
+  rowsThatFit,
   type SftConfig,
   type SftExample,
   saveModel,
   trainingMemory,
   trainSft,
+  type WasmKernels,
   type WeightStorage,
 } from "@arbor/engine";
 import type { Token } from "node-llama-cpp";
@@ -325,20 +333,34 @@ async function bestOf(
 }
 
 async function inferenceJob(shape: Shape, threads: number): Promise<object> {
-  const out: Record<string, Cell | number> = {};
+  const out: Record<string, Cell | number | string> = {};
   const fail = (keys: string[], err: unknown) => {
     for (const key of keys) out[key] = { error: message(err) };
   };
   const all = [1, BATCH].flatMap((n) => [`prefill${n}`, `decode${n}`]);
   let model: Model | null = null;
-  const kernels = createWasmKernels("auto", { threads });
+  let kernels: WasmKernels | null = null;
   try {
-    model = await loadInto(folderOf(shape), kernels);
+    if (WEIGHTS === "plain") {
+      kernels = createWasmKernels("auto", { threads, memory64: ARENA === "memory64" });
+      model = await loadModel(folderOf(shape));
+    } else {
+      // As the service's engine threads load a model: wasm32 unless it needs more (--arena).
+      const loaded = await loadServingModel(folderOf(shape), {
+        threads,
+        weights: WEIGHTS,
+        arena: ARENA,
+      });
+      kernels = loaded.kernels;
+      model = loaded.model;
+    }
+    out.arena = arenaOf(kernels);
   } catch (err) {
     fail(all, err);
   }
-  if (model) {
+  if (model && kernels) {
     const m = model;
+    const k = kernels;
     const c = m.config;
     out.weights_bf16_bytes = parameterCount(m) * 2;
     // The caches of the 8-sequence case, as the engine holds them (F32).
@@ -346,10 +368,10 @@ async function inferenceJob(shape: Shape, threads: number): Promise<object> {
     const rng = new Rng(SEED + threads);
     try {
       // Warm-up (plain weights: the first pass packs every weight into the kernels' arena).
-      forwardBatch(m, kernels, [{ cache: createKvCache(m, 16), tokens: [1, 2, 3, 4, 5, 6, 7, 8] }]);
+      forwardBatch(m, k, [{ cache: createKvCache(m, 16), tokens: [1, 2, 3, 4, 5, 6, 7, 8] }]);
       for (const n of [1, BATCH]) {
         try {
-          const r = await bestOf(async () => prefillDecode(m, kernels, n, rng));
+          const r = await bestOf(async () => prefillDecode(m, k, n, rng));
           out[`prefill${n}`] = r.prefill;
           out[`decode${n}`] = r.decode;
         } catch (err) {
@@ -360,7 +382,7 @@ async function inferenceJob(shape: Shape, threads: number): Promise<object> {
       fail(all, err);
     }
   }
-  out.arena_mb = kernels.memory.buffer.byteLength / 2 ** 20;
+  if (kernels) out.arena_mb = kernels.memory.buffer.byteLength / 2 ** 20;
   out.max_rss_mb = maxRssMb();
   return out;
 }
@@ -390,8 +412,6 @@ function syntheticExamples(count: number): SftExample[] {
 
 async function trainingJob(shape: Shape, threads: number): Promise<object> {
   const started = performance.now();
-  const kernels = createWasmKernels("auto", { threads });
-  const model = await loadInto(folderOf(shape), kernels);
   const examples = syntheticExamples(TRAIN_EXAMPLES);
   const config: SftConfig = {
     batchSize: "auto",
@@ -400,7 +420,21 @@ async function trainingJob(shape: Shape, threads: number): Promise<object> {
     lora: { rank: RANK, alpha: ALPHA },
     seed: SEED,
   };
-  const plan = planSft(model, examples, config);
+  // As the service's training workers choose: wasm32 unless loading or the longest sequence
+  // does not fit it (--arena forces one).
+  const onArena = async (memory64: boolean) => {
+    const kernels = createWasmKernels("auto", { threads, memory64 });
+    const model = await loadInto(folderOf(shape), kernels);
+    const plan = planSft(model, examples, config);
+    const longest = Math.max(...plan.prepared.sequences.map((q) => q.tokens.length));
+    if (ARENA === "auto" && !memory64 && longest > rowsThatFit(model.config, kernels, WEIGHTS))
+      throw new EngineMemoryError("the longest sequence needs a Memory64 arena", 0, 0);
+    return { kernels, model, plan };
+  };
+  const { kernels, model, plan } = await onArena(ARENA === "memory64").catch((err: unknown) => {
+    if (ARENA === "auto" && err instanceof EngineMemoryError) return onArena(true);
+    throw err;
+  });
   const { sequences } = plan.prepared;
   const stepLengths = plan.prepared.plan.map((step) =>
     step.examples.map((i) => sequences[i]!.tokens.length),
@@ -435,6 +469,7 @@ async function trainingJob(shape: Shape, threads: number): Promise<object> {
   const seconds = measured.reduce((n, s) => n + s.seconds, 0);
   return {
     ...(error ? { error } : {}),
+    arena: arenaOf(kernels),
     steps_done: steps.length,
     tokens_per_s: measured.length > 0 ? tokens / seconds : null,
     load_s: (begin - started) / 1000,
@@ -752,6 +787,15 @@ function option(name: string): string | undefined {
  * F32 or BF16 (as the service loads them), or "plain" F32 arrays packed beside them (before
  * issue 13's memory work). */
 const WEIGHTS = (option("--weights") ?? "f32") as WeightStorage;
+/** The engine's arena (`--arena`): "auto" chooses as the service does (wasm32 while the work
+ * fits its 4 GiB, else Memory64); "wasm32" or "memory64" forces one (to measure what Memory64
+ * costs). */
+const ARENA = (option("--arena") ?? "auto") as ArenaChoice;
+/** `--engine-only`: no PyTorch or llama.cpp runs (e.g. to compare the arenas). */
+const ENGINE_ONLY = process.argv.includes("--engine-only");
+
+const arenaOf = (kernels: Kernels) =>
+  (kernels as { memory64?: boolean }).memory64 ? "memory64" : "wasm32";
 
 function loadInto(dir: string, kernels: Kernels): Promise<Model> {
   return WEIGHTS === "plain" ? loadModel(dir) : loadModel(dir, { kernels, weights: WEIGHTS });
@@ -770,24 +814,29 @@ async function runJob(kind: string, shape: Shape, threads: number): Promise<void
   process.exit(0);
 }
 
-/** `trainingMemory` of each shape: what a training pass needs of the 4 GiB arena. */
+/** `trainingMemory` of each shape: what a training pass needs of a wasm32 or Memory64 arena. */
 function printArenaPlan(shapes: Shape[]): void {
+  const wide = memory64Limit();
   console.log(
     `\n### Arena plan (trainingMemory: packed weights (${WEIGHTS}), scratch of the largest call, bytes ` +
-      `per row; the arena holds ${gb(ARENA_LIMIT)})\n`,
+      `per row; a wasm32 arena holds ${gb(ARENA_LIMIT)}, a Memory64 one ${gb(wide)} here)\n`,
   );
   printTable(
-    ["shape", "packed weights", "scratch", "per row", "rows that fit"],
+    ["shape", "packed weights", "scratch", "per row", "rows that fit, wasm32", "rows, Memory64"],
     shapes.map((shape) => {
       const config = parseConfig(shape.config);
       const { weights, fixed, perRow } = trainingMemory(config, WEIGHTS);
-      const rows = Math.floor((ARENA_LIMIT - weights - fixed) / perRow);
+      const rows = (limit: number) => {
+        const n = Math.floor((limit - weights - fixed) / perRow);
+        return n > 0 ? n.toLocaleString("en-US") : "none";
+      };
       return [
         shape.name,
         gb(weights),
         gb(fixed),
         `${(perRow / 1e6).toFixed(2)} MB`,
-        rows > 0 ? rows.toLocaleString("en-US") : "none",
+        rows(ARENA_LIMIT),
+        rows(wide),
       ];
     }),
   );
@@ -807,12 +856,13 @@ function main(): void {
   printArenaPlan(shapes);
   if (process.argv.includes("--plan")) return;
   const threadCounts = (option("--threads") ?? THREAD_COUNTS.join(",")).split(",").map(Number);
-  const hasTorch = torchInstalled();
+  const hasTorch = !ENGINE_ONLY && torchInstalled();
   // torch's OpenMP threads spin after each parallel region while OpenBLAS's own threads do the
   // GEMMs: on 2 cores that halves PyTorch's 2-thread speed or worse (measured: SmolLM2 prefill
   // 161 vs 400 tokens/s, decode 4 vs 21). Passive waiting is the fair baseline.
   process.env.OMP_WAIT_POLICY ??= "PASSIVE";
   const hasLlama = (() => {
+    if (ENGINE_ONLY) return false;
     try {
       return existsSync(fileURLToPath(import.meta.resolve("node-llama-cpp")));
     } catch {
@@ -855,6 +905,8 @@ function main(): void {
         `${threads}`,
         "--weights",
         WEIGHTS,
+        "--arena",
+        ARENA,
       ];
       const entry: NonNullable<ReturnType<ShapeResults["threads"]["get"]>> = {};
       results.threads.set(threads, entry);
@@ -999,8 +1051,8 @@ function printResults(
   const noGguf = all.filter((r) => !r.shape.gguf).map((r) => r.shape.name);
   if (noGguf.length > 0) {
     console.log(
-      `\nllama.cpp not run for ${noGguf.join(", ")}: the engine cannot load it to export its ` +
-        "GGUF (its packed F32 weights exceed the 4 GiB arena).",
+      `\nllama.cpp not run for ${noGguf.join(", ")}: its F32 GGUF would take 6.9 GB more ` +
+        "of disk and minutes to export and load; the smaller shapes compare decode.",
     );
   }
 
@@ -1031,7 +1083,9 @@ function printResults(
         engineFailed && mbCell(e.engine)
           ? `${mbCell(e.engine)} (until it failed)`
           : mbCell(e.engine),
-        typeof e.engine?.arena_mb === "number" ? gb(e.engine.arena_mb * 2 ** 20) : null,
+        typeof e.engine?.arena_mb === "number"
+          ? `${gb(e.engine.arena_mb * 2 ** 20)} (${e.engine.arena})`
+          : null,
         w && rss ? `${(rss / (w + kv)).toFixed(2)}×` : null,
         mbCell(e.torch),
         shape.gguf ? mbCell(e.llama) : null,
@@ -1078,6 +1132,7 @@ function printResults(
         trainRows.push([
           shape.name,
           threadLabel(n),
+          typeof e.train?.arena === "string" ? e.train.arena : null,
           e.train?.steps_done !== undefined ? `${e.train.steps_done}` : null,
           mine,
           theirs,
@@ -1092,6 +1147,7 @@ function printResults(
       [
         "shape",
         "threads",
+        "engine arena",
         "engine steps",
         "engine",
         "PyTorch",

@@ -3,9 +3,9 @@ import { join } from "node:path";
 import { catalogModelDir, listCatalog } from "./catalog.ts";
 import { ChatFormat } from "./chat.ts";
 import { type ModelConfig, parseConfig } from "./config.ts";
-import { memory64Limit } from "./kernels/wasm.ts";
+import { engineMemoryLimit } from "./kernels/wasm.ts";
 import type { WeightChoice } from "./model.ts";
-import { readChatFiles, SERVING_ROOM } from "./model.ts";
+import { readChatFiles, servingRoom } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
 import { trainingMemory } from "./train-memory.ts";
 import { hfName, layerKeysOf, layerShape } from "./weights.ts";
@@ -123,8 +123,8 @@ export async function checkModelFolder(
   const weights =
     choice !== "auto" ? choice : (await weightMatricesAreBf16(dir, config)) ? "bf16" : "f32";
   const packed = trainingMemory(config, weights).weights;
-  const limit = memory64Limit();
-  if (packed + SERVING_ROOM > limit) {
+  const limit = engineMemoryLimit();
+  if (packed + servingRoom(config) > limit) {
     throw new ModelFileError(
       configPath,
       `too large for the engine: its weights take ${(packed / 1e9).toFixed(2)} GB packed in ${weights.toUpperCase()}, and the engine's memory holds ${(limit / 1e9).toFixed(2)} GB`,

@@ -125,10 +125,10 @@ export interface LoadOptions {
    */
   weights?: WeightChoice;
   /**
-   * Bytes of the kernels' memory to keep free beside the packed weights (for the KV caches of
-   * serving): a model that leaves less is refused before any weight is read. Default 0.
+   * Bytes of the kernels' memory to keep free beside the packed weights (for serving: see
+   * `servingRoom`): a model that leaves less is refused before any weight is read. Default 0.
    */
-  room?: number;
+  room?: (config: ModelConfig) => number;
 }
 
 /** `LoadOptions.weights`. */
@@ -138,7 +138,8 @@ export type WeightChoice = WeightDtype | "auto";
  * Loads a Hugging Face model folder: `config.json`, `tokenizer.json` and `tokenizer_config.json`,
  * the chat template (`chat_template.jinja`, else `tokenizer_config.json`'s), the optional
  * `generation_config.json`, and the safetensors weights (one file or shards; F32, F16 or BF16),
- * read tensor by tensor. A file that cannot be used is a `ModelFileError` naming it.
+ * read tensor by tensor. A file that cannot be used is a `ModelFileError` naming it; weights the
+ * kernels cannot hold (with `room` beside them) an `EngineMemoryError`, before any is read.
  */
 export async function loadModel(dir: string): Promise<Model<Float32Array>>;
 export async function loadModel(dir: string, options: LoadOptions): Promise<Model>;
@@ -159,7 +160,7 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
   /** Refuses, before any weight is read, weights that cannot fit the kernels' memory. */
   const fits = (dtype: WeightDtype) => {
     const need = trainingMemory(config, dtype).weights;
-    const room = options.room ?? 0;
+    const room = options.room?.(config) ?? 0;
     if (kernels && need + room > kernels.memoryLimit) {
       throw new EngineMemoryError(
         `${join(dir, "config.json")}: too large for the engine: its weights take ${(need / 1e9).toFixed(2)} GB packed in ${dtype.toUpperCase()}${room ? `, with ${(room / 1e9).toFixed(2)} GB beside them to serve,` : ","} and the engine's memory holds ${(kernels.memoryLimit / 1e9).toFixed(2)} GB`,
@@ -187,15 +188,29 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
   return createModel(config, weights, files, storage);
 }
 
-/** Arena a served model needs beside its packed weights: activations, KV mirrors, scratch. */
-export const SERVING_ROOM = 256 << 20;
+/** Arena a served model needs beside its packed weights for activations and scratch. */
+const SERVING_SCRATCH = 256 << 20;
+/**
+ * Tokens of KV cache (all sequences together) that serving plans room for in the arena, where
+ * the caches of the running sequences are mirrored.
+ */
+export const SERVING_KV_TOKENS = 8192;
+
+/**
+ * Arena a served model needs beside its packed weights: scratch, and the mirrors of
+ * `SERVING_KV_TOKENS` tokens of KV cache (F32 keys and values of every layer).
+ */
+export function servingRoom(config: ModelConfig): number {
+  const kvPerToken = config.numLayers * 2 * config.numKvHeads * config.headDim * 4;
+  return SERVING_SCRATCH + SERVING_KV_TOKENS * kvPerToken;
+}
 
 /** Where `loadServingModel` puts a model: wasm32 while it fits (faster), or one forced. */
 export type ArenaChoice = "auto" | "wasm32" | "memory64";
 
 /**
  * Loads a folder to serve it, into kernels of its own: packed in a wasm32 arena when the weights
- * and `SERVING_ROOM` fit its 4 GiB, else in a Memory64 one (a model too large is refused before
+ * and `servingRoom` fit its 4 GiB, else in a Memory64 one (a model too large is refused before
  * any weight is read, so trying costs nothing).
  */
 export async function loadServingModel(
@@ -209,7 +224,7 @@ export async function loadServingModel(
       const model = await loadModel(dir, {
         kernels,
         weights: options.weights,
-        room: SERVING_ROOM,
+        room: servingRoom,
       });
       return { kernels, model };
     } catch (err) {

@@ -75,6 +75,7 @@ const GB = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
  * Memory64 one (`createWasmKernels(…, { memory64: true })`).
  */
 export class EngineMemoryError extends TrainingInputError {
+  override readonly name: string = "EngineMemoryError";
   readonly needed: number;
   readonly available: number;
 

@@ -2,7 +2,7 @@ import type { ChatMessage, ChatRole, ToolCall } from "./chat.ts";
 
 /** Bad training input (SFT lines, trajectory groups); the message names where. */
 export class TrainingInputError extends Error {
-  override readonly name = "TrainingInputError";
+  override readonly name: string = "TrainingInputError";
 }
 
 const roles: readonly ChatRole[] = ["system", "developer", "user", "assistant", "tool"];

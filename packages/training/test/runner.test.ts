@@ -291,12 +291,16 @@ describe("TrainingWorker.runJob", () => {
   });
 
   it("when a job does not fit even a Memory64 arena, then it fails before its first step, naming the memory needed and available", async () => {
+    const made: boolean[] = [];
     const w = new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
       loadBaseModel: baseModels(),
       loadSftExamples: async () => [example],
-      createKernels: (memory64) => createWasmKernels("simd", { memory64, memoryLimit: 16 << 20 }),
+      createKernels: (memory64) => {
+        made.push(memory64);
+        return createWasmKernels("simd", { memory64, memoryLimit: 16 << 20 });
+      },
     });
     await enqueueSftJob(store, await model("too-wide"), {
       training_data_url: "https://data.example/one.jsonl",
@@ -306,12 +310,15 @@ describe("TrainingWorker.runJob", () => {
     expect(job.error_message).toMatch(
       /^not enough engine memory to train on a \d+-token sequence: it needs 0\.0\d GB .* and the engine has 0\.02 GB/,
     );
+    // The message is the Memory64 arena's, the second one tried.
+    expect(made).toEqual([false, true]);
     const events = (await store.jobs.listEvents("e", job.id)).data;
     expect(events.map((e) => e.type)).toEqual(["training_failed"]);
   });
 
-  it("when an RL job runs, then one step is taken on its groups and checkpoint step 1 is written", async () => {
-    const m = await model("rl");
+  /** An RL job of two groups (one of them all equal rewards, skipped) on a new model. */
+  async function rlJob(name: string) {
+    const m = await model(name);
     const choice = (content: string) => ({
       index: 0,
       message: { role: "assistant" as const, content },
@@ -328,6 +335,37 @@ describe("TrainingWorker.runJob", () => {
       ],
       experimental_config: { loss_fn: "pg", learning_rate: 1e-3 },
     });
+    return m;
+  }
+
+  it("when an RL step needs more memory than a wasm32 arena holds, then it is taken on a Memory64 one, once", async () => {
+    const made: boolean[] = [];
+    const w = new TrainingWorker({
+      store,
+      logger: pino({ level: "silent" }),
+      loadBaseModel: baseModels(),
+      loadSftExamples: async () => [],
+      createKernels: (memory64) => {
+        made.push(memory64);
+        return createWasmKernels("simd", memory64 ? { memory64 } : { memoryLimit: 16 << 20 });
+      },
+    });
+    const m = await rlJob("rl-wide");
+    const job = await runNext(w);
+    expect(job).toMatchObject({ status: "succeeded", step_to: 1 });
+    expect(made).toEqual([false, true]);
+    const events = (await store.jobs.listEvents("e", job.id)).data;
+    expect(events.map((e) => e.type)).toEqual([
+      "training_started",
+      "gradient_step",
+      "checkpoint_saved",
+      "training_ended",
+    ]);
+    expect((await store.models.get("e", m.id))?.latest_step).toBe(1);
+  });
+
+  it("when an RL job runs, then one step is taken on its groups and checkpoint step 1 is written", async () => {
+    const m = await rlJob("rl");
     const activity: TrainingActivity[] = [];
     const job = await runNext(worker((a) => activity.push(a)));
     expect(job).toMatchObject({ status: "succeeded", step_to: 1 });

@@ -40,7 +40,8 @@ export interface Kernels {
   readonly name: string;
   /**
    * Bytes the kernels can hold at once: the weights they keep packed, workspaces and a call's
-   * scratch (the WASM arena's 4 GiB); Infinity when only the machine's memory bounds them.
+   * scratch (a wasm32 arena's 4 GiB, or a Memory64 arena's limit); Infinity when only the
+   * machine's memory bounds them.
    */
   readonly memoryLimit: number;
   /**

@@ -110,11 +110,19 @@ export const ARENA_LIMIT = MAX_PAGES * PAGE;
 export const ARENA_LIMIT_64 = MAX_PAGES_64 * PAGE;
 
 /**
- * What a Memory64 arena may grow to by default: 16 GiB, or three quarters of this machine's
- * memory when that is less (the rest is the process's own and the system's).
+ * What a Memory64 arena may grow to by default: 16 GiB, or three quarters of the memory this
+ * process may use (the machine's, or its container's limit) when that is less; the rest is the
+ * process's own and the system's.
  */
 export function memory64Limit(): number {
-  return Math.min(ARENA_LIMIT_64, Math.floor((totalmem() * 0.75) / PAGE) * PAGE);
+  const constrained = process.constrainedMemory();
+  const memory = constrained > 0 ? Math.min(constrained, totalmem()) : totalmem();
+  return Math.min(ARENA_LIMIT_64, Math.floor((memory * 0.75) / PAGE) * PAGE);
+}
+
+/** The most a model may take of the engine's memory: a wasm32 arena's, or a Memory64 one's. */
+export function engineMemoryLimit(): number {
+  return Math.max(ARENA_LIMIT, memory64Limit());
 }
 /**
  * From this many rows on, a GEMM on BF16 panels widens them to F32 a slab at a time and runs the
@@ -1147,7 +1155,8 @@ export interface WasmKernelOptions {
   memoryLimit?: number;
   /**
    * A Memory64 arena, for models that do not fit in 4 GiB. Every address is then 64-bit, which
-   * V8 checks on each access (bench/engine-memory64.ts measures the cost); default false.
+   * V8 checks on each access (`bench/engine-families.ts --arena` measures the cost); default
+   * false. Integer arguments reach the kernels as f64 (a missing one traps, not 0).
    */
   memory64?: boolean;
 }

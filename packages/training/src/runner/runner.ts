@@ -557,7 +557,7 @@ export class TrainingWorker {
   async #onArena<T>(baseId: string, work: (kernels: Kernels) => Promise<T>): Promise<T> {
     if (!this.#wide.has(baseId)) {
       try {
-        return await work(this.#kernelSet(false));
+        return await work(await this.#kernelSet(false));
       } catch (err) {
         if (!(err instanceof EngineMemoryError)) throw err;
         this.#o.logger.info(
@@ -566,21 +566,26 @@ export class TrainingWorker {
         );
       }
     }
-    const result = await work(this.#kernelSet(true));
+    const result = await work(await this.#kernelSet(true));
     this.#wide.add(baseId);
     return result;
   }
 
   /**
    * One kernel set at a time for every job of this worker (its helper threads start with the
-   * first), wasm32 or Memory64: a switch closes the other, and its arena goes with the base
-   * model in it (WebAssembly memory never shrinks, so only dropping it returns the memory).
+   * first), wasm32 or Memory64: a switch stops the other's threads and drops it, and its arena
+   * goes with the base model in it when collected (WebAssembly memory never shrinks, so only
+   * dropping it returns the memory).
    */
-  #kernelSet(memory64: boolean): Kernels {
-    if (this.#kernels && this.#kernels.memory64 !== memory64) {
-      const old = this.#kernels;
+  async #kernelSet(memory64: boolean): Promise<Kernels> {
+    const old = this.#kernels;
+    if (old && old.memory64 !== memory64) {
       this.#kernels = undefined;
-      void old.close();
+      await old
+        .close()
+        .catch((err: unknown) =>
+          this.#o.logger.warn({ err }, "could not stop the kernel threads of the other arena"),
+        );
     }
     this.#kernels ??= this.#createKernels(memory64);
     return this.#kernels;
