@@ -147,13 +147,87 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
         (br $t${label})))
       ${store}`;
   };
+  /**
+   * A few rows more than a 6-row tile (7–12: decoding that many sequences) against one panel,
+   * half of it at a time: one accumulator per row for columns 0–3 over every k, then again for
+   * columns 4–7 (the panel, read again, is in cache by then). The weight streams from memory
+   * once for all the rows, where 6-row tiles read it twice, and each sum still runs over k in
+   * order, so the bits are those of any other tile.
+   */
+  const halfTile = (MR: number, half: number): string => {
+    const label = `h${MR}_${half}`;
+    const rowOut = (i: number) =>
+      set(
+        "po",
+        add(get("out"), add(mul(add(get("m"), i32(i)), get("ldo")), mul(get("n"), i32(4)))),
+      );
+    const init = range(MR)
+      .map(
+        (i) => `${rowOut(i)}
+        ${set(`h${i}`, `(select (v128.load offset=${half * 16} ${L("po")}) ${zero} (i32.ne ${L("acc")} (i32.const 0)))`)}`,
+      )
+      .join("\n");
+    const pointers = [
+      ...range(MR).map((i) => set(`pa${i}`, add(get("a"), mul(add(get("m"), i32(i)), get("lda"))))),
+      set("pb0", add(get("p"), mul(`(i32.shr_u ${L("n")} (i32.const 3))`, get("ps")))),
+    ].join("\n");
+    const step = (u: number): string => {
+      const lines: string[] = [];
+      if (bf16) {
+        lines.push(set("b0", `(v128.load offset=${u * 16} ${L("pb0")})`));
+        lines.push(
+          set(
+            "b0",
+            half === 0 ? `(i32x4.shl ${L("b0")} ${LANE16})` : `(v128.and ${L("b0")} ${L("hi")})`,
+          ),
+        );
+      } else {
+        lines.push(set("b0", `(v128.load offset=${u * 32 + half * 16} ${L("pb0")})`));
+      }
+      for (let i = 0; i < MR; i++) {
+        lines.push(set("s", `(v128.load32_splat offset=${u * 4} ${L(`pa${i}`)})`));
+        lines.push(set(`h${i}`, madd(L("s"), L("b0"), L(`h${i}`))));
+      }
+      return lines.join("\n");
+    };
+    const advance = (steps: number) =>
+      [
+        ...range(MR).map((i) => set(`pa${i}`, add(L(`pa${i}`), i32(steps * 4)))),
+        set("pb0", add(L("pb0"), i32(steps * stride))),
+      ].join("\n");
+    const store = range(MR)
+      .map(
+        (i) => `${rowOut(i)}
+        (v128.store offset=${half * 16} ${L("po")} ${L(`h${i}`)})`,
+      )
+      .join("\n");
+    return `${init}
+      ${pointers}
+      ${set("k", i32(0))}
+      (block $u${label}_d (loop $u${label}
+        (br_if $u${label}_d (i32.gt_u ${add(L("k"), i32(U))} ${L("K")}))
+        ${range(U).map(step).join("\n")}
+        ${advance(U)}
+        ${set("k", add(L("k"), i32(U)))}
+        (br $u${label})))
+      (block $t${label}_d (loop $t${label}
+        (br_if $t${label}_d (i32.ge_u ${L("k")} ${L("K")}))
+        ${step(0)}
+        ${advance(1)}
+        ${set("k", add(L("k"), i32(1)))}
+        (br $t${label})))
+      ${store}`;
+  };
+  /** Every panel for the MR (7–12) rows of a small batch, by halves (`halfTile`). */
+  const halfPanels = (MR: number) => `${set("n", i32(0))}
+      ${forLoop(`hp${MR}`, "n", 8, L("N8"), `${halfTile(MR, 0)}\n${halfTile(MR, 1)}`)}`;
   /** All panels for MR rows starting at m: NP panels per tile, then one at a time. */
   const panels = (MR: number, NP: number) => `${set("n", i32(0))}
       ${NP > 1 ? forLoop(`w${MR}`, "n", NP * 8, L("N8"), tile(MR, NP)) : ""}
       ${forLoop(`n${MR}`, "n", 8, L("N8"), tile(MR, 1))}`;
   const widths: Record<number, number> = { 1: 4, 2: 3, 3: 2, 4: 1, 5: 1 };
   const locals = [
-    ...["m", "n", "k", "N8", "po", ...range(6).map((i) => `pa${i}`)]
+    ...["m", "n", "k", "N8", "po", ...range(HALF_ROWS).map((i) => `pa${i}`)]
       .concat(
         range(4).map((j) => `pb${j}`),
         range(U).map((u) => `pk${u}`),
@@ -163,21 +237,34 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
     ...range(6).flatMap((i) =>
       range(4).flatMap((j) => range(2).map((v) => `(local $c${i}_${j}_${v} v128)`)),
     ),
+    ...(transposedA ? [] : range(HALF_ROWS).map((i) => `(local $h${i} v128)`)),
   ];
+  const sixRowTiles = `${forLoop("m6", "m", 6, L("M"), panels(6, 1))}
+    ${[5, 4, 3, 2, 1]
+      .map(
+        (r) =>
+          `(if (i32.eq (i32.sub ${L("M")} ${L("m")}) ${i32(r)}) (then ${panels(r, widths[r]!)}))`,
+      )
+      .join("\n")}`;
+  // Weight gradients (transposed A) have many rows; small batches take the half-panel tiles.
+  const body = transposedA
+    ? sixRowTiles
+    : `(if (i32.lt_u (i32.sub ${L("M")} ${i32(7)}) ${i32(HALF_ROWS - 6)})
+      (then ${range(HALF_ROWS - 6)
+        .map((i) => `(if (i32.eq ${L("M")} ${i32(7 + i)}) (then ${halfPanels(7 + i)}))`)
+        .join("\n")})
+      (else ${sixRowTiles}))`;
   return `(func (export "${name}") (param $out i32) (param $ldo i32) (param $a i32) (param $lda i32) (param $p i32) (param $ps i32)
       (param $M i32) (param $N i32) (param $K i32) (param $acc i32)
     ${locals.join(" ")}
     ${set("N8", `(i32.and ${add(L("N"), i32(7))} (i32.const -8))`)}
     ${bf16 ? set("hi", HIGH_HALVES) : ""}
     ${set("m", i32(0))}
-    ${forLoop("m6", "m", 6, L("M"), panels(6, 1))}
-    ${[5, 4, 3, 2, 1]
-      .map(
-        (r) =>
-          `(if (i32.eq (i32.sub ${L("M")} ${L("m")}) ${i32(r)}) (then ${panels(r, widths[r]!)}))`,
-      )
-      .join("\n")})`;
+    ${body})`;
 }
+
+/** The most rows `gemm` computes with half-panel tiles (from 7; see `halfTile`). */
+const HALF_ROWS = 12;
 
 const HIGH_HALVES = "(v128.const i32x4 0xffff0000 0xffff0000 0xffff0000 0xffff0000)";
 

@@ -605,6 +605,34 @@ export class WasmKernels implements Kernels {
   ): void {
     const parts = this.parts(2 * M * N * K);
     const jobs: Job[] = [];
+    const ps = bf16 ? K * 16 : K * 32;
+    const panels8 = Math.ceil(N / 8);
+    if (!transposedA && parts > 1 && Math.ceil(M / 6) < parts && panels8 >= parts) {
+      // Fewer 6-row tiles than tasks (decoding a few sequences): the columns are split instead,
+      // in whole panels, every task computing all the rows; each element's sum is the same.
+      for (let i = 0; i < parts; i++) {
+        const p0 = Math.round((panels8 * i) / parts);
+        const p1 = Math.round((panels8 * (i + 1)) / parts);
+        if (p1 <= p0) continue;
+        const n0 = p0 * 8;
+        jobs.push(
+          call(bf16 ? "gemm_bf16" : "gemm", [
+            outOffset + n0 * 4,
+            ldo,
+            aOffset,
+            lda,
+            panels + p0 * ps,
+            ps,
+            M,
+            Math.min(N, p1 * 8) - n0,
+            K,
+            acc,
+          ]),
+        );
+      }
+      this.runJobs(jobs);
+      return;
+    }
     for (let i = 0; i < parts; i++) {
       // Rows split in whole 6-row tiles; every element's sum is the same whichever thread runs it.
       const m0 = Math.min(M, Math.round((M * i) / parts / 6) * 6);
@@ -635,7 +663,7 @@ export class WasmKernels implements Kernels {
               aOffset + m0 * lda,
               lda,
               panels,
-              bf16 ? K * 16 : K * 32,
+              ps,
               m1 - m0,
               N,
               K,

@@ -93,6 +93,30 @@ describe("kernels on worker threads", () => {
     await Promise.all(sets.map((k) => k.close()));
   });
 
+  it("when a few rows (decoding 1–12 sequences) meet a weight large enough to split, then its columns are split among the threads, with the same bits", async () => {
+    const rng = new Rng(12);
+    // 259 columns: 33 panels, split unevenly, the last one partial.
+    const [N, K] = [259, 8200];
+    const w = random(N * K, rng);
+    const sets = [1, 2, 3].map((threads) => createWasmKernels("auto", { threads }));
+    const results = outputs(sets, (k) =>
+      (["f32", "bf16"] as const).flatMap((dtype) => {
+        const packed = k.packWeight!(N, K, dtype);
+        packed.writeRows(0, w);
+        return [1, 5, 8, 12].map((M) => {
+          const out = random(M * N, new Rng(M));
+          k.matmulNT(out, random(M * K, new Rng(M + 1)), packed, M, N, K, true);
+          return out;
+        });
+      }),
+    );
+    expect(results[1]).toEqual(results[0]);
+    expect(results[2]).toEqual(results[0]);
+    // Every product was split on 2 and 3 threads, none on one.
+    expect(sets.map((k) => k.splitCalls)).toEqual([0, 8, 8]);
+    await Promise.all(sets.map((k) => k.close()));
+  });
+
   it("when attention splits rows (prefill) or sequences (training), then the bits are the same", () => {
     const rng = new Rng(4);
     const [H, KV, hd, n, start] = [4, 2, 64, 150, 10];
