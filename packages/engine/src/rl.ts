@@ -262,6 +262,7 @@ export function trainRlStep(
       const mask = batch.lossMask;
       const result = trainer.backward(batch, {
         entropy: true,
+        maskedRowsOnly: true,
         objective: (logprobs) => {
           const grad = new Float32Array(mask.length);
           let l = 0;

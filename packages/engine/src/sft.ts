@@ -246,6 +246,7 @@ export async function trainSft(
       const batch = packBatch(micro, model.config.maxPositions);
       const mask = batch.lossMask;
       const result = trainer.backward(batch, {
+        maskedRowsOnly: true,
         objective: (logprobs) => {
           const grad = new Float32Array(mask.length);
           let l = 0;

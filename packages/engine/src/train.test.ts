@@ -102,6 +102,42 @@ describe("lossAndGradients on WASM kernels", () => {
   });
 });
 
+describe("lossAndGradients, the head at masked rows only", () => {
+  it("when only rows of non-zero mask get the head, then the loss, entropy, objective log-probs and every gradient are the same bits", () => {
+    const model = tinyModel(21, { intermediateSize: 44 });
+    const batch = randomBatch(model.config.vocabSize, 3, 11, 5);
+    const masked = Array.from(batch.lossMask).filter((m) => m !== 0).length;
+    // Some rows are left out, and some kept (else every row would be computed anyway).
+    expect(masked).toBeGreaterThan(0);
+    expect(masked).toBeLessThan(batch.lossMask.length);
+    const kernels = createWasmKernels();
+    const run = (maskedRowsOnly: boolean) => {
+      const grads = zerosLike(model.weights);
+      const seen: Float32Array[] = [];
+      const result = lossAndGradients(model, kernels, batch, grads, {
+        entropy: true,
+        maskedRowsOnly,
+        objective: (logprobs) => {
+          seen.push(logprobs.map((lp, r) => (batch.lossMask[r] === 0 ? 0 : lp)));
+          const grad = batch.lossMask.map((m, r) => -m * (1 + (r % 3)) * 0.1);
+          let loss = 0;
+          for (let r = 0; r < grad.length; r++) loss += grad[r]! * logprobs[r]!;
+          return { loss, grad };
+        },
+      });
+      return { result, seen, grads: parameters(model.config, grads).map((p) => p.data) };
+    };
+    const all = run(false);
+    const some = run(true);
+    expect(some.result.loss).toBe(all.result.loss);
+    expect(some.result.entropy).toEqual(all.result.entropy);
+    expect(some.seen).toEqual(all.seen);
+    expect(some.grads).toEqual(all.grads);
+    // The embeddings' and the head's gradients are not all zero (the test is not vacuous).
+    expect(some.grads[0]!.some((g) => g !== 0)).toBe(true);
+  });
+});
+
 describe("Trainer", () => {
   it("when trained on one batch, then the loss falls and a same-seed rerun is bit-identical", () => {
     const run = () => {

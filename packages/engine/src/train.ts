@@ -43,6 +43,13 @@ export interface LossOptions {
   objective?: (tokenLogprobs: Float32Array) => { loss: number; grad: Float32Array };
   /** Compute the entropy at masked positions. */
   entropy?: boolean;
+  /**
+   * Only the rows with a non-zero loss mask matter (the objective reads their log-probs alone
+   * and gives the others no gradient): the head's logits, by far the widest GEMM, are computed
+   * at those rows alone, and `tokenLogprobs` is 0 at the others. The loss and gradients are
+   * the same (the other rows' logit gradients are exact zeros).
+   */
+  maskedRowsOnly?: boolean;
 }
 
 /**
@@ -109,52 +116,67 @@ function lossAndGradientsIn(
   const invF = ws.f32(R);
   kernels.rmsNorm(hf, x, weights.norm, R, D, eps, invF);
   const head = weights.lmHead ?? weights.embed;
-  const logits = ws.f32(R * V);
-  kernels.matmulNT(logits, hf, head, R, V, D, false, ver);
+  // The head's rows: every row, or (maskedRowsOnly) those of non-zero mask, gathered.
+  const rows = options.maskedRowsOnly ? maskedRows(batch.lossMask) : null;
+  const Rh = rows ? rows.length : R;
+  const at = (i: number) => (rows ? rows[i]! : i);
+  const hHead = rows ? ws.f32(Rh * D) : hf;
+  if (rows) rows.forEach((r, i) => hHead.set(hf.subarray(r * D, (r + 1) * D), i * D));
+  const logits = ws.f32(Rh * V);
+  kernels.matmulNT(logits, hHead, head, Rh, V, D, false, ver);
 
   // Softmax cross-entropy; logits become d(loss)/d(logits) in place.
   let weight = 0;
   for (let r = 0; r < R; r++) weight += batch.lossMask[r]!;
   const norm = weight > 0 ? 1 / weight : 0;
   const tokenLogprobs = new Float32Array(R); // returned: not in the workspace
-  const targetLogits = ws.f32(R);
-  const rowScale = ws.f32(R);
-  for (let r = 0; r < R; r++) {
-    targetLogits[r] = logits[r * V + batch.targets[r]!]!;
-    rowScale[r] = batch.lossMask[r]! * norm;
+  const mask = ws.f32(Rh);
+  const targetLogits = ws.f32(Rh);
+  const rowScale = ws.f32(Rh);
+  for (let i = 0; i < Rh; i++) {
+    const r = at(i);
+    mask[i] = batch.lossMask[r]!;
+    targetLogits[i] = logits[i * V + batch.targets[r]!]!;
+    rowScale[i] = mask[i]! * norm;
   }
-  const rowMax = ws.f32(R);
-  const rowSum = ws.f32(R);
+  const rowMax = ws.f32(Rh);
+  const rowSum = ws.f32(Rh);
   if (options.objective || options.entropy) rowScale.fill(1);
-  kernels.softmaxRows(logits, R, V, rowScale, rowMax, rowSum);
+  kernels.softmaxRows(logits, Rh, V, rowScale, rowMax, rowSum);
   let lossSum = 0;
-  for (let r = 0; r < R; r++) {
-    const logp = targetLogits[r]! - rowMax[r]! - Math.log(rowSum[r]!);
-    tokenLogprobs[r] = logp;
-    lossSum -= batch.lossMask[r]! * logp;
+  for (let i = 0; i < Rh; i++) {
+    const logp = targetLogits[i]! - rowMax[i]! - Math.log(rowSum[i]!);
+    tokenLogprobs[at(i)] = logp;
+    lossSum -= mask[i]! * logp;
   }
   const result: LossResult = { loss: lossSum * norm, weight, tokenLogprobs };
-  if (options.entropy) result.entropy = rowEntropy(logits, batch.lossMask, R, V);
+  if (options.entropy) {
+    const entropy = rowEntropy(logits, mask, Rh, V);
+    result.entropy = rows ? new Float32Array(R) : entropy;
+    if (rows) rows.forEach((r, i) => (result.entropy![r] = entropy[i]!));
+  }
   if (options.objective) {
     // Rows hold probabilities: d(loss)/d(logits) = −g·(onehot − p) per row.
     const { loss, grad } = options.objective(tokenLogprobs);
     result.loss = loss;
-    for (let r = 0; r < R; r++) rowScale[r] = -grad[r]!;
-    scaleRows(logits, rowScale, R, V);
+    for (let i = 0; i < Rh; i++) rowScale[i] = -grad[at(i)]!;
+    scaleRows(logits, rowScale, Rh, V);
   } else if (options.entropy) {
-    for (let r = 0; r < R; r++) rowScale[r] = batch.lossMask[r]! * norm;
-    scaleRows(logits, rowScale, R, V);
+    for (let i = 0; i < Rh; i++) rowScale[i] = mask[i]! * norm;
+    scaleRows(logits, rowScale, Rh, V);
   }
-  for (let r = 0; r < R; r++) {
-    const o = r * V + batch.targets[r]!;
-    logits[o] = logits[o]! - rowScale[r]!;
+  for (let i = 0; i < Rh; i++) {
+    const o = i * V + batch.targets[at(i)]!;
+    logits[o] = logits[o]! - rowScale[i]!;
   }
   if (!grads && !hooks?.backward) return result;
 
   const dLogits = logits;
-  const dHf = ws.f32(R * D);
-  kernels.matmulNN(dHf, dLogits, head, R, D, V, false, ver);
-  if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hf, V, D, R, true);
+  const dHead = ws.f32(Rh * D);
+  kernels.matmulNN(dHead, dLogits, head, Rh, D, V, false, ver);
+  if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hHead, V, D, Rh, true);
+  const dHf = rows ? ws.f32(R * D) : dHead;
+  if (rows) rows.forEach((r, i) => dHf.set(dHead.subarray(i * D, (i + 1) * D), r * D));
   const dx = ws.f32(R * D);
   kernels.rmsNormBackward(dx, grads?.norm ?? ws.f32(D), dHf, x, invF, weights.norm, R, D);
 
@@ -182,6 +204,16 @@ function lossAndGradientsIn(
     for (let i = 0; i < D; i++) grads.embed[o + i] = grads.embed[o + i]! + dx[r * D + i]!;
   }
   return result;
+}
+
+/** The rows of non-zero mask, or null when that is every row or none (then all are computed). */
+function maskedRows(mask: Float32Array): Int32Array | null {
+  let n = 0;
+  for (let r = 0; r < mask.length; r++) if (mask[r] !== 0) n++;
+  if (n === 0 || n === mask.length) return null;
+  const rows = new Int32Array(n);
+  for (let r = 0, i = 0; r < mask.length; r++) if (mask[r] !== 0) rows[i++] = r;
+  return rows;
 }
 
 /** −Σ p·log p of each row of probabilities whose mask is non-zero (0 elsewhere). */
