@@ -315,6 +315,71 @@ function widenBf16(): string {
     )})`;
 }
 
+/** i8x16.shuffle of two vectors' 32-bit lanes (0–3 the first's, 4–7 the second's). */
+const lanes = (a: string, b: string, picks: number[]) =>
+  `(i8x16.shuffle ${picks.flatMap((l) => [4 * l, 4 * l + 1, 4 * l + 2, 4 * l + 3]).join(" ")} ${a} ${b})`;
+
+/**
+ * The B-panels of a weight kept as W-panels (for dX = dY·W): every whole 8×8 block of the
+ * first `panels` W-panels (K rows of 8 weight rows each; BF16 ones in `narrowBf16`'s order),
+ * for the first `blocks` blocks of 8 k, transposed to F32 rows of 8 k at
+ * dst + (j·N·8 + p·64)·4 (block j of k, panel p). The caller does the partial blocks.
+ */
+function weightToB(bf16: boolean): string {
+  const L = (n: string) => `(local.get $${n})`;
+  const row = (k: number, half: number) => `r${k}_${half}`;
+  // The 8 k rows of the block, each as two F32 vectors: weight rows 0–3 and 4–7.
+  const loads = range(8)
+    .map((k) =>
+      bf16
+        ? `${set("v", `(v128.load offset=${k * 16} ${L("ps")})`)}
+        ${set(row(k, 0), `(i32x4.shl ${L("v")} ${LANE16})`)}
+        ${set(row(k, 1), `(v128.and ${L("v")} ${HIGH_HALVES})`)}`
+        : `${set(row(k, 0), `(v128.load offset=${k * 32} ${L("ps")})`)}
+        ${set(row(k, 1), `(v128.load offset=${k * 32 + 16} ${L("ps")})`)}`,
+    )
+    .join("\n");
+  // A 4×4 transpose: k rows k0…k0+3, weight rows 4·half + i (lane i), become output rows
+  // 4·half + i, at the column offset of k0. Row i takes lane i of the four k rows.
+  const quarter = (k0: number, half: number) => {
+    const [a, b, c, d] = range(4).map((i) => L(row(k0 + i, half)));
+    const out = (i: number, v: string) =>
+      `(v128.store offset=${(4 * half + i) * 32 + (k0 / 4) * 16} ${L("pd")} ${v})`;
+    return `${set("t0", lanes(a!, b!, [0, 4, 1, 5]))}
+      ${set("t1", lanes(a!, b!, [2, 6, 3, 7]))}
+      ${set("t2", lanes(c!, d!, [0, 4, 1, 5]))}
+      ${set("t3", lanes(c!, d!, [2, 6, 3, 7]))}
+      ${out(0, lanes(L("t0"), L("t2"), [0, 1, 4, 5]))}
+      ${out(1, lanes(L("t0"), L("t2"), [2, 3, 6, 7]))}
+      ${out(2, lanes(L("t1"), L("t3"), [0, 1, 4, 5]))}
+      ${out(3, lanes(L("t1"), L("t3"), [2, 3, 6, 7]))}`;
+  };
+  const panelBytes = bf16 ? 16 : 32;
+  return `(func (export "${bf16 ? "weight_to_b_bf16" : "weight_to_b"}") (param $dst i32) (param $src i32) (param $panels i32) (param $blocks i32) (param $K i32) (param $N i32)
+    (local $p i32) (local $j i32) (local $ps i32) (local $pd i32) (local $v v128)
+    (local $t0 v128) (local $t1 v128) (local $t2 v128) (local $t3 v128)
+    ${range(8)
+      .flatMap((k) => [0, 1].map((h) => `(local $${row(k, h)} v128)`))
+      .join(" ")}
+    ${forLoop(
+      "wp",
+      "p",
+      1,
+      L("panels"),
+      `${set("j", i32(0))}
+      ${forLoop(
+        "wj",
+        "j",
+        1,
+        L("blocks"),
+        `${set("ps", add(L("src"), mul(i32(panelBytes), add(mul(L("p"), L("K")), mul(L("j"), i32(8))))))}
+        ${set("pd", add(L("dst"), mul(i32(4), add(mul(mul(L("j"), L("N")), i32(8)), mul(L("p"), i32(64))))))}
+        ${loads}
+        ${[0, 4].flatMap((k0) => [0, 1].map((h) => quarter(k0, h))).join("\n")}`,
+      )}`,
+    )})`;
+}
+
 /**
  * Packs B into the panels `gemm` reads: [ceil(N/8)][K][8] floats, `ps` bytes per panel, zero
  * past N. `fromWeight`: the source is a Linear weight W[N,K] (B = Wᵀ) instead of B[K,N].
@@ -765,6 +830,8 @@ function module(madd: Madd, wide: boolean): string {
   ${gemm(madd, "gemm_bf16", false, true)}
   ${narrowBf16()}
   ${widenBf16()}
+  ${weightToB(false)}
+  ${weightToB(true)}
   ${pack("pack_b", false)}
   ${pack("pack_w", true)}
   ${rmsNorm(madd)}

@@ -28,6 +28,16 @@ interface KernelExports {
   gemm_bf16: Gemm;
   narrow_bf16(dst: number, src: number, n: number): void;
   widen_bf16(dst: number, src: number, n: number): void;
+  /** B-panels of the whole 8×8 blocks of W-panels (see `weightToB`). */
+  weight_to_b(dst: number, src: number, panels: number, blocks: number, K: number, N: number): void;
+  weight_to_b_bf16(
+    dst: number,
+    src: number,
+    panels: number,
+    blocks: number,
+    K: number,
+    N: number,
+  ): void;
   pack_b(dst: number, src: number, N: number, K: number, ps: number): void;
   pack_w(dst: number, src: number, N: number, K: number, ps: number): void;
   rms_norm(
@@ -376,11 +386,23 @@ export class WasmKernels implements Kernels {
     const src = weight.offset / (bf16 ? 2 : 4);
     const out = dst / 4;
     const K8 = Math.ceil(K / 8);
-    // Rows n0… of W (n0 a multiple of 8) become rows 0… of the B-panels.
+    // Rows n0… of W (n0 a multiple of 8) become rows 0… of the B-panels: the whole 8×8 blocks
+    // by the kernel, a partial panel or block of k here.
+    const whole = Math.floor(N / 8);
+    const blocks = Math.floor(K / 8);
+    const first = weight.offset + (n0 / 8) * K * (bf16 ? 16 : 32);
+    (bf16 ? this.exports.weight_to_b_bf16 : this.exports.weight_to_b)(
+      dst,
+      first,
+      whole,
+      blocks,
+      K,
+      N,
+    );
     for (let p = 0; p < Math.ceil(N / 8); p++) {
       const rows = Math.min(8, N - p * 8);
       const panel = src + (n0 / 8 + p) * K * 8;
-      for (let j = 0; j < K8; j++) {
+      for (let j = p < whole ? blocks : 0; j < K8; j++) {
         const cols = Math.min(8, K - j * 8);
         const from = panel + j * 64;
         const to = out + j * N * 8 + p * 64;
