@@ -241,14 +241,14 @@ export function trainRlStep(
   let loss = 0;
   let entropySum = 0;
   if (trainable > 0) {
-    const budget = microBatchBudget(
+    const plan = microBatchBudget(
       trainer.model.config,
       trainer.kernels,
       sequences,
       config.microBatchTokens ?? 4096,
       trainer.model.storage,
     );
-    for (const micro of microBatches(sequences, budget)) {
+    for (const micro of microBatches(sequences, plan.tokens)) {
       const batch = packBatch(micro, maxLen);
       const T = batch.seqLen;
       const adv = new Float32Array(batch.lossMask.length);
@@ -263,6 +263,7 @@ export function trainRlStep(
       const result = trainer.backward(batch, {
         entropy: true,
         maskedRowsOnly: true,
+        recompute: plan.recompute,
         objective: (logprobs) => {
           const grad = new Float32Array(mask.length);
           let l = 0;

@@ -220,7 +220,7 @@ export async function trainSft(
   if (typeof lr !== "number" && lr.length === 0) {
     throw new TrainingInputError("sft: learning_rate list is empty");
   }
-  const microBudget = microBatchBudget(
+  const micro = microBatchBudget(
     model.config,
     trainer.kernels,
     prepared.sequences,
@@ -241,12 +241,13 @@ export async function trainSft(
       tokens += s.tokens.length;
     }
     let loss = 0;
-    for (const micro of microBatches(seqs, microBudget)) {
+    for (const batchSeqs of microBatches(seqs, micro.tokens)) {
       options.interrupt?.();
-      const batch = packBatch(micro, model.config.maxPositions);
+      const batch = packBatch(batchSeqs, model.config.maxPositions);
       const mask = batch.lossMask;
       const result = trainer.backward(batch, {
         maskedRowsOnly: true,
+        recompute: micro.recompute,
         objective: (logprobs) => {
           const grad = new Float32Array(mask.length);
           let l = 0;

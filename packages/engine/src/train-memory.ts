@@ -21,6 +21,11 @@ export interface TrainingMemory {
   fixed: number;
   /** Activations saved for the backward, the backward's own per-layer arrays, and the logits. */
   perRow: number;
+  /**
+   * `perRow` when activations are recomputed (`LossOptions.recompute`): each layer's input is
+   * kept, and one layer's activations at a time are computed again in the backward.
+   */
+  perRowRecompute: number;
 }
 
 export function trainingMemory(
@@ -53,18 +58,36 @@ export function trainingMemory(
   // Embeddings, the final norm's input, output and gradients, the logits (twice when a row of
   // V is not a whole panel and goes through scratch), and per-row statistics.
   const head = 4 * D + V + (V % 8 === 0 ? 0 : V + 8) + 8;
-  return { weights, fixed, perRow: 4 * (L * saved + backward + head) };
+  return {
+    weights,
+    fixed,
+    perRow: 4 * (L * saved + backward + head),
+    // The layers' inputs, one layer's activations and the output it recomputes into.
+    perRowRecompute: 4 * (L * D + saved + D + backward + head),
+  };
 }
 
-/** Rows a micro-batch can hold within the kernels' memory (Infinity when unbounded). */
+/**
+ * Rows a micro-batch can hold within the kernels' memory (Infinity when unbounded), with every
+ * activation saved or (`recompute`) recomputed in the backward.
+ */
 export function rowsThatFit(
   config: ModelConfig,
   kernels: Kernels,
   storage: WeightStorage = "plain",
+  recompute = false,
 ): number {
   if (!Number.isFinite(kernels.memoryLimit)) return Number.POSITIVE_INFINITY;
-  const { weights, fixed, perRow } = trainingMemory(config, storage);
-  return Math.max(0, Math.floor((kernels.memoryLimit - weights - fixed) / perRow));
+  const { weights, fixed, perRow, perRowRecompute } = trainingMemory(config, storage);
+  const row = recompute ? perRowRecompute : perRow;
+  return Math.max(0, Math.floor((kernels.memoryLimit - weights - fixed) / row));
+}
+
+/** How a training pass's micro-batches are cut: at most `tokens` rows each, and whether their
+ * activations are recomputed in the backward. */
+export interface MicroBatchPlan {
+  tokens: number;
+  recompute: boolean;
 }
 
 const GB = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
@@ -87,10 +110,12 @@ export class EngineMemoryError extends TrainingInputError {
 }
 
 /**
- * The micro-batch token budget for training on `sequences`: `budget`, lowered to what the
- * kernels' memory holds. Throws a TrainingInputError naming the memory needed and available
- * when even the longest sequence alone does not fit, so a job fails before its first step,
- * never mid-way.
+ * The micro-batches for training on `sequences`: `budget` tokens, lowered to what the kernels'
+ * memory holds. When even the longest sequence alone does not fit with its activations saved,
+ * a Memory64 arena (the largest there is) recomputes them in the backward, one layer at a time
+ * (a third more compute); a wasm32 one refuses, so that its caller moves the work to Memory64,
+ * which costs less. When that does not fit either, it throws an EngineMemoryError naming the
+ * memory needed and available, so a job fails before its first step, never mid-way.
  */
 export function microBatchBudget(
   config: ModelConfig,
@@ -98,20 +123,24 @@ export function microBatchBudget(
   sequences: readonly { tokens: readonly number[] }[],
   budget: number,
   storage: WeightStorage = "plain",
-): number {
+): MicroBatchPlan {
   let longest = 0;
   for (const s of sequences) longest = Math.max(longest, s.tokens.length);
   const fit = rowsThatFit(config, kernels, storage);
-  if (longest > fit) {
-    const { weights, fixed, perRow } = trainingMemory(config, storage);
-    const needed = weights + fixed + perRow * longest;
-    throw new EngineMemoryError(
-      `not enough engine memory to train on a ${longest}-token sequence: it needs ${GB(needed)} ` +
-        `(${GB(weights)} of packed weights, ${GB(perRow * longest)} of activations, ${GB(fixed)} of scratch), ` +
-        `and the engine has ${GB(kernels.memoryLimit)}; use shorter examples or a smaller base model`,
-      needed,
-      kernels.memoryLimit,
-    );
+  if (longest <= fit) return { tokens: Math.max(longest, Math.min(budget, fit)), recompute: false };
+  const recompute = kernels.memory64 === true;
+  const fitRecomputing = recompute ? rowsThatFit(config, kernels, storage, true) : 0;
+  if (longest <= fitRecomputing) {
+    return { tokens: Math.max(longest, Math.min(budget, fitRecomputing)), recompute: true };
   }
-  return Math.max(longest, Math.min(budget, fit));
+  const { weights, fixed, perRow, perRowRecompute } = trainingMemory(config, storage);
+  const row = recompute ? perRowRecompute : perRow;
+  const needed = weights + fixed + row * longest;
+  throw new EngineMemoryError(
+    `not enough engine memory to train on a ${longest}-token sequence: it needs ${GB(needed)} ` +
+      `(${GB(weights)} of packed weights, ${GB(row * longest)} of activations${recompute ? " recomputed layer by layer" : ""}, ${GB(fixed)} of scratch), ` +
+      `and the engine has ${GB(kernels.memoryLimit)}; use shorter examples or a smaller base model`,
+    needed,
+    kernels.memoryLimit,
+  );
 }

@@ -44,6 +44,8 @@ export interface Kernels {
    * machine's memory bounds them.
    */
   readonly memoryLimit: number;
+  /** Whether that memory is a Memory64 arena, the largest the engine makes (else wasm32, or none). */
+  readonly memory64?: boolean;
   /**
    * Arrays for activations: kernels may keep them where they compute (the WASM arena), so
    * calls on them need no copies.
