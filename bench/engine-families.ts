@@ -822,21 +822,30 @@ function printArenaPlan(shapes: Shape[]): void {
       `per row; a wasm32 arena holds ${gb(ARENA_LIMIT)}, a Memory64 one ${gb(wide)} here)\n`,
   );
   printTable(
-    ["shape", "packed weights", "scratch", "per row", "rows that fit, wasm32", "rows, Memory64"],
+    [
+      "shape",
+      "packed weights",
+      "scratch",
+      "per row (recomputing)",
+      "rows that fit, wasm32",
+      "rows, Memory64",
+      "rows, Memory64 recomputing",
+    ],
     shapes.map((shape) => {
       const config = parseConfig(shape.config);
-      const { weights, fixed, perRow } = trainingMemory(config, WEIGHTS);
-      const rows = (limit: number) => {
-        const n = Math.floor((limit - weights - fixed) / perRow);
+      const { weights, fixed, perRow, perRowRecompute } = trainingMemory(config, WEIGHTS);
+      const rows = (limit: number, row = perRow) => {
+        const n = Math.floor((limit - weights - fixed) / row);
         return n > 0 ? n.toLocaleString("en-US") : "none";
       };
       return [
         shape.name,
         gb(weights),
         gb(fixed),
-        `${(perRow / 1e6).toFixed(2)} MB`,
+        `${(perRow / 1e6).toFixed(2)} MB (${(perRowRecompute / 1e6).toFixed(2)} MB)`,
         rows(ARENA_LIMIT),
         rows(wide),
+        rows(wide, perRowRecompute),
       ];
     }),
   );
