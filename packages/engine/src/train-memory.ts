@@ -1,6 +1,6 @@
 import type { ModelConfig } from "./config.ts";
 import type { Kernels, WeightDtype } from "./kernels/types.ts";
-import { B_SLAB_BYTES, PACK_SLICE, panelBytes } from "./kernels/wasm.ts";
+import { B_SLAB_BYTES, memory64Limit, PACK_SLICE, panelBytes } from "./kernels/wasm.ts";
 import { TrainingInputError } from "./training-data.ts";
 
 /** How a model holds its weights: plain F32 arrays (which kernels pack beside them), or packed
@@ -55,9 +55,10 @@ export function trainingMemory(
   const norms = qkNorm ? q + kv + config.numHeads + config.numKvHeads : 0;
   const saved = 4 * D + 2 * q + 2 * kv + 3 * I + 2 + norms;
   const backward = 2 * D + 3 * I + 2 * q + 2 * kv + (qkNorm ? q + kv : 0);
-  // Embeddings, the final norm's input, output and gradients, the logits (twice when a row of
-  // V is not a whole panel and goes through scratch), and per-row statistics.
-  const head = 4 * D + V + (V % 8 === 0 ? 0 : V + 8) + 8;
+  // Embeddings, the final norm's input, output and gradients, the rows gathered for the head
+  // and their gradients (`maskedRowsOnly`), the logits (twice when a row of V is not a whole
+  // panel and goes through scratch), and per-row statistics.
+  const head = 6 * D + V + (V % 8 === 0 ? 0 : V + 8) + 8;
   return {
     weights,
     fixed,
@@ -113,8 +114,8 @@ export class EngineMemoryError extends TrainingInputError {
  * The micro-batches for training on `sequences`: `budget` tokens, lowered to what the kernels'
  * memory holds. When even the longest sequence alone does not fit with its activations saved,
  * a Memory64 arena (the largest there is) recomputes them in the backward, one layer at a time
- * (a third more compute); a wasm32 one refuses, so that its caller moves the work to Memory64,
- * which costs less. When that does not fit either, it throws an EngineMemoryError naming the
+ * (one more forward per step); a wasm32 one refuses, so that its caller moves the work to
+ * Memory64, which costs less. When that does not fit either, it throws an EngineMemoryError naming the
  * memory needed and available, so a job fails before its first step, never mid-way.
  */
 export function microBatchBudget(
@@ -128,7 +129,9 @@ export function microBatchBudget(
   for (const s of sequences) longest = Math.max(longest, s.tokens.length);
   const fit = rowsThatFit(config, kernels, storage);
   if (longest <= fit) return { tokens: Math.max(longest, Math.min(budget, fit)), recompute: false };
-  const recompute = kernels.memory64 === true;
+  // Recomputing on the largest arena there is: a Memory64 one, or a wasm32 one where Memory64
+  // would be smaller (a container of less than about 5.3 GB).
+  const recompute = kernels.memory64 === true || memory64Limit() <= kernels.memoryLimit;
   const fitRecomputing = recompute ? rowsThatFit(config, kernels, storage, true) : 0;
   if (longest <= fitRecomputing) {
     return { tokens: Math.max(longest, Math.min(budget, fitRecomputing)), recompute: true };

@@ -140,7 +140,7 @@ function lossAndGradientsIn(
   const Rh = rows ? rows.length : R;
   const at = (i: number) => (rows ? rows[i]! : i);
   const hHead = rows ? ws.f32(Rh * D) : hf;
-  if (rows) rows.forEach((r, i) => hHead.set(hf.subarray(r * D, (r + 1) * D), i * D));
+  if (rows) for (let i = 0; i < Rh; i++) hHead.set(hf.subarray(at(i) * D, (at(i) + 1) * D), i * D);
   const logits = ws.f32(Rh * V);
   kernels.matmulNT(logits, hHead, head, Rh, V, D, false, ver);
 
@@ -172,7 +172,7 @@ function lossAndGradientsIn(
   if (options.entropy) {
     const entropy = rowEntropy(logits, mask, Rh, V);
     result.entropy = rows ? new Float32Array(R) : entropy;
-    if (rows) rows.forEach((r, i) => (result.entropy![r] = entropy[i]!));
+    if (rows) for (let i = 0; i < Rh; i++) result.entropy[at(i)] = entropy[i]!;
   }
   if (options.objective) {
     // Rows hold probabilities: d(loss)/d(logits) = −g·(onehot − p) per row.
@@ -195,7 +195,7 @@ function lossAndGradientsIn(
   kernels.matmulNN(dHead, dLogits, head, Rh, D, V, false, ver);
   if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hHead, V, D, Rh, true);
   const dHf = rows ? ws.f32(R * D) : dHead;
-  if (rows) rows.forEach((r, i) => dHf.set(dHead.subarray(i * D, (i + 1) * D), r * D));
+  if (rows) for (let i = 0; i < Rh; i++) dHf.set(dHead.subarray(i * D, (i + 1) * D), at(i) * D);
   const dx = ws.f32(R * D);
   kernels.rmsNormBackward(dx, grads?.norm ?? ws.f32(D), dHf, x, invF, weights.norm, R, D);
 

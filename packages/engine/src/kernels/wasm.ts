@@ -611,7 +611,7 @@ export class WasmKernels implements Kernels {
     if (!outInPlace) copyRows(out, N, outView, N8, M);
   }
 
-  /** One GEMM over packed panels, its rows shared among threads. */
+  /** One GEMM over packed panels, its rows (or, for a few rows, its columns) shared among threads. */
   private gemmJobs(
     outOffset: number,
     ldo: number,

@@ -103,17 +103,27 @@ describe("kernels on worker threads", () => {
       (["f32", "bf16"] as const).flatMap((dtype) => {
         const packed = k.packWeight!(N, K, dtype);
         packed.writeRows(0, w);
-        return [1, 5, 8, 12].map((M) => {
-          const out = random(M * N, new Rng(M));
-          k.matmulNT(out, random(M * K, new Rng(M + 1)), packed, M, N, K, true);
-          return out;
+        return [1, 5, 8, 10, 12].flatMap((M) => {
+          const start = random(M * N, new Rng(M));
+          const a = random(M * K, new Rng(M + 1));
+          const out = Float32Array.from(start);
+          k.matmulNT(out, a, packed, M, N, K, true);
+          // Each row alone (a 1-row tile) gives the bits of the batch's (half-panel) tiles.
+          const alone = Float32Array.from(start);
+          for (let m = 0; m < M; m++) {
+            const row = alone.subarray(m * N, (m + 1) * N);
+            k.matmulNT(row, a.subarray(m * K, (m + 1) * K), packed, 1, N, K, true);
+          }
+          return [out, alone];
         });
       }),
     );
     expect(results[1]).toEqual(results[0]);
     expect(results[2]).toEqual(results[0]);
-    // Every product was split on 2 and 3 threads, none on one.
-    expect(sets.map((k) => k.splitCalls)).toEqual([0, 8, 8]);
+    for (let i = 0; i < results[0]!.length; i += 2)
+      expect(results[0]![i]).toEqual(results[0]![i + 1]);
+    // Every product was split on 2 and 3 threads (the batches and their rows), none on one.
+    expect(sets.map((k) => k.splitCalls)).toEqual([0, 82, 82]);
     await Promise.all(sets.map((k) => k.close()));
   });
 
