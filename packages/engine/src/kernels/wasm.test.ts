@@ -32,6 +32,7 @@ describe("WASM kernels", () => {
     expect(relaxedSimdSupported).toBe(true);
   });
 
+  // Four modules of ~100 KB: seconds of wabt, more on a busy machine.
   it("when the generator is run, then it assembles exactly the committed binaries", async () => {
     const built = await assemble();
     expect(Object.keys(built).sort()).toEqual([
@@ -44,7 +45,7 @@ describe("WASM kernels", () => {
       expect(bytes).toEqual(
         new Uint8Array(readFileSync(new URL(`./wasm/${file}`, import.meta.url))),
       );
-  });
+  }, 60_000);
 
   for (const [variant, memory64] of VARIANTS) {
     const kernels = createWasmKernels(variant, { memory64 });
