@@ -47,6 +47,7 @@ import {
   planSft,
   Rng,
   randomModel,
+  releaseKvCache,
   rowsThatFit,
   type SftConfig,
   type SftExample,
@@ -293,8 +294,9 @@ function argmax(values: Float32Array): number {
 /** Prefill of `n` random prompts, then DECODE greedy steps on their caches. */
 function prefillDecode(model: Model, kernels: Kernels, n: number, rng: Rng) {
   const V = model.config.vocabSize;
+  // Caches in the kernels' memory, as the engine keeps them.
   const items = Array.from({ length: n }, () => ({
-    cache: createKvCache(model, PROMPT + DECODE),
+    cache: createKvCache(model, PROMPT + DECODE, kernels),
     tokens: Array.from({ length: PROMPT }, () => rng.int(V)),
   }));
   const t0 = performance.now();
@@ -309,6 +311,7 @@ function prefillDecode(model: Model, kernels: Kernels, n: number, rng: Rng) {
     next = logits.map(argmax);
   }
   const t2 = performance.now();
+  for (const { cache } of items) releaseKvCache(cache);
   return {
     prefill: (n * PROMPT) / ((t1 - t0) / 1000),
     decode: (n * DECODE) / ((t2 - t1) / 1000),

@@ -1,5 +1,5 @@
 import type { ChatMessage } from "./chat.ts";
-import { createKvCache, forwardBatch, type KvCache } from "./forward.ts";
+import { createKvCache, forwardBatch, type KvCache, releaseKvCache } from "./forward.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import type { Kernels } from "./kernels/types.ts";
 import { defaultKernels } from "./kernels/wasm.ts";
@@ -221,7 +221,7 @@ export class Engine {
       sequences.push({
         choice,
         request: normalized,
-        cache: createKvCache(this.model, capacity),
+        cache: createKvCache(this.model, capacity, this.kernels),
         adapter: request.adapter ?? null,
         capacity,
         pending: [...prompt],
@@ -303,11 +303,9 @@ export class Engine {
       while (this.active.length > 0) {
         // Let new requests join and consumers drain before each step.
         await new Promise((resolve) => setImmediate(resolve));
-        const live = this.active.filter((s) => !s.finished);
-        if (live.length === 0) {
-          this.active = [];
-          break;
-        }
+        this.dropFinished();
+        const live = this.active;
+        if (live.length === 0) break;
         // Decoding sequences (one pending token) always run; prompt chunks share what is left
         // of the step's token budget, oldest request first.
         let budget = this.maxStepTokens;
@@ -354,11 +352,17 @@ export class Engine {
             s.queue.fail(error);
           }
         });
-        this.active = this.active.filter((s) => !s.finished);
+        this.dropFinished();
       }
     } finally {
       this.running = false;
     }
+  }
+
+  /** Takes finished sequences out of the batch and frees their caches' memory. */
+  private dropFinished(): void {
+    for (const s of this.active) if (s.finished) releaseKvCache(s.cache);
+    this.active = this.active.filter((s) => !s.finished);
   }
 
   private advance(s: Sequence, rawLogits: Float32Array): void {

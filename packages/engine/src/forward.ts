@@ -13,21 +13,44 @@ export interface KvCache {
   length: number;
   /** The most positions the cache may hold. */
   limit: number;
+  /** Kernels whose memory holds the arrays (attention reads them in place), or none. */
+  kernels?: Kernels;
 }
 
 /** Positions allocated at first; a cache grows from there. */
 const INITIAL_POSITIONS = 256;
 
-export function createKvCache(model: Model, limit = model.config.maxPositions): KvCache {
+/**
+ * An empty cache of up to `limit` positions; with `kernels` that have memory of their own, its
+ * arrays live there (one copy, read in place: free it with `releaseKvCache`).
+ */
+export function createKvCache(
+  model: Model,
+  limit = model.config.maxPositions,
+  kernels?: Kernels,
+): KvCache {
   const kvDim = model.config.numKvHeads * model.config.headDim;
   const capped = Math.min(limit, model.config.maxPositions);
   const size = Math.min(capped, INITIAL_POSITIONS) * kvDim;
+  const inArena = kernels?.array ? kernels : undefined;
+  const make = () => (inArena ? inArena.array!(size) : new Float32Array(size));
   return {
-    keys: model.weights.layers.map(() => new Float32Array(size)),
-    values: model.weights.layers.map(() => new Float32Array(size)),
+    keys: model.weights.layers.map(make),
+    values: model.weights.layers.map(make),
     length: 0,
     limit: capped,
+    ...(inArena ? { kernels: inArena } : {}),
   };
+}
+
+/** Frees the arrays of a cache kept in kernels' memory now (else when they are collected). */
+export function releaseKvCache(cache: KvCache): void {
+  const kernels = cache.kernels;
+  if (!kernels?.freeArray) return;
+  for (const a of [...cache.keys, ...cache.values]) kernels.freeArray(a);
+  cache.keys = [];
+  cache.values = [];
+  delete cache.kernels;
 }
 
 /** Makes room for `positions` in the cache (copying what it holds into larger arrays). */
@@ -35,9 +58,11 @@ function reserve(cache: KvCache, positions: number, kvDim: number): void {
   const allocated = cache.keys[0]!.length / kvDim;
   if (positions <= allocated) return;
   const size = Math.min(cache.limit, Math.max(positions, allocated * 2)) * kvDim;
+  const kernels = cache.kernels;
   const grow = (old: Float32Array) => {
-    const next = new Float32Array(size);
+    const next = kernels ? kernels.array!(size) : new Float32Array(size);
     next.set(old.subarray(0, cache.length * kvDim));
+    kernels?.freeArray!(old);
     return next;
   };
   cache.keys = cache.keys.map(grow);

@@ -18,7 +18,7 @@ export {
   type SkippedFolder,
   scanBaseModels,
 } from "./folders.ts";
-export { createKvCache, forwardBatch } from "./forward.ts";
+export { createKvCache, forwardBatch, releaseKvCache } from "./forward.ts";
 export { exportGguf, exportLoraGguf, readGguf } from "./gguf.ts";
 export {
   type JsonSchema,

@@ -190,15 +190,13 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
 
 /** Arena a served model needs beside its packed weights for activations and scratch. */
 const SERVING_SCRATCH = 256 << 20;
-/**
- * Tokens of KV cache (all sequences together) that serving plans room for in the arena, where
- * the caches of the running sequences are mirrored.
- */
+/** Tokens of KV cache (all sequences together) that serving plans room for in the arena, where
+ * the caches of the running sequences live. */
 export const SERVING_KV_TOKENS = 8192;
 
 /**
- * Arena a served model needs beside its packed weights: scratch, and the mirrors of
- * `SERVING_KV_TOKENS` tokens of KV cache (F32 keys and values of every layer).
+ * Arena a served model needs beside its packed weights: scratch, and `SERVING_KV_TOKENS`
+ * tokens of KV cache (F32 keys and values of every layer).
  */
 export function servingRoom(config: ModelConfig): number {
   const kvPerToken = config.numLayers * 2 * config.numKvHeads * config.headDim * 4;

@@ -52,6 +52,14 @@ export interface Kernels {
    */
   workspace(): Workspace;
   /**
+   * A zeroed array of n floats kept in the kernels' memory until `freeArray` (or until it is
+   * garbage-collected): kernel calls read and write it in place, with no copy (a KV cache).
+   * Absent when the kernels have no memory of their own (plain JS).
+   */
+  array?(n: number): Float32Array;
+  /** Frees an `array` at once; it must not be used afterwards. */
+  freeArray?(a: Float32Array): void;
+  /**
    * A [rows, cols] Linear weight (or embedding table) kept packed where the kernels compute, as
    * the model's only copy of it; absent when the kernels have no memory of their own (plain JS).
    */

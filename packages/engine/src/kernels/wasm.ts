@@ -159,6 +159,8 @@ export class WasmKernels implements Kernels {
   private readonly exports: KernelExports;
   private readonly packedW = new WeakMap<Float32Array, Packed>();
   private readonly mirrors = new WeakMap<Float32Array, { offset: number; synced: number }>();
+  /** Arrays made by `array`, live until `freeArray` or collected. */
+  private readonly arrays = new WeakSet<Float32Array>();
   /** Allocations in the arena; scratch for one call lives above `heap.top`. */
   private readonly heap = new ArenaAllocator(64);
   /** The SharedArrayBuffers (one per memory size) that arena views were made on. */
@@ -283,6 +285,28 @@ export class WasmKernels implements Kernels {
   private copyOut(out: Float32Array, offset: number, n: number): void {
     if (this.offsetOf(out) === offset) return;
     out.set(new Float32Array(this.memory.buffer, offset, n));
+  }
+
+  /** Bytes of the arena held now by weights, caches and workspaces (for tests and diagnostics). */
+  get usedBytes(): number {
+    return this.heap.used;
+  }
+
+  array(n: number): Float32Array {
+    const size = n * 4;
+    const offset = this.heap.alloc(size);
+    this.ensure(this.heap.top);
+    const view = this.view(offset, n);
+    view.fill(0);
+    this.arrays.add(view);
+    this.reclaim.register(view, { offset, size }, view);
+    return view;
+  }
+
+  freeArray(a: Float32Array): void {
+    if (!this.arrays.delete(a)) throw new Error("freeArray: not an array of these kernels");
+    this.reclaim.unregister(a);
+    this.heap.free(a.byteOffset, a.length * 4);
   }
 
   /**
@@ -919,8 +943,13 @@ export class WasmKernels implements Kernels {
         if (entry) entry.synced = 0;
       }
     }
-    const ko = start > 0 ? this.mirror(keys, start * KV * hd, span) : -1;
-    const vo = start > 0 ? this.mirror(values, start * KV * hd, span) : -1;
+    // A cache kept in the arena (`array`) is read where it is.
+    const cached = (a: Float32Array) => {
+      const at = this.offsetOf(a);
+      return at >= 0 ? at : this.mirror(a, start * KV * hd, span);
+    };
+    const ko = start > 0 ? cached(keys) : -1;
+    const vo = start > 0 ? cached(values) : -1;
     const parts = this.parts(n * (start + n) * H * hd * 2);
     const staged = this.stage([
       q.subarray(0, qn),
