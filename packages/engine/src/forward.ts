@@ -62,7 +62,7 @@ function reserve(cache: KvCache, positions: number, kvDim: number): void {
   const grow = (old: Float32Array) => {
     const next = kernels ? kernels.array!(size) : new Float32Array(size);
     next.set(old.subarray(0, cache.length * kvDim));
-    kernels?.freeArray!(old);
+    if (kernels) kernels.freeArray!(old);
     return next;
   };
   cache.keys = cache.keys.map(grow);
