@@ -243,7 +243,10 @@ export class Engine {
       queue.onSettle = () => signal.removeEventListener("abort", onAbort);
     }
     if (maxTokens <= 0) {
-      for (const s of sequences) this.finish(s, "length");
+      for (const s of sequences) {
+        this.finish(s, "length");
+        releaseKvCache(s.cache);
+      }
     } else {
       this.active.push(...sequences);
       void this.run();

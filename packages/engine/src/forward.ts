@@ -59,14 +59,23 @@ function reserve(cache: KvCache, positions: number, kvDim: number): void {
   if (positions <= allocated) return;
   const size = Math.min(cache.limit, Math.max(positions, allocated * 2)) * kvDim;
   const kernels = cache.kernels;
-  const grow = (old: Float32Array) => {
-    const next = kernels ? kernels.array!(size) : new Float32Array(size);
-    next.set(old.subarray(0, cache.length * kvDim));
+  // Every larger array first: when the memory runs out, the cache is left as it was.
+  const next: Float32Array[] = [];
+  try {
+    for (let i = 0; i < cache.keys.length * 2; i++)
+      next.push(kernels ? kernels.array!(size) : new Float32Array(size));
+  } catch (err) {
+    if (kernels) for (const a of next) kernels.freeArray!(a);
+    throw err;
+  }
+  const move = (old: Float32Array, i: number) => {
+    next[i]!.set(old.subarray(0, cache.length * kvDim));
     if (kernels) kernels.freeArray!(old);
-    return next;
+    return next[i]!;
   };
-  cache.keys = cache.keys.map(grow);
-  cache.values = cache.values.map(grow);
+  const L = cache.keys.length;
+  cache.keys = cache.keys.map((old, l) => move(old, l));
+  cache.values = cache.values.map((old, l) => move(old, L + l));
 }
 
 export interface ForwardItem {

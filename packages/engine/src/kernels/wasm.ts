@@ -258,9 +258,20 @@ export class WasmKernels implements Kernels {
 
   /** An arena block of `bytes` that lives as long as `owner`. */
   private slot(owner: object, bytes: number, token?: object): number {
-    const offset = this.heap.alloc(bytes);
-    this.ensure(this.heap.top);
+    const offset = this.allocate(bytes);
     this.reclaim.register(owner, { offset, size: bytes }, token);
+    return offset;
+  }
+
+  /** An arena block of `bytes`, the memory grown to hold it; nothing is kept when growing fails. */
+  private allocate(bytes: number): number {
+    const offset = this.heap.alloc(bytes);
+    try {
+      this.ensure(this.heap.top);
+    } catch (err) {
+      this.heap.free(offset, bytes);
+      throw err;
+    }
     return offset;
   }
 
@@ -294,8 +305,7 @@ export class WasmKernels implements Kernels {
 
   array(n: number): Float32Array {
     const size = n * 4;
-    const offset = this.heap.alloc(size);
-    this.ensure(this.heap.top);
+    const offset = this.allocate(size);
     const view = this.view(offset, n);
     view.fill(0);
     this.arrays.add(view);
@@ -317,9 +327,8 @@ export class WasmKernels implements Kernels {
     const blocks: [number, number][] = [];
     return {
       f32: (n: number) => {
-        const offset = this.heap.alloc(n * 4);
+        const offset = this.allocate(n * 4);
         blocks.push([offset, n * 4]);
-        this.ensure(this.heap.top);
         const view = this.view(offset, n);
         view.fill(0);
         return view;
