@@ -42,13 +42,13 @@ import {
   loadServingModel,
   type Model,
   memory64Limit,
+  microBatchBudget,
   parameterCount,
   parseConfig,
   planSft,
   Rng,
   randomModel,
   releaseKvCache,
-  rowsThatFit,
   type SftConfig,
   type SftExample,
   saveModel,
@@ -429,9 +429,8 @@ async function trainingJob(shape: Shape, threads: number): Promise<object> {
     const kernels = createWasmKernels("auto", { threads, memory64 });
     const model = await loadInto(folderOf(shape), kernels);
     const plan = planSft(model, examples, config);
-    const longest = Math.max(...plan.prepared.sequences.map((q) => q.tokens.length));
-    if (ARENA === "auto" && !memory64 && longest > rowsThatFit(model.config, kernels, WEIGHTS))
-      throw new EngineMemoryError("the longest sequence needs a Memory64 arena", 0, 0);
+    // The runner's check: an EngineMemoryError on wasm32 when the longest sequence does not fit.
+    microBatchBudget(model.config, kernels, plan.prepared.sequences, 0, model.storage);
     return { kernels, model, plan };
   };
   const { kernels, model, plan } = await onArena(ARENA === "memory64").catch((err: unknown) => {
@@ -797,8 +796,7 @@ const ARENA = (option("--arena") ?? "auto") as ArenaChoice;
 /** `--engine-only`: no PyTorch or llama.cpp runs (e.g. to compare the arenas). */
 const ENGINE_ONLY = process.argv.includes("--engine-only");
 
-const arenaOf = (kernels: Kernels) =>
-  (kernels as { memory64?: boolean }).memory64 ? "memory64" : "wasm32";
+const arenaOf = (kernels: Kernels) => (kernels.memory64 ? "memory64" : "wasm32");
 
 function loadInto(dir: string, kernels: Kernels): Promise<Model> {
   return WEIGHTS === "plain" ? loadModel(dir) : loadModel(dir, { kernels, weights: WEIGHTS });

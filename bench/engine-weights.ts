@@ -7,7 +7,7 @@
  * the closest to the code's speed.
  * Usage: node bench/engine-weights.ts [seconds per case, default 4]
  */
-import { createWasmKernels, type Kernels } from "@arbor/engine";
+import { createWasmKernels, type Kernels, packSliceRows } from "@arbor/engine";
 import { printTable } from "./torch.ts";
 
 const SECONDS = Number(process.argv[2] ?? 4);
@@ -24,7 +24,7 @@ const shapes = [
 
 function packed(k: Kernels, N: number, K: number, dtype: "f32" | "bf16") {
   const w = k.packWeight!(N, K, dtype);
-  const rows = Math.max(8, Math.floor((8 << 20) / (K * 32)) * 8);
+  const rows = packSliceRows(K);
   for (let r0 = 0; r0 < N; r0 += rows) {
     const n = Math.min(rows, N - r0);
     w.writeRows(

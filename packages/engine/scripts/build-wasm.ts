@@ -59,14 +59,32 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
   const U = 4;
   const L = (n: string) => `(local.get $${n})`;
   const zero = "(v128.const i32x4 0 0 0 0)";
+  /** `po` = row m + i of `out`, at column n. */
+  const rowOut = (i: number) =>
+    set("po", add(get("out"), add(mul(add(get("m"), i32(i)), get("ldo")), mul(get("n"), i32(4)))));
+  /** k over [0, K): groups of U steps (after `each`), then single steps; labels from `label`. */
+  const kLoop = (
+    label: string,
+    step: (u: number) => string,
+    advance: (steps: number) => string,
+    each = "",
+  ) => `${set("k", i32(0))}
+      (block $u${label}_d (loop $u${label}
+        (br_if $u${label}_d (i32.gt_u ${add(L("k"), i32(U))} ${L("K")}))
+        ${each}
+        ${range(U).map(step).join("\n")}
+        ${advance(U)}
+        ${set("k", add(L("k"), i32(U)))}
+        (br $u${label})))
+      (block $t${label}_d (loop $t${label}
+        (br_if $t${label}_d (i32.ge_u ${L("k")} ${L("K")}))
+        ${step(0)}
+        ${advance(1)}
+        ${set("k", add(L("k"), i32(1)))}
+        (br $t${label})))`;
   const tile = (MR: number, NP: number): string => {
     const acc = (i: number, j: number, v: number) => `c${i}_${j}_${v}`;
     const label = `${MR}_${NP}`;
-    const rowOut = (i: number) =>
-      set(
-        "po",
-        add(get("out"), add(mul(add(get("m"), i32(i)), get("ldo")), mul(get("n"), i32(4)))),
-      );
     const eachAcc = (f: (j: number, v: number) => string) =>
       range(NP)
         .flatMap((j) => range(2).map((v) => f(j, v)))
@@ -132,19 +150,7 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
       .join("\n");
     return `${init}
       ${pointers}
-      ${set("k", i32(0))}
-      (block $u${label}_d (loop $u${label}
-        (br_if $u${label}_d (i32.gt_u ${add(L("k"), i32(U))} ${L("K")}))
-        ${range(U).map(step).join("\n")}
-        ${advance(U)}
-        ${set("k", add(L("k"), i32(U)))}
-        (br $u${label})))
-      (block $t${label}_d (loop $t${label}
-        (br_if $t${label}_d (i32.ge_u ${L("k")} ${L("K")}))
-        ${step(0)}
-        ${advance(1)}
-        ${set("k", add(L("k"), i32(1)))}
-        (br $t${label})))
+      ${kLoop(label, step, advance)}
       ${store}`;
   };
   /**
@@ -158,11 +164,6 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
     const label = `h${MR}_${half}`;
     // F32 panels (twice the bytes per k) measured slower with the touches; BF16 ones 1.6× faster.
     const PREFETCH = bf16 ? PREFETCH_PANELS : 0;
-    const rowOut = (i: number) =>
-      set(
-        "po",
-        add(get("out"), add(mul(add(get("m"), i32(i)), get("ldo")), mul(get("n"), i32(4)))),
-      );
     const init = range(MR)
       .map(
         (i) => `${rowOut(i)}
@@ -170,7 +171,8 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
       )
       .join("\n");
     // Touching the next panels' rows as this one streams keeps several reads from memory in
-    // flight (one panel alone is latency-bound); past the last panel they touch this one.
+    // flight (one panel alone is latency-bound); past the last panel they touch this one. The
+    // pointers reuse the pk locals, which only the transposed-A tiles use otherwise.
     const ahead = (j: number) =>
       set(
         `pk${j}`,
@@ -227,20 +229,7 @@ function gemm(madd: Madd, name: string, transposedA: boolean, bf16 = false): str
       .join("\n");
     return `${init}
       ${pointers}
-      ${set("k", i32(0))}
-      (block $u${label}_d (loop $u${label}
-        (br_if $u${label}_d (i32.gt_u ${add(L("k"), i32(U))} ${L("K")}))
-        ${touches}
-        ${range(U).map(step).join("\n")}
-        ${advance(U)}
-        ${set("k", add(L("k"), i32(U)))}
-        (br $u${label})))
-      (block $t${label}_d (loop $t${label}
-        (br_if $t${label}_d (i32.ge_u ${L("k")} ${L("K")}))
-        ${step(0)}
-        ${advance(1)}
-        ${set("k", add(L("k"), i32(1)))}
-        (br $t${label})))
+      ${kLoop(label, step, advance, touches)}
       ${store}`;
   };
   /** Every panel for the MR (7–12) rows of a small batch, by halves (`halfTile`). */

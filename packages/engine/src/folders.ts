@@ -8,7 +8,7 @@ import type { WeightChoice } from "./model.ts";
 import { readChatFiles, servingRoom } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
 import { trainingMemory } from "./train-memory.ts";
-import { hfName, layerKeysOf, layerShape } from "./weights.ts";
+import { hfName, layerKeysOf, layerShape, matrixNames } from "./weights.ts";
 
 /** A base model the engine can serve: a shipped one, or a folder under the models directory. */
 export interface BaseModelFolder {
@@ -88,16 +88,12 @@ export interface FolderCheckOptions {
 
 /** Whether the weight matrices `loadModel` packs are all BF16 in the folder's files (false
  * when the headers cannot be read: the tensor checks then name the file). */
-async function weightMatricesAreBf16(dir: string, config: ModelConfig): Promise<boolean> {
-  const tensors = await safetensorsShapes(dir).catch(() => null);
-  if (!tensors) return false;
-  const names = ["model.embed_tokens.weight"];
-  if (!config.tieWordEmbeddings) names.push("lm_head.weight");
-  for (let l = 0; l < config.numLayers; l++) {
-    for (const key of layerKeysOf(config))
-      if (layerShape(config, key).length === 2) names.push(hfName(l, key));
-  }
-  return names.every((name) => tensors.get(name)?.dtype === "BF16");
+async function weightMatricesAreBf16(
+  headers: Promise<Map<string, { dtype: string }>>,
+  config: ModelConfig,
+): Promise<boolean> {
+  const tensors = await headers.catch(() => null);
+  return tensors !== null && matrixNames(config).every((n) => tensors.get(n)?.dtype === "BF16");
 }
 
 /**
@@ -120,8 +116,15 @@ export async function checkModelFolder(
   // The kernels keep every weight packed in their arena, with room to compute beside it; `auto`
   // packs in BF16 when every weight matrix of the files is BF16 (their headers say).
   const choice = options.weights ?? "f32";
+  // The headers are read once, for this and the tensor checks below (which report their errors).
+  let headers: ReturnType<typeof safetensorsShapes> | undefined;
+  const readHeaders = () => (headers ??= safetensorsShapes(dir));
   const weights =
-    choice !== "auto" ? choice : (await weightMatricesAreBf16(dir, config)) ? "bf16" : "f32";
+    choice !== "auto"
+      ? choice
+      : (await weightMatricesAreBf16(readHeaders(), config))
+        ? "bf16"
+        : "f32";
   const packed = trainingMemory(config, weights).weights;
   const limit = engineMemoryLimit();
   if (packed + servingRoom(config) > limit) {
@@ -137,7 +140,7 @@ export async function checkModelFolder(
       `the tokenizer has ${chat.tokenizer.vocabSize} tokens, more than the model's vocab_size ${config.vocabSize}`,
     );
   }
-  const tensors = await safetensorsShapes(dir);
+  const tensors = await readHeaders();
   const need = new Map<string, number[]>([
     ["model.embed_tokens.weight", [config.vocabSize, config.hiddenSize]],
     ["model.norm.weight", [config.hiddenSize]],

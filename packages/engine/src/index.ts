@@ -32,6 +32,7 @@ export {
   ARENA_LIMIT_64,
   createWasmKernels,
   memory64Limit,
+  packSliceRows,
   type WasmKernels,
 } from "./kernels/wasm.ts";
 export {

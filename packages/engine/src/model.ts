@@ -9,7 +9,7 @@ import {
   parseGenerationConfig,
 } from "./config.ts";
 import type { Kernels, PackedWeight, WeightDtype } from "./kernels/types.ts";
-import { createWasmKernels, PACK_SLICE, type WasmKernels } from "./kernels/wasm.ts";
+import { createWasmKernels, packSliceRows, type WasmKernels } from "./kernels/wasm.ts";
 import { openSafetensors, type SafetensorsEntry, saveSafetensors } from "./safetensors.ts";
 import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
 import { EngineMemoryError, trainingMemory, type WeightStorage } from "./train-memory.ts";
@@ -24,6 +24,7 @@ import {
   layerShape,
   linearKeys,
   type ModelWeights,
+  matrixNames,
   parameters,
   type Weight,
   weightRows,
@@ -360,24 +361,15 @@ async function readWeights(
         throw fileError(path, err);
       });
     };
-    // The matrices packed: every layer's 2-D weights, the embeddings and an untied head.
-    const matrices = [
-      "model.embed_tokens.weight",
-      ...(config.tieWordEmbeddings ? [] : ["lm_head.weight"]),
-      ...Array.from({ length: config.numLayers }, (_, i) =>
-        layerKeysOf(config)
-          .filter((key) => layerShape(config, key).length === 2)
-          .map((key) => hfName(i, key)),
-      ).flat(),
-    ];
-    const dtype = packing?.choose(matrices.every((n) => entries.get(n)?.entry.dtype === "BF16"));
+    const dtype = packing?.choose(
+      matrixNames(config).every((n) => entries.get(n)?.entry.dtype === "BF16"),
+    );
     const matrix = async (name: string, shape: number[]): Promise<Weight> => {
       if (!packing || !dtype) return plain(name, shape);
       const { entry, path } = find(name, shape);
       const [rows, cols] = shape as [number, number];
       const weight = packing.pack(rows, cols, dtype);
-      // Blocks of whole 8-row panels, about PACK_SLICE bytes of F32 each.
-      const step = Math.max(8, Math.floor(PACK_SLICE / (cols * 4 * 8)) * 8);
+      const step = packSliceRows(cols);
       try {
         for (let r0 = 0; r0 < rows; r0 += step) {
           weight.writeRows(r0, await entry.read(r0, Math.min(rows, r0 + step)));
@@ -449,7 +441,7 @@ export function packModel(model: Model, kernels: Kernels, dtype: WeightDtype = "
   const { config, weights } = model;
   const pack = (w: Weight, rows: number, cols: number): Weight => {
     const packed = kernels.packWeight!(rows, cols, dtype);
-    const step = Math.max(8, Math.floor(PACK_SLICE / (cols * 4 * 8)) * 8);
+    const step = packSliceRows(cols);
     for (let r0 = 0; r0 < rows; r0 += step) {
       packed.writeRows(r0, weightRows(w, cols, r0, Math.min(rows, r0 + step)));
     }

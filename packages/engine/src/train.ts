@@ -52,7 +52,8 @@ export interface LossOptions {
   maskedRowsOnly?: boolean;
   /**
    * Keep only each layer's input through the forward and compute its activations again in the
-   * backward, one layer at a time: a third more compute for a fraction of the memory
+   * backward, one layer at a time: one more forward of the layers (about half again their
+   * compute in a LoRA step) for a fraction of the memory
    * (`trainingMemory`'s `perRowRecompute`). The same bits either way.
    */
   recompute?: boolean;

@@ -108,6 +108,20 @@ export function layerKeysOf(config: ModelConfig): LayerKey[] {
   return keys;
 }
 
+/**
+ * The names of the matrices a loaded model keeps packed: the embeddings, an untied head and
+ * every layer's Linear weights.
+ */
+export function matrixNames(config: ModelConfig): string[] {
+  return [
+    "model.embed_tokens.weight",
+    ...(config.tieWordEmbeddings ? [] : ["lm_head.weight"]),
+    ...Array.from({ length: config.numLayers }, (_, l) =>
+      linearKeys.map((key) => hfName(l, key)),
+    ).flat(),
+  ];
+}
+
 export function hfName(layer: number, key: LayerKey): string {
   const prefix = `model.layers.${layer}`;
   switch (key) {

@@ -145,6 +145,11 @@ export const B_SLAB_BYTES = 32 << 20;
 /** Largest slice of a weight copied into the arena at a time to be packed. */
 export const PACK_SLICE = 8 << 20;
 
+/** Rows of a [rows, cols] weight packed at a time: whole 8-row panels, about PACK_SLICE bytes. */
+export function packSliceRows(cols: number): number {
+  return Math.max(8, Math.floor(PACK_SLICE / (cols * 4 * 8)) * 8);
+}
+
 /**
  * WebAssembly SIMD kernels over one WebAssembly.Memory arena. Weight operands passed with a
  * version are copied into the arena once and reused until the version changes; other operands
@@ -487,7 +492,7 @@ export class WasmKernels implements Kernels {
   ): void {
     const ps = K * 32;
     if (layout === "w") {
-      const rows = Math.max(8, Math.floor(PACK_SLICE / (K * 4 * 8)) * 8);
+      const rows = packSliceRows(K);
       this.ensure(scratch + Math.min(rows, N) * K * 4);
       for (let n0 = 0; n0 < N; n0 += rows) {
         const n = Math.min(rows, N - n0);
@@ -661,30 +666,26 @@ export class WasmKernels implements Kernels {
     const parts = this.parts(2 * M * N * K);
     const jobs: Job[] = [];
     const ps = bf16 ? K * 16 : K * 32;
+    /** Rows [m0, m1) against the panels of columns [n0, n1). */
+    const task = (m0: number, m1: number, n0: number, n1: number): Job =>
+      call(bf16 ? "gemm_bf16" : "gemm", [
+        outOffset + m0 * ldo + n0 * 4,
+        ldo,
+        aOffset + m0 * lda,
+        lda,
+        panels + (n0 / 8) * ps,
+        ps,
+        m1 - m0,
+        n1 - n0,
+        K,
+        acc,
+      ]);
     const panels8 = Math.ceil(N / 8);
     if (!transposedA && parts > 1 && Math.ceil(M / 6) < parts && panels8 >= parts) {
       // Fewer 6-row tiles than tasks (decoding a few sequences): the columns are split instead,
       // in whole panels, every task computing all the rows; each element's sum is the same.
-      for (let i = 0; i < parts; i++) {
-        const p0 = Math.round((panels8 * i) / parts);
-        const p1 = Math.round((panels8 * (i + 1)) / parts);
-        if (p1 <= p0) continue;
-        const n0 = p0 * 8;
-        jobs.push(
-          call(bf16 ? "gemm_bf16" : "gemm", [
-            outOffset + n0 * 4,
-            ldo,
-            aOffset,
-            lda,
-            panels + p0 * ps,
-            ps,
-            M,
-            Math.min(N, p1 * 8) - n0,
-            K,
-            acc,
-          ]),
-        );
-      }
+      for (const [p0, p1] of splitEven(panels8, parts))
+        if (p1 > p0) jobs.push(task(0, M, p0 * 8, Math.min(N, p1 * 8)));
       this.runJobs(jobs);
       return;
     }
@@ -712,18 +713,7 @@ export class WasmKernels implements Kernels {
                 this.tnChunk,
               ],
             }
-          : call(bf16 ? "gemm_bf16" : "gemm", [
-              o,
-              ldo,
-              aOffset + m0 * lda,
-              lda,
-              panels,
-              ps,
-              m1 - m0,
-              N,
-              K,
-              acc,
-            ]),
+          : task(m0, m1, 0, N),
       );
     }
     this.runJobs(jobs);
