@@ -164,8 +164,10 @@ export async function importBlobs(
   }
   let copied = 0;
   let skipped = 0;
+  // What the target holds, listed once (not a round trip per file).
+  const present = new Set(await target.list(""));
   for (const key of await source.list("")) {
-    if (await target.exists(key)) {
+    if (present.has(key)) {
       skipped++;
       continue;
     }

@@ -99,6 +99,17 @@ function positive<T extends number | undefined>(fallback: T) {
     unset(raw) ? fallback : integer(raw, 1, Number.MAX_SAFE_INTEGER);
 }
 
+/** One of `values` (trimmed), or `fallback` when unset. */
+function oneOf<V extends string, T extends V | undefined>(values: readonly V[], fallback: T) {
+  return (raw: string | undefined): V | T => {
+    if (unset(raw)) return fallback;
+    const value = raw.trim();
+    if (!values.includes(value as V))
+      throw new Error(`must be one of ${values.join(", ")}, got ${JSON.stringify(raw)}`);
+    return value as V;
+  };
+}
+
 function text<T extends string | undefined>(fallback: T) {
   return (raw: string | undefined): string | T => (unset(raw) ? fallback : raw.trim());
 }
@@ -152,12 +163,7 @@ export const SETTINGS = {
     group: "server",
     shown: "key",
     doc: "`GET /metrics` (Prometheus text): `key` asks for an admin key, `public` serves it to anyone, `off` answers 404.",
-    read: (raw): MetricsAccess => {
-      const value = unset(raw) ? "key" : raw.trim();
-      if (!METRICS_ACCESS.includes(value as MetricsAccess))
-        throw new Error(`must be one of ${METRICS_ACCESS.join(", ")}, got ${JSON.stringify(raw)}`);
-      return value as MetricsAccess;
-    },
+    read: oneOf(METRICS_ACCESS, "key"),
   }),
   dataDir: setting({
     env: "ARBOR_DATA_DIR",
@@ -195,13 +201,7 @@ export const SETTINGS = {
     group: "store",
     shown: "postgres with DATABASE_URL, else fs",
     doc: "Where checkpoint and dataset files live: `postgres` (tables of the database, shared by every replica and worker) or `fs` (`ARBOR_DATA_DIR/blobs`, a directory every process must share).",
-    read: (raw): BlobBackend | undefined => {
-      if (unset(raw)) return undefined;
-      const value = raw.trim();
-      if (!BLOB_BACKENDS.includes(value as BlobBackend))
-        throw new Error(`must be one of ${BLOB_BACKENDS.join(", ")}, got ${JSON.stringify(raw)}`);
-      return value as BlobBackend;
-    },
+    read: oneOf(BLOB_BACKENDS, undefined),
   }),
   embeddedWorker: setting({
     env: "ARBOR_EMBEDDED_WORKER",
@@ -279,12 +279,7 @@ export const SETTINGS = {
     group: "inference",
     shown: "auto",
     doc: "How each engine (inference and training) keeps a base model's weights, packed once in its WebAssembly memory: `bf16` (half the memory, widened to F32 inside the kernels; F32 and F16 files are rounded), `f32`, or `auto`: BF16 when the folder's weight matrices are BF16 (exact: what most models are published in), F32 otherwise. LoRA trains on any of them (full fine-tuning is not offered).",
-    read: (raw): EngineWeights => {
-      const value = unset(raw) ? "auto" : raw.trim();
-      if (!ENGINE_WEIGHTS.includes(value as EngineWeights))
-        throw new Error(`must be one of ${ENGINE_WEIGHTS.join(", ")}, got ${JSON.stringify(raw)}`);
-      return value as EngineWeights;
-    },
+    read: oneOf(ENGINE_WEIGHTS, "auto"),
   }),
   upstreams: setting({
     env: "ARBOR_UPSTREAMS",

@@ -32,12 +32,20 @@ export interface BlobStore {
   sweepPartial(): Promise<string[]>;
 }
 
-const KEY = /^[A-Za-z0-9._\-=:@+]+(\/[A-Za-z0-9._\-=:@+]+)*$/;
+/** The characters of a key's parts. */
+const KEY_CHAR = "[A-Za-z0-9._\\-=:@+]";
+const KEY = new RegExp(`^${KEY_CHAR}+(\\/${KEY_CHAR}+)*$`);
+const PREFIX = new RegExp(`^(${KEY_CHAR}|\\/)*$`);
 
 export function assertBlobKey(key: string): void {
   if (!KEY.test(key) || key.split("/").some((part) => part === "." || part === "..")) {
     throw new RangeError(`Invalid blob key: ${JSON.stringify(key)}`);
   }
+}
+
+/** A listing prefix: key characters and slashes (a partial key). */
+export function assertBlobPrefix(prefix: string): void {
+  if (!PREFIX.test(prefix)) throw new RangeError(`Invalid blob prefix: ${JSON.stringify(prefix)}`);
 }
 
 const TEMP_MARK = ".tmp-";

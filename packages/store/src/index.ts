@@ -55,7 +55,6 @@ export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.t
 export {
   BlobChangedError,
   checkFilesLeftInDataDir,
-  PG_BLOB_CHUNK_BYTES,
   PgBlobStore,
 } from "./pg-blobs.ts";
 export { isoDate, type Price, type PricesRepo, type SetPriceInput } from "./prices.ts";
@@ -64,12 +63,10 @@ export {
   type NamedLimit,
   openRateLimits,
   PgRateLimits,
-  RATE_LIMIT_LEASE_MS,
   type RateLimitBackend,
   type RateLimitState,
   RedisRateLimits,
   type RedisRateLimitsOptions,
-  refill,
   type TakeRequest,
   type TakeResult,
 } from "./rate-limits.ts";

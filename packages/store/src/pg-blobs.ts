@@ -1,6 +1,13 @@
 import { join } from "node:path";
 import { Readable } from "node:stream";
-import { assertBlobKey, type BlobBody, type BlobStore, bodyChunks, FsBlobStore } from "./blobs.ts";
+import {
+  assertBlobKey,
+  assertBlobPrefix,
+  type BlobBody,
+  type BlobStore,
+  bodyChunks,
+  FsBlobStore,
+} from "./blobs.ts";
 import type { Clock } from "./common.ts";
 import { uuidv7 } from "./ids.ts";
 import type { PostgresSql } from "./sql.ts";
@@ -180,9 +187,7 @@ export class PgBlobStore implements BlobStore {
 /** Keys that start with `prefix` are the range [prefix, prefix + DEL): key characters are
  * ASCII below DEL, and keys compare bytewise (COLLATE "C"). */
 function range(prefix: string): [string, string] {
-  if (!/^[A-Za-z0-9._\-=:@+/]*$/.test(prefix)) {
-    throw new RangeError(`Invalid blob prefix: ${JSON.stringify(prefix)}`);
-  }
+  assertBlobPrefix(prefix);
   return [prefix, `${prefix}\u007f`];
 }
 

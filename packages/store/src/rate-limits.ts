@@ -248,7 +248,7 @@ function arrayItem(value: string): string {
  * bucket's limit and each slot's. Returns the refusal (0 none, 1 bucket, 2 slot), its 1-based
  * index, then each bucket's refilled tokens as text (a Lua number would come back truncated).
  */
-const TAKE_SCRIPT = `
+const TAKE_SCRIPT = luaScript(`
 local nb, ns = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, lease, expires, ttl = tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local tokens, updated, refused, index = {}, {}, 0, 0
@@ -285,15 +285,15 @@ end
 local reply = {refused, index}
 for i = 1, nb do reply[2 + i] = string.format('%.17g', tokens[i]) end
 return reply
-`;
+`);
 
-const RENEW_SCRIPT = `
+const RENEW_SCRIPT = luaScript(`
 for i = 1, #KEYS do
   redis.call('ZADD', KEYS[i], ARGV[2], ARGV[1])
   redis.call('PEXPIRE', KEYS[i], ARGV[3])
 end
 return 0
-`;
+`);
 
 export interface RedisRateLimitsOptions {
   /** Keys are `arbor:rl:{<namespace>}:…`: deployments sharing one Redis keep apart by it (the
@@ -412,18 +412,24 @@ export class RedisRateLimits implements RateLimitState {
   }
 
   /** EVALSHA; EVAL (which caches the script) when the server does not have it yet. */
-  async #run(script: string, keys: string[], args: string[]): Promise<unknown> {
+  async #run(script: LuaScript, keys: string[], args: string[]): Promise<unknown> {
     try {
-      return await this.#client.evalSha(sha1(script), { keys, arguments: args });
+      return await this.#client.evalSha(script.sha, { keys, arguments: args });
     } catch (err) {
       if (!String((err as Error).message).startsWith("NOSCRIPT")) throw err;
-      return this.#client.eval(script, { keys, arguments: args });
+      return this.#client.eval(script.text, { keys, arguments: args });
     }
   }
 }
 
-function sha1(text: string): string {
-  return createHash("sha1").update(text).digest("hex");
+/** A Lua script and its SHA-1 (what EVALSHA names it by), hashed once. */
+interface LuaScript {
+  text: string;
+  sha: string;
+}
+
+function luaScript(text: string): LuaScript {
+  return { text, sha: createHash("sha1").update(text).digest("hex") };
 }
 
 /** A connection error's code (ECONNREFUSED…), else its message. */
@@ -449,16 +455,12 @@ export async function openRateLimits(options: {
   sql: Sql;
   redisUrl?: string | undefined;
   namespace?: string | undefined;
-  leaseMs?: number;
 }): Promise<RateLimitState> {
-  const lease = options.leaseMs ? { leaseMs: options.leaseMs } : {};
   if (options.redisUrl) {
     return RedisRateLimits.connect(options.redisUrl, {
-      ...lease,
       ...(options.namespace ? { namespace: options.namespace } : {}),
     });
   }
-  if (options.sql.dialect === "postgres")
-    return new PgRateLimits(options.sql as PostgresSql, lease);
+  if (options.sql.dialect === "postgres") return new PgRateLimits(options.sql as PostgresSql);
   return new MemoryRateLimits();
 }

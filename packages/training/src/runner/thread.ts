@@ -6,7 +6,7 @@
  */
 import { parentPort, workerData } from "node:worker_threads";
 import type { WeightChoice } from "@arbor/engine";
-import { openStore } from "@arbor/store";
+import { type BlobBackend, openStore } from "@arbor/store";
 import { pino } from "pino";
 import { baseModels, sftExamplesLoader } from "./loaders.ts";
 import { type TrainingActivity, TrainingWorker } from "./runner.ts";
@@ -16,7 +16,7 @@ export interface WorkerThreadSettings {
   databaseUrl?: string | undefined;
   schema?: string | undefined;
   /** Where blobs live (`ARBOR_BLOBS`); the store's default when unset. */
-  blobs?: "fs" | "postgres" | undefined;
+  blobs?: BlobBackend | undefined;
   logLevel: string;
   leaseMs: number;
   maxTrainingDataBytes: number;

@@ -10,6 +10,9 @@ import type { Logger } from "pino";
 import { CheckpointGoneError } from "./engines.ts";
 import { unavailable, upstreamAuth, upstreamBase, upstreamMessage } from "./upstream.ts";
 
+/** How old a cut-off adapter folder must be before a sweep removes it. */
+const PARTIAL_AGE_MS = 60 * 60_000;
+
 /** How long one call to an upstream's LoRA endpoints may take before it counts as failed (a
  * load reads the files and moves the weights; a hung one must not hold its adapter forever). */
 const LORA_CALL_MS = 120_000;
@@ -137,17 +140,18 @@ export class UpstreamAdapters {
   }
 
   /**
-   * Removes the temporary folders of writes a crash cut off (`.partial-*`), once older than
-   * `olderThanMs`: a write in progress, here or on a replica sharing the directory, is younger.
-   * Returns their names.
+   * Removes the temporary folders of writes a crash cut off (`.partial-*`), once an hour old: a
+   * write in progress, here or on a replica sharing the directory, is younger. Returns their
+   * names.
    */
-  async sweepPartial(olderThanMs = 60 * 60_000, now = Date.now()): Promise<string[]> {
+  async sweepPartial(): Promise<string[]> {
+    const now = Date.now();
     const entries = await readdir(this.#dir).catch(() => [] as string[]);
     const removed: string[] = [];
     for (const entry of entries.filter((e) => e.startsWith(".partial-"))) {
       const path = join(this.#dir, entry);
       const info = await stat(path).catch(() => undefined);
-      if (!info || now - info.mtimeMs <= olderThanMs) continue;
+      if (!info || now - info.mtimeMs <= PARTIAL_AGE_MS) continue;
       await rm(path, { recursive: true, force: true });
       removed.push(entry);
     }
