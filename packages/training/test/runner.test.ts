@@ -10,7 +10,11 @@ import { createDataset } from "../src/datasets/datasets.ts";
 import { enqueueRlJob, enqueueSftJob, MAX_JOB_EXAMPLES } from "../src/jobs.ts";
 import { writeCancelled } from "../src/runner/cancel.ts";
 import { baseModels, sftExamplesLoader } from "../src/runner/loaders.ts";
-import { type TrainingActivity, TrainingWorker } from "../src/runner/runner.ts";
+import {
+  type TrainingActivity,
+  TrainingWorker,
+  type TrainingWorkerOptions,
+} from "../src/runner/runner.ts";
 
 /** The runner, without HTTP: a job's size is bounded before its first step. */
 let dataDir: string;
@@ -69,15 +73,28 @@ describe("TrainingWorker.runJob", () => {
     ]);
   });
 
-  function worker(onActivity?: (activity: TrainingActivity) => void, cancelled?: Int32Array) {
+  function worker(options: Partial<TrainingWorkerOptions> = {}) {
     return new TrainingWorker({
       store,
       logger: pino({ level: "silent" }),
       loadBaseModel: baseModels(),
       loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
-      ...(onActivity ? { onActivity } : {}),
-      ...(cancelled ? { cancelled } : {}),
+      ...options,
     });
+  }
+
+  /**
+   * Kernels whose "wasm32" arena is 16 MiB, which holds tiny-chat's weights but not a training
+   * pass beside them; the Memory64 one is real unless `small64`. `made` records which were made.
+   */
+  function smallArena(made: boolean[], small64 = false) {
+    return (memory64: boolean) => {
+      made.push(memory64);
+      return createWasmKernels("simd", {
+        memory64,
+        ...(!memory64 || small64 ? { memoryLimit: 16 << 20 } : {}),
+      });
+    };
   }
 
   /** A queued SFT job of 100 one-example steps on a new model: long enough to cancel. */
@@ -133,7 +150,7 @@ describe("TrainingWorker.runJob", () => {
       experimental_config: { lora_rank: 4, seed: 3 },
     });
     const activity: TrainingActivity[] = [];
-    const job = await runNext(worker((a) => activity.push(a)));
+    const job = await runNext(worker({ onActivity: (a) => activity.push(a) }));
     expect(job).toMatchObject({
       status: "succeeded",
       step_from: 0,
@@ -174,16 +191,19 @@ describe("TrainingWorker.runJob", () => {
     const queued = await longSftJob("cancelled");
     const activity: TrainingActivity[] = [];
     const cancelled = new Int32Array(new SharedArrayBuffer(16));
-    const w = worker((a) => {
-      activity.push(a);
-      // Cancelled as it trains, as the server does it: the row, then the shared word that the
-      // worker reads before its next step (a SQLite-backed worker never yields to a timer while
-      // it trains).
-      if (a.type === "tokens" && activity.length === 1) {
-        void store.jobs.cancelJob("e", queued.id);
-        writeCancelled(cancelled, queued.id);
-      }
-    }, cancelled);
+    const w = worker({
+      cancelled,
+      onActivity: (a) => {
+        activity.push(a);
+        // Cancelled as it trains, as the server does it: the row, then the shared word that the
+        // worker reads before its next step (a SQLite-backed worker never yields to a timer while
+        // it trains).
+        if (a.type === "tokens" && activity.length === 1) {
+          void store.jobs.cancelJob("e", queued.id);
+          writeCancelled(cancelled, queued.id);
+        }
+      },
+    });
     const job = await runNext(w);
     expect(job.status).toBe("cancelled");
     // It stopped at once: one step trained, not the 100 planned.
@@ -203,7 +223,7 @@ describe("TrainingWorker.runJob", () => {
     // was requeued rather than cancelled.
     writeCancelled(cancelled, queued.id);
     const activity: TrainingActivity[] = [];
-    const job = await runNext(worker((a) => activity.push(a), cancelled));
+    const job = await runNext(worker({ onActivity: (a) => activity.push(a), cancelled }));
     expect(job.status).toBe("succeeded");
     expect(activity.at(-1)).toMatchObject({ type: "ended", outcome: "succeeded" });
   });
@@ -212,16 +232,19 @@ describe("TrainingWorker.runJob", () => {
     const queued = await longSftJob("cancelled-twice");
     const activity: TrainingActivity[] = [];
     const cancelled = new Int32Array(new SharedArrayBuffer(16));
-    const w = worker((a) => {
-      activity.push(a);
-      if (a.type === "tokens" && activity.length === 1) {
-        void store.jobs.cancelJob("e", queued.id).then(() => {
-          writeCancelled(cancelled, queued.id);
-          // A second cancel, of another job, before this thread looked.
-          writeCancelled(cancelled, "01900000-0000-7000-8000-000000000000");
-        });
-      }
-    }, cancelled);
+    const w = worker({
+      cancelled,
+      onActivity: (a) => {
+        activity.push(a);
+        if (a.type === "tokens" && activity.length === 1) {
+          void store.jobs.cancelJob("e", queued.id).then(() => {
+            writeCancelled(cancelled, queued.id);
+            // A second cancel, of another job, before this thread looked.
+            writeCancelled(cancelled, "01900000-0000-7000-8000-000000000000");
+          });
+        }
+      },
+    });
     const job = await runNext(w);
     expect(job.status).toBe("cancelled");
     // The row was checked before the next step's event: at most the step in flight ran.
@@ -249,18 +272,8 @@ describe("TrainingWorker.runJob", () => {
   });
 
   it("when a job needs more memory than a wasm32 arena holds, then it trains on a Memory64 one, which the base model's later jobs start on", async () => {
-    // A 16 MiB "wasm32" arena holds tiny-chat's weights but not a training pass beside them.
     const made: boolean[] = [];
-    const w = new TrainingWorker({
-      store,
-      logger: pino({ level: "silent" }),
-      loadBaseModel: baseModels(),
-      loadSftExamples: sftExamplesLoader(store, { maxBytes: 1 << 20, allowHosts: [] }),
-      createKernels: (memory64) => {
-        made.push(memory64);
-        return createWasmKernels("simd", memory64 ? { memory64 } : { memoryLimit: 16 << 20 });
-      },
-    });
+    const w = worker({ createKernels: smallArena(made) });
     const dataset = await createDataset(store, {
       entity: "e",
       name: null,
@@ -292,15 +305,9 @@ describe("TrainingWorker.runJob", () => {
 
   it("when a job does not fit even a Memory64 arena, then it fails before its first step, naming the memory needed and available", async () => {
     const made: boolean[] = [];
-    const w = new TrainingWorker({
-      store,
-      logger: pino({ level: "silent" }),
-      loadBaseModel: baseModels(),
+    const w = worker({
       loadSftExamples: async () => [example],
-      createKernels: (memory64) => {
-        made.push(memory64);
-        return createWasmKernels("simd", { memory64, memoryLimit: 16 << 20 });
-      },
+      createKernels: smallArena(made, true),
     });
     await enqueueSftJob(store, await model("too-wide"), {
       training_data_url: "https://data.example/one.jsonl",
@@ -340,16 +347,7 @@ describe("TrainingWorker.runJob", () => {
 
   it("when an RL step needs more memory than a wasm32 arena holds, then it is taken on a Memory64 one, once", async () => {
     const made: boolean[] = [];
-    const w = new TrainingWorker({
-      store,
-      logger: pino({ level: "silent" }),
-      loadBaseModel: baseModels(),
-      loadSftExamples: async () => [],
-      createKernels: (memory64) => {
-        made.push(memory64);
-        return createWasmKernels("simd", memory64 ? { memory64 } : { memoryLimit: 16 << 20 });
-      },
-    });
+    const w = worker({ createKernels: smallArena(made) });
     const m = await rlJob("rl-wide");
     const job = await runNext(w);
     expect(job).toMatchObject({ status: "succeeded", step_to: 1 });
@@ -367,7 +365,7 @@ describe("TrainingWorker.runJob", () => {
   it("when an RL job runs, then one step is taken on its groups and checkpoint step 1 is written", async () => {
     const m = await rlJob("rl");
     const activity: TrainingActivity[] = [];
-    const job = await runNext(worker((a) => activity.push(a)));
+    const job = await runNext(worker({ onActivity: (a) => activity.push(a) }));
     expect(job).toMatchObject({ status: "succeeded", step_to: 1 });
     const events = (await store.jobs.listEvents("e", job.id)).data;
     expect(events.map((e) => e.type)).toEqual([

@@ -14,12 +14,11 @@ import { tmpdir } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
 import { promisify } from "node:util";
 import { catalogModelDir } from "@arbor/engine";
-import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 import { reversalJsonl } from "./jobs.ts";
 import { NODE_20, node20 } from "./node20.ts";
-import { PG_URL, pgSkipReason } from "./pg.ts";
+import { dropSchema, PG_URL, pgSkipReason } from "./pg.ts";
 
 /**
  * The `arbor` command as a person installs it: apps/cli packed with `pnpm pack`, installed with
@@ -285,10 +284,7 @@ describe("the arbor command from its tarball", () => {
           /^\S+\tarbor\/tiny-chat\t\(default\)\t\S+\t0\.5\t1\t/,
         );
       } finally {
-        const client = new pg.Client({ connectionString: PG_URL });
-        await client.connect();
-        await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-        await client.end();
+        await dropSchema(schema);
       }
     },
   );

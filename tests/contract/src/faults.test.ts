@@ -6,7 +6,7 @@ import { fileURLToPath } from "node:url";
 import * as remote from "@arbor/cli/remote";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
 import { afterAll, describe, expect, it, vi } from "vitest";
-import { reversalJsonl } from "./jobs.ts";
+import { followAll, reversalJsonl } from "./jobs.ts";
 import { type Child, startServerProcess } from "./processes.ts";
 
 /** The real server as a child process, killed with SIGKILL mid-job and started again. */
@@ -28,7 +28,7 @@ afterAll(async () => {
   rmSync(dataDir, { recursive: true, force: true });
 });
 
-const lines = reversalJsonl(["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"]).split("\n");
+const jsonl = reversalJsonl(["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"]);
 
 describe("kill -9 during a job", () => {
   it("when the server dies mid-job and restarts, then the job resumes from its checkpoint to one terminal event, reports each step once, no partial checkpoint is listed, and the queue goes on", async () => {
@@ -38,7 +38,7 @@ describe("kill -9 during a job", () => {
       name: "victim",
       base_model: "arbor/tiny-chat",
     });
-    const dataset = await client.training.datasets.create(lines.join("\n"));
+    const dataset = await client.training.datasets.create(jsonl);
     const body = {
       model_id: model.id,
       training_data_url: dataset.url,
@@ -63,8 +63,7 @@ describe("kill -9 during a job", () => {
     client = await startChild();
     const followed = new Map<string, TrainingJobEvent[]>();
     for (const id of [job.id, next.id]) {
-      const events = [];
-      for await (const event of client.training.jobs.events.follow(id)) events.push(event);
+      const events = await followAll(client, id);
       followed.set(id, events);
       const terminal = events.filter(
         (e) => e.type === "training_ended" || e.type === "training_failed",

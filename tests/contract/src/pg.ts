@@ -3,6 +3,17 @@ import pg from "pg";
 /** The PostgreSQL the Postgres halves of the contract tests use (ARBOR_TEST_PG overrides). */
 export const PG_URL = process.env.ARBOR_TEST_PG ?? "postgres://postgres@127.0.0.1:5432/test";
 
+/** Drops a test's schema and everything in it (`url`: another database than PG_URL). */
+export async function dropSchema(schema: string, url = PG_URL): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  } finally {
+    await client.end();
+  }
+}
+
 /**
  * Null when PostgreSQL answers; else why not, printed once. Under `CI=true` an unreachable
  * PostgreSQL is an error, not a skip: CI machines have one.

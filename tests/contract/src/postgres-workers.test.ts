@@ -2,10 +2,9 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ArborClient } from "@arbor/client";
-import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { followAll, leaseOwner, reversalJsonl } from "./jobs.ts";
-import { PG_URL, pgSkipReason } from "./pg.ts";
+import { dropSchema, PG_URL, pgSkipReason } from "./pg.ts";
 import {
   type Child,
   leaseWorker,
@@ -47,10 +46,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await Promise.all(children.map((c) => c.kill9()));
   if (reachable) {
-    const c = new pg.Client({ connectionString: databaseUrl });
-    await c.connect();
-    await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    await c.end();
+    await dropSchema(schema, databaseUrl);
   }
   rmSync(dataDir, { recursive: true, force: true });
 });

@@ -1,11 +1,10 @@
-import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ArborClient, createArborClient } from "@arbor/client";
-import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { followAll, reversalJsonl } from "./jobs.ts";
-import { PG_URL, pgSkipReason } from "./pg.ts";
+import { dropSchema, PG_URL, pgSkipReason } from "./pg.ts";
 import { type Child, startServerProcess } from "./processes.ts";
 
 /**
@@ -20,6 +19,7 @@ const dirs = [0, 1].map((i) => mkdtempSync(join(tmpdir(), `arbor-replica-${i}-`)
 const children: Child[] = [];
 let a: ArborClient;
 let b: ArborClient;
+let apiKey: string;
 /** The replicas' base URLs. */
 const urls: string[] = [];
 const RPM = 4;
@@ -38,8 +38,8 @@ beforeAll(async () => {
   a = first.client;
   urls.push(`http://127.0.0.1:${first.port}`);
   // The first start made the admin in the shared database and wrote its key in A's directory.
-  copyFileSync(join(dirs[0]!, "admin.key"), join(dirs[1]!, "admin.key"));
-  const second = await startServerProcess(dirs[1]!, env);
+  apiKey = first.apiKey;
+  const second = await startServerProcess(dirs[1]!, env, apiKey);
   children.push(second.child);
   b = second.client;
   urls.push(`http://127.0.0.1:${second.port}`);
@@ -48,10 +48,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await Promise.all(children.map((c) => c.kill9()));
   if (reachable) {
-    const c = new pg.Client({ connectionString: PG_URL });
-    await c.connect();
-    await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    await c.end();
+    await dropSchema(schema);
   }
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
 });
@@ -128,7 +125,6 @@ describe.skipIf(!reachable)("two replicas with separate data directories", () =>
   }, 180_000);
 
   it("when a project's requests alternate between the replicas, then its requests per minute hold across both", async () => {
-    const apiKey = readFileSync(join(dirs[0]!, "admin.key"), "utf8").trim();
     const replicas = (project: string) =>
       urls.map((baseUrl) =>
         createArborClient({

@@ -3,9 +3,8 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { promisify } from "node:util";
-import pg from "pg";
 import { afterAll, describe, expect, it } from "vitest";
-import { PG_URL, pgSkipReason } from "./pg.ts";
+import { dropSchema, PG_URL, pgSkipReason } from "./pg.ts";
 import { type Child, serverMain, startServerProcess } from "./processes.ts";
 
 /**
@@ -112,10 +111,7 @@ describe("starting the server", () => {
         children.push(chosen.child);
         expect(chosen.child.logs.some((l) => String(l.msg).includes("does not read"))).toBe(true);
       } finally {
-        const db = new pg.Client({ connectionString: PG_URL });
-        await db.connect();
-        await db.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-        await db.end();
+        await dropSchema(schema);
       }
     },
     120_000,

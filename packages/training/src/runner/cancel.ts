@@ -30,7 +30,8 @@ export function isCancelled(cancelled: Int32Array | undefined, words: readonly n
 /** Forgets the cancel `cancelled` holds, when it names the job whose id is `words`: a thread
  * that claims that job again (requeued after its lease lapsed) must not stop on an old cancel. */
 export function clearCancelled(cancelled: Int32Array | undefined, words: readonly number[]): void {
-  if (!cancelled) return;
+  // Word by word, so only when every word is this job's: else it could zero part of another id.
+  if (!cancelled || !isCancelled(cancelled, words)) return;
   words.forEach((word, i) => {
     Atomics.compareExchange(cancelled, i, word, 0);
   });

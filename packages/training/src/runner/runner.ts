@@ -245,7 +245,7 @@ export class TrainingWorker {
     const words = idWords(job.id);
     // The claim is fresh: a cancel of an earlier run of this job (its lease lapsed, it was
     // requeued and claimed here again) is not this run's; the row says if this run is cancelled.
-    if (isCancelled(this.#o.cancelled, words)) clearCancelled(this.#o.cancelled, words);
+    clearCancelled(this.#o.cancelled, words);
     const interrupt = () => {
       if (!abort.signal.aborted && isCancelled(this.#o.cancelled, words))
         abort.abort(new Interrupted("the job was cancelled", false));
@@ -349,11 +349,20 @@ export class TrainingWorker {
         // Bad data is the job's input, not a crash: its message (naming the line) is the error.
         throw new JobInputError(err instanceof Error ? err.message : String(err));
       });
-    const { base, kernels, sftConfig, plan } = await this.#onArena(baseId, async (kernels) => {
+    // Planned once (every example tokenized), on the first arena tried; only the memory check
+    // depends on the arena.
+    let planned: { sftConfig: SftConfig; plan: ReturnType<typeof planSft> } | undefined;
+    const { base, kernels } = await this.#onArena(baseId, async (kernels) => {
       const base = await this.#o.loadBaseModel(baseId, kernels);
-      const sftConfig = sftTrainingConfig(spec, baseId, parameterCount(base));
-      return { base, kernels, sftConfig, plan: this.#planSft(base, kernels, examples, sftConfig) };
+      planned ??= this.#planSft(
+        base,
+        examples,
+        sftTrainingConfig(spec, baseId, parameterCount(base)),
+      );
+      microBatchBudget(base.config, kernels, planned.plan.prepared.sequences, 0, base.storage);
+      return { base, kernels };
     });
+    const { sftConfig, plan } = planned!;
     const { totalSteps } = plan;
     const every = spec.config.checkpoint_every ?? totalSteps;
     const resume = await this.#resumePoint(job, base, stepFrom);
@@ -397,11 +406,8 @@ export class TrainingWorker {
     return stepFrom + totalSteps;
   }
 
-  /**
-   * The job's plan on `base`, within the limits of a job, checked to fit the kernels' memory
-   * (an EngineMemoryError before anything is trained).
-   */
-  #planSft(base: Model, kernels: Kernels, examples: SftExample[], sftConfig: SftConfig) {
+  /** The job's plan on `base` (what trainSft is handed), within the limits of a job. */
+  #planSft(base: Model, examples: SftExample[], sftConfig: SftConfig) {
     // Bounded before planning (a plan holds every step), then again against the plan itself.
     const epochs = sftConfig.epochs ?? 1;
     if (examples.length * epochs > MAX_JOB_EXAMPLES) {
@@ -409,7 +415,6 @@ export class TrainingWorker {
         `The job would train on ${examples.length} examples × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} per job: use fewer epochs or a smaller dataset.`,
       );
     }
-    // Planned once: the plan (every example tokenized) is handed to trainSft.
     const plan = planSft(base, examples, sftConfig);
     const { totalSteps } = plan;
     if (totalSteps > MAX_JOB_STEPS) {
@@ -423,8 +428,7 @@ export class TrainingWorker {
         `The job would process ${tokens} tokens, more than the limit of ${MAX_JOB_TOKENS} per job: use fewer epochs or a smaller dataset.`,
       );
     }
-    microBatchBudget(base.config, kernels, plan.prepared.sequences, 0, base.storage);
-    return plan;
+    return { sftConfig, plan };
   }
 
   /** After a crash: the last checkpoint this job wrote, with its optimizer state. */
