@@ -1,9 +1,4 @@
-import { defineConfig } from "vitest/config";
+import { defineConfig, mergeConfig } from "vitest/config";
+import shared from "../../vitest.shared.ts";
 
-export default defineConfig({
-  test: {
-    include: ["test/**/*.test.ts"],
-    testTimeout: 30_000,
-    hookTimeout: 30_000,
-  },
-});
+export default mergeConfig(shared, defineConfig({ test: { include: ["test/**/*.test.ts"] } }));

@@ -39,7 +39,7 @@ describe("Engine with LoRA adapters", () => {
     // An adapter made for another base model is refused up front.
     const foreign = createLoraAdapter({ config: { ...model.config, numLayers: 2 } }, { rank: 4 });
     expect(() => engine.generate({ ...request, adapter: foreign })).toThrow(/2 layers/);
-  }, 60_000);
+  });
 });
 
 describe("loraRowHooks", () => {

@@ -1,4 +1,5 @@
 import { describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { catalogModelDir } from "./catalog.ts";
 import { Engine } from "./engine.ts";
 import { EngineThread } from "./engine-thread.ts";
@@ -78,7 +79,7 @@ describe("EngineThread", async () => {
         .catch((e: unknown) => e);
       expect(refusal).toBeInstanceOf(ContextLengthError);
       // The scheduler drops the cancelled sequence at its next turn.
-      await vi.waitFor(async () => expect((await thread.stats()).activeSequences).toBe(0));
+      await vi.waitFor(async () => expect((await thread.stats()).activeSequences).toBe(0), PATIENT);
     } finally {
       await thread.dispose();
     }

@@ -278,6 +278,5 @@ describe.each(CASES)("$name", ({ config, tokenizer }) => {
         return all;
       }
     },
-    120_000,
   );
 });

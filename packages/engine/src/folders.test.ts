@@ -90,5 +90,5 @@ describe("base model folders", () => {
     expect(reasons["qwen/no-template"]).toMatch(
       /tokenizer_config\.json: the chat template does not parse/,
     );
-  }, 60_000);
+  });
 });

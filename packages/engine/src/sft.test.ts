@@ -245,5 +245,5 @@ describe("SFT on the shipped model", () => {
     expect(before.format).toBeLessThanOrEqual(0.1);
     expect(after.format).toBeGreaterThanOrEqual(0.9);
     expect(after.exact).toBeGreaterThanOrEqual(0.5);
-  }, 120_000);
+  });
 });

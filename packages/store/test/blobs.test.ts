@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import {
   assertBlobKey,
   BlobChangedError,
@@ -237,8 +238,9 @@ describe("FsBlobStore", () => {
       await held;
     }
     const writing = blobs.put("sweep/x", slow());
-    await vi.waitFor(() =>
-      expect(readdirSync(join(root, "sweep")).some((n) => n.includes(".tmp-"))).toBe(true),
+    await vi.waitFor(
+      () => expect(readdirSync(join(root, "sweep")).some((n) => n.includes(".tmp-"))).toBe(true),
+      PATIENT,
     );
     const live = readdirSync(join(root, "sweep"))[0]!;
     // The same host's writer with a process that no longer runs (above Linux's default pid_max).

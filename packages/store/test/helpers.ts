@@ -10,7 +10,7 @@ export const PG_URL = process.env.ARBOR_TEST_PG ?? "postgres://postgres@127.0.0.
 
 async function probePostgres(): Promise<string | null> {
   if (process.env.ARBOR_TEST_PG === "off") return "ARBOR_TEST_PG=off";
-  const client = new pg.Client({ connectionString: PG_URL, connectionTimeoutMillis: 2000 });
+  const client = new pg.Client({ connectionString: PG_URL, connectionTimeoutMillis: 10_000 });
   try {
     await client.connect();
     await client.query("SELECT 1");

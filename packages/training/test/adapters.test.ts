@@ -37,7 +37,7 @@ beforeAll(async () => {
     initialCheckpoint: { step: 0, blob_key: null },
   }));
   base = await loadModel(catalogModelDir("arbor/tiny-chat"));
-}, 60_000);
+});
 afterAll(async () => {
   await store.close();
   rmSync(dataDir, { recursive: true, force: true });
@@ -84,7 +84,7 @@ describe("readAdapterTar", () => {
         Buffer.from(files["adapter_model.safetensors"]!),
       );
     }
-  }, 60_000);
+  });
 
   it("when a tar climbs out of its folder, is cut off, is not a tar, or lacks a file, then it is refused naming why", async () => {
     const files = adapterFiles();

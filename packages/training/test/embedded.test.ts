@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterEach, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { EmbeddedWorker } from "../src/runner/embedded.ts";
 import type { TrainingActivity } from "../src/runner/runner.ts";
 
@@ -64,11 +65,11 @@ describe("EmbeddedWorker", () => {
     const worker = await start(store, dataDir, undefined, "computing-thread.ts");
     try {
       // Another process's cancel: a row change only, never `worker.cancelled()`.
-      await vi.waitFor(() => expect(worker.running()).toEqual([jobId]));
+      await vi.waitFor(() => expect(worker.running()).toEqual([jobId]), PATIENT);
       await store.jobs.cancelJob("e", jobId);
       const result = await vi.waitFor(
         () => JSON.parse(readFileSync(join(dataDir, "computed.json"), "utf8")),
-        { timeout: 60_000, interval: 50 },
+        PATIENT,
       );
       expect(result.cancelled).toBe(true);
       expect(result.microBatches).toBeLessThan(3000);
@@ -76,7 +77,7 @@ describe("EmbeddedWorker", () => {
       await worker.stop();
       await store.close();
     }
-  }, 90_000);
+  });
 
   it("when a cancelled job's thread does not stop in time, then it is ended and a fresh thread starts, the job staying cancelled", async () => {
     const { store, dataDir, jobId } = await runningJob();
@@ -87,16 +88,19 @@ describe("EmbeddedWorker", () => {
     const activity: TrainingActivity[] = [];
     const worker = await start(store, dataDir, (a) => activity.push(a), "stubborn-thread.ts");
     try {
-      await vi.waitFor(() => expect(worker.running()).toEqual([jobId]));
+      await vi.waitFor(() => expect(worker.running()).toEqual([jobId]), PATIENT);
       // Cancelled through the API of this process: the row, then the word, which this thread
       // never reads.
       await store.jobs.cancelJob("e", jobId);
       worker.cancelled(jobId);
       await vi.waitFor(
         () => expect(readFileSync(join(dataDir, "starts.log"), "utf8")).toBe("started\nstarted\n"),
-        { timeout: 60_000, interval: 50 },
+        PATIENT,
       );
-      await vi.waitFor(() => expect(worker.health()).toMatchObject({ success: true, running: 1 }));
+      await vi.waitFor(
+        () => expect(worker.health()).toMatchObject({ success: true, running: 1 }),
+        PATIENT,
+      );
       expect(worker.running()).toEqual([]);
       expect(activity).toEqual([
         { type: "ended", jobType: "rl", outcome: "cancelled", seconds: expect.any(Number) },
@@ -109,7 +113,7 @@ describe("EmbeddedWorker", () => {
       await worker.stop();
       await store.close();
     }
-  }, 120_000);
+  });
 
   it("when a training thread dies mid-job, then the job fails naming the cause, the health is down, and a fresh thread starts", async () => {
     const { store, dataDir, jobId } = await runningJob();
@@ -122,12 +126,14 @@ describe("EmbeddedWorker", () => {
     try {
       await vi.waitFor(async () => {
         expect((await store.jobs.get("e", jobId))?.status).toBe("failed");
-      });
+      }, PATIENT);
       // The supervisor reports the dead thread's job as failed, for metrics.
-      await vi.waitFor(() =>
-        expect(activity).toEqual([
-          { type: "ended", jobType: "rl", outcome: "failed", seconds: expect.any(Number) },
-        ]),
+      await vi.waitFor(
+        () =>
+          expect(activity).toEqual([
+            { type: "ended", jobType: "rl", outcome: "failed", seconds: expect.any(Number) },
+          ]),
+        PATIENT,
       );
       const job = await store.jobs.get("e", jobId);
       expect(job?.error_message).toContain("simulated: JavaScript heap out of memory");
@@ -142,13 +148,13 @@ describe("EmbeddedWorker", () => {
             threads: 1,
             running: 1,
           }),
-        { timeout: 30_000, interval: 50 },
+        PATIENT,
       );
     } finally {
       await worker.stop();
       await store.close();
     }
-  }, 60_000);
+  });
 
   it("when a thread keeps dying, then the health reports it restarting with the cause", async () => {
     const { store, dataDir, jobId } = await runningJob();
@@ -162,7 +168,7 @@ describe("EmbeddedWorker", () => {
         const health = worker.health();
         expect(health.success).toBe(false);
         expect(health.error).toMatch(/training thread 0 is (restarting|starting) after: simulated/);
-      });
+      }, PATIENT);
     } finally {
       await worker.stop();
       await store.close();

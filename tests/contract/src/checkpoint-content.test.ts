@@ -48,7 +48,7 @@ beforeAll(async () => {
   for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
   expect(events.at(-1)?.type).toBe("training_ended");
   steps = events.filter((e) => e.type === "gradient_step").length;
-}, 180_000);
+});
 afterAll(async () => {
   await server?.close();
   rmSync(work, { recursive: true, force: true });
@@ -167,7 +167,6 @@ describe("getCheckpointContent", () => {
         `default/io/trained:step${steps}`,
       );
     },
-    120_000,
   );
 
   it("when a trained step is downloaded as GGUF, then llama.cpp serves the merged model with the answer the engine gives for that step", async () => {
@@ -193,7 +192,7 @@ describe("getCheckpointContent", () => {
     const path = join(work, "merged.gguf");
     writeFileSync(path, body);
     await expectLlamaAnswersLikeStep(new LlamaCppBackend(path));
-  }, 120_000);
+  });
 
   it("when a trained step is downloaded as a llama.cpp LoRA GGUF, then llama.cpp serves it on the base's GGUF with the engine's answer for that step", async () => {
     const response = await fetch(contentUrl(trained.id, steps, "?format=gguf-lora"), {
@@ -214,7 +213,7 @@ describe("getCheckpointContent", () => {
     const base = join(work, "tiny-chat.gguf");
     await exportGguf(await loadModel(catalogModelDir("arbor/tiny-chat")), base);
     await expectLlamaAnswersLikeStep(new LlamaCppBackend(base, { lora }));
-  }, 120_000);
+  });
 
   it("when the step is 0, absent, or the model another's, then 404; a format it does not know is 400", async () => {
     expect((await download(trained.id, 0)).status).toBe(400);
@@ -245,7 +244,7 @@ describe("createCheckpoint", () => {
     expect(await greedy("default/io/copy:step1")).toBe(original);
     // What the adapter learned shows: the base answers otherwise.
     expect(await greedy("arbor/tiny-chat")).not.toBe(original);
-  }, 60_000);
+  });
 
   it("when the two files come as multipart/form-data, then they are the next step; one part alone is 400", async () => {
     const good = await readAdapterTar(

@@ -15,6 +15,7 @@ import { dirname, join, relative, resolve } from "node:path";
 import { promisify } from "node:util";
 import { catalogModelDir } from "@arbor/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
 import { reversalJsonl } from "./jobs.ts";
 import { NODE_20, node20 } from "./node20.ts";
@@ -56,13 +57,13 @@ beforeAll(async () => {
   execFileSync(
     "npm",
     ["install", "-g", "--prefix", prefix, "--no-audit", "--no-fund", "--loglevel=error", tarball],
-    { cwd: work, stdio: "pipe", timeout: 120_000 },
+    { cwd: work, stdio: "pipe", timeout: PATIENT.timeout },
   );
   installed = join(prefix, "lib/node_modules/@arbor/cli");
   home = join(work, "home");
   mkdirSync(home);
   writeFileSync(join(work, "data.jsonl"), reversalJsonl(["cat", "dog", "sun", "map"]));
-}, 180_000);
+});
 
 afterAll(async () => {
   await server?.close();
@@ -91,7 +92,7 @@ async function arbor(node: string, args: string[], env: Record<string, string> =
         ARBOR_DATA_DIR: join(home, ".arbor"),
         ...env,
       },
-      timeout: 120_000,
+      timeout: PATIENT.timeout,
     });
     return { code: 0, stdout, stderr } satisfies Result;
   } catch (err) {
@@ -208,7 +209,6 @@ describe("the arbor command from its tarball", () => {
       );
       expect(answer.trim().length).toBeGreaterThan(0);
     },
-    240_000,
   );
 
   it.each([["Node 24", process.execPath], ...(node20 ? [["Node 20", NODE_20]] : [])])(
@@ -244,7 +244,6 @@ describe("the arbor command from its tarball", () => {
       expect(shipped.trim().length).toBeGreaterThan(0);
       expect(await chat(id)).toBe(shipped);
     },
-    120_000,
   );
 
   it("when a store command runs under Node 24, then it opens the server's SQLite store: the key it creates works on the server", async () => {

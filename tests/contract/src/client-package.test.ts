@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
 import { NODE_20, node20 } from "./node20.ts";
 
@@ -41,11 +42,11 @@ beforeAll(async () => {
   execFileSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], {
     cwd: work,
     stdio: "pipe",
-    timeout: 120_000,
+    timeout: PATIENT.timeout,
   });
   for (const file of ["consumer.ts", "tsconfig.json"])
     writeFileSync(join(work, file), readFileSync(join(fixture, file)));
-}, 180_000);
+});
 
 afterAll(async () => {
   await server?.close();
@@ -90,7 +91,7 @@ describe("@arbor/client from its tarball", () => {
 
   it("when a consumer is type-checked with tsc --strict outside the workspace, then it compiles", () => {
     execFileSync(process.execPath, [tsc, "-p", "tsconfig.json"], { cwd: work, stdio: "pipe" });
-  }, 60_000);
+  });
 
   it.each([["Node 24", process.execPath], ...(node20 ? [["Node 20", NODE_20]] : [])])(
     "when the consumer runs under %s, then it trains, follows, lists, chats and reads usage",
@@ -124,6 +125,5 @@ describe("@arbor/client from its tarball", () => {
       expect(result.streamedTokens).toBeGreaterThan(0);
       expect(result.completionTokens).toBeGreaterThanOrEqual(result.streamedTokens);
     },
-    120_000,
   );
 });

@@ -119,5 +119,5 @@ describe("x-codeSamples", () => {
       }),
     );
     expect(ts.getPreEmitDiagnostics(broken).length).toBeGreaterThan(0);
-  }, 120_000);
+  });
 });

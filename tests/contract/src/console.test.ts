@@ -2,6 +2,7 @@ import { existsSync, mkdirSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { type Browser, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
 
 /**
@@ -43,6 +44,7 @@ beforeAll(async () => {
     args: ["--no-sandbox", "--disable-dev-shm-usage"],
   });
   page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  page.setDefaultTimeout(PATIENT.timeout);
   page.on("console", (msg) => {
     if (msg.type() === "error") report(`console: ${msg.text()}`);
   });
@@ -55,7 +57,7 @@ beforeAll(async () => {
       report(`HTTP ${res.status()}: ${res.request().method()} ${new URL(res.url()).pathname}`);
   });
   mkdirSync(shots, { recursive: true });
-}, 120_000);
+});
 
 afterAll(async () => {
   await browser?.close();
@@ -156,7 +158,7 @@ describe.skipIf(missing)("the console in a browser", () => {
     // 4. The loss curve gains points while the job runs.
     const loss = page.locator('figure[data-metric="Loss"] [data-points]');
     const seen = new Set<number>();
-    const deadline = Date.now() + 240_000;
+    const deadline = Date.now() + PATIENT.timeout;
     while (Date.now() < deadline) {
       seen.add(Number(await loss.getAttribute("data-points")));
       const status = await page.locator(".status").first().textContent();
@@ -209,7 +211,7 @@ describe.skipIf(missing)("the console in a browser", () => {
 
     expect(problems).toEqual([]);
     expect(expected).toEqual([]);
-  }, 420_000);
+  });
 
   it("when /docs is opened, then it loads with no console error and no failed request", async () => {
     problems.length = 0;
@@ -232,5 +234,5 @@ describe.skipIf(missing)("the console in a browser", () => {
     expect(new URL(page.url()).pathname).toBe("/training-jobs");
     expect(await page.getByText("No page at this address").count()).toBe(0);
     expect(problems).toEqual([]);
-  }, 120_000);
+  });
 });

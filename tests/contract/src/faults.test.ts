@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url";
 import * as remote from "@arbor/cli/remote";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
 import { afterAll, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { followAll, reversalJsonl } from "./jobs.ts";
 import { type Child, startServerProcess } from "./processes.ts";
 
@@ -51,13 +52,10 @@ describe("kill -9 during a job", () => {
     });
 
     // Wait until the first job has saved a checkpoint, then kill the process.
-    await vi.waitFor(
-      async () => {
-        const { data } = await client.training.jobs.events.list(job.id, { limit: 100 });
-        expect(data.some((e) => e.type === "checkpoint_saved")).toBe(true);
-      },
-      { timeout: 60_000, interval: 100 },
-    );
+    await vi.waitFor(async () => {
+      const { data } = await client.training.jobs.events.list(job.id, { limit: 100 });
+      expect(data.some((e) => e.type === "checkpoint_saved")).toBe(true);
+    }, PATIENT);
     await kill9();
 
     client = await startChild();
@@ -119,7 +117,7 @@ describe("kill -9 during a job", () => {
       expect(chat.response.status).toBe(200);
     }
     await kill9();
-  }, 240_000);
+  });
 });
 
 /** Runs the dying writer over `dataDir` and kills it with SIGKILL once its last write began. */
@@ -181,5 +179,5 @@ describe("kill -9 during writes", () => {
     await client.training.models.delete(model.id);
     expect(blobFiles(dataDir).filter((f) => f.startsWith(`checkpoints/${model.id}`))).toEqual([]);
     await kill9();
-  }, 120_000);
+  });
 });

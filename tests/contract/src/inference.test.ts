@@ -2,6 +2,7 @@ import { type ArborClient, type ChatCompletionChunk, RateLimitError, unwrap } fr
 import { loadSpec } from "@arbor/server";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
 
 const MODEL = "arbor/tiny-chat";
@@ -263,10 +264,7 @@ describe("createChatCompletion", () => {
       break;
     }
     const [engine] = await server.engines.loaded();
-    await vi.waitFor(async () => expect((await engine!.stats()).activeSequences).toBe(0), {
-      timeout: 5000,
-      interval: 20,
-    });
+    await vi.waitFor(async () => expect((await engine!.stats()).activeSequences).toBe(0), PATIENT);
     await vi.waitFor(async () => {
       const { calls } = await client.calls.query({ project_id: project });
       expect(calls).toHaveLength(1);
@@ -275,7 +273,7 @@ describe("createChatCompletion", () => {
         MODEL
       ]!;
       expect(usage.completion_tokens).toBeLessThan(8 * 200);
-    });
+    }, PATIENT);
   });
 
   it("when a request names a project and a trace, then its usage is a call nested in that trace", async () => {

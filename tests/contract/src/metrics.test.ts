@@ -1,5 +1,6 @@
 import type { ArborClient } from "@arbor/client";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
 import { followAll, reversalJsonl } from "./jobs.ts";
 
@@ -95,13 +96,10 @@ async function scrapeUntil(
   target: RunningServer = server,
 ): Promise<Sample[]> {
   let last: Sample[] = [];
-  await vi.waitFor(
-    async () => {
-      last = await scrape(target);
-      check(last);
-    },
-    { timeout: 30_000, interval: 100 },
-  );
+  await vi.waitFor(async () => {
+    last = await scrape(target);
+    check(last);
+  }, PATIENT);
   return last;
 }
 

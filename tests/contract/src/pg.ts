@@ -23,7 +23,7 @@ export const pgSkipReason: string | null = await (async () => {
     console.log("[contract] ARBOR_TEST_PG=off: the Postgres half is SKIPPED");
     return "ARBOR_TEST_PG=off";
   }
-  const client = new pg.Client({ connectionString: PG_URL, connectionTimeoutMillis: 3000 });
+  const client = new pg.Client({ connectionString: PG_URL, connectionTimeoutMillis: 10_000 });
   try {
     await client.connect();
     await client.query("SELECT 1");

@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ArborClient } from "@arbor/client";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { followAll, leaseOwner, reversalJsonl } from "./jobs.ts";
 import { dropSchema, PG_URL, pgSkipReason } from "./pg.ts";
 import {
@@ -80,7 +81,7 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
       const done = await client.training.jobs.retrieve(job.id);
       expect(done).toMatchObject({ status: "succeeded", step_from: 0, step_to: 4 });
     }
-  }, 180_000);
+  });
 
   it("when the worker running a job is killed, then the other resumes it after the lease, reporting each step once and saying where it resumed", async () => {
     const dataset = await client.training.datasets.create(
@@ -97,13 +98,10 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
       config: { epochs: 12, batch_size: 2, checkpoint_every: 1 },
     });
     // Once it saved a checkpoint, kill the worker that holds it.
-    await vi.waitFor(
-      async () => {
-        const { data } = await client.training.jobs.events.list(job.id, { limit: 100 });
-        expect(data.some((e) => e.type === "checkpoint_saved")).toBe(true);
-      },
-      { timeout: 60_000, interval: 100 },
-    );
+    await vi.waitFor(async () => {
+      const { data } = await client.training.jobs.events.list(job.id, { limit: 100 });
+      expect(data.some((e) => e.type === "checkpoint_saved")).toBe(true);
+    }, PATIENT);
     const holder = workers.get(leaseWorker(String(await leaseOwner(databaseUrl, schema, job.id))));
     expect(holder).toBeDefined();
     await holder!.kill9();
@@ -133,5 +131,5 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
       status: "succeeded",
       step_to: 48,
     });
-  }, 180_000);
+  });
 });

@@ -16,7 +16,7 @@ beforeAll(async () => {
   for (let i = 0; i < 2; i++) {
     servers.push(await startServer({ rateLimits: { projectRequestsPerMinute: 3 } }, { env }));
   }
-}, 60_000);
+});
 afterAll(async () => {
   for (const server of servers) await server.close();
 });

@@ -43,7 +43,7 @@ beforeAll(async () => {
   children.push(second.child);
   b = second.client;
   urls.push(`http://127.0.0.1:${second.port}`);
-}, 120_000);
+});
 
 afterAll(async () => {
   await Promise.all(children.map((c) => c.kill9()));
@@ -122,7 +122,7 @@ describe.skipIf(!reachable)("two replicas with separate data directories", () =>
 
     // Nothing of it is in either data directory.
     for (const dir of dirs) expect(existsSync(join(dir, "blobs"))).toBe(false);
-  }, 180_000);
+  });
 
   it("when a project's requests alternate between the replicas, then its requests per minute hold across both", async () => {
     const replicas = (project: string) =>
@@ -153,5 +153,5 @@ describe.skipIf(!reachable)("two replicas with separate data directories", () =>
     const other = replicas("default/other");
     expect((await chat(other[1]!)).response.status).toBe(200);
     expect((await chat(other[0]!)).response.status).toBe(200);
-  }, 60_000);
+  });
 });

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { type ArborClient, createArborClient, RateLimitError } from "@arbor/client";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { followAll, leaseOwner, reversalJsonl } from "./jobs.ts";
 import { PG_URL, pgSkipReason } from "./pg.ts";
 import {
@@ -85,7 +86,7 @@ beforeAll(async () => {
   }
   db = new pg.Client({ connectionString: PG_URL });
   await db.connect();
-}, 120_000);
+});
 
 afterAll(async () => {
   await Promise.all(children.map((c) => c.kill9()));
@@ -143,7 +144,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
       expect(completion.model).toBe(checkpoint);
       expect(completion.choices[0]!.message.content).toBe(answers[0]);
     }
-  }, 240_000);
+  });
 
   it("when chats on both inference replicas name a trace, then the calls role sums their usage", async () => {
     const project = "default/split-usage";
@@ -177,7 +178,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
         completion_tokens: sum("completion_tokens"),
       }),
     });
-  }, 60_000);
+  });
 
   it("when a project sends more than its requests a minute across both replicas, then the excess is refused", async () => {
     const outcomes: string[] = [];
@@ -203,7 +204,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
     expect(served).toBeGreaterThanOrEqual(PROJECT_RPM);
     expect(served).toBeLessThanOrEqual(PROJECT_RPM + 1);
     expect(outcomes.slice(0, PROJECT_RPM)).toEqual(Array(PROJECT_RPM).fill("ok"));
-  }, 60_000);
+  });
 
   it("when the worker holding a job is killed, then the other finishes it after the lease, with one terminal event", async () => {
     const words = Array.from({ length: 64 }, (_, i) => `w${i.toString(36)}x${(i * 7) % 10}`);
@@ -219,13 +220,10 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
       config: { epochs: 4, batch_size: 2 },
     });
     // Wait for the first step, then kill whichever worker holds the lease.
-    await vi.waitFor(
-      async () => {
-        const { data } = await training.training.jobs.events.list(job.id);
-        expect(data.some((e) => e.type === "gradient_step")).toBe(true);
-      },
-      { timeout: 60_000, interval: 100 },
-    );
+    await vi.waitFor(async () => {
+      const { data } = await training.training.jobs.events.list(job.id);
+      expect(data.some((e) => e.type === "gradient_step")).toBe(true);
+    }, PATIENT);
     const owner = await leaseOwner(PG_URL, schema, job.id);
     expect(owner).not.toBeNull();
     await workers.get(leaseWorker(owner!))!.kill9();
@@ -243,7 +241,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
       resumed_from_step: expect.any(Number),
       attempt: 2,
     });
-  }, 300_000);
+  });
 
   it("when each role is asked for its system check, then it reports its own dependencies", async () => {
     const check = (port: number) => createReplicaClient(port).health.systemCheck();
@@ -262,7 +260,7 @@ describe.skipIf(!reachable)("a split deployment on one PostgreSQL schema", () =>
     expect(callsCheck).toMatchObject({ roles: ["calls"], database: { success: true } });
     expect(callsCheck.queue).toBeUndefined();
     expect(callsCheck.engine).toBeUndefined();
-  }, 60_000);
+  });
 });
 
 /** The workers whose threads logged starting a run of `jobId`. */

@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, describe, expect, it } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { dropSchema, PG_URL, pgSkipReason } from "./pg.ts";
 import { type Child, serverMain, startServerProcess } from "./processes.ts";
 
@@ -30,7 +31,7 @@ afterAll(async () => {
 async function start(env: Record<string, string>) {
   const result = await run(process.execPath, [serverMain], {
     env: { ...process.env, ARBOR_LOG_LEVEL: "silent", ARBOR_EMBEDDED_WORKER: "off", ...env },
-    timeout: 60_000,
+    timeout: PATIENT.timeout,
   }).then(
     (ok) => ({ code: 0, stderr: ok.stderr }),
     (err: { code: number; stderr: string }) => ({ code: err.code, stderr: err.stderr }),
@@ -54,7 +55,7 @@ describe("starting the server", () => {
       `arbor: cannot start: 127.0.0.1:${first.port} is already in use (set ARBOR_PORT to another port)`,
     );
     expect(second.stderr).not.toMatch(/listening|\n\s+at /);
-  }, 120_000);
+  });
 
   it.each([
     [
@@ -74,17 +75,13 @@ describe("starting the server", () => {
       { ARBOR_REDIS_URL: "redis://127.0.0.1:1" },
       /^arbor: cannot start: cannot reach Redis at 127\.0\.0\.1:1 \(ECONNREFUSED\): check ARBOR_REDIS_URL$/,
     ],
-  ])(
-    "when %s, then one line says what to change and the exit code is 1",
-    async (_, env, line) => {
-      const ended = await start({ ARBOR_DATA_DIR: tempDir(), ARBOR_PORT: "0", ...env });
-      expect(ended.stderr.trim().split("\n")).toHaveLength(1);
-      expect(ended.code).toBe(1);
-      expect(ended.last).toMatch(line);
-      expect(ended.stderr).not.toMatch(/\n\s+at /);
-    },
-    120_000,
-  );
+  ])("when %s, then one line says what to change and the exit code is 1", async (_, env, line) => {
+    const ended = await start({ ARBOR_DATA_DIR: tempDir(), ARBOR_PORT: "0", ...env });
+    expect(ended.stderr.trim().split("\n")).toHaveLength(1);
+    expect(ended.code).toBe(1);
+    expect(ended.last).toMatch(line);
+    expect(ended.stderr).not.toMatch(/\n\s+at /);
+  });
 
   it.skipIf(pgSkipReason !== null)(
     "when a PostgreSQL deployment's files are still in its data directory and not in the database, then it refuses to start until they are imported",
@@ -114,6 +111,5 @@ describe("starting the server", () => {
         await dropSchema(schema);
       }
     },
-    120_000,
   );
 });

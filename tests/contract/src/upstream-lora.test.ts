@@ -71,7 +71,7 @@ beforeAll(async () => {
   expect(events.at(-1)?.type).toBe("training_ended");
   expect(events.filter((e) => e.type === "gradient_step")).toHaveLength(4);
   step3Files = await downloaded(3);
-}, 180_000);
+});
 afterAll(async () => {
   await server?.close();
   await standin?.close();

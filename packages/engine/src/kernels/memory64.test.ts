@@ -84,5 +84,5 @@ describe("a Memory64 arena", () => {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
-  }, 120_000);
+  });
 });

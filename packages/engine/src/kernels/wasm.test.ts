@@ -45,7 +45,7 @@ describe("WASM kernels", () => {
       expect(bytes).toEqual(
         new Uint8Array(readFileSync(new URL(`./wasm/${file}`, import.meta.url))),
       );
-  }, 60_000);
+  });
 
   for (const [variant, memory64] of VARIANTS) {
     const kernels = createWasmKernels(variant, { memory64 });
