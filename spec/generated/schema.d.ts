@@ -498,6 +498,8 @@ export interface paths {
                  * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
                  *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
                  *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+                 *     A trained model's artifact name (`wandb-artifact:///acme/support-bot/agent:step3`) names it
+                 *     too, and the entry answered has its plain id.
                  * @example acme/support-bot/agent:step3
                  */
                 model: components["parameters"]["InferenceModel"];
@@ -774,7 +776,10 @@ export interface components {
         CreateChatCompletionRequest: {
             /**
              * @description A model id from `listModels`: `<owner>/<name>` (base), `<entity>/<project>/<name>` (the
-             *     latest checkpoint) or `<entity>/<project>/<name>:step<N>`.
+             *     latest checkpoint) or `<entity>/<project>/<name>:step<N>`. A trained model's id may also be
+             *     written as the hosted API's artifact name, `wandb-artifact:///<entity>/<project>/<name>`
+             *     (with `:step<N>` or without), as OpenPipe ART's `get_inference_name()` gives it; the answer's
+             *     `model` is the plain id.
              */
             model: string;
             messages: components["schemas"]["ChatCompletionRequestMessage"][];
@@ -792,7 +797,12 @@ export interface components {
             max_completion_tokens?: number | null;
             /** @description Up to 4 sequences where generation stops; the sequence is not returned. */
             stop?: string | string[] | null;
-            /** @description The same seed and the same request give the same output. */
+            /**
+             * @description The same seed and the same request give the same output. Without a seed, sampling is
+             *     random: each request draws a fresh seed, and each of its `n` choices samples its own
+             *     stream, so rollouts of one prompt differ (as an RL loop needs). An upstream engine is sent
+             *     a seed only when the request has one.
+             */
             seed?: number | null;
             /** @default 0 */
             presence_penalty?: number | null;
@@ -1259,8 +1269,10 @@ export interface components {
              */
             learning_rate?: number | number[];
             /**
-             * @description Passes over the data. Default 3 (one pass over a small dataset teaches little).
-             * @default 3
+             * @description Passes over the data. Default 1, as the hosted API defines a job: its clients (OpenPipe
+             *     ART) run their epochs and learning-rate schedule themselves and send one pass per job. The
+             *     `arbor` CLI and the console send their own default (3) explicitly.
+             * @default 1
              */
             epochs?: number;
             /**
@@ -2374,6 +2386,8 @@ export interface components {
          * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
          *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
          *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+         *     A trained model's artifact name (`wandb-artifact:///acme/support-bot/agent:step3`) names it
+         *     too, and the entry answered has its plain id.
          * @example acme/support-bot/agent:step3
          */
         InferenceModel: string;
@@ -4044,6 +4058,8 @@ export interface operations {
                  * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
                  *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
                  *     (`acme%2Fsupport-bot%2Fagent%3Astep3`), or raw (`acme/support-bot/agent:step3`); both resolve.
+                 *     A trained model's artifact name (`wandb-artifact:///acme/support-bot/agent:step3`) names it
+                 *     too, and the entry answered has its plain id.
                  * @example acme/support-bot/agent:step3
                  */
                 model: components["parameters"]["InferenceModel"];

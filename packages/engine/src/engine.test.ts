@@ -79,6 +79,24 @@ describe("Engine", () => {
     expect(c.choices[0]!.tokens).not.toEqual(a.choices[0]!.tokens);
   });
 
+  it("when no seed is given, then each request and each of its choices samples afresh", async () => {
+    const engine = new Engine(model);
+    const unseeded = () => engine.complete({ prompt, maxTokens: 12, temperature: 1, n: 2 });
+    const runs = await Promise.all([unseeded(), unseeded(), unseeded()]);
+    const texts = runs.flatMap((r) => r.choices.map((c) => c.tokens.join(",")));
+    // Six samples of 12 tokens at temperature 1 from a vocabulary of hundreds: all distinct
+    // unless the seed were fixed (with seed 0 for all, each request repeated the first).
+    expect(new Set(texts).size).toBe(texts.length);
+  });
+
+  it("when seeds differ only above bit 31, then their samples differ", async () => {
+    const engine = new Engine(model);
+    const run = (seed: number) => engine.complete({ prompt, maxTokens: 12, temperature: 1, seed });
+    const low = await run(5);
+    const high = await run(5 + 2 ** 32);
+    expect(high.choices[0]!.tokens).not.toEqual(low.choices[0]!.tokens);
+  });
+
   it("when requests run concurrently, then they share forward passes and match solo runs", async () => {
     const requests = [1, 2, 3, 4].map((seed) => ({
       prompt: model.tokenizer.encode(["Hello", "The dog", "Answer in", "7 + 5"][seed - 1]!, {

@@ -6,7 +6,7 @@ import { defaultKernels } from "./kernels/wasm.ts";
 import { checkAdapter, type LoraAdapter } from "./lora.ts";
 import type { Model } from "./model.ts";
 import { PromptEncoder } from "./prompt-encoder.ts";
-import { deriveSeed, Rng } from "./rng.ts";
+import { deriveSeed, Rng, randomSeed } from "./rng.ts";
 import {
   applyPenalties,
   applyRepetitionPenalty,
@@ -40,6 +40,8 @@ export interface GenerateRequest {
   /** Hugging Face's: logits of tokens already in the prompt or the output are divided by it
    * (multiplied when negative). 1: none. */
   repetitionPenalty?: number;
+  /** The same seed and request give the same output; without one, each request draws a fresh
+   * seed (and each of its `n` choices its own stream from it). */
   seed?: number;
   stop?: readonly string[];
   logprobs?: boolean;
@@ -203,7 +205,7 @@ export class Engine {
       topK: request.topK ?? defaults.topK ?? 0,
       minP: request.minP ?? defaults.minP ?? 0,
       repetitionPenalty: request.repetitionPenalty ?? defaults.repetitionPenalty ?? 1,
-      seed: request.seed ?? 0,
+      seed: request.seed ?? randomSeed(),
       stop: request.stop ?? [],
       logprobs: request.logprobs ?? alternatives > 0,
       topLogprobs: alternatives,

@@ -63,7 +63,7 @@ export {
 export { Trainer } from "./optim.ts";
 export { ContextLengthError } from "./prompt-encoder.ts";
 export { type RlConfig, type TrajectoryGroup, trainRlStep } from "./rl.ts";
-export { deriveSeed, Rng } from "./rng.ts";
+export { deriveSeed, Rng, randomSeed } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
 export { ModelFileError } from "./tokenizer.ts";

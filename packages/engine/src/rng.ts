@@ -1,3 +1,5 @@
+import { randomInt } from "node:crypto";
+
 /** Seeded PRNG (mulberry32 over a splitmix32-mixed seed). The engine never uses Math.random. */
 export class Rng {
   private state: number;
@@ -34,9 +36,22 @@ export class Rng {
   }
 }
 
-/** Derives an independent stream seed, e.g. for choice i of a request. */
+/**
+ * Derives an independent stream seed, e.g. for choice i of a request. Every bit of a safe
+ * integer counts: seeds that differ only above bit 31 give different streams.
+ */
 export function deriveSeed(seed: number, stream: number): number {
-  return mix32((seed ^ Math.imul(stream + 1, 0x9e3779b9)) >>> 0);
+  const high = Math.floor(seed / 4294967296) >>> 0;
+  const low = (seed >>> 0) ^ (high === 0 ? 0 : mix32(high));
+  return mix32((low ^ Math.imul(stream + 1, 0x9e3779b9)) >>> 0);
+}
+
+/**
+ * A fresh seed for a request that names none: sampling without a seed is random, so rollouts of
+ * one prompt differ (RL learns from their differences). Drawn from the OS's CSPRNG.
+ */
+export function randomSeed(): number {
+  return randomInt(0, 2 ** 48 - 1);
 }
 
 function mix32(x: number): number {

@@ -3,6 +3,7 @@ import {
   type ChatMessage,
   deriveSeed,
   type GenerationEvent,
+  randomSeed,
   type ThreadGenerateRequest,
 } from "@arbor/engine";
 
@@ -207,10 +208,12 @@ export class LlamaCppBackend {
         `generate: prompt of ${prompt.length} tokens fills the ${limit}-token context`,
       );
     const maxTokens = Math.min(request.maxTokens ?? limit, limit - prompt.length);
+    // Without a seed, sampling is random: one fresh seed per request, a stream per choice.
+    const seeded = { ...request, seed: request.seed ?? randomSeed() };
     const release = await this.#lock(signal);
     try {
       for (let choice = 0; choice < n; choice++) {
-        yield* this.#choice(loaded, request, prompt, maxTokens, choice, signal);
+        yield* this.#choice(loaded, seeded, prompt, maxTokens, choice, signal);
       }
     } finally {
       release();
