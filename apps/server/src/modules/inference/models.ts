@@ -28,6 +28,18 @@ export type ResolvedModel =
 /** `<entity>/<project>/<name>` or `<entity>/<project>/<name>:step<N>`. */
 const trainedId = /^([^/:\s]+)\/([^/:\s]+)\/([^/:\s]+)(?::step(\d+))?$/;
 
+/** The scheme of the hosted API's artifact names, which its clients (OpenPipe ART's
+ * `get_inference_name()`) chat with: `wandb-artifact:///<entity>/<project>/<name>[:step<N>]`. */
+const ARTIFACT_SCHEME = "wandb-artifact:///";
+
+/** A trained model's artifact name as its plain id; any other id as it is. The alias follows the
+ * same tenant rules: it names the same model, so it finds what the plain id finds. */
+export function plainModelId(id: string): string {
+  if (!id.startsWith(ARTIFACT_SCHEME)) return id;
+  const rest = id.slice(ARTIFACT_SCHEME.length);
+  return trainedId.test(rest) ? rest : id;
+}
+
 /** CONTRACT §6: base ids from the catalogue; unknown (or another entity's) → 404. */
 export class ModelDirectory {
   readonly #engines: EngineHost;
@@ -121,14 +133,16 @@ export class ModelDirectory {
   }
 
   /** Any id `list` gives, checkpoints (`…:step<N>`) included. */
-  async retrieve(principal: Principal, id: string): Promise<ModelEntry> {
+  async retrieve(principal: Principal, asked: string): Promise<ModelEntry> {
+    const id = plainModelId(asked);
     const entries = await this.list(principal, { checkpoints: /:step\d+$/.test(id) });
     const entry = entries.find((m) => m.id === id);
-    if (!entry) throw modelNotFound(id);
+    if (!entry) throw modelNotFound(asked);
     return entry;
   }
 
-  async resolve(principal: Principal, id: string): Promise<ResolvedModel> {
+  async resolve(principal: Principal, asked: string): Promise<ResolvedModel> {
+    const id = plainModelId(asked);
     const upstream = this.#upstreams.get(id);
     if (upstream) return { kind: "upstream", id, baseId: id, upstream, checkpoint: null };
     const llama = this.#engines.llamaModels().get(id);
