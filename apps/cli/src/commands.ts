@@ -109,6 +109,9 @@ function command<const O extends ParseArgsOptionsConfig>(def: CommandDef<O>): Co
   };
 }
 
+/** `train sft`'s passes over the data when `--epochs` is not given. */
+const CLI_EPOCHS = 3;
+
 const str = { type: "string" } as const;
 const flag = { type: "boolean" } as const;
 
@@ -268,7 +271,7 @@ export const COMMANDS: readonly Command[] = [
   command({
     name: "train sft",
     usage: `--model MODEL --data FILE.jsonl|dataset://ID|https://… [--follow]
-    [--epochs N]            passes over the data (server default 3)
+    [--epochs N]            passes over the data (default 3; a job sent without one is one pass)
     [--batch-size N|auto]   examples per optimizer step (server default: auto)
     [--lr X]                peak learning rate (server default: 3e-3 for base models under
                             100M parameters such as arbor/tiny-chat, 2e-4 from 100M)
@@ -312,7 +315,9 @@ export const COMMANDS: readonly Command[] = [
           model: required(values.model, "--model"),
           data: required(values.data, "--data"),
           config: defined({
-            epochs: optionalNumber(values.epochs, "--epochs"),
+            // Sent explicitly: the API's default is one pass (its other clients run their own
+            // epochs), while one pass over a small dataset teaches a person's job little.
+            epochs: optionalNumber(values.epochs, "--epochs") ?? CLI_EPOCHS,
             batch_size: batch === "auto" ? "auto" : optionalNumber(batch, "--batch-size"),
             learning_rate: optionalNumber(values.lr, "--lr"),
             lr_schedule: schedule,

@@ -167,8 +167,9 @@ export function rlJobSpec(job: TrainingJob): RlJobSpec {
 
 /** The engine's SFT configuration for a job on `baseModel`; absent or null fields keep the
  * engine's defaults. */
-/** Passes over the data when a job does not say: one pass over a small dataset teaches little. */
-export const DEFAULT_EPOCHS = 3;
+/** Passes over the data when a job does not say: one, as the hosted API defines a job (its
+ * clients run their epochs themselves, one job per pass). */
+export const DEFAULT_EPOCHS = 1;
 /** Below this many base-model parameters, LoRA's default learning rate is `SMALL_MODEL_LR`. */
 export const SMALL_MODEL_PARAMETERS = 100_000_000;
 /** The default peak learning rate of LoRA on models of `SMALL_MODEL_PARAMETERS` or more. */
