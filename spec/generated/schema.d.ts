@@ -1084,28 +1084,83 @@ export interface components {
         /**
          * TrajectoryChoice
          * @description A sampled OpenAI choice inside `messages_and_choices`: a trainable assistant turn. Carry the
-         *     `logprobs` it was sampled with (request `logprobs: true`) to enable the PPO/CISPO ratio.
+         *     `logprobs` it was sampled with (request `logprobs: true`): the importance ratios of `ppo` and
+         *     `cispo` need them, and without them the turn is trained only when the job sets
+         *     `allow_training_without_logprobs`. Every field the official clients write is accepted (nulls,
+         *     `refusal`, `annotations`, `audio`, `function_call`, `tool_calls`) and extra keys a server adds
+         *     (`stop_reason`, `token_ids`, `reasoning_content`) are kept and ignored.
          */
         TrajectoryChoice: {
-            index: number;
+            index?: number | null;
             message: {
                 /** @constant */
                 role: "assistant";
                 content?: string | null;
+                refusal?: string | null;
+                annotations?: {
+                    [key: string]: unknown;
+                }[] | null;
+                audio?: {
+                    [key: string]: unknown;
+                } | null;
+                function_call?: {
+                    [key: string]: unknown;
+                } | null;
+                tool_calls?: {
+                    [key: string]: unknown;
+                }[] | null;
             };
-            finish_reason: string;
-            logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
+            finish_reason?: string | null;
+            /**
+             * @description As the sampler returned them: `content` has a `logprob` per sampled token (`token`,
+             *     `bytes` and `top_logprobs` are kept, not needed); `refusal` is accepted and not trained on.
+             */
+            logprobs?: {
+                content?: {
+                    token?: string;
+                    logprob: number;
+                    bytes?: number[] | null;
+                    top_logprobs?: {
+                        [key: string]: unknown;
+                    }[] | null;
+                }[] | null;
+                refusal?: {
+                    [key: string]: unknown;
+                }[] | null;
+            } | null;
         };
+        /**
+         * TrajectoryItem
+         * @description One item of a rollout: a message when it has `role`, else an OpenAI choice. Which one is meant
+         *     is decided by `role` alone, so a bad item is refused for what it is meant to be.
+         */
+        TrajectoryItem: unknown;
         /**
          * Trajectory
          * @description One rollout and its reward. Unknown keys are accepted and ignored.
          */
         Trajectory: {
             /**
-             * @description The rollout in order. An item with `role` is context; an item with `index`, `message` and
-             *     `finish_reason` (an OpenAI choice) is a trainable assistant turn.
+             * @description The rollout in order. An item with `role` is a message (context, or with
+             *     `allow_training_without_logprobs` an assistant turn to train on); any other item is an
+             *     OpenAI choice (`index`, `message`, `finish_reason`, and the `logprobs` it was sampled with),
+             *     a trainable assistant turn. Items are taken as the official clients write them: a choice
+             *     dumped by openai-python (every field, nulls included), passed through by openai-node, or
+             *     with a server's extra keys.
              */
-            messages_and_choices: (components["schemas"]["ChatCompletionRequestMessage"] | components["schemas"]["TrajectoryChoice"])[];
+            messages_and_choices: components["schemas"]["TrajectoryItem"][];
+            /**
+             * @description Further conversations of the same rollout (sub-agents, say), trained with the rollout's
+             *     advantage like its main history.
+             */
+            additional_histories?: ({
+                messages_and_choices: components["schemas"]["TrajectoryItem"][];
+                tools?: {
+                    [key: string]: unknown;
+                }[] | null;
+            } & {
+                [key: string]: unknown;
+            })[] | null;
             reward: number;
             /** @description The tools offered during the rollout, in OpenAI's `tools` shape. */
             tools?: {

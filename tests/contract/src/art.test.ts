@@ -1,3 +1,5 @@
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import type { ArborClient } from "@arbor/client";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -12,6 +14,27 @@ import { PG_URL, pgSkipReason } from "./pg.ts";
  * runs on SQLite and on PostgreSQL.
  */
 const BASE = "arbor/tiny-chat";
+const FIXTURES = join(import.meta.dirname, "..", "fixtures", "art");
+
+/** ART's RL request body (fixtures/art/rl-job.json) for `modelId`, each choice filled in from a
+ * real completion sampled with logprobs, dumped as openai-python dumps it. */
+function artRlBody(modelId: string, sampled: OpenAI.ChatCompletion[]): string {
+  let body = readFileSync(join(FIXTURES, "rl-job.json"), "utf8").replace("MODEL_ID", modelId);
+  sampled.forEach((completion, i) => {
+    const letter = "AB"[i]!;
+    const choice = completion.choices[0]!;
+    const tokens = choice.logprobs!.content!.map((t) => ({
+      token: t.token,
+      bytes: t.bytes,
+      logprob: t.logprob,
+      top_logprobs: t.top_logprobs,
+    }));
+    body = body
+      .replace(`"LOGPROBS_${letter}"`, JSON.stringify(tokens))
+      .replace(`"CONTENT_${letter}"`, JSON.stringify(choice.message.content));
+  });
+  return body;
+}
 const stores = [
   { name: "SQLite", postgres: undefined, skip: null },
   { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
@@ -115,6 +138,103 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
         openai.models.retrieve("wandb-artifact:///default/art/nobody"),
       ).rejects.toMatchObject({
         status: 404,
+      });
+    },
+  );
+
+  it.skipIf(skip !== null)(
+    "when ART sends an RL job of choices dumped by openai-python (nulls, extras) with its 25-key experimental_config, then it trains with a non-zero gradient, and /log takes the same groups",
+    async () => {
+      const model = await client.training.models.create({
+        project: "art",
+        name: "rl",
+        base_model: BASE,
+      });
+      const sample = () =>
+        openai.chat.completions.create({
+          model: `wandb-artifact:///default/art/rl`,
+          messages: [
+            { role: "system", content: "Answer with one word." },
+            { role: "user", content: "Name an animal." },
+          ],
+          temperature: 1,
+          max_tokens: 6,
+          logprobs: true,
+        });
+      const body = artRlBody(model.id, await Promise.all([sample(), sample()]));
+      const response = await fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${server.adminKey}`, "content-type": "application/json" },
+        body,
+      });
+      expect(response.status, await response.clone().text()).toBe(200);
+      const job = (await response.json()) as { id: string };
+      const events = await followAll(client, job.id);
+      const step = events.find((e) => e.type === "gradient_step")!.data as Record<string, number>;
+      expect(events.at(-1)!.type).toBe("training_ended");
+      expect(step.grad_norm).toBeGreaterThan(1e-4);
+      expect(Math.abs(step.loss!)).toBeGreaterThan(1e-6);
+      const groups = (JSON.parse(body) as { trajectory_groups: unknown[] }).trajectory_groups;
+      const log = await fetch(`${server.baseUrl}/v1/preview/models/${model.id}/log`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${server.adminKey}`, "content-type": "application/json" },
+        body: JSON.stringify({ split: "val", trajectory_groups: groups }),
+      });
+      expect(log.status, await log.clone().text()).toBe(200);
+    },
+  );
+
+  it.skipIf(skip !== null)(
+    "when a trajectory item is malformed, then the 400 names what the item was meant to be: a choice by its fields, a message by its role",
+    async () => {
+      const model = await client.training.models.create({
+        project: "art",
+        name: "bad",
+        base_model: BASE,
+      });
+      const refused = async (item: unknown) => {
+        const response = await fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
+          method: "POST",
+          headers: {
+            authorization: `Bearer ${server.adminKey}`,
+            "content-type": "application/json",
+          },
+          body: JSON.stringify({
+            model_id: model.id,
+            trajectory_groups: [
+              {
+                trajectories: [
+                  { messages_and_choices: [{ role: "user", content: "hi" }, item], reward: 1 },
+                ],
+              },
+            ],
+          }),
+        });
+        expect(response.status).toBe(400);
+        return ((await response.json()) as { error: { message: string; param: string } }).error;
+      };
+      const at = "trajectory_groups[0].trajectories[0].messages_and_choices[1]";
+      const choice = {
+        finish_reason: "stop",
+        index: 0,
+        logprobs: {
+          content: [{ token: "a", bytes: null, logprob: "low", top_logprobs: [] }],
+          refusal: null,
+        },
+        message: { content: "a", refusal: null, role: "assistant" },
+      };
+      expect(await refused(choice)).toMatchObject({
+        param: `${at}.logprobs.content[0].logprob`,
+        message: expect.stringMatching(/logprob: must be number/),
+      });
+      expect(await refused({ index: 0, finish_reason: "stop" })).toMatchObject({
+        param: `${at}.message`,
+        message: expect.stringMatching(/must have required property 'message'/),
+      });
+      expect(await refused({ role: "user", content: 5 })).toMatchObject({
+        param: expect.stringMatching(
+          /^trajectory_groups\[0\]\.trajectories\[0\]\.messages_and_choices\[1\]\.content/,
+        ),
       });
     },
   );

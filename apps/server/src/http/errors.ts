@@ -255,7 +255,6 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
       const keyword = e.errorCode?.replace(/\.openapi\.(validation|requestValidation)$/, "") ?? "";
       return { loc: locOf(e.path), ...pydanticIssue(keyword, e.message) };
     });
-    const first = entries[0];
     const firstLoc = issues[0]?.loc ?? ["body"];
     const status = err.status;
     if (status === 404) return { error: ApiError.notFound("Unknown path."), unexpected: false };
@@ -276,9 +275,11 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
     }
     if (status === 413)
       return { error: ApiError.tooLarge("Request body is too large."), unexpected: false };
-    const param = paramOf(firstLoc);
-    const where = param ?? firstLoc.join(".");
-    const message = first ? `${where}: ${first.message}` : err.message;
+    const named = mostSpecific(entries, issues);
+    const namedLoc = named?.loc ?? firstLoc;
+    const param = paramOf(namedLoc);
+    const where = param ?? namedLoc.join(".");
+    const message = named ? `${where}: ${named.message}` : err.message;
     return {
       error: new ApiError(status === 401 || status === 403 ? status : 400, message, {
         param,
@@ -292,6 +293,27 @@ export function toApiError(err: unknown): { error: ApiError; unexpected: boolean
     error: new ApiError(500, "Internal server error."),
     unexpected: true,
   };
+}
+
+/**
+ * The error that names what was meant. Where a value may be one of several shapes (`oneOf`,
+ * `anyOf`, `if`/`then`/`else`), the validator reports each shape's complaint: the one deepest in
+ * the value went furthest into a shape that fits, and a complaint about the shape itself (a
+ * missing or different discriminating key, "must match") says least.
+ */
+function mostSpecific(
+  entries: readonly NonNullable<ValidatorError["errors"]>[number][],
+  issues: readonly { loc: (string | number)[] }[],
+): { loc: (string | number)[]; message: string } | undefined {
+  const vague =
+    /^must (have required property|be equal to constant|match (a|exactly one) schema|match "(then|else)" schema)/;
+  let best: { loc: (string | number)[]; message: string; rank: number } | undefined;
+  entries.forEach((entry, i) => {
+    const loc = issues[i]!.loc;
+    const rank = loc.length * 2 + (vague.test(entry.message) ? 0 : 1);
+    if (!best || rank > best.rank) best = { loc, message: entry.message, rank };
+  });
+  return best;
 }
 
 /** The one table from a domain error's kind to its status. */

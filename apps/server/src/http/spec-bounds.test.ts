@@ -61,6 +61,8 @@ function unbounded(schema: Schema, at: string, seen: Set<unknown>, out: string[]
   for (const [name, child] of Object.entries((s.properties ?? {}) as Record<string, Schema>))
     unbounded(child, `${at}.${name}`, seen, out);
   if (s.items) unbounded(s.items as Schema, `${at}[]`, seen, out);
+  for (const key of ["if", "then", "else"])
+    if (s[key]) unbounded(s[key] as Schema, `${at}|${key}`, seen, out);
   for (const key of ["oneOf", "anyOf", "allOf"])
     for (const [i, child] of ((s[key] ?? []) as Schema[]).entries())
       unbounded(child, `${at}|${key}${i}`, seen, out);
