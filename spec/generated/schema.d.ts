@@ -1315,14 +1315,17 @@ export interface components {
          * @description Every field is optional.
          */
         SftConfig: {
-            /** @description Sequences per gradient step, or `auto` to fit memory. Default `auto`. */
-            batch_size?: number | "auto";
+            /** @description Sequences per gradient step, or `auto` (or null) to fit memory. Default `auto`. */
+            batch_size?: number | "auto" | null;
             /**
-             * @description One peak rate for the schedule, or an explicit rate per optimizer step (the last repeats).
-             *     Default for LoRA: 2e-4 on base models of 100M parameters or more, 3e-3 on smaller ones
+             * @description One peak rate for the schedule, or exactly one rate per batch (optimizer step), in order,
+             *     as a client that runs its own schedule sends it (OpenPipe ART); a list of another length
+             *     is refused (400 `invalid_learning_rate` when the batches are known at create, else the job
+             *     fails before its first step). With a fixed `batch_size`, one pass keeps the data's order,
+             *     so batch i is lines i·B to i·B + B − 1. Default for LoRA: 2e-4 on base models of 100M parameters or more, 3e-3 on smaller ones
              *     (such as arbor/tiny-chat, where 2e-4 barely moves the adapter in a few hundred steps).
              */
-            learning_rate?: number | number[];
+            learning_rate?: number | number[] | null;
             /**
              * @description Passes over the data. Default 1, as the hosted API defines a job: its clients (OpenPipe
              *     ART) run their epochs and learning-rate schedule themselves and send one pass per job. The

@@ -77,6 +77,26 @@ describe("trainSft", () => {
     expect(planSft(model, examples, { batchSize: 2, epochs: 3 }).totalSteps).toBe(9);
   });
 
+  it("when one pass runs in fixed batches, then batch i is lines i·B… in order; several passes shuffle", () => {
+    const model = tinyModel(32);
+    const once = planSft(model, examples, { batchSize: 2, epochs: 1 }).prepared.plan;
+    expect(once.map((p) => p.examples)).toEqual([[0, 1], [2, 3], [4]]);
+    const twice = planSft(model, examples, { batchSize: 2, epochs: 2 }).prepared.plan;
+    expect(twice.flatMap((p) => p.examples)).not.toEqual([0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
+  });
+
+  it("when the learning rate is a list of another length than the batches, then nothing trains and the error names both", async () => {
+    const model = tinyModel(32);
+    await expect(
+      trainSft(
+        model,
+        examples,
+        { batchSize: 2, learningRate: [1e-3, 1e-3] },
+        { kernels: jsKernels },
+      ),
+    ).rejects.toThrow(/2 values for 3 batches/);
+  });
+
   it("when assistant_turns is last, then only the last assistant turn is trained", () => {
     const model = tinyModel(33, { maxPositions: 256 });
     const all = planSft(model, [examples[2]!], { assistantTurns: "all" }).prepared.sequences[0]!;

@@ -155,7 +155,11 @@ export function planSft(
   for (let epoch = 0; epoch < epochs; epoch++) {
     const order = [...examples.keys()];
     const rng = new Rng(deriveSeed(config.seed ?? 0, epoch));
-    for (let i = order.length - 1; i > 0; i--) {
+    // One pass in fixed batches keeps the data's order (batch i is lines i·B…): a client that
+    // runs its own epochs (ART) shuffled it and sends a learning rate per batch. Several passes,
+    // or batches the planner packs, shuffle.
+    const keepOrder = epochs === 1 && batchSize !== "auto";
+    for (let i = order.length - 1; i > 0 && !keepOrder; i--) {
       const j = rng.int(i + 1);
       [order[i], order[j]] = [order[j]!, order[i]!];
     }
@@ -217,8 +221,10 @@ export async function trainSft(
     minRatio: config.minLrRatio ?? 0,
     ...(typeof lr === "number" ? {} : { values: lr }),
   };
-  if (typeof lr !== "number" && lr.length === 0) {
-    throw new TrainingInputError("sft: learning_rate list is empty");
+  if (typeof lr !== "number" && lr.length !== totalSteps) {
+    throw new TrainingInputError(
+      `sft: learning_rate has ${lr.length} values for ${totalSteps} batches: give one value per batch (optimizer step), or one number`,
+    );
   }
   const micro = microBatchBudget(
     model.config,

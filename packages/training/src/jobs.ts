@@ -146,6 +146,16 @@ function checkSftSize(lines: number, config: Schemas["SftConfig"]): void {
     );
   }
   const batch = config.batch_size;
+  const rates = config.learning_rate;
+  if (Array.isArray(rates) && typeof batch === "number") {
+    const steps = Math.ceil(lines / batch) * epochs;
+    if (rates.length !== steps) {
+      throw new InvalidInputError(
+        `config.learning_rate has ${rates.length} values for the job's ${steps} batches (${lines} lines in batches of ${batch}, ${epochs} ${epochs === 1 ? "pass" : "passes"}): give one value per batch, or one number.`,
+        { param: "config.learning_rate", code: "invalid_learning_rate" },
+      );
+    }
+  }
   if (typeof batch === "number" && Math.ceil(lines / batch) * epochs > MAX_JOB_STEPS) {
     throw new InvalidInputError(
       `The job would take ${Math.ceil(lines / batch) * epochs} steps, more than the limit of ${MAX_JOB_STEPS} per job.`,

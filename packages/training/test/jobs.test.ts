@@ -49,7 +49,7 @@ describe("sftTrainingConfig", () => {
     expect(sftTrainingConfig({ config: {}, experimental_config: {} }, "arbor/tiny-chat")).toEqual({
       seed: 0,
       lora: { baseModel: "arbor/tiny-chat" },
-      epochs: 3,
+      epochs: 1,
       batchSize: "auto",
       assistantTurns: "all",
       schedule: "cosine",

@@ -238,4 +238,46 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
       });
     },
   );
+
+  it.skipIf(skip !== null)(
+    "when ART sends an SFT job (no epochs, a learning rate per batch), then it makes one pass in file order, each batch at its rate; a list of another length is refused",
+    async () => {
+      const model = await client.training.models.create({
+        project: "art",
+        name: "sft",
+        base_model: BASE,
+      });
+      const data = await client.training.datasets.create(
+        ["cat", "dog", "sun", "map"].map((w) => JSON.stringify(reversal(w))).join("\n"),
+      );
+      const post = (body: string) =>
+        fetch(`${server.baseUrl}/v1/preview/sft-training-jobs`, {
+          method: "POST",
+          headers: {
+            authorization: `Bearer ${server.adminKey}`,
+            "content-type": "application/json",
+          },
+          body,
+        });
+      const body = readFileSync(join(FIXTURES, "sft-job.json"), "utf8")
+        .replace("MODEL_ID", model.id)
+        .replace("DATA_URL", data.url);
+      const response = await post(body);
+      expect(response.status, await response.clone().text()).toBe(200);
+      const events = await followAll(client, ((await response.json()) as { id: string }).id);
+      const steps = events
+        .filter((e) => e.type === "gradient_step")
+        .map((e) => e.data.learning_rate);
+      expect(steps).toEqual([0.003, 0.0015]);
+      expect(events.at(-1)!.type).toBe("training_ended");
+
+      const three = await post(body.replace("[0.003,0.0015]", "[0.003,0.002,0.001]"));
+      expect(three.status).toBe(400);
+      expect(((await three.json()) as { error: unknown }).error).toMatchObject({
+        code: "invalid_learning_rate",
+        param: "config.learning_rate",
+        message: expect.stringMatching(/3 values for the job's 2 batches/),
+      });
+    },
+  );
 });
