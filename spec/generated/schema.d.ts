@@ -1161,7 +1161,11 @@ export interface components {
             } & {
                 [key: string]: unknown;
             })[] | null;
-            reward: number;
+            /**
+             * @description The rollout's reward. Default 0, as the hosted API has it.
+             * @default 0
+             */
+            reward?: number;
             /** @description The tools offered during the rollout, in OpenAI's `tools` shape. */
             tools?: {
                 [key: string]: unknown;
@@ -1183,6 +1187,10 @@ export interface components {
          *     whose rewards are all equal carries no signal and is skipped. Unknown keys are ignored.
          */
         TrajectoryGroup: {
+            /**
+             * @description The group's rollouts; empty when every rollout failed (see `exceptions`), as ART sends it.
+             *     A group of fewer than two, or of equal rewards, teaches nothing and is skipped.
+             */
             trajectories: components["schemas"]["Trajectory"][];
             /** @description Rollouts of this group that failed; they count in `exception_rate`. */
             exceptions?: {
@@ -1278,29 +1286,119 @@ export interface components {
         };
         /**
          * RlExperimentalConfig
-         * @description Every field is optional; absent or null means the default.
+         * @description The RL step's settings, as OpenPipe ART's trainer defines them (ART sends all 25 of its keys,
+         *     unset ones as null). Every field is optional; absent or null means the default. The keys that
+         *     only tune ART's GPU runtime are accepted and have no effect here: `logprob_calculation_chunk_size`,
+         *     `plot_tensors`, `scale_learning_rate_by_reward_std_dev` (unused by ART itself) and
+         *     `num_trajectories_learning_rate_multiplier_power` (a multiplier of 1 when each history is its
+         *     own row, as here). `docs/art.md` says what each key does.
          */
         RlExperimentalConfig: {
-            /** @description AdamW learning rate. Default 1e-5. */
+            /** @description AdamW learning rate of the step. Default 1e-5. */
             learning_rate?: number | null;
             /**
-             * @description `ppo`: clipped importance ratio; `cispo`: clipped-importance-sampling policy gradient;
-             *     `pg`: plain policy gradient (advantage × log-probability, no ratio). `ppo` and `cispo`
-             *     need the sampling `logprobs` on each choice and fall back to `pg` without them. Default `ppo`.
+             * @description `cispo` (default): −sg(clip(ρ, 1−ε, 1+ε_high))·A·log π, a clipped importance weight on the
+             *     policy gradient; `ppo`: −min(ρA, clip(ρ, 1−ε, 1+ε_high)·A); `pg` (Arbor's): −A·log π with
+             *     no ratio. ρ = π/π_sampling per token, from each choice's `logprobs` (ρ = 1 on a turn without
+             *     them).
              * @enum {string|null}
              */
-            loss_fn?: "ppo" | "cispo" | "pg" | null;
-            /** @description Lower clip range of the ratio. Default 0.2. */
+            loss_fn?: "cispo" | "ppo" | "pg" | null;
+            /**
+             * @description ART's other name for the loss: true is `ppo`, false is `cispo` when `loss_fn` is not set;
+             *     a value that contradicts `loss_fn` is refused (400).
+             */
+            ppo?: boolean | null;
+            /** @description Lower clip range of ρ (1 − ε). Default 0.2 for `ppo`, 1 for `cispo`. */
             epsilon?: number | null;
-            /** @description Upper clip range; defaults to `epsilon`. */
+            /** @description Upper clip range of ρ (1 + ε_high). Default `epsilon` for `ppo`, 4 for `cispo`. */
             epsilon_high?: number | null;
-            /** @description Divide advantages by the group's standard deviation. Default true. */
+            /**
+             * @description Divide each group's advantages (reward − group mean) by the group's reward standard
+             *     deviation (+1e-6). Default true.
+             */
             scale_rewards?: boolean | null;
-            /** @description Normalize advantages across the whole batch. Default false. */
+            /**
+             * @description ART's alias of `scale_rewards`: false turns the division by the standard deviation off
+             *     too. (Advantages are always divided by the batch's mean |A|·weight, as ART does.)
+             */
             normalize_advantages?: boolean | null;
-            /** @description Gradient clipping norm. Default 1.0. */
+            /**
+             * @description Above 0, negative advantages are multiplied by 1 − b (1: learn from the good rollouts
+             *     only); below 0, positive ones by 1 + b. Default 0.
+             */
+            advantage_balance?: number | null;
+            /**
+             * @description ρ per token (`token`, default), per sequence (the exponent of the mean log-ratio over the
+             *     sequence's trained tokens), or the arithmetic or geometric mean of the two.
+             * @enum {string|null}
+             */
+            importance_sampling_level?: "token" | "sequence" | "average" | "geometric_average" | null;
+            /**
+             * @description Caps ρ (on every token, as ART applies it, not only negative advantages); a capped ρ carries
+             *     no gradient. Unset or 0: no cap.
+             */
+            max_negative_advantage_importance_sampling_weight?: number | null;
+            /** @description Tokens whose ρ leaves (1 − ε, 1 + ε_high) get ρ = 0 and no gradient. Default false. */
+            mask_prob_ratio?: boolean | null;
+            /** @description A −= τ·(log π − log π_sampling) per token (Kimi K2's shaping). Unset or 0 is off. */
+            kimi_k2_tau?: number | null;
+            /**
+             * @description Each token's loss is multiplied by min(ρ, this), or with `precalculate_logprobs` by
+             *     min(π_learner/π_sampling, this). Unset: off.
+             */
+            truncated_importance_sampling?: number | null;
+            /**
+             * @description ρ's denominator is the learner's own log-prob at the step's start (ρ = 1), and the
+             *     sampler's enters only through `truncated_importance_sampling`. Default false.
+             */
+            precalculate_logprobs?: boolean | null;
+            /**
+             * @description false (as ART sends it): a choice without `logprobs` is not trained, and a trajectory left
+             *     with nothing to train is counted in `num_trajectories_dropped`. true: such choices and also
+             *     plain assistant messages train with ρ = 1. Unset (Arbor's default): choices without
+             *     logprobs train with ρ = 1, messages are context.
+             */
+            allow_training_without_logprobs?: boolean | null;
+            /**
+             * @description KL shaping against a reference policy: per token A += coef·(mean KL of the sequence − KL_t),
+             *     KL_t = log p_source − log p_ref. The reference is the base model, or the checkpoint named
+             *     by `kl_penalty_reference_step` or `kl_penalty_step_lag`. 0 (default) is off.
+             */
+            kl_penalty_coef?: number | null;
+            /**
+             * @description Whose log-probs the KL is taken from. Default `current_learner`.
+             * @enum {string|null}
+             */
+            kl_penalty_source?: "current_learner" | "sample" | null;
+            /** @description The model's checkpoint step to measure the KL against (0 is the base model). */
+            kl_penalty_reference_step?: number | null;
+            /**
+             * @description The reference is the checkpoint this many steps before the one the job starts from (at
+             *     least step 0, the base model). Not with `kl_penalty_reference_step`.
+             */
+            kl_penalty_step_lag?: number | null;
+            /**
+             * @description A path on ART's own machine; a server cannot read it, so any value is refused (400): upload
+             *     the adapter as a checkpoint and name its step in `kl_penalty_reference_step`.
+             */
+            kl_ref_adapter_path?: string | null;
+            /** @description Histories longer than this many tokens are left out, as ART drops them. */
+            packed_sequence_length?: number | null;
+            /** @description ART's GPU memory chunking; no effect here. */
+            logprob_calculation_chunk_size?: number | null;
+            /** @description ART's debug plots; no effect here. */
+            plot_tensors?: boolean | null;
+            /** @description Accepted; ART's own trainer no longer uses it, and neither does Arbor. */
+            scale_learning_rate_by_reward_std_dev?: boolean | null;
+            /**
+             * @description ART scales the rate by (trajectories in a packed row)^power; each history is its own row
+             *     here, so the multiplier is 1: no effect.
+             */
+            num_trajectories_learning_rate_multiplier_power?: number | null;
+            /** @description Gradient clipping norm (Arbor's). Default 1.0. */
             max_grad_norm?: number | null;
-            /** @description Makes the step deterministic. */
+            /** @description Makes the step deterministic (Arbor's). */
             seed?: number | null;
         };
         /** CreateRlTrainingJobRequest */

@@ -62,7 +62,13 @@ export {
 } from "./model.ts";
 export { Trainer } from "./optim.ts";
 export { ContextLengthError } from "./prompt-encoder.ts";
-export { type RlConfig, type TrajectoryGroup, trainRlStep } from "./rl.ts";
+export {
+  type ImportanceSamplingLevel,
+  type RlConfig,
+  type RlLoss,
+  type TrajectoryGroup,
+  trainRlStep,
+} from "./rl.ts";
 export { deriveSeed, Rng, randomSeed } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";

@@ -71,6 +71,23 @@ export class LoraTrainer {
     });
   }
 
+  /**
+   * The token log-probs of `batch` under a reference policy (`reference`, an adapter of the same
+   * base, or null for the base model alone), at its masked positions: forward only.
+   */
+  referenceLogprobs(batch: TrainBatch, reference: LoraAdapter | null): Float32Array {
+    let captured = new Float32Array(batch.lossMask.length);
+    lossAndGradients(this.model, this.kernels, batch, null, {
+      ...(reference ? { hooks: loraHooks(reference, this.kernels, null) } : {}),
+      maskedRowsOnly: true,
+      objective: (logprobs) => {
+        captured = Float32Array.from(logprobs);
+        return { loss: 0, grad: new Float32Array(logprobs.length) };
+      },
+    });
+    return captured;
+  }
+
   /** Clips, applies AdamW at `lr`, zeroes the gradients; returns the norm before clipping. */
   step(lr: number): { gradNorm: number } {
     const gradNorm = clipGradients(this.gradList, this.maxGradNorm);

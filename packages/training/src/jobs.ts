@@ -82,7 +82,8 @@ export async function enqueueRlJob(
     experimental_config?: RlJobSpec | null;
   },
 ): Promise<TrainingJob> {
-  validateTrajectoryGroups(request.trajectory_groups);
+  validateTrajectoryGroups(request.trajectory_groups, request.experimental_config ?? {});
+  checkRlSpec(request.experimental_config ?? {});
   const blobs = store.blobs;
   if (!blobs) throw new Error("the store has no blob directory");
   const payload = `${PAYLOADS_PREFIX}${uuidv7()}.json`;
@@ -102,19 +103,25 @@ export async function enqueueRlJob(
   }
 }
 
-/** Checks RL input before anything is stored: every trajectory has a turn to learn from and a
- * finite reward (CONTRACT §5). */
-export function validateTrajectoryGroups(groups: readonly Schemas["TrajectoryGroup"][]): void {
+/** Checks RL input before anything is stored: every trajectory has a turn it could learn from
+ * (a choice, or with `allow_training_without_logprobs` an assistant message) and a finite
+ * reward (absent is 0). */
+export function validateTrajectoryGroups(
+  groups: readonly Schemas["TrajectoryGroup"][],
+  spec: RlJobSpec = {},
+): void {
+  const messagesTrain = spec.allow_training_without_logprobs === true;
   groups.forEach((group, g) => {
     group.trajectories.forEach((trajectory, t) => {
       const where = `trajectory_groups[${g}].trajectories[${t}]`;
-      if (!Number.isFinite(trajectory.reward)) {
+      if (trajectory.reward !== undefined && !Number.isFinite(trajectory.reward)) {
         throw new InvalidInputError(`${where}.reward must be a finite number.`, {
           param: `${where}.reward`,
           code: "invalid_trajectory",
         });
       }
-      if (!trajectory.messages_and_choices.some(isChoice)) {
+      const trainable = (item: unknown) => isChoice(item) || (messagesTrain && isAssistant(item));
+      if (!trajectory.messages_and_choices.some(trainable)) {
         throw new InvalidInputError(
           `${where} has no trainable turn: add the sampled choice ({index, message, finish_reason}) to messages_and_choices.`,
           { param: `${where}.messages_and_choices`, code: "invalid_trajectory" },
@@ -124,14 +131,15 @@ export function validateTrajectoryGroups(groups: readonly Schemas["TrajectoryGro
   });
 }
 
-/** An item of `messages_and_choices` that is a sampled assistant turn (an OpenAI choice). */
+/** An item of `messages_and_choices` that is a sampled assistant turn (an OpenAI choice): any
+ * item without `role`, with a `message`. */
 function isChoice(item: unknown): boolean {
+  return typeof item === "object" && item !== null && !("role" in item) && "message" in item;
+}
+
+function isAssistant(item: unknown): boolean {
   return (
-    typeof item === "object" &&
-    item !== null &&
-    "message" in item &&
-    "finish_reason" in item &&
-    "index" in item
+    typeof item === "object" && item !== null && (item as { role?: unknown }).role === "assistant"
   );
 }
 
@@ -218,23 +226,83 @@ export function sftTrainingConfig(
   return out;
 }
 
-/** The engine's configuration of one RL step, with the learning rate and seed apart. */
-export function rlStepConfig(spec: RlJobSpec): {
+/** The engine's configuration of one RL step, with the learning rate and seed apart, and the
+ * checkpoint step of the KL reference (null: the base model) when the penalty is on. */
+export function rlStepConfig(
+  spec: RlJobSpec,
+  stepFrom: number,
+): {
   config: RlConfig;
   learningRate: number;
   maxGradNorm: number;
   seed: number;
+  klReferenceStep: number | null;
 } {
-  const config: RlConfig = {};
-  if (spec.loss_fn != null) config.lossFn = spec.loss_fn;
+  const config: RlConfig = { lossFn: rlLoss(spec) };
   if (spec.epsilon != null) config.epsilon = spec.epsilon;
   if (spec.epsilon_high != null) config.epsilonHigh = spec.epsilon_high;
-  if (spec.scale_rewards != null) config.scaleRewards = spec.scale_rewards;
-  if (spec.normalize_advantages != null) config.normalizeAdvantages = spec.normalize_advantages;
+  // ART's two names of one switch: either false turns the division by the std off.
+  config.scaleRewards = (spec.scale_rewards ?? true) && (spec.normalize_advantages ?? true);
+  if (spec.advantage_balance != null) config.advantageBalance = spec.advantage_balance;
+  if (spec.importance_sampling_level != null)
+    config.importanceSamplingLevel = spec.importance_sampling_level;
+  const cap = spec.max_negative_advantage_importance_sampling_weight;
+  if (cap != null) config.maxImportanceWeight = cap;
+  if (spec.mask_prob_ratio != null) config.maskProbRatio = spec.mask_prob_ratio;
+  if (spec.kimi_k2_tau != null) config.kimiK2Tau = spec.kimi_k2_tau;
+  if (spec.truncated_importance_sampling != null)
+    config.truncatedImportanceSampling = spec.truncated_importance_sampling;
+  if (spec.precalculate_logprobs != null) config.precalculateLogprobs = spec.precalculate_logprobs;
+  if (spec.allow_training_without_logprobs != null)
+    config.allowTrainingWithoutLogprobs = spec.allow_training_without_logprobs;
+  if (spec.packed_sequence_length != null) config.maxSequenceLength = spec.packed_sequence_length;
+  let klReferenceStep: number | null = null;
+  if (spec.kl_penalty_coef) {
+    config.klPenaltyCoef = spec.kl_penalty_coef;
+    if (spec.kl_penalty_source != null) config.klPenaltySource = spec.kl_penalty_source;
+    if (spec.kl_penalty_reference_step != null) klReferenceStep = spec.kl_penalty_reference_step;
+    else if (spec.kl_penalty_step_lag != null)
+      klReferenceStep = Math.max(0, stepFrom - spec.kl_penalty_step_lag);
+  }
   return {
     config,
     learningRate: spec.learning_rate ?? 1e-5,
     maxGradNorm: spec.max_grad_norm ?? 1,
     seed: spec.seed ?? 0,
+    klReferenceStep: klReferenceStep === 0 ? null : klReferenceStep,
   };
+}
+
+/** `loss_fn`, else ART's `ppo` switch (false is `cispo`), else `cispo`. */
+function rlLoss(spec: RlJobSpec): NonNullable<RlConfig["lossFn"]> {
+  if (spec.loss_fn != null) return spec.loss_fn;
+  return spec.ppo ? "ppo" : "cispo";
+}
+
+/** What an RL job's settings cannot mean, refused before anything is stored. */
+export function checkRlSpec(spec: RlJobSpec): void {
+  const refuse = (param: string, message: string) => {
+    throw new InvalidInputError(message, {
+      param: `experimental_config.${param}`,
+      code: "invalid_experimental_config",
+    });
+  };
+  if (spec.ppo != null && spec.loss_fn != null && spec.ppo !== (spec.loss_fn === "ppo")) {
+    refuse(
+      "ppo",
+      `experimental_config.ppo is ${spec.ppo} but loss_fn is ${quote(spec.loss_fn)}: set one of them, or make them agree.`,
+    );
+  }
+  if (spec.kl_ref_adapter_path != null) {
+    refuse(
+      "kl_ref_adapter_path",
+      "experimental_config.kl_ref_adapter_path names a file on the client's machine, which the server cannot read: upload the adapter as a checkpoint of the model and name its step in kl_penalty_reference_step.",
+    );
+  }
+  if (spec.kl_penalty_reference_step != null && spec.kl_penalty_step_lag != null) {
+    refuse(
+      "kl_penalty_step_lag",
+      "experimental_config sets both kl_penalty_reference_step and kl_penalty_step_lag: the KL reference is one checkpoint, so set one.",
+    );
+  }
 }

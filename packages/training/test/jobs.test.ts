@@ -5,6 +5,7 @@ import { type Model, openStore, type Store } from "@arbor/store";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createDataset } from "../src/datasets/datasets.ts";
 import {
+  checkRlSpec,
   enqueueRlJob,
   enqueueSftJob,
   MAX_JOB_EXAMPLES,
@@ -107,35 +108,75 @@ describe("sftTrainingConfig", () => {
 
 describe("rlStepConfig", () => {
   it("when fields are null or absent, then the defaults hold; set ones reach the engine", () => {
-    expect(rlStepConfig({ learning_rate: null, loss_fn: null })).toEqual({
-      config: {},
+    expect(rlStepConfig({ learning_rate: null, loss_fn: null }, 4)).toEqual({
+      config: { lossFn: "cispo", scaleRewards: true },
       learningRate: 1e-5,
       maxGradNorm: 1,
       seed: 0,
+      klReferenceStep: null,
     });
     expect(
-      rlStepConfig({
-        learning_rate: 3e-4,
-        loss_fn: "cispo",
-        epsilon: 0.1,
-        epsilon_high: 0.3,
-        scale_rewards: false,
-        normalize_advantages: true,
-        max_grad_norm: 2,
-        seed: 5,
-      }),
+      rlStepConfig(
+        {
+          learning_rate: 3e-4,
+          loss_fn: "cispo",
+          epsilon: 0.1,
+          epsilon_high: 0.3,
+          scale_rewards: true,
+          normalize_advantages: false,
+          importance_sampling_level: "sequence",
+          max_negative_advantage_importance_sampling_weight: 5,
+          allow_training_without_logprobs: false,
+          kl_penalty_coef: 0.1,
+          kl_penalty_step_lag: 3,
+          max_grad_norm: 2,
+          seed: 5,
+        },
+        4,
+      ),
     ).toEqual({
       config: {
         lossFn: "cispo",
         epsilon: 0.1,
         epsilonHigh: 0.3,
         scaleRewards: false,
-        normalizeAdvantages: true,
+        importanceSamplingLevel: "sequence",
+        maxImportanceWeight: 5,
+        allowTrainingWithoutLogprobs: false,
+        klPenaltyCoef: 0.1,
       },
       learningRate: 3e-4,
       maxGradNorm: 2,
       seed: 5,
+      klReferenceStep: 1,
     });
+  });
+
+  it("when only ART's ppo switch names the loss, then true is ppo and false cispo; a lag past the start is the base model", () => {
+    expect(rlStepConfig({ ppo: true }, 0).config.lossFn).toBe("ppo");
+    expect(rlStepConfig({ ppo: false }, 0).config.lossFn).toBe("cispo");
+    expect(rlStepConfig({ kl_penalty_coef: 1, kl_penalty_step_lag: 9 }, 4).klReferenceStep).toBe(
+      null,
+    );
+  });
+});
+
+describe("checkRlSpec", () => {
+  it.each([
+    [{ ppo: true, loss_fn: "cispo" as const }, "experimental_config.ppo"],
+    [{ kl_ref_adapter_path: "/home/me/adapter" }, "experimental_config.kl_ref_adapter_path"],
+    [
+      { kl_penalty_reference_step: 2, kl_penalty_step_lag: 1 },
+      "experimental_config.kl_penalty_step_lag",
+    ],
+  ])("when the settings cannot mean anything (%j), then 400 naming %s", (spec, param) => {
+    expect(() => checkRlSpec(spec)).toThrow(expect.objectContaining({ param }));
+  });
+
+  it("when ART's defaults are sent, then they pass", () => {
+    expect(() =>
+      checkRlSpec({ ppo: false, loss_fn: "cispo", kl_ref_adapter_path: null }),
+    ).not.toThrow();
   });
 });
 

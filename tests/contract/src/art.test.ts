@@ -161,7 +161,15 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
           max_tokens: 6,
           logprobs: true,
         });
-      const body = artRlBody(model.id, await Promise.all([sample(), sample()]));
+      // Two different answers (sampling is random; identical ones would cancel each other).
+      let pair = await Promise.all([sample(), sample()]);
+      for (
+        let i = 0;
+        i < 20 && pair[0].choices[0]!.message.content === pair[1].choices[0]!.message.content;
+        i++
+      )
+        pair = await Promise.all([sample(), sample()]);
+      const body = artRlBody(model.id, pair);
       const response = await fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
         method: "POST",
         headers: { authorization: `Bearer ${server.adminKey}`, "content-type": "application/json" },
@@ -271,13 +279,74 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
       expect(steps).toEqual([0.003, 0.0015]);
       expect(events.at(-1)!.type).toBe("training_ended");
 
-      const three = await post(body.replace("[0.003,0.0015]", "[0.003,0.002,0.001]"));
+      const sent = JSON.parse(body) as { config: { learning_rate: number[] } };
+      sent.config.learning_rate = [0.003, 0.002, 0.001];
+      const three = await post(JSON.stringify(sent));
       expect(three.status).toBe(400);
       expect(((await three.json()) as { error: unknown }).error).toMatchObject({
         code: "invalid_learning_rate",
         param: "config.learning_rate",
         message: expect.stringMatching(/3 values for the job's 2 batches/),
       });
+    },
+  );
+
+  it.skipIf(skip !== null)(
+    "when ART's settings say what not to train (no logprobs while allow_training_without_logprobs is false), then the step advances without learning and says why; settings that cannot hold are 400",
+    async () => {
+      const model = await client.training.models.create({
+        project: "art",
+        name: "nolp",
+        base_model: BASE,
+      });
+      const body = JSON.parse(
+        readFileSync(join(FIXTURES, "rl-job.json"), "utf8").replace("MODEL_ID", model.id),
+      ) as {
+        trajectory_groups: {
+          trajectories: { messages_and_choices: Record<string, unknown>[] }[];
+        }[];
+        experimental_config: Record<string, unknown>;
+      };
+      for (const t of body.trajectory_groups[0]!.trajectories) {
+        const choice = t.messages_and_choices[2]!;
+        choice.logprobs = null;
+        (choice.message as Record<string, unknown>).content = "cat";
+      }
+      const post = (sent: unknown) =>
+        fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
+          method: "POST",
+          headers: {
+            authorization: `Bearer ${server.adminKey}`,
+            "content-type": "application/json",
+          },
+          body: JSON.stringify(sent),
+        });
+      const response = await post(body);
+      expect(response.status, await response.clone().text()).toBe(200);
+      const events = await followAll(client, ((await response.json()) as { id: string }).id);
+      expect(events.find((e) => e.type === "gradient_step")!.data).toMatchObject({
+        num_trajectories_dropped: 2,
+        num_trajectories_trained: 0,
+        grad_norm: 0,
+      });
+      expect(events.at(-1)!.type).toBe("training_ended");
+      expect(
+        (await client.training.models.checkpoints.list(model.id)).data.map((c) => c.step),
+      ).toContain(1);
+
+      for (const [key, value] of [
+        ["ppo", true],
+        ["kl_ref_adapter_path", "/home/me/ref"],
+      ] as const) {
+        const refused = await post({
+          ...body,
+          experimental_config: { ...body.experimental_config, [key]: value },
+        });
+        expect(refused.status).toBe(400);
+        expect(((await refused.json()) as { error: { param: string } }).error.param).toBe(
+          `experimental_config.${key}`,
+        );
+      }
     },
   );
 });

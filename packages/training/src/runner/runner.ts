@@ -487,13 +487,16 @@ export class TrainingWorker {
    * moments carry over from the starting checkpoint, so successive RL jobs continue one run. */
   async #runRl(job: TrainingJob, signal: AbortSignal): Promise<number> {
     const { store } = this.#o;
-    const { config, learningRate, maxGradNorm, seed } = rlStepConfig(rlJobSpec(job));
     const { stepFrom, baseId } = await this.#stepFrom(job);
+    const { config, learningRate, maxGradNorm, seed, klReferenceStep } = rlStepConfig(
+      rlJobSpec(job),
+      stepFrom,
+    );
     const payload = job.payload_ref ? await this.#blobs().get(job.payload_ref) : undefined;
     if (!payload) throw new JobInputError("the job's trajectory groups are missing");
     const groups = JSON.parse(payload.toString("utf8")) as TrajectoryGroup[];
     const skipped = groups.filter(
-      (g) => new Set(g.trajectories.map((t) => t.reward)).size <= 1,
+      (g) => new Set(g.trajectories.map((t) => t.reward ?? 0)).size <= 1,
     ).length;
     const started = { num_sequences: 1, skipped_groups: skipped };
     const done = await this.#ownCheckpoint(job, stepFrom);
@@ -506,8 +509,21 @@ export class TrainingWorker {
     const start = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, stepFrom);
     if (!start) throw new JobInputError(`checkpoint step ${stepFrom} of the model is gone`);
     const files = start.blob_key ? await readCheckpointFiles(this.#blobs(), start.blob_key) : {};
+    // The KL penalty's reference: a checkpoint of the model, or (null) the base model itself.
+    let referenceFiles: Record<string, Uint8Array> | null = null;
+    if (klReferenceStep !== null) {
+      const reference = await store.models.getCheckpoint(job.entity, job.model_id, klReferenceStep);
+      if (!reference) {
+        throw new JobInputError(
+          `the KL reference, checkpoint step ${klReferenceStep} of the model, does not exist (deleted, or never saved)`,
+        );
+      }
+      if (reference.blob_key)
+        referenceFiles = await readCheckpointFiles(this.#blobs(), reference.blob_key);
+    }
     const { trainer, metrics } = await this.#onArena(baseId, async (kernels) => {
       const base = await this.#o.loadBaseModel(baseId, kernels);
+      if (referenceFiles) config.klReference = adapterFromFiles(referenceFiles, base);
       const adapter = start.blob_key
         ? adapterFromFiles(files, base)
         : createLoraAdapter(base, { baseModel: baseId }, seed);

@@ -182,9 +182,10 @@ export function splitMetrics(
   const sums = new Map<string, { total: number; count: number }>();
   let exceptions = 0;
   for (const group of groups) {
-    const groupRewards = group.trajectories.map((t) => t.reward);
+    const groupRewards = group.trajectories.map((t) => t.reward ?? 0);
     rewards.push(...groupRewards);
-    stds.push(std(groupRewards));
+    // A group whose rollouts all failed has no rewards, only exceptions.
+    if (groupRewards.length > 0) stds.push(std(groupRewards));
     exceptions += Array.isArray(group.exceptions) ? group.exceptions.length : 0;
     for (const trajectory of group.trajectories) {
       for (const [name, value] of Object.entries(trajectory.metrics ?? {})) {
