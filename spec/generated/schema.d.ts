@@ -1472,7 +1472,10 @@ export interface components {
             /**
              * @description A JSONL file of `{messages, tools?}` lines: `dataset://<id>` (from `createDataset`) or an
              *     `https://` URL, fetched with a size cap and refused for loopback and private addresses
-             *     unless allow-listed. A bad line fails the job, naming the line, before any step.
+             *     unless allow-listed. A bad line fails the job, naming the line, before any step. A
+             *     `wandb-artifact://` URL (where OpenPipe ART's `train_sft` uploads its data) names storage a
+             *     self-hosted server cannot read: 400 `unsupported_training_data_url`, naming the way that
+             *     works (upload with `createDataset`, send its `dataset://` URL).
              */
             training_data_url: string;
             config?: components["schemas"]["SftConfig"] | null;
@@ -2519,8 +2522,9 @@ export interface components {
          */
         ModelId: string;
         /**
-         * @description Sort by step, newest (`desc`) or oldest (`asc`) first.
-         * @example desc
+         * @description Sort by step, oldest (`asc`, the default, as the hosted API lists them) or newest (`desc`)
+         *     first.
+         * @example asc
          */
         CheckpointOrder: "asc" | "desc";
         /**
@@ -2912,8 +2916,9 @@ export interface operations {
                  */
                 limit?: components["parameters"]["Limit"];
                 /**
-                 * @description Sort by step, newest (`desc`) or oldest (`asc`) first.
-                 * @example desc
+                 * @description Sort by step, oldest (`asc`, the default, as the hosted API lists them) or newest (`desc`)
+                 *     first.
+                 * @example asc
                  */
                 order?: components["parameters"]["CheckpointOrder"];
             };

@@ -51,6 +51,12 @@ export async function enqueueSftJob(
 ): Promise<TrainingJob> {
   const url = request.training_data_url;
   const config = request.config ?? {};
+  if (url.startsWith("wandb-artifact://")) {
+    throw new InvalidInputError(
+      `training_data_url ${quote(url)} is a W&B artifact (where ART's train_sft uploads its data), which a self-hosted Arbor cannot read: upload the JSONL with POST /v1/preview/datasets (or arbor datasets upload) and send its dataset:// URL.`,
+      { param: "training_data_url", code: "unsupported_training_data_url" },
+    );
+  }
   if (url.startsWith("dataset://")) {
     // A `dataset://` URL that is not an id names no dataset: not found, like an unknown id.
     const dataset = await findDataset(store, model.entity, datasetIdOf(url) ?? url);

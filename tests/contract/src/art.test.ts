@@ -71,7 +71,8 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
         });
       const group = await Promise.all([rollout(), rollout(), rollout(), rollout()]);
       const texts = group.map((c) => c.choices[0]!.message.content);
-      expect(new Set(texts).size).toBe(4);
+      // With a fixed seed all four were the same; random ones may still coincide now and then.
+      expect(new Set(texts).size).toBeGreaterThan(1);
       const n = await openai.chat.completions.create({
         model: BASE,
         messages: [{ role: "user", content: "Name an animal." }],
@@ -79,7 +80,7 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
         max_tokens: 12,
         n: 3,
       });
-      expect(new Set(n.choices.map((c) => c.message.content)).size).toBe(3);
+      expect(new Set(n.choices.map((c) => c.message.content)).size).toBeGreaterThan(1);
       const [a, b] = await Promise.all([rollout(42), rollout(42)]);
       expect(b.choices[0]!.message.content).toBe(a.choices[0]!.message.content);
     },
@@ -282,6 +283,14 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
       const sent = JSON.parse(body) as { config: { learning_rate: number[] } };
       sent.config.learning_rate = [0.003, 0.002, 0.001];
       const three = await post(JSON.stringify(sent));
+      const artifact = await post(
+        body.replace(data.url, "wandb-artifact:///default/art/sft-sft-data-0a1b2c3d4e5f:v0"),
+      );
+      expect(artifact.status).toBe(400);
+      expect(((await artifact.json()) as { error: unknown }).error).toMatchObject({
+        code: "unsupported_training_data_url",
+        message: expect.stringMatching(/dataset:\/\//),
+      });
       expect(three.status).toBe(400);
       expect(((await three.json()) as { error: unknown }).error).toMatchObject({
         code: "invalid_learning_rate",
@@ -347,6 +356,64 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
           `experimental_config.${key}`,
         );
       }
+    },
+  );
+
+  it.skipIf(skip !== null)(
+    "when the KL penalty names a checkpoint as its reference, then the step measures against it; a reference that does not exist fails the job naming it",
+    async () => {
+      const model = await client.training.models.create({
+        project: "art",
+        name: "kl",
+        base_model: BASE,
+      });
+      const body = JSON.parse(
+        readFileSync(join(FIXTURES, "rl-job.json"), "utf8").replace("MODEL_ID", model.id),
+      ) as { trajectory_groups: unknown[]; experimental_config: Record<string, unknown> };
+      for (const [i, t] of (
+        body.trajectory_groups[0] as {
+          trajectories: { messages_and_choices: Record<string, unknown>[] }[];
+        }
+      ).trajectories.entries()) {
+        t.messages_and_choices[2] = {
+          index: 0,
+          finish_reason: "stop",
+          logprobs: null,
+          message: { role: "assistant", content: ["cat", "owl"][i] },
+        };
+      }
+      const run = async (config: Record<string, unknown>) => {
+        const response = await fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
+          method: "POST",
+          headers: {
+            authorization: `Bearer ${server.adminKey}`,
+            "content-type": "application/json",
+          },
+          body: JSON.stringify({
+            ...body,
+            experimental_config: {
+              ...body.experimental_config,
+              allow_training_without_logprobs: null,
+              learning_rate: 0.01,
+              ...config,
+            },
+          }),
+        });
+        expect(response.status, await response.clone().text()).toBe(200);
+        return followAll(client, ((await response.json()) as { id: string }).id);
+      };
+      await run({});
+      await run({});
+      const measured = await run({ kl_penalty_coef: 1, kl_penalty_reference_step: 1 });
+      const step = measured.find((e) => e.type === "gradient_step")!.data as Record<string, number>;
+      expect(Math.abs(step.kl_policy_ref!)).toBeGreaterThan(0);
+      const lagged = await run({ kl_penalty_coef: 1, kl_penalty_step_lag: 1 });
+      expect(lagged.at(-1)!.type).toBe("training_ended");
+      const missing = await run({ kl_penalty_coef: 1, kl_penalty_reference_step: 99 });
+      expect(missing.at(-1)).toMatchObject({
+        type: "training_failed",
+        data: { error_message: expect.stringMatching(/checkpoint step 99/) },
+      });
     },
   );
 });

@@ -165,7 +165,10 @@ describe("listCheckpoints", () => {
     const model = await create("paged");
     await addSteps(model.id, [1, 2, 3, 4]);
     const desc = [];
-    for await (const c of client.training.models.checkpoints.list(model.id, { limit: 2 })) {
+    for await (const c of client.training.models.checkpoints.list(model.id, {
+      limit: 2,
+      order: "desc",
+    })) {
       desc.push(c);
     }
     expect(desc.map((c) => c.step)).toEqual([4, 3, 2, 1, 0]);
@@ -177,10 +180,8 @@ describe("listCheckpoints", () => {
       created_at: expect.any(Number),
       model: "default/proj/paged:step4",
     });
-    const asc = await client.training.models.checkpoints.list(model.id, {
-      order: "asc",
-      limit: 100,
-    });
+    // Oldest first by default, as the hosted API lists them.
+    const asc = await client.training.models.checkpoints.list(model.id, { limit: 100 });
     expect(asc.data.map((c) => c.step)).toEqual([0, 1, 2, 3, 4]);
     expect(asc.has_more).toBe(false);
     const last = unwrap(

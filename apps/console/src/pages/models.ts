@@ -165,7 +165,7 @@ export async function modelPage({ root, params }: PageContext): Promise<void> {
     return;
   }
   const [checkpoints, jobs] = await Promise.all([
-    all(client.training.models.checkpoints.list(id)),
+    all(client.training.models.checkpoints.list(id, { order: "desc" })),
     all(client.training.jobs.list({ model_id: id }), 200),
   ]);
   const cpSection = h("section", { class: "card" });

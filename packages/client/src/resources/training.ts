@@ -118,7 +118,7 @@ export class Checkpoints {
     this.#core = core;
   }
 
-  /** The model's checkpoints by step, newest first unless `order: "asc"`. */
+  /** The model's checkpoints by step, oldest first unless `order: "desc"`. */
   list(
     modelId: string,
     query: Omit<Query<"listCheckpoints">, "after"> = {},

@@ -62,7 +62,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       const page = await store.models.listCheckpoints(model.entity, model.id, {
         after: query.after,
         limit: query.limit ?? 20,
-        order: query.order ?? "desc",
+        order: query.order ?? "asc",
       });
       return {
         object: "list",
