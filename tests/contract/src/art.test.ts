@@ -16,6 +16,20 @@ import { PG_URL, pgSkipReason } from "./pg.ts";
 const BASE = "arbor/tiny-chat";
 const FIXTURES = join(import.meta.dirname, "..", "fixtures", "art");
 
+/** ART's RL request body as sent: trajectory items as JSON objects, its experimental_config. */
+interface ArtRlBody {
+  model_id: string;
+  trajectory_groups: { trajectories: { messages_and_choices: Record<string, unknown>[] }[] }[];
+  experimental_config: Record<string, unknown>;
+}
+
+/** fixtures/art/rl-job.json for `modelId`, parsed (its choices' placeholders left as they are). */
+function artRlFixture(modelId: string): ArtRlBody {
+  return JSON.parse(
+    readFileSync(join(FIXTURES, "rl-job.json"), "utf8").replace("MODEL_ID", modelId),
+  ) as ArtRlBody;
+}
+
 /** ART's RL request body (fixtures/art/rl-job.json) for `modelId`, each choice filled in from a
  * real completion sampled with logprobs, dumped as openai-python dumps it. */
 function artRlBody(modelId: string, sampled: OpenAI.ChatCompletion[]): string {
@@ -57,6 +71,15 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
   afterAll(async () => {
     await server?.close();
   });
+  const newModel = (name: string) =>
+    client.training.models.create({ project: "art", name, base_model: BASE });
+  /** POSTs a body as the client's bytes (a string) or as JSON, with the admin's key. */
+  const postJson = (path: string, body: unknown) =>
+    fetch(`${server.baseUrl}${path}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${server.adminKey}`, "content-type": "application/json" },
+      body: typeof body === "string" ? body : JSON.stringify(body),
+    });
 
   it.skipIf(skip !== null)(
     "when a group of rollouts of one prompt is sampled without a seed, then they differ; with one seed they repeat",
@@ -89,11 +112,7 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
   it.skipIf(skip !== null)(
     "when a trained model is named as ART names it (wandb-artifact:///…), then it chats and is retrieved as its plain id, and another tenant's stays unknown",
     async () => {
-      const model = await client.training.models.create({
-        project: "art",
-        name: "names",
-        base_model: BASE,
-      });
+      const model = await newModel("names");
       const data = await client.training.datasets.create(
         ["cat", "dog"].map((w) => JSON.stringify(reversal(w))).join("\n"),
       );
@@ -146,11 +165,7 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
   it.skipIf(skip !== null)(
     "when ART sends an RL job of choices dumped by openai-python (nulls, extras) with its 25-key experimental_config, then it trains with a non-zero gradient, and /log takes the same groups",
     async () => {
-      const model = await client.training.models.create({
-        project: "art",
-        name: "rl",
-        base_model: BASE,
-      });
+      const model = await newModel("rl");
       const sample = () =>
         openai.chat.completions.create({
           model: `wandb-artifact:///default/art/rl`,
@@ -171,11 +186,7 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
       )
         pair = await Promise.all([sample(), sample()]);
       const body = artRlBody(model.id, pair);
-      const response = await fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${server.adminKey}`, "content-type": "application/json" },
-        body,
-      });
+      const response = await postJson("/v1/preview/training-jobs", body);
       expect(response.status, await response.clone().text()).toBe(200);
       const job = (await response.json()) as { id: string };
       const events = await followAll(client, job.id);
@@ -184,10 +195,9 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
       expect(step.grad_norm).toBeGreaterThan(1e-4);
       expect(Math.abs(step.loss!)).toBeGreaterThan(1e-6);
       const groups = (JSON.parse(body) as { trajectory_groups: unknown[] }).trajectory_groups;
-      const log = await fetch(`${server.baseUrl}/v1/preview/models/${model.id}/log`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${server.adminKey}`, "content-type": "application/json" },
-        body: JSON.stringify({ split: "val", trajectory_groups: groups }),
+      const log = await postJson(`/v1/preview/models/${model.id}/log`, {
+        split: "val",
+        trajectory_groups: groups,
       });
       expect(log.status, await log.clone().text()).toBe(200);
     },
@@ -196,28 +206,17 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
   it.skipIf(skip !== null)(
     "when a trajectory item is malformed, then the 400 names what the item was meant to be: a choice by its fields, a message by its role",
     async () => {
-      const model = await client.training.models.create({
-        project: "art",
-        name: "bad",
-        base_model: BASE,
-      });
+      const model = await newModel("bad");
       const refused = async (item: unknown) => {
-        const response = await fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
-          method: "POST",
-          headers: {
-            authorization: `Bearer ${server.adminKey}`,
-            "content-type": "application/json",
-          },
-          body: JSON.stringify({
-            model_id: model.id,
-            trajectory_groups: [
-              {
-                trajectories: [
-                  { messages_and_choices: [{ role: "user", content: "hi" }, item], reward: 1 },
-                ],
-              },
-            ],
-          }),
+        const response = await postJson("/v1/preview/training-jobs", {
+          model_id: model.id,
+          trajectory_groups: [
+            {
+              trajectories: [
+                { messages_and_choices: [{ role: "user", content: "hi" }, item], reward: 1 },
+              ],
+            },
+          ],
         });
         expect(response.status).toBe(400);
         return ((await response.json()) as { error: { message: string; param: string } }).error;
@@ -251,23 +250,11 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
   it.skipIf(skip !== null)(
     "when ART sends an SFT job (no epochs, a learning rate per batch), then it makes one pass in file order, each batch at its rate; a list of another length is refused",
     async () => {
-      const model = await client.training.models.create({
-        project: "art",
-        name: "sft",
-        base_model: BASE,
-      });
+      const model = await newModel("sft");
       const data = await client.training.datasets.create(
         ["cat", "dog", "sun", "map"].map((w) => JSON.stringify(reversal(w))).join("\n"),
       );
-      const post = (body: string) =>
-        fetch(`${server.baseUrl}/v1/preview/sft-training-jobs`, {
-          method: "POST",
-          headers: {
-            authorization: `Bearer ${server.adminKey}`,
-            "content-type": "application/json",
-          },
-          body,
-        });
+      const post = (body: string) => postJson("/v1/preview/sft-training-jobs", body);
       const body = readFileSync(join(FIXTURES, "sft-job.json"), "utf8")
         .replace("MODEL_ID", model.id)
         .replace("DATA_URL", data.url);
@@ -303,33 +290,14 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
   it.skipIf(skip !== null)(
     "when ART's settings say what not to train (no logprobs while allow_training_without_logprobs is false), then the step advances without learning and says why; settings that cannot hold are 400",
     async () => {
-      const model = await client.training.models.create({
-        project: "art",
-        name: "nolp",
-        base_model: BASE,
-      });
-      const body = JSON.parse(
-        readFileSync(join(FIXTURES, "rl-job.json"), "utf8").replace("MODEL_ID", model.id),
-      ) as {
-        trajectory_groups: {
-          trajectories: { messages_and_choices: Record<string, unknown>[] }[];
-        }[];
-        experimental_config: Record<string, unknown>;
-      };
+      const model = await newModel("nolp");
+      const body = artRlFixture(model.id);
       for (const t of body.trajectory_groups[0]!.trajectories) {
         const choice = t.messages_and_choices[2]!;
         choice.logprobs = null;
         (choice.message as Record<string, unknown>).content = "cat";
       }
-      const post = (sent: unknown) =>
-        fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
-          method: "POST",
-          headers: {
-            authorization: `Bearer ${server.adminKey}`,
-            "content-type": "application/json",
-          },
-          body: JSON.stringify(sent),
-        });
+      const post = (sent: unknown) => postJson("/v1/preview/training-jobs", sent);
       const response = await post(body);
       expect(response.status, await response.clone().text()).toBe(200);
       const events = await followAll(client, ((await response.json()) as { id: string }).id);
@@ -362,19 +330,9 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
   it.skipIf(skip !== null)(
     "when the KL penalty names a checkpoint as its reference, then the step measures against it; a reference that does not exist fails the job naming it",
     async () => {
-      const model = await client.training.models.create({
-        project: "art",
-        name: "kl",
-        base_model: BASE,
-      });
-      const body = JSON.parse(
-        readFileSync(join(FIXTURES, "rl-job.json"), "utf8").replace("MODEL_ID", model.id),
-      ) as { trajectory_groups: unknown[]; experimental_config: Record<string, unknown> };
-      for (const [i, t] of (
-        body.trajectory_groups[0] as {
-          trajectories: { messages_and_choices: Record<string, unknown>[] }[];
-        }
-      ).trajectories.entries()) {
+      const model = await newModel("kl");
+      const body = artRlFixture(model.id);
+      for (const [i, t] of body.trajectory_groups[0]!.trajectories.entries()) {
         t.messages_and_choices[2] = {
           index: 0,
           finish_reason: "stop",
@@ -383,21 +341,14 @@ describe.each(stores)("ART's flow on $name", ({ postgres, skip }) => {
         };
       }
       const run = async (config: Record<string, unknown>) => {
-        const response = await fetch(`${server.baseUrl}/v1/preview/training-jobs`, {
-          method: "POST",
-          headers: {
-            authorization: `Bearer ${server.adminKey}`,
-            "content-type": "application/json",
+        const response = await postJson("/v1/preview/training-jobs", {
+          ...body,
+          experimental_config: {
+            ...body.experimental_config,
+            allow_training_without_logprobs: null,
+            learning_rate: 0.01,
+            ...config,
           },
-          body: JSON.stringify({
-            ...body,
-            experimental_config: {
-              ...body.experimental_config,
-              allow_training_without_logprobs: null,
-              learning_rate: 0.01,
-              ...config,
-            },
-          }),
         });
         expect(response.status, await response.clone().text()).toBe(200);
         return followAll(client, ((await response.json()) as { id: string }).id);
