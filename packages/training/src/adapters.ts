@@ -125,19 +125,31 @@ export async function checkpointAdapterTar(
     bytes: tarBytes(entries.map((e) => e.size)),
     open() {
       const pack = tar.pack();
+      // The reader may go away at any point (a client that cuts the download off): then the
+      // pack is destroyed, and what is being written into it stops quietly. Every stream here
+      // has an error listener, so nothing reaches the process as an unhandled error.
+      const gone = () => pack.destroyed || (pack as { destroying?: boolean }).destroying === true;
       (async () => {
         for (const { name, size } of entries) {
+          if (gone()) return;
           const source = await blobs.stream(`${prefix}${name}`);
           if (!source) throw notFound();
           await new Promise<void>((resolve, reject) => {
+            const fail = (err: Error) => {
+              source.destroy();
+              reject(err);
+            };
             const header = { name: `${label}/${name}`, size, mtime, mode: 0o644 };
-            const entry = pack.entry(header, (err) => (err ? reject(err) : resolve()));
-            source.on("error", reject);
+            const entry = pack.entry(header, (err) => (err ? fail(err) : resolve()));
+            entry.on("error", fail);
+            source.on("error", fail);
             source.pipe(entry as unknown as NodeJS.WritableStream);
           });
         }
         pack.finalize();
-      })().catch((err: unknown) => pack.destroy(err as Error));
+      })().catch((err: unknown) => {
+        if (!gone()) pack.destroy(err as Error);
+      });
       return Readable.from(pack);
     },
   };

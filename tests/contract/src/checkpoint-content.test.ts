@@ -229,6 +229,37 @@ describe("getCheckpointContent", () => {
   });
 });
 
+describe("a download its client cuts off", () => {
+  /** Reads the first chunk of a download, then drops the connection. */
+  const cutOff = (url: string) =>
+    new Promise<void>((resolve, reject) => {
+      const req = httpRequest(url, { headers: auth() }, (res) => {
+        res.once("data", () => {
+          req.destroy();
+          resolve();
+        });
+        res.once("end", resolve);
+        res.once("error", () => resolve());
+      });
+      req.on("error", (err: NodeJS.ErrnoException) =>
+        err.code === "ECONNRESET" ? resolve() : reject(err),
+      );
+      req.end();
+    });
+
+  it("when every format's download is cut off after its first chunk, many times, then the server goes on serving, and a whole download still matches", async () => {
+    for (const format of ["peft", "gguf", "gguf-lora"]) {
+      for (let i = 0; i < 8; i++) await cutOff(contentUrl(trained.id, steps, `?format=${format}`));
+    }
+    expect((await fetch(`${server.baseUrl}/v1/health`)).status).toBe(200);
+    const whole = await fetch(contentUrl(trained.id, steps), { headers: auth() });
+    const bytes = Buffer.from(await whole.arrayBuffer());
+    expect(bytes.length).toBe(Number(whole.headers.get("content-length")));
+    const digest = `sha-256=:${createHash("sha256").update(bytes).digest("base64")}:`;
+    expect(whole.headers.get("repr-digest")).toBe(digest);
+  });
+});
+
 describe("createCheckpoint", () => {
   it("when a downloaded step is uploaded to a second model on the same base, then it is that model's next step and answers alike", async () => {
     const body = Buffer.from(await (await download(trained.id, steps)).arrayBuffer());
