@@ -192,7 +192,19 @@ function rawModelIdInPath(req: Request, _res: Response, next: NextFunction): voi
       string | undefined,
     ];
     if (path.includes("/")) {
-      req.url = `${prefix}${encodeURIComponent(decodeURIComponent(path))}${query ? `?${query}` : ""}`;
+      let id: string;
+      try {
+        id = decodeURIComponent(path);
+      } catch {
+        return next(
+          ApiError.badRequest(
+            "The model id in the path is not valid percent-encoding.",
+            "model",
+            "invalid_path",
+          ),
+        );
+      }
+      req.url = `${prefix}${encodeURIComponent(id)}${query ? `?${query}` : ""}`;
       // The validator matches on originalUrl.
       req.originalUrl = req.url;
     }

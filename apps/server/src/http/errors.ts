@@ -245,10 +245,26 @@ function pydanticIssue(keyword: string, message: string): { type: string; msg: s
   }
 }
 
+/** What busboy says of a multipart body it cannot parse. */
+const MULTIPART_FAULT =
+  /^(Unexpected end of (form|file)|Malformed part header|Part terminated early|Multipart: Boundary not found|Malformed urlencoded form)/i;
+
 /** Turns whatever was thrown into an ApiError; unknown throwables become an opaque 500. */
 export function toApiError(err: unknown): { error: ApiError; unexpected: boolean } {
   if (err instanceof ApiError) return { error: err, unexpected: false };
   if (err instanceof DomainError) return { error: fromDomainError(err), unexpected: false };
+  // The validator's multipart parser reports a body it cannot parse as its own 500.
+  if (isValidatorError(err) && err.status === 500 && MULTIPART_FAULT.test(err.message)) {
+    const why = err.message.replace(/[.]$/, "");
+    return {
+      error: ApiError.badRequest(
+        `The multipart/form-data body is malformed (${why}): send each file as a part with its boundary, or the files as one tar.`,
+        null,
+        "invalid_multipart",
+      ),
+      unexpected: false,
+    };
+  }
   if (isValidatorError(err) && err.status < 500) {
     const entries = err.errors ?? [];
     const issues = entries.map((e) => {

@@ -28,6 +28,15 @@ export interface SpecOperation {
   /** The same path in Express syntax, e.g. `/v1/preview/models/:model_id`. */
   expressPath: string;
   public: boolean;
+  /** Path parameters whose schema is an integer: the router hands them over as numbers. */
+  integerParams: string[];
+}
+
+interface ParameterObject {
+  $ref?: string;
+  name?: string;
+  in?: string;
+  schema?: { type?: unknown };
 }
 
 /** Every operation of the spec, in document order. */
@@ -43,8 +52,22 @@ export function specOperations(spec: OpenApiDocument): SpecOperation[] {
         path,
         expressPath: path.replace(/\{([^}]+)\}/g, ":$1"),
         public: Array.isArray(op.security) && op.security.length === 0,
+        integerParams: [
+          ...((item as { parameters?: ParameterObject[] }).parameters ?? []),
+          ...((op as { parameters?: ParameterObject[] }).parameters ?? []),
+        ]
+          .map((p) => resolveParameter(spec, p))
+          .filter((p) => p.in === "path" && p.schema?.type === "integer")
+          .map((p) => p.name!),
       });
     }
   }
   return out;
+}
+
+function resolveParameter(spec: OpenApiDocument, parameter: ParameterObject): ParameterObject {
+  const name = /^#\/components\/parameters\/(.+)$/.exec(parameter.$ref ?? "")?.[1];
+  if (!name) return parameter;
+  const components = spec.components as { parameters?: Record<string, ParameterObject> };
+  return components.parameters?.[name] ?? parameter;
 }

@@ -49,10 +49,20 @@ async function run(
   req: Request,
   res: Response,
 ): Promise<void> {
-  // The validator has checked body, params and query against this operation.
+  // The validator has checked body, params and query against this operation; an integer in
+  // the path reaches the handler as a number, and only as digits (`1e3`, `0x10`, `1.0` are not
+  // steps, whatever JSON Schema's coercion makes of them).
+  const params: Record<string, unknown> = { ...req.params };
+  for (const name of op.integerParams) {
+    const raw = String(req.params[name] ?? "");
+    if (!/^-?\d{1,15}$/.test(raw)) {
+      throw ApiError.badRequest(`${name}: must be an integer, written in digits.`, name);
+    }
+    params[name] = Number(raw);
+  }
   const input: PublicInput<OperationId> = {
     body: req.body as RequestBody<OperationId>,
-    params: req.params as PathParams<OperationId>,
+    params: params as PathParams<OperationId>,
     query: req.query as QueryParams<OperationId>,
     req,
     res,
