@@ -13,6 +13,7 @@ import type { Handlers } from "./http/operations.ts";
 import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
+import { securityHeaders } from "./http/security-headers.ts";
 import type { Principal } from "./modules/access.ts";
 import { withItemsValidatedSeparately } from "./modules/calls/items.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
@@ -65,6 +66,7 @@ export function createApp(deps: AppDeps): Express {
   const authenticate: Authenticate = async (token) =>
     principalOf(await deps.store.apiKeys.verify(token));
   app.use(requestId);
+  app.use(securityHeaders());
   app.use(accessLog(logger));
   app.use(requestMetrics(deps.metrics));
   app.use(publicDocuments(spec));

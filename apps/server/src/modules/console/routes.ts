@@ -2,6 +2,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { consoleDir } from "@arbor/console";
 import express, { Router } from "express";
+import { CONSOLE_POLICY, withPolicy } from "../../http/security-headers.ts";
 
 /**
  * `/console`: the web console's static files (public: it signs in with an API key and calls
@@ -23,6 +24,7 @@ export function consoleRoutes(): Router {
     express.static(consoleDir, {
       index: "index.html",
       setHeaders: (res, path) => {
+        withPolicy(res, CONSOLE_POLICY);
         res.setHeader(
           "cache-control",
           path.includes("/assets/") ? "public, max-age=31536000, immutable" : "no-cache",
@@ -38,7 +40,7 @@ export function consoleRoutes(): Router {
         .send("The console is not built yet: run `pnpm --filter @arbor/console build`.");
       return;
     }
-    res.sendFile(index);
+    withPolicy(res, CONSOLE_POLICY).sendFile(index);
   });
   return router;
 }

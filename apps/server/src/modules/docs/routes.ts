@@ -7,6 +7,7 @@ import { type Request, type Response, Router } from "express";
 const SERVER_PREFIXES = /^\/(v1|call|console|docs|metrics|openapi|favicon)(\/|$|\.|_)/;
 
 import { type OpenApiDocument, specYamlPath } from "../../http/openapi.ts";
+import { docsPolicy, withPolicy } from "../../http/security-headers.ts";
 
 /** `/docs`, `/openapi.json` and `/openapi.yaml`: public, outside the validated API. */
 export function publicDocuments(spec: OpenApiDocument): Router {
@@ -15,6 +16,7 @@ export function publicDocuments(spec: OpenApiDocument): Router {
   const apiPaths = new Set(Object.keys((spec as { paths?: object }).paths ?? {}));
   const yaml = readFileSync(specYamlPath, "utf8");
   let html: string | undefined;
+  let policy = "";
   router.get("/openapi.json", (_req, res) => {
     res.type("application/json").send(json);
   });
@@ -23,7 +25,10 @@ export function publicDocuments(spec: OpenApiDocument): Router {
   });
   const page = (_req: Request, res: Response) => {
     try {
-      html ??= readFileSync(docsHtmlPath, "utf8");
+      if (html === undefined) {
+        html = readFileSync(docsHtmlPath, "utf8");
+        policy = docsPolicy(html);
+      }
     } catch {
       res
         .status(503)
@@ -31,7 +36,7 @@ export function publicDocuments(spec: OpenApiDocument): Router {
         .send("The docs are not built yet: run `pnpm --filter @arbor/docs build`.");
       return;
     }
-    res.type("text/html").send(html);
+    withPolicy(res, policy).type("text/html").send(html);
   };
   router.get(["/docs", "/docs/"], page);
   // The page routes by path: its sidebar links to `/<tag>` and `/<tag>/<operation>` at the
