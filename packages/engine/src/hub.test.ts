@@ -193,11 +193,11 @@ describe("arbor models pull, against a stand-in Hub", () => {
     expect(again).toMatchObject({ existing: true, fetched: 0, id: "acme/tiny-chat" });
     expect(hub.requests.slice(before).every((r) => r.url.startsWith("/api/"))).toBe(true);
     await expect(pull("acme/cut-once", { id: "acme/tiny-chat" })).rejects.toMatchObject({
-      kind: "conflict",
+      kind: "exists",
       message: expect.stringMatching(/acme\/tiny-chat already exists/),
     });
     await expect(pull("acme/cut-once", { id: "arbor/tiny-chat" })).rejects.toMatchObject({
-      kind: "conflict",
+      kind: "exists",
       message: expect.stringMatching(/shipped with Arbor/),
     });
   });
@@ -301,7 +301,8 @@ describe("arbor models pull, against a stand-in Hub", () => {
       kind: "access",
       message: expect.stringMatching(/refused the token in HF_TOKEN as invalid/),
     });
-    expect(leftBehind("acme/gated").final).toBe(false);
+    // Refused at its first file: no staging folder is left either.
+    expect(leftBehind("acme/gated")).toEqual({ final: false, staging: false });
     const result = await pull("acme/gated", { token: TOKEN });
     expect(result.manifest.repo_id).toBe("acme/gated");
   });
@@ -382,7 +383,7 @@ describe("arbor models pull, against a stand-in Hub", () => {
     await mkdir(join(modelsDir, ".pulls", "acme"), { recursive: true });
     await writeFile(lockFile, `${process.pid}\n`);
     await expect(pull("acme/cut-once", { id: "acme/busy" })).rejects.toMatchObject({
-      kind: "conflict",
+      kind: "busy",
       message: expect.stringMatching(/A pull into acme\/busy is under way/),
     });
     // A lock whose process is gone is taken over.

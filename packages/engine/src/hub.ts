@@ -82,8 +82,10 @@ export type HubErrorKind =
   | "checksum"
   /** The Hub or its CDN could not be reached, or kept failing; a later run resumes. */
   | "network"
-  /** The id is taken, or another pull into it is under way. */
-  | "conflict"
+  /** The id is taken (by another folder, or a shipped model). */
+  | "exists"
+  /** Another pull into the id is under way. */
+  | "busy"
   /** An argument is not of its form. */
   | "invalid";
 
@@ -240,13 +242,13 @@ export async function pullModel(options: PullOptions): Promise<PullResult> {
   if (existing) return existing;
   if (listCatalog().some((m) => m.id === id))
     throw new HubError(
-      "conflict",
+      "exists",
       `${id} is a model shipped with Arbor: pull under another id.`,
       "id",
     );
   if (await stat(target).catch(() => undefined))
     throw new HubError(
-      "conflict",
+      "exists",
       `${id} already exists at ${target}: remove it first, or pull under another id.`,
       "id",
     );
@@ -337,7 +339,7 @@ export async function pullModel(options: PullOptions): Promise<PullResult> {
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
       if (code === "ENOTEMPTY" || code === "EEXIST")
-        throw new HubError("conflict", `${id} appeared at ${target} during the pull.`, "id");
+        throw new HubError("exists", `${id} appeared at ${target} during the pull.`, "id");
       throw err;
     }
     await removeEmpty(dirname(staging), modelsDir);
@@ -347,6 +349,7 @@ export async function pullModel(options: PullOptions): Promise<PullResult> {
     // model nothing at all; a network failure leaves what arrived, for the next run.
     if (err instanceof HubError && (err.kind === "checksum" || err.kind === "refused"))
       await removeStaging(staging, modelsDir);
+    else if (await holdsNothing(staging)) await removeStaging(staging, modelsDir);
     throw err;
   } finally {
     await release();
@@ -442,6 +445,19 @@ async function existingPull(
   return { id, dir: target, manifest, ...checked, fetched: 0, existing: true };
 }
 
+/** Whether `dir` holds no byte worth resuming from (only empty files and folders). */
+async function holdsNothing(dir: string): Promise<boolean> {
+  const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+  for (const entry of entries) {
+    const path = join(dir, entry.name);
+    const empty = entry.isDirectory()
+      ? await holdsNothing(path)
+      : entry.isFile() && (await stat(path)).size === 0;
+    if (!empty) return false;
+  }
+  return true;
+}
+
 /** Removes every entry of `dir` whose name is not in `keep`. */
 async function prune(dir: string, keep: Set<string>): Promise<void> {
   for (const name of await readdir(dir).catch(() => [])) {
@@ -484,7 +500,7 @@ async function lock(path: string, id: string): Promise<() => Promise<void>> {
       const pid = Number((await readFile(path, "utf8").catch(() => "")).trim());
       if (Number.isInteger(pid) && pid > 0 && alive(pid))
         throw new HubError(
-          "conflict",
+          "busy",
           `A pull into ${id} is under way (process ${pid}); wait for it, or remove ${path} if that process is not pulling.`,
           "id",
         );
