@@ -6,4 +6,4 @@ import type { operations } from "@arbor/client";
  * exactly the server's set of operations without a handler: implementing one fails the test
  * until it is removed here and given its own contract tests.
  */
-export const pendingOperations: (keyof operations)[] = ["pullBaseModel"];
+export const pendingOperations: (keyof operations)[] = [];
