@@ -84,6 +84,7 @@ beforeAll(async () => {
       { id: "acme/unlisted", refs: { main: tiny } },
     ],
     tokens: { [TOKEN]: ["acme/gated"], hf_other: [] },
+    renamed: { "acme/old-name": "acme/cut-once" },
   });
   root = await mkdtemp(join(tmpdir(), "arbor-hub-"));
   modelsDir = join(root, "models");
@@ -364,6 +365,25 @@ describe("arbor models pull, against a stand-in Hub", () => {
     } finally {
       hub.listWithoutBlobs = false;
     }
+  });
+
+  it("when the repo was renamed, then the Hub's relative redirects are followed with the token, and the headers of its last answer before the CDN are what is checked", async () => {
+    const before = hub.requests.length;
+    const result = await pull("acme/old-name", { id: "acme/renamed", token: TOKEN });
+    expect(result.manifest).toMatchObject({
+      repo_id: "acme/old-name",
+      commit: hub.commit("acme/cut-once"),
+    });
+    const seen = hub.requests.slice(before);
+    const moved = seen.filter((r) => r.status === 307);
+    expect(moved.map((r) => r.url.split("/").slice(0, 5).join("/"))).toContain(
+      "/api/models/acme/old-name",
+    );
+    expect(moved.filter((r) => r.url.startsWith("/acme/old-name/resolve/"))).toHaveLength(4);
+    expect(
+      seen.filter((r) => r.server === "hub").every((r) => r.authorization === `Bearer ${TOKEN}`),
+    ).toBe(true);
+    expect(seen.filter((r) => r.server === "cdn").every((r) => !r.authorization)).toBe(true);
   });
 
   it("when the repo or id is malformed, or the repo is not on the Hub, then the error says which", async () => {

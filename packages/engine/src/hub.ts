@@ -596,7 +596,7 @@ class HubClient {
     let response: Response | undefined;
     for (let attempt = 0; ; attempt++) {
       try {
-        response = await this.#fetch(url, { accept: "application/json" });
+        response = (await this.#following(url, { accept: "application/json" })).response;
       } catch (err) {
         if (attempt >= this.#retries) throw this.#unreachable(url, err);
         await this.#wait(attempt + 1);
@@ -755,31 +755,47 @@ class HubClient {
     return { file: pulled(expected, digests), fetched };
   }
 
-  /** GET with redirects followed by hand: the first answer's headers are the Hub's, and the
-   * token goes to the endpoint's origin only. A 4xx/5xx is thrown as a HubError. */
+  /** A file's GET, answered 2xx (a 4xx/5xx is thrown as a HubError), with what the Hub said of
+   * the file before any redirect took it elsewhere. */
   async #get(url: string, from: number, size: number | undefined): Promise<Answer> {
     const headers: Record<string, string> = { "accept-encoding": "identity" };
     if (from > 0) headers.range = `bytes=${from}-${size !== undefined ? size - 1 : ""}`;
-    let first: ResolveHeaders | undefined;
+    const { response, at, hub } = await this.#following(url, headers);
+    if (response.ok)
+      return {
+        response,
+        first: {
+          commit: hub.get("x-repo-commit"),
+          etag: unquote(hub.get("x-linked-etag") ?? hub.get("etag")),
+          linkedSize: numberOr(hub.get("x-linked-size")),
+        },
+      };
+    if (transient(response.status)) {
+      await response.body?.cancel();
+      throw new HubError("network", `${at} answered ${response.status}.`);
+    }
+    throw await this.#failure(response, at, "file");
+  }
+
+  /**
+   * Follows redirects by hand: the token goes to the endpoint's origin only, and the headers of
+   * the last answer from that origin (a renamed repo redirects within it; an LFS file leaves it
+   * for a CDN) are the Hub's word on the file, as huggingface_hub reads them.
+   */
+  async #following(
+    url: string,
+    headers: Record<string, string>,
+  ): Promise<{ response: Response; at: string; hub: Headers }> {
     let at = url;
+    let hub = new Headers();
     for (let hops = 0; hops <= 10; hops++) {
       const response = await this.#fetch(at, headers);
-      first ??= {
-        commit: response.headers.get("x-repo-commit"),
-        etag: unquote(response.headers.get("x-linked-etag") ?? response.headers.get("etag")),
-        linkedSize: numberOr(response.headers.get("x-linked-size")),
-      };
-      if (response.status >= 300 && response.status < 400 && response.headers.has("location")) {
-        await response.body?.cancel();
-        at = new URL(response.headers.get("location")!, at).href;
-        continue;
-      }
-      if (response.ok) return { response, first };
-      if (transient(response.status)) {
-        await response.body?.cancel();
-        throw new HubError("network", `${at} answered ${response.status}.`);
-      }
-      throw await this.#failure(response, at, "file");
+      if (new URL(at).origin === this.#origin) hub = response.headers;
+      const location = response.headers.get("location");
+      if (response.status < 300 || response.status >= 400 || location === null)
+        return { response, at, hub };
+      await response.body?.cancel();
+      at = new URL(location, at).href;
     }
     throw new HubError("network", `${url} redirected more than 10 times.`);
   }

@@ -24,6 +24,8 @@ import { catalogModelDir } from "../src/catalog.ts";
  *   `EntryNotFound`; a gated repo without a token 401 `GatedRepo`, with a token that was not
  *   granted access 403 `GatedRepo`; a token it does not know 401 "Invalid credentials in
  *   Authorization header".
+ * - A renamed repo's old id answers every request with a relative 307 to the same path under
+ *   its new id (the redirect huggingface_hub follows without leaving the Hub).
  * - The CDN answers only signed URLs (the query the Hub's redirect carries) and, as S3 does, 400
  *   to a request that also carries an `Authorization` header (the client must not send the Hub
  *   token there); every such request is recorded.
@@ -92,6 +94,8 @@ export async function startHubStandin(options: {
   repos: StandinRepo[];
   /** Token → the gated repos it was granted; a token not listed is invalid. */
   tokens?: Record<string, string[]>;
+  /** Old repo id → the id it was renamed to. */
+  renamed?: Record<string, string>;
 }): Promise<HubStandin> {
   const requests: HubRequest[] = [];
   const served = new Map<string, number>();
@@ -231,6 +235,18 @@ export async function startHubStandin(options: {
     const segments = url.pathname.split("/").slice(1);
     const api = segments[0] === "api" && segments[1] === "models" && segments[4] === "revision";
     const [owner, name] = api ? [segments[2], segments[3]] : [segments[0], segments[1]];
+    const renamedTo = options.renamed?.[`${owner}/${name}`];
+    if (renamedTo) {
+      const at = api ? 3 : 1;
+      const moved = [
+        ...segments.slice(0, at - 1),
+        ...renamedTo.split("/"),
+        ...segments.slice(at + 1),
+      ];
+      record.status = 307;
+      res.writeHead(307, { location: `/${moved.join("/")}${url.search}` }).end();
+      return;
+    }
     const known = repos.get(`${owner}/${name}`);
     if (!known) return hubError(res, record, 401, "RepoNotFound", "Repository not found");
     const repoId = known.repo.id;
