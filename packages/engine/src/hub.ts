@@ -201,7 +201,7 @@ interface Sibling {
 /** A file to fetch, and how to check it. */
 interface Planned {
   path: string;
-  /** From the listing; else from the first answer's headers. */
+  /** From the listing; else from the Hub's headers on the file's answer. */
   size: number | undefined;
   sha256: string | undefined;
   blobId: string | undefined;
@@ -269,7 +269,7 @@ export async function pullModel(options: PullOptions): Promise<PullResult> {
     throw new HubError("refused", `${repo} has no config.json at ${commit}.`, "repo_id");
 
   const staging = join(modelsDir, ".pulls", ...id.split("/"));
-  const release = await lock(`${staging}.lock`, id);
+  const release = await lock(`${staging}.lock`, id, modelsDir);
   try {
     await mkdir(staging, { recursive: true });
     // What an earlier run left of files this commit does not have goes; the rest is verified
@@ -360,7 +360,7 @@ export async function pullModel(options: PullOptions): Promise<PullResult> {
 const PARTIAL = ".partial";
 
 /** What the listing says of a file; a digest or size not of its form counts as unsaid (the
- * first answer's headers then stand in, checked alike). */
+ * Hub's headers on the file's answer then stand in, checked alike). */
 function planned(s: Sibling): Planned {
   const hex = (value: unknown, length: number) =>
     typeof value === "string" && new RegExp(`^[0-9a-f]{${length}}$`).test(value.toLowerCase())
@@ -484,7 +484,7 @@ async function removeEmpty(dir: string, root: string): Promise<void> {
  * Takes the lock file at `path` for this process: a pull into the same id by a live process
  * (this one included) is refused; a lock left by a process that is gone is taken over.
  */
-async function lock(path: string, id: string): Promise<() => Promise<void>> {
+async function lock(path: string, id: string, root: string): Promise<() => Promise<void>> {
   await mkdir(dirname(path), { recursive: true });
   for (let attempt = 0; ; attempt++) {
     try {
@@ -493,7 +493,7 @@ async function lock(path: string, id: string): Promise<() => Promise<void>> {
       await handle.close();
       return async () => {
         await rm(path, { force: true });
-        await removeEmpty(dirname(path), dirname(dirname(dirname(path))));
+        await removeEmpty(dirname(path), root);
       };
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== "EEXIST" || attempt > 0) throw err;
@@ -546,7 +546,7 @@ class Progress {
   }
 }
 
-/** What the first answer to a `resolve` says of the file, before any redirect. */
+/** What the Hub says of a file in its last answer to a `resolve` before its CDN. */
 interface ResolveHeaders {
   commit: string | null;
   /** `X-Linked-Etag` (an LFS file's SHA-256), else `ETag` (a git blob id), unquoted. */
@@ -554,10 +554,10 @@ interface ResolveHeaders {
   linkedSize: number | null;
 }
 
-/** The body of a download: how its answer began, and its bytes. */
+/** A download's answer, and what the Hub said of the file on the way. */
 interface Answer {
   response: Response;
-  first: ResolveHeaders;
+  hub: ResolveHeaders;
 }
 
 class HubClient {
@@ -678,17 +678,17 @@ class HubClient {
         cut = err;
         continue;
       }
-      const { response, first } = answer;
-      if (first.commit && first.commit.toLowerCase() !== commit) {
+      const { response, hub } = answer;
+      if (hub.commit && hub.commit.toLowerCase() !== commit) {
         await response.body?.cancel();
         throw new HubError(
           "network",
-          `${url} answered for commit ${first.commit}, not the pinned ${commit}.`,
+          `${url} answered for commit ${hub.commit}, not the pinned ${commit}.`,
         );
       }
       if (!state) {
-        // The listing said nothing of this file: the first answer's headers stand in for it.
-        expected = reconcile(expected, first, response, url);
+        // The listing said nothing of this file: the Hub's headers stand in for it.
+        expected = reconcile(expected, hub, response, url);
         state = await resume(staging, expected);
         if (state.bytes > 0) {
           // Resumable after all, but this answer is the whole file: ask again with a Range.
@@ -697,7 +697,7 @@ class HubClient {
           continue;
         }
       } else {
-        reconcile(expected, first, response, url);
+        reconcile(expected, hub, response, url);
       }
       if (from > 0 && response.status === 200) {
         // The server ignored the Range and sent the whole file: start over.
@@ -764,7 +764,7 @@ class HubClient {
     if (response.ok)
       return {
         response,
-        first: {
+        hub: {
           commit: hub.get("x-repo-commit"),
           etag: unquote(hub.get("x-linked-etag") ?? hub.get("etag")),
           linkedSize: numberOr(hub.get("x-linked-size")),
@@ -887,11 +887,11 @@ function transient(status: number): boolean {
   return status === 408 || status === 429 || status >= 500;
 }
 
-/** The expectations of `file`, with what the first answer said where the listing said nothing;
+/** The expectations of `file`, with what the Hub's headers said where the listing said nothing;
  * a disagreement is an error. */
-function reconcile(file: Planned, first: ResolveHeaders, response: Response, url: string): Planned {
+function reconcile(file: Planned, hub: ResolveHeaders, response: Response, url: string): Planned {
   const out = { ...file };
-  const etag = first.etag?.toLowerCase() ?? null;
+  const etag = hub.etag?.toLowerCase() ?? null;
   const isSha256 = etag !== null && /^[0-9a-f]{64}$/.test(etag);
   const isBlobId = etag !== null && /^[0-9a-f]{40}$/.test(etag);
   if (
@@ -911,7 +911,7 @@ function reconcile(file: Planned, first: ResolveHeaders, response: Response, url
   }
   if (out.size === undefined) {
     const whole = wholeSize(response);
-    out.size = first.linkedSize ?? whole ?? undefined;
+    out.size = hub.linkedSize ?? whole ?? undefined;
     if (out.size === undefined) throw new HubError("network", `${url} gave no size.`);
   }
   return out;
