@@ -423,6 +423,45 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/preview/base-models/pull": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pull a base model from the Hugging Face Hub
+         * @description Admin only (a key of a member of the first admin's entity with the `admin` role, as
+         *     `GET /metrics` asks): any other key is 403. Downloads a model from the Hugging Face Hub
+         *     (`HF_ENDPOINT`, with `HF_TOKEN` for gated and private repos, from the server's environment)
+         *     into the base-models directory (`ARBOR_BASE_MODELS_DIR`) under `id`, as `arbor models pull`
+         *     does on the server's machine:
+         *
+         *     - `revision` is resolved to a commit, and every file is fetched at it;
+         *     - `config.json`, the tokenizer files and `generation_config.json` come first and are
+         *       checked as the engine would load them: a model it cannot serve (another architecture, too
+         *       large, a tokenizer or chat template that does not load) is 400 `unsupported_base_model`
+         *       before any weight is fetched, as is a repo whose weights are only pickles (`*.bin`,
+         *       `*.pt`, …), which are never fetched;
+         *     - then the safetensors (one file, or the shards of `model.safetensors.index.json`), each
+         *       file verified against the Hub's SHA-256 (LFS files) or git blob id;
+         *     - the folder appears under `id` only when complete, and is served from the answer on.
+         *
+         *     The request lasts as long as the download: give the client time. Cut off, the pull goes on;
+         *     asked again meanwhile, it is 409 `pull_in_progress`, and once it is done the same request
+         *     answers the model with `already_present: true`. A pull that failed on the network (503)
+         *     keeps what arrived: asking again resumes it.
+         */
+        post: operations["pullBaseModel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -1624,6 +1663,58 @@ export interface components {
             /** @description Line number of the last item; pass it as `after` for the next page. */
             last_id: string | null;
             has_more: boolean;
+        };
+        /**
+         * PullBaseModelRequest
+         * @description A model on the Hugging Face Hub (or the mirror `HF_ENDPOINT` names) to pull as a base model.
+         */
+        PullBaseModelRequest: {
+            /**
+             * @description The repo on the Hub, `<owner>/<name>` as the Hub writes it.
+             * @example HuggingFaceTB/SmolLM2-135M-Instruct
+             */
+            repo_id: string;
+            /**
+             * @description A branch, tag or commit id. It is resolved to a commit once, and every file is fetched at that commit.
+             * @default main
+             * @example main
+             */
+            revision?: string | null;
+            /**
+             * @description The base model id to serve it as (`<owner>/<name>`); absent or null, the repo id.
+             * @example hf/SmolLM2-135M-Instruct
+             */
+            id?: string | null;
+        };
+        /**
+         * PulledBaseModel
+         * @description A base model pulled from the Hub, as its folder's manifest (`arbor-pull.json`) pins it. The
+         *     model is served from the answer on: `listModels` lists it and chats and training take `id`.
+         */
+        PulledBaseModel: {
+            /** @description The base model id, `<owner>/<name>`. */
+            id: string;
+            /** @constant */
+            object: "base_model";
+            repo_id: string;
+            /** @description The revision asked for. */
+            revision: string;
+            /** @description The commit the revision was resolved to; every file is from it. */
+            commit: string;
+            /** @description The Hub it came from (`HF_ENDPOINT`). */
+            endpoint: string;
+            /** @description Every file of the folder, each verified against the Hub's SHA-256 (LFS files) or git blob id. */
+            files: {
+                path: string;
+                size: number;
+                sha256: string;
+            }[];
+            /** @description Bytes downloaded by this request (0 when the model was already there). */
+            bytes_fetched: number;
+            /** @description The folder was already there, pulled from the same repo at the same commit; nothing was fetched. */
+            already_present: boolean;
+            /** @description Unix seconds when the pull finished. */
+            created_at: number;
         };
         Health: {
             /** @constant */
@@ -3996,6 +4087,136 @@ export interface operations {
             404: components["responses"]["NotFound"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
+        };
+    };
+    pullBaseModel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "repo_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                 *       "revision": "main"
+                 *     }
+                 */
+                "application/json": components["schemas"]["PullBaseModelRequest"];
+            };
+        };
+        responses: {
+            /** @description The model, in place and served. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "acme/tiny-chat",
+                     *       "object": "base_model",
+                     *       "repo_id": "acme/tiny-chat",
+                     *       "revision": "main",
+                     *       "commit": "68e396a776cc4063f91c00574b70cdbab13181a1",
+                     *       "endpoint": "https://huggingface.co",
+                     *       "files": [
+                     *         {
+                     *           "path": "config.json",
+                     *           "size": 528,
+                     *           "sha256": "157c1f02b1cc81be82c18953806a6b66a7d698d0135d78771807d7fc7a85fd3e"
+                     *         },
+                     *         {
+                     *           "path": "tokenizer.json",
+                     *           "size": 15123,
+                     *           "sha256": "b85afbfb557b1484a671b25d0ba0c32e3564a1e11907e946e9a7572a89b55a60"
+                     *         },
+                     *         {
+                     *           "path": "tokenizer_config.json",
+                     *           "size": 2672,
+                     *           "sha256": "3b33badd38e376e1313983bc0a004a196fc82fa170725582bd648f52a5accf6a"
+                     *         },
+                     *         {
+                     *           "path": "model.safetensors",
+                     *           "size": 3350976,
+                     *           "sha256": "ce7468d89d579dda306edeb4b7a2d2885fdc6579193df9ab4ee535e8154cc4be"
+                     *         }
+                     *       ],
+                     *       "bytes_fetched": 3369299,
+                     *       "already_present": false,
+                     *       "created_at": 1795420000
+                     *     }
+                     */
+                    "application/json": components["schemas"]["PulledBaseModel"];
+                };
+            };
+            /**
+             * @description The request cannot be honoured: `unsupported_base_model` (the engine cannot serve the
+             *     model, or its weights are only pickles), `hub_not_found` (no such repo or revision, or a
+             *     private one the server's `HF_TOKEN` cannot see), `hub_access_denied` (a gated repo: no
+             *     `HF_TOKEN` on the server, or its account has not accepted the repo's terms), or a body
+             *     that fails the schema.
+             */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description The key is valid but is not an admin's. */
+            403: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Only an admin key may pull base models.",
+                     *         "type": "permission_error",
+                     *         "param": null,
+                     *         "code": "permission_denied"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description `id` is taken (by another folder, or a shipped model), or a pull into it is under way. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            413: components["responses"]["PayloadTooLarge"];
+            500: components["responses"]["InternalError"];
+            /**
+             * @description The Hub or its CDN could not be reached or kept failing (`hub_unavailable`; what arrived
+             *     is kept, and asking again resumes it), or a file did not match the Hub's checksum
+             *     (`hub_checksum_mismatch`; nothing is kept). Retry later.
+             */
+            503: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    "x-should-retry": components["headers"]["ShouldRetry"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     getHealth: {

@@ -31,6 +31,8 @@ export interface Io {
   write(text: string): void;
   /** A line redrawn in place (a progress bar), on a terminal only. */
   bar?: ((text: string) => void) | undefined;
+  /** Where a download's progress goes (stderr): redrawn in place on a terminal, else lines. */
+  progress?: { tty: boolean; write(text: string): void } | undefined;
 }
 
 type Values<O extends ParseArgsOptionsConfig> = ReturnType<
@@ -224,6 +226,30 @@ export const COMMANDS: readonly Command[] = [
           folder: required(positionals[0], "FOLDER"),
           id: values.id,
           modelsDir: baseModelsDir(config),
+          weights: config.engineWeights,
+        },
+        io,
+      );
+    },
+  }),
+  command({
+    name: "models pull",
+    usage: `REPO[@REVISION] [--id owner/name]
+  REPO is a Hugging Face Hub repo id (owner/name); REVISION a branch, tag or commit (default main).
+  From HF_ENDPOINT (default https://huggingface.co), with HF_TOKEN for gated and private repos.`,
+    summary:
+      "download a model's config, tokenizer and safetensors from the Hugging Face Hub as a base model (checked first; resumable; default id: the repo's)",
+    options: { id: str },
+    run: async ({ values, positionals, io }) => {
+      const config = readConfig();
+      const { pullBaseModel } = await import("./base-models.ts");
+      await pullBaseModel(
+        {
+          repo: required(positionals[0], "REPO"),
+          id: values.id,
+          modelsDir: baseModelsDir(config),
+          endpoint: config.hfEndpoint,
+          token: config.hfToken,
           weights: config.engineWeights,
         },
         io,
@@ -504,7 +530,8 @@ ${lines.join("\n")}
 Run "arbor help COMMAND" (or "arbor COMMAND --help") for a command's options.
 
 Admin commands (keys, prices, blobs) open the store directly, on Node 24 or later: ARBOR_DATA_DIR
-(default ~/.arbor) or DATABASE_URL. The others call the server, on Node 20 or later: ARBOR_BASE_URL (default http://ARBOR_HOST:ARBOR_PORT,
+(default ~/.arbor) or DATABASE_URL. "models add-base" and "models pull" write to this machine's
+ARBOR_BASE_MODELS_DIR (default ARBOR_DATA_DIR/models); pull reads HF_ENDPOINT and HF_TOKEN. The others call the server, on Node 20 or later: ARBOR_BASE_URL (default http://ARBOR_HOST:ARBOR_PORT,
 that is http://127.0.0.1:8080), ARBOR_API_KEY (default: the first-start key in
 ARBOR_DATA_DIR/admin.key), ARBOR_PROJECT.`;
 }

@@ -15,6 +15,7 @@ import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
 import { securityHeaders } from "./http/security-headers.ts";
 import type { Principal } from "./modules/access.ts";
+import { baseModelsHandlers } from "./modules/base-models/routes.ts";
 import { withItemsValidatedSeparately } from "./modules/calls/items.ts";
 import { callsHandlers } from "./modules/calls/routes.ts";
 import { consoleRoutes } from "./modules/console/routes.ts";
@@ -72,13 +73,15 @@ export function createApp(deps: AppDeps): Express {
   app.use(publicDocuments(spec));
   app.use(consoleRoutes());
   // Every role serves it: each process counts its own requests, chats and jobs.
+  // An admin key: a member of the first admin's entity with the admin role.
+  const isAdmin = async (principal: Principal) =>
+    (await deps.store.users.roleIn(principal.userId, ADMIN_ENTITY)) === "admin";
   app.use(
     metricsEndpoint({
       access: config.metrics,
       metrics: deps.metrics,
       authenticate,
-      isAdmin: async (principal) =>
-        (await deps.store.users.roleIn(principal.userId, ADMIN_ENTITY)) === "admin",
+      isAdmin,
     }),
   );
   app.use(rawModelIdInPath);
@@ -159,6 +162,14 @@ export function createApp(deps: AppDeps): Express {
       ...(deps.onJobCancelled ? { onJobCancelled: deps.onJobCancelled } : {}),
     }),
     ...datasetsHandlers(deps.store),
+    ...baseModelsHandlers({
+      modelsDir: deps.engines.modelsDir,
+      weights: deps.engines.weights,
+      hub: config.hub,
+      isAdmin,
+      refresh: () => deps.engines.refresh(),
+      logger,
+    }),
     ...inferenceHandlers({
       directory,
       chat: new ChatService({

@@ -26,6 +26,8 @@ export interface AppConfig {
   upstreamLoraDir: string;
   /** Who may read `GET /metrics` (`ARBOR_METRICS`). */
   metrics: MetricsAccess;
+  /** The Hugging Face Hub that base models are pulled from (`HF_ENDPOINT`, `HF_TOKEN`). */
+  hub: { endpoint: string; token: string | undefined };
 }
 
 /** The app's part of the configuration, requests and responses validated. */
@@ -37,6 +39,7 @@ export function appConfigOf(config: Config): AppConfig {
     upstreams: config.upstreams,
     upstreamLoraDir: upstreamLoraDir(config),
     metrics: config.metrics,
+    hub: { endpoint: config.hfEndpoint, token: config.hfToken },
     rateLimits: {
       keyRequestsPerMinute: config.keyRequestsPerMinute,
       projectRequestsPerMinute: config.projectRequestsPerMinute,

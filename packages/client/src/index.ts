@@ -47,6 +47,7 @@ export {
   Stream,
 } from "./resources/inference.ts";
 export {
+  BaseModels,
   type Checkpoint,
   type CheckpointContent,
   type CheckpointFormat,
@@ -58,6 +59,8 @@ export {
   Events,
   Jobs,
   type Model,
+  type PullBaseModelRequest,
+  type PulledBaseModel,
   type SftExample,
   Training,
   type TrainingJob,

@@ -28,6 +28,35 @@ describe("readConfig", () => {
     expect(config.llamaModels.size).toBe(0);
   });
 
+  it("when the Hub's endpoint and token are read, then they are read as huggingface_hub reads them", async () => {
+    const home = await mkdtemp(join(tmpdir(), "arbor-hf-home-"));
+    try {
+      await writeFile(join(home, "token"), "hf_from_file\n");
+      expect(readConfig({})).toMatchObject({
+        hfEndpoint: "https://huggingface.co",
+        hfToken: undefined,
+      });
+      expect(readConfig({ HF_ENDPOINT: "http://mirror:8080//", HF_HOME: home })).toMatchObject({
+        hfEndpoint: "http://mirror:8080",
+        hfToken: "hf_from_file",
+      });
+      expect(
+        readConfig({ HF_TOKEN: " hf_env ", HUGGING_FACE_HUB_TOKEN: "hf_old", HF_HOME: home })
+          .hfToken,
+      ).toBe("hf_env");
+      expect(readConfig({ HUGGING_FACE_HUB_TOKEN: "hf_old", HF_HOME: home }).hfToken).toBe(
+        "hf_old",
+      );
+      expect(readConfig({ HF_TOKEN_PATH: join(home, "token") }).hfToken).toBe("hf_from_file");
+      expect(readConfig({ XDG_CACHE_HOME: join(home, "none") }).hfToken).toBeUndefined();
+      expect(() => readConfig({ HF_ENDPOINT: "huggingface.co" })).toThrow(
+        /HF_ENDPOINT must be an http:\/\/ or https:\/\/ URL/,
+      );
+    } finally {
+      await rm(home, { recursive: true, force: true });
+    }
+  });
+
   it("when the roles leave out training, then no embedded worker runs unless asked for", () => {
     expect(readConfig({ ARBOR_ROLES: "inference" }).embeddedWorker).toBe(false);
     expect(readConfig({ ARBOR_ROLES: "calls,training" }).embeddedWorker).toBe(true);

@@ -1,4 +1,4 @@
-import { closeSync, openSync, readSync, statSync } from "node:fs";
+import { closeSync, openSync, readFileSync, readSync, statSync } from "node:fs";
 import { availableParallelism, homedir } from "node:os";
 import { isAbsolute, join, resolve } from "node:path";
 
@@ -267,6 +267,26 @@ export const SETTINGS = {
     doc: "Base models from folders: every `<owner>/<name>/` with a Hugging Face `config.json` here is served as `<owner>/<name>` (`arbor models add-base` puts one there).",
     read: text(undefined),
   }),
+  hfEndpoint: setting({
+    env: "HF_ENDPOINT",
+    group: "inference",
+    shown: "https://huggingface.co",
+    doc: "The Hugging Face Hub (or a mirror that speaks its API) that `arbor models pull` and `POST /v1/preview/base-models/pull` download from, read as the Hub's own tools read it.",
+    read: (raw) => {
+      if (unset(raw)) return "https://huggingface.co";
+      const value = raw.trim().replace(/\/+$/, "");
+      if (!/^https?:\/\//.test(value) || !URL.canParse(value))
+        throw new Error(`must be an http:// or https:// URL, got ${JSON.stringify(raw)}`);
+      return value;
+    },
+  }),
+  hfToken: setting({
+    env: "HF_TOKEN",
+    group: "inference",
+    shown: "unset",
+    doc: "A Hugging Face token for gated and private repos, sent as `Authorization: Bearer` to `HF_ENDPOINT` only. Unset, it is read as the Hub's own tools read it: `HUGGING_FACE_HUB_TOKEN`, else the file `hf auth login` writes (`HF_TOKEN_PATH`, default `$HF_HOME/token`, `HF_HOME` defaulting to `~/.cache/huggingface`).",
+    read: text(undefined),
+  }),
   engineThreads: setting({
     env: "ARBOR_ENGINE_THREADS",
     group: "inference",
@@ -446,10 +466,32 @@ export function readConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   if (problems.length > 0) throw new Error(`Bad settings: ${problems.join("; ")}`);
   const read = config as Config;
+  read.hfToken ??= hubTokenFallback(env);
   // Unset, the embedded worker follows the roles: an inference or calls replica trains nothing.
   if (unset(env[SETTINGS.embeddedWorker.env]) && !read.roles.includes("training"))
     read.embeddedWorker = false;
   return read;
+}
+
+/**
+ * The Hub token when `HF_TOKEN` is unset, where huggingface_hub looks next: the older
+ * `HUGGING_FACE_HUB_TOKEN`, then the token file (`HF_TOKEN_PATH`, else `HF_HOME/token`, `HF_HOME`
+ * defaulting to `$XDG_CACHE_HOME/huggingface` or `$HOME/.cache/huggingface`). Only the variables
+ * in `env` are read, so an environment without `HOME` finds no file.
+ */
+function hubTokenFallback(env: NodeJS.ProcessEnv): string | undefined {
+  const value = (name: string) => (unset(env[name]) ? undefined : env[name]!.trim());
+  const legacy = value("HUGGING_FACE_HUB_TOKEN");
+  if (legacy) return legacy;
+  const cache = value("XDG_CACHE_HOME") ?? (value("HOME") && join(value("HOME")!, ".cache"));
+  const hfHome = value("HF_HOME") ?? (cache && join(cache, "huggingface"));
+  const file = value("HF_TOKEN_PATH") ?? (hfHome && join(hfHome, "token"));
+  if (!file) return undefined;
+  try {
+    return readFileSync(file, "utf8").trim() || undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /** The settings as the README's Markdown table. */

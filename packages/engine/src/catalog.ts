@@ -1,5 +1,5 @@
-import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
+import catalog from "../models/catalog.json" with { type: "json" };
 
 export interface CatalogEntry {
   id: string;
@@ -22,8 +22,9 @@ interface RawEntry {
 
 const modelsDir = new URL("../models/", import.meta.url);
 
+/** The list is imported (bundles, such as the CLI's, carry it); the folders stay beside it. */
 function rawCatalog(): RawEntry[] {
-  return JSON.parse(readFileSync(new URL("catalog.json", modelsDir), "utf8")) as RawEntry[];
+  return catalog as RawEntry[];
 }
 
 /** The base models shipped with the engine. */

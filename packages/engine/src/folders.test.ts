@@ -1,9 +1,9 @@
-import { cp, mkdtemp, readFile, truncate, writeFile } from "node:fs/promises";
+import { cp, mkdtemp, readFile, rm, truncate, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { FAMILIES, familyChatFiles } from "../test/families.ts";
-import { scanBaseModels } from "./folders.ts";
+import { checkModelFolder, scanBaseModels } from "./folders.ts";
 import { memory64Limit } from "./kernels/wasm.ts";
 import { randomModel, saveModel } from "./model.ts";
 
@@ -90,5 +90,37 @@ describe("base model folders", () => {
     expect(reasons["qwen/no-template"]).toMatch(
       /tokenizer_config\.json: the chat template does not parse/,
     );
+  });
+
+  it("when only the weights are missing, then the check without tensors passes and reckons the memory from config.json; hidden folders are not scanned", async () => {
+    const { root } = await modelsDir({
+      "no-weights": async (dir) => rm(join(dir, "model.safetensors")),
+      // A 16B shape whose config says BF16: under `auto` the check reckons BF16 weights.
+      huge: editConfig((c) => {
+        Object.assign(c, {
+          hidden_size: 4096,
+          intermediate_size: 12288,
+          num_hidden_layers: 80,
+          num_attention_heads: 32,
+          num_key_value_heads: 8,
+          head_dim: 128,
+          torch_dtype: "bfloat16",
+        });
+      }),
+    });
+    const dir = join(root, "qwen", "no-weights");
+    await expect(checkModelFolder(dir, { tensors: false })).resolves.toMatchObject({
+      parameters: expect.any(Number),
+    });
+    await expect(checkModelFolder(dir)).rejects.toThrow(/model\.safetensors: missing/);
+    const huge = join(root, "qwen", "huge");
+    await expect(checkModelFolder(huge, { weights: "auto", tensors: false })).rejects.toThrow(
+      /too large.*packed in BF16/,
+    );
+    await cp(join(root, "qwen", "ok"), join(root, ".pulls", "qwen"), { recursive: true });
+    await cp(join(root, "qwen", "ok"), join(root, "qwen", ".staged"), { recursive: true });
+    const { models, skipped } = await scanBaseModels(root);
+    const ids = [...models, ...skipped].map((m) => m.id);
+    expect(ids.filter((id) => id.includes(".p") || id.includes(".s"))).toEqual([]);
   });
 });

@@ -40,7 +40,8 @@ const SHIPPED = Math.floor(Date.UTC(2026, 10, 23) / 1000);
  * The base models: the shipped catalogue, and every `<owner>/<name>/` folder holding a
  * `config.json` under `modelsDir`, each checked without loading its weights (config, tokenizer,
  * chat template, and every tensor's name, shape and extent in the safetensors headers). A
- * folder that fails a check is skipped, with the reason.
+ * folder that fails a check is skipped, with the reason. Hidden folders (a name starting with
+ * `.`, such as the `.pulls/` where `arbor models pull` stages its downloads) are not looked at.
  */
 export async function scanBaseModels(
   modelsDir: string | undefined,
@@ -84,6 +85,13 @@ export async function scanBaseModels(
 export interface FolderCheckOptions {
   /** How the engine will keep the weights (ARBOR_ENGINE_WEIGHTS), which sets what fits. */
   weights?: WeightChoice;
+  /**
+   * false: check all but the safetensors, for a folder whose weights have not arrived yet
+   * (`arbor models pull` checks this before it fetches them). The memory is then reckoned from
+   * config.json's sizes, and `auto` weights by its `torch_dtype` (BF16 when it says bfloat16).
+   * Default true.
+   */
+  tensors?: boolean;
 }
 
 /** Whether the weight matrices `loadModel` packs are all BF16 in the folder's files (false
@@ -98,9 +106,9 @@ async function weightMatricesAreBf16(
 
 /**
  * Checks a model folder as loading it would, without reading its weights: `config.json` (an
- * architecture the engine computes), the tokenizer and chat template, and that the safetensors
- * hold every tensor the config needs, with its shape, within the files' sizes. Throws a
- * `ModelFileError` naming the file at fault.
+ * architecture the engine computes, weights that fit its memory), the tokenizer and chat
+ * template, and that the safetensors hold every tensor the config needs, with its shape, within
+ * the files' sizes (unless `tensors: false`). Throws a `ModelFileError` naming the file at fault.
  */
 export async function checkModelFolder(
   dir: string,
@@ -108,21 +116,28 @@ export async function checkModelFolder(
 ): Promise<{ config: ModelConfig; parameters: number; ggufPre: string | undefined }> {
   const configPath = join(dir, "config.json");
   let config: ModelConfig;
+  let raw: Record<string, unknown>;
   try {
-    config = parseConfig(JSON.parse(await readFile(configPath, "utf8")) as Record<string, unknown>);
+    raw = JSON.parse(await readFile(configPath, "utf8")) as Record<string, unknown>;
+    config = parseConfig(raw);
   } catch (err) {
     throw new ModelFileError(configPath, (err as Error).message.replace(/^config\.json: /, ""));
   }
   // The kernels keep every weight packed in their arena, with room to compute beside it; `auto`
   // packs in BF16 when every weight matrix of the files is BF16 (their headers say).
   const choice = options.weights ?? "f32";
+  const tensorsToo = options.tensors ?? true;
   // The headers are read once, for this and the tensor checks below (which report their errors).
   let headers: ReturnType<typeof safetensorsShapes> | undefined;
   const readHeaders = () => (headers ??= safetensorsShapes(dir));
   const weights =
     choice !== "auto"
       ? choice
-      : (await weightMatricesAreBf16(readHeaders(), config))
+      : (
+            tensorsToo
+              ? await weightMatricesAreBf16(readHeaders(), config)
+              : declaredDtype(raw) === "bfloat16"
+          )
         ? "bf16"
         : "f32";
   const packed = trainingMemory(config, weights).weights;
@@ -140,7 +155,6 @@ export async function checkModelFolder(
       `the tokenizer has ${chat.tokenizer.vocabSize} tokens, more than the model's vocab_size ${config.vocabSize}`,
     );
   }
-  const tensors = await readHeaders();
   const need = new Map<string, number[]>([
     ["model.embed_tokens.weight", [config.vocabSize, config.hiddenSize]],
     ["model.norm.weight", [config.hiddenSize]],
@@ -149,6 +163,11 @@ export async function checkModelFolder(
   for (let l = 0; l < config.numLayers; l++) {
     for (const key of layerKeysOf(config)) need.set(hfName(l, key), layerShape(config, key));
   }
+  let parameters = 0;
+  for (const shape of need.values()) parameters += shape.reduce((a, b) => a * b, 1);
+  const ggufPre = chat.tokenizer.ggufPreTokenizer();
+  if (!tensorsToo) return { config, parameters, ggufPre };
+  const tensors = await readHeaders();
   for (const [name, shape] of need) {
     const found = tensors.get(name);
     if (!found) throw new ModelFileError(join(dir, "model.safetensors"), `missing tensor ${name}`);
@@ -159,9 +178,12 @@ export async function checkModelFolder(
       );
     }
   }
-  let parameters = 0;
-  for (const shape of need.values()) parameters += shape.reduce((a, b) => a * b, 1);
-  return { config, parameters, ggufPre: chat.tokenizer.ggufPreTokenizer() };
+  return { config, parameters, ggufPre };
+}
+
+/** The dtype config.json says the weights are in: `torch_dtype`, or transformers 5's `dtype`. */
+function declaredDtype(raw: Record<string, unknown>): unknown {
+  return raw.torch_dtype ?? raw.dtype;
 }
 
 /** Every tensor's shape and file, from the safetensors headers (shards included). */
@@ -225,7 +247,7 @@ async function safetensorsShapes(
 async function subfolders(dir: string): Promise<string[]> {
   const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
   return entries
-    .filter((e) => e.isDirectory() || e.isSymbolicLink())
+    .filter((e) => (e.isDirectory() || e.isSymbolicLink()) && !e.name.startsWith("."))
     .map((e) => e.name)
     .sort();
 }

@@ -21,6 +21,20 @@ export {
 export { createKvCache, forwardBatch, releaseKvCache } from "./forward.ts";
 export { exportGguf, exportLoraGguf, readGguf } from "./gguf.ts";
 export {
+  DEFAULT_HUB_ENDPOINT,
+  type HubAccess,
+  HubError,
+  type HubErrorKind,
+  PULL_MANIFEST,
+  type PullEvent,
+  type PulledFile,
+  type PullManifest,
+  type PullOptions,
+  type PullResult,
+  parseRepoArgument,
+  pullModel,
+} from "./hub.ts";
+export {
   type JsonSchema,
   parseJsonSchema,
   UnsupportedSchemaError,

@@ -14,6 +14,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
 import { promisify } from "node:util";
 import { catalogModelDir } from "@arbor/engine";
+import { shippedModelFiles, startHubStandin } from "@arbor/engine/test/hub-standin";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
@@ -243,6 +244,38 @@ describe("the arbor command from its tarball", () => {
       const shipped = await chat("arbor/tiny-chat");
       expect(shipped.trim().length).toBeGreaterThan(0);
       expect(await chat(id)).toBe(shipped);
+    },
+  );
+
+  it.each([["Node 24", process.execPath], ...(node20 ? [["Node 20", NODE_20]] : [])])(
+    "when a model is pulled from a stand-in Hub under %s, then it lands whole in the server's models directory and is served",
+    async (name, node) => {
+      const tag = name.replace(" ", "").toLowerCase();
+      const hub = await startHubStandin({
+        repos: [{ id: `acme/tiny-${tag}`, refs: { main: shippedModelFiles() } }],
+      });
+      try {
+        const id = `hub/tiny-${tag}`;
+        const result = await arbor(node, ["models", "pull", `acme/tiny-${tag}`, "--id", id], {
+          ARBOR_DATA_DIR: server.dataDir,
+          HF_ENDPOINT: hub.endpoint,
+        });
+        expect(result, result.stderr).toMatchObject({ code: 0 });
+        expect(result.stdout).toMatch(
+          new RegExp(`^acme/tiny-${tag}@main is commit ${hub.commit(`acme/tiny-${tag}`)} `),
+        );
+        expect(result.stdout).toMatch(
+          new RegExp(`Pulled acme/tiny-${tag} at [0-9a-f]{40} as ${id} `),
+        );
+        // Not a terminal: the progress is plain lines on stderr, ending at 100%.
+        expect(result.stderr).toMatch(/\] 100% 3\.4 MB of 3\.4 MB {2}model\.safetensors\n$/);
+        expect(result.stderr).not.toContain("\r");
+        await server.engines.refresh();
+        const { data } = await server.authorizedClient().models.list();
+        expect(data.map((m) => m.id)).toContain(id);
+      } finally {
+        await hub.close();
+      }
     },
   );
 

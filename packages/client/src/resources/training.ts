@@ -14,6 +14,8 @@ export type DatasetLine = Schemas["DatasetLine"];
 export type SftExample = Schemas["SftExample"];
 export type TrainingJob = Schemas["TrainingJob"];
 export type TrainingJobEvent = Schemas["TrainingJobEvent"];
+export type PullBaseModelRequest = Schemas["PullBaseModelRequest"];
+export type PulledBaseModel = Schemas["PulledBaseModel"];
 /** `peft`: PEFT's two files in a tar; `gguf`: the base with the adapter merged; `gguf-lora`:
  * the adapter as a llama.cpp LoRA GGUF. */
 export type CheckpointFormat = NonNullable<Query<"getCheckpointContent">["format"]>;
@@ -42,15 +44,34 @@ const terminalEventTypes = new Set(["training_ended", "training_failed"]);
 /** Pause before following a job's events again after the stream closed without its end. */
 const reconnectDelayMs = 1000;
 
-/** `client.training`: trainable models, checkpoints, datasets and jobs. */
+/** `client.training`: trainable models, checkpoints, datasets and jobs, and base models. */
 export class Training {
   readonly models: TrainingModels;
   readonly datasets: Datasets;
   readonly jobs: Jobs;
+  readonly baseModels: BaseModels;
   constructor(core: Core) {
     this.models = new TrainingModels(core);
     this.datasets = new Datasets(core);
     this.jobs = new Jobs(core);
+    this.baseModels = new BaseModels(core);
+  }
+}
+
+/** `client.training.baseModels`: base models pulled from the Hugging Face Hub (admin keys). */
+export class BaseModels {
+  readonly #core: Core;
+  constructor(core: Core) {
+    this.#core = core;
+  }
+
+  /** Pulls a model from the Hub as a base model, answering when it is in place: minutes for a
+   * large one, so give it a `timeout` (the default is 10 minutes). Not retried, as any POST
+   * without an `Idempotency-Key`; asking again is safe (409 while it runs, then the model). */
+  pull(body: PullBaseModelRequest, options?: RequestOptions): Promise<PulledBaseModel> {
+    return data(
+      this.#core.api.POST("/v1/preview/base-models/pull", { body, ...this.#core.init(options) }),
+    );
   }
 }
 

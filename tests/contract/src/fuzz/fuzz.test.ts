@@ -1,4 +1,5 @@
 import { gzipSync } from "node:zlib";
+import { type HubStandin, startHubStandin } from "@arbor/engine/test/hub-standin";
 import { loadSpec } from "@arbor/server";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -336,7 +337,7 @@ async function fixturesOf(server: RunningServer): Promise<Fixtures> {
  */
 function knownRequests(fixtures: Fixtures, key: string): FuzzRequest[] {
   const auth = { authorization: `Bearer ${key}` };
-  const model = fixtures.ids.model_id[0]!;
+  const model = fixtures.ids.model_id![0]!;
   return [
     // Malformed multipart on the checkpoint upload.
     {
@@ -375,12 +376,22 @@ for (const backend of backends) {
     `every operation, fuzzed [${backend.name}]`,
     () => {
       let server: RunningServer;
+      let hub: HubStandin;
       let fixtures: Fixtures;
       beforeAll(async () => {
-        server = await startServer({}, backend.postgres ? { postgres: { url: PG_URL } } : {});
+        // pullBaseModel asks a Hub: an empty stand-in, where every repo is unknown (400).
+        hub = await startHubStandin({ repos: [] });
+        const env = { HF_ENDPOINT: hub.endpoint };
+        server = await startServer(
+          {},
+          backend.postgres ? { postgres: { url: PG_URL }, env } : { env },
+        );
         fixtures = await fixturesOf(server);
       });
-      afterAll(() => server.close());
+      afterAll(async () => {
+        await server.close();
+        await hub.close();
+      });
 
       it("when the requests that once answered 500 are sent again, then each is a 4xx in the envelope with a request id", async () => {
         for (const request of knownRequests(fixtures, server.adminKey)) {

@@ -84,6 +84,16 @@ export class EngineHost {
     return this.#models.get(id);
   }
 
+  /** Where base-model folders are, when there is such a directory. */
+  get modelsDir(): string | undefined {
+    return this.#modelsDir;
+  }
+
+  /** How the engines keep weights (what fits depends on it). */
+  get weights(): WeightChoice {
+    return this.#weights;
+  }
+
   /** Folders under the models directory that cannot be served, and why. */
   get skipped(): readonly SkippedFolder[] {
     return this.#skipped;
