@@ -26,6 +26,8 @@ export interface AppConfig {
   upstreamLoraDir: string;
   /** Who may read `GET /metrics` (`ARBOR_METRICS`). */
   metrics: MetricsAccess;
+  /** Memory the adapter uploads in progress may hold together (`ARBOR_UPLOAD_MEMORY_BYTES`). */
+  uploadMemoryBytes: number;
 }
 
 /** The app's part of the configuration, requests and responses validated. */
@@ -37,6 +39,7 @@ export function appConfigOf(config: Config): AppConfig {
     upstreams: config.upstreams,
     upstreamLoraDir: upstreamLoraDir(config),
     metrics: config.metrics,
+    uploadMemoryBytes: config.uploadMemoryBytes,
     rateLimits: {
       keyRequestsPerMinute: config.keyRequestsPerMinute,
       projectRequestsPerMinute: config.projectRequestsPerMinute,
