@@ -121,9 +121,15 @@ export function unzippingUpload(res: Response): void {
   }
 }
 
-/** The request's body as sent, its Content-Encoding undone (gzip, deflate, br) by zlib's
- * asynchronous streams; another encoding is 415. */
-export function decodedBody(req: Request): Readable {
+/**
+ * The request's body as it arrives, its Content-Encoding undone (gzip, deflate, br) by zlib's
+ * asynchronous streams (another encoding is 415), for a reader that may stop early. `drain()`
+ * then reads what is left of the body and drops it, so that the answer goes out and the
+ * connection serves its next request; it never destroys the request (that would close the
+ * socket, with no way to answer). Chunks are taken from `data` events with the stream paused
+ * in between, never through a `readable` listener, which would keep `resume()` from draining.
+ */
+export function uploadBody(req: Request): { chunks: AsyncIterable<Uint8Array>; drain(): void } {
   const encoding = (req.headers["content-encoding"] ?? "identity").toLowerCase();
   const decoder =
     encoding === "identity"
@@ -142,11 +148,64 @@ export function decodedBody(req: Request): Readable {
       { code: "unsupported_media_type" },
     );
   }
-  if (!decoder) return req;
-  // Not pipeline(): it would destroy the request, and the socket with it, on a decoding error,
-  // leaving no way to answer. The request's own errors reach the reader through the decoder.
-  req.on("error", (err) => decoder.destroy(err));
-  return req.pipe(decoder);
+  const stream: Readable = decoder ? req.pipe(decoder) : req;
+  const queue: Buffer[] = [];
+  let ended = false;
+  let failed: Error | undefined;
+  let wake: (() => void) | undefined;
+  const woken = () => {
+    wake?.();
+    wake = undefined;
+  };
+  const onData = (chunk: Buffer) => {
+    queue.push(chunk);
+    stream.pause();
+    woken();
+  };
+  const onEnd = () => {
+    ended = true;
+    woken();
+  };
+  const onError = (err: Error) => {
+    failed = err;
+    woken();
+  };
+  stream.pause();
+  stream.on("data", onData);
+  stream.on("end", onEnd);
+  stream.on("error", onError);
+  // The request's own errors (a client gone) reach the reader through the decoder.
+  if (decoder) req.on("error", onError);
+  const chunks = (async function* () {
+    while (true) {
+      const chunk = queue.shift();
+      if (chunk) {
+        yield chunk;
+        continue;
+      }
+      if (failed) throw failed;
+      if (ended) return;
+      const next = new Promise<void>((resolve) => {
+        wake = resolve;
+      });
+      stream.resume();
+      await next;
+    }
+  })();
+  return {
+    chunks,
+    drain() {
+      stream.off("data", onData);
+      queue.length = 0;
+      ended = true;
+      woken();
+      if (decoder) {
+        req.unpipe(decoder);
+        decoder.destroy();
+      }
+      if (!req.readableEnded) req.resume();
+    },
+  };
 }
 
 /** The block size of a multipart upload's files as they are kept. */

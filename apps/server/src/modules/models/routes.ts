@@ -10,7 +10,7 @@ import {
   reprDigest,
 } from "@arbor/training";
 import { type Handlers, RESPONDED } from "../../http/operations.ts";
-import { decodedBody, unzippingUpload } from "../../http/uploads.ts";
+import { unzippingUpload, uploadBody } from "../../http/uploads.ts";
 import {
   type CheckpointsDeleted,
   checkpointToWire,
@@ -97,17 +97,12 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
           parts.map((p) => [MULTIPART_FILES[p.fieldname] ?? p.fieldname, p.parts]),
         );
       } else {
-        const body = decodedBody(req);
+        const body = uploadBody(req);
         try {
-          files = await readAdapterTar(body.iterator({ destroyOnReturn: false }), {
-            onGzip: () => unzippingUpload(res),
-          });
+          files = await readAdapterTar(body.chunks, { onGzip: () => unzippingUpload(res) });
         } finally {
           // What a refusal left unread is read and dropped, so that the answer goes out.
-          if (!req.readableEnded) {
-            req.unpipe();
-            req.resume();
-          }
+          body.drain();
         }
       }
       return checkpointToWire(
