@@ -134,11 +134,20 @@ export interface paths {
          *     `multipart/form-data` with the parts `adapter_config` and `adapter_model`
          *     (`curl -F adapter_config=@adapter_config.json -F adapter_model=@adapter_model.safetensors`). The adapter is checked against the model's base before anything is stored:
          *     `base_model_name_or_path` (the base's id, or a path ending in its name), `peft_type` LORA,
-         *     `r`, `lora_alpha`, `target_modules` (`q_proj` … `down_proj`, or `all-linear`), and every
-         *     tensor's name, shape and dtype (F32, F16 or BF16) by PEFT's names, with no other tensor.
-         *     A mismatch answers 400 naming the field or tensor, and nothing is stored. The adapter is
-         *     stored as F32 under PEFT's names. Refused (409) while a job of the model is queued or
-         *     running. Capped at 256 MB.
+         *     `r` (1 to 256), `lora_alpha` (above 0, at most 10000), `target_modules` (`q_proj` …
+         *     `down_proj`, or `all-linear`), and every tensor's name, shape and dtype (F32, F16 or BF16)
+         *     by PEFT's names, with no other tensor and none named twice; then every weight, which must
+         *     be a finite number of magnitude at most 65504 (the largest F16; NaN, infinities and values
+         *     such as 1e30 are refused). The safetensors header may list at most two tensors per
+         *     linear of each of the base's layers, in about a kilobyte each: a longer one is refused
+         *     before it is parsed. A mismatch answers 400 naming the field or tensor, and nothing is
+         *     stored. The adapter is stored as F32 under PEFT's names. Refused (409) while a job of the
+         *     model is queued or running. Capped at 256 MB (a gzipped tar: 256 MB unzipped, each
+         *     multipart file: 256 MB). Uploads in progress share a memory budget
+         *     (`ARBOR_UPLOAD_MEMORY_BYTES`, each counted as 4 × its body, or as 256 MB when gzipped or
+         *     of unknown length): one that does not fit beside the others is answered 503 with
+         *     `Retry-After` before its body is read (a gzipped tar sent as `application/x-tar` is
+         *     counted again as gzipped once its first bytes show it).
          */
         post: operations["createCheckpoint"];
         /**
@@ -3189,6 +3198,28 @@ export interface operations {
             };
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
+            /** @description The uploads in progress hold the server's memory budget for uploads; the body was not read (a gzipped tar sent as `application/x-tar`, no further than its first bytes). Retry after `Retry-After` seconds. */
+            503: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    "x-should-retry": components["headers"]["ShouldRetry"];
+                    "Retry-After": components["headers"]["RetryAfter"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Adapter uploads in progress hold this server's memory for uploads (1073741824 bytes, ARBOR_UPLOAD_MEMORY_BYTES); retry in 5 seconds.",
+                     *         "type": "server_error",
+                     *         "param": null,
+                     *         "code": "uploads_busy"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
         };
     };
     deleteCheckpoints: {

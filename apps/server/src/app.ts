@@ -14,6 +14,7 @@ import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
 import { securityHeaders } from "./http/security-headers.ts";
+import { multipartBlocks, UploadBudget, uploadAdmission } from "./http/uploads.ts";
 import type { Principal } from "./modules/access.ts";
 import { baseModelsHandlers } from "./modules/base-models/routes.ts";
 import { withItemsValidatedSeparately } from "./modules/calls/items.ts";
@@ -107,10 +108,9 @@ export function createApp(deps: AppDeps): Express {
     "/v1/preview/datasets",
     express.text({ type: DATASET_MEDIA_TYPES, limit: DATASET_MAX_BYTES }),
   );
-  app.use(
-    "/v1/preview/models",
-    express.raw({ type: ["application/x-tar", "application/gzip"], limit: ADAPTER_MAX_BYTES }),
-  );
+  // Adapter uploads take their share of the upload budget before anything reads their body;
+  // a tar is then read as it arrives by the handler (multipart parts by the validator's multer).
+  app.use(uploadAdmission(new UploadBudget(config.uploadMemoryBytes)));
   app.use(jsonBody(64 * 1024 * 1024));
 
   // With both checks off the validator still matches every path on every request: leave it out.
@@ -126,8 +126,12 @@ export function createApp(deps: AppDeps): Express {
         validateResponses: config.validateResponses ? { removeAdditional: false } : false,
         validateSecurity: false,
         validateFormats: true,
-        // multipart/form-data bodies (adapter uploads, the only ones): in memory, capped.
-        fileUploader: { limits: { fileSize: ADAPTER_MAX_BYTES, files: 2, fields: 0 } },
+        // multipart/form-data bodies (adapter uploads, the only ones): in memory, capped, kept
+        // in blocks that the adapter check's thread joins.
+        fileUploader: {
+          storage: multipartBlocks,
+          limits: { fileSize: ADAPTER_MAX_BYTES, files: 2, fields: 0 },
+        },
         $refParser: { mode: "dereference" },
       }),
     );

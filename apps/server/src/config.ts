@@ -28,6 +28,8 @@ export interface AppConfig {
   metrics: MetricsAccess;
   /** The Hugging Face Hub that base models are pulled from (`HF_ENDPOINT`, `HF_TOKEN`). */
   hub: { endpoint: string; token: string | undefined };
+  /** Memory the adapter uploads in progress may hold together (`ARBOR_UPLOAD_MEMORY_BYTES`). */
+  uploadMemoryBytes: number;
 }
 
 /** The app's part of the configuration, requests and responses validated. */
@@ -40,6 +42,7 @@ export function appConfigOf(config: Config): AppConfig {
     upstreamLoraDir: upstreamLoraDir(config),
     metrics: config.metrics,
     hub: { endpoint: config.hfEndpoint, token: config.hfToken },
+    uploadMemoryBytes: config.uploadMemoryBytes,
     rateLimits: {
       keyRequestsPerMinute: config.keyRequestsPerMinute,
       projectRequestsPerMinute: config.projectRequestsPerMinute,

@@ -23,6 +23,7 @@ describe("readConfig", () => {
       blobs: undefined,
       redisUrl: undefined,
       metrics: "key",
+      uploadMemoryBytes: 1024 * 1024 * 1024,
     });
     expect(config.engineThreads).toBeGreaterThanOrEqual(1);
     expect(config.llamaModels.size).toBe(0);
@@ -79,11 +80,13 @@ describe("readConfig", () => {
         ARBOR_METRICS: "yes",
         ARBOR_BLOBS: "s3",
         ARBOR_REDIS_URL: "http://cache:6379",
+        ARBOR_UPLOAD_MEMORY_BYTES: "1GB",
       });
     expect(attempt).toThrow(/ARBOR_PORT must be an integer from 0 to 65535, got "70000"/);
     for (const name of [
       "ARBOR_WORKER_LEASE_MS",
       "ARBOR_TRAINING_DATA_MAX_BYTES",
+      "ARBOR_UPLOAD_MEMORY_BYTES",
       'ARBOR_ENGINE_THREADS must be an integer from 1 to 64, got "two"',
       'ARBOR_ROLES has unknown role "sales"',
       "DATABASE_URL must be a postgres:// URL",

@@ -404,6 +404,13 @@ export const SETTINGS = {
     doc: "Concurrent generations per project.",
     read: positive(undefined),
   }),
+  uploadMemoryBytes: setting({
+    env: "ARBOR_UPLOAD_MEMORY_BYTES",
+    group: "limits",
+    shown: "1073741824",
+    doc: "Memory the adapter uploads in progress may hold together, each counted as 4 × its body (as 256 MB when gzipped or of unknown length); past it an upload is answered 503 with `Retry-After` before its body is read. One upload alone is always let in.",
+    read: positive(1024 * 1024 * 1024),
+  }),
   redisUrl: setting({
     env: "ARBOR_REDIS_URL",
     group: "limits",

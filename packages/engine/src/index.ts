@@ -53,10 +53,14 @@ export {
   AdapterError,
   adapterFromFiles,
   adapterToFiles,
+  adapterWeightProblem,
   createLoraAdapter,
   type LoraAdapter,
   type LoraConfig,
   loraParameterCount,
+  MAX_ADAPTER_WEIGHT,
+  MAX_ALPHA,
+  MAX_RANK,
   mergeAdapter,
 } from "./lora.ts";
 export { LoraTrainer } from "./lora-train.ts";

@@ -10,6 +10,7 @@ import {
   AdapterError,
   adapterFromFiles,
   adapterToFiles,
+  adapterWeightProblem,
   createLoraAdapter,
   loadAdapter,
   loraHooks,
@@ -272,6 +273,128 @@ describe("LoRA files", () => {
     const bf16 = saveSafetensors(tensors, { format: "pt" }, "BF16");
     const back = adapterFromFiles({ ...files, "adapter_model.safetensors": bf16 }, model);
     for (const p of loraParameters(back)) expect([...new Set(p.data)]).toEqual([0.375]);
+  });
+
+  /** The param and message of what loading `files` throws (an AdapterError). */
+  function refusal(files: Record<string, Uint8Array>, model: ReturnType<typeof tinyModel>) {
+    try {
+      adapterFromFiles(files, model);
+    } catch (err) {
+      expect(err).toBeInstanceOf(AdapterError);
+      return { param: (err as AdapterError).param, message: (err as Error).message };
+    }
+    throw new Error("no error");
+  }
+
+  it("when a weight is NaN, infinite or larger than 65504, then loading refuses it naming the tensor; 65504 itself loads", () => {
+    const model = tinyModel(29);
+    const qb = "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight";
+    const withWeight = (value: number) => {
+      const adapter = createLoraAdapter(model, { rank: 2, alpha: 4 }, 1);
+      adapter.layers[1]!.q!.b[3] = value;
+      return adapterToFiles(adapter);
+    };
+    for (const value of [Number.NaN, Number.POSITIVE_INFINITY, -Infinity, 1e30, -65505]) {
+      expect(refusal(withWeight(value), model)).toEqual({
+        param: qb,
+        message: `adapter_model.safetensors: ${qb} holds ${Math.fround(value)} at index 3; every weight must be a finite number of magnitude at most 65504.`,
+      });
+    }
+    expect(adapterFromFiles(withWeight(-65504), model).layers[1]!.q!.b[3]).toBe(-65504);
+    // F16 and BF16 files are checked as widened: an F16 infinity is refused too.
+    const adapter = createLoraAdapter(model, { rank: 2, alpha: 4, targetModules: ["q_proj"] }, 1);
+    adapter.layers[0]!.q!.a[0] = 1e6;
+    const tensors = new Map(
+      loraParameters(adapter).map((p) => [p.name, { shape: p.shape, data: p.data }]),
+    );
+    const bf16 = saveSafetensors(tensors, { format: "pt" }, "BF16");
+    expect(
+      refusal({ ...adapterToFiles(adapter), "adapter_model.safetensors": bf16 }, model).param,
+    ).toBe("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  });
+
+  it("when r or lora_alpha is out of bounds, then loading refuses it naming the field", () => {
+    const model = tinyModel(30);
+    const files = adapterToFiles(createLoraAdapter(model, { rank: 2, alpha: 4 }, 1));
+    const config = JSON.parse(new TextDecoder().decode(files["adapter_config.json"]));
+    const edited = (edit: Record<string, unknown>) => ({
+      ...files,
+      "adapter_config.json": new TextEncoder().encode(JSON.stringify({ ...config, ...edit })),
+    });
+    for (const r of [0, 257, 2.5, "2"]) expect(refusal(edited({ r }), model).param).toBe("r");
+    for (const lora_alpha of [0, -4, 10_001, 1e308, "4"]) {
+      expect(refusal(edited({ lora_alpha }), model)).toEqual({
+        param: "lora_alpha",
+        message: `adapter_config.json: lora_alpha must be a number above 0 and at most 10000, not ${JSON.stringify(lora_alpha)}.`,
+      });
+    }
+    expect(adapterFromFiles(edited({ lora_alpha: 10_000 }), model).scale).toBe(5000);
+  });
+
+  it("when the safetensors header names a tensor twice, as it is or with PEFT's adapter-name infix, then loading refuses it naming the tensor", () => {
+    const model = tinyModel(31);
+    const files = adapterToFiles(
+      createLoraAdapter(model, { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj"] }, 1),
+    );
+    const bytes = files["adapter_model.safetensors"]!;
+    const length = Number(new DataView(bytes.buffer, bytes.byteOffset).getBigUint64(0, true));
+    const header = new TextDecoder().decode(bytes.subarray(8, 8 + length)).trimEnd();
+    const data = bytes.subarray(8 + length);
+    const name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+    const entry = JSON.stringify(JSON.parse(header)[name]);
+    const rewritten = (extra: string) => {
+      const text = new TextEncoder().encode(`${header.slice(0, -1)},${extra}}`);
+      const out = new Uint8Array(8 + text.length + data.length);
+      new DataView(out.buffer).setBigUint64(0, BigInt(text.length), true);
+      out.set(text, 8);
+      out.set(data, 8 + text.length);
+      return { ...files, "adapter_model.safetensors": out };
+    };
+    expect(refusal(rewritten(`"${name}":${entry}`), model)).toEqual({
+      param: name,
+      message: `adapter_model.safetensors: the header names ${name} twice.`,
+    });
+    const infix = name.replace(".lora_A.", ".lora_A.default.");
+    expect(refusal(rewritten(`"${infix}":${entry}`), model)).toEqual({
+      param: name,
+      message: `adapter_model.safetensors: holds ${name} twice (as ${infix} too).`,
+    });
+  });
+
+  it("when the header lists more tensors than the base has linears for, then it is refused before it is parsed", () => {
+    const model = tinyModel(32);
+    const files = adapterToFiles(createLoraAdapter(model, { rank: 2, alpha: 4 }, 1));
+    const most = 2 * 7 * model.config.numLayers;
+    const entries = Array.from(
+      { length: most + 1 },
+      (_, i) => `"t${i}":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}`,
+    );
+    const text = new TextEncoder().encode(`{${entries.join(",")}}`);
+    const bytes = new Uint8Array(8 + text.length + 4);
+    new DataView(bytes.buffer).setBigUint64(0, BigInt(text.length), true);
+    bytes.set(text, 8);
+    expect(refusal({ ...files, "adapter_model.safetensors": bytes }, model)).toEqual({
+      param: "adapter_model.safetensors",
+      message: `adapter_model.safetensors: the header lists more than ${most} tensors.`,
+    });
+    // A header longer than such a list could need is refused from its length.
+    const long = new Uint8Array(16);
+    new DataView(long.buffer).setBigUint64(0, BigInt(100 * 1024 * 1024), true);
+    expect(refusal({ ...files, "adapter_model.safetensors": long }, model).message).toMatch(
+      /the header is 104857600 bytes, more than the \d+ allowed/,
+    );
+  });
+
+  it("when an adapter holds a weight out of bounds, then adapterWeightProblem names its tensor; a sound one has none", () => {
+    const model = tinyModel(33);
+    const adapter = createLoraAdapter(model, { rank: 2, alpha: 4 }, 1);
+    expect(adapterWeightProblem(adapter)).toBeUndefined();
+    adapter.layers[0]!.down!.b[1] = Number.NaN;
+    expect(adapterWeightProblem(adapter)).toEqual({
+      name: "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight",
+      message:
+        "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight holds NaN at index 1; every weight must be a finite number of magnitude at most 65504.",
+    });
   });
 
   it("when the optimizer state is saved and restored, then training continues identically", () => {

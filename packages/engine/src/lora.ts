@@ -4,7 +4,14 @@ import { jsKernels } from "./kernels/js.ts";
 import type { Kernels } from "./kernels/types.ts";
 import type { Model } from "./model.ts";
 import { Rng } from "./rng.ts";
-import { readSafetensors, saveSafetensors, type TensorMap } from "./safetensors.ts";
+import {
+  decodeTensor,
+  type RawTensor,
+  SafetensorsError,
+  safetensorsEntries,
+  saveSafetensors,
+  type TensorMap,
+} from "./safetensors.ts";
 import { hfName, isWeightSource, layerShape, type Weight, type WeightSource } from "./weights.ts";
 
 /** The linear layers an adapter can target, by their Hugging Face / PEFT module names. */
@@ -58,8 +65,18 @@ export interface LoraModule {
   outFeatures: number;
 }
 
-/** The largest LoRA rank accepted from a file. */
-export const MAX_RANK = 1024;
+/** The largest LoRA rank accepted from a file: a job's largest `lora_rank`. */
+export const MAX_RANK = 256;
+
+/** The largest `lora_alpha` accepted from a file: a job's largest. */
+export const MAX_ALPHA = 10_000;
+
+/**
+ * The largest weight magnitude an adapter may hold: the largest finite F16, the narrowest type
+ * adapters are saved in. A trained LoRA's weights are far smaller; past it (NaN, ±Infinity,
+ * 1e30) an adapter is corrupt or training diverged, and its outputs would be NaN.
+ */
+export const MAX_ADAPTER_WEIGHT = 65504;
 
 export interface LoraAdapter {
   rank: number;
@@ -88,6 +105,21 @@ export function createLoraAdapter(
   config: LoraConfig = {},
   seed = 0,
 ): LoraAdapter {
+  const adapter = zeroAdapter(model, config);
+  const rng = new Rng(seed);
+  for (const modules of adapter.layers) {
+    for (const target of LORA_TARGETS) {
+      const m = modules[targetKey[target]];
+      if (!m) continue;
+      const bound = 1 / Math.sqrt(m.inFeatures);
+      for (let i = 0; i < m.a.length; i++) m.a[i] = (2 * rng.next() - 1) * bound;
+    }
+  }
+  return adapter;
+}
+
+/** An adapter whose A and B are all zero (to be filled from a file). */
+function zeroAdapter(model: Pick<Model, "config">, config: LoraConfig): LoraAdapter {
   const rank = config.rank ?? 8;
   const alpha = config.alpha ?? 16;
   if (!Number.isInteger(rank) || rank < 1) throw new Error("lora: rank must be a positive integer");
@@ -95,17 +127,20 @@ export function createLoraAdapter(
   for (const t of targetModules) {
     if (!(t in targetKey)) throw new Error(`lora: unknown target module ${t}`);
   }
-  const rng = new Rng(seed);
   const layers = Array.from({ length: model.config.numLayers }, () => {
     const modules: Partial<Record<LinearKey, LoraModule>> = {};
     for (const target of LORA_TARGETS) {
       if (!targetModules.includes(target)) continue;
-      const key = targetKey[target];
-      const [outFeatures, inFeatures] = layerShape(model.config, key) as [number, number];
-      const a = new Float32Array(rank * inFeatures);
-      const bound = 1 / Math.sqrt(inFeatures);
-      for (let i = 0; i < a.length; i++) a[i] = (2 * rng.next() - 1) * bound;
-      modules[key] = { a, b: new Float32Array(outFeatures * rank), inFeatures, outFeatures };
+      const [outFeatures, inFeatures] = layerShape(model.config, targetKey[target]) as [
+        number,
+        number,
+      ];
+      modules[targetKey[target]] = {
+        a: new Float32Array(rank * inFeatures),
+        b: new Float32Array(outFeatures * rank),
+        inFeatures,
+        outFeatures,
+      };
     }
     return modules;
   });
@@ -237,9 +272,12 @@ export class AdapterError extends Error {
 
 /**
  * Reads a PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) for a base model,
- * checking its config and every tensor's name and shape against the base (F32, F16 or BF16;
- * no other tensor). Tensor names may carry PEFT's adapter-name infix (`lora_A.default.weight`).
- * Throws an `AdapterError` naming the field or tensor.
+ * checking its config (`r` up to MAX_RANK, `lora_alpha` above 0 up to MAX_ALPHA) and every
+ * tensor's name and shape against the base (F32, F16 or BF16; no other tensor, none twice), then
+ * every weight (finite, of magnitude at most MAX_ADAPTER_WEIGHT). The header's size and tensor
+ * count are bounded by what the base can need before it is parsed. Tensor names may carry PEFT's
+ * adapter-name infix (`lora_A.default.weight`). Throws an `AdapterError` naming the field or
+ * tensor.
  */
 export function adapterFromFiles(
   files: Record<string, Uint8Array | undefined>,
@@ -271,8 +309,11 @@ export function adapterFromFiles(
     field("r", `must be an integer from 1 to ${MAX_RANK}, not ${JSON.stringify(rank)}.`);
   }
   const alpha = json.lora_alpha ?? rank;
-  if (typeof alpha !== "number" || !Number.isFinite(alpha)) {
-    field("lora_alpha", `must be a number, not ${JSON.stringify(alpha)}.`);
+  if (typeof alpha !== "number" || !(alpha > 0 && alpha <= MAX_ALPHA)) {
+    field(
+      "lora_alpha",
+      `must be a number above 0 and at most ${MAX_ALPHA}, not ${JSON.stringify(alpha)}.`,
+    );
   }
   if (json.use_rslora === true) field("use_rslora", "is true; rsLoRA is not supported.");
   if (json.use_dora === true) field("use_dora", "is true; DoRA is not supported.");
@@ -306,25 +347,37 @@ export function adapterFromFiles(
   const targetModules = listed.includes("all-linear")
     ? [...LORA_TARGETS]
     : LORA_TARGETS.filter((t) => listed.includes(t));
-  const adapter = createLoraAdapter(baseModel, {
+  const adapter = zeroAdapter(baseModel, {
     rank: rank as number,
     alpha: alpha as number,
     targetModules,
     baseModel: typeof json.base_model_name_or_path === "string" ? json.base_model_name_or_path : "",
   });
-  let tensors: TensorMap;
+  const expected = loraParameters(adapter);
+  // Bounded before the header is parsed: two tensors per linear of each layer at most, and a
+  // header of about a kilobyte per tensor.
+  const maxTensors = 2 * LORA_TARGETS.length * baseModel.config.numLayers;
+  let tensors: Map<string, RawTensor>;
   try {
-    tensors = readSafetensors(weightBytes).tensors;
+    tensors = safetensorsEntries(weightBytes, {
+      maxTensors,
+      maxHeaderBytes: 64 * 1024 + 1024 * maxTensors,
+    }).tensors;
   } catch (err) {
     throw new AdapterError(
-      WEIGHTS,
-      `${WEIGHTS}: ${(err as Error).message.replace(/^safetensors: /, "")}`,
+      err instanceof SafetensorsError ? (err.tensor ?? WEIGHTS) : WEIGHTS,
+      `${WEIGHTS}: ${(err as Error).message.replace(/^safetensors: /, "")}.`,
     );
   }
-  const byName = new Map<string, { shape: number[]; data: Float32Array }>();
-  for (const [name, t] of tensors)
-    byName.set(name.replace(/\.lora_([AB])\.default\./, ".lora_$1."), t);
-  for (const p of loraParameters(adapter)) {
+  const byName = new Map<string, RawTensor>();
+  for (const [name, t] of tensors) {
+    const peftName = name.replace(/\.lora_([AB])\.default\./, ".lora_$1.");
+    if (byName.has(peftName)) {
+      throw new AdapterError(peftName, `${WEIGHTS}: holds ${peftName} twice (as ${name} too).`);
+    }
+    byName.set(peftName, t);
+  }
+  for (const p of expected) {
     const t = byName.get(p.name);
     if (!t) throw new AdapterError(p.name, `${WEIGHTS}: missing tensor ${p.name}.`);
     if (t.shape.join(",") !== p.shape.join(",")) {
@@ -333,14 +386,46 @@ export function adapterFromFiles(
         `${WEIGHTS}: ${p.name} has shape [${t.shape.join(", ")}], the base needs [${p.shape.join(", ")}] (r ${rank}).`,
       );
     }
-    p.data.set(t.data);
-    byName.delete(p.name);
   }
-  const extra = [...byName.keys()][0];
+  const names = new Set(expected.map((p) => p.name));
+  const extra = [...byName.keys()].find((name) => !names.has(name));
   if (extra !== undefined) {
     throw new AdapterError(extra, `${WEIGHTS}: unexpected tensor ${extra} for this base model.`);
   }
+  for (const p of expected) {
+    decodeTensor(byName.get(p.name)!, p.name, p.data);
+    const bad = outOfBounds(p.data);
+    if (bad >= 0)
+      throw new AdapterError(p.name, `${WEIGHTS}: ${weightProblem(p.name, p.data, bad)}`);
+  }
   return adapter;
+}
+
+/** The index of the first weight that is not finite or is larger than MAX_ADAPTER_WEIGHT, or -1. */
+function outOfBounds(data: Float32Array): number {
+  for (let i = 0; i < data.length; i++) {
+    // NaN fails the comparison too.
+    if (!(Math.abs(data[i]!) <= MAX_ADAPTER_WEIGHT)) return i;
+  }
+  return -1;
+}
+
+function weightProblem(name: string, data: Float32Array, index: number): string {
+  return `${name} holds ${data[index]} at index ${index}; every weight must be a finite number of magnitude at most ${MAX_ADAPTER_WEIGHT}.`;
+}
+
+/**
+ * The first weight of the adapter that is not finite or is larger than MAX_ADAPTER_WEIGHT, as a
+ * sentence naming its tensor (`name`), or undefined when every weight is sound.
+ */
+export function adapterWeightProblem(
+  adapter: LoraAdapter,
+): { name: string; message: string } | undefined {
+  for (const p of loraParameters(adapter)) {
+    const bad = outOfBounds(p.data);
+    if (bad >= 0) return { name: p.name, message: weightProblem(p.name, p.data, bad) };
+  }
+  return undefined;
 }
 
 export async function saveAdapter(adapter: LoraAdapter, dir: string): Promise<void> {

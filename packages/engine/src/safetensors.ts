@@ -11,57 +11,175 @@ export interface NamedTensor {
 
 export type TensorMap = Map<string, NamedTensor>;
 
-export function readSafetensors(bytes: Uint8Array): {
-  tensors: TensorMap;
-  metadata: Record<string, string>;
-} {
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  if (bytes.byteLength < 8) throw new Error("safetensors: truncated (no header)");
-  const headerLength = Number(view.getBigUint64(0, true));
-  if (8 + headerLength > bytes.byteLength) {
-    throw new Error("safetensors: truncated (the header runs past the end)");
+/** A safetensors file that cannot be read; `tensor` names the entry at fault, when one is. */
+export class SafetensorsError extends Error {
+  override name = "SafetensorsError";
+  readonly tensor: string | undefined;
+  constructor(message: string, tensor?: string) {
+    super(`safetensors: ${message}`);
+    this.tensor = tensor;
   }
+}
+
+/** What a file held in memory may ask of its reader before anything of it is parsed. */
+export interface SafetensorsLimits {
+  /** The largest JSON header, in bytes. Default 100 MiB. */
+  maxHeaderBytes?: number;
+  /** The most tensors the header may list (`__metadata__` aside). Default: no limit. */
+  maxTensors?: number;
+}
+
+/** A tensor of a file held in memory: its header entry and its raw little-endian bytes. */
+export interface RawTensor {
+  dtype: Dtype;
+  shape: number[];
+  raw: Uint8Array;
+}
+
+const MAX_HEADER_BYTES = 100 * 1024 * 1024;
+
+/**
+ * The header of a safetensors file held in memory, checked: its size and tensor count within
+ * `limits` before it is parsed, no key twice in one object, every entry's dtype, shape and
+ * offsets within the file. Nothing is decoded: each tensor is a view of its bytes.
+ */
+export function safetensorsEntries(
+  bytes: Uint8Array,
+  limits: SafetensorsLimits = {},
+): { tensors: Map<string, RawTensor>; metadata: Record<string, string> } {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  if (bytes.byteLength < 8) throw new SafetensorsError("truncated (no header)");
+  const headerLength = Number(view.getBigUint64(0, true));
+  const maxHeaderBytes = limits.maxHeaderBytes ?? MAX_HEADER_BYTES;
+  if (headerLength > maxHeaderBytes) {
+    throw new SafetensorsError(
+      `the header is ${headerLength} bytes, more than the ${maxHeaderBytes} allowed`,
+    );
+  }
+  if (8 + headerLength > bytes.byteLength) {
+    throw new SafetensorsError("truncated (the header runs past the end)");
+  }
+  const text = new TextDecoder().decode(bytes.subarray(8, 8 + headerLength));
+  scanHeader(text, limits.maxTensors ?? Number.POSITIVE_INFINITY);
   let header: Record<string, unknown>;
   try {
-    header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + headerLength)));
+    header = JSON.parse(text);
   } catch {
-    throw new Error("safetensors: the header is not JSON");
+    throw new SafetensorsError("the header is not JSON");
   }
   if (typeof header !== "object" || header === null || Array.isArray(header)) {
-    throw new Error("safetensors: the header is not a JSON object");
+    throw new SafetensorsError("the header is not a JSON object");
   }
   const base = 8 + headerLength;
-  const tensors: TensorMap = new Map();
+  const tensors = new Map<string, RawTensor>();
   let metadata: Record<string, string> = {};
   for (const [name, entry] of Object.entries(header)) {
     if (name === "__metadata__") {
       metadata = entry as Record<string, string>;
       continue;
     }
-    const { dtype, shape, data_offsets } = entry as {
+    const { dtype, shape, data_offsets } = (entry ?? {}) as {
       dtype: string;
       shape: number[];
       data_offsets: [number, number];
     };
     const size = DTYPE_BYTES[dtype];
-    if (size === undefined) throw new Error(`safetensors: unsupported dtype ${dtype} for ${name}`);
+    if (size === undefined)
+      throw new SafetensorsError(`unsupported dtype ${dtype} for ${name}`, name);
     const [start, end] = Array.isArray(data_offsets) ? data_offsets : [];
-    const count = Array.isArray(shape) ? shape.reduce((a, b) => a * b, 1) : Number.NaN;
+    const count =
+      Array.isArray(shape) && shape.every((d) => Number.isSafeInteger(d) && d >= 0)
+        ? shape.reduce((a, b) => a * b, 1)
+        : Number.NaN;
     if (
       !Number.isSafeInteger(start) ||
       !Number.isSafeInteger(end) ||
       start! < 0 ||
       end! - start! !== count * size
     ) {
-      throw new Error(`safetensors: ${name}'s data_offsets do not fit its shape and dtype`);
+      throw new SafetensorsError(`${name}'s data_offsets do not fit its shape and dtype`, name);
     }
     if (base + end! > bytes.byteLength) {
-      throw new Error(`safetensors: truncated (${name} ends past the end of the file)`);
+      throw new SafetensorsError(`truncated (${name} ends past the end of the file)`);
     }
-    const raw = bytes.subarray(base + start!, base + end!);
-    tensors.set(name, { shape, data: decode(raw, dtype, name) });
+    tensors.set(name, {
+      dtype: dtype as Dtype,
+      shape,
+      raw: bytes.subarray(base + start!, base + end!),
+    });
   }
   return { tensors, metadata };
+}
+
+/** Every tensor of a safetensors file held in memory, widened to F32 (see safetensorsEntries). */
+export function readSafetensors(
+  bytes: Uint8Array,
+  limits: SafetensorsLimits = {},
+): {
+  tensors: TensorMap;
+  metadata: Record<string, string>;
+} {
+  const { tensors: entries, metadata } = safetensorsEntries(bytes, limits);
+  const tensors: TensorMap = new Map();
+  for (const [name, entry] of entries) {
+    tensors.set(name, { shape: entry.shape, data: decode(entry.raw, entry.dtype, name) });
+  }
+  return { tensors, metadata };
+}
+
+/** A raw tensor widened to F32, into `out` (of its length) when given. */
+export function decodeTensor(tensor: RawTensor, name: string, out?: Float32Array): Float32Array {
+  return decode(tensor.raw, tensor.dtype, name, out);
+}
+
+const isSpace = (c: number) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
+
+/**
+ * Walks a header's JSON text before it is parsed: counts the tensors it lists, refusing as soon
+ * as there are more than `maxTensors`, and refuses a key written twice in one object (JSON.parse
+ * would keep the last one silently). Malformed JSON is left for JSON.parse to report.
+ */
+function scanHeader(text: string, maxTensors: number): void {
+  // Per open container: the keys seen so far, or null for an array.
+  const open: (Set<string> | null)[] = [];
+  let tensors = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 0x7b) open.push(new Set());
+    else if (c === 0x5b) open.push(null);
+    else if (c === 0x7d || c === 0x5d) open.pop();
+    else if (c === 0x22) {
+      let end = i + 1;
+      let escaped = false;
+      for (; end < text.length; end++) {
+        const d = text.charCodeAt(end);
+        if (d === 0x22) break;
+        if (d === 0x5c) {
+          escaped = true;
+          end++;
+        }
+      }
+      if (end >= text.length) return;
+      const keys = open.at(-1);
+      let next = end + 1;
+      while (next < text.length && isSpace(text.charCodeAt(next))) next++;
+      // In an object, a string followed by a colon is a key.
+      if (keys && text.charCodeAt(next) === 0x3a) {
+        let key: string;
+        try {
+          key = escaped ? (JSON.parse(text.slice(i, end + 1)) as string) : text.slice(i + 1, end);
+        } catch {
+          return;
+        }
+        if (keys.has(key)) throw new SafetensorsError(`the header names ${key} twice`, key);
+        keys.add(key);
+        if (open.length === 1 && key !== "__metadata__" && ++tensors > maxTensors) {
+          throw new SafetensorsError(`the header lists more than ${maxTensors} tensors`);
+        }
+      }
+      i = end;
+    }
+  }
 }
 
 interface HeaderEntry {
@@ -138,25 +256,24 @@ export async function openSafetensors(
 
 const DTYPE_BYTES: Record<string, number> = { F32: 4, BF16: 2, F16: 2 };
 
-function decode(raw: Uint8Array, dtype: string, name: string): Float32Array {
+function decode(raw: Uint8Array, dtype: string, name: string, into?: Float32Array): Float32Array {
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+  const width = DTYPE_BYTES[dtype];
+  if (width === undefined)
+    throw new SafetensorsError(`unsupported dtype ${dtype} for ${name}`, name);
+  const out = into ?? new Float32Array(raw.byteLength / width);
+  if (out.length !== raw.byteLength / width) {
+    throw new Error(`safetensors: ${name} has ${raw.byteLength / width} values, not ${out.length}`);
+  }
   if (dtype === "F32") {
-    const out = new Float32Array(raw.byteLength / 4);
     for (let i = 0; i < out.length; i++) out[i] = view.getFloat32(i * 4, true);
-    return out;
-  }
-  if (dtype === "BF16") {
-    const out = new Float32Array(raw.byteLength / 2);
-    const bits = new Uint32Array(out.buffer);
+  } else if (dtype === "BF16") {
+    const bits = new Uint32Array(out.buffer, out.byteOffset, out.length);
     for (let i = 0; i < out.length; i++) bits[i] = view.getUint16(i * 2, true) << 16;
-    return out;
-  }
-  if (dtype === "F16") {
-    const out = new Float32Array(raw.byteLength / 2);
+  } else {
     for (let i = 0; i < out.length; i++) out[i] = halfToFloat(view.getUint16(i * 2, true));
-    return out;
   }
-  throw new Error(`safetensors: unsupported dtype ${dtype} for ${name}`);
+  return out;
 }
 
 function halfToFloat(h: number): number {

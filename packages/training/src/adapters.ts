@@ -1,12 +1,14 @@
 import { createHash } from "node:crypto";
 import { Readable, Transform, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { gunzipSync } from "node:zlib";
-import { AdapterError, adapterFromFiles, adapterToFiles, type ModelConfig } from "@arbor/engine";
+import { Worker } from "node:worker_threads";
+import { createGunzip } from "node:zlib";
+import type { ModelConfig } from "@arbor/engine";
 import {
   type BlobStore,
   type Checkpoint,
   ConflictError,
+  DomainError,
   InvalidInputError,
   type Model,
   NotFoundError,
@@ -14,48 +16,57 @@ import {
   type Store,
 } from "@arbor/store";
 import tar from "tar-stream";
-import { ADAPTER_FILES, type CheckpointFiles, writeCheckpointFiles } from "./checkpoints.ts";
+import {
+  ADAPTER_FILES,
+  type CheckpointFiles,
+  ownBuffer,
+  writeCheckpointFiles,
+} from "./checkpoints.ts";
 
 /** The largest adapter upload, compressed or not (a rank-64 adapter of a 1B model is ~180 MB). */
 export const ADAPTER_MAX_BYTES = 256 * 1024 * 1024;
+
+/** The largest `adapter_config.json`: PEFT writes about a kilobyte. */
+const CONFIG_MAX_BYTES = 1024 * 1024;
 
 const invalid = (message: string, param: string | null = null) =>
   new InvalidInputError(message, { code: "invalid_adapter", param });
 
 /**
  * The two PEFT files out of an uploaded tar (gzipped or not), at its top or in one folder; other
- * regular files are ignored. A path that climbs out (`..`, `/…`), a duplicate, a cut-off or
- * non-tar body is an InvalidInputError.
+ * regular files are ignored. The tar is read as it arrives, never held whole: a body over
+ * ADAPTER_MAX_BYTES is a DomainError too_large; gzip is undone by zlib off the event loop and
+ * stops at ADAPTER_MAX_BYTES unzipped. A path that climbs out (`..`, `/…`), a duplicate, an
+ * entry larger than the cap, a cut-off or non-tar body is an InvalidInputError.
  */
-export async function readAdapterTar(body: Uint8Array): Promise<CheckpointFiles> {
-  let bytes = body;
-  if (bytes[0] === 0x1f && bytes[1] === 0x8b) {
-    try {
-      bytes = gunzipSync(bytes, { maxOutputLength: ADAPTER_MAX_BYTES });
-    } catch (err) {
-      throw invalid(
-        (err as { code?: string }).code === "ERR_BUFFER_TOO_LARGE"
-          ? `The tar is over ${ADAPTER_MAX_BYTES} bytes unzipped.`
-          : `The body is not a valid gzip stream: ${(err as Error).message}.`,
-      );
-    }
-  }
-  if (bytes.length === 0) throw invalid("The body is empty: send a tar of the PEFT adapter files.");
+export async function readAdapterTar(
+  body: Uint8Array | AsyncIterable<Uint8Array>,
+  options: {
+    /** Told when the body turns out to be gzipped, before any of it is unzipped; may throw
+     * (a DomainError) to refuse it. */
+    onGzip?: () => void;
+  } = {},
+): Promise<CheckpointFiles> {
   const files: CheckpointFiles = {};
   const extract = tar.extract();
-  let refused: InvalidInputError | undefined;
+  let refused: DomainError | undefined;
+  const refuse = (err: DomainError) => {
+    refused ??= err;
+    extract.destroy();
+  };
   extract.on("entry", (header, stream, next) => {
     // A cut-off entry errors on the archive too, where it is handled.
     stream.on("error", () => {});
-    const refuse = (err: InvalidInputError) => {
-      refused = err;
+    const refuseEntry = (err: DomainError) => {
       stream.resume();
-      extract.destroy();
+      refuse(err);
     };
     const name = header.name.replace(/^(\.\/)+/, "");
     const parts = name.split("/").filter((p) => p !== "");
     if (name.startsWith("/") || name.includes("\\") || parts.includes("..")) {
-      return refuse(invalid(`The tar entry ${quote(header.name)} leaves the archive's folder.`));
+      return refuseEntry(
+        invalid(`The tar entry ${quote(header.name)} leaves the archive's folder.`),
+      );
     }
     const base = parts.at(-1) ?? "";
     const wanted =
@@ -65,22 +76,75 @@ export async function readAdapterTar(body: Uint8Array): Promise<CheckpointFiles>
       stream.resume();
       return;
     }
-    if (files[base]) return refuse(invalid(`The tar holds ${base} twice.`, base));
-    const chunks: Buffer[] = [];
-    stream.on("data", (c: unknown) => chunks.push(c as Buffer));
+    if (files[base]) return refuseEntry(invalid(`The tar holds ${base} twice.`, base));
+    const cap = base === "adapter_config.json" ? CONFIG_MAX_BYTES : ADAPTER_MAX_BYTES;
+    if ((header.size ?? 0) > cap) {
+      return refuseEntry(invalid(`The tar's ${base} is ${header.size} bytes, over ${cap}.`, base));
+    }
+    // Filled as the entry's data arrives, into one buffer of the size its header gives (whose
+    // pages the system commits only as they are written): no copy of the whole file at its end,
+    // which for hundreds of megabytes would hold up the event loop.
+    const size = header.size ?? 0;
+    let file: Buffer | undefined;
+    let at = 0;
+    stream.on("data", (c: unknown) => {
+      file ??= Buffer.allocUnsafe(size);
+      at += (c as Buffer).copy(file, at);
+    });
     stream.on("end", () => {
-      files[base] = Buffer.concat(chunks);
+      files[base] = file ? file.subarray(0, at) : Buffer.alloc(0);
       next();
     });
   });
+  // streamx closes after the last entry, or once destroyed by a refusal or a fault.
+  const closed = new Promise<void>((resolve, reject) => {
+    extract.on("close", resolve);
+    extract.on("error", reject);
+  });
+  closed.catch(() => {});
+  let received = 0;
   try {
-    // streamx closes after the last entry, or once destroyed by a refusal.
-    await new Promise<void>((resolve, reject) => {
-      extract.on("close", resolve);
-      extract.on("error", reject);
-      extract.end(bytes);
-    });
+    const chunks = unzipped(
+      body,
+      (bytes) => {
+        received += bytes;
+        if (received > ADAPTER_MAX_BYTES) {
+          throw new DomainError("too_large", `The body is over ${ADAPTER_MAX_BYTES} bytes.`, {
+            code: "request_too_large",
+          });
+        }
+      },
+      options.onGzip,
+    );
+    for await (const chunk of chunks) {
+      if (extract.destroyed) break;
+      // Written as the tar is read: a slow reader holds back the body, not memory.
+      if (!extract.write(chunk)) {
+        await new Promise<void>((resolve) => {
+          const go = () => {
+            extract.off("drain", go);
+            extract.off("close", go);
+            resolve();
+          };
+          extract.on("drain", go);
+          extract.on("close", go);
+        });
+      }
+    }
+    if (received === 0) throw invalid("The body is empty: send a tar of the PEFT adapter files.");
+    // The types ask for a chunk; streamx ends without one.
+    (extract as unknown as NodeJS.WritableStream).end();
+    await closed;
   } catch (err) {
+    extract.destroy();
+    if (refused) throw refused;
+    if (err instanceof DomainError) throw err;
+    if (err instanceof UnzippedTooLarge) {
+      throw invalid(`The tar is over ${ADAPTER_MAX_BYTES} bytes unzipped.`);
+    }
+    if ((err as { code?: string }).code?.startsWith("Z_")) {
+      throw invalid(`The body is not a valid gzip stream: ${(err as Error).message}.`);
+    }
     throw invalid(`The body is not a complete tar: ${(err as Error).message}.`);
   }
   if (refused) throw refused;
@@ -89,6 +153,66 @@ export async function readAdapterTar(body: Uint8Array): Promise<CheckpointFiles>
       throw invalid(`The tar has no ${name} (PEFT's save_pretrained writes it).`, name);
   }
   return files;
+}
+
+class UnzippedTooLarge extends Error {}
+
+/**
+ * The bytes of `body` (each counted by `received` as it arrives), gunzipped when they begin as
+ * gzip does: by zlib's asynchronous stream, on libuv's threads, and no further than
+ * ADAPTER_MAX_BYTES of output (a gzip bomb stops there).
+ */
+async function* unzipped(
+  body: Uint8Array | AsyncIterable<Uint8Array>,
+  received: (bytes: number) => void,
+  onGzip: (() => void) | undefined,
+): AsyncGenerator<Uint8Array> {
+  const source = (async function* () {
+    if (body instanceof Uint8Array) {
+      received(body.byteLength);
+      yield body;
+      return;
+    }
+    for await (const chunk of body) {
+      received(chunk.byteLength);
+      yield chunk;
+    }
+  })();
+  // The first two bytes say whether it is gzip.
+  const head: Uint8Array[] = [];
+  let headBytes = 0;
+  while (headBytes < 2) {
+    const next = await source.next();
+    if (next.done) break;
+    head.push(next.value);
+    headBytes += next.value.byteLength;
+  }
+  const first = Buffer.concat(head);
+  const all = (async function* () {
+    if (first.byteLength > 0) yield first;
+    yield* source;
+  })();
+  if (!(first[0] === 0x1f && first[1] === 0x8b)) {
+    yield* all;
+    return;
+  }
+  onGzip?.();
+  // Larger chunks than zlib's 16 KiB: a quarter of the work per byte in the tar reader.
+  const gunzip = createGunzip({ chunkSize: 64 * 1024 });
+  const input = Readable.from(all, { objectMode: false });
+  // Errors reach the reader below through the gunzip stream.
+  pipeline(input, gunzip).catch(() => {});
+  let out = 0;
+  try {
+    for await (const chunk of gunzip) {
+      out += (chunk as Buffer).byteLength;
+      if (out > ADAPTER_MAX_BYTES) throw new UnzippedTooLarge();
+      yield chunk as Buffer;
+    }
+  } finally {
+    gunzip.destroy();
+    input.destroy();
+  }
 }
 
 /** A checkpoint's PEFT files as a tar: its exact length and a stream of it, made as read. */
@@ -179,13 +303,19 @@ export interface ImportAdapterInput {
   model: Model;
   /** The base's config: the shapes the adapter must fit. */
   baseConfig: ModelConfig;
-  files: CheckpointFiles;
+  /** The uploaded files, each as its bytes or as the blocks they arrived in (joined on the
+   * checking thread); they move to that thread (transferred: unusable after). */
+  files: Record<string, Uint8Array | readonly Uint8Array[]>;
+  /** Aborted when the upload's client has gone: the check stops, nothing is stored. */
+  signal?: AbortSignal;
 }
 
 /**
  * Adds a PEFT adapter trained elsewhere as the model's next checkpoint: checked against the
- * base (AdapterError → InvalidInputError naming the field or tensor), stored as F32 under PEFT's
- * names with this base's id, files first, then the row; nothing stays behind on any failure.
+ * base on the adapter check's thread (AdapterError → InvalidInputError naming the field or
+ * tensor),
+ * stored as F32 under PEFT's names with this base's id, files first, then the row; nothing stays
+ * behind on any failure.
  */
 export async function importAdapter(store: Store, input: ImportAdapterInput): Promise<Checkpoint> {
   const { model, baseConfig, files } = input;
@@ -199,29 +329,19 @@ export async function importAdapter(store: Store, input: ImportAdapterInput): Pr
       );
     }
   }
-  let adapter: ReturnType<typeof adapterFromFiles>;
-  try {
-    adapter = adapterFromFiles(files, { config: baseConfig });
-  } catch (err) {
-    if (err instanceof AdapterError) throw invalid(err.message, err.param);
-    throw err;
-  }
-  const named = adapter.baseModel;
+  const checked = await checker.check(files, baseConfig, model.base_model, input.signal);
+  const named = checked.named;
   if (named !== "" && !sameBase(named, model.base_model)) {
     throw invalid(
       `adapter_config.json: base_model_name_or_path is ${quote(named)}, but this model's base is ${quote(model.base_model)}.`,
       "base_model_name_or_path",
     );
   }
+  input.signal?.throwIfAborted();
   const blobs = store.blobs;
   if (!blobs) throw new Error("the store has no blob directory");
   const step = (model.latest_step ?? 0) + 1;
-  const prefix = await writeCheckpointFiles(
-    blobs,
-    model.id,
-    step,
-    adapterToFiles({ ...adapter, baseModel: model.base_model }),
-  );
+  const prefix = await writeCheckpointFiles(blobs, model.id, step, checked.files);
   try {
     return await store.models.addCheckpoint(model.entity, model.id, { step, blob_key: prefix });
   } catch (err) {
@@ -229,6 +349,120 @@ export async function importAdapter(store: Store, input: ImportAdapterInput): Pr
     throw err;
   }
 }
+
+interface Check {
+  files: Record<string, Uint8Array<ArrayBuffer>[]>;
+  config: ModelConfig;
+  baseId: string;
+  resolve: (checked: { named: string; files: CheckpointFiles }) => void;
+  reject: (err: unknown) => void;
+}
+
+/**
+ * One thread, started by the first upload, that reads each adapter's files, checks them against
+ * the base and writes them again as this base's F32 files: parsing the header, widening and
+ * checking every weight and writing the file never hold up the server's event loop. Uploads are
+ * checked one at a time, in order, so at most one adapter is being widened at once; an upload
+ * whose client has gone is dropped from the queue.
+ */
+class AdapterChecker {
+  #worker: Worker | undefined;
+  readonly #queue: Check[] = [];
+  #current: Check | undefined;
+
+  check(
+    files: ImportAdapterInput["files"],
+    config: ModelConfig,
+    baseId: string,
+    signal: AbortSignal | undefined,
+  ): Promise<{ named: string; files: CheckpointFiles }> {
+    signal?.throwIfAborted();
+    return new Promise((resolve, reject) => {
+      const check: Check = {
+        // The files move to the thread: transferred, not copied.
+        files: Object.fromEntries(
+          Object.entries(files).map(([name, bytes]) => [
+            name,
+            (bytes instanceof Uint8Array ? [bytes] : bytes).map(ownBuffer),
+          ]),
+        ),
+        config,
+        baseId,
+        resolve: (checked) => {
+          signal?.removeEventListener("abort", drop);
+          resolve(checked);
+        },
+        reject: (err) => {
+          signal?.removeEventListener("abort", drop);
+          reject(err);
+        },
+      };
+      const drop = () => {
+        const queued = this.#queue.indexOf(check);
+        if (queued >= 0) this.#queue.splice(queued, 1);
+        // One being checked runs to its end; its answer is not waited for.
+        check.reject(signal?.reason);
+      };
+      signal?.addEventListener("abort", drop, { once: true });
+      this.#queue.push(check);
+      this.#next();
+    });
+  }
+
+  #next(): void {
+    if (this.#current) return;
+    const check = this.#queue.shift();
+    if (!check) {
+      this.#worker?.unref();
+      return;
+    }
+    this.#current = check;
+    const worker = this.#start();
+    worker.ref();
+    worker.postMessage(
+      { files: check.files, config: check.config, baseId: check.baseId },
+      Object.values(check.files).flatMap((blocks) => blocks.map((bytes) => bytes.buffer)),
+    );
+  }
+
+  #start(): Worker {
+    if (this.#worker) return this.#worker;
+    const worker = new Worker(new URL("./adapter-thread.ts", import.meta.url));
+    worker.on(
+      "message",
+      (
+        answer:
+          | { named: string; files: CheckpointFiles }
+          | { refused: { message: string; param: string } }
+          | { failed: string },
+      ) => {
+        const check = this.#current;
+        this.#current = undefined;
+        if ("refused" in answer)
+          check?.reject(invalid(answer.refused.message, answer.refused.param));
+        else if ("failed" in answer) check?.reject(new Error(answer.failed));
+        else check?.resolve(answer);
+        this.#next();
+      },
+    );
+    const lost = (err: Error) => {
+      if (this.#worker !== worker) return;
+      this.#worker = undefined;
+      const check = this.#current;
+      this.#current = undefined;
+      check?.reject(err);
+      this.#next();
+    };
+    worker.on("error", lost);
+    worker.on("exit", (code) =>
+      lost(new Error(`the adapter check's thread exited (code ${code})`)),
+    );
+    this.#worker = worker;
+    return worker;
+  }
+}
+
+const checker = new AdapterChecker();
 
 /** The base's id, or a hub id or path naming the same model (`…/Qwen3-0.6B`). */
 function sameBase(named: string, baseId: string): boolean {

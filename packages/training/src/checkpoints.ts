@@ -41,3 +41,13 @@ export async function readCheckpointFiles(
   }
   return files;
 }
+
+/** `bytes` over an ArrayBuffer of its own, which can be transferred to a thread: a view of a
+ * shared pool (small Buffers) is copied first. */
+export function ownBuffer(bytes: Uint8Array): Uint8Array<ArrayBuffer> {
+  const whole =
+    bytes.buffer instanceof ArrayBuffer &&
+    bytes.byteOffset === 0 &&
+    bytes.byteLength === bytes.buffer.byteLength;
+  return whole ? (bytes as Uint8Array<ArrayBuffer>) : new Uint8Array(bytes);
+}

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { digestTap } from "./adapters.ts";
-import { ADAPTER_FILES, readCheckpointFiles } from "./checkpoints.ts";
+import { ADAPTER_FILES, ownBuffer, readCheckpointFiles } from "./checkpoints.ts";
 
 /** A checkpoint export kept in the checkpoint's own folder (deleted with it). */
 export interface StoredExport {
@@ -47,16 +47,6 @@ export async function checkpointGguf(
     building.set(key, pending);
   }
   return pending;
-}
-
-/** `bytes` over an ArrayBuffer of its own, which can be transferred: a view of a shared pool
- * (small Buffers) is copied first. */
-function ownBuffer(bytes: Uint8Array): Uint8Array<ArrayBuffer> {
-  const whole =
-    bytes.buffer instanceof ArrayBuffer &&
-    bytes.byteOffset === 0 &&
-    bytes.byteLength === bytes.buffer.byteLength;
-  return whole ? (bytes as Uint8Array<ArrayBuffer>) : new Uint8Array(bytes);
 }
 
 async function build(

@@ -10,10 +10,11 @@ import {
   type Model as EngineModel,
   loadModel,
 } from "@arbor/engine";
-import { InvalidInputError, type Model, openStore, type Store } from "@arbor/store";
+import { DomainError, InvalidInputError, type Model, openStore, type Store } from "@arbor/store";
 import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
+  ADAPTER_MAX_BYTES,
   checkpointAdapterTar,
   importAdapter,
   readAdapterTar,
@@ -108,6 +109,64 @@ describe("readAdapterTar", () => {
   });
 });
 
+/** A ustar header for an entry of `size` bytes, as a tar writer puts it before the data. */
+async function entryHeader(name: string, size: number): Promise<Buffer> {
+  const pack = tar.pack();
+  const chunks: Buffer[] = [];
+  pack.on("data", (c: unknown) => chunks.push(c as Buffer));
+  pack.entry({ name, size });
+  await new Promise((resolve) => setImmediate(resolve));
+  return Buffer.concat(chunks).subarray(0, 512);
+}
+
+/** A gzip stream (one member per 64 MiB) of `header`, then `total` bytes of zeros. */
+function gzipBomb(header: Buffer, total: number): Buffer {
+  const block = 64 * 1024 * 1024;
+  const zeros = gzipSync(Buffer.alloc(block), { level: 9 });
+  return Buffer.concat([gzipSync(header), ...Array.from({ length: total / block }, () => zeros)]);
+}
+
+describe("readAdapterTar: bounded work", () => {
+  it("when a gzipped tar unzips to 1 GiB (a bomb), then it is refused once the output passes the cap, without holding it", async () => {
+    const bomb = gzipBomb(await entryHeader("README.md", 1024 * 1024 * 1024), 1024 * 1024 * 1024);
+    expect(bomb.length).toBeLessThan(2 * 1024 * 1024);
+    const err = await bad(bomb);
+    expect(err.message).toBe(`The tar is over ${ADAPTER_MAX_BYTES} bytes unzipped.`);
+    expect(err.code).toBe("invalid_adapter");
+  });
+
+  it("when an entry of the tar says it is larger than the cap, or the config larger than a config can be, then it is refused at its header", async () => {
+    const huge = gzipBomb(await entryHeader("adapter_model.safetensors", 1 << 30), 1 << 30);
+    expect(await bad(huge)).toMatchObject({
+      param: "adapter_model.safetensors",
+      message: `The tar's adapter_model.safetensors is 1073741824 bytes, over ${ADAPTER_MAX_BYTES}.`,
+    });
+    const config = await tarOf([{ name: "adapter_config.json", body: "{}".padEnd(2 << 20) }]);
+    expect(await bad(config)).toMatchObject({ param: "adapter_config.json" });
+  });
+
+  it("when the body itself passes the cap as it streams in, then it is too large", async () => {
+    const header = await entryHeader("README.md", ADAPTER_MAX_BYTES + (2 << 20));
+    async function* body() {
+      yield header;
+      const chunk = new Uint8Array(1 << 20);
+      for (let sent = 0; sent <= ADAPTER_MAX_BYTES; sent += chunk.length) yield chunk;
+    }
+    const err = await readAdapterTar(body()).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(err).toBeInstanceOf(DomainError);
+    expect(err).toMatchObject({ kind: "too_large", code: "request_too_large" });
+  });
+
+  it("when a gzip stream is corrupt, then it is refused as gzip", async () => {
+    const zipped = gzipSync(await tarOf(entries(adapterFiles())));
+    zipped.fill(0x55, 20, 60);
+    expect((await bad(zipped)).message).toMatch(/^The body is not a valid gzip stream/);
+  });
+});
+
 describe("importAdapter and checkpointAdapterTar", () => {
   it("when an adapter is imported, then it is the next step, and its tar streams out with the length and digest it states", async () => {
     const checkpoint = await importAdapter(store, {
@@ -156,6 +215,44 @@ describe("importAdapter and checkpointAdapterTar", () => {
       expect(err).toBeInstanceOf(InvalidInputError);
       expect(err).toMatchObject({ param, code: "invalid_adapter" });
     }
+    expect(await store.blobs!.list("checkpoints/")).toEqual(before);
+    expect((await store.models.get("e", model.id))!.latest_step).toBe(latest.latest_step);
+  });
+
+  it("when the adapter's weights are not finite numbers, or absurdly large, then nothing is stored and the error names the tensor", async () => {
+    const before = await store.blobs!.list("checkpoints/");
+    const latest = (await store.models.get("e", model.id))!;
+    const name = "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight";
+    for (const value of [Number.NaN, Number.POSITIVE_INFINITY, 1e30]) {
+      const adapter = createLoraAdapter(base, { rank: 2, alpha: 4 }, 1);
+      adapter.layers[1]!.up!.b[0] = value;
+      const err = await importAdapter(store, {
+        model: latest,
+        baseConfig: base.config,
+        files: adapterToFiles(adapter),
+      }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(err).toBeInstanceOf(InvalidInputError);
+      expect(err).toMatchObject({ param: name, code: "invalid_adapter" });
+    }
+    expect(await store.blobs!.list("checkpoints/")).toEqual(before);
+    expect((await store.models.get("e", model.id))!.latest_step).toBe(latest.latest_step);
+  });
+
+  it("when the upload's client has gone (its signal aborted), then the check stops and nothing is stored", async () => {
+    const before = await store.blobs!.list("checkpoints/");
+    const latest = (await store.models.get("e", model.id))!;
+    const gone = new AbortController();
+    const pending = importAdapter(store, {
+      model: latest,
+      baseConfig: base.config,
+      files: adapterFiles(),
+      signal: gone.signal,
+    });
+    gone.abort(new Error("the client went away"));
+    await expect(pending).rejects.toThrow("the client went away");
     expect(await store.blobs!.list("checkpoints/")).toEqual(before);
     expect((await store.models.get("e", model.id))!.latest_step).toBe(latest.latest_step);
   });

@@ -187,6 +187,29 @@ describe("TrainingWorker.runJob", () => {
     expect(files["optimizer.bin"]).toBeDefined();
   });
 
+  it("when a step drives an adapter weight past the bound a checkpoint keeps to, then the job fails naming the tensor and saves no checkpoint", async () => {
+    const m = await model("diverged");
+    const text = `${JSON.stringify(example)}\n`;
+    const dataset = await createDataset(store, { entity: "e", name: null, text });
+    // A rate no request could ask for (the spec caps it at 1): Adam's first step moves every
+    // weight of B by about the rate.
+    await store.jobs.enqueue({
+      type: "sft",
+      model_id: m.id,
+      entity: "e",
+      config: { config: { batch_size: 1, learning_rate: [1e6] }, experimental_config: {} },
+      payload_ref: `dataset://${dataset.id}`,
+    });
+    const job = await runNext(worker());
+    expect(job.status).toBe("failed");
+    expect(job.error_message).toMatch(
+      /^Training diverged by step 1: base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_B\.weight holds -?\d+(\.\d+)? at index \d+; every weight must be a finite number of magnitude at most 65504\. No checkpoint was saved; a lower learning_rate may help\.$/,
+    );
+    const steps = (await store.models.listCheckpoints("e", m.id, { order: "asc" })).data;
+    expect(steps.map((c) => c.step)).toEqual([0]);
+    expect(await store.blobs!.list(`checkpoints/${m.id}/`)).toEqual([]);
+  });
+
   it("when a running job is cancelled, then it stops and reports the run as cancelled", async () => {
     const queued = await longSftJob("cancelled");
     const activity: TrainingActivity[] = [];

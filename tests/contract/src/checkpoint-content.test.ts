@@ -3,13 +3,24 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { gzipSync } from "node:zlib";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
-import { catalogModelDir, exportGguf, loadModel, readGguf, readSafetensors } from "@arbor/engine";
+import {
+  adapterToFiles,
+  catalogModelDir,
+  createLoraAdapter,
+  exportGguf,
+  loadModel,
+  readGguf,
+  readSafetensors,
+} from "@arbor/engine";
 import { LlamaCppBackend } from "@arbor/server";
 import { readAdapterTar } from "@arbor/training";
 import tar from "tar-stream";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
+import { PG_URL, pgSkipReason } from "./pg.ts";
 import { expectServedLikeReference, torchTest, unpackAdapter } from "./torch.ts";
 
 /**
@@ -406,4 +417,331 @@ describe("createCheckpoint", () => {
       params: { path: { training_job_id: job.id } },
     });
   });
+});
+
+/** A tiny-chat adapter's two files, made here (no training): rank 2, every weight sound. */
+async function freshAdapter(): Promise<Record<string, Uint8Array>> {
+  const base = await loadModel(catalogModelDir("arbor/tiny-chat"));
+  return adapterToFiles(
+    createLoraAdapter(base, { rank: 2, alpha: 4, baseModel: "arbor/tiny-chat" }, 1),
+  );
+}
+
+/** A safetensors file with `header` as its JSON text, then `data`. */
+function safetensorsOf(header: string, data: Uint8Array = new Uint8Array()): Buffer {
+  const text = Buffer.from(header);
+  const out = Buffer.alloc(8 + text.length + data.length);
+  out.writeBigUInt64LE(BigInt(text.length), 0);
+  text.copy(out, 8);
+  out.set(data, 8 + text.length);
+  return out;
+}
+
+/** A safetensors file's header text (trailing padding dropped) and its data. */
+function headerOf(file: Uint8Array): { header: string; data: Uint8Array } {
+  const bytes = Buffer.from(file);
+  const length = Number(bytes.readBigUInt64LE(0));
+  return {
+    header: bytes
+      .subarray(8, 8 + length)
+      .toString()
+      .trimEnd(),
+    data: bytes.subarray(8 + length),
+  };
+}
+
+/** A ustar header of one entry of `size` bytes, as a tar writer puts it before the data. */
+async function entryHeader(name: string, size: number): Promise<Buffer> {
+  const pack = tar.pack();
+  const chunks: Buffer[] = [];
+  pack.on("data", (c: unknown) => chunks.push(c as Buffer));
+  pack.entry({ name, size });
+  await new Promise((resolve) => setImmediate(resolve));
+  return Buffer.concat(chunks).subarray(0, 512);
+}
+
+/** `header`, then `total` bytes of zeros, gzipped (one gzip member per 64 MiB). */
+function gzipBomb(header: Buffer, total: number): Buffer {
+  const block = 64 * 1024 * 1024;
+  const zeros = gzipSync(Buffer.alloc(block), { level: 9 });
+  return Buffer.concat([gzipSync(header), ...Array.from({ length: total / block }, () => zeros)]);
+}
+
+const stores = [
+  { name: "SQLite", postgres: undefined, skip: null },
+  { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
+] as const;
+
+describe.each(stores)("createCheckpoint: bounded work on $name", ({ postgres, skip }) => {
+  let own: RunningServer;
+  let files: Record<string, Uint8Array>;
+  let good: Buffer;
+  beforeAll(async () => {
+    if (skip !== null) return;
+    files = await freshAdapter();
+    good = await tarOf(Object.entries(files).map(([name, body]) => ({ name, body })));
+    // Room for two uploads of this adapter's size at once, not three (each counts 4 × its body).
+    own = await startServer(
+      {},
+      {
+        env: { ARBOR_UPLOAD_MEMORY_BYTES: String(10 * good.length) },
+        ...(postgres ? { postgres } : {}),
+      },
+    );
+  });
+  afterAll(async () => {
+    await own?.close();
+  });
+
+  const url = (modelId: string) => `${own.baseUrl}/v1/preview/models/${modelId}/checkpoints`;
+  const ownAuth = () => ({ authorization: `Bearer ${own.adminKey}` });
+  const post = async (modelId: string, body: Uint8Array, type = "application/x-tar") => {
+    const response = await fetch(url(modelId), {
+      method: "POST",
+      headers: { ...ownAuth(), "content-type": type },
+      body,
+    });
+    return {
+      status: response.status,
+      headers: response.headers,
+      body: (await response.json()) as { error: Record<string, unknown> },
+    };
+  };
+  const model = (name: string) =>
+    own
+      .authorizedClient()
+      .training.models.create({ project: "bounds", name, base_model: "arbor/tiny-chat" });
+  async function expectNothingStored(modelId: string): Promise<void> {
+    const list = await own.authorizedClient().training.models.checkpoints.list(modelId);
+    expect(list.data.map((c) => c.step)).toEqual([0]);
+    expect(await own.store.blobs!.list(`checkpoints/${modelId}/`)).toEqual([]);
+  }
+  const withWeights = (safetensors: Uint8Array, config?: Record<string, unknown>) =>
+    tarOf([
+      {
+        name: "adapter_config.json",
+        body: config
+          ? JSON.stringify({
+              ...JSON.parse(Buffer.from(files["adapter_config.json"]!).toString()),
+              ...config,
+            })
+          : files["adapter_config.json"]!,
+      },
+      { name: "adapter_model.safetensors", body: safetensors },
+    ]);
+
+  it.skipIf(skip !== null)(
+    "when a safetensors header lists 1.5 million tensors (100 MB), then 400 naming the limit before it is parsed, health answers all the while, and nothing is stored",
+    async () => {
+      const target = await model("huge-header");
+      const entries: string[] = [];
+      for (let i = 0; i < 1_500_000; i++)
+        entries.push(`"t${i}":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}`);
+      const huge = await withWeights(safetensorsOf(`{${entries.join(",")}}`, new Uint8Array(4)));
+      expect(huge.length).toBeGreaterThan(80 * 1024 * 1024);
+      let done = false;
+      const healthy: number[] = [];
+      const polling = (async () => {
+        do {
+          healthy.push((await fetch(`${own.baseUrl}/v1/health`)).status);
+        } while (!done);
+      })();
+      const answer = await post(target.id, huge).finally(() => {
+        done = true;
+      });
+      await polling;
+      expect(answer.status).toBe(400);
+      expect(answer.body).toEqual({
+        error: {
+          message: expect.stringMatching(
+            /^adapter_model\.safetensors: the header is \d+ bytes, more than the \d+ allowed\.$/,
+          ),
+          type: "invalid_request_error",
+          param: "adapter_model.safetensors",
+          code: "invalid_adapter",
+        },
+      });
+      expect(healthy.length).toBeGreaterThan(0);
+      expect(healthy.every((s) => s === 200)).toBe(true);
+      // Within the byte limit, the count stops it: 2 tensors × 7 linears × 4 layers at most.
+      const many = Array.from(
+        { length: 57 },
+        (_, i) => `"t${i}":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}`,
+      );
+      const counted = await post(
+        target.id,
+        await withWeights(safetensorsOf(`{${many.join(",")}}`, new Uint8Array(4))),
+      );
+      expect(counted.status).toBe(400);
+      expect(counted.body.error.message).toBe(
+        "adapter_model.safetensors: the header lists more than 56 tensors.",
+      );
+      await expectNothingStored(target.id);
+    },
+  );
+
+  it.skipIf(skip !== null)(
+    "when a gzipped tar unzips to 1 GiB, then 400 once the output passes 256 MB; an entry that says it is larger is refused at its header; nothing is stored",
+    async () => {
+      const target = await model("bomb");
+      const bomb = gzipBomb(await entryHeader("README.md", 1 << 30), 1 << 30);
+      const unzipped = await post(target.id, bomb, "application/gzip");
+      expect(unzipped.status).toBe(400);
+      expect(unzipped.body.error).toMatchObject({
+        message: "The tar is over 268435456 bytes unzipped.",
+        code: "invalid_adapter",
+      });
+      // As application/x-tar (the gzip is found by its first bytes), with the file itself huge;
+      // sent on the same connection, which the refusal above left able to serve it.
+      const declared = gzipBomb(await entryHeader("adapter_model.safetensors", 1 << 30), 1 << 30);
+      const refused = await post(target.id, declared);
+      expect(refused.status).toBe(400);
+      expect(refused.body.error).toMatchObject({
+        message: "The tar's adapter_model.safetensors is 1073741824 bytes, over 268435456.",
+        param: "adapter_model.safetensors",
+      });
+      expect((await fetch(`${own.baseUrl}/v1/health`)).status).toBe(200);
+      await expectNothingStored(target.id);
+    },
+  );
+
+  it.skipIf(skip !== null)(
+    "when weights are NaN, infinite or 1e30, lora_alpha is 1e308, or a tensor is named twice, then each is 400 naming the tensor or field, and nothing is stored",
+    async () => {
+      const target = await model("numbers");
+      const name = "base_model.model.model.layers.2.self_attn.v_proj.lora_B.weight";
+      const base = await loadModel(catalogModelDir("arbor/tiny-chat"));
+      const cases: [string, Buffer, string, RegExp][] = [];
+      for (const value of [Number.NaN, Number.POSITIVE_INFINITY, -Infinity, 1e30]) {
+        const adapter = createLoraAdapter(base, { rank: 2, alpha: 4 }, 1);
+        adapter.layers[2]!.v!.b[5] = value;
+        cases.push([
+          String(value),
+          await withWeights(adapterToFiles(adapter)["adapter_model.safetensors"]!),
+          name,
+          new RegExp(
+            `holds ${String(Math.fround(value)).replace("+", "\\+")} at index 5; every weight must be a finite number of magnitude at most 65504`,
+          ),
+        ]);
+      }
+      cases.push([
+        "lora_alpha 1e308",
+        await withWeights(files["adapter_model.safetensors"]!, { lora_alpha: 1e308 }),
+        "lora_alpha",
+        /lora_alpha must be a number above 0 and at most 10000, not 1e\+308/,
+      ]);
+      const { header, data } = headerOf(files["adapter_model.safetensors"]!);
+      const first = "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight";
+      const entry = JSON.stringify(JSON.parse(header)[first]);
+      cases.push([
+        "a tensor twice",
+        await withWeights(safetensorsOf(`${header.slice(0, -1)},"${first}":${entry}}`, data)),
+        first,
+        /the header names .* twice/,
+      ]);
+      // PEFT's adapter-name infix: the same tensor under another spelling (an adapter of two
+      // linears, so that the extra entry is within the count a header may list).
+      const two = adapterToFiles(
+        createLoraAdapter(
+          base,
+          { rank: 2, alpha: 4, targetModules: ["q_proj", "v_proj"], baseModel: "arbor/tiny-chat" },
+          1,
+        ),
+      );
+      const small = headerOf(two["adapter_model.safetensors"]!);
+      const q = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+      const infix = q.replace(".lora_A.", ".lora_A.default.");
+      const qEntry = JSON.stringify(JSON.parse(small.header)[q]);
+      cases.push([
+        "a tensor twice, once with .default.",
+        await tarOf([
+          { name: "adapter_config.json", body: two["adapter_config.json"]! },
+          {
+            name: "adapter_model.safetensors",
+            body: safetensorsOf(`${small.header.slice(0, -1)},"${infix}":${qEntry}}`, small.data),
+          },
+        ]),
+        q,
+        /holds .* twice \(as .*default.* too\)/,
+      ]);
+      for (const [why, body, param, message] of cases) {
+        const { status, body: error } = await post(target.id, body);
+        expect(status, why).toBe(400);
+        expect(error.error, why).toMatchObject({
+          type: "invalid_request_error",
+          code: "invalid_adapter",
+          param,
+          message: expect.stringMatching(message),
+        });
+      }
+      await expectNothingStored(target.id);
+    },
+  );
+
+  it.skipIf(skip !== null)(
+    "when uploads in progress hold the upload budget, then one more is 503 with Retry-After, health answers, and the held ones complete",
+    async () => {
+      /** An upload that sends half its body and waits to be told to send the rest. */
+      const held = (modelId: string) => {
+        const req = httpRequest(url(modelId), {
+          method: "POST",
+          headers: {
+            ...ownAuth(),
+            "content-type": "application/x-tar",
+            "content-length": String(good.length),
+          },
+        });
+        const answered = new Promise<{ status: number; body: string }>((resolve, reject) => {
+          req.on("response", (res) => {
+            const chunks: Buffer[] = [];
+            res.on("data", (c: Buffer) => chunks.push(c));
+            res.on("end", () =>
+              resolve({ status: res.statusCode!, body: Buffer.concat(chunks).toString() }),
+            );
+          });
+          req.on("error", reject);
+        });
+        req.write(good.subarray(0, good.length >> 1));
+        return () => {
+          req.end(good.subarray(good.length >> 1));
+          return answered;
+        };
+      };
+      const [a, b, probe, after] = await Promise.all(
+        ["held-a", "held-b", "probe", "after"].map((name) => model(name)),
+      );
+      const finishA = held(a!.id);
+      const finishB = held(b!.id);
+      // Not a tar: were it let in, it would be refused (400) and nothing stored. Sent again until
+      // both held uploads have taken their shares.
+      const junk = Buffer.alloc(good.length, 7);
+      let busy: Awaited<ReturnType<typeof post>> | undefined;
+      await vi.waitFor(async () => {
+        busy = await post(probe!.id, junk);
+        expect(busy.status).toBe(503);
+      }, PATIENT);
+      expect(busy!.headers.get("retry-after")).toBe("5");
+      expect(busy!.headers.get("x-should-retry")).toBe("true");
+      expect(busy!.body).toEqual({
+        error: {
+          message: expect.stringContaining("ARBOR_UPLOAD_MEMORY_BYTES"),
+          type: "server_error",
+          param: null,
+          code: "uploads_busy",
+        },
+      });
+      expect((await fetch(`${own.baseUrl}/v1/health`)).status).toBe(200);
+      const [doneA, doneB] = await Promise.all([finishA(), finishB()]);
+      expect([doneA.status, doneB.status]).toEqual([200, 200]);
+      expect(JSON.parse(doneA.body)).toMatchObject({
+        step: 1,
+        model: "default/bounds/held-a:step1",
+      });
+      // The shares are given back as the held uploads' responses close.
+      await vi.waitFor(async () => {
+        expect((await post(after!.id, good)).status).toBe(200);
+      }, PATIENT);
+      await expectNothingStored(probe!.id);
+    },
+  );
 });

@@ -1,4 +1,5 @@
 import type { Principal, ProjectRef } from "../modules/access.ts";
+import type { UploadBudget, UploadReservation } from "./uploads.ts";
 
 /** What the middlewares leave on `res.locals`, typed once for every reader. */
 declare global {
@@ -11,6 +12,8 @@ declare global {
       /** Set by `authentication` on every operation the spec does not mark public. */
       principal?: Principal;
       project?: ProjectRef;
+      /** Set by `uploadAdmission` on an adapter upload: its share of the upload budget. */
+      upload?: { reservation: UploadReservation; budget: UploadBudget };
     }
   }
 }

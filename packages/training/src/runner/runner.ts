@@ -3,6 +3,7 @@ import { hostname } from "node:os";
 import {
   adapterFromFiles,
   adapterToFiles,
+  adapterWeightProblem,
   createLoraAdapter,
   createWasmKernels,
   EngineMemoryError,
@@ -396,7 +397,8 @@ export class TrainingWorker {
           await this.#saveCheckpoint(
             job,
             stepFrom + progress.step,
-            { ...adapterToFiles(progress.adapter), [OPTIMIZER_FILE]: progress.optimizerState() },
+            progress.adapter,
+            () => progress.optimizerState(),
             signal,
             { ...progress.metrics },
           );
@@ -539,22 +541,35 @@ export class TrainingWorker {
     await this.#saveCheckpoint(
       job,
       stepFrom + 1,
-      { ...adapterToFiles(trainer.adapter), [OPTIMIZER_FILE]: trainer.optimizerStateToBytes() },
+      trainer.adapter,
+      () => trainer.optimizerStateToBytes(),
       signal,
       { ...metrics },
     );
     return stepFrom + 1;
   }
 
-  /** Files, then the row, then the event: the checkpoint is listed before anyone hears of it. */
+  /**
+   * Files, then the row, then the event: the checkpoint is listed before anyone hears of it. An
+   * adapter with a weight that is not finite or out of bounds (training diverged) is not saved:
+   * the job fails naming the tensor, as an upload of it would be refused.
+   */
   async #saveCheckpoint(
     job: TrainingJob,
     step: number,
-    files: Record<string, Uint8Array>,
+    adapter: LoraAdapter,
+    optimizerState: () => Uint8Array,
     signal: AbortSignal,
     metrics: Record<string, unknown> = {},
   ): Promise<void> {
+    const problem = adapterWeightProblem(adapter);
+    if (problem) {
+      throw new JobInputError(
+        `Training diverged by step ${step}: ${problem.message} No checkpoint was saved; a lower learning_rate may help.`,
+      );
+    }
     const blobs = this.#blobs();
+    const files = { ...adapterToFiles(adapter), [OPTIMIZER_FILE]: optimizerState() };
     const prefix = await writeCheckpointFiles(blobs, job.model_id, step, files);
     if (signal.aborted) {
       await blobs.deletePrefix(prefix);

@@ -1,7 +1,9 @@
 import { gzipSync } from "node:zlib";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
 import { type HubStandin, startHubStandin } from "@arbor/engine/test/hub-standin";
 import { loadSpec } from "@arbor/server";
 import fc from "fast-check";
+import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "../harness.ts";
 import { PG_URL, pgSkipReason } from "../pg.ts";
@@ -53,6 +55,9 @@ const operations: Operation[] = Object.entries(spec.paths)
 interface Fixtures {
   /** Real values for path parameters, so requests also reach past the lookup. */
   ids: Record<string, string[]> & { model_id: string[] };
+  /** A model with no job, so that an upload to it reaches the adapter's checks (the target
+   * model's queued job refuses uploads first). */
+  uploadModelId: string;
 }
 
 interface FuzzRequest {
@@ -328,17 +333,111 @@ async function fixturesOf(server: RunningServer): Promise<Fixtures> {
     tools: [undefined],
     tool_choice: [undefined],
   };
-  return { ids: { model_id: [model.id], training_job_id: [job.id], model: models } };
+  const uploads = await client.training.models.create({
+    project: "fuzz",
+    name: "uploads",
+    base_model: "arbor/tiny-chat",
+  });
+  return {
+    ids: { model_id: [model.id], training_job_id: [job.id], model: models },
+    uploadModelId: uploads.id,
+  };
+}
+
+async function tarOf(entries: { name: string; body: Uint8Array | string }[]): Promise<Buffer> {
+  const pack = tar.pack();
+  for (const { name, body } of entries) pack.entry({ name }, Buffer.from(body));
+  pack.finalize();
+  const chunks: Buffer[] = [];
+  for await (const chunk of pack) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks);
+}
+
+/** Adapter uploads the checks must refuse with a 4xx: a header longer or with more tensors than
+ * the base can need, a gzip bomb, weights that are not sound numbers, lora_alpha 1e308, a tensor
+ * named twice. */
+async function hostileAdapters(): Promise<{ body: Uint8Array; type: string }[]> {
+  const base = await loadModel(catalogModelDir("arbor/tiny-chat"));
+  const files = adapterToFiles(
+    createLoraAdapter(base, { rank: 2, alpha: 4, baseModel: "arbor/tiny-chat" }, 1),
+  );
+  const config = files["adapter_config.json"]!;
+  const withWeights = (weights: Uint8Array, adapterConfig: Uint8Array | string = config) =>
+    tarOf([
+      { name: "adapter_config.json", body: adapterConfig },
+      { name: "adapter_model.safetensors", body: weights },
+    ]);
+  const safetensors = (header: string, data: Uint8Array = new Uint8Array(4)) => {
+    const out = Buffer.alloc(8 + Buffer.byteLength(header) + data.length);
+    out.writeBigUInt64LE(BigInt(Buffer.byteLength(header)), 0);
+    out.write(header, 8);
+    out.set(data, 8 + Buffer.byteLength(header));
+    return out;
+  };
+  const weights = Buffer.from(files["adapter_model.safetensors"]!);
+  const length = Number(weights.readBigUInt64LE(0));
+  const header = weights
+    .subarray(8, 8 + length)
+    .toString()
+    .trimEnd();
+  const name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+  const entry = JSON.stringify(JSON.parse(header)[name]);
+  const badWeight = (value: number) => {
+    const adapter = createLoraAdapter(base, { rank: 2, alpha: 4 }, 1);
+    adapter.layers[0]!.q!.b[0] = value;
+    return adapterToFiles(adapter)["adapter_model.safetensors"]!;
+  };
+  const declared = Buffer.alloc(16);
+  declared.writeBigUInt64LE(BigInt(100 * 1024 * 1024), 0);
+  const bombHeader = tar.pack();
+  const headerChunks: Buffer[] = [];
+  bombHeader.on("data", (c: unknown) => headerChunks.push(c as Buffer));
+  bombHeader.entry({ name: "README.md", size: 1 << 30 });
+  await new Promise((resolve) => setImmediate(resolve));
+  const zeros = gzipSync(Buffer.alloc(64 << 20), { level: 9 });
+  const bomb = Buffer.concat([
+    gzipSync(Buffer.concat(headerChunks).subarray(0, 512)),
+    ...Array.from({ length: 16 }, () => zeros),
+  ]);
+  const tars = [
+    await withWeights(declared),
+    await withWeights(
+      safetensors(
+        `{${Array.from({ length: 57 }, (_, i) => `"t${i}":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}`).join(",")}}`,
+      ),
+    ),
+    ...(await Promise.all(
+      [Number.NaN, Number.POSITIVE_INFINITY, 1e30].map((v) => withWeights(badWeight(v))),
+    )),
+    await withWeights(
+      weights,
+      JSON.stringify({ ...JSON.parse(Buffer.from(config).toString()), lora_alpha: 1e308 }),
+    ),
+    await withWeights(
+      safetensors(`${header.slice(0, -1)},"${name}":${entry}}`, weights.subarray(8 + length)),
+    ),
+  ];
+  return [
+    ...tars.map((body) => ({ body, type: "application/x-tar" })),
+    { body: bomb, type: "application/gzip" },
+  ];
 }
 
 /**
  * Requests that once answered 500, found by audits and earlier fuzzing: they stay as fixed seeds,
  * each a 4xx in the envelope on both stores.
  */
-function knownRequests(fixtures: Fixtures, key: string): FuzzRequest[] {
+async function knownRequests(fixtures: Fixtures, key: string): Promise<FuzzRequest[]> {
   const auth = { authorization: `Bearer ${key}` };
   const model = fixtures.ids.model_id![0]!;
   return [
+    // Adapters whose checks once cost seconds of the event loop, or let them through.
+    ...(await hostileAdapters()).map(({ body, type }) => ({
+      method: "POST",
+      path: `/v1/preview/models/${fixtures.uploadModelId}/checkpoints`,
+      headers: { ...auth, "content-type": type },
+      body,
+    })),
     // Malformed multipart on the checkpoint upload.
     {
       method: "POST",
@@ -394,7 +493,7 @@ for (const backend of backends) {
       });
 
       it("when the requests that once answered 500 are sent again, then each is a 4xx in the envelope with a request id", async () => {
-        for (const request of knownRequests(fixtures, server.adminKey)) {
+        for (const request of await knownRequests(fixtures, server.adminKey)) {
           const problem = await check(server.baseUrl, request);
           expect(problem, `${request.method} ${request.path}`).toBeNull();
         }

@@ -10,6 +10,7 @@ import {
   reprDigest,
 } from "@arbor/training";
 import { type Handlers, RESPONDED } from "../../http/operations.ts";
+import { unzippingUpload, uploadBody } from "../../http/uploads.ts";
 import {
   type CheckpointsDeleted,
   checkpointToWire,
@@ -73,16 +74,8 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       };
     },
 
-    createCheckpoint: async ({ params, req, principal }) => {
+    createCheckpoint: async ({ params, req, res, principal }) => {
       const model = await findModel(store, principal, params.model_id);
-      // A tar (the raw parser mounted in app.ts leaves it as a Buffer), or multipart parts
-      // (the validator's multer leaves them in req.files).
-      const parts = (req as { files?: { fieldname: string; buffer: Buffer }[] }).files;
-      const files = Array.isArray(parts)
-        ? Object.fromEntries(
-            parts.map((p) => [MULTIPART_FILES[p.fieldname] ?? p.fieldname, p.buffer]),
-          )
-        : await readAdapterTar(Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0));
       const baseConfig = (await deps.baseModel(model.base_model))?.config;
       if (!baseConfig) {
         throw new InvalidInputError(
@@ -90,7 +83,32 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
           { code: "unsupported_base_model" },
         );
       }
-      return checkpointToWire(model, await importAdapter(store, { model, baseConfig, files }));
+      // Aborted when the client goes before its answer: the check stops and nothing is stored.
+      const gone = new AbortController();
+      res.on("close", () => {
+        if (!res.writableFinished) gone.abort(new Error("the client went away"));
+      });
+      // Multipart parts (the validator's multer leaves them in req.files, in blocks), or a tar,
+      // read as it arrives.
+      const parts = (req as { files?: { fieldname: string; parts: Uint8Array[] }[] }).files;
+      let files: Record<string, Uint8Array | Uint8Array[]>;
+      if (Array.isArray(parts)) {
+        files = Object.fromEntries(
+          parts.map((p) => [MULTIPART_FILES[p.fieldname] ?? p.fieldname, p.parts]),
+        );
+      } else {
+        const body = uploadBody(req);
+        try {
+          files = await readAdapterTar(body.chunks, { onGzip: () => unzippingUpload(res) });
+        } finally {
+          // What a refusal left unread is read and dropped, so that the answer goes out.
+          body.drain();
+        }
+      }
+      return checkpointToWire(
+        model,
+        await importAdapter(store, { model, baseConfig, files, signal: gone.signal }),
+      );
     },
 
     getCheckpointContent: async ({ params, query, res, principal }): Promise<typeof RESPONDED> => {
