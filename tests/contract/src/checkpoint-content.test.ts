@@ -581,7 +581,7 @@ describe.each(stores)("createCheckpoint: bounded work on $name", ({ postgres, sk
   );
 
   it.skipIf(skip !== null)(
-    "when a gzipped tar unzips to 1 GiB, then 400 once the output passes 256 MB; an entry that says it is larger is refused at its header; nothing is stored",
+    "when a gzipped tar unzips to 1 GiB, then 400 once the output passes 256 MB; an entry that says it is larger is refused at its header, a tar that says it is larger is 413; nothing is stored",
     async () => {
       const target = await model("bomb");
       const bomb = gzipBomb(await entryHeader("README.md", 1 << 30), 1 << 30);
@@ -600,6 +600,24 @@ describe.each(stores)("createCheckpoint: bounded work on $name", ({ postgres, sk
         message: "The tar's adapter_model.safetensors is 1073741824 bytes, over 268435456.",
         param: "adapter_model.safetensors",
       });
+      // A tar that says it is over the cap is 413 before any of it is sent.
+      const tooLarge = await new Promise<number>((resolve, reject) => {
+        const req = httpRequest(url(target.id), {
+          method: "POST",
+          headers: {
+            ...ownAuth(),
+            "content-type": "application/x-tar",
+            "content-length": String(300 * 1024 * 1024),
+          },
+        });
+        req.on("response", (res) => {
+          resolve(res.statusCode!);
+          req.destroy();
+        });
+        req.on("error", reject);
+        req.flushHeaders();
+      });
+      expect(tooLarge).toBe(413);
       expect((await fetch(`${own.baseUrl}/v1/health`)).status).toBe(200);
       await expectNothingStored(target.id);
     },
@@ -681,42 +699,61 @@ describe.each(stores)("createCheckpoint: bounded work on $name", ({ postgres, sk
   it.skipIf(skip !== null)(
     "when uploads in progress hold the upload budget, then one more is 503 with Retry-After, health answers, and the held ones complete",
     async () => {
-      /** An upload that sends half its body and waits to be told to send the rest. */
+      /**
+       * An upload that sends half its body and waits to be told to send the rest. Were it let in
+       * while a probe (below) held the room it needs, it is answered 503 at once: `refused`
+       * says so, and it is sent again.
+       */
       const held = (modelId: string) => {
-        const req = httpRequest(url(modelId), {
-          method: "POST",
-          headers: {
-            ...ownAuth(),
-            "content-type": "application/x-tar",
-            "content-length": String(good.length),
+        const holder = { refused: false, finish: () => Promise.resolve({ status: 0, body: "" }) };
+        const send = () => {
+          const req = httpRequest(url(modelId), {
+            method: "POST",
+            headers: {
+              ...ownAuth(),
+              "content-type": "application/x-tar",
+              "content-length": String(good.length),
+            },
+          });
+          const answered = new Promise<{ status: number; body: string }>((resolve, reject) => {
+            req.on("response", (res) => {
+              if (res.statusCode === 503) holder.refused = true;
+              const chunks: Buffer[] = [];
+              res.on("data", (c: Buffer) => chunks.push(c));
+              res.on("end", () =>
+                resolve({ status: res.statusCode!, body: Buffer.concat(chunks).toString() }),
+              );
+            });
+            req.on("error", reject);
+          });
+          // Only a refused one is dropped unanswered; its error is of no interest.
+          answered.catch(() => {});
+          req.write(good.subarray(0, good.length >> 1));
+          holder.refused = false;
+          holder.finish = () => {
+            req.end(good.subarray(good.length >> 1));
+            return answered;
+          };
+          return () => req.destroy();
+        };
+        let drop = send();
+        return Object.assign(holder, {
+          again() {
+            drop();
+            drop = send();
           },
         });
-        const answered = new Promise<{ status: number; body: string }>((resolve, reject) => {
-          req.on("response", (res) => {
-            const chunks: Buffer[] = [];
-            res.on("data", (c: Buffer) => chunks.push(c));
-            res.on("end", () =>
-              resolve({ status: res.statusCode!, body: Buffer.concat(chunks).toString() }),
-            );
-          });
-          req.on("error", reject);
-        });
-        req.write(good.subarray(0, good.length >> 1));
-        return () => {
-          req.end(good.subarray(good.length >> 1));
-          return answered;
-        };
       };
       const [a, b, probe, after] = await Promise.all(
         ["held-a", "held-b", "probe", "after"].map((name) => model(name)),
       );
-      const finishA = held(a!.id);
-      const finishB = held(b!.id);
+      const holders = [held(a!.id), held(b!.id)];
       // Not a tar: were it let in, it would be refused (400) and nothing stored. Sent again until
       // both held uploads have taken their shares.
       const junk = Buffer.alloc(good.length, 7);
       let busy: Awaited<ReturnType<typeof post>> | undefined;
       await vi.waitFor(async () => {
+        for (const holder of holders) if (holder.refused) holder.again();
         busy = await post(probe!.id, junk);
         expect(busy.status).toBe(503);
       }, PATIENT);
@@ -731,9 +768,9 @@ describe.each(stores)("createCheckpoint: bounded work on $name", ({ postgres, sk
         },
       });
       expect((await fetch(`${own.baseUrl}/v1/health`)).status).toBe(200);
-      const [doneA, doneB] = await Promise.all([finishA(), finishB()]);
-      expect([doneA.status, doneB.status]).toEqual([200, 200]);
-      expect(JSON.parse(doneA.body)).toMatchObject({
+      const done = await Promise.all(holders.map((holder) => holder.finish()));
+      expect(done.map((d) => d.status)).toEqual([200, 200]);
+      expect(JSON.parse(done[0]!.body)).toMatchObject({
         step: 1,
         model: "default/bounds/held-a:step1",
       });
