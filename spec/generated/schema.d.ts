@@ -1502,6 +1502,13 @@ export interface components {
         SftExperimentalConfig: {
             /** @description Fixed when the model's first job runs; later jobs must match. Default 8. */
             lora_rank?: number | null;
+            /**
+             * @description The modules LoRA adapts, by PEFT's names. Default: the seven linears of every layer, and
+             *     also the output head (`lm_head`) on base models under 100M parameters, whose tied head
+             *     cannot otherwise learn tokens their pretraining left unused. Fixed when the model's first
+             *     job runs.
+             */
+            lora_target_modules?: ("q_proj" | "k_proj" | "v_proj" | "o_proj" | "gate_proj" | "up_proj" | "down_proj" | "lm_head")[] | null;
             /** @description Default 2 × `lora_rank`. */
             lora_alpha?: number | null;
             /** @description Longer lines are truncated from the left. Default the base model's context. */

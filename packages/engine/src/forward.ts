@@ -156,6 +156,11 @@ export function forwardBatch(
       false,
       model.version,
     );
+    // An adapted head: one row per item, each under its own adapter.
+    if (hooks) {
+      const heads = items.map((item) => ({ tokens: [0], adapter: item.adapter ?? null }));
+      loraRowHooks(kernels, heads).forward(-1, "head", logits, normed, items.length);
+    }
     return items.map((_, i) => logits.subarray(i * config.vocabSize, (i + 1) * config.vocabSize));
   });
 }

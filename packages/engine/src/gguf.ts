@@ -198,6 +198,17 @@ interface GgufTensor {
 /** A model whose tokenizer llama.cpp cannot reproduce: no GGUF is written for it. */
 export class GgufTokenizerError extends Error {}
 
+/** An adapter of the output head on a base that ties the head to its embedding: llama.cpp's
+ * LoRA GGUF has no tensor of the base to put it on (the base GGUF has no `output.weight`). */
+export class GgufHeadError extends Error {
+  override name = "GgufHeadError";
+  constructor() {
+    super(
+      "the adapter trains the output head, which this base ties to its embedding: a llama.cpp LoRA GGUF cannot carry it (the base's GGUF has no output tensor to adapt); download format=gguf (the merged model) or peft instead",
+    );
+  }
+}
+
 /** A model as an F32 GGUF of its llama.cpp architecture with a gpt2-style BPE tokenizer: the
  * header (metadata and tensor infos, padded) and the tensors, in file order. */
 function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: GgufTensor[] } {
@@ -468,6 +479,7 @@ export async function exportLoraGguf(
 ): Promise<void> {
   const arch = ARCH[config.modelType];
   const tensors: GgufTensor[] = [];
+  if (adapter.head && config.tieWordEmbeddings) throw new GgufHeadError();
   adapter.layers.forEach((modules, l) => {
     for (const [key, m] of Object.entries(modules) as [LinearKey, LoraModule][]) {
       const base = `blk.${l}.${layerNames[key]}`;
@@ -478,6 +490,19 @@ export async function exportLoraGguf(
       tensors.push({ name: `${base}.lora_b`, dims: [adapter.rank, m.outFeatures], data: b });
     }
   });
+  const head = adapter.head;
+  if (head) {
+    tensors.push({
+      name: "output.weight.lora_a",
+      dims: [head.inFeatures, adapter.rank],
+      data: head.a,
+    });
+    tensors.push({
+      name: "output.weight.lora_b",
+      dims: [adapter.rank, head.outFeatures],
+      data: head.b,
+    });
+  }
   const metadata: [string, GgufValue][] = [
     ["general.architecture", { type: "string", value: arch.name }],
     ["general.type", { type: "string", value: "adapter" }],

@@ -55,6 +55,8 @@ export {
   adapterToFiles,
   adapterWeightProblem,
   createLoraAdapter,
+  HEAD_TARGET,
+  LORA_TARGETS,
   type LoraAdapter,
   type LoraConfig,
   loraParameterCount,

@@ -36,6 +36,12 @@ export const LORA_TARGETS: readonly LoraTarget[] = [
 
 export type LinearKey = "q" | "k" | "v" | "o" | "gate" | "up" | "down";
 
+/** What a hook adapts: a layer's linear, or the output head (`lm_head`, layer -1). */
+export type HookKey = LinearKey | "head";
+
+/** PEFT's name of the output head as a target module. */
+export const HEAD_TARGET = "lm_head";
+
 const targetKey: Record<LoraTarget, LinearKey> = {
   q_proj: "q",
   k_proj: "k",
@@ -53,6 +59,9 @@ export interface LoraConfig {
   alpha?: number;
   /** Default: all seven linears of every layer. */
   targetModules?: readonly LoraTarget[];
+  /** Also adapt the output head (`lm_head`: the tied embedding, on bases that tie it). Default
+   * false. */
+  head?: boolean;
   /** Written as `base_model_name_or_path`. */
   baseModel?: string;
 }
@@ -87,6 +96,13 @@ export interface LoraAdapter {
   baseModel: string;
   /** Per base layer, the adapted linears. */
   layers: Partial<Record<LinearKey, LoraModule>>[];
+  /** The output head's update, [vocab, hidden] as B [vocab, r]·A [r, hidden], when adapted. */
+  head?: LoraModule;
+}
+
+/** The module a hook's (layer, key) names: a layer's linear, or the head. */
+function moduleOf(adapter: LoraAdapter, layer: number, key: HookKey): LoraModule | undefined {
+  return key === "head" ? adapter.head : adapter.layers[layer]?.[key];
 }
 
 export interface LoraParameter {
@@ -107,14 +123,17 @@ export function createLoraAdapter(
 ): LoraAdapter {
   const adapter = zeroAdapter(model, config);
   const rng = new Rng(seed);
+  const init = (m: LoraModule) => {
+    const bound = 1 / Math.sqrt(m.inFeatures);
+    for (let i = 0; i < m.a.length; i++) m.a[i] = (2 * rng.next() - 1) * bound;
+  };
   for (const modules of adapter.layers) {
     for (const target of LORA_TARGETS) {
       const m = modules[targetKey[target]];
-      if (!m) continue;
-      const bound = 1 / Math.sqrt(m.inFeatures);
-      for (let i = 0; i < m.a.length; i++) m.a[i] = (2 * rng.next() - 1) * bound;
+      if (m) init(m);
     }
   }
+  if (adapter.head) init(adapter.head);
   return adapter;
 }
 
@@ -144,6 +163,7 @@ function zeroAdapter(model: Pick<Model, "config">, config: LoraConfig): LoraAdap
     }
     return modules;
   });
+  const { hiddenSize, vocabSize } = model.config;
   return {
     rank,
     alpha,
@@ -151,6 +171,16 @@ function zeroAdapter(model: Pick<Model, "config">, config: LoraConfig): LoraAdap
     targetModules: LORA_TARGETS.filter((t) => targetModules.includes(t)),
     baseModel: config.baseModel ?? "",
     layers,
+    ...(config.head
+      ? {
+          head: {
+            a: new Float32Array(rank * hiddenSize),
+            b: new Float32Array(vocabSize * rank),
+            inFeatures: hiddenSize,
+            outFeatures: vocabSize,
+          },
+        }
+      : {}),
   };
 }
 
@@ -174,6 +204,17 @@ export function checkAdapter(model: Model, adapter: LoraAdapter): void {
       }
     }
   });
+  const head = adapter.head;
+  const { hiddenSize, vocabSize } = model.config;
+  if (
+    head &&
+    (head.inFeatures !== hiddenSize ||
+      head.outFeatures !== vocabSize ||
+      head.a.length !== adapter.rank * hiddenSize ||
+      head.b.length !== vocabSize * adapter.rank)
+  ) {
+    throw new Error(`lora: lm_head does not fit the model's [${vocabSize}, ${hiddenSize}]`);
+  }
 }
 
 /** PEFT's module path: the base weight's name (`hfName`) under `base_model.model.`, minus `.weight`. */
@@ -198,6 +239,20 @@ export function loraParameters(adapter: LoraAdapter): LoraParameter[] {
       });
     }
   });
+  const head = adapter.head;
+  if (head) {
+    const prefix = `base_model.model.${HEAD_TARGET}`;
+    out.push({
+      name: `${prefix}.lora_A.weight`,
+      shape: [adapter.rank, head.inFeatures],
+      data: head.a,
+    });
+    out.push({
+      name: `${prefix}.lora_B.weight`,
+      shape: [head.outFeatures, adapter.rank],
+      data: head.b,
+    });
+  }
   return out;
 }
 
@@ -217,6 +272,15 @@ export function cloneAdapter(adapter: LoraAdapter): LoraAdapter {
       }
       return copy;
     }),
+    ...(adapter.head
+      ? {
+          head: {
+            ...adapter.head,
+            a: Float32Array.from(adapter.head.a),
+            b: Float32Array.from(adapter.head.b),
+          },
+        }
+      : {}),
   };
 }
 
@@ -236,7 +300,7 @@ export function adapterConfigJson(adapter: LoraAdapter): Record<string, unknown>
     r: adapter.rank,
     lora_alpha: adapter.alpha,
     lora_dropout: 0,
-    target_modules: adapter.targetModules,
+    target_modules: adapter.head ? [...adapter.targetModules, HEAD_TARGET] : adapter.targetModules,
     bias: "none",
     fan_in_fan_out: false,
     inference_mode: true,
@@ -336,12 +400,13 @@ export function adapterFromFiles(
   }
   const listed = targets as unknown[];
   const unknown = listed.filter(
-    (t) => t !== "all-linear" && !(LORA_TARGETS as readonly unknown[]).includes(t),
+    (t) =>
+      t !== "all-linear" && t !== HEAD_TARGET && !(LORA_TARGETS as readonly unknown[]).includes(t),
   );
   if (unknown.length > 0) {
     field(
       "target_modules",
-      `names ${JSON.stringify(unknown[0])}; this base's modules are ${LORA_TARGETS.join(", ")}.`,
+      `names ${JSON.stringify(unknown[0])}; this base's modules are ${[...LORA_TARGETS, HEAD_TARGET].join(", ")}.`,
     );
   }
   const targetModules = listed.includes("all-linear")
@@ -351,12 +416,13 @@ export function adapterFromFiles(
     rank: rank as number,
     alpha: alpha as number,
     targetModules,
+    head: listed.includes(HEAD_TARGET),
     baseModel: typeof json.base_model_name_or_path === "string" ? json.base_model_name_or_path : "",
   });
   const expected = loraParameters(adapter);
-  // Bounded before the header is parsed: two tensors per linear of each layer at most, and a
-  // header of about a kilobyte per tensor.
-  const maxTensors = 2 * LORA_TARGETS.length * baseModel.config.numLayers;
+  // Bounded before the header is parsed: two tensors per linear of each layer and of the head
+  // at most, and a header of about a kilobyte per tensor.
+  const maxTensors = 2 * LORA_TARGETS.length * baseModel.config.numLayers + (adapter.head ? 2 : 0);
   let tensors: Map<string, RawTensor>;
   try {
     tensors = safetensorsEntries(weightBytes, {
@@ -451,10 +517,10 @@ export async function loadAdapter(dir: string, baseModel: Model): Promise<LoraAd
  * (present when training) adds its input gradient and accumulates its own A/B gradients.
  */
 export interface LinearHooks {
-  forward(layer: number, key: LinearKey, out: Float32Array, x: Float32Array, rows: number): void;
+  forward(layer: number, key: HookKey, out: Float32Array, x: Float32Array, rows: number): void;
   backward?(
     layer: number,
-    key: LinearKey,
+    key: HookKey,
     dOut: Float32Array,
     x: Float32Array,
     dX: Float32Array,
@@ -476,7 +542,7 @@ export function loraHooks(
   const saved = new Map<string, Float32Array>();
   const hooks: LinearHooks = {
     forward(layer, key, out, x, rows) {
-      const m = adapter.layers[layer]?.[key];
+      const m = moduleOf(adapter, layer, key);
       if (!m) return;
       const xa = new Float32Array(rows * r);
       kernels.matmulNT(xa, x, m.a, rows, r, m.inFeatures);
@@ -488,8 +554,8 @@ export function loraHooks(
   };
   if (grads) {
     hooks.backward = (layer, key, dOut, x, dX, rows) => {
-      const m = adapter.layers[layer]?.[key];
-      const g = grads.layers[layer]?.[key];
+      const m = moduleOf(adapter, layer, key);
+      const g = moduleOf(grads, layer, key);
       const xa = saved.get(`${layer}.${key}`);
       if (!m || !g || !xa) return;
       saved.delete(`${layer}.${key}`);
@@ -548,11 +614,11 @@ function addLoraRows(
   adapter: LoraAdapter,
   segments: readonly [number, number][],
   layer: number,
-  key: LinearKey,
+  key: HookKey,
   out: Float32Array,
   x: Float32Array,
 ): void {
-  const m = adapter.layers[layer]?.[key];
+  const m = moduleOf(adapter, layer, key);
   if (!m) return;
   const { inFeatures: inDim, outFeatures: outDim } = m;
   const r = adapter.rank;
@@ -607,7 +673,20 @@ export function mergeAdapter(model: Model, adapter: LoraAdapter): Model {
     }
     return merged;
   });
-  return { ...model, weights: { ...model.weights, layers }, version: model.version + 1 };
+  // An adapted head is its own tensor from then on, even where the base ties it to the
+  // embedding: the input embedding stays the base's.
+  const head = adapter.head;
+  if (!head) return { ...model, weights: { ...model.weights, layers }, version: model.version + 1 };
+  return {
+    ...model,
+    config: { ...model.config, tieWordEmbeddings: false },
+    weights: {
+      ...model.weights,
+      layers,
+      lmHead: new MergedWeight(model.weights.lmHead ?? model.weights.embed, head, adapter.scale),
+    },
+    version: model.version + 1,
+  };
 }
 
 /** A base weight W[out, in] plus scale·B·A, computed per block of rows when read. */

@@ -144,6 +144,8 @@ function lossAndGradientsIn(
   if (rows) for (let i = 0; i < Rh; i++) hHead.set(hf.subarray(at(i) * D, (at(i) + 1) * D), i * D);
   const logits = ws.f32(Rh * V);
   kernels.matmulNT(logits, hHead, head, Rh, V, D, false, ver);
+  // An adapter of the head adds its update to the logits (layer -1: after every layer).
+  hooks?.forward(-1, "head", logits, hHead, Rh);
 
   // Softmax cross-entropy; logits become d(loss)/d(logits) in place.
   let weight = 0;
@@ -194,6 +196,7 @@ function lossAndGradientsIn(
   const dLogits = logits;
   const dHead = ws.f32(Rh * D);
   kernels.matmulNN(dHead, dLogits, head, Rh, D, V, false, ver);
+  hooks?.backward?.(-1, "head", dLogits, hHead, dHead, Rh);
   if (grads) kernels.matmulTN(grads.lmHead ?? grads.embed, dLogits, hHead, V, D, Rh, true);
   const dHf = rows ? ws.f32(R * D) : dHead;
   if (rows) for (let i = 0; i < Rh; i++) dHf.set(dHead.subarray(i * D, (i + 1) * D), at(i) * D);

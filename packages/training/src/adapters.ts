@@ -225,6 +225,19 @@ export interface AdapterTar {
 const tarBytes = (sizes: number[]) =>
   sizes.reduce((n, size) => n + 512 + Math.ceil(size / 512) * 512, 0) + 1024;
 
+/** Whether a stored checkpoint's adapter trains the output head (`lm_head` in its config). */
+export async function adapterTrainsHead(blobs: BlobStore, prefix: string): Promise<boolean> {
+  const config = await blobs.get(`${prefix}adapter_config.json`);
+  if (!config) return false;
+  try {
+    const targets = (JSON.parse(config.toString("utf8")) as { target_modules?: unknown })
+      .target_modules;
+    return Array.isArray(targets) && targets.includes("lm_head");
+  } catch {
+    return false;
+  }
+}
+
 /** The adapter files of `checkpoint` as a tar, streamed from the blob store, never built whole. */
 export async function checkpointAdapterTar(
   blobs: BlobStore,

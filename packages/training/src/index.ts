@@ -1,6 +1,7 @@
 export {
   ADAPTER_MAX_BYTES,
   type AdapterTar,
+  adapterTrainsHead,
   checkpointAdapterTar,
   importAdapter,
   readAdapterTar,

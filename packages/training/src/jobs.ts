@@ -3,7 +3,13 @@
  * schemas, stored with the job's row), how it is enqueued, and how its stored spec becomes the
  * engine's configuration. The server enqueues through here; the runner reads through here.
  */
-import type { LoraConfig, RlConfig, SftConfig } from "@arbor/engine";
+import {
+  HEAD_TARGET,
+  LORA_TARGETS,
+  type LoraConfig,
+  type RlConfig,
+  type SftConfig,
+} from "@arbor/engine";
 import type { components } from "@arbor/spec/schema";
 import {
   InvalidInputError,
@@ -202,6 +208,18 @@ export const DEFAULT_LR = 2e-4;
 export const SMALL_MODEL_LR = 3e-3;
 
 /**
+ * A fresh adapter's layout for a base: the seven linears of every layer, and on bases under
+ * `SMALL_MODEL_PARAMETERS` the output head too. A small base's tied head cannot tell apart the
+ * tokens its pretraining never used (their embedding rows collapse together), so LoRA on the
+ * linears alone cannot make it emit a new format with confidence; an adapted head can, and
+ * costs vocab × r parameters. Larger bases train their tokens and keep PEFT's usual targets.
+ */
+export function defaultLora(baseModel: string, baseParameters?: number): LoraConfig {
+  const small = baseParameters !== undefined && baseParameters < SMALL_MODEL_PARAMETERS;
+  return { baseModel, ...(small ? { head: true } : {}) };
+}
+
+/**
  * The engine's configuration of an SFT job. Unset fields take the spec's defaults: a cosine
  * schedule, and a peak learning rate by the base model's size (`baseParameters`, when known).
  */
@@ -211,7 +229,11 @@ export function sftTrainingConfig(
   baseParameters?: number,
 ): SftConfig {
   const { config, experimental_config: x } = spec;
-  const lora: LoraConfig = { baseModel };
+  const lora = defaultLora(baseModel, baseParameters);
+  if (x.lora_target_modules != null) {
+    lora.targetModules = LORA_TARGETS.filter((t) => x.lora_target_modules!.includes(t));
+    lora.head = x.lora_target_modules.includes(HEAD_TARGET);
+  }
   if (x.lora_rank != null) lora.rank = x.lora_rank;
   if (x.lora_alpha != null) lora.alpha = x.lora_alpha;
   const out: SftConfig = {

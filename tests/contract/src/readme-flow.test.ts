@@ -76,5 +76,35 @@ describe("the README's CLI flow", () => {
     const [before, after] = answers;
     expect(after).not.toBe(before);
     expect(after).toBe('{"answer": 5}');
+
+    // Not only greedily: sampled at the console playground's temperature, the trained model
+    // keeps the format it was shown.
+    const client = server.authorizedClient();
+    const samples = await Promise.all(
+      Array.from({ length: 20 }, (_, seed) =>
+        client.chat.completions.create({
+          model: "default/demo/json",
+          messages: [{ role: "user", content: "What is 2 + 3? Answer in JSON." }],
+          temperature: 0.7,
+          seed,
+          max_tokens: 16,
+        }),
+      ),
+    );
+    const texts = samples.map((c) => c.choices[0]!.message.content ?? "");
+    const valid = texts.filter((t) => {
+      try {
+        const parsed = JSON.parse(t) as unknown;
+        return (
+          typeof parsed === "object" &&
+          parsed !== null &&
+          Object.keys(parsed).join() === "answer" &&
+          Number.isInteger((parsed as { answer: unknown }).answer)
+        );
+      } catch {
+        return false;
+      }
+    });
+    expect(valid.length, texts.join(" | ")).toBeGreaterThanOrEqual(18);
   });
 });

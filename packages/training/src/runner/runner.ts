@@ -28,6 +28,7 @@ import type { Logger } from "pino";
 import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../checkpoints.ts";
 import { JobInputError } from "../errors.ts";
 import {
+  defaultLora,
   MAX_JOB_EXAMPLES,
   MAX_JOB_STEPS,
   MAX_JOB_TOKENS,
@@ -528,7 +529,7 @@ export class TrainingWorker {
       if (referenceFiles) config.klReference = adapterFromFiles(referenceFiles, base);
       const adapter = start.blob_key
         ? adapterFromFiles(files, base)
-        : createLoraAdapter(base, { baseModel: baseId }, seed);
+        : createLoraAdapter(base, defaultLora(baseId, parameterCount(base)), seed);
       const trainer = new LoraTrainer(base, adapter, { maxGradNorm, kernels });
       const optimizerState = files[OPTIMIZER_FILE];
       if (optimizerState) trainer.loadOptimizerState(optimizerState);

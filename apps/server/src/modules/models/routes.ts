@@ -3,6 +3,7 @@ import { pipeline } from "node:stream/promises";
 import type { ModelConfig } from "@arbor/engine";
 import { InvalidInputError, NotFoundError, type Store } from "@arbor/store";
 import {
+  adapterTrainsHead,
   checkpointAdapterTar,
   checkpointGguf,
   importAdapter,
@@ -131,6 +132,16 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
           throw new InvalidInputError(
             `The model's base ${model.base_model} is not served by the engine here, so it cannot be exported as GGUF.`,
             { param: "format", code: "unsupported_base_model" },
+          );
+        }
+        if (
+          format === "gguf-lora" &&
+          base.config.tieWordEmbeddings &&
+          (await adapterTrainsHead(blobs, checkpoint.blob_key))
+        ) {
+          throw new InvalidInputError(
+            `Step ${checkpoint.step} trains the output head, which ${model.base_model} ties to its embedding: a llama.cpp LoRA GGUF cannot carry that (the base's GGUF has no output tensor to adapt). Download format=gguf (the merged model) or peft instead.`,
+            { param: "format", code: "unsupported_adapter" },
           );
         }
         if (format === "gguf" && base.ggufPre === undefined) {
