@@ -51,7 +51,7 @@ const operations: Operation[] = Object.entries(spec.paths)
 
 interface Fixtures {
   /** Real values for path parameters, so requests also reach past the lookup. */
-  ids: Record<string, string[]>;
+  ids: Record<string, string[]> & { model_id: string[] };
 }
 
 interface FuzzRequest {
