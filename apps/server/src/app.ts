@@ -29,7 +29,7 @@ import { ModelDirectory } from "./modules/inference/models.ts";
 import { inferenceHandlers } from "./modules/inference/routes.ts";
 import { ChatService } from "./modules/inference/service.ts";
 import { UpstreamChatBackend } from "./modules/inference/upstream.ts";
-import { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
+import type { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
 import type { Metrics } from "./modules/metrics/metrics.ts";
 import { metricsEndpoint, requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsHandlers } from "./modules/models/routes.ts";
@@ -53,6 +53,9 @@ export interface AppDeps {
   onJobQueued?: () => void;
   /** Called when a job was cancelled, so the worker running it in this process stops now. */
   onJobCancelled?: (jobId: string) => void;
+  /** The adapters of checkpoints that upstreams serve (their folders are swept with the rest
+   * of what a crash leaves, by the server). */
+  upstreamAdapters: UpstreamAdapters;
 }
 
 /** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */
@@ -129,19 +132,7 @@ export function createApp(deps: AppDeps): Express {
   }
 
   const directory = new ModelDirectory(deps.engines, deps.store, config.upstreams);
-  const upstreamAdapters = new UpstreamAdapters({
-    upstreams: config.upstreams,
-    dir: config.upstreamLoraDir,
-    blobs: deps.store.blobs,
-    logger,
-  });
-  if (Object.keys(config.upstreams).length > 0)
-    void upstreamAdapters.sweepPartial().then(
-      (swept) =>
-        swept.length > 0 &&
-        logger.info({ swept }, `removed ${swept.length} cut-off adapter folders for upstreams`),
-      (err: unknown) => logger.warn({ err }, "could not sweep cut-off adapter folders"),
-    );
+  const { upstreamAdapters } = deps;
   const handlers: Handlers = {
     ...healthHandlers(deps.probes),
     ...callsHandlers(deps.store),

@@ -49,10 +49,29 @@ export function assertBlobPrefix(prefix: string): void {
 }
 
 const TEMP_MARK = ".tmp-";
-/** Partial files are named `<key>.tmp-<host>-<pid>-<random>`: a sweep tells whose they are. */
 const HOST_TAG = createHash("sha256").update(hostname()).digest("hex").slice(0, 8);
+/** This process as the writer of a partial file or temporary folder, `<host>-<pid>`: written
+ * into their names (`<key>.tmp-<host>-<pid>-<random>`, `arbor-export-<host>-<pid>-…`), so a
+ * sweep tells whose they are. */
+export const WRITER_TAG = `${HOST_TAG}-${process.pid}`;
 const PARTIAL = /\.tmp-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
 const DAY_MS = 24 * 60 * 60 * 1000;
+
+/**
+ * Whether what a writer left (its tag's `host` and `pid`, last written at `modifiedAt`) is
+ * abandoned: its writer is another process of this host that no longer runs, or it is a day old
+ * (another host's, whose processes cannot be seen from here; or this pid's, now another
+ * process's: a container's server is often pid 1 on every start).
+ */
+export function writerGone(
+  host: string | undefined,
+  pid: number,
+  modifiedAt: number,
+  now = Date.now(),
+): boolean {
+  if (now - modifiedAt > DAY_MS) return true;
+  return host === HOST_TAG && pid !== process.pid && !processAlive(pid);
+}
 
 /** The data-directory implementation: temp file in the same dir, fsync, rename, fsync dir. */
 export class FsBlobStore implements BlobStore {
@@ -70,7 +89,7 @@ export class FsBlobStore implements BlobStore {
     const path = this.#path(key);
     const dir = dirname(path);
     await mkdir(dir, { recursive: true });
-    const temp = `${path}${TEMP_MARK}${HOST_TAG}-${process.pid}-${randomBytes(6).toString("hex")}`;
+    const temp = `${path}${TEMP_MARK}${WRITER_TAG}-${randomBytes(6).toString("hex")}`;
     const file = await open(temp, "wx", 0o644);
     let bytes = 0;
     try {
@@ -169,11 +188,8 @@ export class FsBlobStore implements BlobStore {
         }
         if (!entry.name.includes(TEMP_MARK)) continue;
         const [, host, pid] = PARTIAL.exec(entry.name) ?? [];
-        const ours = host === HOST_TAG;
-        const gone = ours
-          ? Number(pid) !== process.pid && !processAlive(Number(pid))
-          : now - (await stat(full).catch(() => ({ mtimeMs: now }))).mtimeMs > DAY_MS;
-        if (!gone) continue;
+        const modifiedAt = (await stat(full).catch(() => ({ mtimeMs: now }))).mtimeMs;
+        if (!writerGone(host, Number(pid), modifiedAt, now)) continue;
         await unlink(full).catch(() => {});
         await removeEmptyDirs(dir, this.root);
         removed.push(relative(this.root, full).split(sep).join("/"));

@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Readable } from "node:stream";
@@ -11,6 +11,7 @@ import {
   FsBlobStore,
   PgBlobStore,
   type PostgresSql,
+  WRITER_TAG,
 } from "../src/index.ts";
 import { pgSkipReason, StoreContext } from "./helpers.ts";
 
@@ -252,6 +253,25 @@ describe("FsBlobStore", () => {
     finish();
     await writing;
     expect((await blobs.get("sweep/x"))?.toString()).toBe("partial");
+  });
+
+  it("when a partial file is a day old, then it goes whoever wrote it: another host's, or an earlier process that had this pid", async () => {
+    const dayAgo = new Date(Date.now() - 25 * 60 * 60_000);
+    const partial = (name: string, at?: Date) => {
+      writeFileSync(join(root, "aged", name), "partial");
+      if (at) utimesSync(join(root, "aged", name), at, at);
+    };
+    await blobs.put("aged/kept", "whole");
+    partial(`a.tmp-${WRITER_TAG}-aa`, dayAgo);
+    partial("b.tmp-0badc0de-12-bb", dayAgo);
+    partial(`c.tmp-${WRITER_TAG}-cc`);
+    partial("d.tmp-0badc0de-12-dd");
+    expect((await blobs.sweepPartial()).sort()).toEqual(
+      [`aged/a.tmp-${WRITER_TAG}-aa`, "aged/b.tmp-0badc0de-12-bb"].sort(),
+    );
+    expect(readdirSync(join(root, "aged")).sort()).toEqual(
+      [`c.tmp-${WRITER_TAG}-cc`, "d.tmp-0badc0de-12-dd", "kept"].sort(),
+    );
   });
 });
 

@@ -1,9 +1,9 @@
 import { createReadStream } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
-import type { BlobStore, Checkpoint } from "@arbor/store";
+import { type BlobStore, type Checkpoint, WRITER_TAG, writerGone } from "@arbor/store";
 import { digestTap } from "./adapters.ts";
 import { ADAPTER_FILES, readCheckpointFiles } from "./checkpoints.ts";
 
@@ -16,6 +16,13 @@ export interface StoredExport {
 }
 
 const building = new Map<string, Promise<StoredExport>>();
+
+/** Exports are built in `<tmpdir>/arbor-export-<host>-<pid>-<random>/` (the writer's tag,
+ * WRITER_TAG), so a sweep tells whose a folder is. */
+const EXPORT_FOLDER = "arbor-export-";
+const EXPORT_OWNER = /^arbor-export-([0-9a-f]{8})-(\d+)-/;
+/** The folders this process builds exports in now. */
+const exporting = new Set<string>();
 
 /** `gguf`: the base with the adapter merged in; `gguf-lora`: the adapter alone, for llama.cpp. */
 export type GgufExport = "gguf" | "gguf-lora";
@@ -69,7 +76,8 @@ async function build(
   metaKey: string,
 ): Promise<StoredExport> {
   const files = await readCheckpointFiles(blobs, prefix, ADAPTER_FILES);
-  const dir = await mkdtemp(join(tmpdir(), "arbor-export-"));
+  const dir = await mkdtemp(join(tmpdir(), `${EXPORT_FOLDER}${WRITER_TAG}-`));
+  exporting.add(dir);
   try {
     const path = join(dir, "export.gguf");
     // The adapter's bytes move to the thread (transferred, not copied): they are held once.
@@ -96,5 +104,39 @@ async function build(
     return { key, bytes, digest };
   } finally {
     await rm(dir, { recursive: true, force: true });
+    exporting.delete(dir);
   }
+}
+
+/**
+ * Removes the export folders that builds cut off left in `root` (default the temp directory):
+ * a process killed mid-export never reaches its own cleanup, and a merged GGUF is the size of
+ * its model. A folder goes unless this process builds in it now, or its writer may still run:
+ * another live process of this host, or, for another host's (or a folder named before the
+ * writer's tag was), anything written within a day. Returns the folders' names.
+ */
+export async function sweepExports(root = tmpdir(), now = Date.now()): Promise<string[]> {
+  const removed: string[] = [];
+  const names = await readdir(root).catch(() => [] as string[]);
+  for (const name of names.filter((n) => n.startsWith(EXPORT_FOLDER))) {
+    const dir = join(root, name);
+    if (exporting.has(dir)) continue;
+    const [, host, pid] = EXPORT_OWNER.exec(name) ?? [];
+    // This process's pid, but not one of its builds: an earlier process that had the same pid.
+    const earlierSelf = `${host}-${pid}` === WRITER_TAG;
+    if (!earlierSelf && !writerGone(host, Number(pid), await lastWritten(dir), now)) continue;
+    await rm(dir, { recursive: true, force: true });
+    removed.push(name);
+  }
+  return removed;
+}
+
+/** When a folder or a file in it (the export being written) was last written. */
+async function lastWritten(dir: string): Promise<number> {
+  const times = [(await stat(dir).catch(() => undefined))?.mtimeMs ?? Date.now()];
+  for (const entry of await readdir(dir).catch(() => [] as string[])) {
+    const info = await stat(join(dir, entry)).catch(() => undefined);
+    if (info) times.push(info.mtimeMs);
+  }
+  return Math.max(...times);
 }

@@ -37,7 +37,12 @@ export {
   validateSftJsonl,
 } from "./datasets/jsonl.ts";
 export { JobInputError, TrainingDataError } from "./errors.ts";
-export { checkpointGguf, type GgufExport, type StoredExport } from "./exports.ts";
+export {
+  checkpointGguf,
+  type GgufExport,
+  type StoredExport,
+  sweepExports,
+} from "./exports.ts";
 export {
   enqueueRlJob,
   enqueueSftJob,

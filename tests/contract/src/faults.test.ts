@@ -1,10 +1,12 @@
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, rmSync, utimesSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync, utimesSync, watch } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import * as remote from "@arbor/cli/remote";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
+import tar from "tar-stream";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";
 import { followAll, reversalJsonl } from "./jobs.ts";
@@ -181,3 +183,79 @@ describe("kill -9 during writes", () => {
     await kill9();
   });
 });
+
+describe("kill -9 during a GGUF export", () => {
+  it("when the server dies while building a checkpoint's first GGUF, then a restarted server removes the export folder from the temp directory, and the download then works and leaves none", async () => {
+    const home = mkdtempSync(join(tmpdir(), "arbor-faults-export-"));
+    const temp = mkdtempSync(join(tmpdir(), "arbor-faults-tmpdir-"));
+    const exportFolders = () => readdirSync(temp).filter((n) => n.startsWith("arbor-export-"));
+    let server: Child | undefined;
+    try {
+      const start = async () => {
+        const started = await startServerProcess(home, { TMPDIR: temp });
+        server = started.child;
+        return started;
+      };
+      let { client, apiKey, port } = await start();
+      const model = await client.training.models.create({
+        project: "faults",
+        name: "exported",
+        base_model: "arbor/tiny-chat",
+      });
+      const base = await loadModel(catalogModelDir("arbor/tiny-chat"));
+      const adapter = await tarOf(
+        adapterToFiles(createLoraAdapter(base, { baseModel: "arbor/tiny-chat" })),
+      );
+      const gguf = (step: number) =>
+        fetch(
+          `http://127.0.0.1:${port}/v1/preview/models/${model.id}/checkpoints/${step}/content?format=gguf`,
+          { headers: { authorization: `Bearer ${apiKey}` } },
+        );
+      // The export's folder lives from its build's start to its end: the kill lands inside
+      // that window once the folder appears (a new checkpoint, so a first export, each try).
+      for (let step = 1; exportFolders().length === 0; step++) {
+        expect(step, "the server was never killed mid-export").toBeLessThanOrEqual(10);
+        const uploaded = await fetch(
+          `http://127.0.0.1:${port}/v1/preview/models/${model.id}/checkpoints`,
+          {
+            method: "POST",
+            headers: { authorization: `Bearer ${apiKey}`, "content-type": "application/x-tar" },
+            body: adapter,
+          },
+        );
+        expect(uploaded.status).toBe(200);
+        const watcher = watch(temp, (_event, name) => {
+          if (name?.startsWith("arbor-export-")) void server!.kill9();
+        });
+        await gguf(step)
+          .then((r) => r.arrayBuffer())
+          .catch(() => undefined);
+        await server!.kill9();
+        watcher.close();
+        if (exportFolders().length === 0) ({ client, apiKey, port } = await start());
+      }
+
+      // Swept before the restarted server says it listens: its writer no longer runs.
+      ({ client, apiKey, port } = await start());
+      expect(exportFolders()).toEqual([]);
+      const { data } = await client.training.models.checkpoints.list(model.id, { order: "desc" });
+      const response = await gguf(data[0]!.step);
+      expect(response.status).toBe(200);
+      expect((await response.arrayBuffer()).byteLength).toBeGreaterThan(0);
+      expect(exportFolders()).toEqual([]);
+    } finally {
+      await server?.kill9();
+      rmSync(home, { recursive: true, force: true });
+      rmSync(temp, { recursive: true, force: true });
+    }
+  });
+});
+
+async function tarOf(files: Record<string, Uint8Array>): Promise<Buffer> {
+  const pack = tar.pack();
+  for (const [name, body] of Object.entries(files)) pack.entry({ name }, Buffer.from(body));
+  pack.finalize();
+  const chunks: Buffer[] = [];
+  for await (const chunk of pack) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks);
+}
