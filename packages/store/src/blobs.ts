@@ -88,9 +88,8 @@ export class FsBlobStore implements BlobStore {
   async put(key: string, body: BlobBody): Promise<{ bytes: number }> {
     const path = this.#path(key);
     const dir = dirname(path);
-    await mkdir(dir, { recursive: true });
     const temp = `${path}${TEMP_MARK}${WRITER_TAG}-${randomBytes(6).toString("hex")}`;
-    const file = await open(temp, "wx", 0o644);
+    const file = await openIn(dir, temp);
     let bytes = 0;
     try {
       if (body instanceof Uint8Array) {
@@ -204,8 +203,12 @@ export class FsBlobStore implements BlobStore {
     const keys = await this.list(prefix);
     for (const key of keys) await this.delete(key);
     if (prefix.endsWith("/")) {
-      // Remove the emptied directory tree too, so deleted models leave nothing behind.
-      await rm(this.#path(prefix.slice(0, -1)), { recursive: true, force: true });
+      // Remove the emptied directory tree too, so deleted models leave nothing behind, and the
+      // folders it emptied above it. A file another process writes into the tree meanwhile
+      // (ENOTEMPTY) is removed by the retries; that write then fails.
+      const dir = this.#path(prefix.slice(0, -1));
+      await rm(dir, { recursive: true, force: true, maxRetries: 5, retryDelay: 10 });
+      await removeEmptyDirs(dirname(dir), this.root);
     } else {
       await removeEmptyDirs(dirname(this.#path(keys[0] ?? `${prefix}x`)), this.root);
     }
@@ -291,6 +294,19 @@ async function* regroup(pieces: AsyncIterable<Uint8Array>, size: number) {
     }
   }
   if (filled > 0) yield chunk.subarray(0, filled);
+}
+
+/** Creates `temp` in `dir` (made when missing) for writing. A delete of the directory's tree, or
+ * of the empty folders above it, may remove it between the two steps: then both are tried again. */
+async function openIn(dir: string, temp: string) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await mkdir(dir, { recursive: true });
+      return await open(temp, "wx", 0o644);
+    } catch (err) {
+      if (!isMissing(err) || attempt === 5) throw err;
+    }
+  }
 }
 
 async function syncDir(dir: string): Promise<void> {

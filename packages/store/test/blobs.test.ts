@@ -229,6 +229,32 @@ describe("FsBlobStore", () => {
     expect(readdirSync(join(root, "models")).sort()).toEqual(["a", "bb"]);
   });
 
+  it("when a prefix's only folder is deleted, then the folders it emptied above it go too", async () => {
+    await blobs.put("lone/m/0/a", "1");
+    await blobs.put("lone/m/1/a", "2");
+    await blobs.deletePrefix("lone/m/0/");
+    expect(readdirSync(join(root, "lone", "m"))).toEqual(["1"]);
+    await blobs.deletePrefix("lone/m/1/");
+    expect(readdirSync(root)).not.toContain("lone");
+  });
+
+  it("when a folder is deleted while puts write into it, then the delete never fails and each put lands whole or fails as missing, leaving no file", async () => {
+    const body = Buffer.alloc(256 * 1024, 7);
+    for (let round = 0; round < 20; round++) {
+      const puts = Array.from({ length: 6 }, (_, i) =>
+        blobs.put(`race/m/${i % 2}-${round}/file-${i}`, body),
+      );
+      await expect(blobs.deletePrefix("race/m/")).resolves.toBeGreaterThanOrEqual(0);
+      for (const result of await Promise.allSettled(puts)) {
+        if (result.status === "rejected")
+          expect((result.reason as NodeJS.ErrnoException).code).toBe("ENOENT");
+      }
+      await blobs.deletePrefix("race/m/");
+      expect(await blobs.list("race/")).toEqual([]);
+    }
+    expect(readdirSync(root)).not.toContain("race");
+  });
+
   it("when partial files are swept, then a dead writer's go and a live writer's stay", async () => {
     let finish!: () => void;
     const held = new Promise<void>((resolve) => {

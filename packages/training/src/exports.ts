@@ -3,9 +3,15 @@ import { mkdtemp, readdir, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
-import { type BlobStore, type Checkpoint, WRITER_TAG, writerGone } from "@arbor/store";
+import {
+  type BlobStore,
+  type Checkpoint,
+  NotFoundError,
+  WRITER_TAG,
+  writerGone,
+} from "@arbor/store";
 import { digestTap } from "./adapters.ts";
-import { ADAPTER_FILES, readCheckpointFiles } from "./checkpoints.ts";
+import { ADAPTER_FILES, readCheckpointFiles, withModelFiles } from "./checkpoints.ts";
 
 /** A checkpoint export kept in the checkpoint's own folder (deleted with it). */
 export interface StoredExport {
@@ -48,9 +54,10 @@ export async function checkpointGguf(
   }
   let pending = building.get(key);
   if (!pending) {
-    pending = build(blobs, checkpoint.blob_key, kind, baseDir, name, key, metaKey).finally(() =>
-      building.delete(key),
-    );
+    // Written beside the checkpoint's files: a delete of them waits for it, or came first.
+    pending = withModelFiles(checkpoint.model_id, "write", () =>
+      build(blobs, checkpoint, kind, baseDir, name, key, metaKey),
+    ).finally(() => building.delete(key));
     building.set(key, pending);
   }
   return pending;
@@ -68,14 +75,19 @@ function ownBuffer(bytes: Uint8Array): Uint8Array<ArrayBuffer> {
 
 async function build(
   blobs: BlobStore,
-  prefix: string,
+  checkpoint: Checkpoint & { blob_key: string },
   kind: GgufExport,
   baseDir: string,
   name: string,
   key: string,
   metaKey: string,
 ): Promise<StoredExport> {
-  const files = await readCheckpointFiles(blobs, prefix, ADAPTER_FILES);
+  const files = await readCheckpointFiles(blobs, checkpoint.blob_key, ADAPTER_FILES);
+  if (ADAPTER_FILES.some((file) => !files[file])) {
+    throw new NotFoundError(`Step ${checkpoint.step} has no weights: its files are gone.`, {
+      code: "checkpoint_not_found",
+    });
+  }
   const dir = await mkdtemp(join(tmpdir(), `${EXPORT_FOLDER}${WRITER_TAG}-`));
   exporting.add(dir);
   try {

@@ -10,9 +10,11 @@ export {
   ADAPTER_FILES,
   CHECKPOINTS_PREFIX,
   type CheckpointFiles,
+  type ModelFilesUse,
   modelFilesPrefix,
   OPTIMIZER_FILE,
   readCheckpointFiles,
+  withModelFiles,
   writeCheckpointFiles,
 } from "./checkpoints.ts";
 export {
