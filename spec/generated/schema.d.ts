@@ -1170,7 +1170,10 @@ export interface components {
             tools?: {
                 [key: string]: unknown;
             }[] | null;
-            /** @description Per-trajectory metrics; `logModelMetrics` averages each over the split. */
+            /**
+             * @description Per-trajectory metrics, named in 1–256 characters; `logModelMetrics` averages each over
+             *     the split.
+             */
             metrics?: {
                 [key: string]: number | boolean;
             };
