@@ -3,7 +3,6 @@ import { ADAPTER_MAX_BYTES, DATASET_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
-import { ADMIN_ENTITY } from "./bootstrap.ts";
 import type { AppConfig, Role } from "./config.ts";
 import { type Authenticate, authentication } from "./http/auth.ts";
 import { jsonBody } from "./http/body.ts";
@@ -78,8 +77,6 @@ export function createApp(deps: AppDeps): Express {
       access: config.metrics,
       metrics: deps.metrics,
       authenticate,
-      isAdmin: async (principal) =>
-        (await deps.store.users.roleIn(principal.userId, ADMIN_ENTITY)) === "admin",
     }),
   );
   app.use(rawModelIdInPath);
@@ -232,6 +229,7 @@ function principalOf(identity: KeyIdentity | undefined): Principal | null {
     userName: identity.user_name,
     defaultEntity: identity.default_entity,
     entities: identity.entities,
+    operator: identity.operator,
   };
 }
 
