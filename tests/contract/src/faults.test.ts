@@ -122,6 +122,20 @@ describe("kill -9 during a job", () => {
   });
 });
 
+/** A job's events so far, every page. */
+async function eventsSoFar(client: ArborClient, jobId: string): Promise<TrainingJobEvent[]> {
+  const events: TrainingJobEvent[] = [];
+  for (let after: string | undefined; ; ) {
+    const page = await client.training.jobs.events.list(jobId, {
+      limit: 100,
+      ...(after ? { after } : {}),
+    });
+    events.push(...page.data);
+    if (!page.has_more) return events;
+    after = page.data.at(-1)!.id;
+  }
+}
+
 /** Runs the dying writer over `dataDir` and kills it with SIGKILL once its last write began. */
 function killMidWrite(dataDir: string, keys: string[]): Promise<void> {
   const writer = fileURLToPath(new URL("./fixtures/dying-writer.ts", import.meta.url));
@@ -146,6 +160,48 @@ function blobFiles(dataDir: string): string[] {
     .filter((e) => e.isFile())
     .map((e) => join(e.parentPath, e.name).slice(root.length + 1));
 }
+
+describe("SIGTERM during a job", () => {
+  it("when the server is stopped gracefully twice during one job, as deploys do, then neither stop counts against the job: it resumes each time and succeeds, each step reported once", async () => {
+    let client = await startChild();
+    const model = await client.training.models.create({
+      project: "faults",
+      name: "deployed",
+      base_model: "arbor/tiny-chat",
+    });
+    const dataset = await client.training.datasets.create(jsonl);
+    const job = await client.training.jobs.createSft({
+      model_id: model.id,
+      training_data_url: dataset.url,
+      config: { epochs: 12, batch_size: 2, checkpoint_every: 1 },
+    });
+    // Twice (the restart budget of crashes), each time once the run has saved a checkpoint.
+    for (let stop = 1; stop <= 2; stop++) {
+      await vi.waitFor(async () => {
+        const data = await eventsSoFar(client, job.id);
+        const runs = data.filter((e) => e.type === "training_started");
+        expect(runs).toHaveLength(stop);
+        const last = data.lastIndexOf(runs.at(-1)!);
+        expect(data.slice(last).some((e) => e.type === "checkpoint_saved")).toBe(true);
+      }, PATIENT);
+      expect(await child!.terminate()).toBe(0);
+      client = await startChild();
+    }
+    const events = await followAll(client, job.id);
+    expect(events.filter((e) => e.type === "training_failed")).toEqual([]);
+    expect(events.at(-1)!.type).toBe("training_ended");
+    const steps = events
+      .filter((e) => e.type === "gradient_step")
+      .map((e) => (e.data as { gradient_step: number }).gradient_step);
+    expect(steps).toEqual(Array.from({ length: 48 }, (_, i) => i + 1));
+    const starts = events
+      .filter((e) => e.type === "training_started")
+      .map((e) => e.data as { resumed_from_step?: number; attempt?: number });
+    expect(starts.map((s) => s.attempt)).toEqual([undefined, 2, 3]);
+    expect(await client.training.jobs.retrieve(job.id)).toMatchObject({ status: "succeeded" });
+    await kill9();
+  });
+});
 
 describe("kill -9 during writes", () => {
   it("when a checkpoint save and an upload were cut off, then a restarted server removes their partial files and the unnamed checkpoint folder, and deleting the model removes all its files", async () => {
