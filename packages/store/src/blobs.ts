@@ -57,11 +57,16 @@ export const WRITER_TAG = `${HOST_TAG}-${process.pid}`;
 const PARTIAL = /\.tmp-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
 const DAY_MS = 24 * 60 * 60 * 1000;
 
+/** When this process started (Unix ms), less a margin for coarse file times: what this pid
+ * last wrote before then, an earlier process with the same pid wrote (a container's server is
+ * often pid 1 on every start). */
+const STARTED_MS = Date.now() - process.uptime() * 1000 - 5_000;
+
 /**
  * Whether what a writer left (its tag's `host` and `pid`, last written at `modifiedAt`) is
- * abandoned: its writer is another process of this host that no longer runs, or it is a day old
- * (another host's, whose processes cannot be seen from here; or this pid's, now another
- * process's: a container's server is often pid 1 on every start).
+ * abandoned: its writer is a process of this host that no longer runs (another pid that is not
+ * alive, or this pid before this process started), or it is a day old (another host's, whose
+ * processes cannot be seen from here).
  */
 export function writerGone(
   host: string | undefined,
@@ -70,7 +75,8 @@ export function writerGone(
   now = Date.now(),
 ): boolean {
   if (now - modifiedAt > DAY_MS) return true;
-  return host === HOST_TAG && pid !== process.pid && !processAlive(pid);
+  if (host !== HOST_TAG) return false;
+  return pid === process.pid ? modifiedAt < STARTED_MS : !processAlive(pid);
 }
 
 /** The data-directory implementation: temp file in the same dir, fsync, rename, fsync dir. */

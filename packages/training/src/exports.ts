@@ -27,8 +27,6 @@ const building = new Map<string, Promise<StoredExport>>();
  * WRITER_TAG), so a sweep tells whose a folder is. */
 const EXPORT_FOLDER = "arbor-export-";
 const EXPORT_OWNER = /^arbor-export-([0-9a-f]{8})-(\d+)-/;
-/** The folders this process builds exports in now. */
-const exporting = new Set<string>();
 
 /** `gguf`: the base with the adapter merged in; `gguf-lora`: the adapter alone, for llama.cpp. */
 export type GgufExport = "gguf" | "gguf-lora";
@@ -89,7 +87,6 @@ async function build(
     });
   }
   const dir = await mkdtemp(join(tmpdir(), `${EXPORT_FOLDER}${WRITER_TAG}-`));
-  exporting.add(dir);
   try {
     const path = join(dir, "export.gguf");
     // The adapter's bytes move to the thread (transferred, not copied): they are held once.
@@ -116,27 +113,23 @@ async function build(
     return { key, bytes, digest };
   } finally {
     await rm(dir, { recursive: true, force: true });
-    exporting.delete(dir);
   }
 }
 
 /**
  * Removes the export folders that builds cut off left in `root` (default the temp directory):
  * a process killed mid-export never reaches its own cleanup, and a merged GGUF is the size of
- * its model. A folder goes unless this process builds in it now, or its writer may still run:
- * another live process of this host, or, for another host's (or a folder named before the
- * writer's tag was), anything written within a day. Returns the folders' names.
+ * its model. A folder goes once its writer is gone (writerGone: a process of this host that no
+ * longer runs), or, another host's or one named before the writer's tag was, once nothing in it
+ * was written for a day. Returns the folders' names.
  */
 export async function sweepExports(root = tmpdir(), now = Date.now()): Promise<string[]> {
   const removed: string[] = [];
   const names = await readdir(root).catch(() => [] as string[]);
   for (const name of names.filter((n) => n.startsWith(EXPORT_FOLDER))) {
     const dir = join(root, name);
-    if (exporting.has(dir)) continue;
     const [, host, pid] = EXPORT_OWNER.exec(name) ?? [];
-    // This process's pid, but not one of its builds: an earlier process that had the same pid.
-    const earlierSelf = `${host}-${pid}` === WRITER_TAG;
-    if (!earlierSelf && !writerGone(host, Number(pid), await lastWritten(dir), now)) continue;
+    if (!writerGone(host, Number(pid), await lastWritten(dir), now)) continue;
     await rm(dir, { recursive: true, force: true });
     removed.push(name);
   }

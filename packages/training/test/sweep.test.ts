@@ -89,11 +89,13 @@ describe("sweepExports", () => {
       utimesSync(join(root, name), at, at);
     };
     const day = 25 * 60 * 60_000;
+    const beforeThisProcess = process.uptime() * 1000 + 60_000;
     // This host: a process that no longer runs (above Linux's default pid_max), one that runs
-    // (this one's parent), and an earlier process that had this one's pid.
+    // (this one's parent), an earlier process that had this one's pid, and this process.
     folder(`arbor-export-${host}-4194305-a1`);
     folder(`arbor-export-${host}-${process.ppid}-b2`);
-    folder(`arbor-export-${WRITER_TAG}-c3`);
+    folder(`arbor-export-${WRITER_TAG}-c3`, beforeThisProcess);
+    folder(`arbor-export-${WRITER_TAG}-f6`);
     // Another host's, whose processes cannot be seen from here: a day decides, as for a folder
     // named before the writer's tag was.
     folder("arbor-export-0badc0de-12-d4");
@@ -112,6 +114,7 @@ describe("sweepExports", () => {
     expect(readdirSync(root).sort()).toEqual(
       [
         `arbor-export-${host}-${process.ppid}-b2`,
+        `arbor-export-${WRITER_TAG}-f6`,
         "arbor-export-0badc0de-12-d4",
         "arbor-export-Ab12Cd",
         "other-folder",
