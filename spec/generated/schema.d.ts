@@ -443,7 +443,7 @@ export interface paths {
         put?: never;
         /**
          * Pull a base model from the Hugging Face Hub
-         * @description Admin only (a key of a member of the first admin's entity with the `admin` role, as
+         * @description Operators only (a key made with `arbor keys create --operator`, or the first start's, as
          *     `GET /metrics` asks): any other key is 403. Downloads a model from the Hugging Face Hub
          *     (`HF_ENDPOINT`, with `HF_TOKEN` for gated and private repos, from the server's environment)
          *     into the base-models directory (`ARBOR_BASE_MODELS_DIR`) under `id`, as `arbor models pull`
@@ -1218,7 +1218,10 @@ export interface components {
             tools?: {
                 [key: string]: unknown;
             }[] | null;
-            /** @description Per-trajectory metrics; `logModelMetrics` averages each over the split. */
+            /**
+             * @description Per-trajectory metrics, named in 1–256 characters; `logModelMetrics` averages each over
+             *     the split.
+             */
             metrics?: {
                 [key: string]: number | boolean;
             };
@@ -4208,7 +4211,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description The key is valid but is not an admin's. */
+            /** @description The key is valid but is not an operator's. */
             403: {
                 headers: {
                     "x-request-id": components["headers"]["RequestId"];
@@ -4218,7 +4221,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "message": "Only an admin key may pull base models.",
+                     *         "message": "Only an operator key may pull base models (arbor keys create --operator).",
                      *         "type": "permission_error",
                      *         "param": null,
                      *         "code": "permission_denied"

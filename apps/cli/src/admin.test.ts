@@ -30,6 +30,24 @@ describe("keys", () => {
     expect(lines.join("\n")).not.toContain(token);
   });
 
+  it("when a key is created with --operator, then it verifies as an operator's and is listed as one; a plain key is not", async () => {
+    const operator = await createKey(
+      store,
+      { user: "prometheus", entity: "ops", operator: true },
+      out,
+    );
+    expect(lines.at(-3)).toMatch(/^Created operator key sk-arb-/);
+    const plain = await createKey(store, { user: "alice", entity: "default" }, out);
+    expect((await store.apiKeys.verify(operator))?.operator).toBe(true);
+    expect((await store.apiKeys.verify(plain))?.operator).toBe(false);
+    lines = [];
+    await listKeys(store, {}, out);
+    const rows = lines.map((line) => line.split("\t"));
+    const column = rows[0]!.indexOf("operator");
+    expect(rows.find((r) => r[0] === "prometheus")?.[column]).toBe("yes");
+    expect(rows.find((r) => r[0] === "alice")?.[column]).toBe("");
+  });
+
   it("when an existing user gets a key for another entity, then it becomes a member of both", async () => {
     await createKey(store, { user: "bob", entity: "one" }, out);
     const token = await createKey(store, { user: "bob", entity: "two" }, out);

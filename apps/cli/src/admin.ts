@@ -6,11 +6,17 @@ export interface Output {
   line(text: string): void;
 }
 
-/** `keys create --user U --entity E [--name N]`: the user is created on first use with E as its
- * default entity, and made a member of E otherwise. The key is printed once. */
+/** `keys create --user U --entity E [--name N] [--operator]`: the user is created on first use
+ * with E as its default entity, and made a member of E otherwise. With `--operator` the key may
+ * read `/metrics` too. The key is printed once. */
 export async function createKey(
   store: Store,
-  args: { user: string; entity: string; name?: string | undefined },
+  args: {
+    user: string;
+    entity: string;
+    name?: string | undefined;
+    operator?: boolean | undefined;
+  },
   out: Output,
 ): Promise<string> {
   let user = await store.users.getByName(args.user);
@@ -21,9 +27,10 @@ export async function createKey(
   }
   const { key, token } = await store.apiKeys.create(user.id, {
     name: args.name ?? `${args.entity} key`,
+    operator: args.operator === true,
   });
   out.line(
-    `Created key ${key.prefix}… (id ${key.id}) for user "${user.name}" in entity "${args.entity}".`,
+    `Created ${key.operator ? "operator " : ""}key ${key.prefix}… (id ${key.id}) for user "${user.name}" in entity "${args.entity}".`,
   );
   out.line("It is shown once; store it now:");
   out.line(token);
@@ -41,7 +48,17 @@ export async function listKeys(
     : (await store.users.list({ limit: 100 })).data;
   if (args.user && users.length === 0) throw new Error(`No user named "${args.user}".`);
   out.line(
-    ["user", "entities", "key id", "prefix", "name", "created", "last used", "revoked"].join("\t"),
+    [
+      "user",
+      "entities",
+      "key id",
+      "prefix",
+      "name",
+      "operator",
+      "created",
+      "last used",
+      "revoked",
+    ].join("\t"),
   );
   for (const user of users) {
     const entities = (await store.users.entitiesOf(user.id)).join(",");
@@ -53,6 +70,7 @@ export async function listKeys(
           key.id,
           `${key.prefix}…`,
           key.name ?? "",
+          key.operator ? "yes" : "",
           iso(key.created_at),
           iso(key.last_used_at),
           iso(key.revoked_at),

@@ -121,14 +121,16 @@ export const COMMANDS: readonly Command[] = [
   command({
     name: "keys create",
     needs: STORE,
-    usage: "--user U --entity E [--name N]",
-    summary: "create an API key (and the user, and its membership of the entity)",
-    options: { user: str, entity: str, name: str },
+    usage: "--user U --entity E [--name N] [--operator]",
+    summary:
+      "create an API key (and the user, and its membership of the entity); --operator: it may read /metrics",
+    options: { user: str, entity: str, name: str, operator: flag },
     run: async ({ values, store, io }) => {
       const args = {
         user: required(values.user, "--user"),
         entity: required(values.entity, "--entity"),
         name: values.name,
+        operator: values.operator,
       };
       await createKey(await store(), args, io);
     },

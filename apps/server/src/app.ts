@@ -3,7 +3,6 @@ import { ADAPTER_MAX_BYTES, DATASET_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
-import { ADMIN_ENTITY } from "./bootstrap.ts";
 import type { AppConfig, Role } from "./config.ts";
 import { type Authenticate, authentication } from "./http/auth.ts";
 import { jsonBody } from "./http/body.ts";
@@ -32,7 +31,7 @@ import { ModelDirectory } from "./modules/inference/models.ts";
 import { inferenceHandlers } from "./modules/inference/routes.ts";
 import { ChatService } from "./modules/inference/service.ts";
 import { UpstreamChatBackend } from "./modules/inference/upstream.ts";
-import { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
+import type { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
 import type { Metrics } from "./modules/metrics/metrics.ts";
 import { metricsEndpoint, requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsHandlers } from "./modules/models/routes.ts";
@@ -56,6 +55,9 @@ export interface AppDeps {
   onJobQueued?: () => void;
   /** Called when a job was cancelled, so the worker running it in this process stops now. */
   onJobCancelled?: (jobId: string) => void;
+  /** The adapters of checkpoints that upstreams serve (their folders are swept with the rest
+   * of what a crash leaves, by the server). */
+  upstreamAdapters: UpstreamAdapters;
 }
 
 /** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */
@@ -74,15 +76,11 @@ export function createApp(deps: AppDeps): Express {
   app.use(publicDocuments(spec));
   app.use(consoleRoutes());
   // Every role serves it: each process counts its own requests, chats and jobs.
-  // An admin key: a member of the first admin's entity with the admin role.
-  const isAdmin = async (principal: Principal) =>
-    (await deps.store.users.roleIn(principal.userId, ADMIN_ENTITY)) === "admin";
   app.use(
     metricsEndpoint({
       access: config.metrics,
       metrics: deps.metrics,
       authenticate,
-      isAdmin,
     }),
   );
   app.use(rawModelIdInPath);
@@ -138,19 +136,7 @@ export function createApp(deps: AppDeps): Express {
   }
 
   const directory = new ModelDirectory(deps.engines, deps.store, config.upstreams);
-  const upstreamAdapters = new UpstreamAdapters({
-    upstreams: config.upstreams,
-    dir: config.upstreamLoraDir,
-    blobs: deps.store.blobs,
-    logger,
-  });
-  if (Object.keys(config.upstreams).length > 0)
-    void upstreamAdapters.sweepPartial().then(
-      (swept) =>
-        swept.length > 0 &&
-        logger.info({ swept }, `removed ${swept.length} cut-off adapter folders for upstreams`),
-      (err: unknown) => logger.warn({ err }, "could not sweep cut-off adapter folders"),
-    );
+  const { upstreamAdapters } = deps;
   const handlers: Handlers = {
     ...healthHandlers(deps.probes),
     ...callsHandlers(deps.store),
@@ -170,7 +156,6 @@ export function createApp(deps: AppDeps): Express {
       modelsDir: deps.engines.modelsDir,
       weights: deps.engines.weights,
       hub: config.hub,
-      isAdmin,
       refresh: () => deps.engines.refresh(),
       logger,
     }),
@@ -258,6 +243,7 @@ function principalOf(identity: KeyIdentity | undefined): Principal | null {
     userName: identity.user_name,
     defaultEntity: identity.default_entity,
     entities: identity.entities,
+    operator: identity.operator,
   };
 }
 

@@ -24,7 +24,11 @@ export async function ensureFirstAdmin(
     defaultEntity: ADMIN_ENTITY,
     role: "admin",
   });
-  const { token } = await store.apiKeys.create(user.id, { name: "first admin key" });
+  // The operator's: it reads /metrics too.
+  const { token } = await store.apiKeys.create(user.id, {
+    name: "first admin key",
+    operator: true,
+  });
   mkdirSync(dataDir, { recursive: true });
   const keyPath = adminKeyPath(dataDir);
   if (existsSync(keyPath)) chmodSync(keyPath, 0o600);

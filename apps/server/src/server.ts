@@ -7,7 +7,7 @@ import {
   type RateLimitState,
   type Store,
 } from "@arbor/store";
-import { EmbeddedWorker, sweepBlobs } from "@arbor/training";
+import { EmbeddedWorker, type SweepResult, sweepBlobs, sweepExports } from "@arbor/training";
 import type { Express } from "express";
 import { type Logger, pino } from "pino";
 import { createApp } from "./app.ts";
@@ -18,6 +18,7 @@ import { loadSpec } from "./http/openapi.ts";
 import { engineProbe, redisProbe, storeProbes, workerProbe } from "./modules/health/probes.ts";
 import { EngineHost } from "./modules/inference/engines.ts";
 import { LlamaCppBackend } from "./modules/inference/llama-cpp.ts";
+import { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
 import { Metrics } from "./modules/metrics/metrics.ts";
 
 /** What a caller may change of how the server is put together: tests and benches. */
@@ -120,8 +121,15 @@ export async function buildServer(
   }
   // This process's counters: its requests, chats, and the jobs its embedded worker runs.
   const metrics = new Metrics({ jobCounts: () => store.jobs.depth(), logger });
+  const appConfig = { ...appConfigOf(config), ...options.app };
+  const upstreamAdapters = new UpstreamAdapters({
+    upstreams: appConfig.upstreams,
+    dir: appConfig.upstreamLoraDir,
+    blobs: store.blobs,
+    logger,
+  });
   const app = createApp({
-    config: { ...appConfigOf(config), ...options.app },
+    config: appConfig,
     logger,
     spec: loadSpec(),
     store: options.storeSeenByApp?.(store) ?? store,
@@ -131,17 +139,26 @@ export async function buildServer(
     rateLimits,
     onJobQueued: () => worker?.poke(),
     onJobCancelled: (jobId) => worker?.cancelled(jobId),
+    upstreamAdapters,
   });
   let sweeper: NodeJS.Timeout | undefined;
+  // What interrupted writes left: partial blobs and files no row names, GGUF export folders in
+  // the temp directory, and adapter folders half written for upstreams.
+  const swept = (what: string, sweeping: Promise<string[] | SweepResult>) =>
+    sweeping.then(
+      (swept) => {
+        const count = (Array.isArray(swept) ? swept : Object.values(swept).flat()).length;
+        if (count > 0) logger.info({ swept }, `removed ${count} ${what}`);
+      },
+      (err: unknown) => logger.warn({ err }, `could not sweep ${what}`),
+    );
   const sweep = () =>
     Promise.all([
-      sweepBlobs(store).then(
-        (swept) => {
-          const count = Object.values(swept).reduce((n, keys) => n + keys.length, 0);
-          if (count > 0) logger.info({ swept }, `removed ${count} unnamed or partial files`);
-        },
-        (err: unknown) => logger.warn({ err }, "could not sweep unnamed files"),
-      ),
+      swept("unnamed or partial files", sweepBlobs(store)),
+      swept("cut-off GGUF export folders", sweepExports()),
+      Object.keys(appConfig.upstreams).length > 0
+        ? swept("cut-off adapter folders for upstreams", upstreamAdapters.sweepPartial())
+        : undefined,
       // Rate-limit rows of keys and projects idle for a minute, and lapsed leases.
       rateLimits
         .prune(Date.now())
@@ -170,7 +187,8 @@ export async function buildServer(
     },
     async start() {
       http = await listen(app, config.port, config.host);
-      // What a crash cut off (partial files, files whose row was never written) goes now and hourly.
+      // What a crash cut off (partial files, files whose row was never written, temporary
+      // folders) goes now and hourly.
       await sweep();
       sweeper = setInterval(sweep, 60 * 60_000).unref();
       if (config.embeddedWorker) {

@@ -8,7 +8,7 @@
  */
 import { baseModelsDir, readConfig } from "@arbor/config";
 import { checkFilesLeftInDataDir, openStore } from "@arbor/store";
-import { EmbeddedWorker, processIdentity } from "@arbor/training";
+import { EmbeddedWorker, processIdentity, sweepBlobs } from "@arbor/training";
 import { pino } from "pino";
 
 const config = readConfig();
@@ -22,6 +22,18 @@ const store = await openStore({
 // Blobs moved into PostgreSQL by default: a data directory's files are never left unseen.
 const left = await checkFilesLeftInDataDir(store, config.dataDir, config.blobs !== undefined);
 if (left) logger.warn({ dataDir: config.dataDir }, left);
+// Partial files a killed worker of this host left (blobs kept in files), now and hourly: only a
+// process of the same host can tell that their writer is gone before they are a day old.
+const sweep = () =>
+  sweepBlobs(store).then(
+    (swept) => {
+      const count = Object.values(swept).flat().length;
+      if (count > 0) logger.info({ swept }, `removed ${count} unnamed or partial files`);
+    },
+    (err: unknown) => logger.warn({ err }, "could not sweep unnamed or partial files"),
+  );
+await sweep();
+const sweeper = setInterval(sweep, 60 * 60_000).unref();
 // The same supervised training threads as the server's embedded worker: this thread stays free
 // to watch for cancels (made through any replica's API), so a job stops between micro-batches.
 const identity = processIdentity(config.workerId);
@@ -49,6 +61,7 @@ logger.info(
 
 async function shutdown(signal: string) {
   logger.info({ signal }, "stopping: a running job goes back to the queue");
+  clearInterval(sweeper);
   await worker.stop();
   await store.close();
   process.exit(0);

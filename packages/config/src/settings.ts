@@ -40,7 +40,7 @@ export type BlobBackend = "fs" | "postgres";
 export const BLOB_BACKENDS: readonly BlobBackend[] = ["fs", "postgres"];
 export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 
-/** Who may read `GET /metrics`: admin keys, anyone, or no one (404). */
+/** Who may read `GET /metrics`: operator keys, anyone, or no one (404). */
 export type MetricsAccess = "key" | "public" | "off";
 export const METRICS_ACCESS: readonly MetricsAccess[] = ["key", "public", "off"];
 /** `ARBOR_ENGINE_WEIGHTS`: how engines keep weights (`WeightDtype` of @arbor/engine). */
@@ -162,7 +162,7 @@ export const SETTINGS = {
     env: "ARBOR_METRICS",
     group: "server",
     shown: "key",
-    doc: "`GET /metrics` (Prometheus text): `key` asks for an admin key, `public` serves it to anyone, `off` answers 404.",
+    doc: "`GET /metrics` (Prometheus text): `key` asks for an operator key (`arbor keys create --operator`; the first-start key is one), `public` serves it to anyone, `off` answers 404.",
     read: oneOf(METRICS_ACCESS, "key"),
   }),
   dataDir: setting({

@@ -49,10 +49,35 @@ export function assertBlobPrefix(prefix: string): void {
 }
 
 const TEMP_MARK = ".tmp-";
-/** Partial files are named `<key>.tmp-<host>-<pid>-<random>`: a sweep tells whose they are. */
 const HOST_TAG = createHash("sha256").update(hostname()).digest("hex").slice(0, 8);
+/** This process as the writer of a partial file or temporary folder, `<host>-<pid>`: written
+ * into their names (`<key>.tmp-<host>-<pid>-<random>`, `arbor-export-<host>-<pid>-…`), so a
+ * sweep tells whose they are. */
+export const WRITER_TAG = `${HOST_TAG}-${process.pid}`;
 const PARTIAL = /\.tmp-([0-9a-f]{8})-(\d+)-[0-9a-f]+$/;
 const DAY_MS = 24 * 60 * 60 * 1000;
+
+/** When this process started (Unix ms), less a margin for coarse file times: what this pid
+ * last wrote before then, an earlier process with the same pid wrote (a container's server is
+ * often pid 1 on every start). */
+const STARTED_MS = Date.now() - process.uptime() * 1000 - 5_000;
+
+/**
+ * Whether what a writer left (its tag's `host` and `pid`, last written at `modifiedAt`) is
+ * abandoned: its writer is a process of this host that no longer runs (another pid that is not
+ * alive, or this pid before this process started), or it is a day old (another host's, whose
+ * processes cannot be seen from here).
+ */
+export function writerGone(
+  host: string | undefined,
+  pid: number,
+  modifiedAt: number,
+  now = Date.now(),
+): boolean {
+  if (now - modifiedAt > DAY_MS) return true;
+  if (host !== HOST_TAG) return false;
+  return pid === process.pid ? modifiedAt < STARTED_MS : !processAlive(pid);
+}
 
 /** The data-directory implementation: temp file in the same dir, fsync, rename, fsync dir. */
 export class FsBlobStore implements BlobStore {
@@ -69,9 +94,8 @@ export class FsBlobStore implements BlobStore {
   async put(key: string, body: BlobBody): Promise<{ bytes: number }> {
     const path = this.#path(key);
     const dir = dirname(path);
-    await mkdir(dir, { recursive: true });
-    const temp = `${path}${TEMP_MARK}${HOST_TAG}-${process.pid}-${randomBytes(6).toString("hex")}`;
-    const file = await open(temp, "wx", 0o644);
+    const temp = `${path}${TEMP_MARK}${WRITER_TAG}-${randomBytes(6).toString("hex")}`;
+    const file = await openIn(dir, temp);
     let bytes = 0;
     try {
       if (body instanceof Uint8Array) {
@@ -169,11 +193,8 @@ export class FsBlobStore implements BlobStore {
         }
         if (!entry.name.includes(TEMP_MARK)) continue;
         const [, host, pid] = PARTIAL.exec(entry.name) ?? [];
-        const ours = host === HOST_TAG;
-        const gone = ours
-          ? Number(pid) !== process.pid && !processAlive(Number(pid))
-          : now - (await stat(full).catch(() => ({ mtimeMs: now }))).mtimeMs > DAY_MS;
-        if (!gone) continue;
+        const modifiedAt = (await stat(full).catch(() => ({ mtimeMs: now }))).mtimeMs;
+        if (!writerGone(host, Number(pid), modifiedAt, now)) continue;
         await unlink(full).catch(() => {});
         await removeEmptyDirs(dir, this.root);
         removed.push(relative(this.root, full).split(sep).join("/"));
@@ -188,8 +209,12 @@ export class FsBlobStore implements BlobStore {
     const keys = await this.list(prefix);
     for (const key of keys) await this.delete(key);
     if (prefix.endsWith("/")) {
-      // Remove the emptied directory tree too, so deleted models leave nothing behind.
-      await rm(this.#path(prefix.slice(0, -1)), { recursive: true, force: true });
+      // Remove the emptied directory tree too, so deleted models leave nothing behind, and the
+      // folders it emptied above it. A file another process writes into the tree meanwhile
+      // (ENOTEMPTY) is removed by the retries; that write then fails.
+      const dir = this.#path(prefix.slice(0, -1));
+      await rm(dir, { recursive: true, force: true, maxRetries: 5, retryDelay: 10 });
+      await removeEmptyDirs(dirname(dir), this.root);
     } else {
       await removeEmptyDirs(dirname(this.#path(keys[0] ?? `${prefix}x`)), this.root);
     }
@@ -275,6 +300,19 @@ async function* regroup(pieces: AsyncIterable<Uint8Array>, size: number) {
     }
   }
   if (filled > 0) yield chunk.subarray(0, filled);
+}
+
+/** Creates `temp` in `dir` (made when missing) for writing. A delete of the directory's tree, or
+ * of the empty folders above it, may remove it between the two steps: then both are tried again. */
+async function openIn(dir: string, temp: string) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await mkdir(dir, { recursive: true });
+      return await open(temp, "wx", 0o644);
+    } catch (err) {
+      if (!isMissing(err) || attempt === 5) throw err;
+    }
+  }
 }
 
 async function syncDir(dir: string): Promise<void> {

@@ -34,6 +34,9 @@ export interface ApiKey {
   name: string | null;
   /** The visible start of the token, e.g. `sk-arb-Ab12Cd`: enough to recognise it in a list. */
   prefix: string;
+  /** An operator's key: it may read what spans every tenant (`GET /metrics`), whatever its
+   * entities. Only `arbor keys create --operator` (and the first start) make one. */
+  operator: boolean;
   created_at: number;
   last_used_at: number | null;
   revoked_at: number | null;
@@ -46,6 +49,8 @@ export interface KeyIdentity {
   user_name: string;
   default_entity: string;
   entities: string[];
+  /** Whether the key is an operator's (ApiKey.operator). */
+  operator: boolean;
 }
 
 function hashToken(token: string): string {
@@ -67,6 +72,7 @@ function toApiKey(r: Row): ApiKey {
     user_id: String(r.user_id),
     name: r.name === null || r.name === undefined ? null : String(r.name),
     prefix: String(r.prefix),
+    operator: Number(r.operator) === 1,
     created_at: Number(r.created_at),
     last_used_at: numOrNull(r.last_used_at),
     revoked_at: numOrNull(r.revoked_at),
@@ -231,22 +237,24 @@ export class ApiKeysRepo {
     this.#now = now;
   }
 
-  /** Creates a key; the token is returned once here and never stored (only its sha256). */
+  /** Creates a key (an operator's with `operator`); the token is returned once here and never
+   * stored (only its sha256). */
   async create(
     userId: string,
-    options: { name?: string } = {},
+    options: { name?: string; operator?: boolean } = {},
   ): Promise<{ key: ApiKey; token: string }> {
     const token = API_KEY_PREFIX + randomBytes(32).toString("base64url");
     const now = this.#now();
     const row = await this.#sql.one(
-      `INSERT INTO api_keys (id, user_id, name, prefix, hash, created_at)
-       VALUES ($1, $2, $3, $4, $5, $6) RETURNING *`,
+      `INSERT INTO api_keys (id, user_id, name, prefix, hash, operator, created_at)
+       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *`,
       [
         uuidv7(now),
         userId,
         options.name ?? null,
         token.slice(0, VISIBLE_PREFIX_LENGTH),
         hashToken(token),
+        options.operator ? 1 : 0,
         unixSeconds(now),
       ],
     );
@@ -262,8 +270,8 @@ export class ApiKeysRepo {
     if (!token.startsWith(API_KEY_PREFIX) || token.length > 200) return undefined;
     const hash = hashToken(token);
     const row = await this.#sql.one(
-      `SELECT k.id, k.revoked_at, k.last_used_at, u.id AS user_id, u.name AS user_name,
-              u.default_entity
+      `SELECT k.id, k.revoked_at, k.last_used_at, k.operator, u.id AS user_id,
+              u.name AS user_name, u.default_entity
        FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.hash = $1`,
       [hash],
     );
@@ -283,6 +291,7 @@ export class ApiKeysRepo {
       user_name: String(row.user_name),
       default_entity: String(row.default_entity),
       entities: await entitiesOf(this.#sql, String(row.user_id)),
+      operator: Number(row.operator) === 1,
     };
   }
 

@@ -1,4 +1,11 @@
-export { assertBlobKey, type BlobBody, type BlobStore, FsBlobStore } from "./blobs.ts";
+export {
+  assertBlobKey,
+  type BlobBody,
+  type BlobStore,
+  FsBlobStore,
+  WRITER_TAG,
+  writerGone,
+} from "./blobs.ts";
 export type {
   Call,
   CallBatchItem,

@@ -283,6 +283,19 @@ export const MIGRATIONS: readonly Migration[] = [
       },
     ],
   },
+  {
+    version: 8,
+    name: "operator keys",
+    statements: [
+      // 1: an operator's key, which may read what spans every tenant (/metrics, ADR 50). Any
+      // key of an admin of entity `default` could before; now only these can.
+      "ALTER TABLE api_keys ADD COLUMN operator INTEGER NOT NULL DEFAULT 0",
+      // The first-start admin's keys stay operators' (its key file is the documented scrape
+      // credential); other admins of `default` are tenants' admins, not the operator.
+      `UPDATE api_keys SET operator = 1 WHERE user_id IN
+        (SELECT id FROM users WHERE name = 'admin' AND default_entity = 'default')`,
+    ],
+  },
 ];
 
 /**

@@ -234,7 +234,11 @@ export class ModelsRepo {
   ): Promise<Checkpoint> {
     const now = this.#now();
     return this.#sql.transaction(async (tx) => {
-      const model = await tx.one("SELECT id FROM models WHERE entity = $1 AND id = $2", [
+      // The lock its latest_step update takes, taken first: a delete of the model (FOR UPDATE)
+      // in progress is waited for, and then the model is not found, rather than the insert
+      // failing on its foreign key; concurrent adds queue instead of deadlocking on the update.
+      const lock = tx.dialect === "postgres" ? " FOR NO KEY UPDATE" : "";
+      const model = await tx.one(`SELECT id FROM models WHERE entity = $1 AND id = $2${lock}`, [
         entity,
         modelId,
       ]);
@@ -325,10 +329,13 @@ export class ModelsRepo {
     steps: readonly number[],
   ): Promise<{ deleted_count: number; not_found_steps: number[]; blob_keys: string[] }> {
     return this.#sql.transaction(async (tx) => {
-      const model = await tx.one("SELECT latest_step FROM models WHERE entity = $1 AND id = $2", [
-        entity,
-        modelId,
-      ]);
+      // FOR UPDATE: a checkpoint being added is waited for, so the latest step read here is the
+      // latest when the steps are deleted.
+      const lock = tx.dialect === "postgres" ? " FOR UPDATE" : "";
+      const model = await tx.one(
+        `SELECT latest_step FROM models WHERE entity = $1 AND id = $2${lock}`,
+        [entity, modelId],
+      );
       if (!model) throw new NotFoundError(`Model ${modelId} not found`);
       const unique = [...new Set(steps)];
       if (unique.length === 0) return { deleted_count: 0, not_found_steps: [], blob_keys: [] };

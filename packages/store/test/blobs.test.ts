@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Readable } from "node:stream";
@@ -11,6 +11,7 @@ import {
   FsBlobStore,
   PgBlobStore,
   type PostgresSql,
+  WRITER_TAG,
 } from "../src/index.ts";
 import { pgSkipReason, StoreContext } from "./helpers.ts";
 
@@ -228,6 +229,32 @@ describe("FsBlobStore", () => {
     expect(readdirSync(join(root, "models")).sort()).toEqual(["a", "bb"]);
   });
 
+  it("when a prefix's only folder is deleted, then the folders it emptied above it go too", async () => {
+    await blobs.put("lone/m/0/a", "1");
+    await blobs.put("lone/m/1/a", "2");
+    await blobs.deletePrefix("lone/m/0/");
+    expect(readdirSync(join(root, "lone", "m"))).toEqual(["1"]);
+    await blobs.deletePrefix("lone/m/1/");
+    expect(readdirSync(root)).not.toContain("lone");
+  });
+
+  it("when a folder is deleted while puts write into it, then the delete never fails and each put lands whole or fails as missing, leaving no file", async () => {
+    const body = Buffer.alloc(256 * 1024, 7);
+    for (let round = 0; round < 20; round++) {
+      const puts = Array.from({ length: 6 }, (_, i) =>
+        blobs.put(`race/m/${i % 2}-${round}/file-${i}`, body),
+      );
+      await expect(blobs.deletePrefix("race/m/")).resolves.toBeGreaterThanOrEqual(0);
+      for (const result of await Promise.allSettled(puts)) {
+        if (result.status === "rejected")
+          expect((result.reason as NodeJS.ErrnoException).code).toBe("ENOENT");
+      }
+      await blobs.deletePrefix("race/m/");
+      expect(await blobs.list("race/")).toEqual([]);
+    }
+    expect(readdirSync(root)).not.toContain("race");
+  });
+
   it("when partial files are swept, then a dead writer's go and a live writer's stay", async () => {
     let finish!: () => void;
     const held = new Promise<void>((resolve) => {
@@ -252,6 +279,26 @@ describe("FsBlobStore", () => {
     finish();
     await writing;
     expect((await blobs.get("sweep/x"))?.toString()).toBe("partial");
+  });
+
+  it("when a partial file is another host's, then it goes once a day old; one of this pid, once written before this process started", async () => {
+    const ago = (ms: number) => new Date(Date.now() - ms);
+    const partial = (name: string, at?: Date) => {
+      writeFileSync(join(root, "aged", name), "partial");
+      if (at) utimesSync(join(root, "aged", name), at, at);
+    };
+    await blobs.put("aged/kept", "whole");
+    // An earlier process that had this pid (a container's server is often pid 1 on each start).
+    partial(`a.tmp-${WRITER_TAG}-aa`, ago(process.uptime() * 1000 + 60_000));
+    partial("b.tmp-0badc0de-12-bb", ago(25 * 60 * 60_000));
+    partial(`c.tmp-${WRITER_TAG}-cc`);
+    partial("d.tmp-0badc0de-12-dd", ago(60 * 60_000));
+    expect((await blobs.sweepPartial()).sort()).toEqual(
+      [`aged/a.tmp-${WRITER_TAG}-aa`, "aged/b.tmp-0badc0de-12-bb"].sort(),
+    );
+    expect(readdirSync(join(root, "aged")).sort()).toEqual(
+      [`c.tmp-${WRITER_TAG}-cc`, "d.tmp-0badc0de-12-dd", "kept"].sort(),
+    );
   });
 });
 

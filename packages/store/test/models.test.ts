@@ -146,6 +146,26 @@ describeBackends("models and checkpoints", (ctx) => {
     expect(gone.blob_keys.sort()).toEqual(["k0", "k3"]);
     expect(await ctx.store.models.get(model.entity, model.id)).toBeUndefined();
   });
+
+  it("when checkpoints are added on several handles while the model is deleted, then each add succeeds or finds the model gone, and none is left", async () => {
+    const stores = [ctx.store, await ctx.openAnother(), await ctx.openAnother()];
+    for (let round = 0; round < 5; round++) {
+      const model = await newModel();
+      const adds = Array.from({ length: 6 }, (_, i) =>
+        stores[i % stores.length]!.models.addCheckpoint(model.entity, model.id, {
+          step: i + 1,
+          blob_key: `k${i + 1}`,
+        }),
+      );
+      const deleted = stores[1]!.models.delete(model.entity, model.id);
+      for (const result of await Promise.allSettled([...adds, deleted])) {
+        if (result.status === "rejected") expect(result.reason).toBeInstanceOf(NotFoundError);
+      }
+      await expect(deleted).resolves.toBeDefined();
+      const page = await ctx.store.models.listCheckpoints(model.entity, model.id);
+      expect(page.data).toEqual([]);
+    }
+  });
 });
 
 describeBackends("datasets", (ctx) => {

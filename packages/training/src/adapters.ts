@@ -20,6 +20,7 @@ import {
   ADAPTER_FILES,
   type CheckpointFiles,
   ownBuffer,
+  withModelFiles,
   writeCheckpointFiles,
 } from "./checkpoints.ts";
 
@@ -326,11 +327,15 @@ export interface ImportAdapterInput {
 /**
  * Adds a PEFT adapter trained elsewhere as the model's next checkpoint: checked against the
  * base on the adapter check's thread (AdapterError → InvalidInputError naming the field or
- * tensor),
- * stored as F32 under PEFT's names with this base's id, files first, then the row; nothing stays
- * behind on any failure.
+ * tensor), stored as F32 under PEFT's names with this base's id, files first, then the row;
+ * nothing stays behind on any failure. A delete of the model waits for it (withModelFiles); one
+ * that came first makes it a 404.
  */
-export async function importAdapter(store: Store, input: ImportAdapterInput): Promise<Checkpoint> {
+export function importAdapter(store: Store, input: ImportAdapterInput): Promise<Checkpoint> {
+  return withModelFiles(input.model.id, "write", () => addAdapter(store, input));
+}
+
+async function addAdapter(store: Store, input: ImportAdapterInput): Promise<Checkpoint> {
   const { model, baseConfig, files } = input;
   for (const status of ["running", "queued"] as const) {
     const active = await store.jobs.list(model.entity, { model_id: model.id, status, limit: 1 });
@@ -354,11 +359,16 @@ export async function importAdapter(store: Store, input: ImportAdapterInput): Pr
   const blobs = store.blobs;
   if (!blobs) throw new Error("the store has no blob directory");
   const step = (model.latest_step ?? 0) + 1;
-  const prefix = await writeCheckpointFiles(blobs, model.id, step, checked.files);
+  let prefix: string | undefined;
   try {
+    prefix = await writeCheckpointFiles(blobs, model.id, step, checked.files);
     return await store.models.addCheckpoint(model.entity, model.id, { step, blob_key: prefix });
   } catch (err) {
-    await blobs.deletePrefix(prefix);
+    if (prefix) await blobs.deletePrefix(prefix);
+    // A write cut off by another process deleting the model (its folder removed mid-write):
+    // the upload answers as the model now is, not found.
+    if (!(err instanceof DomainError) && !(await store.models.get(model.entity, model.id)))
+      throw new NotFoundError(`Model ${quote(model.id)} not found.`, { code: "model_not_found" });
     throw err;
   }
 }

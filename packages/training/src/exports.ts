@@ -1,11 +1,17 @@
 import { createReadStream } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
-import type { BlobStore, Checkpoint } from "@arbor/store";
+import {
+  type BlobStore,
+  type Checkpoint,
+  NotFoundError,
+  WRITER_TAG,
+  writerGone,
+} from "@arbor/store";
 import { digestTap } from "./adapters.ts";
-import { ADAPTER_FILES, ownBuffer, readCheckpointFiles } from "./checkpoints.ts";
+import { ADAPTER_FILES, ownBuffer, readCheckpointFiles, withModelFiles } from "./checkpoints.ts";
 
 /** A checkpoint export kept in the checkpoint's own folder (deleted with it). */
 export interface StoredExport {
@@ -16,6 +22,11 @@ export interface StoredExport {
 }
 
 const building = new Map<string, Promise<StoredExport>>();
+
+/** Exports are built in `<tmpdir>/arbor-export-<host>-<pid>-<random>/` (the writer's tag,
+ * WRITER_TAG), so a sweep tells whose a folder is. */
+const EXPORT_FOLDER = "arbor-export-";
+const EXPORT_OWNER = /^arbor-export-([0-9a-f]{8})-(\d+)-/;
 
 /** `gguf`: the base with the adapter merged in; `gguf-lora`: the adapter alone, for llama.cpp. */
 export type GgufExport = "gguf" | "gguf-lora";
@@ -41,9 +52,10 @@ export async function checkpointGguf(
   }
   let pending = building.get(key);
   if (!pending) {
-    pending = build(blobs, checkpoint.blob_key, kind, baseDir, name, key, metaKey).finally(() =>
-      building.delete(key),
-    );
+    // Written beside the checkpoint's files: a delete of them waits for it, or came first.
+    pending = withModelFiles(checkpoint.model_id, "write", () =>
+      build(blobs, checkpoint, kind, baseDir, name, key, metaKey),
+    ).finally(() => building.delete(key));
     building.set(key, pending);
   }
   return pending;
@@ -51,15 +63,20 @@ export async function checkpointGguf(
 
 async function build(
   blobs: BlobStore,
-  prefix: string,
+  checkpoint: Checkpoint & { blob_key: string },
   kind: GgufExport,
   baseDir: string,
   name: string,
   key: string,
   metaKey: string,
 ): Promise<StoredExport> {
-  const files = await readCheckpointFiles(blobs, prefix, ADAPTER_FILES);
-  const dir = await mkdtemp(join(tmpdir(), "arbor-export-"));
+  const files = await readCheckpointFiles(blobs, checkpoint.blob_key, ADAPTER_FILES);
+  if (ADAPTER_FILES.some((file) => !files[file])) {
+    throw new NotFoundError(`Step ${checkpoint.step} has no weights: its files are gone.`, {
+      code: "checkpoint_not_found",
+    });
+  }
+  const dir = await mkdtemp(join(tmpdir(), `${EXPORT_FOLDER}${WRITER_TAG}-`));
   try {
     const path = join(dir, "export.gguf");
     // The adapter's bytes move to the thread (transferred, not copied): they are held once.
@@ -87,4 +104,34 @@ async function build(
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
+}
+
+/**
+ * Removes the export folders that builds cut off left in `root` (default the temp directory):
+ * a process killed mid-export never reaches its own cleanup, and a merged GGUF is the size of
+ * its model. A folder goes once its writer is gone (writerGone: a process of this host that no
+ * longer runs), or, another host's or one named before the writer's tag was, once nothing in it
+ * was written for a day. Returns the folders' names.
+ */
+export async function sweepExports(root = tmpdir(), now = Date.now()): Promise<string[]> {
+  const removed: string[] = [];
+  const names = await readdir(root).catch(() => [] as string[]);
+  for (const name of names.filter((n) => n.startsWith(EXPORT_FOLDER))) {
+    const dir = join(root, name);
+    const [, host, pid] = EXPORT_OWNER.exec(name) ?? [];
+    if (!writerGone(host, Number(pid), await lastWritten(dir), now)) continue;
+    await rm(dir, { recursive: true, force: true });
+    removed.push(name);
+  }
+  return removed;
+}
+
+/** When a folder or a file in it (the export being written) was last written. */
+async function lastWritten(dir: string): Promise<number> {
+  const times = [(await stat(dir).catch(() => undefined))?.mtimeMs ?? Date.now()];
+  for (const entry of await readdir(dir).catch(() => [] as string[])) {
+    const info = await stat(join(dir, entry)).catch(() => undefined);
+    if (info) times.push(info.mtimeMs);
+  }
+  return Math.max(...times);
 }

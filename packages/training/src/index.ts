@@ -11,9 +11,11 @@ export {
   ADAPTER_FILES,
   CHECKPOINTS_PREFIX,
   type CheckpointFiles,
+  type ModelFilesUse,
   modelFilesPrefix,
   OPTIMIZER_FILE,
   readCheckpointFiles,
+  withModelFiles,
   writeCheckpointFiles,
 } from "./checkpoints.ts";
 export {
@@ -38,7 +40,12 @@ export {
   validateSftJsonl,
 } from "./datasets/jsonl.ts";
 export { JobInputError, TrainingDataError } from "./errors.ts";
-export { checkpointGguf, type GgufExport, type StoredExport } from "./exports.ts";
+export {
+  checkpointGguf,
+  type GgufExport,
+  type StoredExport,
+  sweepExports,
+} from "./exports.ts";
 export {
   enqueueRlJob,
   enqueueSftJob,

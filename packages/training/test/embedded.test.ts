@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { openStore, type Store } from "@arbor/store";
@@ -111,6 +111,34 @@ describe("EmbeddedWorker", () => {
       expect(events).toEqual(["training_failed"]);
     } finally {
       await worker.stop();
+      await store.close();
+    }
+  });
+
+  it("when the worker stops while a thread computes without looking (a long micro-batch), then the thread is ended and its job handed back to the queue, not counted as a crash", async () => {
+    const { store, dataDir, jobId } = await runningJob();
+    writeFileSync(
+      join(dataDir, "stubborn-plan.json"),
+      JSON.stringify({ workerId: "thread-0#boot", jobId }),
+    );
+    const activity: TrainingActivity[] = [];
+    const worker = await start(store, dataDir, (a) => activity.push(a), "stubborn-thread.ts");
+    try {
+      await vi.waitFor(() => expect(worker.running()).toEqual([jobId]), PATIENT);
+      await vi.waitFor(() => expect(existsSync(join(dataDir, "computing"))).toBe(true), PATIENT);
+      await worker.stop();
+      expect(await store.jobs.get("e", jobId)).toMatchObject({
+        status: "queued",
+        lease_owner: null,
+        crashes: 0,
+      });
+      expect(activity).toEqual([]);
+      // The next run claims it as any queued job, not as a reclaimed crash.
+      expect(await store.jobs.reclaimOwnLeases("thread-0#", "thread-0#next")).toEqual({
+        requeued: [],
+        failed: [],
+      });
+    } finally {
       await store.close();
     }
   });

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { createDataset } from "../src/datasets/datasets.ts";
 import { enqueueRlJob, enqueueSftJob, MAX_JOB_EXAMPLES } from "../src/jobs.ts";
-import { writeCancelled } from "../src/runner/cancel.ts";
+import { stopWords, writeCancelled, writeStopping } from "../src/runner/cancel.ts";
 import { baseModels, sftExamplesLoader } from "../src/runner/loaders.ts";
 import {
   type TrainingActivity,
@@ -272,6 +272,29 @@ describe("TrainingWorker.runJob", () => {
     expect(job.status).toBe("cancelled");
     // The row was checked before the next step's event: at most the step in flight ran.
     expect(activity.filter((a) => a.type === "tokens").length).toBeLessThanOrEqual(2);
+  });
+
+  it("when its worker is stopping (a shutdown) while a job trains, then the job goes back to the queue within the step, counted neither as a crash nor as an ended run, and nothing more is claimed", async () => {
+    const queued = await longSftJob("deployed");
+    const activity: TrainingActivity[] = [];
+    const shared = stopWords();
+    const w = worker({
+      cancelled: shared,
+      onActivity: (a) => {
+        activity.push(a);
+        // Written by the supervisor while the step computes; the stop message waits for it.
+        if (a.type === "tokens" && activity.length === 1) writeStopping(shared);
+      },
+    });
+    const job = await runNext(w);
+    expect(job).toMatchObject({ status: "queued", lease_owner: null, crashes: 0, attempts: 1 });
+    expect(activity.filter((a) => a.type === "tokens").length).toBeLessThanOrEqual(2);
+    expect(activity.some((a) => a.type === "ended")).toBe(false);
+    // The worker's loop sees the word before any message: it claims nothing more.
+    w.start();
+    await w.stop();
+    expect((await store.jobs.get("e", queued.id))?.status).toBe("queued");
+    await store.jobs.cancelJob("e", queued.id);
   });
 
   it("when the data has a bad line, then the job fails before its first step naming the line", async () => {

@@ -1,9 +1,10 @@
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { openStore, type Store } from "@arbor/store";
+import { openStore, type Store, WRITER_TAG } from "@arbor/store";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { writeCheckpointFiles } from "../src/checkpoints.ts";
+import { sweepExports } from "../src/exports.ts";
 import { sweepBlobs } from "../src/sweep.ts";
 
 let dataDir: string;
@@ -71,5 +72,53 @@ describe("sweepBlobs", () => {
     const later = await sweepBlobs(store, { now: () => Date.now() + 16 * 60_000 });
     expect(later.datasets).toEqual(["datasets/unnamed.jsonl"]);
     expect(later.payloads).toEqual(["jobs/payloads/unnamed.json"]);
+  });
+});
+
+describe("sweepExports", () => {
+  const root = mkdtempSync(join(tmpdir(), "arbor-sweep-exports-"));
+  afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+  it("when a GGUF export was cut off, then its folder goes once its writer is gone or it is a day old; a live writer's stays", async () => {
+    const host = WRITER_TAG.split("-")[0]!;
+    const folder = (name: string, ageMs = 0) => {
+      mkdirSync(join(root, name));
+      writeFileSync(join(root, name, "export.gguf"), "GGUF");
+      const at = new Date(Date.now() - ageMs);
+      utimesSync(join(root, name, "export.gguf"), at, at);
+      utimesSync(join(root, name), at, at);
+    };
+    const day = 25 * 60 * 60_000;
+    const beforeThisProcess = process.uptime() * 1000 + 60_000;
+    // This host: a process that no longer runs (above Linux's default pid_max), one that runs
+    // (this one's parent), an earlier process that had this one's pid, and this process.
+    folder(`arbor-export-${host}-4194305-a1`);
+    folder(`arbor-export-${host}-${process.ppid}-b2`);
+    folder(`arbor-export-${WRITER_TAG}-c3`, beforeThisProcess);
+    folder(`arbor-export-${WRITER_TAG}-f6`);
+    // Another host's, whose processes cannot be seen from here: a day decides, as for a folder
+    // named before the writer's tag was.
+    folder("arbor-export-0badc0de-12-d4");
+    folder("arbor-export-0badc0de-12-e5", day);
+    folder("arbor-export-Ab12Cd");
+    folder("arbor-export-Ef34Gh", day);
+    folder("other-folder", day);
+    expect((await sweepExports(root)).sort()).toEqual(
+      [
+        `arbor-export-${host}-4194305-a1`,
+        `arbor-export-${WRITER_TAG}-c3`,
+        "arbor-export-0badc0de-12-e5",
+        "arbor-export-Ef34Gh",
+      ].sort(),
+    );
+    expect(readdirSync(root).sort()).toEqual(
+      [
+        `arbor-export-${host}-${process.ppid}-b2`,
+        `arbor-export-${WRITER_TAG}-f6`,
+        "arbor-export-0badc0de-12-d4",
+        "arbor-export-Ab12Cd",
+        "other-folder",
+      ].sort(),
+    );
   });
 });

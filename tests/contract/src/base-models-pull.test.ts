@@ -12,7 +12,7 @@ import { type RunningServer, startServer } from "./harness.ts";
 
 /**
  * `POST /v1/preview/base-models/pull` end to end: the server pointed at a stand-in Hub by
- * HF_ENDPOINT (the real Hub is not reachable from the machines that test Arbor), an admin pulls
+ * HF_ENDPOINT (the real Hub is not reachable from the machines that test Arbor), an operator pulls
  * the shipped tiny-chat's files from it as a base model, and a chat is answered by it.
  */
 const tiny = shippedModelFiles();
@@ -54,7 +54,7 @@ async function refused(client: ArborClient, body: { repo_id: string; id?: string
 }
 
 describe("pullBaseModel", () => {
-  it("when an admin pulls a repo, then it is answered pinned to its commit with each file's SHA-256, listed at once and chats", async () => {
+  it("when an operator pulls a repo, then it is answered pinned to its commit with each file's SHA-256, listed at once and chats", async () => {
     const pulled = await admin.training.baseModels.pull({
       repo_id: "acme/tiny-chat",
       revision: "main",

@@ -1,10 +1,12 @@
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, rmSync, utimesSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync, utimesSync, watch } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import * as remote from "@arbor/cli/remote";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
+import tar from "tar-stream";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";
 import { followAll, reversalJsonl } from "./jobs.ts";
@@ -120,6 +122,20 @@ describe("kill -9 during a job", () => {
   });
 });
 
+/** A job's events so far, every page. */
+async function eventsSoFar(client: ArborClient, jobId: string): Promise<TrainingJobEvent[]> {
+  const events: TrainingJobEvent[] = [];
+  for (let after: string | undefined; ; ) {
+    const page = await client.training.jobs.events.list(jobId, {
+      limit: 100,
+      ...(after ? { after } : {}),
+    });
+    events.push(...page.data);
+    if (!page.has_more) return events;
+    after = page.data.at(-1)!.id;
+  }
+}
+
 /** Runs the dying writer over `dataDir` and kills it with SIGKILL once its last write began. */
 function killMidWrite(dataDir: string, keys: string[]): Promise<void> {
   const writer = fileURLToPath(new URL("./fixtures/dying-writer.ts", import.meta.url));
@@ -144,6 +160,48 @@ function blobFiles(dataDir: string): string[] {
     .filter((e) => e.isFile())
     .map((e) => join(e.parentPath, e.name).slice(root.length + 1));
 }
+
+describe("SIGTERM during a job", () => {
+  it("when the server is stopped gracefully twice during one job, as deploys do, then neither stop counts against the job: it resumes each time and succeeds, each step reported once", async () => {
+    let client = await startChild();
+    const model = await client.training.models.create({
+      project: "faults",
+      name: "deployed",
+      base_model: "arbor/tiny-chat",
+    });
+    const dataset = await client.training.datasets.create(jsonl);
+    const job = await client.training.jobs.createSft({
+      model_id: model.id,
+      training_data_url: dataset.url,
+      config: { epochs: 12, batch_size: 2, checkpoint_every: 1 },
+    });
+    // Twice (the restart budget of crashes), each time once the run has saved a checkpoint.
+    for (let stop = 1; stop <= 2; stop++) {
+      await vi.waitFor(async () => {
+        const data = await eventsSoFar(client, job.id);
+        const runs = data.filter((e) => e.type === "training_started");
+        expect(runs).toHaveLength(stop);
+        const last = data.lastIndexOf(runs.at(-1)!);
+        expect(data.slice(last).some((e) => e.type === "checkpoint_saved")).toBe(true);
+      }, PATIENT);
+      expect(await child!.terminate()).toBe(0);
+      client = await startChild();
+    }
+    const events = await followAll(client, job.id);
+    expect(events.filter((e) => e.type === "training_failed")).toEqual([]);
+    expect(events.at(-1)!.type).toBe("training_ended");
+    const steps = events
+      .filter((e) => e.type === "gradient_step")
+      .map((e) => (e.data as { gradient_step: number }).gradient_step);
+    expect(steps).toEqual(Array.from({ length: 48 }, (_, i) => i + 1));
+    const starts = events
+      .filter((e) => e.type === "training_started")
+      .map((e) => e.data as { resumed_from_step?: number; attempt?: number });
+    expect(starts.map((s) => s.attempt)).toEqual([undefined, 2, 3]);
+    expect(await client.training.jobs.retrieve(job.id)).toMatchObject({ status: "succeeded" });
+    await kill9();
+  });
+});
 
 describe("kill -9 during writes", () => {
   it("when a checkpoint save and an upload were cut off, then a restarted server removes their partial files and the unnamed checkpoint folder, and deleting the model removes all its files", async () => {
@@ -181,3 +239,79 @@ describe("kill -9 during writes", () => {
     await kill9();
   });
 });
+
+describe("kill -9 during a GGUF export", () => {
+  it("when the server dies while building a checkpoint's first GGUF, then a restarted server removes the export folder from the temp directory, and the download then works and leaves none", async () => {
+    const home = mkdtempSync(join(tmpdir(), "arbor-faults-export-"));
+    const temp = mkdtempSync(join(tmpdir(), "arbor-faults-tmpdir-"));
+    const exportFolders = () => readdirSync(temp).filter((n) => n.startsWith("arbor-export-"));
+    let server: Child | undefined;
+    try {
+      const start = async () => {
+        const started = await startServerProcess(home, { TMPDIR: temp });
+        server = started.child;
+        return started;
+      };
+      let { client, apiKey, port } = await start();
+      const model = await client.training.models.create({
+        project: "faults",
+        name: "exported",
+        base_model: "arbor/tiny-chat",
+      });
+      const base = await loadModel(catalogModelDir("arbor/tiny-chat"));
+      const adapter = await tarOf(
+        adapterToFiles(createLoraAdapter(base, { baseModel: "arbor/tiny-chat" })),
+      );
+      const gguf = (step: number) =>
+        fetch(
+          `http://127.0.0.1:${port}/v1/preview/models/${model.id}/checkpoints/${step}/content?format=gguf`,
+          { headers: { authorization: `Bearer ${apiKey}` } },
+        );
+      // The export's folder lives from its build's start to its end: the kill lands inside
+      // that window once the folder appears (a new checkpoint, so a first export, each try).
+      for (let step = 1; exportFolders().length === 0; step++) {
+        expect(step, "the server was never killed mid-export").toBeLessThanOrEqual(10);
+        const uploaded = await fetch(
+          `http://127.0.0.1:${port}/v1/preview/models/${model.id}/checkpoints`,
+          {
+            method: "POST",
+            headers: { authorization: `Bearer ${apiKey}`, "content-type": "application/x-tar" },
+            body: adapter,
+          },
+        );
+        expect(uploaded.status).toBe(200);
+        const watcher = watch(temp, (_event, name) => {
+          if (name?.startsWith("arbor-export-")) void server!.kill9();
+        });
+        await gguf(step)
+          .then((r) => r.arrayBuffer())
+          .catch(() => undefined);
+        await server!.kill9();
+        watcher.close();
+        if (exportFolders().length === 0) ({ client, apiKey, port } = await start());
+      }
+
+      // Swept before the restarted server says it listens: its writer no longer runs.
+      ({ client, apiKey, port } = await start());
+      expect(exportFolders()).toEqual([]);
+      const { data } = await client.training.models.checkpoints.list(model.id, { order: "desc" });
+      const response = await gguf(data[0]!.step);
+      expect(response.status).toBe(200);
+      expect((await response.arrayBuffer()).byteLength).toBeGreaterThan(0);
+      expect(exportFolders()).toEqual([]);
+    } finally {
+      await server?.kill9();
+      rmSync(home, { recursive: true, force: true });
+      rmSync(temp, { recursive: true, force: true });
+    }
+  });
+});
+
+async function tarOf(files: Record<string, Uint8Array>): Promise<Buffer> {
+  const pack = tar.pack();
+  for (const [name, body] of Object.entries(files)) pack.entry({ name }, Buffer.from(body));
+  pack.finalize();
+  const chunks: Buffer[] = [];
+  for await (const chunk of pack) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks);
+}

@@ -107,7 +107,7 @@ const delta = (before: Sample[], after: Sample[], name: string, labels = {}) =>
   value(after, name, labels) - value(before, name, labels);
 
 describe("GET /metrics", () => {
-  it("when scraped with the admin key, then it is Prometheus text with Arbor's metrics and the process metrics", async () => {
+  it("when scraped with the first-start key (an operator's), then it is Prometheus text with Arbor's metrics and the process metrics", async () => {
     const samples = await scrape();
     for (const name of [
       "arbor_process_cpu_seconds_total",
@@ -262,6 +262,56 @@ describe("GET /metrics", () => {
   });
 });
 
+describe("GET /metrics: bounded labels", () => {
+  it("when many trained models of several entities are chatted, then the model labels are the base model and one per entity, and no model's name appears", async () => {
+    // A server of its own: no rate limit of one chat a minute per key.
+    const busy = await startServer();
+    try {
+      const tenants = await Promise.all(
+        ["acme-secret", "globex", "initech"].map((name) => busy.newTenant(name)),
+      );
+      for (const tenant of tenants) {
+        for (let i = 0; i < 8; i++) {
+          const name = `stealth-launch-${i}`;
+          await tenant.client.training.models.create({
+            project: "hidden",
+            name,
+            base_model: MODEL,
+          });
+          const chat = await tenant.client.POST("/v1/chat/completions", {
+            body: {
+              model: `${tenant.entity}/hidden/${name}`,
+              messages: [{ role: "user", content: "Hi" }],
+              max_tokens: 1,
+            },
+          });
+          expect(chat.response.status).toBe(200);
+        }
+      }
+      await busy.authorizedClient().chat.completions.create({
+        model: MODEL,
+        messages: [{ role: "user", content: "Hi" }],
+        max_tokens: 1,
+      });
+      const response = await fetch(`${busy.baseUrl}/metrics`, {
+        headers: { authorization: `Bearer ${busy.adminKey}` },
+      });
+      const text = await response.text();
+      const samples = parsePrometheus(text);
+      const models = new Set(samples.flatMap((s) => (s.labels.model ? [s.labels.model] : [])));
+      expect([...models].sort()).toEqual([MODEL, "acme-secret/*", "globex/*", "initech/*"].sort());
+      expect(text).not.toContain("stealth-launch");
+      expect(text).not.toContain("hidden");
+      // Each entity's eight models are one series.
+      expect(
+        value(samples, "arbor_chat_time_to_first_token_seconds_count", { model: "globex/*" }),
+      ).toBe(8);
+    } finally {
+      await busy.close();
+    }
+  });
+});
+
 describe("ARBOR_METRICS", () => {
   const get = (target: RunningServer, headers: Record<string, string> = {}) =>
     fetch(`${target.baseUrl}/metrics`, { headers });
@@ -284,18 +334,35 @@ describe("ARBOR_METRICS", () => {
     );
   });
 
-  it("when it is key and the key is not an admin's, then 403 permission_error", async () => {
+  it("when it is key and the key is not an operator's, then 403 permission_error, an admin of entity default's too", async () => {
     const tenant = await server.newTenant("metrics-reader");
-    const response = await get(server, { authorization: `Bearer ${tenant.apiKey}` });
-    expect(response.status).toBe(403);
-    expect(await response.json()).toEqual({
-      error: {
-        message: "Only an admin key may read the metrics.",
-        type: "permission_error",
-        param: null,
-        code: "permission_denied",
-      },
+    // A user first made in `default` is its admin, as `arbor keys create` makes one.
+    const admin = await server.store.users.create({
+      name: "default-admin",
+      defaultEntity: "default",
     });
+    expect(await server.store.users.roleIn(admin.id, "default")).toBe("admin");
+    const { token } = await server.store.apiKeys.create(admin.id);
+    for (const key of [tenant.apiKey, token]) {
+      const response = await get(server, { authorization: `Bearer ${key}` });
+      expect(response.status).toBe(403);
+      expect(await response.json()).toEqual({
+        error: {
+          message: "Only an operator key may read the metrics (arbor keys create --operator).",
+          type: "permission_error",
+          param: null,
+          code: "permission_denied",
+        },
+      });
+    }
+  });
+
+  it("when it is key and the key is an operator's, then it scrapes, though its user is in no tenant's entity", async () => {
+    const user = await server.store.users.create({ name: "prometheus", defaultEntity: "ops" });
+    const { token } = await server.store.apiKeys.create(user.id, { operator: true });
+    const response = await get(server, { authorization: `Bearer ${token}` });
+    expect(response.status).toBe(200);
+    expect(has(parsePrometheus(await response.text()), "arbor_training_jobs")).toBe(true);
   });
 
   it("when it is public, then anyone may scrape, on every role", async () => {

@@ -278,6 +278,45 @@ describe("logModelMetrics", () => {
     const { data } = await client.training.models.checkpoints.list(model.id);
     expect(data[0]!.metrics).toEqual(result.metrics);
   });
+
+  it("when a metric's name is over 256 characters, then 400 naming its map, and nothing is stored", async () => {
+    const model = await create("long-names");
+    const log = (name: string) =>
+      client.POST("/v1/preview/models/{model_id}/log", {
+        params: { path: { model_id: model.id } },
+        body: {
+          split: "val",
+          trajectory_groups: [
+            {
+              trajectories: [
+                {
+                  messages_and_choices: [{ role: "user", content: "2+2?" }],
+                  reward: 1,
+                  metrics: { [name]: 1 },
+                },
+              ],
+            },
+          ],
+        } as never,
+      });
+    for (const name of ["m".repeat(257), "m".repeat(100_000)]) {
+      const { response, error } = await log(name);
+      expect(response.status).toBe(400);
+      expect(error).toMatchObject({
+        error: {
+          type: "invalid_request_error",
+          param: "trajectory_groups[0].trajectories[0].metrics",
+          message: expect.stringContaining("256 characters"),
+        },
+      });
+      expect(JSON.stringify(error).length).toBeLessThan(2000);
+    }
+    const before = await client.training.models.checkpoints.list(model.id);
+    expect(before.data[0]!.metrics).toEqual({});
+    expect((await log("m".repeat(256))).response.status).toBe(200);
+    const { data } = await client.training.models.checkpoints.list(model.id);
+    expect(Object.keys(data[0]!.metrics)).toContain(`val/${"m".repeat(256)}`);
+  });
 });
 
 describe("deleteModel", () => {

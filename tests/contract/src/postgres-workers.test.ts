@@ -26,22 +26,26 @@ let client: ArborClient;
 
 const reachable = pgSkipReason === null;
 
+const env = { DATABASE_URL: databaseUrl, ARBOR_DATABASE_SCHEMA: schema, ARBOR_DATA_DIR: dataDir };
+
+/** Starts another worker process. */
+async function spawnWorker(): Promise<void> {
+  // A short lease: a killed worker's job is taken back by the other within seconds.
+  const { child, entry } = await spawnLogged(
+    workerMain,
+    { ...env, ARBOR_WORKER_LEASE_MS: "5000" },
+    "training worker started",
+  );
+  children.push(child);
+  workers.set(String(entry.workerId), child);
+}
+
 beforeAll(async () => {
   if (!reachable) return;
-  const env = { DATABASE_URL: databaseUrl, ARBOR_DATABASE_SCHEMA: schema, ARBOR_DATA_DIR: dataDir };
   const server = await startServerProcess(dataDir, { ...env, ARBOR_EMBEDDED_WORKER: "off" });
   children.push(server.child);
   client = server.client;
-  for (let i = 0; i < 2; i++) {
-    // A short lease: a killed worker's job is taken back by the other within seconds.
-    const { child, entry } = await spawnLogged(
-      workerMain,
-      { ...env, ARBOR_WORKER_LEASE_MS: "5000" },
-      "training worker started",
-    );
-    children.push(child);
-    workers.set(String(entry.workerId), child);
-  }
+  for (let i = 0; i < 2; i++) await spawnWorker();
 });
 
 afterAll(async () => {
@@ -131,5 +135,48 @@ describe.skipIf(!reachable)("two workers on PostgreSQL", () => {
       status: "succeeded",
       step_to: 48,
     });
+  });
+
+  it("when the worker running a job is stopped gracefully twice, as deploys do, then neither stop counts against the job: another worker resumes it at once each time and it succeeds", async () => {
+    const dataset = await client.training.datasets.create(
+      reversalJsonl(["cat", "dog", "sun", "map", "pen", "cup", "hat", "box"]),
+    );
+    const model = await client.training.models.create({
+      project: "scale",
+      name: "deployed",
+      base_model: "arbor/tiny-chat",
+    });
+    const job = await client.training.jobs.createSft({
+      model_id: model.id,
+      training_data_url: dataset.url,
+      config: { epochs: 12, batch_size: 2, checkpoint_every: 1 },
+    });
+    for (let stop = 1; stop <= 2; stop++) {
+      // Once this run has trained a step, stop the worker that holds the job, and start another.
+      let holder: Child | undefined;
+      await vi.waitFor(async () => {
+        const { data } = await client.training.jobs.events.list(job.id, { limit: 100 });
+        expect(data.filter((e) => e.type === "training_started")).toHaveLength(stop);
+        const owner = await leaseOwner(databaseUrl, schema, job.id);
+        holder = owner ? workers.get(leaseWorker(owner)) : undefined;
+        expect(holder).toBeDefined();
+      }, PATIENT);
+      expect(await holder!.terminate()).toBe(0);
+      await spawnWorker();
+    }
+    const events = await followAll(client, job.id);
+    const types = events.map((e) => e.type);
+    expect(types.filter((t) => t === "training_ended" || t === "training_failed")).toEqual([
+      "training_ended",
+    ]);
+    const steps = events
+      .filter((e) => e.type === "gradient_step")
+      .map((e) => (e.data as { gradient_step: number }).gradient_step);
+    expect(steps).toEqual(Array.from({ length: 48 }, (_, i) => i + 1));
+    const starts = events
+      .filter((e) => e.type === "training_started")
+      .map((e) => e.data as { attempt?: number });
+    expect(starts.map((s) => s.attempt)).toEqual([undefined, 2, 3]);
+    expect(await client.training.jobs.retrieve(job.id)).toMatchObject({ status: "succeeded" });
   });
 });

@@ -18,6 +18,8 @@ export interface Child {
   /** Every JSON log line the process has written so far. */
   logs: Record<string, unknown>[];
   kill9(): Promise<void>;
+  /** SIGTERM, as a deploy stops a process; resolves with its exit code once it exited. */
+  terminate(): Promise<number | null>;
 }
 
 /** Starts `main` and resolves once a log line whose `msg` starts with `ready` appears. */
@@ -51,6 +53,12 @@ export async function spawnLogged(
         if (proc.exitCode !== null || proc.signalCode !== null) return resolve();
         proc.once("exit", () => resolve());
         proc.kill("SIGKILL");
+      }),
+    terminate: () =>
+      new Promise((resolve) => {
+        if (proc.exitCode !== null || proc.signalCode !== null) return resolve(proc.exitCode);
+        proc.once("exit", (code) => resolve(code));
+        proc.kill("SIGTERM");
       }),
   };
   return { child, entry };

@@ -5,8 +5,9 @@ import { loadSpec } from "./openapi.ts";
  * Every request schema of the spec is bounded, so no request can make the server do unbounded
  * work or store unbounded values: arrays have `maxItems`, numbers a range, strings a
  * `maxLength` (unless an enum, const or format pins them, or `x-bounded-by: request-body` says
- * the body's size cap bounds it), typed maps `maxProperties` (or `x-bounded-by: request-body`,
- * where the server bounds what it does with one).
+ * the body's size cap bounds it), typed maps `maxProperties` and their keys
+ * `propertyNames.maxLength` (or `x-bounded-by: request-body`, where the server bounds what it
+ * does with one).
  * Free-form JSON (`additionalProperties: true`, no type) is bounded by the body cap and depth.
  */
 const spec = loadSpec() as unknown as {
@@ -56,6 +57,9 @@ function unbounded(schema: Schema, at: string, seen: Set<unknown>, out: string[]
   const extra = s.additionalProperties;
   if (typeof extra === "object" && extra !== null) {
     if (s.maxProperties === undefined && !byBody) out.push(`${at}: map without maxProperties`);
+    const names = s.propertyNames as Schema | undefined;
+    if (names?.maxLength === undefined && !byBody)
+      out.push(`${at}: map without propertyNames.maxLength`);
     unbounded(extra as Schema, `${at}{}`, seen, out);
   }
   for (const [name, child] of Object.entries((s.properties ?? {}) as Record<string, Schema>))

@@ -7,6 +7,8 @@ export interface Principal {
   userName: string;
   defaultEntity: string;
   entities: readonly string[];
+  /** An operator's key (ApiKey.operator): it may read `/metrics`. */
+  operator: boolean;
 }
 
 /** A project the principal may use: `<entity>/<project>`. */

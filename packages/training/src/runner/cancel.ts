@@ -1,8 +1,27 @@
 /**
  * A cancel seen across threads while a training step computes: the supervisor writes the
  * cancelled job's id into shared memory, and the training thread compares it with its job's id
- * between micro-batches (its event loop, and so any message or timer, waits for the step).
+ * between micro-batches (its event loop, and so any message or timer, waits for the step). A
+ * fifth word says the worker is stopping (a shutdown): the thread then hands its job back.
  */
+
+/** The shared memory a supervisor and its thread read: four words of a cancelled job's id, and
+ * the stopping word. */
+export function stopWords(): Int32Array {
+  return new Int32Array(new SharedArrayBuffer(5 * 4));
+}
+
+const STOPPING = 4;
+
+/** Tells the thread reading `shared` that its worker is stopping. */
+export function writeStopping(shared: Int32Array): void {
+  if (shared.length > STOPPING) Atomics.store(shared, STOPPING, 1);
+}
+
+/** Whether the worker of the thread reading `shared` is stopping. */
+export function isStopping(shared: Int32Array | undefined): boolean {
+  return shared !== undefined && shared.length > STOPPING && Atomics.load(shared, STOPPING) === 1;
+}
 
 /** A job id (a UUID) as the four 32-bit words the shared memory holds. */
 export function idWords(id: string): [number, number, number, number] {

@@ -2,7 +2,7 @@ import { once } from "node:events";
 import { Worker } from "node:worker_threads";
 import type { Store } from "@arbor/store";
 import type { Logger } from "pino";
-import { writeCancelled } from "./cancel.ts";
+import { stopWords, writeCancelled, writeStopping } from "./cancel.ts";
 import { dataDirIdentity, type WorkerIdentity } from "./identity.ts";
 import type { TrainingActivity } from "./runner.ts";
 import type { ThreadData, ThreadReport, WorkerThreadSettings } from "./thread.ts";
@@ -24,9 +24,10 @@ export interface EmbeddedWorkerOptions extends WorkerThreadSettings {
    * a cancel made by another process (a replica's API, a deleted model) then reaches the thread
    * between micro-batches, not only after the step in flight. */
   cancelPollMs?: number;
-  /** How long a thread told to stop its job (cancelled, deleted, or no longer its own) may take
-   * before it is ended and a fresh one started (default 2000 ms): a micro-batch of a large model
-   * can compute for longer than that without looking at the word. */
+  /** How long a thread told to stop its job (cancelled, deleted, no longer its own, or the
+   * worker stopping) may take before it is ended (default 2000 ms): a micro-batch of a large
+   * model, or loading one, can compute for longer than that without looking at the word. On a
+   * stop, the supervisor then hands the job back itself, so a shutdown never counts as a crash. */
   stopWithinMs?: number;
   /** Who the threads are (default: this data directory's identity); a worker process with
    * `ARBOR_WORKER_ID` names itself. */
@@ -52,8 +53,9 @@ class Slot {
   stopTimer: NodeJS.Timeout | undefined;
   /** The thread was ended on purpose (its job stopped elsewhere), not by a crash. */
   ended = false;
-  /** Shared with the slot's thread (each new thread of the slot gets the same memory). */
-  readonly cancelled = new Int32Array(new SharedArrayBuffer(16));
+  /** Shared with the slot's thread (each new thread of the slot gets the same memory): a
+   * cancelled job's id, and whether the worker is stopping. */
+  readonly cancelled = stopWords();
   constructor(index: number) {
     this.index = index;
   }
@@ -188,6 +190,12 @@ export class EmbeddedWorker {
     };
   }
 
+  /**
+   * Stops every thread, its running job handed back to the queue to resume from its last
+   * checkpoint, as a graceful stop (a deploy) never counts against a job's restarts: the thread
+   * hands it back between micro-batches, or, when it does not stop within `stopWithinMs` (a
+   * long micro-batch, a model loading), it is ended and the supervisor hands the job back.
+   */
   async stop(): Promise<void> {
     this.#stopping = true;
     clearInterval(this.#watcher);
@@ -198,13 +206,29 @@ export class EmbeddedWorker {
         const thread = slot.thread;
         slot.state = "stopped";
         if (!thread) return;
-        const stopped = new Promise<void>((resolve) => {
-          thread.on("message", (m: ThreadReport) => m.type === "stopped" && resolve());
-          thread.once("exit", () => resolve());
+        let timer: NodeJS.Timeout | undefined;
+        const stopped = new Promise<boolean>((resolve) => {
+          thread.on("message", (m: ThreadReport) => m.type === "stopped" && resolve(true));
+          thread.once("exit", () => resolve(true));
+          timer = setTimeout(() => resolve(false), this.#options.stopWithinMs ?? 2000);
         });
+        writeStopping(slot.cancelled);
         thread.postMessage("stop");
-        await stopped;
+        const inTime = await stopped;
+        clearTimeout(timer);
         await thread.terminate();
+        const { job, workerId } = slot;
+        if (inTime || !job || !workerId) return;
+        const released = await this.#options.store.jobs
+          .releaseJob(workerId, job)
+          .catch((err: unknown) => {
+            this.#options.logger.warn({ err, jobId: job }, "could not hand the job back");
+            return false;
+          });
+        this.#options.logger.info(
+          { thread: slot.index, jobId: job, released },
+          "the training thread did not stop in time: ended, its job handed back to the queue",
+        );
       }),
     );
     this.#identity.release();

@@ -38,7 +38,7 @@ import {
   sftTrainingConfig,
 } from "../jobs.ts";
 import { sweepBlobs } from "../sweep.ts";
-import { clearCancelled, idWords, isCancelled } from "./cancel.ts";
+import { clearCancelled, idWords, isCancelled, isStopping } from "./cancel.ts";
 
 export interface TrainingWorkerOptions {
   store: Store;
@@ -72,7 +72,8 @@ export interface TrainingWorkerOptions {
   onActivity?: (activity: TrainingActivity) => void;
   /**
    * Shared memory where a supervisor on another thread writes the id of a job cancelled in
-   * this process (`writeCancelled`): checked between micro-batches, so a cancel stops the job
+   * this process (`writeCancelled`), and that its worker is stopping (`writeStopping`): checked
+   * between micro-batches, so a cancel stops the job, and a shutdown hands it back to the queue,
    * within the step it arrives in, while the lease check waits for the step to end.
    */
   cancelled?: Int32Array;
@@ -191,7 +192,8 @@ export class TrainingWorker {
       for (const job of own.failed)
         logger.warn({ jobId: job.id }, "this worker restarted mid-job once too often: job failed");
     }
-    while (!this.#stopping) {
+    // The stopping word may come before the message that stops this loop: no new claim then.
+    while (!this.#stopping && !isStopping(this.#o.cancelled)) {
       try {
         await this.#reclaim();
         const job = await store.jobs.claimNextJob(this.#workerId, this.#o.leaseMs);
@@ -251,6 +253,9 @@ export class TrainingWorker {
     const interrupt = () => {
       if (!abort.signal.aborted && isCancelled(this.#o.cancelled, words))
         abort.abort(new Interrupted("the job was cancelled", false));
+      // A shutdown, told between micro-batches: the job goes back to the queue, not counted.
+      if (!abort.signal.aborted && isStopping(this.#o.cancelled))
+        abort.abort(new Interrupted("worker shutting down", true));
       abort.signal.throwIfAborted();
     };
     // After each step, before its event: the row says whether the job is still this worker's.

@@ -32,7 +32,8 @@ export interface WorkerThreadSettings {
 /** What the supervisor gives each thread besides its settings. */
 export interface ThreadData extends WorkerThreadSettings {
   identity: { stable: string; persistent: boolean };
-  /** Shared with the supervisor: the id of a job cancelled in this process (`writeCancelled`). */
+  /** Shared with the supervisor: the id of a job cancelled in this process (`writeCancelled`),
+   * and whether the worker is stopping (`writeStopping`). */
   cancelled: Int32Array;
 }
 

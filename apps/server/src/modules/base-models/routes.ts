@@ -11,8 +11,6 @@ export interface BaseModelsDeps {
   weights: WeightChoice;
   /** `HF_ENDPOINT` and `HF_TOKEN`. */
   hub: { endpoint: string; token: string | undefined };
-  /** Whether a principal may pull: an admin key, as `GET /metrics` decides. */
-  isAdmin: (principal: Principal) => Promise<boolean>;
   /** Scans the base models again, so a pulled one is served at once. */
   refresh: () => Promise<void>;
   logger: Logger;
@@ -22,10 +20,14 @@ export interface BaseModelsDeps {
 export function baseModelsHandlers(deps: BaseModelsDeps): Handlers {
   return {
     pullBaseModel: async ({ body, principal }) => {
-      if (!(await deps.isAdmin(principal)))
-        throw new ForbiddenError("Only an admin key may pull base models.", {
-          code: "permission_denied",
-        });
+      // What the server stores for every tenant is an operator's to change, as /metrics is.
+      if (!principal.operator)
+        throw new ForbiddenError(
+          "Only an operator key may pull base models (arbor keys create --operator).",
+          {
+            code: "permission_denied",
+          },
+        );
       const modelsDir = deps.modelsDir;
       if (!modelsDir) throw new Error("pullBaseModel: the engines have no base-models directory.");
       const asked = {

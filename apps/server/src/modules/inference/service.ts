@@ -45,15 +45,30 @@ export type ChatBackends = {
   [K in ResolvedModel["kind"]]: ChatBackend<Extract<ResolvedModel, { kind: K }>>;
 };
 
+/** The model a run is observed under. */
+export interface ObservedModel {
+  /** The id that served (a trained model's with its `:step<N>`). */
+  id: string;
+  /** The entity whose trained model it is; null for a base model (the engine's, llama.cpp's
+   * or an upstream's, which the operator chose). */
+  entity: string | null;
+}
+
+/** A resolved model as observed: trained when it is not its own base. */
+export function observedModel(resolved: ResolvedModel): ObservedModel {
+  const trained = resolved.kind !== "llama" && resolved.id !== resolved.baseId;
+  return { id: resolved.id, entity: trained ? resolved.id.split("/")[0]! : null };
+}
+
 /** Told how each chat went, for metrics (it knows nothing of how they are exported). */
 export interface ChatObserver {
   /** The run's first token (of any choice) came from its backend, `seconds` after the service
    * took the request: the same moment whether the answer is streamed or not. */
-  firstToken(model: string, seconds: number): void;
+  firstToken(model: ObservedModel, seconds: number): void;
   /** A run ended (finished, failed, or its client gone), with the usage its call records and
    * the seconds from the backend's start to the end. */
   ended(run: {
-    model: string;
+    model: ObservedModel;
     backend: ResolvedModel["kind"];
     promptTokens: number;
     completionTokens: number;
@@ -92,6 +107,7 @@ export class ChatService {
       this.#deps.logger,
     );
     return new ChatRun(resolved.id, body, prepared, recorded, {
+      model: observedModel(resolved),
       backend: resolved.kind,
       taken,
       ...(this.#deps.observer ? { observer: this.#deps.observer } : {}),
@@ -234,7 +250,7 @@ export class ChatRun {
     let completionTokens = 0;
     let failure: unknown;
     let finished = false;
-    const { observer, backend, taken } = this.#observed;
+    const { observer, model, backend, taken } = this.#observed;
     const generating = performance.now();
     let first = true;
     try {
@@ -245,7 +261,7 @@ export class ChatRun {
         }
         if (first) {
           first = false;
-          observer?.firstToken(this.model, (performance.now() - taken) / 1000);
+          observer?.firstToken(model, (performance.now() - taken) / 1000);
         }
         const choice = choices[event.choice];
         if (!choice) continue;
@@ -282,7 +298,7 @@ export class ChatRun {
       };
       this.#completion = completion;
       observer?.ended({
-        model: this.model,
+        model,
         backend,
         promptTokens,
         completionTokens,
@@ -300,9 +316,10 @@ export class ChatRun {
   }
 }
 
-/** What a run tells its observer besides its usage: which backend ran it and when the service
- * took it (performance.now()). */
+/** What a run tells its observer besides its usage: its model, which backend ran it and when
+ * the service took it (performance.now()). */
 interface ObservedRun {
+  model: ObservedModel;
   backend: ResolvedModel["kind"];
   taken: number;
   observer?: ChatObserver;

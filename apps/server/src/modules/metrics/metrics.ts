@@ -2,11 +2,16 @@ import type { JobStatus } from "@arbor/store";
 import type { TrainingActivity } from "@arbor/training";
 import type { Logger } from "pino";
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
-import type { ChatObserver } from "../inference/service.ts";
+import type { ChatObserver, ObservedModel } from "../inference/service.ts";
 
 /** The label of a request that matched no operation of the spec (an unknown path, `/docs`,
  * `/metrics` itself): never the raw URL, so the labels stay few. */
 export const UNKNOWN_OPERATION = "unknown";
+
+/** Entities whose trained models get a `model` label of their own (`<entity>/*`), per process;
+ * the trained models of any further entity count under OTHER_MODELS. */
+export const MAX_ENTITY_MODEL_LABELS = 50;
+export const OTHER_MODELS = "other";
 
 export interface MetricsDeps {
   /** Training jobs by status, read at each scrape (the queue is shared by every process). */
@@ -33,6 +38,8 @@ export class Metrics {
   readonly #jobsEnded: Counter<"type" | "outcome">;
   readonly #jobDuration: Histogram<"type" | "outcome">;
   readonly #rateLimited: Counter<"scope" | "limit">;
+  /** The entities labelled so far (`<entity>/*`), at most MAX_ENTITY_MODEL_LABELS. */
+  readonly #entityLabels = new Set<string>();
 
   constructor(deps: MetricsDeps) {
     const registers = [this.registry];
@@ -52,13 +59,13 @@ export class Metrics {
     });
     this.#promptTokens = new Counter({
       name: "arbor_chat_prompt_tokens_total",
-      help: "Prompt tokens of chat completions, as their usage reports them, by model (a trained model without its :step suffix).",
+      help: "Prompt tokens of chat completions, as their usage reports them, by model (a base model's id; a trained model's entity as <entity>/*, or other past the first 50 entities).",
       labelNames: ["model"],
       registers,
     });
     this.#completionTokens = new Counter({
       name: "arbor_chat_completion_tokens_total",
-      help: "Completion tokens of chat completions, as their usage reports them, by model (a trained model without its :step suffix).",
+      help: "Completion tokens of chat completions, as their usage reports them, by model (a base model's id; a trained model's entity as <entity>/*, or other past the first 50 entities).",
       labelNames: ["model"],
       registers,
     });
@@ -150,11 +157,27 @@ export class Metrics {
     this.#rateLimited.inc({ scope, limit });
   }
 
+  /**
+   * A chat's `model` label, from a bounded set: a base model's id (the operator's choice of
+   * models); for a trained model its entity's, `<entity>/*` (every model and checkpoint of the
+   * entity one series), for the first MAX_ENTITY_MODEL_LABELS entities, and `other` after them.
+   * No trained model's name is a label.
+   */
+  modelLabel(model: ObservedModel): string {
+    if (model.entity === null) return model.id;
+    const label = `${model.entity}/*`;
+    if (this.#entityLabels.has(label)) return label;
+    if (this.#entityLabels.size >= MAX_ENTITY_MODEL_LABELS) return OTHER_MODELS;
+    this.#entityLabels.add(label);
+    return label;
+  }
+
   /** What the chat service reports of each run. */
   readonly chat: ChatObserver = {
-    firstToken: (model, seconds) => this.#firstToken.observe({ model: modelLabel(model) }, seconds),
+    firstToken: (model, seconds) =>
+      this.#firstToken.observe({ model: this.modelLabel(model) }, seconds),
     ended: (run) => {
-      const model = modelLabel(run.model);
+      const model = this.modelLabel(run.model);
       this.#promptTokens.inc({ model }, run.promptTokens);
       this.#completionTokens.inc({ model }, run.completionTokens);
       if (run.backend !== "upstream") {
@@ -174,9 +197,4 @@ export class Metrics {
     this.#jobsEnded.inc(labels);
     this.#jobDuration.observe(labels, activity.seconds);
   }
-}
-
-/** A trained model's checkpoints are one series: `<e>/<p>/<name>:step<N>` counts as `<e>/<p>/<name>`. */
-export function modelLabel(model: string): string {
-  return model.replace(/:step\d+$/, "");
 }

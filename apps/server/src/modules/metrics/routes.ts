@@ -2,23 +2,20 @@ import type { MetricsAccess } from "@arbor/config";
 import { type NextFunction, type Request, type Response, Router } from "express";
 import { type Authenticate, bearerToken } from "../../http/auth.ts";
 import { ApiError } from "../../http/errors.ts";
-import type { Principal } from "../access.ts";
 import type { Metrics } from "./metrics.ts";
 
 export interface MetricsEndpointDeps {
-  /** `ARBOR_METRICS`: admin keys only, anyone, or no one. */
+  /** `ARBOR_METRICS`: operator keys only, anyone, or no one. */
   access: MetricsAccess;
   metrics: Metrics;
   authenticate: Authenticate;
-  /** Whether a principal may read the metrics: an admin key. */
-  isAdmin: (principal: Principal) => Promise<boolean>;
 }
 
 /**
  * `GET /metrics`: Prometheus' text format, for a scraper rather than a client of the API, so it
  * is served beside the validated operations like `/docs` (spec/ADR.md), by every role. With
- * `key`, no or a bad key is 401 and a key that is not an admin's is 403, in the `/v1` envelope;
- * `off` answers 404 as an unknown path does.
+ * `key`, no or a bad key is 401 and a key that is not an operator's is 403 (ADR 50), in the
+ * `/v1` envelope; `off` answers 404 as an unknown path does.
  */
 export function metricsEndpoint(deps: MetricsEndpointDeps): Router {
   const router = Router();
@@ -36,8 +33,10 @@ async function scrape(deps: MetricsEndpointDeps, req: Request, res: Response): P
   if (deps.access === "key") {
     const principal = await deps.authenticate(bearerToken(req));
     if (!principal) throw ApiError.unauthorized("Invalid API key.");
-    if (!(await deps.isAdmin(principal))) {
-      throw ApiError.forbidden("Only an admin key may read the metrics.");
+    if (!principal.operator) {
+      throw ApiError.forbidden(
+        "Only an operator key may read the metrics (arbor keys create --operator).",
+      );
     }
   }
   const { registry } = deps.metrics;

@@ -1,7 +1,7 @@
 import type { components } from "@arbor/spec/schema";
 import type { Checkpoint, Model, Store } from "@arbor/store";
 import { ConflictError, InvalidInputError, NotFoundError, quote } from "@arbor/store";
-import { modelFilesPrefix } from "@arbor/training";
+import { modelFilesPrefix, withModelFiles } from "@arbor/training";
 import { findOwned, type Principal, requireEntity } from "../access.ts";
 
 type Schemas = components["schemas"];
@@ -110,9 +110,13 @@ export async function deleteModel(
     });
     for (const job of data) await store.jobs.cancelJob(model.entity, job.id).catch(() => undefined);
   }
-  const removed = await store.models.delete(model.entity, model.id);
-  // Everything under the model's prefix goes, files no row named included.
-  await store.blobs?.deletePrefix(modelFilesPrefix(model.id));
+  // Uploads and exports writing the model's files finish first; later ones find it gone.
+  const removed = await withModelFiles(model.id, "delete", async () => {
+    const removed = await store.models.delete(model.entity, model.id);
+    // Everything under the model's prefix goes, files no row named included.
+    await store.blobs?.deletePrefix(modelFilesPrefix(model.id));
+    return removed;
+  });
   await deleteBlobs(store, removed.payload_keys);
   await deleted(model, removed.blob_keys);
   return {
@@ -131,17 +135,20 @@ export async function deleteCheckpoints(
   deleted: CheckpointsDeleted = noHook,
 ) {
   const model = await findModel(store, principal, modelId);
-  const result = await store.models
-    .deleteCheckpoints(model.entity, model.id, steps)
-    .catch((err: unknown) => {
-      if (err instanceof ConflictError) {
-        throw new ConflictError(`${err.message}: it is what ${chatIdOf(model)} serves.`, {
-          code: "latest_checkpoint",
-        });
-      }
-      throw err;
-    });
-  await deleteBlobs(store, result.blob_keys);
+  const result = await withModelFiles(model.id, "delete", async () => {
+    const result = await store.models
+      .deleteCheckpoints(model.entity, model.id, steps)
+      .catch((err: unknown) => {
+        if (err instanceof ConflictError) {
+          throw new ConflictError(`${err.message}: it is what ${chatIdOf(model)} serves.`, {
+            code: "latest_checkpoint",
+          });
+        }
+        throw err;
+      });
+    await deleteBlobs(store, result.blob_keys);
+    return result;
+  });
   await deleted(model, result.blob_keys);
   return { deleted_count: result.deleted_count, not_found_steps: result.not_found_steps };
 }
