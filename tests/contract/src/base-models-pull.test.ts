@@ -102,13 +102,13 @@ describe("pullBaseModel", () => {
     });
   });
 
-  it("when a key that is not an admin's asks, then 403 and the Hub is not asked", async () => {
+  it("when a key that is not an operator's asks, then 403 and the Hub is not asked", async () => {
     const { client } = await server.newTenant("pull-tenant");
     const before = hub.requests.length;
     expect(await refused(client, { repo_id: "acme/tiny-chat", id: "t/tiny" })).toEqual({
       status: 403,
       error: {
-        message: "Only an admin key may pull base models.",
+        message: "Only an operator key may pull base models (arbor keys create --operator).",
         type: "permission_error",
         param: null,
         code: "permission_denied",
