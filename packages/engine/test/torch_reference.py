@@ -146,7 +146,12 @@ class Reference:
             x = x + self.linear(mlp, "down", layer)
         x = self.norm(x, self.w["model.norm.weight"])
         head = self.w["model.embed_tokens.weight"] if self.c.get("tie_word_embeddings") else self.w["lm_head.weight"]
-        return x @ head.T
+        logits = x @ head.T
+        if "lm_head" in self.lora:
+            # PEFT's LoRA on the head's forward (the input embedding is left alone, tied or not).
+            a, b = self.lora["lm_head"]
+            logits = logits + (x @ a.T) @ b.T * self.lora_scale
+        return logits
 
 
 def main():

@@ -32,6 +32,7 @@ let server: RunningServer;
 let client: ArborClient;
 let trained: { id: string };
 let steps: number;
+let datasetUrl: string;
 const work = mkdtempSync(join(tmpdir(), "arbor-io-"));
 beforeAll(async () => {
   server = await startServer({}, { worker: true });
@@ -50,6 +51,7 @@ beforeAll(async () => {
     }),
   ).join("\n");
   const dataset = await client.training.datasets.create(lines);
+  datasetUrl = dataset.url;
   const job = await client.training.jobs.createSft({
     model_id: trained.id,
     training_data_url: dataset.url,
@@ -103,7 +105,10 @@ async function greedy(model: string): Promise<string> {
 }
 
 /** llama.cpp, serving `backend` from a second server, answers greedily as the engine does for the trained step. */
-async function expectLlamaAnswersLikeStep(backend: LlamaCppBackend): Promise<void> {
+async function expectLlamaAnswersLikeStep(
+  backend: LlamaCppBackend,
+  model = `default/io/trained:step${steps}`,
+): Promise<void> {
   const loaded = await backend.load().then(
     () => true,
     (err: Error) => {
@@ -122,9 +127,7 @@ async function expectLlamaAnswersLikeStep(backend: LlamaCppBackend): Promise<voi
       max_tokens: 12,
       temperature: 0,
     });
-    expect(answer.choices[0]!.message.content).toBe(
-      await greedy(`default/io/trained:step${steps}`),
-    );
+    expect(answer.choices[0]!.message.content).toBe(await greedy(model));
   } finally {
     await viaLlama.close();
   }
@@ -205,13 +208,45 @@ describe("getCheckpointContent", () => {
     await expectLlamaAnswersLikeStep(new LlamaCppBackend(path));
   });
 
-  it("when a trained step is downloaded as a llama.cpp LoRA GGUF, then llama.cpp serves it on the base's GGUF with the engine's answer for that step", async () => {
-    const response = await fetch(contentUrl(trained.id, steps, "?format=gguf-lora"), {
+  it("when a trained step is downloaded as a llama.cpp LoRA GGUF, then llama.cpp serves it on the base's GGUF with the engine's answer for that step; one that adapts the tied head is refused, naming the formats that work", async () => {
+    const head = await fetch(contentUrl(trained.id, steps, "?format=gguf-lora"), {
+      headers: auth(),
+    });
+    expect(head.status).toBe(400);
+    expect(((await head.json()) as { error: unknown }).error).toMatchObject({
+      code: "unsupported_adapter",
+      param: "format",
+      message: expect.stringMatching(/format=gguf .*or peft/),
+    });
+    // The seven linears alone, as on every base over 100M parameters.
+    const linears = await client.training.models.create({
+      project: "io",
+      name: "linears",
+      base_model: "arbor/tiny-chat",
+    });
+    const job = await client.training.jobs.createSft({
+      model_id: linears.id,
+      training_data_url: datasetUrl,
+      config: { batch_size: 4, epochs: 2, learning_rate: 1e-2 },
+      experimental_config: {
+        lora_target_modules: [
+          "q_proj",
+          "k_proj",
+          "v_proj",
+          "o_proj",
+          "gate_proj",
+          "up_proj",
+          "down_proj",
+        ],
+      },
+    });
+    for await (const _ of client.training.jobs.events.follow(job.id));
+    const response = await fetch(contentUrl(linears.id, 4, "?format=gguf-lora"), {
       headers: auth(),
     });
     expect(response.status).toBe(200);
     expect(response.headers.get("content-disposition")).toBe(
-      `attachment; filename="trained-step${steps}-lora.gguf"`,
+      `attachment; filename="linears-step4-lora.gguf"`,
     );
     const body = Buffer.from(await response.arrayBuffer());
     expect(Number(response.headers.get("content-length"))).toBe(body.length);
@@ -223,7 +258,10 @@ describe("getCheckpointContent", () => {
     writeFileSync(lora, body);
     const base = join(work, "tiny-chat.gguf");
     await exportGguf(await loadModel(catalogModelDir("arbor/tiny-chat")), base);
-    await expectLlamaAnswersLikeStep(new LlamaCppBackend(base, { lora }));
+    await expectLlamaAnswersLikeStep(
+      new LlamaCppBackend(base, { lora }),
+      "default/io/linears:step4",
+    );
   });
 
   it("when the step is 0, absent, or the model another's, then 404; a format it does not know is 400", async () => {
@@ -367,8 +405,8 @@ describe("createCheckpoint", () => {
         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
       ],
       [
-        "a module the tensors lack",
-        await withConfig({ target_modules: [...config.target_modules, "lm_head"] }),
+        "a module the base has no LoRA for",
+        await withConfig({ target_modules: [...config.target_modules, "embed_tokens"] }),
         "target_modules",
       ],
       ["a truncated tar", whole.subarray(0, whole.length - 2000), null],

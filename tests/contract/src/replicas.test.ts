@@ -110,12 +110,12 @@ describe.skipIf(!reachable)("two replicas with separate data directories", () =>
     expect(fromA.digest).toBe(fromB.digest);
     // A GGUF built on A (and kept beside the checkpoint) is the one B serves.
     const ggufA = await a.training.models.checkpoints.download(model.id, 4, {
-      format: "gguf-lora",
+      format: "gguf",
     });
     const ggufBytes = await bytesOf(ggufA.body);
     expect(ggufBytes.subarray(0, 4).toString("latin1")).toBe("GGUF");
     const ggufB = await b.training.models.checkpoints.download(model.id, 4, {
-      format: "gguf-lora",
+      format: "gguf",
     });
     expect((await bytesOf(ggufB.body)).equals(ggufBytes)).toBe(true);
     expect(ggufB.digest).toBe(ggufA.digest);

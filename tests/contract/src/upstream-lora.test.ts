@@ -13,6 +13,16 @@ import {
   type VllmStandin,
 } from "./vllm-standin.ts";
 
+const SEVEN_LINEARS = [
+  "q_proj",
+  "k_proj",
+  "v_proj",
+  "o_proj",
+  "gate_proj",
+  "up_proj",
+  "down_proj",
+] as const;
+
 /**
  * Trained checkpoints of a base that an upstream serves are served by that upstream too, as
  * LoRA adapters it loads at run time (ADR 40). The upstream is a stand-in for vLLM's API
@@ -65,6 +75,9 @@ beforeAll(async () => {
     model_id: model.id,
     training_data_url: dataset.url,
     config: { batch_size: 4, epochs: 2, learning_rate: 1e-2, checkpoint_every: 1 },
+    // The seven linears, as on any base over 100M parameters: vLLM loads LoRA on the output
+    // head for some architectures only (its stand-in, none), and tiny-chat would adapt it.
+    experimental_config: { lora_target_modules: [...SEVEN_LINEARS] },
   });
   const events: TrainingJobEvent[] = [];
   for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
