@@ -196,13 +196,14 @@ function rawModelIdInPath(req: Request, _res: Response, next: NextFunction): voi
       try {
         id = decodeURIComponent(path);
       } catch {
-        return next(
+        next(
           ApiError.badRequest(
             "The model id in the path is not valid percent-encoding.",
             "model",
             "invalid_path",
           ),
         );
+        return;
       }
       req.url = `${prefix}${encodeURIComponent(id)}${query ? `?${query}` : ""}`;
       // The validator matches on originalUrl.

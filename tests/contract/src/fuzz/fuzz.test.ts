@@ -336,7 +336,7 @@ async function fixturesOf(server: RunningServer): Promise<Fixtures> {
  */
 function knownRequests(fixtures: Fixtures, key: string): FuzzRequest[] {
   const auth = { authorization: `Bearer ${key}` };
-  const model = fixtures.ids.model_id[0]!;
+  const model = fixtures.ids.model_id![0]!;
   return [
     // Malformed multipart on the checkpoint upload.
     {
