@@ -9,12 +9,31 @@ describe("PromptEncoder", () => {
     { role: "user" as const, content: text },
   ];
 
-  it("when a prompt is large, then the worker thread gives exactly the inline tokens", async () => {
+  it("when a prompt is large or long, then its worker thread gives exactly the inline tokens", async () => {
+    const encoder = new PromptEncoder(chat, { inlineBytes: 16, longBytes: 4096 });
+    try {
+      for (const repeat of [20, 200]) {
+        const text = "The cat sat on the mat. 7 + 5 = 12. Héllo 🙂 ".repeat(repeat);
+        const tokens = await encoder.encodeChat(messages(text));
+        expect(tokens).toEqual(chat.encode(messages(text), { addGenerationPrompt: true }));
+      }
+    } finally {
+      await encoder.dispose();
+    }
+  });
+
+  it("when a long prompt is being tokenized, then a shorter one sent after it is answered first", async () => {
     const encoder = new PromptEncoder(chat, { inlineBytes: 16 });
     try {
-      const text = "The cat sat on the mat. 7 + 5 = 12. Héllo 🙂 ".repeat(200);
-      const tokens = await encoder.encodeChat(messages(text));
-      expect(tokens).toEqual(chat.encode(messages(text), { addGenerationPrompt: true }));
+      const short = messages("Hello there, how are you today? ".repeat(160));
+      await encoder.encodeChat(short);
+      const order: string[] = [];
+      const long = encoder
+        .encodeChat(messages("The cat sat on the mat. 7 + 5 = 12. ".repeat(30_000)))
+        .then(() => order.push("long"));
+      const again = encoder.encodeChat(short).then(() => order.push("short"));
+      await Promise.all([long, again]);
+      expect(order).toEqual(["short", "long"]);
     } finally {
       await encoder.dispose();
     }
