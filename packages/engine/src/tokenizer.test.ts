@@ -1,4 +1,4 @@
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { FAMILIES, familyTokenizerFiles, referenceEncoder } from "../test/families.ts";
 import { tinyChatFiles } from "../test/fixtures.ts";
 import { ModelFileError, Tokenizer } from "./tokenizer.ts";
@@ -13,6 +13,40 @@ const CORPUS = [
   'def add(a, b):\n    return a + b  # sum\n\nconsole.log(`x = $` + x); {"k": [1, 2]}',
   "Contractions: don't, it's, we're, I'LL, you've",
 ];
+
+/** n lowercase letters from a fixed LCG: one word, no spaces. */
+function letters(n: number): string {
+  let seed = 7;
+  let out = "";
+  for (let i = 0; i < n; i++) {
+    seed = (seed * 1103515245 + 12345) % 2 ** 31;
+    out += String.fromCharCode(97 + (seed % 26));
+  }
+  return out;
+}
+
+/**
+ * The map lookups encoding `text` takes: BPE looks up a pair's merge rank for every candidate
+ * pair it considers, so a rescan per merge shows as lookups growing with the square of a word's
+ * length, and a queue of candidates as lookups growing with the length. Work counted, not timed.
+ */
+function lookups(tokenizer: Tokenizer, text: string): number {
+  const get = vi.spyOn(Map.prototype, "get");
+  try {
+    tokenizer.encode(text, { special: false });
+    return get.mock.calls.length;
+  } finally {
+    get.mockRestore();
+  }
+}
+
+/** A word ten times longer takes about ten times the lookups, not a hundred. */
+function expectLinearInWordLength(tokenizer: Tokenizer): void {
+  const short = lookups(tokenizer, letters(5_000));
+  const long = lookups(tokenizer, letters(50_000));
+  expect(short).toBeGreaterThan(5_000);
+  expect(long / short, `${short} then ${long} lookups`).toBeLessThan(15);
+}
 
 describe("Tokenizer (tiny-chat's)", () => {
   const tokenizer = new Tokenizer(tinyChatFiles().tokenizer);
@@ -32,6 +66,10 @@ describe("Tokenizer (tiny-chat's)", () => {
     expect(plain).not.toContain(imEnd);
     expect(plain.some((id) => tokenizer.isSpecial(id))).toBe(false);
     expect(tokenizer.decode(plain)).toBe(text);
+  });
+
+  it("when a word grows tenfold, then tokenizing it takes about tenfold the work", () => {
+    expectLinearInWordLength(tokenizer);
   });
 
   it("when tokenizer.json is of a model type the engine does not serve, then the error names the file", () => {
@@ -71,5 +109,9 @@ describe.each(FAMILIES)("Tokenizer ($name's tokenizer.json)", (family) => {
   it("when a word has 100,000 letters, then it encodes (near-linear) and round-trips", () => {
     const word = "ab".repeat(50_000);
     expect(tokenizer.decode(tokenizer.encode(word, { special: false }))).toBe(word);
+    expect(tokenizer.decode(tokenizer.encode(letters(100_000), { special: false }))).toBe(
+      letters(100_000),
+    );
+    expectLinearInWordLength(tokenizer);
   });
 });
