@@ -10,7 +10,9 @@
  *    and tiny-chat's tokenizer.json, all through @huggingface/tokenizers), beside a textbook
  *    BPE that rescans the word for its best pair after every merge (quadratic in the word's
  *    length; over Llama 3's merges, up to `--textbook-max` letters). Best of 3, ms.
- * 2. Fairness: tiny-chat with a 131,072-token context on an engine thread (one kernel thread).
+ * 2. A 9 MB document of lines, on a model with a 131,072-token context: tokenized whole (as
+ *    before) and tokenized only until it passes the context (as the prompt encoder does now).
+ * 3. Fairness: tiny-chat with a 131,072-token context on an engine thread (one kernel thread).
  *    The word's prompt is sent (max_tokens 1); once its prefill runs, a 5 KB chat (about 2,200
  *    tokens, max_tokens 4) is sent, and its time to the answer (tokenizing included) is taken.
  *    The long request is then cancelled, unless `--full`, which waits for it and reports its
@@ -21,6 +23,7 @@ import { parseArgs } from "node:util";
 import { catalogModelDir, EngineThread, readChatFiles } from "@arbor/engine";
 import { bytesToSymbols } from "../packages/engine/scripts/bpe.ts";
 import { ChatFormat, type ChatMessage } from "../packages/engine/src/chat.ts";
+import type { TokenLimitError } from "../packages/engine/src/tokenizer.ts";
 import { FAMILIES, familyChatFiles } from "../packages/engine/test/families.ts";
 import { longContextTinyChat } from "../packages/engine/test/fixtures.ts";
 import { printTable } from "./torch.ts";
@@ -121,6 +124,40 @@ printTable(
   tokenizeRows,
 );
 
+// A document that passes the byte bound of a 131,072-token context (its longest token being
+// 256 bytes, up to 33 MB do) but takes far more tokens: all of it tokenized, as before, or
+// tokenizing stopped at the context, as the prompt encoder does.
+const line =
+  'The quick brown fox jumps over the lazy dog. Numbers 1234567890 and 3.14159 follow; naïve café, 中文测试，你好世界 🙂 and JSON {"answer": 42}.\n';
+const document = ask(line.repeat(Math.ceil(9e6 / Buffer.byteLength(line))));
+const refusalRows: (string | number | null)[][] = [];
+for (const [name, chat] of formats.filter(([name]) => name !== "tiny-chat")) {
+  let tokens = 0;
+  const all = best(() => {
+    tokens = chat.encode(document, { addGenerationPrompt: true }).length;
+  }, 1);
+  let counted = 0;
+  const limited = best(() => {
+    try {
+      chat.encode(document, { addGenerationPrompt: true, limit: 131_073 });
+    } catch (err) {
+      counted = (err as TokenLimitError).tokens;
+    }
+  });
+  refusalRows.push([name, tokens, all, counted, limited]);
+}
+console.log("\nA 9 MB document on a model with a 131,072-token context, ms:\n");
+printTable(
+  [
+    "tokenizer",
+    "its tokens",
+    "tokenize all of it (before)",
+    "tokens counted",
+    "stop past the context (now)",
+  ],
+  refusalRows,
+);
+
 // Fairness on an engine thread serving a 131,072-token context.
 const dir = longContextTinyChat();
 const thread = await EngineThread.start(dir, { threads: 1, weights: "f32" });
@@ -173,7 +210,7 @@ for (const n of lengths) {
     encodedMs,
     shortMs,
     firstDone,
-    args.full ? longMs : "cancelled",
+    longMs ?? "cancelled",
   ]);
   while ((await thread.stats()).activeSequences > 0) {
     await new Promise((resolve) => setTimeout(resolve, 5));

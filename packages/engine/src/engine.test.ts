@@ -181,6 +181,15 @@ describe("Engine", () => {
     expect(chunkWithin(10, 1_000_000, span, 7)).toBe(0);
   });
 
+  it("when a prompt's text cannot fit the context, then generate refuses it with the count it stopped at", () => {
+    const engine = new Engine(model);
+    const content = "The cat sat on the mat. ".repeat(20_000);
+    expect(() => engine.generate({ messages: [{ role: "user", content }] })).toThrow(
+      /^generate: prompt of at least \d+ tokens fills the 64-token context$/,
+    );
+    expect(() => engine.generate({ prompt: content })).toThrow(/at least \d+ tokens/);
+  });
+
   it("when n > 1, then each choice is sampled independently", async () => {
     const engine = new Engine(model);
     const result = await engine.complete({ prompt, maxTokens: 6, temperature: 1, seed: 3, n: 3 });

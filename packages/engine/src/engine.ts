@@ -15,6 +15,7 @@ import {
   sampleToken,
   topLogprobs,
 } from "./sampling.ts";
+import { TokenLimitError } from "./tokenizer.ts";
 
 export type ResponseFormat =
   | { type: "text" }
@@ -300,15 +301,25 @@ export class Engine {
     };
   }
 
+  /** The request's prompt ids; text is tokenized only as far as the context. */
   private promptTokens(request: GenerateRequest): number[] {
-    if (request.messages) {
-      return this.model.chat.encode(request.messages, {
-        addGenerationPrompt: true,
-        tools: request.tools,
-      });
+    const limit = this.model.config.maxPositions;
+    try {
+      if (request.messages) {
+        return this.model.chat.encode(request.messages, {
+          addGenerationPrompt: true,
+          tools: request.tools,
+          limit,
+        });
+      }
+      if (typeof request.prompt === "string")
+        return this.model.tokenizer.encode(request.prompt, { special: true, limit });
+    } catch (err) {
+      if (!(err instanceof TokenLimitError)) throw err;
+      throw new Error(
+        `generate: prompt of at least ${err.tokens} tokens fills the ${limit}-token context`,
+      );
     }
-    if (typeof request.prompt === "string")
-      return this.model.tokenizer.encode(request.prompt, { special: true });
     if (request.prompt) return [...request.prompt];
     throw new Error("generate: give messages or a prompt");
   }

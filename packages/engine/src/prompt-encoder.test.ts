@@ -1,6 +1,10 @@
-import { describe, expect, it } from "vitest";
+import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
+import { describe, expect, it, vi } from "vitest";
+import { FAMILIES, familyChatFiles } from "../test/families.ts";
 import { tinyModel } from "../test/fixtures.ts";
+import { ChatFormat } from "./chat.ts";
 import { ContextLengthError, PromptEncoder } from "./prompt-encoder.ts";
+import { TEXT_PIECE_CHARS } from "./tokenizer.ts";
 
 describe("PromptEncoder", () => {
   const { chat } = tinyModel();
@@ -61,5 +65,34 @@ describe("PromptEncoder", () => {
     expect(
       await encoder.encodeChat(messages("hello there"), { contextLength: exact + 1 }),
     ).toHaveLength(exact);
+  });
+
+  it("when a document passes the byte bound but not the context, then it is refused after a context's worth of tokenizing", async () => {
+    // Llama 3's longest token is 256 bytes: 1.5 MB may be as few as 6,000 tokens.
+    const llama = new ChatFormat(familyChatFiles(FAMILIES[1]), []);
+    const document = messages("The cat sat on the mat. 7 + 5 = 12. Héllo 🙂\n".repeat(35_000));
+    const inline = new PromptEncoder(llama, { inlineBytes: Number.POSITIVE_INFINITY });
+    const encode = vi.spyOn(HfTokenizer.prototype, "encode");
+    try {
+      const refusal = await inline.encodeChat(document, { contextLength: 8192 }).catch((e) => e);
+      expect(refusal).toBeInstanceOf(ContextLengthError);
+      expect(refusal).toMatchObject({ exact: false, context: 8192 });
+      expect(refusal.tokens).toBeGreaterThan(8192);
+      const read = encode.mock.calls.reduce(
+        (n: number, call: unknown[]) => n + String(call[0]).length,
+        0,
+      );
+      expect(read).toBeLessThan(2 * TEXT_PIECE_CHARS);
+    } finally {
+      encode.mockRestore();
+    }
+    const threaded = new PromptEncoder(llama);
+    try {
+      const refusal = await threaded.encodeChat(document, { contextLength: 8192 }).catch((e) => e);
+      expect(refusal).toBeInstanceOf(ContextLengthError);
+      expect(refusal).toMatchObject({ exact: false, context: 8192 });
+    } finally {
+      await threaded.dispose();
+    }
   });
 });

@@ -1,5 +1,6 @@
 import { Worker } from "node:worker_threads";
 import { type ChatFormat, type ChatMessage, PromptError, type RenderOptions } from "./chat.ts";
+import { TokenLimitError } from "./tokenizer.ts";
 
 export { PromptError };
 
@@ -36,7 +37,9 @@ export interface PromptEncoderOptions {
  * the byte length alone (a token covers at most the vocabulary's longest token in bytes, so a
  * prompt that cannot fit is refused before any work), then small prompts inline, larger ones on
  * a worker thread, and long ones on a second worker thread; each worker holds its own copy of
- * the tokenizer and is started on first use.
+ * the tokenizer and is started on first use. Tokenizing stops once the prompt fills the
+ * context (`limit` of `ChatFormat.encode`): a long document that passes the byte bound costs
+ * the work of a context's worth of its text, not all of it.
  */
 export class PromptEncoder {
   readonly #chat: ChatFormat;
@@ -70,10 +73,21 @@ export class PromptEncoder {
       const atLeast = Math.ceil(bytes / this.maxTokenBytes);
       if (atLeast >= context) throw new ContextLengthError(atLeast, context, false);
     }
-    const tokens =
-      bytes <= this.#inlineBytes
-        ? this.#chat.encode(messages, render)
-        : await (bytes > this.#longBytes ? this.#long : this.#short).encode(messages, render);
+    // One past the context: a prompt that takes exactly the context is refused with its count.
+    if (context !== undefined) render.limit = context + 1;
+    let tokens: number[];
+    try {
+      tokens =
+        bytes <= this.#inlineBytes
+          ? this.#chat.encode(messages, render)
+          : await (bytes > this.#longBytes ? this.#long : this.#short).encode(messages, render);
+    } catch (err) {
+      if (err instanceof TokenLimitError && context !== undefined) {
+        // Counted past the context and no further: at least that many.
+        throw new ContextLengthError(err.tokens, context, false);
+      }
+      throw err;
+    }
     if (context !== undefined && tokens.length >= context) {
       throw new ContextLengthError(tokens.length, context, true);
     }
@@ -127,12 +141,13 @@ class PromptThread {
     worker.unref();
     worker.on(
       "message",
-      (reply: { id: number; tokens?: Int32Array; error?: string; name?: string }) => {
+      (reply: { id: number; tokens?: Int32Array; error?: string; atLeast?: number }) => {
         const pending = this.#pending.get(reply.id);
         if (!pending) return;
         this.#pending.delete(reply.id);
         if (this.#pending.size === 0) worker.unref();
         if (reply.tokens) pending.resolve(Array.from(reply.tokens));
+        else if (reply.atLeast !== undefined) pending.reject(new TokenLimitError(reply.atLeast));
         else pending.reject(new PromptError(reply.error ?? "the prompt could not be encoded"));
       },
     );
