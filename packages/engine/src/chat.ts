@@ -1,6 +1,6 @@
 import { Template } from "@huggingface/jinja";
 import type { GenerationConfig } from "./config.ts";
-import { ModelFileError, Tokenizer, type TokenizerFiles } from "./tokenizer.ts";
+import { ModelFileError, Tokenizer, type TokenizerFiles, TokenLimitError } from "./tokenizer.ts";
 
 export type ChatRole = "system" | "developer" | "user" | "assistant" | "tool";
 
@@ -26,6 +26,8 @@ export interface RenderOptions {
   addGenerationPrompt?: boolean;
   /** Tool definitions (OpenAI's `tools`), for templates that render them. */
   tools?: readonly Record<string, unknown>[] | undefined;
+  /** Stop tokenizing with TokenLimitError once the prompt takes this many tokens. */
+  limit?: number | undefined;
 }
 
 /** A conversation the template cannot render (it raised, or refused a role); the message says
@@ -146,19 +148,22 @@ export class ChatFormat {
     this.stopIds = new Set([...this.eosIds, ...this.#endOfTurn()]);
   }
 
-  /** The conversation's prompt tokens. */
+  /** The conversation's prompt tokens (TokenLimitError once they reach `limit`). */
   encode(messages: readonly ChatMessage[], options: RenderOptions = {}): number[] {
     const { tokenizer, template } = this;
     const specials = tokenizer.specialTexts;
     const text = template.render(messages, options);
     const sent = JSON.stringify([messages, options.tools ?? null]);
-    if (!specials.some((s) => sent.includes(s))) return tokenizer.encode(text, { special: true });
+    const limit = options.limit;
+    if (!specials.some((s) => sent.includes(s)))
+      return tokenizer.encode(text, { special: true, ...(limit ? { limit } : {}) });
     return this.#encodeGuarded(
       text,
       template.render(blank(messages, specials), {
         ...options,
         ...(options.tools ? { tools: blank(options.tools, specials) } : {}),
       }),
+      limit ?? Number.POSITIVE_INFINITY,
     );
   }
 
@@ -199,7 +204,7 @@ export class ChatFormat {
    * template itself put special tokens: only those become special ids, and the rest of `text`
    * is encoded as plain text.
    */
-  #encodeGuarded(text: string, blanked: string): number[] {
+  #encodeGuarded(text: string, blanked: string, limit: number): number[] {
     const { tokenizer } = this;
     if (blanked.length !== text.length) {
       throw new PromptError(
@@ -207,6 +212,17 @@ export class ChatFormat {
       );
     }
     const ids: number[] = [];
+    // Each piece of plain text may take what is left of the limit.
+    const plain = (piece: string) => {
+      let part: number[];
+      try {
+        part = tokenizer.encode(piece, { special: false, limit: limit - ids.length });
+      } catch (err) {
+        if (err instanceof TokenLimitError) throw new TokenLimitError(ids.length + err.tokens);
+        throw err;
+      }
+      for (const id of part) ids.push(id);
+    };
     let last = 0;
     let trimNext = false;
     for (const match of blanked.matchAll(specialPattern(tokenizer.specialTexts))) {
@@ -214,12 +230,14 @@ export class ChatFormat {
       let before = text.slice(last, match.index);
       if (trimNext) before = before.trimStart();
       if (token.lstrip) before = before.trimEnd();
-      ids.push(...tokenizer.encode(before, { special: false }), token.id);
+      plain(before);
+      ids.push(token.id);
+      if (ids.length >= limit) throw new TokenLimitError(ids.length);
       last = match.index + match[0].length;
       trimNext = token.rstrip === true;
     }
     const rest = text.slice(last);
-    ids.push(...tokenizer.encode(trimNext ? rest.trimStart() : rest, { special: false }));
+    plain(trimNext ? rest.trimStart() : rest);
     return ids;
   }
 

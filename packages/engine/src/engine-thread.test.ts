@@ -1,5 +1,7 @@
+import { rmSync } from "node:fs";
 import { describe, expect, it, vi } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";
+import { longContextTinyChat } from "../test/fixtures.ts";
 import { catalogModelDir } from "./catalog.ts";
 import { Engine } from "./engine.ts";
 import { EngineThread } from "./engine-thread.ts";
@@ -82,6 +84,52 @@ describe("EngineThread", async () => {
       await vi.waitFor(async () => expect((await thread.stats()).activeSequences).toBe(0), PATIENT);
     } finally {
       await thread.dispose();
+    }
+  });
+
+  it("when a 5 KB chat is sent while a 30,000-letter word's prompt is served on a 131,072-token context, then the chat is answered first", async () => {
+    const longDir = longContextTinyChat();
+    const thread = await EngineThread.start(longDir);
+    try {
+      let seed = 7;
+      const word = Array.from({ length: 30_000 }, () => {
+        seed = (seed * 1103515245 + 12345) % 2 ** 31;
+        return String.fromCharCode(97 + (seed % 26));
+      }).join("");
+      const order: string[] = [];
+      const controller = new AbortController();
+      const long = (async () => {
+        const prompt = await thread.encodeChat([{ role: "user", content: word }]);
+        expect(prompt.length).toBeGreaterThan(20_000);
+        for await (const _ of thread.generate(
+          { prompt, maxTokens: 1, temperature: 0 },
+          { signal: controller.signal },
+        ));
+        order.push("long");
+      })().catch((err: unknown) => {
+        if (!controller.signal.aborted) throw err;
+      });
+      await vi.waitFor(
+        async () => expect((await thread.stats()).steps).toBeGreaterThan(0),
+        PATIENT,
+      );
+      const chat = [
+        { role: "user" as const, content: "Hello there, how are you today? ".repeat(160) },
+      ];
+      const prompt = await thread.encodeChat(chat);
+      const answer = [];
+      for await (const event of thread.generate({ prompt, maxTokens: 4, temperature: 0 }))
+        answer.push(event);
+      order.push("short");
+      expect(answer.at(-1)).toMatchObject({ type: "done", promptTokens: prompt.length });
+      // The long prompt is still being prefilled; it is cancelled rather than waited for.
+      controller.abort(new Error("client left"));
+      await long;
+      expect(order).toEqual(["short"]);
+      await vi.waitFor(async () => expect((await thread.stats()).activeSequences).toBe(0), PATIENT);
+    } finally {
+      await thread.dispose();
+      rmSync(longDir, { recursive: true, force: true });
     }
   });
 });

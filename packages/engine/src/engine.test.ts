@@ -1,7 +1,8 @@
-import { describe, expect, it } from "vitest";
-import { tinyModel } from "../test/fixtures.ts";
+import { describe, expect, it, vi } from "vitest";
+import { PATIENT } from "../../../vitest.shared.ts";
+import { tinyConfig, tinyModel } from "../test/fixtures.ts";
 import { naiveLogits } from "../test/naive-reference.ts";
-import { Engine, type GenerationEvent } from "./engine.ts";
+import { attentionSpan, chunkWithin, Engine, type GenerationEvent, stepCost } from "./engine.ts";
 import type { JsonSchema } from "./json-constraint.ts";
 import { jsKernels } from "./kernels/js.ts";
 import { createWasmKernels } from "./kernels/wasm.ts";
@@ -132,6 +133,61 @@ describe("Engine", () => {
     expect(a.choices[0]!.tokens).toEqual(oneShot.choices[0]!.tokens);
     expect(b.choices[0]!.tokens).toHaveLength(8);
     expect(chunked.stats.steps).toBeGreaterThan((2 * long.length) / 5);
+  });
+
+  it("when a short prompt arrives while a long one is being prefilled, then it is answered first, as it would be alone", async () => {
+    const wide = tinyModel(21, { maxPositions: 16_384 });
+    const long = Array.from({ length: 12_000 }, (_, i) => 3 + ((i * 7) % 250));
+    const short = wide.tokenizer.encode("The cat sat on the mat.", { special: true });
+    const alone = await new Engine(wide).complete({ prompt: short, maxTokens: 4, temperature: 0 });
+    const engine = new Engine(wide);
+    const order: string[] = [];
+    const longDone = engine
+      .complete({ prompt: long, maxTokens: 1, temperature: 0 })
+      .then(() => order.push("long"));
+    await vi.waitFor(() => expect(engine.stats.steps).toBeGreaterThan(0), PATIENT);
+    const shortDone = engine
+      .complete({ prompt: short, maxTokens: 4, temperature: 0 })
+      .then((result) => {
+        order.push("short");
+        return result;
+      });
+    const [answer] = await Promise.all([shortDone, longDone]);
+    expect(order).toEqual(["short", "long"]);
+    expect(answer.choices[0]!.tokens).toEqual(alone.choices[0]!.tokens);
+  });
+
+  it("when a prompt is deep in the context, then a step takes fewer of its tokens: no step's work passes the budget by more than one token", () => {
+    // tiny-chat's shapes: 2 heads of 64 (one KV head), hidden 128, MLP 352.
+    const span = attentionSpan({
+      ...tinyConfig(768),
+      hiddenSize: 128,
+      intermediateSize: 352,
+      numHeads: 2,
+      numKvHeads: 1,
+      headDim: 64,
+    });
+    expect(span).toBe(720);
+    let previous = Number.POSITIVE_INFINITY;
+    for (const depth of [0, 100, 1000, 10_000, 100_000]) {
+      const take = chunkWithin(512, depth, span, 1_000_000);
+      expect(stepCost(take, depth, span)).toBeLessThanOrEqual(512);
+      expect(stepCost(take + 1, depth, span)).toBeGreaterThan(512);
+      expect(take).toBeLessThanOrEqual(previous);
+      previous = take;
+    }
+    expect(chunkWithin(512, 0, span, 7)).toBe(7);
+    expect(chunkWithin(0, 0, span, 7)).toBe(0);
+    expect(chunkWithin(10, 1_000_000, span, 7)).toBe(0);
+  });
+
+  it("when a prompt's text cannot fit the context, then generate refuses it with the count it stopped at", () => {
+    const engine = new Engine(model);
+    const content = "The cat sat on the mat. ".repeat(20_000);
+    expect(() => engine.generate({ messages: [{ role: "user", content }] })).toThrow(
+      /^generate: prompt of at least \d+ tokens fills the 64-token context$/,
+    );
+    expect(() => engine.generate({ prompt: content })).toThrow(/at least \d+ tokens/);
   });
 
   it("when n > 1, then each choice is sampled independently", async () => {

@@ -1,4 +1,5 @@
 import type { ChatMessage } from "./chat.ts";
+import type { ModelConfig } from "./config.ts";
 import { createKvCache, forwardBatch, type KvCache, releaseKvCache } from "./forward.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import type { Kernels } from "./kernels/types.ts";
@@ -14,6 +15,7 @@ import {
   sampleToken,
   topLogprobs,
 } from "./sampling.ts";
+import { TokenLimitError } from "./tokenizer.ts";
 
 export type ResponseFormat =
   | { type: "text" }
@@ -106,7 +108,9 @@ interface Sequence {
   cache: KvCache;
   adapter: LoraAdapter | null;
   capacity: number;
+  /** Tokens to feed: the prompt, then each sampled token; `fed` of them are in the cache. */
   pending: number[];
+  fed: number;
   promptTokens: number;
   generated: number[];
   counts: Map<number, number>;
@@ -137,12 +141,20 @@ export class Engine {
   /** Forward passes run so far, and the largest number of sequences in one (for tests/metrics). */
   readonly stats = { steps: 0, maxBatch: 0, tokens: 0 };
 
-  /** Tokens one scheduler step may process; longer prompts are prefilled in chunks. */
+  /**
+   * The work one scheduler step may do, in tokens at the start of the context; longer prompts
+   * are prefilled in chunks. A token further in costs more (`stepCost`: its attention reads
+   * every earlier position), so a long prompt's chunks shrink as it goes and each step takes
+   * about as long as the first: nothing waits long for the next step.
+   */
   readonly maxStepTokens: number;
+  /** `attentionSpan` of the model. */
+  readonly #span: number;
 
   constructor(model: Model, options: { kernels?: Kernels; maxStepTokens?: number } = {}) {
     this.model = model;
     this.maxStepTokens = Math.max(1, options.maxStepTokens ?? 512);
+    this.#span = attentionSpan(model.config);
     this.kernels = options.kernels ?? defaultKernels();
     this.stopTokens = new Set(model.chat.stopIds);
   }
@@ -227,6 +239,7 @@ export class Engine {
         adapter: request.adapter ?? null,
         capacity,
         pending: [...prompt],
+        fed: 0,
         promptTokens: prompt.length,
         generated: [],
         counts: new Map(),
@@ -288,15 +301,25 @@ export class Engine {
     };
   }
 
+  /** The request's prompt ids; text is tokenized only as far as the context. */
   private promptTokens(request: GenerateRequest): number[] {
-    if (request.messages) {
-      return this.model.chat.encode(request.messages, {
-        addGenerationPrompt: true,
-        tools: request.tools,
-      });
+    const limit = this.model.config.maxPositions;
+    try {
+      if (request.messages) {
+        return this.model.chat.encode(request.messages, {
+          addGenerationPrompt: true,
+          tools: request.tools,
+          limit,
+        });
+      }
+      if (typeof request.prompt === "string")
+        return this.model.tokenizer.encode(request.prompt, { special: true, limit });
+    } catch (err) {
+      if (!(err instanceof TokenLimitError)) throw err;
+      throw new Error(
+        `generate: prompt of at least ${err.tokens} tokens fills the ${limit}-token context`,
+      );
     }
-    if (typeof request.prompt === "string")
-      return this.model.tokenizer.encode(request.prompt, { special: true });
     if (request.prompt) return [...request.prompt];
     throw new Error("generate: give messages or a prompt");
   }
@@ -311,22 +334,7 @@ export class Engine {
         this.dropFinished();
         const live = this.active;
         if (live.length === 0) break;
-        // Decoding sequences (one pending token) always run; prompt chunks share what is left
-        // of the step's token budget, oldest request first.
-        let budget = this.maxStepTokens;
-        const batch: { s: Sequence; tokens: number[] }[] = [];
-        for (const s of live) {
-          if (s.pending.length === 1) {
-            batch.push({ s, tokens: s.pending });
-            budget--;
-          }
-        }
-        for (const s of live) {
-          if (s.pending.length <= 1 || budget <= 0) continue;
-          const take = Math.min(budget, s.pending.length);
-          batch.push({ s, tokens: s.pending.slice(0, take) });
-          budget -= take;
-        }
+        const batch = this.#nextBatch(live);
         let logits: Float32Array[];
         try {
           logits = forwardBatch(
@@ -346,10 +354,8 @@ export class Engine {
         batch.forEach(({ s, tokens }, i) => {
           this.stats.tokens += tokens.length;
           if (s.finished) return;
-          if (tokens.length < s.pending.length) {
-            s.pending = s.pending.slice(tokens.length);
-            return;
-          }
+          s.fed += tokens.length;
+          if (s.fed < s.pending.length) return;
           try {
             this.advance(s, logits[i]!);
           } catch (error) {
@@ -362,6 +368,41 @@ export class Engine {
     } finally {
       this.running = false;
     }
+  }
+
+  /**
+   * The step's tokens. Decoding sequences (one token to feed) always run; prompt chunks share
+   * what is left of the step's work. The prompts with the least work left go first, so a short
+   * chat is not queued behind a long document's prefill; the oldest prompt keeps a sixteenth of
+   * the step and at least one token, so a stream of shorter ones cannot starve it.
+   */
+  #nextBatch(live: readonly Sequence[]): { s: Sequence; tokens: number[] }[] {
+    const span = this.#span;
+    let budget = this.maxStepTokens;
+    const batch: { s: Sequence; tokens: number[] }[] = [];
+    const prompts: Sequence[] = [];
+    for (const s of live) {
+      const left = s.pending.length - s.fed;
+      if (left === 1) {
+        batch.push({ s, tokens: s.pending.slice(s.fed) });
+        budget -= stepCost(1, s.cache.length, span);
+      } else if (left > 1) prompts.push(s);
+    }
+    if (prompts.length === 0) return batch;
+    const oldest = prompts[0]!;
+    const share = prompts.length > 1 ? this.maxStepTokens / 16 : 0;
+    const work = new Map(
+      prompts.map((s) => [s, stepCost(s.pending.length - s.fed, s.cache.length, span)]),
+    );
+    budget -= share;
+    for (const s of prompts.sort((a, b) => work.get(a)! - work.get(b)!)) {
+      const allowance = s === oldest ? budget + share : budget;
+      let take = chunkWithin(allowance, s.cache.length, span, s.pending.length - s.fed);
+      if (s === oldest) take = Math.max(take, 1);
+      budget = allowance - (take > 0 ? stepCost(take, s.cache.length, span) : 0);
+      if (take > 0) batch.push({ s, tokens: s.pending.slice(s.fed, s.fed + take) });
+    }
+    return batch;
   }
 
   /** Takes finished sequences out of the batch and frees their caches' memory. */
@@ -473,6 +514,7 @@ export class Engine {
       return;
     }
     s.pending = [token];
+    s.fed = 0;
   }
 
   private finish(s: Sequence, reason: FinishReason, text?: string): void {
@@ -650,4 +692,40 @@ class EventQueue implements AsyncIterableIterator<GenerationEvent> {
   [Symbol.asyncIterator](): AsyncIterableIterator<GenerationEvent> {
     return this;
   }
+}
+
+/**
+ * How many cached positions one token's attention reads for the multiply-adds of its own matrix
+ * products (q, k, v, o and the MLP; the vocabulary projection, once per sequence, is left
+ * out): the unit `stepCost` measures attention in. tiny-chat's is 720, Qwen3-0.6B's about 3,800.
+ */
+export function attentionSpan(config: ModelConfig): number {
+  const q = config.numHeads * config.headDim;
+  const kv = config.numKvHeads * config.headDim;
+  const h = config.hiddenSize;
+  const products = 2 * h * q + 2 * h * kv + 3 * h * config.intermediateSize;
+  // Each cached position costs a q·k and a weighted v per head.
+  return products / (2 * q);
+}
+
+/**
+ * The work of feeding `tokens` tokens after `depth` cached ones, in tokens at the start of the
+ * context: each token's matrix products (1) and its attention over every position up to its
+ * own (depth + i + 1 of them, in units of `span`).
+ */
+export function stepCost(tokens: number, depth: number, span: number): number {
+  return tokens + (tokens * (depth + (tokens + 1) / 2)) / span;
+}
+
+/** The most tokens, up to `max`, that can be fed after `depth` cached ones within `budget`
+ * (`stepCost`); 0 when not even one can. */
+export function chunkWithin(budget: number, depth: number, span: number, max: number): number {
+  if (budget <= 0 || max <= 0) return 0;
+  // stepCost(t) = a·t + t²/(2·span): the root of stepCost(t) = budget, then checked exactly.
+  const a = 1 + (depth + 0.5) / span;
+  const c = 1 / (2 * span);
+  let take = Math.min(max, Math.floor((-a + Math.sqrt(a * a + 4 * c * budget)) / (2 * c)));
+  while (take < max && stepCost(take + 1, depth, span) <= budget) take++;
+  while (take > 0 && stepCost(take, depth, span) > budget) take--;
+  return Math.max(0, take);
 }

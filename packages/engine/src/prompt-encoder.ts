@@ -1,5 +1,6 @@
 import { Worker } from "node:worker_threads";
 import { type ChatFormat, type ChatMessage, PromptError, type RenderOptions } from "./chat.ts";
+import { TokenLimitError } from "./tokenizer.ts";
 
 export { PromptError };
 
@@ -25,32 +26,37 @@ export interface PromptEncoderOptions {
    * (well under a millisecond); larger ones on a worker thread, so the caller's event loop
    * never waits on them. Default 4 KiB. */
   inlineBytes?: number;
-}
-
-interface Pending {
-  resolve: (tokens: number[]) => void;
-  reject: (error: Error) => void;
+  /** Prompts of more than this many bytes are long: they are tokenized on a thread of their
+   * own, so none holds up a shorter one (a 5 KB chat is not queued behind a 30 MB document).
+   * Default 64 KiB, about 40 ms of Qwen3's tokenizer. */
+  longBytes?: number;
 }
 
 /**
  * Renders and tokenizes chat prompts without holding up the calling thread: first a bound from
  * the byte length alone (a token covers at most the vocabulary's longest token in bytes, so a
- * prompt that cannot fit is refused before any work), then small prompts inline and large ones
- * on one worker thread that holds its own copy of the tokenizer.
+ * prompt that cannot fit is refused before any work), then small prompts inline, larger ones on
+ * a worker thread, and long ones on a second worker thread; each worker holds its own copy of
+ * the tokenizer and is started on first use. Tokenizing stops once the prompt fills the
+ * context (`limit` of `ChatFormat.encode`): a long document that passes the byte bound costs
+ * the work of a context's worth of its text, not all of it.
  */
 export class PromptEncoder {
   readonly #chat: ChatFormat;
   readonly #inlineBytes: number;
+  readonly #longBytes: number;
   /** The longest token of the vocabulary, in bytes. */
   readonly maxTokenBytes: number;
-  #worker: Worker | undefined;
-  readonly #pending = new Map<number, Pending>();
-  #nextId = 0;
+  readonly #short: PromptThread;
+  readonly #long: PromptThread;
 
   constructor(chat: ChatFormat, options: PromptEncoderOptions = {}) {
     this.#chat = chat;
     this.#inlineBytes = options.inlineBytes ?? 4096;
+    this.#longBytes = options.longBytes ?? 64 * 1024;
     this.maxTokenBytes = chat.tokenizer.maxTokenBytes();
+    this.#short = new PromptThread(chat);
+    this.#long = new PromptThread(chat);
   }
 
   /** The prompt's tokens; ContextLengthError when it cannot leave room for one generated token
@@ -67,26 +73,51 @@ export class PromptEncoder {
       const atLeast = Math.ceil(bytes / this.maxTokenBytes);
       if (atLeast >= context) throw new ContextLengthError(atLeast, context, false);
     }
-    const tokens =
-      bytes <= this.#inlineBytes
-        ? this.#chat.encode(messages, render)
-        : await this.#offload(messages, render);
+    // One past the context: a prompt that takes exactly the context is refused with its count.
+    if (context !== undefined) render.limit = context + 1;
+    let tokens: number[];
+    try {
+      tokens =
+        bytes <= this.#inlineBytes
+          ? this.#chat.encode(messages, render)
+          : await (bytes > this.#longBytes ? this.#long : this.#short).encode(messages, render);
+    } catch (err) {
+      if (err instanceof TokenLimitError && context !== undefined) {
+        // Counted past the context and no further: at least that many.
+        throw new ContextLengthError(err.tokens, context, false);
+      }
+      throw err;
+    }
     if (context !== undefined && tokens.length >= context) {
       throw new ContextLengthError(tokens.length, context, true);
     }
     return tokens;
   }
 
-  /** Stops the worker thread, if one was started; pending prompts are refused. */
+  /** Stops the worker threads, if any were started; pending prompts are refused. */
   async dispose(): Promise<void> {
-    const worker = this.#worker;
-    this.#worker = undefined;
-    this.#failAll(new Error("the prompt encoder was disposed"));
-    await worker?.terminate();
+    await Promise.all([this.#short.dispose(), this.#long.dispose()]);
+  }
+}
+
+interface Pending {
+  resolve: (tokens: number[]) => void;
+  reject: (error: Error) => void;
+}
+
+/** One worker thread that renders and tokenizes prompts, in the order they are sent. */
+class PromptThread {
+  readonly #chat: ChatFormat;
+  #worker: Worker | undefined;
+  readonly #pending = new Map<number, Pending>();
+  #nextId = 0;
+
+  constructor(chat: ChatFormat) {
+    this.#chat = chat;
   }
 
-  #offload(messages: readonly ChatMessage[], options: RenderOptions): Promise<number[]> {
-    const worker = this.#startWorker();
+  encode(messages: readonly ChatMessage[], options: RenderOptions): Promise<number[]> {
+    const worker = this.#start();
     const id = this.#nextId++;
     return new Promise<number[]>((resolve, reject) => {
       this.#pending.set(id, { resolve, reject });
@@ -95,7 +126,14 @@ export class PromptEncoder {
     });
   }
 
-  #startWorker(): Worker {
+  async dispose(): Promise<void> {
+    const worker = this.#worker;
+    this.#worker = undefined;
+    this.#failAll(new Error("the prompt encoder was disposed"));
+    await worker?.terminate();
+  }
+
+  #start(): Worker {
     if (this.#worker) return this.#worker;
     const worker = new Worker(new URL("./prompt-worker.ts", import.meta.url), {
       workerData: { files: this.#chat.files, eosIds: this.#chat.eosIds },
@@ -103,12 +141,13 @@ export class PromptEncoder {
     worker.unref();
     worker.on(
       "message",
-      (reply: { id: number; tokens?: Int32Array; error?: string; name?: string }) => {
+      (reply: { id: number; tokens?: Int32Array; error?: string; atLeast?: number }) => {
         const pending = this.#pending.get(reply.id);
         if (!pending) return;
         this.#pending.delete(reply.id);
         if (this.#pending.size === 0) worker.unref();
         if (reply.tokens) pending.resolve(Array.from(reply.tokens));
+        else if (reply.atLeast !== undefined) pending.reject(new TokenLimitError(reply.atLeast));
         else pending.reject(new PromptError(reply.error ?? "the prompt could not be encoded"));
       },
     );

@@ -1,6 +1,7 @@
 /** The prompt encoder's thread: renders and tokenizes large prompts off the caller's thread. */
 import { parentPort, workerData } from "node:worker_threads";
 import { type ChatFiles, ChatFormat, type ChatMessage, type RenderOptions } from "./chat.ts";
+import { TokenLimitError } from "./tokenizer.ts";
 
 const data = workerData as { files: ChatFiles; eosIds: number[] };
 const chat = new ChatFormat(data.files, data.eosIds);
@@ -15,6 +16,7 @@ parentPort?.on(
       parentPort?.postMessage({
         id: request.id,
         error: err instanceof Error ? err.message : String(err),
+        ...(err instanceof TokenLimitError ? { atLeast: err.tokens } : {}),
       });
     }
   },

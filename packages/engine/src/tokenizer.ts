@@ -30,6 +30,44 @@ interface AddedTokenJson {
 const SUPPORTED_MODELS = new Set(["BPE"]);
 
 /**
+ * A word (pre-token) of more than this many symbols (UTF-16 units; bytes, for byte-level BPE)
+ * is merged in consecutive pieces of this many, each as a word of its own. Merging one word
+ * keeps each of its symbols in memory several times over (about 270 bytes a letter) and slows
+ * as the word grows (Llama 3's: 1.1 µs a letter at 10,000 letters, 12 at a million); in pieces
+ * it stays linear. No vocabulary entry comes near this length (the longest are 256 bytes), and
+ * text whose words are no longer is tokenized exactly as Hugging Face's tokenizers do; a longer
+ * word's tokens may differ next to a piece boundary, which no merge crosses (a 100,000-letter
+ * word: 2 to 5 tokens more in some 50,000, at 6 to 10 places).
+ */
+export const WORD_PIECE_SYMBOLS = 10_000;
+
+/**
+ * Text longer than this many characters, encoded with a token limit, is tokenized in pieces of
+ * at least this many, so tokenizing stops soon after the limit instead of going through all
+ * of a document that cannot fit.
+ */
+export const TEXT_PIECE_CHARS = 65_536;
+
+/** The text takes at least `tokens` tokens, more than the limit it was encoded with; the rest
+ * of it was not tokenized. */
+export class TokenLimitError extends Error {
+  override readonly name = "TokenLimitError";
+  readonly tokens: number;
+  constructor(tokens: number) {
+    super(`the text takes at least ${tokens} tokens`);
+    this.tokens = tokens;
+  }
+}
+
+/** What `Tokenizer` uses of @huggingface/tokenizers' BPE model. */
+interface BpeModel {
+  bpe(word: string): string[];
+  tokens_to_ids: Map<string, number>;
+  config: { end_of_word_suffix?: unknown };
+  continuing_subword_suffix?: unknown;
+}
+
+/**
  * A model's own tokenizer, read from its `tokenizer.json` by `@huggingface/tokenizers` (normalizers,
  * pre-tokenizer regexes, added and special tokens as the model defines them).
  *
@@ -45,9 +83,20 @@ export class Tokenizer {
   #plain: HfTokenizer | undefined;
   readonly #special = new Map<string, AddedTokenJson>();
   readonly #specialIds = new Set<number>();
+  /** Whether text may be cut into pieces at `pieceCut`'s places and tokenized piece by piece
+   * with the same result: the pre-tokenizer is one whose splits are known there. */
+  readonly #pieceSafe: boolean;
+  readonly #pieceChars: number;
+  /** Tokens a limited encode may still make before it stops (counted as words are merged). */
+  #budget = Number.POSITIVE_INFINITY;
 
-  constructor(files: TokenizerFiles, where = "tokenizer.json") {
+  constructor(
+    files: TokenizerFiles,
+    where = "tokenizer.json",
+    options: { pieceChars?: number } = {},
+  ) {
     this.files = files;
+    this.#pieceChars = options.pieceChars ?? TEXT_PIECE_CHARS;
     const model = files.tokenizer.model as { type?: unknown; vocab?: unknown } | undefined;
     const type = model?.type;
     if (typeof type !== "string" || !SUPPORTED_MODELS.has(type)) {
@@ -61,6 +110,8 @@ export class Tokenizer {
     } catch (err) {
       throw new ModelFileError(where, (err as Error).message);
     }
+    this.#mergeInPieces(this.#hf);
+    this.#pieceSafe = pieceSafe(files);
     let size = 0;
     for (const id of Object.values((model?.vocab ?? {}) as Record<string, number>))
       size = Math.max(size, id + 1);
@@ -88,11 +139,37 @@ export class Tokenizer {
    * The ids of `text`. With `special`, special tokens written in it are their own ids (a chat
    * template's markers); without, they are spelt out as ordinary text (a user's words). Non-special
    * added tokens (`<think>`, `<tool_call>`) are always recognised, as the model expects.
+   *
+   * With `limit`, TokenLimitError once the ids reach it: long text is then tokenized in pieces
+   * (cut where the pre-tokenizer splits anyway, so the ids are the same), and tokenizing stops
+   * at the piece, or the word, where the count reaches the limit.
    */
-  encode(text: string, options: { special: boolean }): number[] {
+  encode(text: string, options: { special: boolean; limit?: number }): number[] {
     if (text.length === 0) return [];
     const tokenizer = options.special ? this.#hf : this.#plainTokenizer();
-    return tokenizer.encode(text, { add_special_tokens: false }).ids;
+    const limit = options.limit ?? Number.POSITIVE_INFINITY;
+    if (limit === Number.POSITIVE_INFINITY) {
+      return tokenizer.encode(text, { add_special_tokens: false }).ids;
+    }
+    const ids: number[] = [];
+    try {
+      for (const piece of this.#pieces(text)) {
+        this.#budget = limit - ids.length;
+        let part: number[];
+        try {
+          part = tokenizer.encode(piece, { add_special_tokens: false }).ids;
+        } catch (err) {
+          // Stopped within the piece: its words so far took at least the rest of the budget.
+          if (err instanceof TokenLimitError) throw new TokenLimitError(limit - this.#budget);
+          throw err;
+        }
+        for (const id of part) ids.push(id);
+        if (ids.length >= limit) throw new TokenLimitError(ids.length);
+      }
+    } finally {
+      this.#budget = Number.POSITIVE_INFINITY;
+    }
+    return ids;
   }
 
   /** The text of `ids`, special tokens included, exactly as the bytes decode (no clean-up of
@@ -153,10 +230,96 @@ export class Tokenizer {
         };
         const config = { ...this.files.config, added_tokens_decoder: {} };
         this.#plain = new HfTokenizer(tokenizer, config);
+        this.#mergeInPieces(this.#plain);
       }
     }
     return this.#plain;
   }
+
+  /**
+   * Has `tokenizer`'s BPE merge a word of more than WORD_PIECE_SYMBOLS symbols in pieces, and
+   * count what it merges against the budget of a limited encode (only tokens of the vocabulary,
+   * each one id, so the count is a lower bound): a word of millions of letters stops at the
+   * limit instead of being merged to its end. Models with end-of-word or continuing-subword
+   * suffixes, whose pieces would not be words, merge every word whole.
+   */
+  #mergeInPieces(tokenizer: HfTokenizer): void {
+    const model = tokenizer.model as unknown as BpeModel | null;
+    if (!model || typeof model.bpe !== "function") return;
+    const bpe = model.bpe.bind(model);
+    const whole = Boolean(model.config.end_of_word_suffix || model.continuing_subword_suffix);
+    const spend = (tokens: readonly string[]) => {
+      if (this.#budget === Number.POSITIVE_INFINITY) return;
+      for (const token of tokens) if (model.tokens_to_ids.has(token)) this.#budget--;
+      if (this.#budget <= 0) throw new TokenLimitError(0);
+    };
+    model.bpe = (word: string): string[] => {
+      if (whole || word.length <= WORD_PIECE_SYMBOLS) {
+        const tokens = bpe(word);
+        spend(tokens);
+        return tokens;
+      }
+      const tokens: string[] = [];
+      for (let at = 0; at < word.length; ) {
+        let end = Math.min(word.length, at + WORD_PIECE_SYMBOLS);
+        // A character outside the BMP stays whole (byte-level symbols are all within it).
+        if (end < word.length && /[\uD800-\uDBFF]/.test(word[end - 1]!)) end--;
+        const piece = bpe(word.slice(at, end));
+        for (const token of piece) tokens.push(token);
+        spend(piece);
+        at = end;
+      }
+      return tokens;
+    };
+  }
+
+  /** `text` in pieces of at least `#pieceChars` characters, each cut at a `pieceCut` place; in
+   * one piece when the tokenizer is not one whose splits are known there. */
+  *#pieces(text: string): Generator<string> {
+    if (!this.#pieceSafe || text.length <= this.#pieceChars) {
+      yield text;
+      return;
+    }
+    let start = 0;
+    while (text.length - start > this.#pieceChars) {
+      const cut = pieceCut(text, start + this.#pieceChars);
+      if (cut < 0) break;
+      yield text.slice(start, cut);
+      start = cut;
+    }
+    yield text.slice(start);
+  }
+}
+
+/**
+ * Where text can be cut so that both sides tokenize as they would within the whole: before a
+ * space between two letters (every pre-tokenizer below ends a word at the space and starts the
+ * next with it) or after a newline between two non-space characters (it ends its pre-token
+ * either way, and the next begins after it). The first such place at or after `from`, or -1.
+ */
+export function pieceCut(text: string, from: number): number {
+  PIECE_CUT.lastIndex = from;
+  const match = PIECE_CUT.exec(text);
+  if (!match) return -1;
+  return match[0] === "\n" ? match.index + 1 : match.index;
+}
+
+const PIECE_CUT = /(?<=\p{L}) (?=\p{L})|(?<=\S)\n(?=\S)/gu;
+
+/**
+ * Whether `pieceCut`'s places are places the tokenizer splits anyway, so text cut there
+ * tokenizes as the whole: the pre-tokenizers llama.cpp names (Llama 3's and Qwen2's split
+ * patterns, SmolLM's digits then GPT-2's pattern), no normalizer but NFC (which joins nothing
+ * across a space or a newline), no added token with whitespace in it or stripping the
+ * whitespace beside it.
+ */
+function pieceSafe(files: TokenizerFiles): boolean {
+  const normalizer = files.tokenizer.normalizer as { type?: string } | null | undefined;
+  if (normalizer && normalizer.type !== "NFC") return false;
+  if (files.config.remove_space === true || files.config.do_lowercase_and_remove_accent === true)
+    return false;
+  if (ggufPreTokenizer(files.tokenizer) === undefined) return false;
+  return addedTokens(files).every((t) => !t.lstrip && !t.rstrip && !/\s/u.test(t.content));
 }
 
 function addedTokens(files: TokenizerFiles): AddedTokenJson[] {

@@ -1,5 +1,9 @@
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { trainBpe } from "../scripts/bpe.ts";
 import { TINY_CHAT_TEMPLATE } from "../scripts/tiny-chat-template.ts";
+import { catalogModelDir } from "../src/catalog.ts";
 import type { ChatFiles } from "../src/chat.ts";
 import type { ModelConfig } from "../src/config.ts";
 import { createModel, type Model } from "../src/model.ts";
@@ -95,4 +99,23 @@ export function randomBatch(vocab: number, B: number, T: number, seed: number): 
     lossMask[i] = rng.next() < 0.7 ? 1 : 0;
   }
   return { batchSize: B, seqLen: T, inputs, targets, lossMask };
+}
+
+/**
+ * A copy of the shipped tiny-chat in a new temp folder whose context is `context` tokens
+ * (131,072 by default, as Llama 3.1's): its prompts of tens of thousands of tokens fit, so they
+ * are really tokenized and prefilled rather than refused. The caller removes the folder.
+ */
+export function longContextTinyChat(context = 131_072): string {
+  const dir = mkdtempSync(join(tmpdir(), "arbor-long-context-"));
+  cpSync(catalogModelDir("arbor/tiny-chat"), dir, { recursive: true });
+  const config = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as Record<
+    string,
+    unknown
+  >;
+  writeFileSync(
+    join(dir, "config.json"),
+    JSON.stringify({ ...config, max_position_embeddings: context }, null, 2),
+  );
+  return dir;
 }

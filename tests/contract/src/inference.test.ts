@@ -1,4 +1,7 @@
+import { cpSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { type ArborClient, type ChatCompletionChunk, RateLimitError, unwrap } from "@arbor/client";
+import { catalogModelDir } from "@arbor/engine";
 import { loadSpec } from "@arbor/server";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
@@ -388,6 +391,62 @@ describe("continuous batching through the server", () => {
       );
       const [engine] = await fresh.engines.loaded();
       expect((await engine!.stats()).maxBatch).toBeGreaterThan(1);
+    } finally {
+      await fresh.close();
+    }
+  });
+});
+
+describe("long prompts on a long-context model", () => {
+  it("when a 100,000-letter word's prompt is being served, then a 5 KB chat sent after it is answered first", async () => {
+    const fresh = await startServer();
+    try {
+      // tiny-chat with Llama 3.1's context: the word fits, so it is tokenized and prefilled.
+      const id = "acme/tiny-chat-128k";
+      const dir = join(fresh.dataDir, "models", id);
+      cpSync(catalogModelDir(MODEL), dir, { recursive: true });
+      const config = JSON.parse(readFileSync(join(dir, "config.json"), "utf8"));
+      writeFileSync(
+        join(dir, "config.json"),
+        JSON.stringify({ ...config, max_position_embeddings: 131_072 }),
+      );
+      await fresh.engines.refresh();
+      const c = fresh.authorizedClient();
+      let seed = 7;
+      const word = Array.from({ length: 100_000 }, () => {
+        seed = (seed * 1103515245 + 12345) % 2 ** 31;
+        return String.fromCharCode(97 + (seed % 26));
+      }).join("");
+      const order: string[] = [];
+      const controller = new AbortController();
+      const long = c
+        .POST("/v1/chat/completions", {
+          body: { model: id, messages: ask(word), max_tokens: 1, temperature: 0 },
+          signal: controller.signal,
+        })
+        .then(() => order.push("long"))
+        .catch(() => order.push("long cancelled"));
+      const engine = await fresh.engines.engine(id);
+      await vi.waitFor(
+        async () => expect((await engine.stats()).steps).toBeGreaterThan(0),
+        PATIENT,
+      );
+      const { response, data } = await c.POST("/v1/chat/completions", {
+        body: {
+          model: id,
+          messages: ask("Hello there, how are you today? ".repeat(160)),
+          max_tokens: 4,
+          temperature: 0,
+        },
+      });
+      order.push("short");
+      expect(response.status).toBe(200);
+      expect(data!.usage!.prompt_tokens).toBeGreaterThan(1000);
+      controller.abort();
+      await long;
+      expect(order).toEqual(["short", "long cancelled"]);
+      // The client left: the engine drops the long prompt.
+      await vi.waitFor(async () => expect((await engine.stats()).activeSequences).toBe(0), PATIENT);
     } finally {
       await fresh.close();
     }
