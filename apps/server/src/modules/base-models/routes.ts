@@ -2,7 +2,6 @@ import { HubError, pullModel, type WeightChoice } from "@arbor/engine";
 import { ConflictError, ForbiddenError, InvalidInputError, UnavailableError } from "@arbor/store";
 import type { Logger } from "pino";
 import type { Handlers } from "../../http/operations.ts";
-import type { Principal } from "../access.ts";
 
 export interface BaseModelsDeps {
   /** Where base-model folders are (`ARBOR_BASE_MODELS_DIR`); a server always has one. */
