@@ -241,11 +241,12 @@ describe("FsBlobStore", () => {
   it("when a folder is deleted while puts write into it, then the delete never fails and each put lands whole or fails as missing, leaving no file", async () => {
     const body = Buffer.alloc(256 * 1024, 7);
     for (let round = 0; round < 20; round++) {
-      const puts = Array.from({ length: 6 }, (_, i) =>
-        blobs.put(`race/m/${i % 2}-${round}/file-${i}`, body),
+      // Settled from the start: a put that fails while the delete runs is not left unhandled.
+      const puts = Promise.allSettled(
+        Array.from({ length: 6 }, (_, i) => blobs.put(`race/m/${i % 2}-${round}/file-${i}`, body)),
       );
       await expect(blobs.deletePrefix("race/m/")).resolves.toBeGreaterThanOrEqual(0);
-      for (const result of await Promise.allSettled(puts)) {
+      for (const result of await puts) {
         if (result.status === "rejected")
           expect((result.reason as NodeJS.ErrnoException).code).toBe("ENOENT");
       }
