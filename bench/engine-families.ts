@@ -787,7 +787,7 @@ function option(name: string): string | undefined {
 
 /** How the engine holds the weights (`--weights`): packed in its kernels as their only copy, in
  * F32 or BF16 (as the service loads them), or "plain" F32 arrays packed beside them (before
- * issue 13's memory work). */
+ * the weights were held once, ADR 44). */
 const WEIGHTS = (option("--weights") ?? "f32") as WeightStorage;
 /** The engine's arena (`--arena`): "auto" chooses as the service does (wasm32 while the work
  * fits its 4 GiB, else Memory64); "wasm32" or "memory64" forces one (to measure what Memory64

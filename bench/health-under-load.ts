@@ -18,7 +18,7 @@
  * 3. after: nothing else again.
  *
  * Prints p50, p99 and max of the health latency per phase, and what the attack requests
- * answered. Target (issue 20): p99 under 50 ms during the attack.
+ * answered. Target (ADR 28): p99 under 50 ms during the attack.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";

@@ -247,7 +247,7 @@ function principalOf(identity: KeyIdentity | undefined): Principal | null {
   };
 }
 
-/** CONTRACT §1: which paths each surface serves (health and chat belong to more than one). */
+/** Which paths each surface serves (ADR 1) (health and chat belong to more than one). */
 export function servesPath(role: Role, path: string): boolean {
   if (path === "/v1/health" || path === "/v1/system-check") return true;
   const chat = path.startsWith("/v1/chat/completions");

@@ -11,7 +11,7 @@ export type { Role } from "@arbor/config";
 
 /** What the app itself (`createApp`) needs of the configuration. */
 export interface AppConfig {
-  /** Which surfaces this process serves (CONTRACT §1); all three by default. */
+  /** Which surfaces this process serves (`--role`, ADR 1); all three by default. */
   roles: readonly Role[];
   /** Validate every JSON response against the spec (on by default; a bench turns it off). */
   validateResponses: boolean;

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 
-/** CONTRACT §2: keys, project headers, and what stays public. */
+/** Keys, project headers, and what stays public (ADR 16, ADR 17). */
 let server: RunningServer;
 beforeAll(async () => {
   server = await startServer();

@@ -11,7 +11,7 @@ beforeAll(async () => {
 });
 afterAll(() => server.close());
 
-/** A call of a test tree: its own usage only, as CONTRACT §7 has it. */
+/** A call of a test tree: its own usage only (`summary.usage`, ADR 18); `getCallsUsage` sums the subtree. */
 interface Node {
   id: string;
   parent?: string;

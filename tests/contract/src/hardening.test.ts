@@ -5,7 +5,8 @@ import { writeCheckpointFiles } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 
-/** Issue 20's defects, each pinned where the HTTP layer owns it. */
+/** Defects an audit of malformed and oversized requests found (ADR 26–29), each pinned where the
+ * HTTP layer owns it. */
 let server: RunningServer;
 let client: ArborClient;
 beforeAll(async () => {

@@ -5,7 +5,7 @@ import { type RunningServer, startServer } from "./harness.ts";
 import { followAll, reversalJsonl } from "./jobs.ts";
 
 /**
- * `GET /metrics` (Prometheus text, outside the spec's operations: spec/ADR.md): scraped before
+ * `GET /metrics` (Prometheus text, outside the spec's operations: ADR 34): scraped before
  * and after real traffic, its counters move by what the traffic did. Each chat goes through its
  * own tenant's key, since the server allows one chat per key and minute (for the 429).
  */

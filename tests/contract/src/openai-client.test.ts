@@ -2,7 +2,7 @@ import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 
-/** The official `openai` npm client, unchanged, against the server (CONTRACT §6). */
+/** The official `openai` npm client, unchanged, against the server's `/v1` inference surface. */
 const MODEL = "arbor/tiny-chat";
 let server: RunningServer;
 let limited: RunningServer;

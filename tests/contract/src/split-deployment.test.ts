@@ -16,7 +16,7 @@ import {
 } from "./processes.ts";
 
 /**
- * A split deployment on one PostgreSQL schema (issue 17): a `training` role, two `inference`
+ * A split deployment on one PostgreSQL schema (ADR 39–43): a `training` role, two `inference`
  * replicas, a `calls` role and two worker processes, each with its own data directory and port,
  * so they share only what they share through the database.
  */

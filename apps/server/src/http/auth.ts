@@ -12,7 +12,7 @@ import { ApiError } from "./errors.ts";
 /** Resolves a presented key to its principal; null for an unknown or revoked key. */
 export type Authenticate = (apiKey: string) => Promise<Principal | null>;
 
-/** CONTRACT §2: every operation needs `Authorization: Bearer <key>` except those the spec marks
+/** Every operation needs `Authorization: Bearer <key>` except those the spec marks
  * `security: []` (`publicPaths`), and the docs and the spec, mounted before this middleware.
  * It runs before any body is read, so an unauthenticated request costs no parsing. */
 export function authentication(authenticate: Authenticate, publicPaths: ReadonlySet<string>) {

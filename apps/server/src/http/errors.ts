@@ -9,7 +9,7 @@ export function surfaceOf(path: string): Surface {
   return path.startsWith("/calls") || path.startsWith("/call/") ? "calls" : "v1";
 }
 
-/** One table maps status to OpenAI error type (spec/ADR.md, "Error envelopes"). */
+/** One table maps status to OpenAI error type (ADR 2, "Two error envelopes, one status table"). */
 const typeByStatus: Record<number, string> = {
   400: "invalid_request_error",
   401: "authentication_error",

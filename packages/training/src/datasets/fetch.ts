@@ -11,7 +11,7 @@ import { datasetExamples, datasetIdOf, datasetText, findDataset } from "./datase
 import { sftExamples } from "./jsonl.ts";
 
 /**
- * Where `training_data_url` points (CONTRACT §5): `dataset://<id>` (an upload of the same entity)
+ * Where `training_data_url` points (ADR 15): `dataset://<id>` (an upload of the same entity)
  * or `https://`, fetched with a size cap and refused for loopback, private, link-local and
  * unique-local addresses unless the host is allow-listed.
  */

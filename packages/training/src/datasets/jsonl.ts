@@ -1,5 +1,5 @@
 /**
- * SFT JSONL (CONTRACT §5): one `SftExample` (`{messages, tools?}`) per non-empty line, checked
+ * SFT JSONL (the data of `createSftTrainingJob` and `createDataset`, ADR 30): one `SftExample` (`{messages, tools?}`) per non-empty line, checked
  * against the spec's own `SftExample` schema with Ajv. Uploads (`createDataset`) and the training
  * worker both check here, so both name the same first bad line in the same words.
  */

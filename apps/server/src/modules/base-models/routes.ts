@@ -15,7 +15,7 @@ export interface BaseModelsDeps {
   logger: Logger;
 }
 
-/** Base models pulled from the Hugging Face Hub (spec/ADR.md entry 48). */
+/** Base models pulled from the Hugging Face Hub (ADR 48). */
 export function baseModelsHandlers(deps: BaseModelsDeps): Handlers {
   return {
     pullBaseModel: async ({ body, principal }) => {

@@ -2,7 +2,7 @@ import { InvalidInputError, type Store } from "@arbor/store";
 import type { Handlers } from "../../http/operations.ts";
 import { authorizeProject, callToWire, upsertBatch } from "./service.ts";
 
-/** The calls surface (CONTRACT §7): ingestion, query, delete and usage. */
+/** The calls surface (`/call/...`, `/calls/...`, ADR 1): ingestion, query, delete and usage. */
 export function callsHandlers(store: Store): Handlers {
   const { calls } = store;
   return {

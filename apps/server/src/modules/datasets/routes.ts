@@ -5,7 +5,7 @@ import type { Handlers } from "../../http/operations.ts";
 import { findOwned } from "../access.ts";
 import { datasetToWire } from "./service.ts";
 
-/** Datasets (CONTRACT §5, spec/ADR.md entry 15): raw JSONL uploads for SFT. */
+/** Datasets (ADR 15): raw JSONL uploads for SFT. */
 export function datasetsHandlers(store: Store): Handlers {
   return {
     createDataset: async ({ req, query, project }) => {

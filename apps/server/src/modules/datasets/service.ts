@@ -2,7 +2,7 @@ import type { components } from "@arbor/spec/schema";
 import type { Dataset } from "@arbor/store";
 import { datasetUrl } from "@arbor/training";
 
-/** The media types `createDataset` takes (spec/ADR.md entry 15). */
+/** The media types `createDataset` takes (ADR 15). */
 export const DATASET_MEDIA_TYPES = ["application/jsonl", "application/x-ndjson", "text/plain"];
 
 export function datasetToWire(dataset: Dataset): components["schemas"]["Dataset"] {

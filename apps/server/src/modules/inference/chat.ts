@@ -14,7 +14,7 @@ type TokenLogprobs = NonNullable<
   NonNullable<Schemas["ChatCompletion"]["choices"][number]["logprobs"]>["content"]
 >;
 
-/** Fields the engine honours (CONTRACT §6). Anything else that is set is refused with 400,
+/** Fields the engine honours (ADR 11). Anything else that is set is refused with 400,
  * never silently ignored. */
 const honoured = new Set([
   "model",

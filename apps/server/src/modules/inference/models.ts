@@ -40,7 +40,7 @@ export function plainModelId(id: string): string {
   return trainedId.test(rest) ? rest : id;
 }
 
-/** CONTRACT §6: base ids from the catalogue; unknown (or another entity's) → 404. */
+/** Model ids (ADR 9, ADR 21): base ids from the catalogue; unknown (or another entity's) → 404. */
 export class ModelDirectory {
   readonly #engines: EngineHost;
   /** A Map, not the config's object: a model named `toString` must not find Object's. */

@@ -2,7 +2,7 @@ import type { CallsRepo } from "@arbor/store";
 import { DomainError, UnavailableError, uuidv7 } from "@arbor/store";
 import type { Logger } from "pino";
 
-/** One model call, recorded in the calls store (CONTRACT §6 "Usage is recorded"). */
+/** One model call: every chat's usage is recorded as a call in the calls store (ADR 27). */
 export interface InferenceCall {
   projectId: string;
   /** The client's trace and parent (headers `Arbor-Trace-Id`, `Arbor-Parent-Call-Id`). */

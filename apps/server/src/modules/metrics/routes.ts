@@ -13,7 +13,7 @@ export interface MetricsEndpointDeps {
 
 /**
  * `GET /metrics`: Prometheus' text format, for a scraper rather than a client of the API, so it
- * is served beside the validated operations like `/docs` (spec/ADR.md), by every role. With
+ * is served beside the validated operations like `/docs` (ADR 34), by every role. With
  * `key`, no or a bad key is 401 and a key that is not an operator's is 403 (ADR 50), in the
  * `/v1` envelope; `off` answers 404 as an unknown path does.
  */

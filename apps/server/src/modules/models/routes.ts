@@ -41,7 +41,7 @@ export interface ModelsDeps {
   checkpointsDeleted?: CheckpointsDeleted;
 }
 
-/** Models and their checkpoints (CONTRACT §5). */
+/** Models and their checkpoints (the spec's `models` operations). */
 export function modelsHandlers(deps: ModelsDeps): Handlers {
   const { store } = deps;
   return {

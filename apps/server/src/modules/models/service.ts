@@ -53,7 +53,7 @@ export interface CreateModelDeps {
   baseModels: () => Promise<string[]>;
 }
 
-/** CONTRACT §5: create with `return_existing`, 409 on a duplicate, 400 on an unknown base; the
+/** `createModel`: create with `return_existing`, 409 on a duplicate, 400 on an unknown base; the
  * step-0 checkpoint (the identity adapter: the base model itself) is written with the row. */
 export async function createModel(
   deps: CreateModelDeps,
@@ -164,7 +164,7 @@ async function deleteBlobs(store: Store, keys: string[]): Promise<void> {
   for (const key of keys) await store.blobs?.deletePrefix(key);
 }
 
-/** CONTRACT §5 "Log": a split's metrics, stored on the model's latest checkpoint. */
+/** `logModelMetrics`: a split's metrics, stored on the model's latest checkpoint (ADR 4). */
 export async function logMetrics(
   store: Store,
   principal: Principal,
@@ -179,7 +179,7 @@ export async function logMetrics(
 }
 
 /** The mean, and the mean within-group standard deviation, of the groups' rewards; the
- * exception rate; the mean of each trajectory metric (CONTRACT §5 "Log"). */
+ * exception rate; the mean of each trajectory metric (`logModelMetrics`). */
 export function splitMetrics(
   split: string,
   groups: Schemas["TrajectoryGroup"][],

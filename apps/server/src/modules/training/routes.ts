@@ -14,7 +14,7 @@ export interface TrainingDeps {
   onJobCancelled?: (jobId: string) => void;
 }
 
-/** Training jobs and their events (CONTRACT §5). */
+/** Training jobs and their events (the spec's `training-jobs` operations). */
 export function trainingHandlers(deps: TrainingDeps): Handlers {
   const { store } = deps;
   const pollMs = deps.followPollMs ?? 200;
