@@ -462,6 +462,26 @@ async function knownRequests(fixtures: Fixtures, key: string): Promise<FuzzReque
     { method: "GET", path: "/v1/models/a/%E0%A4%A", headers: auth, body: undefined },
     { method: "GET", path: "/v1/models/%E0%A4%A", headers: auth, body: undefined },
     { method: "GET", path: `/v1/preview/models/%E0%A4%A`, headers: auth, body: undefined },
+    // A metric name of 100,000 characters in a logged trajectory (names are 1–256 characters).
+    {
+      method: "POST",
+      path: `/v1/preview/models/${model}/log`,
+      headers: { ...auth, "content-type": "application/json" },
+      body: JSON.stringify({
+        split: "val",
+        trajectory_groups: [
+          {
+            trajectories: [
+              {
+                messages_and_choices: [{ role: "user", content: "hi" }],
+                reward: 1,
+                metrics: { ["m".repeat(100_000)]: 1 },
+              },
+            ],
+          },
+        ],
+      }),
+    },
   ];
 }
 
