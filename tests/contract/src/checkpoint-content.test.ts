@@ -10,6 +10,7 @@ import {
   catalogModelDir,
   createLoraAdapter,
   exportGguf,
+  LORA_TARGETS,
   loadModel,
   readGguf,
   readSafetensors,
@@ -229,15 +230,7 @@ describe("getCheckpointContent", () => {
       training_data_url: datasetUrl,
       config: { batch_size: 4, epochs: 2, learning_rate: 1e-2 },
       experimental_config: {
-        lora_target_modules: [
-          "q_proj",
-          "k_proj",
-          "v_proj",
-          "o_proj",
-          "gate_proj",
-          "up_proj",
-          "down_proj",
-        ],
+        lora_target_modules: [...LORA_TARGETS],
       },
     });
     for await (const _ of client.training.jobs.events.follow(job.id));

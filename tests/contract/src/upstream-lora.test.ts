@@ -3,6 +3,7 @@ import { readdir, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
+import { LORA_TARGETS } from "@arbor/engine";
 import { readAdapterTar } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
@@ -12,16 +13,6 @@ import {
   type UpstreamCall,
   type VllmStandin,
 } from "./vllm-standin.ts";
-
-const SEVEN_LINEARS = [
-  "q_proj",
-  "k_proj",
-  "v_proj",
-  "o_proj",
-  "gate_proj",
-  "up_proj",
-  "down_proj",
-] as const;
 
 /**
  * Trained checkpoints of a base that an upstream serves are served by that upstream too, as
@@ -77,7 +68,7 @@ beforeAll(async () => {
     config: { batch_size: 4, epochs: 2, learning_rate: 1e-2, checkpoint_every: 1 },
     // The seven linears, as on any base over 100M parameters: vLLM loads LoRA on the output
     // head for some architectures only (its stand-in, none), and tiny-chat would adapt it.
-    experimental_config: { lora_target_modules: [...SEVEN_LINEARS] },
+    experimental_config: { lora_target_modules: [...LORA_TARGETS] },
   });
   const events: TrainingJobEvent[] = [];
   for await (const event of client.training.jobs.events.follow(job.id)) events.push(event);
