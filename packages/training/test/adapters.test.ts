@@ -20,6 +20,7 @@ import {
   readAdapterTar,
   reprDigest,
 } from "../src/adapters.ts";
+import { entryHeader, gzipBomb } from "./tar-fixtures.ts";
 
 /** Adapters in and out without HTTP: tars read and written, and what an import checks. */
 let dataDir: string;
@@ -108,23 +109,6 @@ describe("readAdapterTar", () => {
     expect((await bad(new Uint8Array())).message).toMatch(/empty/);
   });
 });
-
-/** A ustar header for an entry of `size` bytes, as a tar writer puts it before the data. */
-async function entryHeader(name: string, size: number): Promise<Buffer> {
-  const pack = tar.pack();
-  const chunks: Buffer[] = [];
-  pack.on("data", (c: unknown) => chunks.push(c as Buffer));
-  pack.entry({ name, size });
-  await new Promise((resolve) => setImmediate(resolve));
-  return Buffer.concat(chunks).subarray(0, 512);
-}
-
-/** A gzip stream (one member per 64 MiB) of `header`, then `total` bytes of zeros. */
-function gzipBomb(header: Buffer, total: number): Buffer {
-  const block = 64 * 1024 * 1024;
-  const zeros = gzipSync(Buffer.alloc(block), { level: 9 });
-  return Buffer.concat([gzipSync(header), ...Array.from({ length: total / block }, () => zeros)]);
-}
 
 describe("readAdapterTar: bounded work", () => {
   it("when a gzipped tar unzips to 1 GiB (a bomb), then it is refused once the output passes the cap, without holding it", async () => {

@@ -3,7 +3,6 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { gzipSync } from "node:zlib";
 import type { ArborClient, TrainingJobEvent } from "@arbor/client";
 import {
   adapterToFiles,
@@ -17,6 +16,7 @@ import {
 } from "@arbor/engine";
 import { LlamaCppBackend } from "@arbor/server";
 import { readAdapterTar } from "@arbor/training";
+import { entryHeader, gzipBomb } from "@arbor/training/test/tar-fixtures";
 import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";
@@ -479,23 +479,6 @@ function headerOf(file: Uint8Array): { header: string; data: Uint8Array } {
       .trimEnd(),
     data: bytes.subarray(8 + length),
   };
-}
-
-/** A ustar header of one entry of `size` bytes, as a tar writer puts it before the data. */
-async function entryHeader(name: string, size: number): Promise<Buffer> {
-  const pack = tar.pack();
-  const chunks: Buffer[] = [];
-  pack.on("data", (c: unknown) => chunks.push(c as Buffer));
-  pack.entry({ name, size });
-  await new Promise((resolve) => setImmediate(resolve));
-  return Buffer.concat(chunks).subarray(0, 512);
-}
-
-/** `header`, then `total` bytes of zeros, gzipped (one gzip member per 64 MiB). */
-function gzipBomb(header: Buffer, total: number): Buffer {
-  const block = 64 * 1024 * 1024;
-  const zeros = gzipSync(Buffer.alloc(block), { level: 9 });
-  return Buffer.concat([gzipSync(header), ...Array.from({ length: total / block }, () => zeros)]);
 }
 
 const stores = [
