@@ -215,7 +215,7 @@ function parseTrajectory(raw: unknown, where: string, without: WithoutLogprobs):
           history["messages_and_choices"],
           history["tools"],
           `${where} additional history ${k}`,
-          without === "drop" ? "drop" : without,
+          without,
         ),
       );
     });
