@@ -53,7 +53,10 @@ const REPO_ID =
   /^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?\/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$/;
 
 /** The files besides the weights that a model folder is served with. config.json and
- * tokenizer.json are required (the check names what is missing); the rest when present. */
+ * tokenizer.json are required (the check names what is missing); the rest when present. The
+ * chat template is read as transformers' tokenizer reads it: `chat_template.jinja`, else
+ * `tokenizer_config.json`'s; `chat_template.json` is a multimodal processor's file, which a
+ * tokenizer never reads, so it is not fetched. */
 const METADATA_FILES = [
   "config.json",
   "generation_config.json",
@@ -61,7 +64,6 @@ const METADATA_FILES = [
   "tokenizer_config.json",
   "special_tokens_map.json",
   "chat_template.jinja",
-  "chat_template.json",
 ] as const;
 
 const SAFETENSORS = "model.safetensors";
