@@ -1,13 +1,13 @@
-import type { KeyIdentity, RateLimitState, Store } from "@arbor/store";
+import type { KeyIdentity } from "@arbor/store";
 import { ADAPTER_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
-import type { AppConfig, Role } from "./config.ts";
+import type { Role } from "./config.ts";
 import { type Authenticate, authentication } from "./http/auth.ts";
 import { jsonBody } from "./http/body.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
-import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
+import { specOperations } from "./http/openapi.ts";
 import type { Handlers } from "./http/operations.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
@@ -21,16 +21,14 @@ import { consoleModule } from "./modules/console/module.ts";
 import { datasetsModule } from "./modules/datasets/module.ts";
 import { docsModule } from "./modules/docs/module.ts";
 import { healthModule } from "./modules/health/module.ts";
-import type { Probes } from "./modules/health/service.ts";
-import type { EngineHost } from "./modules/inference/engines.ts";
 import { inferenceModule } from "./modules/inference/module.ts";
-import type { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
-import type { Metrics } from "./modules/metrics/metrics.ts";
 import { metricsModule } from "./modules/metrics/module.ts";
 import { requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsModule } from "./modules/models/module.ts";
-import type { ModuleDeps, ServerModule } from "./modules/module.ts";
+import type { AppDeps, ModuleDeps, ServerModule } from "./modules/module.ts";
 import { trainingModule } from "./modules/training/module.ts";
+
+export type { AppDeps } from "./modules/module.ts";
 
 type ValidatorSpec = Exclude<Parameters<typeof OpenApiValidator.middleware>[0]["apiSpec"], string>;
 
@@ -47,27 +45,6 @@ const MODULES: readonly ServerModule[] = [
   trainingModule,
   baseModelsModule,
 ];
-
-export interface AppDeps {
-  config: AppConfig;
-  logger: Logger;
-  spec: OpenApiDocument;
-  store: Store;
-  engines: EngineHost;
-  probes: Probes;
-  /** The process's metrics, served at `/metrics` (the training worker reports into them too). */
-  metrics: Metrics;
-  /** Where rate limits are counted (shared by replicas on PostgreSQL or Redis); default: in
-   * this process. */
-  rateLimits?: RateLimitState;
-  /** Called when a training job was queued, so an idle worker looks at once. */
-  onJobQueued?: () => void;
-  /** Called when a job was cancelled, so the worker running it in this process stops now. */
-  onJobCancelled?: (jobId: string) => void;
-  /** The adapters of checkpoints that upstreams serve (their folders are swept with the rest
-   * of what a crash leaves, by the server). */
-  upstreamAdapters: UpstreamAdapters;
-}
 
 /** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */
 export function createApp(deps: AppDeps): Express {
