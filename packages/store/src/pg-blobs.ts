@@ -197,17 +197,17 @@ function range(prefix: string): [string, string] {
  * warning while the directory holds files this store does not read, or undefined.
  */
 export async function checkFilesLeftInDataDir(
-  store: { dialect: string; blobs?: BlobStore | undefined },
+  store: { dialect: string; blobs: BlobStore },
   dataDir: string,
   chosen: boolean,
 ): Promise<string | undefined> {
-  if (store.dialect !== "postgres" || !store.blobs || store.blobs instanceof FsBlobStore) return;
+  if (store.dialect !== "postgres" || store.blobs instanceof FsBlobStore) return;
   const dir = join(dataDir, "blobs");
   const files = await new FsBlobStore(dir).list("").catch(() => [] as string[]);
   if (files.length === 0) return;
   const how = `Copy them in with "arbor blobs import", or set ARBOR_BLOBS=fs to keep using the directory`;
   if (!chosen) {
-    const stored = async (prefix: string) => (await store.blobs!.list(prefix)).length > 0;
+    const stored = async (prefix: string) => (await store.blobs.list(prefix)).length > 0;
     if (!(await stored("checkpoints/")) && !(await stored("datasets/")))
       throw new Error(
         `${dir} holds ${files.length} checkpoint and dataset files, and PostgreSQL, where they are kept by default now (ARBOR_BLOBS), holds none. ${how} (or ARBOR_BLOBS=postgres to start without them).`,
