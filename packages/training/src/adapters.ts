@@ -357,7 +357,6 @@ async function addAdapter(store: Store, input: ImportAdapterInput): Promise<Chec
   }
   input.signal?.throwIfAborted();
   const blobs = store.blobs;
-  if (!blobs) throw new Error("the store has no blob directory");
   const step = (model.latest_step ?? 0) + 1;
   let prefix: string | undefined;
   try {

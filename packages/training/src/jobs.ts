@@ -97,7 +97,6 @@ export async function enqueueRlJob(
   validateTrajectoryGroups(request.trajectory_groups, request.experimental_config ?? {});
   checkRlSpec(request.experimental_config ?? {});
   const blobs = store.blobs;
-  if (!blobs) throw new Error("the store has no blob directory");
   const payload = `${PAYLOADS_PREFIX}${uuidv7()}.json`;
   await blobs.put(payload, JSON.stringify(request.trajectory_groups));
   try {

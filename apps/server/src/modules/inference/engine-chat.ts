@@ -9,9 +9,9 @@ import { type ChatBackend, generationEvents, type PreparedChat } from "./service
 export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { kind: "engine" }>> {
   readonly #engines: EngineHost;
   /** Where trained checkpoints' adapter files are. */
-  readonly #blobs: BlobStore | undefined;
+  readonly #blobs: BlobStore;
 
-  constructor(engines: EngineHost, blobs: BlobStore | undefined) {
+  constructor(engines: EngineHost, blobs: BlobStore) {
     this.#engines = engines;
     this.#blobs = blobs;
   }
