@@ -99,7 +99,7 @@ export const KERNELS = {
       internal(f32("scale")),
       internal(ptr("scores")),
     ],
-    body: body.attention,
+    body: (w) => body.attentionKernels(w).forward,
   }),
   attention_backward: kernel({
     params: [
@@ -118,7 +118,7 @@ export const KERNELS = {
       internal(ptr("scores")),
       internal(ptr("dps")),
     ],
-    body: body.attentionBackward,
+    body: (w) => body.attentionKernels(w).backward,
   }),
   swiglu_backward: kernel({
     params: [ptr("dgate"), ptr("dup"), ptr("dout"), ptr("gate"), ptr("up"), int("n")],

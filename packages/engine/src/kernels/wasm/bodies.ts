@@ -541,8 +541,8 @@ export function swiglu({ I }: Wat): Body {
   };
 }
 
-/** Shared pieces of the attention kernels, which walk keys in groups of 4 then singly. */
-function attentionParts(w: Wat) {
+/** The attention kernels, forward and backward, which walk keys in groups of 4 then singly. */
+export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
   const { I, int, add, mul, forLoop, madd } = w;
   const A = (n: string) => `(local.get $${n})`;
   const attentionLocals = `(local $t ${I}) (local $h ${I}) (local $j ${I}) (local $i ${I}) (local $span ${I}) (local $hdb ${I})
@@ -616,56 +616,28 @@ function attentionParts(w: Wat) {
     ${set("group", `(${I}.div_u ${A("H")} ${A("KV")})`)}`;
   /** Pointer to row t, head h of a [n, H·hd] operand. */
   const headRow = (base: string) => add(A(base), add(mul(A("t"), A("qb")), mul(A("h"), A("hdb"))));
-  return {
-    A,
-    attentionLocals,
-    keyGroups,
-    rowPtrs,
-    scoreAt,
-    vecLoop,
-    at,
-    scoresAndExps,
-    attentionSetup,
-    headRow,
-  };
-}
-
-/**
- * Causal attention of n new rows (positions start..start+n−1) against keys/values [span, kvDim];
- * q and out are [n, H·hd]. scores is scratch of at least start+n floats (+4).
- * Softmax is unnormalised during the weighted sum, then scaled by 1/Σ.
- */
-export function attention(w: Wat): Body {
-  const { I, int, add, mul, forLoop, madd } = w;
-  const {
-    A,
-    attentionLocals,
-    attentionSetup,
-    headRow,
-    keyGroups,
-    rowPtrs,
-    scoreAt,
-    vecLoop,
-    at,
-    scoresAndExps,
-  } = attentionParts(w);
-  return {
-    locals: `${attentionLocals} (local $pq ${I}) (local $pk ${I}) (local $po ${I})`,
-    code: `${attentionSetup}
+  /** The strides, then `body` for each row t (against `span` keys) and head h. */
+  const eachRowAndHead = (span: string, body: string) => `${attentionSetup}
     ${set("t", int(0))}
     ${forLoop(
       "tl",
       "t",
       1,
       A("n"),
-      `${set("span", add(add(A("start"), A("t")), int(1)))}
+      `${set("span", span)}
       ${set("h", int(0))}
-      ${forLoop(
-        "hl",
-        "h",
-        1,
-        A("H"),
-        `${set("pq", headRow("q"))}
+      ${forLoop("hl", "h", 1, A("H"), body)}`,
+    )}`;
+  /**
+   * Causal attention of n new rows (positions start..start+n−1) against keys/values
+   * [span, kvDim]; q and out are [n, H·hd]. scores is scratch of at least start+n floats (+4).
+   * Softmax is unnormalised during the weighted sum, then scaled by 1/Σ.
+   */
+  const forward: Body = {
+    locals: `${attentionLocals} (local $pq ${I}) (local $pk ${I}) (local $po ${I})`,
+    code: eachRowAndHead(
+      add(add(A("start"), A("t")), int(1)),
+      `${set("pq", headRow("q"))}
         ${set("kvh", mul(`(${I}.div_u ${A("h")} ${A("group")})`, A("hdb")))}
         ${set("pk", add(A("k"), A("kvh")))}
         ${scoresAndExps}
@@ -690,47 +662,19 @@ export function attention(w: Wat): Body {
         )}
         ${set("pv0", `(f32x4.splat (f32.div (f32.const 1) ${A("sum")}))`)}
         ${vecLoop("nz", `(v128.store ${at("po")} (f32x4.mul (v128.load ${at("po")}) ${A("pv0")}))`)}`,
-      )}`,
-    )}`,
+    ),
   };
-}
-
-/**
- * Backward of causal self-attention over one sequence of n rows (positions 0..n−1), recomputing
- * the probabilities instead of storing them. Adds into dq [n, H·hd] and dk, dv [n, KV·hd].
- */
-export function attentionBackward(w: Wat): Body {
-  const { I, int, add, mul, forLoop, madd } = w;
-  const {
-    A,
-    attentionLocals,
-    attentionSetup,
-    headRow,
-    keyGroups,
-    rowPtrs,
-    scoreAt,
-    vecLoop,
-    at,
-    scoresAndExps,
-  } = attentionParts(w);
-  return {
+  /**
+   * Backward of causal self-attention over one sequence of n rows (positions 0..n−1),
+   * recomputing the probabilities instead of storing them. Adds into dq [n, H·hd] and dk, dv
+   * [n, KV·hd].
+   */
+  const backward: Body = {
     locals: `${attentionLocals} (local $pq ${I}) (local $pk ${I}) (local $pv ${I}) (local $pdo ${I}) (local $pdq ${I}) (local $pdk ${I}) (local $pdv ${I})
     (local $dot f32) (local $inv f32) (local $p f32) (local $dp f32)`,
-    code: `${attentionSetup}
-    ${set("t", int(0))}
-    ${forLoop(
-      "tl",
-      "t",
-      1,
-      A("n"),
-      `${set("span", add(A("t"), int(1)))}
-      ${set("h", int(0))}
-      ${forLoop(
-        "hl",
-        "h",
-        1,
-        A("H"),
-        `${set("pq", headRow("q"))}
+    code: eachRowAndHead(
+      add(A("t"), int(1)),
+      `${set("pq", headRow("q"))}
         ${set("pdo", headRow("dout"))}
         ${set("pdq", headRow("dq"))}
         ${set("kvh", mul(`(${I}.div_u ${A("h")} ${A("group")})`, A("hdb")))}
@@ -798,9 +742,9 @@ export function attentionBackward(w: Wat): Body {
             (v128.store ${at("pdq")} ${A("tv")})`,
           )}`,
         )}`,
-      )}`,
-    )}`,
+    ),
   };
+  return { forward, backward };
 }
 
 /** dGate, dUp of out = silu(gate)·up given dOut (n a multiple of 4). */

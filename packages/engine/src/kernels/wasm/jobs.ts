@@ -63,18 +63,30 @@ export const attentionStackedJob = (
 export const attentionBackwardJob = (args: KernelArgs<"attention_backward">, count: number): Job =>
   opJob(Op.attentionBackward, "attention_backward", args, count);
 
-/** Calls `f` with the byte offsets of each of `count` stacked sequences in q-like and kv-like operands. */
-function perSequence(
-  count: number,
-  { n, H, KV, hd }: { n: number; H: number; KV: number; hd: number },
-  f: (qOffset: number, kvOffset: number) => void,
-): void {
-  for (let s = 0; s < count; s++) f(s * n * H * hd * 4, s * n * KV * hd * 4);
-}
-
 /** A kernel's arguments from a job's numbers, and the op's own number after them (`opJob`). */
 function unpack<K extends KernelName>(name: K, a: ArrayLike<number>): [KernelArgs<K>, number] {
   return [named(name, a), a[paramsOf(name).length]!];
+}
+
+/**
+ * Runs attention or its backward on each of `count` sequences of n rows stacked in its operands:
+ * those named in `q` hold n·H·hd floats per sequence, those in `kv` n·KV·hd.
+ */
+function stacked<K extends "attention" | "attention_backward">(
+  ex: JobExports,
+  name: K,
+  a: ArrayLike<number>,
+  q: readonly (keyof KernelArgs<K>)[],
+  kv: readonly (keyof KernelArgs<K>)[],
+): void {
+  const [args, count] = unpack(name, a);
+  const { n, H, KV, hd } = args as KernelArgs<"attention">;
+  for (let s = 0; s < count; s++) {
+    const at: Record<string, number> = { ...args };
+    for (const p of q) at[p as string]! += s * n * H * hd * 4;
+    for (const p of kv) at[p as string]! += s * n * KV * hd * 4;
+    invoke(ex, name, at as KernelArgs<K>);
+  }
 }
 
 export function runJob(ex: JobExports, op: number, a: Float64Array | number[]): void {
@@ -97,35 +109,12 @@ export function runJob(ex: JobExports, op: number, a: Float64Array | number[]): 
       }
       return;
     }
-    case Op.attentionStacked: {
-      const [at, count] = unpack("attention", a);
-      perSequence(count, at, (qo, ko) =>
-        invoke(ex, "attention", {
-          ...at,
-          out: at.out + qo,
-          q: at.q + qo,
-          k: at.k + ko,
-          v: at.v + ko,
-        }),
-      );
+    case Op.attentionStacked:
+      stacked(ex, "attention", a, ["out", "q"], ["k", "v"]);
       return;
-    }
-    case Op.attentionBackward: {
-      const [ab, count] = unpack("attention_backward", a);
-      perSequence(count, ab, (qo, ko) =>
-        invoke(ex, "attention_backward", {
-          ...ab,
-          dq: ab.dq + qo,
-          dk: ab.dk + ko,
-          dv: ab.dv + ko,
-          q: ab.q + qo,
-          k: ab.k + ko,
-          v: ab.v + ko,
-          dout: ab.dout + qo,
-        }),
-      );
+    case Op.attentionBackward:
+      stacked(ex, "attention_backward", a, ["dq", "q", "dout"], ["dk", "dv", "k", "v"]);
       return;
-    }
     default:
       throw new Error(`kernel job: unknown op ${op}`);
   }
