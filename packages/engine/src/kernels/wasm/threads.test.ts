@@ -209,7 +209,8 @@ describe("kernels on worker threads", () => {
       1,
       new URL("./no-such-helper.ts", import.meta.url),
     );
-    expect(() => pool.run({} as JobExports, [call("gemm", []), call("gemm", [])])).toThrow(
+    const nothing = call("swiglu", { out: 0, gate: 0, up: 0, n: 0 });
+    expect(() => pool.run({} as JobExports, [nothing, nothing])).toThrow(
       /failed to start: .*no-such-helper/,
     );
   });
