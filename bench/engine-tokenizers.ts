@@ -7,7 +7,7 @@
  */
 import { catalogModelDir, Engine, loadModel } from "@arbor/engine";
 import { BpeTokenizer } from "../packages/engine/scripts/bpe.ts";
-import { ChatFormat, type ChatMessage } from "../packages/engine/src/chat.ts";
+import { ChatFormat, type ChatMessage } from "../packages/engine/src/model/chat.ts";
 import { FAMILIES, familyChatFiles } from "../packages/engine/test/families.ts";
 import { printTable } from "./torch.ts";
 

@@ -28,7 +28,7 @@ const UNREACHED: Record<string, string> = {
   "./engine-thread-worker.ts": "the engine's serving threads: the CLI serves nothing",
   "./prompt-worker.ts": "the engine's prompt encoder thread: the CLI serves nothing",
   "./pool-worker.ts": "the kernels' helper threads: add-base and pull compute nothing",
-  "../models/":
+  "../../models/":
     "the shipped models' folders: add-base and pull check the folder they are given (the catalogue's list is bundled)",
 };
 

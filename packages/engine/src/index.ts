@@ -2,24 +2,29 @@
  * The engine's public surface: what the server, the training package, the benches and the
  * contract tests use. Everything else is the engine's own (its tests import modules directly).
  */
-export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
-export { type ChatFiles, type ChatMessage, PromptError } from "./chat.ts";
-export { type ModelConfig, parseConfig } from "./config.ts";
+
+export { jsKernels } from "./kernels/js.ts";
+export type { Kernels, WeightDtype } from "./kernels/types.ts";
 export {
-  Engine,
-  type GenerationEvent,
-  type TokenLogprob,
-} from "./engine.ts";
-export { EngineThread, type ThreadGenerateRequest } from "./engine-thread.ts";
+  ARENA_LIMIT,
+  ARENA_LIMIT_64,
+  createWasmKernels,
+  memory64Limit,
+  packSliceRows,
+  type WasmKernels,
+} from "./kernels/wasm.ts";
+export { type CatalogEntry, catalogModelDir, listCatalog } from "./model/catalog.ts";
+export { type ChatFiles, type ChatMessage, PromptError } from "./model/chat.ts";
+export { type ModelConfig, parseConfig } from "./model/config.ts";
 export {
   type BaseModelFolder,
   checkModelFolder,
   type FolderCheckOptions,
   type SkippedFolder,
   scanBaseModels,
-} from "./folders.ts";
-export { createKvCache, forwardBatch, releaseKvCache } from "./forward.ts";
-export { exportGguf, exportLoraGguf, readGguf } from "./gguf.ts";
+} from "./model/folders.ts";
+export { createKvCache, forwardBatch, releaseKvCache } from "./model/forward.ts";
+export { exportGguf, exportLoraGguf, readGguf } from "./model/gguf.ts";
 export {
   DEFAULT_HUB_ENDPOINT,
   type HubAccess,
@@ -33,22 +38,7 @@ export {
   type PullResult,
   parseRepoArgument,
   pullModel,
-} from "./hub.ts";
-export {
-  type JsonSchema,
-  parseJsonSchema,
-  UnsupportedSchemaError,
-} from "./json-constraint.ts";
-export { jsKernels } from "./kernels/js.ts";
-export type { Kernels, WeightDtype } from "./kernels/types.ts";
-export {
-  ARENA_LIMIT,
-  ARENA_LIMIT_64,
-  createWasmKernels,
-  memory64Limit,
-  packSliceRows,
-  type WasmKernels,
-} from "./kernels/wasm.ts";
+} from "./model/hub.ts";
 export {
   AdapterError,
   adapterFromFiles,
@@ -64,8 +54,7 @@ export {
   MAX_ALPHA,
   MAX_RANK,
   mergeAdapter,
-} from "./lora.ts";
-export { LoraTrainer } from "./lora-train.ts";
+} from "./model/lora.ts";
 export {
   type ArenaChoice,
   type LoadOptions,
@@ -79,20 +68,32 @@ export {
   releaseModel,
   saveModel,
   type WeightChoice,
-} from "./model.ts";
-export { Trainer } from "./optim.ts";
-export { ContextLengthError } from "./prompt-encoder.ts";
+} from "./model/model.ts";
+export { deriveSeed, Rng, randomSeed } from "./model/rng.ts";
+export { readSafetensors } from "./model/safetensors.ts";
+export { ModelFileError } from "./model/tokenizer.ts";
+export {
+  Engine,
+  type GenerationEvent,
+  type TokenLogprob,
+} from "./serve/engine.ts";
+export { EngineThread, type ThreadGenerateRequest } from "./serve/engine-thread.ts";
+export {
+  type JsonSchema,
+  parseJsonSchema,
+  UnsupportedSchemaError,
+} from "./serve/json-constraint.ts";
+export { ContextLengthError } from "./serve/prompt-encoder.ts";
+export { LoraTrainer } from "./train/lora-train.ts";
+export { Trainer } from "./train/optim.ts";
 export {
   type ImportanceSamplingLevel,
   type RlConfig,
   type RlLoss,
   type TrajectoryGroup,
   trainRlStep,
-} from "./rl.ts";
-export { deriveSeed, Rng, randomSeed } from "./rng.ts";
-export { readSafetensors } from "./safetensors.ts";
-export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
-export { ModelFileError } from "./tokenizer.ts";
+} from "./train/rl.ts";
+export { planSft, type SftConfig, type SftExample, trainSft } from "./train/sft.ts";
 export {
   EngineMemoryError,
   microBatchBudget,
@@ -100,5 +101,5 @@ export {
   type TrainingMemory,
   trainingMemory,
   type WeightStorage,
-} from "./train-memory.ts";
-export { TrainingInputError } from "./training-data.ts";
+} from "./train/train-memory.ts";
+export { TrainingInputError } from "./train/training-data.ts";

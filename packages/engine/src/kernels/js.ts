@@ -1,4 +1,4 @@
-import { weightArray } from "../weights.ts";
+import { weightArray } from "../model/weights.ts";
 import type { Kernels } from "./types.ts";
 
 export const jsKernels: Kernels = {

@@ -1,7 +1,7 @@
 /// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
 import { totalmem } from "node:os";
-import { isWeightSource, type WeightSource } from "../weights.ts";
+import { isWeightSource, type WeightSource } from "../model/weights.ts";
 import { jsKernels } from "./js.ts";
 import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
 import { ArenaAllocator, align, MAX_PAGES, MAX_PAGES_64, PAGE } from "./wasm/arena.ts";
