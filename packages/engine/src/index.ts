@@ -94,12 +94,11 @@ export {
   trainRlStep,
 } from "./train/rl.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./train/sft.ts";
+export { EngineMemoryError, type WeightStorage } from "./model/memory.ts";
 export {
-  EngineMemoryError,
   microBatchBudget,
   rowsThatFit,
   type TrainingMemory,
   trainingMemory,
-  type WeightStorage,
 } from "./train/train-memory.ts";
 export { TrainingInputError } from "./train/training-data.ts";

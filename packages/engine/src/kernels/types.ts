@@ -1,4 +1,4 @@
-import type { WeightSource } from "../model/weights.ts";
+import type { WeightSource } from "./weight.ts";
 
 /** How a packed weight's numbers are held: F32, or BF16 (widened to F32 inside the kernels). */
 export type WeightDtype = "f32" | "bf16";

@@ -1,12 +1,12 @@
 /// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
 import { totalmem } from "node:os";
-import { isWeightSource, type WeightSource } from "../model/weights.ts";
 import { jsKernels } from "./js.ts";
 import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
 import { ArenaAllocator, align, MAX_PAGES, MAX_PAGES_64, PAGE } from "./wasm/arena.ts";
 import { type CALLS, call, Op, runJob } from "./wasm/jobs.ts";
 import { type Job, MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
+import { isWeightSource, type WeightSource } from "./weight.ts";
 
 type Gemm = (
   out: number,

@@ -1,10 +1,10 @@
 import { open, readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { engineMemoryLimit } from "../kernels/wasm.ts";
-import { trainingMemory } from "../train/train-memory.ts";
 import { catalogModelDir, listCatalog } from "./catalog.ts";
 import { ChatFormat } from "./chat.ts";
 import { type ModelConfig, parseConfig } from "./config.ts";
+import { packedWeightBytes } from "./memory.ts";
 import type { WeightChoice } from "./model.ts";
 import { readChatFiles, servingRoom } from "./model.ts";
 import { ModelFileError } from "./tokenizer.ts";
@@ -140,7 +140,7 @@ export async function checkModelFolder(
           )
         ? "bf16"
         : "f32";
-  const packed = trainingMemory(config, weights).weights;
+  const packed = packedWeightBytes(config, weights);
   const limit = engineMemoryLimit();
   if (packed + servingRoom(config) > limit) {
     throw new ModelFileError(

@@ -1,8 +1,8 @@
 import { type Kernels, withWorkspace } from "../kernels/types.ts";
+import { copyRow } from "../kernels/weight.ts";
 import { type Attend, blockPass, inferenceActivations, layerForward } from "./block.ts";
 import { type LinearHooks, type LoraAdapter, loraRowHooks } from "./lora.ts";
 import type { Model } from "./model.ts";
-import { copyRow } from "./weights.ts";
 
 /** Keys and values of one sequence, per layer, [positions, kvHeads·headDim]. The arrays grow
  * (doubling) as the sequence does, up to `limit` positions: a long context costs memory only

@@ -1,8 +1,9 @@
 import { open } from "node:fs/promises";
+import { type Weight, weightArray } from "../kernels/weight.ts";
 import { configToJson, type ModelConfig, type ModelType } from "./config.ts";
 import type { LinearKey, LoraAdapter, LoraModule } from "./lora.ts";
 import type { Model } from "./model.ts";
-import { type LayerKey, layerKeysOf, layerShape, type Weight, weightArray } from "./weights.ts";
+import { type LayerKey, layerKeysOf, layerShape } from "./weights.ts";
 
 /** GGUF v3 (llama.cpp): header, typed key/values, tensor infos, aligned tensor data. */
 

@@ -2,6 +2,7 @@ import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { jsKernels } from "../kernels/js.ts";
 import type { Kernels } from "../kernels/types.ts";
+import { isWeightSource, type Weight, type WeightSource } from "../kernels/weight.ts";
 import type { Model } from "./model.ts";
 import { Rng } from "./rng.ts";
 import {
@@ -12,7 +13,7 @@ import {
   saveSafetensors,
   type TensorMap,
 } from "./safetensors.ts";
-import { hfName, isWeightSource, layerShape, type Weight, type WeightSource } from "./weights.ts";
+import { hfName, layerShape } from "./weights.ts";
 
 /** The linear layers an adapter can target, by their Hugging Face / PEFT module names. */
 export type LoraTarget =

@@ -2,7 +2,7 @@ import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { Kernels, PackedWeight, WeightDtype } from "../kernels/types.ts";
 import { createWasmKernels, packSliceRows, type WasmKernels } from "../kernels/wasm.ts";
-import { EngineMemoryError, trainingMemory, type WeightStorage } from "../train/train-memory.ts";
+import { isWeightSource, type Weight, weightRows } from "../kernels/weight.ts";
 import { type ChatFiles, ChatFormat } from "./chat.ts";
 import {
   configToJson,
@@ -11,13 +11,13 @@ import {
   parseConfig,
   parseGenerationConfig,
 } from "./config.ts";
+import { EngineMemoryError, packedWeightBytes, type WeightStorage } from "./memory.ts";
 import { openSafetensors, type SafetensorsEntry, saveSafetensors } from "./safetensors.ts";
 import { ModelFileError, type Tokenizer } from "./tokenizer.ts";
 import {
   countParameters,
   hfName,
   initWeights,
-  isWeightSource,
   type LayerKey,
   type LayerWeights,
   layerKeysOf,
@@ -26,8 +26,6 @@ import {
   type ModelWeights,
   matrixNames,
   parameters,
-  type Weight,
-  weightRows,
   weightsToTensors,
 } from "./weights.ts";
 
@@ -160,7 +158,7 @@ export async function loadModel(dir: string, options: LoadOptions = {}): Promise
   const choice = options.weights ?? "f32";
   /** Refuses, before any weight is read, weights that cannot fit the kernels' memory. */
   const fits = (dtype: WeightDtype) => {
-    const need = trainingMemory(config, dtype).weights;
+    const need = packedWeightBytes(config, dtype);
     const room = options.room?.(config) ?? 0;
     if (kernels && need + room > kernels.memoryLimit) {
       throw new EngineMemoryError(

@@ -6,6 +6,7 @@ import { randomBatch, tinyModel } from "../../test/fixtures.ts";
 import { jsKernels } from "../kernels/js.ts";
 import type { Kernels } from "../kernels/types.ts";
 import { createWasmKernels } from "../kernels/wasm.ts";
+import { isWeightSource, weightArray } from "../kernels/weight.ts";
 import { Trainer } from "../train/optim.ts";
 import { lossAndGradients } from "../train/train.ts";
 import { checkModelFolder } from "./folders.ts";
@@ -27,7 +28,7 @@ import {
   saveModel,
 } from "./model.ts";
 import { Rng } from "./rng.ts";
-import { isWeightSource, parameters, weightArray } from "./weights.ts";
+import { parameters } from "./weights.ts";
 
 // Odd sizes: the vocabulary (300) and the MLP (44) are not whole 8-row panels, nor is K of the
 // down projection a multiple of 8.

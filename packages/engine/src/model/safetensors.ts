@@ -1,6 +1,6 @@
 /** Minimal safetensors reader/writer: 8-byte LE header length, JSON header, raw little-endian data. */
 import { open } from "node:fs/promises";
-import { type Weight, weightArray } from "./weights.ts";
+import { type Weight, weightArray } from "../kernels/weight.ts";
 
 export type Dtype = "F32" | "F16" | "BF16";
 

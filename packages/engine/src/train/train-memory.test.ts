@@ -3,18 +3,12 @@ import { FAMILIES, familyChatFiles } from "../../test/families.ts";
 import { jsKernels } from "../kernels/js.ts";
 import { createWasmKernels } from "../kernels/wasm.ts";
 import { createLoraAdapter, loraHooks, loraParameters, zerosLikeAdapter } from "../model/lora.ts";
+import { EngineMemoryError, type WeightStorage } from "../model/memory.ts";
 import { type Model, packModel, randomModel } from "../model/model.ts";
 import { LoraTrainer } from "./lora-train.ts";
 import { planSft, type SftExample, trainSft } from "./sft.ts";
 import { lossAndGradients } from "./train.ts";
-import {
-  EngineMemoryError,
-  microBatchBudget,
-  rowsThatFit,
-  trainingMemory,
-  type WeightStorage,
-} from "./train-memory.ts";
-import { TrainingInputError } from "./training-data.ts";
+import { microBatchBudget, rowsThatFit, trainingMemory } from "./train-memory.ts";
 
 const qwen3 = familyChatFiles(FAMILIES.find((f) => f.name === "Qwen3")!);
 // Qwen3's vocabulary as its config.json pads it (151,936: whole GEMM panels).
@@ -230,7 +224,7 @@ describe("training memory", () => {
       { batchSize: 1 },
       { kernels, onStep: (s) => void steps.push(s) },
     );
-    await expect(run).rejects.toThrow(TrainingInputError);
+    await expect(run).rejects.toThrow(EngineMemoryError);
     await expect(run).rejects.toThrow(/needs \d+\.\d\d GB .* the engine has \d+\.\d\d GB/);
     expect(steps).toEqual([]);
   });

@@ -1,11 +1,7 @@
-import type { Kernels, WeightDtype } from "../kernels/types.ts";
+import type { Kernels } from "../kernels/types.ts";
 import { B_SLAB_BYTES, memory64Limit, PACK_SLICE, panelBytes } from "../kernels/wasm.ts";
 import type { ModelConfig } from "../model/config.ts";
-import { TrainingInputError } from "./training-data.ts";
-
-/** How a model holds its weights: plain F32 arrays (which kernels pack beside them), or packed
- * in the kernels as their only copy, in F32 or BF16 (see `loadModel`). */
-export type WeightStorage = "plain" | WeightDtype;
+import { EngineMemoryError, packedWeightBytes, type WeightStorage } from "../model/memory.ts";
 
 /**
  * What a training pass (forward with saved activations, then backward) needs of the kernels'
@@ -13,8 +9,7 @@ export type WeightStorage = "plain" | WeightDtype;
  * checks them against the arena's high-water mark for every family.
  */
 export interface TrainingMemory {
-  /** Every Linear weight and the head, packed into GEMM panels (kept between passes); for a
-   * model loaded packed (`storage` "f32" or "bf16") also untied embeddings. */
+  /** The packed weights, kept between passes (`packedWeightBytes`). */
   weights: number;
   /** Scratch of the largest call: a weight's B-panels packed per backward call (a slab of them
    * for packed weights), and the slice it is copied through. */
@@ -35,17 +30,6 @@ export function trainingMemory(
   const { hiddenSize: D, intermediateSize: I, numLayers: L, vocabSize: V, qkNorm } = config;
   const q = config.numHeads * config.headDim;
   const kv = config.numKvHeads * config.headDim;
-  const layer =
-    panelBytes(q, D) +
-    2 * panelBytes(kv, D) +
-    panelBytes(D, q) +
-    2 * panelBytes(I, D) +
-    panelBytes(D, I);
-  // Plain weights are packed in F32 beside their arrays (the embeddings stay outside); packed
-  // ones are the only copy, untied embeddings included, in F32 or BF16 (half the bytes).
-  const tables = storage !== "plain" && !config.tieWordEmbeddings ? 2 : 1;
-  const f32 = L * layer + tables * panelBytes(V, D);
-  const weights = storage === "bf16" ? f32 / 2 : f32;
   // The backward's dX = dY·W packs W as B-panels per call: the head's is the largest (V ≥ I).
   // Plain weights are packed whole, through a slice; packed ones a slab of at most
   // B_SLAB_BYTES at a time (loading packs through a slice and, for BF16, F32 panels of it).
@@ -60,7 +44,7 @@ export function trainingMemory(
   // panel and goes through scratch), and per-row statistics.
   const head = 6 * D + V + (V % 8 === 0 ? 0 : V + 8) + 8;
   return {
-    weights,
+    weights: packedWeightBytes(config, storage),
     fixed,
     perRow: 4 * (L * saved + backward + head),
     // The layers' inputs, one layer's activations and the output it recomputes into.
@@ -92,23 +76,6 @@ export interface MicroBatchPlan {
 }
 
 const GB = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
-
-/**
- * Work that does not fit the kernels' memory, found before any of it is done: it needs `needed`
- * bytes and the arena holds `available`. A caller on a wasm32 arena may run it again on a
- * Memory64 one (`createWasmKernels(…, { memory64: true })`).
- */
-export class EngineMemoryError extends TrainingInputError {
-  override readonly name: string = "EngineMemoryError";
-  readonly needed: number;
-  readonly available: number;
-
-  constructor(message: string, needed: number, available: number) {
-    super(message);
-    this.needed = needed;
-    this.available = available;
-  }
-}
 
 /**
  * The micro-batches for training on `sequences`: `budget` tokens, lowered to what the kernels'

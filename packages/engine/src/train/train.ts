@@ -1,4 +1,5 @@
 import { type Kernels, type Workspace, withWorkspace } from "../kernels/types.ts";
+import { copyRow } from "../kernels/weight.ts";
 import {
   backwardScratch,
   blockPass,
@@ -9,7 +10,7 @@ import {
 } from "../model/block.ts";
 import type { LinearHooks } from "../model/lora.ts";
 import type { Model } from "../model/model.ts";
-import { copyRow, type ModelGrads } from "../model/weights.ts";
+import type { ModelGrads } from "../model/weights.ts";
 
 /** B sequences of T tokens, row-major; a target and a loss weight per position. */
 export interface TrainBatch {
