@@ -30,33 +30,37 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
   ARENA_LIMIT,
+  createWasmKernels,
+  type Kernels,
+  memory64Limit,
+  type WasmKernels,
+} from "@arbor/engine/kernels";
+import {
   type ArenaChoice,
   type ChatFiles,
   createKvCache,
-  createWasmKernels,
   EngineMemoryError,
   exportGguf,
   forwardBatch,
-  type Kernels,
   loadModel,
   loadServingModel,
   type Model,
-  memory64Limit,
-  microBatchBudget,
   parameterCount,
   parseConfig,
-  planSft,
   Rng,
   randomModel,
   releaseKvCache,
+  saveModel,
+  type WeightStorage,
+} from "@arbor/engine/model";
+import {
+  microBatchBudget,
+  planSft,
   type SftConfig,
   type SftExample,
-  saveModel,
   trainingMemory,
   trainSft,
-  type WasmKernels,
-  type WeightStorage,
-} from "@arbor/engine";
+} from "@arbor/engine/train";
 import type { Token } from "node-llama-cpp";
 import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 

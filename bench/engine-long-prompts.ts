@@ -20,7 +20,8 @@
  */
 import { rmSync } from "node:fs";
 import { parseArgs } from "node:util";
-import { catalogModelDir, EngineThread, readChatFiles } from "@arbor/engine";
+import { catalogModelDir, readChatFiles } from "@arbor/engine/model";
+import { EngineThread } from "@arbor/engine/serve";
 import { bytesToSymbols } from "../packages/engine/scripts/bpe.ts";
 import { ChatFormat, type ChatMessage } from "../packages/engine/src/model/chat.ts";
 import type { TokenLimitError } from "../packages/engine/src/model/tokenizer.ts";

@@ -1,19 +1,20 @@
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
+import { createWasmKernels, type Kernels, type WasmKernels } from "@arbor/engine/kernels";
 import {
   adapterFromFiles,
   adapterToFiles,
   adapterWeightProblem,
   createLoraAdapter,
-  createWasmKernels,
   EngineMemoryError,
-  type Kernels,
   type LoraAdapter,
   type LoraConfig,
-  LoraTrainer,
   type Model,
-  microBatchBudget,
   parameterCount,
+} from "@arbor/engine/model";
+import {
+  LoraTrainer,
+  microBatchBudget,
   planSft,
   type SftConfig,
   type SftExample,
@@ -21,8 +22,7 @@ import {
   type TrajectoryGroup,
   trainRlStep,
   trainSft,
-  type WasmKernels,
-} from "@arbor/engine";
+} from "@arbor/engine/train";
 import type { BlobStore, JobType, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
 import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../checkpoints.ts";
