@@ -29,29 +29,34 @@ import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
 import {
   ARENA_LIMIT,
+  createWasmKernels,
+  type Kernels,
+  memory64Limit,
+  type WasmKernels,
+} from "@arbor/engine/kernels";
+import {
   type ArenaChoice,
   createKvCache,
-  createWasmKernels,
   EngineMemoryError,
   forwardBatch,
-  type Kernels,
   loadModel,
   loadServingModel,
   type Model,
-  memory64Limit,
-  microBatchBudget,
   parameterCount,
   parseConfig,
-  planSft,
   Rng,
   releaseKvCache,
+  saveModel,
+  type WeightStorage,
+} from "@arbor/engine/model";
+import {
+  microBatchBudget,
+  planSft,
   type SftConfig,
   type SftExample,
   trainingMemory,
   trainSft,
-  type WasmKernels,
-  type WeightStorage,
-} from "@arbor/engine";
+} from "@arbor/engine/train";
 import type { Token } from "node-llama-cpp";
 import {
   buildShapeFolder,

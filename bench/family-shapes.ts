@@ -7,7 +7,7 @@ import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { type ChatFiles, exportGguf, loadModel, randomModel, saveModel } from "@arbor/engine";
+import { type ChatFiles, exportGguf, loadModel, randomModel, saveModel } from "@arbor/engine/model";
 
 /** The random weights' seed. */
 export const SEED = 1;

@@ -3,7 +3,7 @@ import { Readable, Transform, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { Worker } from "node:worker_threads";
 import { createGunzip } from "node:zlib";
-import type { ModelConfig } from "@arbor/engine";
+import type { ModelConfig } from "@arbor/engine/model";
 import {
   type BlobStore,
   type Checkpoint,

@@ -9,7 +9,7 @@ import {
   createLoraAdapter,
   type Model as EngineModel,
   loadModel,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 import { DomainError, InvalidInputError, type Model, openStore, type Store } from "@arbor/store";
 import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

@@ -1,7 +1,8 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createWasmKernels, type SftExample } from "@arbor/engine";
+import { createWasmKernels } from "@arbor/engine/kernels";
+import type { SftExample } from "@arbor/engine/train";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

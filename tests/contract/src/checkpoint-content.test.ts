@@ -13,7 +13,7 @@ import {
   loadModel,
   readGguf,
   readSafetensors,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 import { LlamaCppBackend } from "@arbor/server";
 import { readAdapterTar } from "@arbor/training";
 import { entryHeader, gzipBomb } from "@arbor/training/test/tar-fixtures";

@@ -1,5 +1,5 @@
 import { type ArborClient, unwrap } from "@arbor/client";
-import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine/model";
 import type { Store } from "@arbor/store";
 import { writeCheckpointFiles } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

@@ -1,5 +1,5 @@
-import type { WeightSource } from "../weights.ts";
 import type { KernelArrays } from "./table.ts";
+import type { WeightSource } from "./weight.ts";
 
 /** How a packed weight's numbers are held: F32, or BF16 (widened to F32 inside the kernels). */
 export type WeightDtype = "f32" | "bf16";

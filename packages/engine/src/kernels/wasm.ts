@@ -1,7 +1,6 @@
 /// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
 import { totalmem } from "node:os";
-import { isWeightSource, type WeightSource } from "../weights.ts";
 import { jsKernels } from "./js.ts";
 import { invoke, type KernelArgs, type KernelExports, type KernelName } from "./table.ts";
 import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
@@ -15,6 +14,7 @@ import {
   runJob,
 } from "./wasm/jobs.ts";
 import { MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
+import { isWeightSource, type WeightSource } from "./weight.ts";
 
 interface Packed {
   offset: number;

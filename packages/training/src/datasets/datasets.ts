@@ -1,5 +1,5 @@
 import { StringDecoder } from "node:string_decoder";
-import type { SftExample as EngineSftExample } from "@arbor/engine";
+import type { SftExample as EngineSftExample } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
 import { type Dataset, NotFoundError, quote, type Store } from "@arbor/store";
 import { parseSftLine, sftExamplesFromLines, validateSftJsonlAsync } from "./jsonl.ts";

@@ -1,19 +1,20 @@
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
+import { createWasmKernels, type Kernels, type WasmKernels } from "@arbor/engine/kernels";
 import {
   adapterFromFiles,
   adapterToFiles,
   adapterWeightProblem,
   createLoraAdapter,
-  createWasmKernels,
   EngineMemoryError,
-  type Kernels,
   type LoraAdapter,
   type LoraConfig,
-  LoraTrainer,
   type Model,
-  microBatchBudget,
   parameterCount,
+} from "@arbor/engine/model";
+import {
+  LoraTrainer,
+  microBatchBudget,
   planSft,
   type SftConfig,
   type SftExample,
@@ -21,8 +22,7 @@ import {
   type TrajectoryGroup,
   trainRlStep,
   trainSft,
-  type WasmKernels,
-} from "@arbor/engine";
+} from "@arbor/engine/train";
 import type { JobType, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
 import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../checkpoints.ts";
@@ -293,12 +293,15 @@ export class TrainingWorker {
         else ended("cancelled");
         log.info({ reason: reason.message }, "training job interrupted");
       } else {
-        const message =
-          err instanceof TrainingInputError || err instanceof JobInputError
-            ? err.message
-            : `training failed: ${err instanceof Error ? err.message : String(err)}`;
-        if (!(err instanceof TrainingInputError || err instanceof JobInputError))
-          log.error({ err }, "training job failed");
+        // The job's own input, or work too large for the engine: its message is the error.
+        const known =
+          err instanceof TrainingInputError ||
+          err instanceof EngineMemoryError ||
+          err instanceof JobInputError;
+        const message = known
+          ? err.message
+          : `training failed: ${err instanceof Error ? err.message : String(err)}`;
+        if (!known) log.error({ err }, "training job failed");
         await store.jobs.failJob(workerId, job.id, message).then(
           () => ended("failed"),
           (e: unknown) => log.warn({ err: e }, "could not fail the job"),

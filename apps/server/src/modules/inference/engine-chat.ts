@@ -1,4 +1,5 @@
-import { ContextLengthError, PromptError } from "@arbor/engine";
+import { PromptError } from "@arbor/engine/model";
+import { ContextLengthError } from "@arbor/engine/serve";
 import { type BlobStore, InvalidInputError } from "@arbor/store";
 import { type ChatRequest, toGenerateRequest } from "./chat.ts";
 import { CheckpointGoneError, type EngineHost } from "./engines.ts";

@@ -1,10 +1,10 @@
 import {
   type BaseModelFolder,
-  EngineThread,
   type SkippedFolder,
   scanBaseModels,
   type WeightChoice,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
+import { EngineThread } from "@arbor/engine/serve";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { readCheckpointFiles } from "@arbor/training";
 import type { LlamaCppBackend } from "./llama-cpp.ts";

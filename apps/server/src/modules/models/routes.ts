@@ -1,6 +1,6 @@
 import type { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import type { ModelConfig } from "@arbor/engine";
+import type { ModelConfig } from "@arbor/engine/model";
 import { InvalidInputError, NotFoundError, type Store } from "@arbor/store";
 import {
   adapterTrainsHead,

@@ -1,9 +1,9 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { randomBatch, tinyModel } from "../../../test/fixtures.ts";
-import { Rng } from "../../rng.ts";
-import { lossAndGradients } from "../../train.ts";
-import { parameters, zerosLike } from "../../weights.ts";
+import { Rng } from "../../model/rng.ts";
+import { parameters, zerosLike } from "../../model/weights.ts";
+import { lossAndGradients } from "../../train/train.ts";
 import { jsKernels } from "../js.ts";
 import type { Kernels } from "../types.ts";
 import { createWasmKernels } from "../wasm.ts";
