@@ -46,7 +46,6 @@ import {
   parseConfig,
   Rng,
   releaseKvCache,
-  saveModel,
   type WeightStorage,
 } from "@arbor/engine/model";
 import {

@@ -392,6 +392,14 @@ describe("arbor models pull, against a stand-in Hub", () => {
       kind: "invalid",
       param: "id",
     });
+    // A revision git would refuse, or one that is not text (a lone surrogate cannot be
+    // URL-encoded), is refused before any request.
+    for (const revision of ["a b", "main:x", "\ud800"]) {
+      await expect(pull("acme/tiny-chat", { revision })).rejects.toMatchObject({
+        kind: "invalid",
+        param: "revision",
+      });
+    }
     await expect(pull("acme/nothing")).rejects.toMatchObject({
       kind: "not_found",
       message: expect.stringMatching(/acme\/nothing was not found .*set HF_TOKEN/),

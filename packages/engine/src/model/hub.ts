@@ -231,7 +231,12 @@ export async function pullModel(options: PullOptions): Promise<PullResult> {
       "id",
     );
   // What git refuses in a ref name, and control characters.
-  if (revision.length > 255 || /[\s~^:?*[\\]/.test(revision) || [...revision].some((c) => c < " "))
+  if (
+    revision.length > 255 ||
+    !revision.isWellFormed() ||
+    /[\s~^:?*[\\]/.test(revision) ||
+    [...revision].some((c) => c < " ")
+  )
     throw new HubError("invalid", `Not a revision: ${JSON.stringify(revision)}.`, "revision");
   const hub = new HubClient({ ...options, endpoint, revision });
   const target = join(modelsDir, ...id.split("/"));
