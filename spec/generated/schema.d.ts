@@ -337,8 +337,8 @@ export interface paths {
         put?: never;
         /**
          * Cancel training job
-         * @description Cancels a queued or running job. A running job stops after its current gradient step;
-         *     checkpoints already written stay. The job ends with a `training_failed` event ("cancelled").
+         * @description Cancels a queued or running job. A running job stops at its next micro-batch, within the
+         *     step it is in; checkpoints already written stay. The job ends with a `training_failed` event ("cancelled").
          */
         post: operations["cancelTrainingJob"];
         delete?: never;
@@ -840,7 +840,7 @@ export interface components {
              * @default 1
              */
             n?: number | null;
-            /** @description Deprecated by OpenAI in favour of `max_completion_tokens`; both are honoured (the smaller wins). */
+            /** @description Deprecated by OpenAI in favour of `max_completion_tokens`; `max_completion_tokens` wins when both are sent. */
             max_tokens?: number | null;
             max_completion_tokens?: number | null;
             /** @description Up to 4 sequences where generation stops; the sequence is not returned. */
@@ -1822,8 +1822,10 @@ export interface components {
          * ModelEntry
          * @description A model id usable as `model` in chat completions. Base models: `root` = `id`,
          *     `owned_by` = `system`, `parent` null. Trained models appear as `<entity>/<project>/<name>`
-         *     (the latest checkpoint) and as `…:step<N>` per live checkpoint, with `root` the base model,
-         *     `parent` the model's latest id and `owned_by` the entity.
+         *     (the latest checkpoint), once each, and as `…:step<N>` per live checkpoint only with
+         *     `include=checkpoints`; `root` is the base model, `owned_by` the entity, and `parent` the
+         *     `…:step<N>` of the model's latest checkpoint (for the model) or the model's id (for a
+         *     checkpoint).
          */
         ModelEntry: {
             id: string;
