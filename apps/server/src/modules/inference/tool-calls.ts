@@ -82,13 +82,15 @@ export function engineTools(
 }
 
 /** The constraint of a call to one of `candidates`: its name, and its arguments' schema when
- * there is one candidate (any object when there are several). */
+ * they all have the same (any object when they differ: the constraint cannot make the arguments
+ * depend on the name). */
 function callSchema(
   format: ToolCallFormat,
   candidates: { tool: ChatTool; i: number }[],
 ): { prefill: string; schema: JsonSchema } {
-  const only = candidates.length === 1 ? candidates[0]! : null;
-  const args: JsonSchema = only ? argumentsSchema(only.tool, only.i) : { type: "object" };
+  const schemas = candidates.map(({ tool, i }) => argumentsSchema(tool, i));
+  const same = schemas.every((s) => JSON.stringify(s) === JSON.stringify(schemas[0]));
+  const args: JsonSchema = same && schemas[0] ? schemas[0] : { type: "object" };
   const call = constrainedCall(
     format,
     candidates.map(({ tool }) => tool.function.name),
