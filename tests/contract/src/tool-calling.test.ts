@@ -219,6 +219,56 @@ describe("tool calling with the openai client", () => {
     expect(chunks.at(-1)!.choices[0]!.finish_reason).toBe("tool_calls");
   });
 
+  it("when an RL job trains on rollouts that call tools, then it steps on the assistant's turns, calls included", async () => {
+    // Two rollouts of a question, sampled with their logprobs: the call, its answer, the reply.
+    const rollout = async (seed: number) => {
+      const messages: ChatCompletionMessageParam[] = [{ role: "user", content: "5 + 2" }];
+      const first = await openai.chat.completions.create({
+        model,
+        messages,
+        tools,
+        tool_choice: { type: "function", function: { name: "add" } },
+        logprobs: true,
+        seed,
+      });
+      const call = first.choices[0]!.message.tool_calls![0]!;
+      const args = JSON.parse(call.type === "function" ? call.function.arguments : "{}") as Args;
+      const answer = {
+        role: "tool" as const,
+        tool_call_id: call.id,
+        content: String(args.a + args.b),
+      };
+      const second = await openai.chat.completions.create({
+        model,
+        messages: [...messages, first.choices[0]!.message, answer],
+        tools,
+        logprobs: true,
+        max_tokens: 8,
+        seed,
+      });
+      return [...messages, first.choices[0]!, answer, second.choices[0]!];
+    };
+    const trajectories = [
+      { messages_and_choices: await rollout(1), reward: 0, tools },
+      { messages_and_choices: await rollout(2), reward: 1, tools },
+    ];
+    const created = await client.training.models.create({
+      project: "tools",
+      name: "calc-rl",
+      base_model: BASE,
+    });
+    const job = await client.training.jobs.createRl({
+      model_id: created.id,
+      trajectory_groups: [{ trajectories }] as never,
+      experimental_config: { learning_rate: 1e-3 },
+    });
+    const events = await followAll(client, job.id);
+    expect(events.at(-1)!.type).toBe("training_ended");
+    const step = events.find((e) => e.type === "gradient_step")!.data as Record<string, number>;
+    expect(step.num_trainable_tokens).toBeGreaterThan(0);
+    expect(step.grad_norm).toBeGreaterThan(0);
+  });
+
   it("when tool_choice names a function that tools do not declare, then 400 naming tool_choice", async () => {
     const error = await openai.chat.completions
       .create({
