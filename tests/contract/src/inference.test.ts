@@ -314,9 +314,10 @@ describe("createChatCompletion", () => {
     expect(typeof next.choices[0]!.message.content).toBe("string");
   });
 
-  it("when a named call is streamed, then its deltas come as OpenAI sends them and validate against the spec", async () => {
+  it("when a named call is streamed, then its deltas come as OpenAI sends them, validate against the spec, and the call is recorded with its usage", async () => {
+    const project = "default/tool-calls";
     const chunks = await collect(
-      await client.chat.completions.create({
+      await server.authorizedClient({ project }).chat.completions.create({
         model: MODEL,
         messages: ask("Time?"),
         tools: [clock],
@@ -339,6 +340,19 @@ describe("createChatCompletion", () => {
       .join("");
     expect(typeof JSON.parse(args).tz).toBe("string");
     expect(["tool_calls", "length"]).toContain(chunks.at(-1)!.choices[0]!.finish_reason);
+    const { calls } = await client.calls.query({ project_id: project });
+    expect(calls).toHaveLength(1);
+    expect(calls[0]!.output).toMatchObject({
+      choices: [
+        {
+          message: {
+            content: null,
+            tool_calls: [{ id: pieces[0]!.id, function: { name: "time", arguments: args } }],
+          },
+        },
+      ],
+    });
+    expect(calls[0]!.summary.usage?.[MODEL]).toMatchObject({ requests: 1 });
   });
 
   it("when the model is unknown, then 404 model_not_found", async () => {
