@@ -70,6 +70,10 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
       }
     }
     const out: ChatMessage = { role: message.role, content: textOf(message.content, i) };
+    const calls = (message as { tool_calls?: unknown }).tool_calls;
+    if (message.role !== "assistant" && calls !== null && calls !== undefined) {
+      throw unsupported(`messages[${i}].tool_calls`, "is supported on assistant messages only");
+    }
     if ("tool_calls" in message && message.tool_calls && message.tool_calls.length > 0) {
       out.toolCalls = message.tool_calls.map((call) => ({
         id: call.id,

@@ -1,6 +1,6 @@
 import { InvalidInputError } from "@arbor/store";
 import { describe, expect, it } from "vitest";
-import { type ChatRequest, type ChatTool, toolRequestOf } from "./chat.ts";
+import { type ChatRequest, type ChatTool, toGenerateRequest, toolRequestOf } from "./chat.ts";
 import type { ChatEvent } from "./service.ts";
 import { engineTools, readToolCalls, type ToolReading } from "./tool-calls.ts";
 
@@ -51,6 +51,15 @@ describe("tool requests", () => {
     expect(refusal({ tool_choice: "required" })).toBe("tool_choice");
     expect(refusal({ tools: [add, add] })).toBe("tools[1].function.name");
     expect(toolRequestOf(request({ tool_choice: "none" }))).toBeNull();
+  });
+
+  it("when a message other than an assistant's carries tool_calls, then 400 naming it", () => {
+    const body = request({
+      messages: [{ role: "user", content: "Hi", tool_calls: [] } as never],
+    });
+    expect(() => toGenerateRequest(body)).toThrow(
+      "`messages[0].tool_calls` is supported on assistant messages only.",
+    );
   });
 
   it("when a template has no tool calls, then tools are refused; a strict schema the engine cannot enforce is refused by its keyword", () => {
