@@ -22,8 +22,16 @@ type ToolCallDelta = NonNullable<
 
 /** What a backend reports as it generates, whatever it is (the engine, llama.cpp, an upstream). */
 export type ChatEvent =
-  /** New text of one choice; `tokens` is how many tokens it took, when the backend knows. */
-  | { type: "delta"; choice: number; content: string; tokens: number; logprobs?: TokenLogprobs }
+  /** New text of one choice; `tokens` is how many tokens it took, when the backend knows;
+   * `held`: its text is held back (a tool call's possible start), so it has nothing to send. */
+  | {
+      type: "delta";
+      choice: number;
+      content: string;
+      tokens: number;
+      logprobs?: TokenLogprobs;
+      held?: boolean;
+    }
   /** A choice ended; `content` is text held back until now (a possible stop string's start). */
   | { type: "finish"; choice: number; content: string; finishReason: FinishReason }
   /** A piece of one of a choice's tool calls, as OpenAI streams them: the first has the call's
@@ -189,7 +197,7 @@ export class ChatRun {
     // A reader that stops early (the client left) ends the run, and so records it.
     for await (const event of this.#events(started, signal)) {
       // Tokens held back (a possible tool call's start) are counted, not sent.
-      if (event.type === "delta" && !event.content && !event.logprobs) continue;
+      if (event.type === "delta" && event.held && !event.content && !event.logprobs) continue;
       yield this.#eventChunk(event);
     }
     if (this.#body.stream_options?.include_usage) yield this.#chunk([], this.#result().usage);

@@ -139,7 +139,7 @@ export async function* readToolCalls(
       const upTo = sendable(reading, start, state.text);
       const content = state.text.slice(state.sent, Math.max(state.sent, upTo));
       state.sent = Math.max(state.sent, upTo);
-      yield { ...event, content };
+      yield { ...event, content, ...(content.length < event.content.length ? { held: true } : {}) };
       continue;
     }
     const parsed = parseToolCalls(reading.format, reading.prefill + state.text);
