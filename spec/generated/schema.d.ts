@@ -777,6 +777,17 @@ export interface components {
             content?: components["schemas"]["ChatCompletionMessageContent"] | null;
             name?: string;
             refusal?: string | null;
+            /** @description The calls this turn made; each is answered by a `tool` message with its id. */
+            tool_calls?: {
+                id: string;
+                /** @constant */
+                type: "function";
+                function: {
+                    name: string;
+                    /** @description The arguments as JSON text, as OpenAI sends them. */
+                    arguments: string;
+                };
+            }[] | null;
         } | {
             /** @constant */
             role: "tool";
@@ -816,10 +827,28 @@ export interface components {
             };
         };
         /**
+         * ChatCompletionTool
+         * @description A function the model may call, in OpenAI's `tools` shape.
+         */
+        ChatCompletionTool: {
+            /** @constant */
+            type: "function";
+            function: {
+                name: string;
+                description?: string;
+                /** @description A JSON Schema of the arguments (an object). */
+                parameters?: {
+                    [key: string]: unknown;
+                };
+                /** @description Constrain the arguments to `parameters` as they are generated. */
+                strict?: boolean | null;
+            };
+        };
+        /**
          * CreateChatCompletionRequest
          * @description OpenAI's chat completion request. Unknown keys are not rejected by the schema, because
-         *     OpenAI clients send extras; a field the model cannot honour (for example `tools` on an engine
-         *     without tool calling) is answered with 400 naming it, never silently ignored.
+         *     OpenAI clients send extras; a field the model cannot honour (for example `tools` on a model
+         *     whose chat template has no tools) is answered with 400 naming it, never silently ignored.
          */
         CreateChatCompletionRequest: {
             /**
@@ -876,29 +905,45 @@ export interface components {
             /** @description The end user's id, recorded with the call. */
             user?: string;
             /**
-             * @description Declared so it can be refused by name: an engine without tool calling answers 400 with
-             *     `param: tools`.
+             * @description Functions the model may call, as OpenAI defines them. The model's own chat template renders
+             *     them (a template without tools refuses them with 400 `param: tools`), and its answer is
+             *     parsed into `tool_calls` in the template's format. A function with `strict: true` has its
+             *     arguments constrained to its `parameters` schema while they are generated; a schema the
+             *     engine cannot enforce is a 400 naming the keyword.
              */
-            tools?: {
-                /** @constant */
-                type: "function";
-                function: {
-                    name: string;
-                    description?: string;
-                    /** @description A JSON Schema of the arguments. */
-                    parameters?: {
-                        [key: string]: unknown;
-                    };
-                    strict?: boolean | null;
-                };
-            }[];
-            /** @description As for `tools`: refused with 400 `param: tool_choice` where tools are unsupported. */
+            tools?: components["schemas"]["ChatCompletionTool"][];
+            /**
+             * @description `none`: the model answers in text (the tools are still rendered); `auto` (the default with
+             *     tools): it may call tools; `required`: it calls one; a named function: it calls that one.
+             *     `required` and a named function constrain the call to the tools' schemas. Naming a function
+             *     that `tools` does not declare is a 400 with `param: tool_choice`.
+             */
             tool_choice?: ("none" | "auto" | "required") | {
                 /** @constant */
                 type: "function";
                 function: {
                     name: string;
                 };
+            } | null;
+            /**
+             * @description Whether one turn may make several calls; with `false` only the first call is returned.
+             * @default true
+             */
+            parallel_tool_calls?: boolean | null;
+        };
+        /**
+         * ChatCompletionMessageToolCall
+         * @description A function call of an assistant turn, in OpenAI's shape.
+         */
+        ChatCompletionMessageToolCall: {
+            /** @description `call_…`; a `tool` message answers it by this id. */
+            id: string;
+            /** @constant */
+            type: "function";
+            function: {
+                name: string;
+                /** @description The arguments as JSON text, as the model wrote them. */
+                arguments: string;
             };
         };
         /**
@@ -908,9 +953,12 @@ export interface components {
         ChatCompletionResponseMessage: {
             /** @constant */
             role: "assistant";
+            /** @description Null when the turn only calls tools. */
             content: string | null;
             /** @description Present for OpenAI compatibility; always null. */
             refusal?: null;
+            /** @description The calls the model made (present only when it made some). */
+            tool_calls?: components["schemas"]["ChatCompletionMessageToolCall"][];
         };
         /** ChatCompletionTokenLogprob */
         ChatCompletionTokenLogprob: {
@@ -955,10 +1003,11 @@ export interface components {
                 index: number;
                 message: components["schemas"]["ChatCompletionResponseMessage"];
                 /**
-                 * @description `stop`: a stop sequence or the end-of-turn token; `length`: the token limit.
+                 * @description `stop`: a stop sequence or the end-of-turn token; `length`: the token limit;
+                 *     `tool_calls`: the turn ended with calls to tools (`message.tool_calls`).
                  * @enum {string}
                  */
-                finish_reason: "stop" | "length";
+                finish_reason: "stop" | "length" | "tool_calls";
                 logprobs: components["schemas"]["ChatCompletionLogprobs"] | null;
             }[];
             usage: components["schemas"]["CompletionUsage"];
@@ -966,10 +1015,25 @@ export interface components {
             system_fingerprint: string;
         };
         /**
+         * ChatCompletionChunkToolCall
+         * @description A streamed piece of one tool call.
+         */
+        ChatCompletionChunkToolCall: {
+            /** @description Which call of the choice this piece belongs to. */
+            index: number;
+            id?: string;
+            /** @constant */
+            type?: "function";
+            function?: {
+                name?: string;
+                arguments?: string;
+            };
+        };
+        /**
          * ChatCompletionChunk
          * @description One `data:` line of a streamed chat completion (`stream: true`, `text/event-stream`).
          *     The first delta of each choice carries `role`; each choice ends with one chunk carrying its
-         *     `finish_reason`. With `stream_options.include_usage`, a last chunk has `choices: []` and
+         *     `finish_reason` (`tool_calls` when it called tools). With `stream_options.include_usage`, a last chunk has `choices: []` and
          *     `usage`. The stream ends with `data: [DONE]`. An error after the headers went out is sent as
          *     `data: {"error": {...}}` (the `ErrorResponse` envelope) and the stream closes.
          */
@@ -990,9 +1054,15 @@ export interface components {
                     role?: "assistant";
                     content?: string | null;
                     refusal?: null;
+                    /**
+                     * @description As OpenAI streams calls: a call's first delta has its `index`, `id`, `type` and
+                     *     `function.name` (with empty `arguments`); the next ones have its `index` and a
+                     *     fragment of `function.arguments` to append.
+                     */
+                    tool_calls?: components["schemas"]["ChatCompletionChunkToolCall"][];
                 };
                 /** @enum {string|null} */
-                finish_reason: "stop" | "length" | null;
+                finish_reason: "stop" | "length" | "tool_calls" | null;
                 logprobs?: components["schemas"]["ChatCompletionLogprobs"] | null;
             }[];
             /** @description Null on every chunk but the last when `stream_options.include_usage` is set. */

@@ -10,6 +10,14 @@ import { type RunningServer, startServer } from "./harness.ts";
 
 const MODEL = "arbor/tiny-chat";
 const ask = (content: string) => [{ role: "user" as const, content }];
+/** A tool small enough for tiny-chat's 256-token context, its call included. */
+const clock = {
+  type: "function" as const,
+  function: {
+    name: "time",
+    parameters: { type: "object", properties: { tz: { type: "string" } }, required: ["tz"] },
+  },
+};
 
 let server: RunningServer;
 let client: ArborClient;
@@ -175,27 +183,176 @@ describe("createChatCompletion", () => {
     expect(completion.choices[0]!.message.content).not.toContain("=");
   });
 
+  it.each([["logit_bias", { logit_bias: { "1": 5 } }]])(
+    "when %s is set, then 400 naming it",
+    async (param, extra) => {
+      const { response, error } = await client.POST("/v1/chat/completions", {
+        body: {
+          model: MODEL,
+          messages: ask("Hi"),
+          ...extra,
+        } as never,
+      });
+      expect(response.status).toBe(400);
+      expect(error).toEqual({
+        error: {
+          message: `\`${param}\` is not supported by this model.`,
+          type: "invalid_request_error",
+          param,
+          code: "unsupported_parameter",
+        },
+      });
+    },
+  );
+
   it.each([
-    ["tools", { tools: [{ type: "function", function: { name: "f" } }] }],
-    ["tool_choice", { tool_choice: "auto" }],
-    ["logit_bias", { logit_bias: { "1": 5 } }],
-  ])("when %s is set, then 400 naming it", async (param, extra) => {
-    const { response, error } = await client.POST("/v1/chat/completions", {
-      body: {
-        model: MODEL,
-        messages: ask("Hi"),
-        ...extra,
-      } as never,
-    });
-    expect(response.status).toBe(400);
-    expect(error).toEqual({
-      error: {
-        message: `\`${param}\` is not supported by this model.`,
-        type: "invalid_request_error",
-        param,
-        code: "unsupported_parameter",
+    ["tool_choice without tools", { tool_choice: "auto" }, "tool_choice"],
+    [
+      "tool_choice naming an undeclared function",
+      { tools: [clock], tool_choice: { type: "function", function: { name: "date" } } },
+      "tool_choice",
+    ],
+    ["a function declared twice", { tools: [clock, clock] }, "tools[1].function.name"],
+    [
+      "a strict function whose schema cannot be enforced",
+      {
+        tools: [
+          {
+            type: "function",
+            function: {
+              name: "f",
+              strict: true,
+              parameters: { type: "object", properties: { n: { type: "integer", minimum: 1 } } },
+            },
+          },
+        ],
       },
+      "tools[0].function.parameters.properties.n.minimum",
+    ],
+    [
+      "a tool call's arguments that are not text",
+      {
+        messages: [
+          { role: "user", content: "Hi" },
+          {
+            role: "assistant",
+            content: null,
+            tool_calls: [
+              { id: "call_1", type: "function", function: { name: "f", arguments: {} } },
+            ],
+          },
+        ],
+      },
+      "messages[1].tool_calls[0].function.arguments",
+    ],
+  ])(
+    "when a request has %s, then 400 naming the field in OpenAI's envelope",
+    async (_, extra, param) => {
+      const { response, error } = await client.POST("/v1/chat/completions", {
+        body: { model: MODEL, messages: ask("Hi"), ...extra } as never,
+      });
+      expect(response.status).toBe(400);
+      expect(error).toMatchObject({ error: { type: "invalid_request_error", param } });
+    },
+  );
+
+  it("when tools are offered and the reply is not a call, then it is plain content; a named function is always called", async () => {
+    const auto = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("What is 2 + 3?"),
+      tools: [clock],
+      max_tokens: 12,
+      temperature: 0,
     });
+    // The untrained model answers in text: no call, no 500.
+    expect(auto.choices[0]!.message.tool_calls).toBeUndefined();
+    expect(["stop", "length"]).toContain(auto.choices[0]!.finish_reason);
+    const named = await client.chat.completions.create({
+      model: MODEL,
+      messages: ask("Time?"),
+      tools: [clock],
+      tool_choice: { type: "function", function: { name: "time" } },
+      max_tokens: 64,
+      temperature: 0,
+    });
+    const [choice] = named.choices;
+    // The untrained model's zone may run to the token limit: the call is closed in time.
+    expect(["tool_calls", "length"]).toContain(choice!.finish_reason);
+    expect(choice!.message.content).toBeNull();
+    expect(choice!.message.tool_calls).toEqual([
+      {
+        id: expect.stringMatching(/^call_/),
+        type: "function",
+        function: { name: "time", arguments: expect.any(String) },
+      },
+    ]);
+    const args = JSON.parse(choice!.message.tool_calls![0]!.function.arguments);
+    expect(Object.keys(args)).toEqual(["tz"]);
+    expect(typeof args.tz).toBe("string");
+
+    // A call and its answer render with the model's template when the conversation goes on.
+    const next = await client.chat.completions.create({
+      model: MODEL,
+      messages: [
+        ...ask("Time?"),
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [
+            {
+              id: "call_1",
+              type: "function",
+              function: { name: "time", arguments: '{"tz":"UTC"}' },
+            },
+          ],
+        },
+        { role: "tool", tool_call_id: "call_1", content: "12:00" },
+      ],
+      max_tokens: 4,
+      temperature: 0,
+    });
+    expect(typeof next.choices[0]!.message.content).toBe("string");
+  });
+
+  it("when a named call is streamed, then its deltas come as OpenAI sends them, validate against the spec, and the call is recorded with its usage", async () => {
+    const project = "default/tool-calls";
+    const chunks = await collect(
+      await server.authorizedClient({ project }).chat.completions.create({
+        model: MODEL,
+        messages: ask("Time?"),
+        tools: [clock],
+        tool_choice: { type: "function", function: { name: "time" } },
+        max_tokens: 64,
+        temperature: 0,
+        stream: true,
+      }),
+    );
+    const pieces = chunks.flatMap((c) => c.choices.flatMap((ch) => ch.delta.tool_calls ?? []));
+    expect(pieces[0]).toEqual({
+      index: 0,
+      id: expect.stringMatching(/^call_/),
+      type: "function",
+      function: { name: "time", arguments: "" },
+    });
+    const args = pieces
+      .slice(1)
+      .map((p) => p.function?.arguments ?? "")
+      .join("");
+    expect(typeof JSON.parse(args).tz).toBe("string");
+    expect(["tool_calls", "length"]).toContain(chunks.at(-1)!.choices[0]!.finish_reason);
+    const { calls } = await client.calls.query({ project_id: project });
+    expect(calls).toHaveLength(1);
+    expect(calls[0]!.output).toMatchObject({
+      choices: [
+        {
+          message: {
+            content: null,
+            tool_calls: [{ id: pieces[0]!.id, function: { name: "time", arguments: args } }],
+          },
+        },
+      ],
+    });
+    expect(calls[0]!.summary.usage?.[MODEL]).toMatchObject({ requests: 1 });
   });
 
   it("when the model is unknown, then 404 model_not_found", async () => {

@@ -95,6 +95,7 @@ describe("the openai npm client", () => {
           model: MODEL,
           messages: [{ role: "user", content: "x" }],
           tools: [{ type: "function", function: { name: "f" } }],
+          tool_choice: { type: "function", function: { name: "g" } },
         }),
       OpenAI.BadRequestError,
     ],

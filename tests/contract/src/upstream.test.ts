@@ -101,13 +101,13 @@ describe("upstreams", () => {
       body: {
         model: REMOTE,
         messages: [{ role: "user", content: "Hi" }],
-        tools: [{ type: "function", function: { name: "f" } }],
+        logit_bias: { "1": 5 },
       } as never,
     });
     expect(response.status).toBe(400);
     expect(error).toEqual({
       error: {
-        message: "`tools` is not supported by this model.",
+        message: "`logit_bias` is not supported by this model.",
         type: "invalid_request_error",
         param: null,
         code: null,
@@ -121,12 +121,56 @@ describe("upstreams", () => {
         model: REMOTE,
         messages: [{ role: "user", content: "Hi" }],
         stream: true,
-        tools: [{ type: "function", function: { name: "f" } }],
+        logit_bias: { "1": 5 },
       } as never,
     });
     expect(response.status).toBe(400);
     expect(response.headers.get("content-type")).toMatch(/^application\/json/);
-    expect(error).toMatchObject({ error: { message: "`tools` is not supported by this model." } });
+    expect(error).toMatchObject({
+      error: { message: "`logit_bias` is not supported by this model." },
+    });
+  });
+
+  it("when a chat with tools is forwarded, then the upstream's tool calls come back as it made them, whole and streamed, and usage is recorded", async () => {
+    const body = {
+      messages: [{ role: "user" as const, content: "Time?" }],
+      tools: [
+        {
+          type: "function" as const,
+          function: {
+            name: "time",
+            parameters: {
+              type: "object",
+              properties: { tz: { type: "string" } },
+              required: ["tz"],
+            },
+          },
+        },
+      ],
+      tool_choice: { type: "function" as const, function: { name: "time" } },
+      max_tokens: 40,
+      temperature: 0,
+    };
+    const direct = await upstream
+      .authorizedClient()
+      .chat.completions.create({ ...body, model: "arbor/tiny-chat" });
+    const call = direct.choices[0]!.message.tool_calls![0]!;
+    const forwarded = await client.chat.completions.create({ ...body, model: REMOTE });
+    expect(forwarded.choices[0]!.finish_reason).toBe(direct.choices[0]!.finish_reason);
+    expect(forwarded.choices[0]!.message.tool_calls).toEqual([
+      { id: expect.stringMatching(/^call_/), type: "function", function: call.function },
+    ]);
+    expect(forwarded.usage).toEqual(direct.usage);
+    const pieces = [];
+    for await (const chunk of await client.chat.completions.create({
+      ...body,
+      model: REMOTE,
+      stream: true,
+    })) {
+      pieces.push(...chunk.choices.flatMap((c) => c.delta.tool_calls ?? []));
+    }
+    expect(pieces[0]).toMatchObject({ index: 0, type: "function", function: { name: "time" } });
+    expect(pieces.map((p) => p.function?.arguments ?? "").join("")).toBe(call.function.arguments);
   });
 
   it("when the upstream is down, then 503 server_error with x-should-retry", async () => {

@@ -29,6 +29,112 @@ function maskedTurns(chat: ChatFormat, tokens: number[], mask: Uint8Array): stri
   return turns;
 }
 
+const tools = [
+  {
+    type: "function",
+    function: {
+      name: "multiply",
+      description: "Multiplies two numbers.",
+      parameters: {
+        type: "object",
+        properties: { a: { type: "number" }, b: { type: "number" } },
+        required: ["a", "b"],
+      },
+    },
+  },
+];
+
+/** A conversation that calls a tool: the call's arguments as OpenAI sends them, a JSON string. */
+const toolConversation: ChatMessage[] = [
+  { role: "system", content: "You are terse." },
+  { role: "user", content: "What is 6 times 7?" },
+  {
+    role: "assistant",
+    content: "",
+    toolCalls: [{ id: "call_1", name: "multiply", arguments: '{"a": 6, "b": 7}' }],
+  },
+  { role: "tool", content: "42", toolCallId: "call_1" },
+  { role: "assistant", content: "6 × 7 = 42." },
+];
+
+/** The conversation as vLLM hands OpenAI messages to a template: each call's arguments parsed
+ * from their JSON text into a mapping. */
+const toolContext = toolConversation.map((m) => ({
+  role: m.role,
+  content: m.content,
+  ...(m.toolCalls
+    ? {
+        tool_calls: m.toolCalls.map((c) => ({
+          id: c.id,
+          type: "function",
+          function: { name: c.name, arguments: JSON.parse(c.arguments) as unknown },
+        })),
+      }
+    : {}),
+  ...(m.toolCallId ? { tool_call_id: m.toolCallId } : {}),
+}));
+
+/** The chat template's variables from its tokenizer_config.json. */
+function templateVariables(config: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(
+    ["bos_token", "eos_token", "pad_token", "unk_token"].flatMap((name) =>
+      typeof config[name] === "string" ? [[name, config[name]]] : [],
+    ),
+  );
+}
+
+/** Tool-calling conversations, rendered as Jinja2 renders them and masked for training: the
+ * assistant's turns (its calls included) are learnt, never the tool's answers. */
+describe.each([
+  { name: "tiny-chat", files: () => tinyChatFiles() },
+  ...FAMILIES.filter((f) => f.name === "Qwen3").map((f) => ({
+    name: f.name,
+    files: () => familyChatFiles(f),
+  })),
+])("ChatFormat with tools ($name's chat template)", ({ files }) => {
+  const chat = new ChatFormat(files(), []);
+
+  it.skipIf(!referencePython && process.env.CI !== "true")(
+    "when a conversation with tools, a call and its answer is rendered, then it is exactly what Jinja2 renders",
+    () => {
+      const variables = templateVariables(files().tokenizer.config);
+      const cases = [
+        { messages: toolContext, add_generation_prompt: false },
+        { messages: toolContext.slice(0, 4), add_generation_prompt: true },
+      ].map((context) => ({
+        template: chat.template.source,
+        context: { ...variables, tools, ...context },
+      }));
+      const reference = renderWithJinja2(cases);
+      expect(reference.map((r) => ("text" in r ? r.text : r.error))).toEqual([
+        chat.template.render(toolConversation, { tools }),
+        chat.template.render(toolConversation.slice(0, 4), { tools, addGenerationPrompt: true }),
+      ]);
+      expect(chat.template.render(toolConversation, { tools })).toContain(
+        '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>',
+      );
+    },
+  );
+
+  it("when a tool-calling conversation is tokenized for training, then the mask covers the call and the reply, not the tool's answer", () => {
+    const { tokens, mask, turns } = chat.trainingTokens(toolConversation, () => true, { tools });
+    expect([...turns.keys()]).toEqual([2, 4]);
+    const [callStart, callEnd] = turns.get(2)!;
+    const call = chat.tokenizer.decode(tokens.slice(callStart, callEnd));
+    expect(call).toMatch(
+      /<tool_call>\n\{"name": "multiply", "arguments": \{"a": 6, "b": 7\}\}\n<\/tool_call><\|im_end\|>$/,
+    );
+    const [replyStart, replyEnd] = turns.get(4)!;
+    expect(chat.tokenizer.decode(tokens.slice(replyStart, replyEnd))).toMatch(
+      /6 × 7 = 42\.<\|im_end\|>$/,
+    );
+    // Nothing else is learnt: not the tools, the question or the tool's answer.
+    expect(mask.reduce((n, m) => n + m, 0)).toBe(callEnd - callStart + replyEnd - replyStart);
+    const answer = chat.tokenizer.decode(tokens.slice(callEnd, replyStart));
+    expect(answer).toContain("<tool_response>\n42\n</tool_response>");
+  });
+});
+
 describe("ChatFormat (tiny-chat's template)", () => {
   const chat = new ChatFormat(tinyChatFiles(), []);
 

@@ -28,6 +28,9 @@ export interface RenderOptions {
   tools?: readonly Record<string, unknown>[] | undefined;
   /** Stop tokenizing with TokenLimitError once the prompt takes this many tokens. */
   limit?: number | undefined;
+  /** Text of the reply written in advance, after the generation prompt (the opening of a tool
+   * call the reply is constrained to); it is ours, so its special tokens' texts are tokens. */
+  prefill?: string | undefined;
 }
 
 /** A conversation the template cannot render (it raised, or refused a role); the message says
@@ -152,7 +155,8 @@ export class ChatFormat {
   encode(messages: readonly ChatMessage[], options: RenderOptions = {}): number[] {
     const { tokenizer, template } = this;
     const specials = tokenizer.specialTexts;
-    const text = template.render(messages, options);
+    const prefill = options.prefill ?? "";
+    const text = template.render(messages, options) + prefill;
     const sent = JSON.stringify([messages, options.tools ?? null]);
     const limit = options.limit;
     if (!specials.some((s) => sent.includes(s)))
@@ -162,7 +166,7 @@ export class ChatFormat {
       template.render(blank(messages, specials), {
         ...options,
         ...(options.tools ? { tools: blank(options.tools, specials) } : {}),
-      }),
+      }) + prefill,
       limit ?? Number.POSITIVE_INFINITY,
     );
   }

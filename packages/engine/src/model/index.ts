@@ -4,7 +4,7 @@
  * pulling them from the Hub, and the memory its weights take. Imports only the kernels.
  */
 export { type CatalogEntry, catalogModelDir, listCatalog } from "./catalog.ts";
-export { type ChatFiles, type ChatMessage, PromptError } from "./chat.ts";
+export { type ChatFiles, type ChatMessage, PromptError, type RenderOptions } from "./chat.ts";
 export { type ModelConfig, parseConfig } from "./config.ts";
 export {
   type BaseModelFolder,
@@ -63,3 +63,12 @@ export {
 export { deriveSeed, Rng, randomSeed } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { ModelFileError } from "./tokenizer.ts";
+export {
+  constrainedCall,
+  type ParsedReply,
+  type ParsedToolCall,
+  parseToolCalls,
+  type ToolCallFormat,
+  toolCallFormat,
+  toolCallStart,
+} from "./tool-calls.ts";

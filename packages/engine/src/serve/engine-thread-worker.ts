@@ -6,6 +6,7 @@
 import { parentPort, workerData } from "node:worker_threads";
 import { adapterFromFiles, type LoraAdapter } from "../model/lora.ts";
 import { loadServingModel, parameterCount, type WeightChoice } from "../model/model.ts";
+import { toolCallFormat } from "../model/tool-calls.ts";
 import { Engine, type GenerationEvent } from "./engine.ts";
 import type { FromEngineThread, ToEngineThread } from "./engine-thread.ts";
 import { ContextLengthError } from "./prompt-encoder.ts";
@@ -29,6 +30,7 @@ try {
       config: model.config,
       maxTokenBytes: model.tokenizer.maxTokenBytes(),
       parameters: parameterCount(model),
+      toolCallFormat: toolCallFormat(model.chat.template.source),
     },
   });
 } catch (err) {
@@ -93,7 +95,7 @@ async function generate(
 parentPort!.on("message", (message: ToEngineThread) => {
   switch (message.type) {
     case "encode":
-      engine.encodeChat(message.messages).then(
+      engine.encodeChat(message.messages, message.options).then(
         (tokens) => {
           const ids = Int32Array.from(tokens);
           post({ type: "encoded", id: message.id, tokens: ids }, [ids.buffer]);

@@ -2,7 +2,8 @@ import { Worker } from "node:worker_threads";
 import type { ChatMessage } from "../model/chat.ts";
 import type { ModelConfig } from "../model/config.ts";
 import type { WeightChoice } from "../model/model.ts";
-import type { GenerateRequest, GenerationEvent } from "./engine.ts";
+import type { ToolCallFormat } from "../model/tool-calls.ts";
+import type { ChatPromptOptions, GenerateRequest, GenerationEvent } from "./engine.ts";
 import { ContextLengthError, PromptError, promptBytes } from "./prompt-encoder.ts";
 
 /** What an engine thread serves, read once it has loaded its model. */
@@ -11,6 +12,8 @@ export interface EngineThreadInfo {
   /** The longest token of the vocabulary in bytes: bounds a prompt from its byte length. */
   maxTokenBytes: number;
   parameters: number;
+  /** How the model's chat template writes tool calls; null when it writes none. */
+  toolCallFormat: ToolCallFormat | null;
 }
 
 /** The engine's counters, for tests and metrics. */
@@ -26,7 +29,7 @@ export type ThreadGenerateRequest = Omit<GenerateRequest, "adapter"> & { adapter
 
 /** What the main thread sends its engine thread. */
 export type ToEngineThread =
-  | { type: "encode"; id: number; messages: readonly ChatMessage[] }
+  | { type: "encode"; id: number; messages: readonly ChatMessage[]; options: ChatPromptOptions }
   | { type: "generate"; id: number; request: ThreadGenerateRequest }
   | { type: "cancel"; id: number }
   | { type: "adapter"; id: number; key: string; files: Record<string, Uint8Array> }
@@ -114,11 +117,14 @@ export class EngineThread {
    * The chat as prompt tokens with the generation prompt. A prompt whose bytes alone cannot fit
    * the context is refused here, before it is copied to the thread.
    */
-  async encodeChat(messages: readonly ChatMessage[]): Promise<number[]> {
+  async encodeChat(
+    messages: readonly ChatMessage[],
+    options: ChatPromptOptions = {},
+  ): Promise<number[]> {
     const context = this.info.config.maxPositions;
     const atLeast = Math.ceil(promptBytes(messages) / this.info.maxTokenBytes);
     if (atLeast >= context) throw new ContextLengthError(atLeast, context, false);
-    const tokens = (await this.#call({ type: "encode", messages })) as Int32Array;
+    const tokens = (await this.#call({ type: "encode", messages, options })) as Int32Array;
     return Array.from(tokens);
   }
 

@@ -370,4 +370,42 @@ describe("Engine", () => {
     }
     expect(reasons).toContain("length");
   });
+
+  it("when tool calls are constrained, then each call after its opening is a valid value, and the model goes on after it", async () => {
+    const engine = new Engine(model);
+    const schema: JsonSchema = {
+      type: "object",
+      properties: { name: { enum: ["add"] }, arguments: { type: "object" } },
+      required: ["name", "arguments"],
+    };
+    let goneOn = 0;
+    for (let seed = 0; seed < 6; seed++) {
+      const result = await engine.complete({
+        prompt,
+        maxTokens: 60,
+        temperature: 1,
+        seed,
+        // An empty opening: the reply starts with a call.
+        toolCalls: { trigger: "", schema },
+      });
+      const { text, finishReason } = result.choices[0]!;
+      // The longest prefix that parses is the call; whatever follows was generated freely.
+      const end = [...text].map((_, i) => i + 1).findLast((i) => isJson(text.slice(0, i)));
+      expect(end, text).toBeDefined();
+      const call = JSON.parse(text.slice(0, end)) as Record<string, unknown>;
+      expect(call["name"]).toBe("add");
+      expect(typeof call["arguments"]).toBe("object");
+      if (end! < text.length || finishReason === "stop") goneOn++;
+    }
+    expect(goneOn).toBeGreaterThan(0);
+  });
 });
+
+function isJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
+}

@@ -1,6 +1,6 @@
 import type { Kernels } from "../kernels/types.ts";
 import { defaultKernels } from "../kernels/wasm.ts";
-import type { ChatMessage } from "../model/chat.ts";
+import type { ChatMessage, RenderOptions } from "../model/chat.ts";
 import type { ModelConfig } from "../model/config.ts";
 import { createKvCache, forwardBatch, type KvCache, releaseKvCache } from "../model/forward.ts";
 import { checkAdapter, type LoraAdapter } from "../model/lora.ts";
@@ -21,6 +21,10 @@ export type ResponseFormat =
   | { type: "text" }
   | { type: "json_object" }
   | { type: "json_schema"; schema: JsonSchema };
+
+/** What a chat prompt is rendered with besides its messages: the tools, and a prefilled start of
+ * the reply. */
+export type ChatPromptOptions = Pick<RenderOptions, "tools" | "prefill">;
 
 export interface GenerateRequest {
   /** Chat messages, rendered with the model's chat template and its generation prompt… */
@@ -52,6 +56,12 @@ export interface GenerateRequest {
   presencePenalty?: number;
   frequencyPenalty?: number;
   responseFormat?: ResponseFormat;
+  /**
+   * Tool calls constrained where the model makes them: each time the text reaches `trigger`
+   * (a call's opening, such as `<tool_call>`), what follows is constrained to `schema` until
+   * that value is complete; then the model goes on freely. An empty trigger starts at once.
+   */
+  toolCalls?: { trigger: string; schema: JsonSchema };
   /** Number of choices. Default 1. */
   n?: number;
   /**
@@ -100,10 +110,14 @@ export interface Completion {
 interface Sequence {
   choice: number;
   request: Required<
-    Omit<GenerateRequest, "messages" | "tools" | "prompt" | "responseFormat" | "stop" | "adapter">
+    Omit<
+      GenerateRequest,
+      "messages" | "tools" | "prompt" | "responseFormat" | "stop" | "adapter" | "toolCalls"
+    >
   > & {
     stop: readonly string[];
     json: JsonSchema | null;
+    toolCalls: GenerateRequest["toolCalls"] | null;
   };
   cache: KvCache;
   adapter: LoraAdapter | null;
@@ -118,6 +132,8 @@ interface Sequence {
   seen: Set<number>;
   rng: Rng;
   json: JsonConstraint | null;
+  /** With `toolCalls`: where in the text the next trigger is looked for. */
+  triggerFrom: number;
   /** JSON output being closed early because the token budget runs out: it ends as `length`. */
   truncated: boolean;
   emittedChars: number;
@@ -170,9 +186,10 @@ export class Engine {
    * prompts are tokenized on a worker thread). Throws ContextLengthError when it cannot leave
    * room for one generated token, found from the byte length alone when it is far too long.
    */
-  encodeChat(messages: readonly ChatMessage[]): Promise<number[]> {
+  encodeChat(messages: readonly ChatMessage[], options: ChatPromptOptions = {}): Promise<number[]> {
     this.#prompts ??= new PromptEncoder(this.model.chat);
     return this.#prompts.encodeChat(messages, {
+      ...options,
       addGenerationPrompt: true,
       contextLength: this.model.config.maxPositions,
     });
@@ -225,6 +242,7 @@ export class Engine {
       frequencyPenalty: request.frequencyPenalty ?? 0,
       n,
       json,
+      toolCalls: json ? null : (request.toolCalls ?? null),
     };
     const sequences: Sequence[] = [];
     const queue = new EventQueue(n, () => {
@@ -245,7 +263,12 @@ export class Engine {
         counts: new Map(),
         seen: new Set(prompt),
         rng: new Rng(deriveSeed(normalized.seed, choice)),
-        json: json ? new JsonConstraint(json) : null,
+        json: json
+          ? new JsonConstraint(json)
+          : normalized.toolCalls?.trigger === ""
+            ? new JsonConstraint(normalized.toolCalls.schema)
+            : null,
+        triggerFrom: 0,
         truncated: false,
         emittedChars: 0,
         queue,
@@ -456,6 +479,7 @@ export class Engine {
     s.json?.feed(this.texts()[token] ?? "");
 
     const full = this.model.tokenizer.decode(s.generated);
+    if (r.toolCalls && !s.json) this.#startToolCall(s, r.toolCalls, full);
     let end = full.length;
     let stopped = false;
     for (const stop of r.stop) {
@@ -506,8 +530,13 @@ export class Engine {
       return;
     }
     if (s.json?.complete) {
-      this.finish(s, s.truncated ? "length" : "stop");
-      return;
+      if (!r.toolCalls || s.truncated) {
+        this.finish(s, s.truncated ? "length" : "stop");
+        return;
+      }
+      // The call is whole: the model goes on freely, and may make another.
+      s.json = null;
+      s.triggerFrom = full.length;
     }
     if (s.generated.length >= r.maxTokens || s.cache.length + 1 > s.capacity) {
       this.finish(s, "length");
@@ -515,6 +544,21 @@ export class Engine {
     }
     s.pending = [token];
     s.fed = 0;
+  }
+
+  /** Constrains what follows a tool call's opening, once the text has reached one. */
+  #startToolCall(
+    s: Sequence,
+    toolCalls: NonNullable<GenerateRequest["toolCalls"]>,
+    full: string,
+  ): void {
+    const at = full.indexOf(toolCalls.trigger, s.triggerFrom);
+    if (at < 0) return;
+    s.triggerFrom = at + toolCalls.trigger.length;
+    const json = new JsonConstraint(toolCalls.schema);
+    // The token that ended the opening may have begun the value; if that cannot be one, the
+    // call is left to the model (and is read as text).
+    if (json.feed(full.slice(s.triggerFrom)) && !json.complete) s.json = json;
   }
 
   private finish(s: Sequence, reason: FinishReason, text?: string): void {

@@ -172,6 +172,62 @@ describe("trainRlStep", () => {
     expect(pg.m.num_trainable_tokens).toBe(expected);
   });
 
+  it("when trajectories call tools, then the calls and replies are trained and the tools, the question and the tool's answers are not", () => {
+    const model = tinyModel(47, { maxPositions: 1024 });
+    const tools = [{ type: "function", function: { name: "add", parameters: { type: "object" } } }];
+    const call = (a: number) => ({
+      index: 0,
+      finish_reason: "tool_calls",
+      message: {
+        role: "assistant",
+        content: null,
+        tool_calls: [
+          {
+            id: "call_1",
+            type: "function",
+            function: { name: "add", arguments: JSON.stringify({ a, b: 2 }) },
+          },
+        ],
+      },
+    });
+    const items = (a: number) => [
+      { role: "user", content: "What is 7 + 5?" },
+      call(a),
+      { role: "tool", tool_call_id: "call_1", content: String(a + 2) },
+      choice(`It is ${a + 2}.`),
+    ];
+    const rewards = [0, 1, 3];
+    const group: TrajectoryGroup = {
+      trajectories: rewards.map((reward, i) => ({
+        reward,
+        tools,
+        messages_and_choices: items(i + 1),
+      })),
+    };
+    // What the trainer should learn from: the masked tokens of both assistant turns.
+    const masks = rewards.map((_, i) => {
+      const messages = items(i + 1).map((m, j) =>
+        toChatMessage("message" in m ? m.message : m, `item ${j}`),
+      );
+      const { tokens, mask } = model.chat.trainingTokens(messages, (j) => j === 1 || j === 3, {
+        tools,
+      });
+      const learnt = model.chat.tokenizer.decode(tokens.filter((_, t) => mask[t]));
+      expect(learnt).toContain('<tool_call>\n{"name": "add", "arguments": {"a": ');
+      expect(learnt).toContain(`It is ${i + 3}.`);
+      expect(learnt).not.toContain("tool_response");
+      expect(learnt).not.toContain("7 + 5");
+      return mask.reduce((n, m) => n + m, 0);
+    });
+    const adapter = createLoraAdapter(model, { rank: 2 }, 1);
+    const before = adapterToFiles(adapter)["adapter_model.safetensors"];
+    const trainer = new LoraTrainer(model, adapter, { kernels: jsKernels });
+    const m = trainRlStep(trainer, [group], 1e-2, { allowTrainingWithoutLogprobs: true });
+    // Rewards 0, 1 and 3 are all away from their mean: each trajectory's two turns are trained.
+    expect(m.num_trainable_tokens).toBe(masks.reduce((a, b) => a + b, 0));
+    expect(adapterToFiles(adapter)["adapter_model.safetensors"]).not.toEqual(before);
+  });
+
   it("when sampling logprobs make the ratio leave the clip range, then ppo stops the gradient and cispo does not", () => {
     const model = tinyModel(44);
     const group = (lp: number): TrajectoryGroup[] => [

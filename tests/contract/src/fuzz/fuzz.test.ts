@@ -329,7 +329,8 @@ async function fixturesOf(server: RunningServer): Promise<Fixtures> {
     entity: ["default", null],
     project_id: ["default/fuzz"],
     training_data_url: [dataset.url],
-    // Declared only to be refused by name: mostly left out (undefined drops the key).
+    // Left out (undefined drops the key): fuzzed tools would have every chat generate a call;
+    // tool-calling input is checked in tool-calling.test.ts and inference.test.ts.
     tools: [undefined],
     tool_choice: [undefined],
   };

@@ -1,3 +1,4 @@
+import type { ChatMessage } from "@arbor/engine/model";
 import {
   type JsonSchema,
   parseJsonSchema,
@@ -10,6 +11,7 @@ import { InvalidInputError, quote } from "@arbor/store";
 
 type Schemas = components["schemas"];
 export type ChatRequest = Schemas["CreateChatCompletionRequest"];
+export type ChatTool = Schemas["ChatCompletionTool"];
 type TokenLogprobs = NonNullable<
   NonNullable<Schemas["ChatCompletion"]["choices"][number]["logprobs"]>["content"]
 >;
@@ -34,9 +36,12 @@ const honoured = new Set([
   "stream",
   "stream_options",
   "user",
+  "tools",
+  "tool_choice",
+  "parallel_tool_calls",
 ]);
 
-const messageFields = new Set(["role", "content", "tool_call_id"]);
+const messageFields = new Set(["role", "content", "tool_call_id", "tool_calls"]);
 
 /** The most choices one request may ask for. */
 export const MAX_CHOICES = 8;
@@ -64,7 +69,20 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
         throw unsupported(`messages[${i}].${key.length > 64 ? `${key.slice(0, 64)}…` : key}`);
       }
     }
-    return { role: message.role, content: textOf(message.content, i) };
+    const out: ChatMessage = { role: message.role, content: textOf(message.content, i) };
+    const calls = (message as { tool_calls?: unknown }).tool_calls;
+    if (message.role !== "assistant" && calls !== null && calls !== undefined) {
+      throw unsupported(`messages[${i}].tool_calls`, "is supported on assistant messages only");
+    }
+    if ("tool_calls" in message && message.tool_calls && message.tool_calls.length > 0) {
+      out.toolCalls = message.tool_calls.map((call) => ({
+        id: call.id,
+        name: call.function.name,
+        arguments: call.function.arguments,
+      }));
+    }
+    if ("tool_call_id" in message) out.toolCallId = message.tool_call_id;
+    return out;
   });
   if (messages.length === 0) throw invalid("`messages` must not be empty.", "messages");
   const n = body.n ?? 1;
@@ -84,6 +102,7 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
     logprobs: body.logprobs ?? false,
     topLogprobs: body.top_logprobs ?? 0,
   };
+  if (body.tools && body.tools.length > 0) request.tools = body.tools;
   if (maxTokens !== undefined) request.maxTokens = maxTokens;
   if (body.temperature !== undefined && body.temperature !== null)
     request.temperature = body.temperature;
@@ -104,10 +123,55 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
   return request;
 }
 
+/** What a request asks of tools: which it offers, which call it requires (a name, any of
+ * them, or none), and whether one turn may make several calls. */
+export interface ToolRequest {
+  tools: ChatTool[];
+  choice: "none" | "auto" | "required" | { name: string };
+  parallel: boolean;
+}
+
+/** The request's tools, checked: a `tool_choice` without tools, or naming a function `tools`
+ * does not declare, is a 400 naming `tool_choice`; a name declared twice, one naming `tools`. */
+export function toolRequestOf(body: ChatRequest): ToolRequest | null {
+  const tools = body.tools ?? [];
+  const choice = body.tool_choice ?? "auto";
+  if (tools.length === 0) {
+    if (body.tool_choice && body.tool_choice !== "none") {
+      throw invalid("`tool_choice` is only allowed when `tools` are given.", "tool_choice");
+    }
+    return null;
+  }
+  const names = new Set<string>();
+  tools.forEach((tool, i) => {
+    if (names.has(tool.function.name)) {
+      throw invalid(
+        `\`tools\` declares the function ${quote(tool.function.name)} twice.`,
+        `tools[${i}].function.name`,
+      );
+    }
+    names.add(tool.function.name);
+  });
+  if (typeof choice === "object" && !names.has(choice.function.name)) {
+    throw invalid(
+      `\`tool_choice\` names the function ${quote(choice.function.name)}, which \`tools\` does not declare.`,
+      "tool_choice",
+    );
+  }
+  return {
+    tools,
+    choice: typeof choice === "object" ? { name: choice.function.name } : choice,
+    parallel: body.parallel_tool_calls ?? true,
+  };
+}
+
 /** The response schema as the engine honours it; a keyword it would ignore is a 400. */
-function jsonSchemaOf(schema: Record<string, unknown> | undefined): JsonSchema {
+export function jsonSchemaOf(
+  schema: Record<string, unknown> | undefined,
+  path = "response_format.json_schema.schema",
+): JsonSchema {
   try {
-    return parseJsonSchema(schema ?? {}, "response_format.json_schema.schema");
+    return parseJsonSchema(schema ?? {}, path);
   } catch (err) {
     if (!(err instanceof UnsupportedSchemaError)) throw err;
     throw new InvalidInputError(`${err.message}: the engine cannot constrain decoding to it.`, {

@@ -1,10 +1,11 @@
 import { PromptError } from "@arbor/engine/model";
 import { ContextLengthError } from "@arbor/engine/serve";
 import { type BlobStore, InvalidInputError } from "@arbor/store";
-import { type ChatRequest, toGenerateRequest } from "./chat.ts";
+import { type ChatRequest, toGenerateRequest, toolRequestOf } from "./chat.ts";
 import { CheckpointGoneError, type EngineHost } from "./engines.ts";
 import { modelNotFound, type ResolvedModel } from "./models.ts";
 import { type ChatBackend, generationEvents, type PreparedChat } from "./service.ts";
+import { engineTools, readToolCalls } from "./tool-calls.ts";
 
 /** The embedded engine: the base model's thread, with a checkpoint's adapter when trained. */
 export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { kind: "engine" }>> {
@@ -23,9 +24,16 @@ export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { k
     resolved: Extract<ResolvedModel, { kind: "engine" }>,
     body: ChatRequest,
   ): Promise<PreparedChat> {
-    const { messages = [], ...request } = toGenerateRequest(body);
+    const { messages = [], tools: _, ...request } = toGenerateRequest(body);
     const engine = await this.#engines.engine(resolved.baseId);
-    const prompt = await engine.encodeChat(messages).catch((err: unknown) => {
+    const tools = engineTools(
+      engine.info.toolCallFormat,
+      toolRequestOf(body),
+      request.responseFormat,
+    );
+    if (tools.schema) request.responseFormat = { type: "json_schema", schema: tools.schema };
+    if (tools.toolCalls) request.toolCalls = tools.toolCalls;
+    const prompt = await engine.encodeChat(messages, tools.prompt).catch((err: unknown) => {
       if (err instanceof ContextLengthError) {
         throw new InvalidInputError(err.message, {
           param: "messages",
@@ -50,8 +58,12 @@ export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { k
       : null;
     return {
       promptTokens: prompt.length,
-      start: async (signal) =>
-        generationEvents(engine.generate({ ...request, prompt, adapter }, { signal })),
+      start: async (signal) => {
+        const events = generationEvents(
+          engine.generate({ ...request, prompt, adapter }, { signal }),
+        );
+        return tools.reading ? readToolCalls(events, tools.reading) : events;
+      },
     };
   }
 }

@@ -1,5 +1,5 @@
 import { InvalidInputError } from "@arbor/store";
-import { type ChatRequest, toGenerateRequest, unsupported } from "./chat.ts";
+import { type ChatRequest, toGenerateRequest, toolRequestOf, unsupported } from "./chat.ts";
 import { checkSupported, LlamaUnsupportedError } from "./llama-cpp.ts";
 import type { ResolvedModel } from "./models.ts";
 import { type ChatBackend, generationEvents, type PreparedChat } from "./service.ts";
@@ -9,6 +9,11 @@ import { type ChatBackend, generationEvents, type PreparedChat } from "./service
 export const llamaChatBackend: ChatBackend<Extract<ResolvedModel, { kind: "llama" }>> = {
   async prepare(resolved, body: ChatRequest): Promise<PreparedChat> {
     const request = toGenerateRequest(body);
+    // llama.cpp's chat wrappers render no tools here, and its replies are not read for calls.
+    if (toolRequestOf(body)) throw unsupported("tools");
+    request.messages?.forEach((message, i) => {
+      if (message.toolCalls) throw unsupported(`messages[${i}].tool_calls`);
+    });
     try {
       checkSupported(request);
     } catch (err) {

@@ -15,14 +15,35 @@ export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
 type TokenLogprobs = NonNullable<
   NonNullable<ChatCompletion["choices"][number]["logprobs"]>["content"]
 >;
-type FinishReason = "stop" | "length";
+type FinishReason = ChatCompletion["choices"][number]["finish_reason"];
+type ToolCallDelta = NonNullable<
+  ChatCompletionChunk["choices"][number]["delta"]["tool_calls"]
+>[number];
 
 /** What a backend reports as it generates, whatever it is (the engine, llama.cpp, an upstream). */
 export type ChatEvent =
-  /** New text of one choice; `tokens` is how many tokens it took, when the backend knows. */
-  | { type: "delta"; choice: number; content: string; tokens: number; logprobs?: TokenLogprobs }
+  /** New text of one choice; `tokens` is how many tokens it took, when the backend knows;
+   * `held`: its text is held back (a tool call's possible start), so it has nothing to send. */
+  | {
+      type: "delta";
+      choice: number;
+      content: string;
+      tokens: number;
+      logprobs?: TokenLogprobs;
+      held?: boolean;
+    }
   /** A choice ended; `content` is text held back until now (a possible stop string's start). */
   | { type: "finish"; choice: number; content: string; finishReason: FinishReason }
+  /** A piece of one of a choice's tool calls, as OpenAI streams them: the first has the call's
+   * `id` and `name`, the next ones fragments of its `arguments` to append. */
+  | {
+      type: "tool_call";
+      choice: number;
+      index: number;
+      id?: string;
+      name?: string;
+      arguments?: string;
+    }
   /** The backend's own count, when it has one (an upstream's `usage`). */
   | { type: "usage"; promptTokens: number; completionTokens: number };
 
@@ -174,7 +195,11 @@ export class ChatRun {
       ]);
     }
     // A reader that stops early (the client left) ends the run, and so records it.
-    for await (const event of this.#events(started, signal)) yield this.#eventChunk(event);
+    for await (const event of this.#events(started, signal)) {
+      // Tokens held back (a possible tool call's start) are counted, not sent.
+      if (event.type === "delta" && event.held && !event.content && !event.logprobs) continue;
+      yield this.#eventChunk(event);
+    }
     if (this.#body.stream_options?.include_usage) yield this.#chunk([], this.#result().usage);
   }
 
@@ -195,6 +220,11 @@ export class ChatRun {
   }
 
   #eventChunk(event: Exclude<ChatEvent, { type: "usage" }>): ChatCompletionChunk {
+    if (event.type === "tool_call") {
+      return this.#chunk([
+        { index: event.choice, delta: { tool_calls: [toolCallDelta(event)] }, finish_reason: null },
+      ]);
+    }
     return this.#chunk([
       event.type === "delta"
         ? {
@@ -245,6 +275,7 @@ export class ChatRun {
       text: "",
       logprobs: [] as TokenLogprobs,
       finishReason: null as FinishReason | null,
+      calls: [] as ToolCall[],
     }));
     let promptTokens = this.#prepared.promptTokens;
     let completionTokens = 0;
@@ -265,6 +296,11 @@ export class ChatRun {
         }
         const choice = choices[event.choice];
         if (!choice) continue;
+        if (event.type === "tool_call") {
+          addToolCall(choice.calls, event);
+          yield event;
+          continue;
+        }
         choice.text += event.content;
         if (event.type === "delta") {
           completionTokens += event.tokens;
@@ -286,7 +322,13 @@ export class ChatRun {
         system_fingerprint: this.fingerprint,
         choices: choices.map((c, index) => ({
           index,
-          message: { role: "assistant", content: c.text, refusal: null },
+          message: {
+            role: "assistant",
+            // A turn that only calls tools has no content, as OpenAI answers it.
+            content: c.calls.length > 0 && c.text.trim() === "" ? null : c.text,
+            refusal: null,
+            ...(c.calls.length > 0 ? { tool_calls: c.calls } : {}),
+          },
           finish_reason: c.finishReason ?? "stop",
           logprobs: this.#body.logprobs ? { content: c.logprobs } : null,
         })),
@@ -314,6 +356,38 @@ export class ChatRun {
     // A client that left gets nothing more; its run ended as it should, not as a failure.
     if (failure !== undefined && !signal.aborted) throw failure;
   }
+}
+
+type ToolCall = NonNullable<ChatCompletion["choices"][number]["message"]["tool_calls"]>[number];
+
+/** A streamed piece of a call added to a choice's calls: a piece with an id starts a call. */
+function addToolCall(calls: ToolCall[], piece: Extract<ChatEvent, { type: "tool_call" }>): void {
+  let call = calls[piece.index];
+  if (!call) {
+    call = {
+      id: piece.id ?? `call_${piece.index}`,
+      type: "function",
+      function: { name: "", arguments: "" },
+    };
+    calls[piece.index] = call;
+  }
+  if (piece.name) call.function.name += piece.name;
+  if (piece.arguments) call.function.arguments += piece.arguments;
+}
+
+/** A piece of a call as a chunk's delta: its id, type and name first, as OpenAI sends them. */
+function toolCallDelta(piece: Extract<ChatEvent, { type: "tool_call" }>): ToolCallDelta {
+  const fn = {
+    ...(piece.name !== undefined ? { name: piece.name } : {}),
+    ...(piece.arguments !== undefined || piece.id !== undefined
+      ? { arguments: piece.arguments ?? "" }
+      : {}),
+  };
+  return {
+    index: piece.index,
+    ...(piece.id !== undefined ? { id: piece.id, type: "function" as const } : {}),
+    ...(Object.keys(fn).length > 0 ? { function: fn } : {}),
+  };
 }
 
 /** What a run tells its observer besides its usage: its model, which backend ran it and when

@@ -122,12 +122,25 @@ async function* upstreamEvents(response: Response): AsyncGenerator<ChatEvent> {
           ...(logprobs ? { logprobs } : {}),
         };
       }
+      for (const call of choice.delta?.tool_calls ?? []) {
+        yield {
+          type: "tool_call",
+          choice: choice.index,
+          index: call.index,
+          ...(call.id ? { id: call.id } : {}),
+          ...(call.function?.name ? { name: call.function.name } : {}),
+          ...(call.function?.arguments !== undefined ? { arguments: call.function.arguments } : {}),
+        };
+      }
       if (choice.finish_reason) {
         yield {
           type: "finish",
           choice: choice.index,
           content: "",
-          finishReason: choice.finish_reason === "length" ? "length" : "stop",
+          finishReason:
+            choice.finish_reason === "length" || choice.finish_reason === "tool_calls"
+              ? choice.finish_reason
+              : "stop",
         };
       }
     }

@@ -1,0 +1,185 @@
+import { randomBytes } from "node:crypto";
+import {
+  constrainedCall,
+  parseToolCalls,
+  type ToolCallFormat,
+  toolCallStart,
+} from "@arbor/engine/model";
+import { type ChatPromptOptions, type JsonSchema, parseJsonSchema } from "@arbor/engine/serve";
+import { InvalidInputError } from "@arbor/store";
+import { type ChatTool, jsonSchemaOf, type ToolRequest, unsupported } from "./chat.ts";
+import type { ChatEvent } from "./service.ts";
+
+/** How the engine serves a request's tools. */
+export interface EngineTools {
+  /** What the prompt is rendered with: the tools, and the opening of a required call. */
+  prompt: ChatPromptOptions;
+  /** The JSON constraint of a required call (`tool_choice` `required` or a named function). */
+  schema: JsonSchema | null;
+  /** The constraint of the calls the model chooses to make (`auto` with `strict` functions). */
+  toolCalls: { trigger: string; schema: JsonSchema } | null;
+  /** How the replies are read for calls; null when they are not (`tool_choice: none`). */
+  reading: ToolReading | null;
+}
+
+export interface ToolReading {
+  format: ToolCallFormat;
+  /** The reply's start that the prompt wrote (it is part of what is parsed). */
+  prefill: string;
+  parallel: boolean;
+}
+
+/**
+ * The engine's plan for a request's tools in its template's `format` (ADR 60). A template
+ * without tool calls refuses tools; `required` and a named function prefill the call's opening
+ * and constrain what follows to `{"name": …, "arguments": <the function's parameters>}` (any
+ * object when several functions may be called); a `strict` function's schema must be one the
+ * engine can enforce (400 naming the keyword), another's falls back to any object.
+ */
+export function engineTools(
+  format: ToolCallFormat | null,
+  request: ToolRequest | null,
+  responseFormat: unknown,
+): EngineTools {
+  const none = { schema: null, toolCalls: null, reading: null };
+  if (!request) return { prompt: {}, ...none };
+  if (!format) throw unsupported("tools");
+  request.tools.forEach((tool, i) => {
+    if (tool.function.strict) argumentsSchema(tool, i);
+  });
+  const prompt: ChatPromptOptions = { tools: request.tools };
+  const { choice } = request;
+  if (choice === "none") return { prompt, ...none };
+  const indexed = request.tools.map((tool, i) => ({ tool, i }));
+  if (choice === "auto") {
+    const strict = format === "hermes" && request.tools.some((tool) => tool.function.strict);
+    const call = strict ? callSchema(format, indexed) : null;
+    return {
+      prompt,
+      schema: null,
+      toolCalls: call ? { trigger: toolCallStart(format), schema: call.schema } : null,
+      reading: { format, prefill: "", parallel: request.parallel },
+    };
+  }
+  if (responseFormat) {
+    throw new InvalidInputError(
+      "`response_format` cannot be combined with a required tool call: the call is the reply's format.",
+      { param: "response_format" },
+    );
+  }
+  const call = callSchema(
+    format,
+    choice === "required"
+      ? indexed
+      : indexed.filter(({ tool }) => tool.function.name === choice.name),
+  );
+  return {
+    prompt: { ...prompt, prefill: call.prefill },
+    schema: call.schema,
+    toolCalls: null,
+    reading: { format, prefill: call.prefill, parallel: false },
+  };
+}
+
+/** The constraint of a call to one of `candidates`: its name, and its arguments' schema when
+ * they all have the same (any object when they differ: the constraint cannot make the arguments
+ * depend on the name). */
+function callSchema(
+  format: ToolCallFormat,
+  candidates: { tool: ChatTool; i: number }[],
+): { prefill: string; schema: JsonSchema } {
+  const schemas = candidates.map(({ tool, i }) => argumentsSchema(tool, i));
+  const same = schemas.every((s) => JSON.stringify(s) === JSON.stringify(schemas[0]));
+  const args: JsonSchema = same && schemas[0] ? schemas[0] : { type: "object" };
+  const call = constrainedCall(
+    format,
+    candidates.map(({ tool }) => tool.function.name),
+    args as Record<string, unknown>,
+  );
+  return { prefill: call.prefill, schema: parseJsonSchema(call.schema) };
+}
+
+/** A function's arguments schema as the engine enforces it; a strict one it cannot is a 400. */
+function argumentsSchema(tool: ChatTool, i: number): JsonSchema {
+  const parameters = tool.function.parameters ?? { type: "object" };
+  if (tool.function.strict) return jsonSchemaOf(parameters, `tools[${i}].function.parameters`);
+  try {
+    return parseJsonSchema(parameters);
+  } catch {
+    return { type: "object" };
+  }
+}
+
+/** A new tool call's id, as OpenAI's look. */
+export function toolCallId(): string {
+  return `call_${randomBytes(12).toString("base64url")}`;
+}
+
+/**
+ * A choice's events with its tool calls read out of its text: text is streamed until it may be
+ * the start of a call, which is held back to the end of the choice; there, calls that parse are
+ * sent as OpenAI streams them (the id, type and name, then the arguments) and the choice ends
+ * with `tool_calls`; a reply that does not parse is sent as the text it is.
+ */
+export async function* readToolCalls(
+  events: AsyncIterable<ChatEvent>,
+  reading: ToolReading,
+): AsyncGenerator<ChatEvent> {
+  const start = toolCallStart(reading.format);
+  const texts = new Map<number, { text: string; sent: number }>();
+  for await (const event of events) {
+    if (event.type !== "delta" && event.type !== "finish") {
+      yield event;
+      continue;
+    }
+    const state = texts.get(event.choice) ?? { text: "", sent: 0 };
+    texts.set(event.choice, state);
+    state.text += event.content;
+    if (event.type === "delta") {
+      const upTo = sendable(reading, start, state.text);
+      const content = state.text.slice(state.sent, Math.max(state.sent, upTo));
+      state.sent = Math.max(state.sent, upTo);
+      yield { ...event, content, ...(content.length < event.content.length ? { held: true } : {}) };
+      continue;
+    }
+    const parsed = parseToolCalls(reading.format, reading.prefill + state.text);
+    if (!parsed) {
+      // Held text goes out as text (with the prefilled opening, when the prompt wrote one).
+      yield { ...event, content: (reading.prefill + state.text).slice(state.sent) };
+      continue;
+    }
+    const calls = reading.parallel ? parsed.calls : parsed.calls.slice(0, 1);
+    for (const [index, call] of calls.entries()) {
+      yield { type: "tool_call", choice: event.choice, index, id: toolCallId(), name: call.name };
+      yield { type: "tool_call", choice: event.choice, index, arguments: call.arguments };
+    }
+    yield {
+      type: "finish",
+      choice: event.choice,
+      content: "",
+      finishReason: event.finishReason === "length" ? "length" : "tool_calls",
+    };
+  }
+}
+
+/** What Llama 3 may write before a call (when the tokenizer shows its special tokens). */
+const PYTHON_TAG = "<|python_tag|>";
+
+/** How much of a reply's text can be sent as text: all of it before what may start a call. */
+function sendable(reading: ToolReading, start: string, text: string): number {
+  if (reading.prefill.length > 0) return 0;
+  if (reading.format === "llama3-json") {
+    // The reply is a call when it starts as one: text is held until its first character shows.
+    const opening = text.trimStart();
+    const body = opening.startsWith(PYTHON_TAG) ? opening.slice(PYTHON_TAG.length) : opening;
+    return body.length === 0 || body.startsWith(start) || PYTHON_TAG.startsWith(opening)
+      ? 0
+      : text.length;
+  }
+  const at = text.indexOf(start);
+  if (at >= 0) return at;
+  for (let k = Math.min(start.length - 1, text.length); k > 0; k--) {
+    if (text.endsWith(start.slice(0, k))) return text.length - k;
+  }
+  return text.length;
+}

