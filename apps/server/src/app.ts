@@ -253,7 +253,7 @@ export function servesPath(role: Role, path: string): boolean {
   const chat = path.startsWith("/v1/chat/completions");
   switch (role) {
     case "training":
-      return chat || path.startsWith("/v1/preview/");
+      return chat || path.startsWith("/v1/preview/") || path.startsWith("/v1/training/");
     case "inference":
       return chat || path.startsWith("/v1/models");
     case "calls":
