@@ -1,16 +1,23 @@
 import { randomUUID } from "node:crypto";
 import type { ArborClient, Checkpoint } from "@arbor/client";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type RunningServer, startServer } from "./harness.ts";
-import { adam, OperationFailed, RunClient, TrainingRuns, wireLoss } from "./native-runs/client.ts";
+import { beforeAll, describe, expect, it } from "vitest";
+import {
+  adam,
+  OperationFailed,
+  RunClient,
+  type TrainingRuns,
+  wireLoss,
+} from "./native-runs/client.ts";
 import {
   BASE,
   CROSS_ENTROPY,
+  nativeServer,
   refused,
   requestId,
   reversalBatch,
   rollout,
   SPEC,
+  STORES,
   sftStep,
 } from "./native-runs/fixtures.ts";
 import {
@@ -19,7 +26,12 @@ import {
   tokenMatrixBatchFromArtRollouts,
 } from "./native-runs/token-matrix.ts";
 import type { TokenMatrixBatch } from "./native-runs/wire.ts";
-import { PG_URL, pgSkipReason } from "./pg.ts";
+
+/** Two lists of learner log-probs agree to 5 decimals, value by value. */
+function expectClose(actual: number[], expected: number[]): void {
+  expect(actual).toHaveLength(expected.length);
+  for (const [i, value] of actual.entries()) expect(value).toBeCloseTo(expected[i]!, 5);
+}
 
 /**
  * Training through the native API (ADR 57) as ART's ServerlessBackend does it: SFT by
@@ -27,32 +39,17 @@ import { PG_URL, pgSkipReason } from "./pg.ts";
  * them, publication of a learner version as a model's checkpoint step, and saved states loaded
  * back. Each case runs on SQLite and on PostgreSQL.
  */
-/** Two lists of learner log-probs agree to 5 decimals, value by value. */
-function expectClose(actual: number[], expected: number[]): void {
-  expect(actual).toHaveLength(expected.length);
-  for (const [i, value] of actual.entries()) expect(value).toBeCloseTo(expected[i]!, 5);
-}
-
-const stores = [
-  { name: "SQLite", postgres: undefined, skip: null },
-  { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
-] as const;
-
-describe.each(stores)("training through the native API on $name", ({ postgres, skip }) => {
-  let server: RunningServer;
+describe.each(STORES)("training through the native API on $name", (store) => {
+  const native = nativeServer(store);
   let runs: TrainingRuns;
   let client: ArborClient;
-  beforeAll(async () => {
-    if (skip !== null) return;
-    server = await startServer({}, { worker: true, ...(postgres ? { postgres } : {}) });
-    runs = new TrainingRuns(server.baseUrl, server.adminKey);
-    client = server.authorizedClient();
+  beforeAll(() => {
+    if (store.skip !== null) return;
+    runs = native.runs();
+    client = native.server().authorizedClient();
   });
-  afterAll(async () => {
-    await server?.close();
-  });
-  const test = it.skipIf(skip !== null);
-  const openRun = () => RunClient.resolve(runs, { requestId: requestId("resolve"), spec: SPEC });
+  const test = it.skipIf(store.skip !== null);
+  const openRun = native.openRun;
   const unique = (prefix: string) => `${prefix}-${randomUUID().slice(0, 8)}`;
   const newModel = (project: string, name: string) =>
     client.training.models.create({ project, name, base_model: BASE });

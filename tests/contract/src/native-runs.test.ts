@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { type RunningServer, startServer } from "./harness.ts";
+import { beforeAll, describe, expect, it } from "vitest";
+import type { RunningServer } from "./harness.ts";
 import {
   adam,
   forwardBody,
@@ -11,11 +11,13 @@ import {
 } from "./native-runs/client.ts";
 import {
   CROSS_ENTROPY,
+  nativeServer,
   refused,
   requestId,
   reversalBatch,
   rollout,
   SPEC,
+  STORES,
   sftStep,
   tinyModel,
 } from "./native-runs/fixtures.ts";
@@ -34,18 +36,6 @@ import type {
   TokenMatrixBatch,
   TokenRow,
 } from "./native-runs/wire.ts";
-import { PG_URL, pgSkipReason } from "./pg.ts";
-
-/**
- * The native training API (ADR 57) as OpenPipe ART's ServerlessBackend drives it: runs, the
- * ledger of sequenced commands, operations and their results, TokenMatrix validation. Every
- * answer goes through a client that checks it as ART's does (native-runs/). Each case runs on
- * SQLite and on PostgreSQL.
- */
-const stores = [
-  { name: "SQLite", postgres: undefined, skip: null },
-  { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
-] as const;
 
 /** The matrix's row `name` replaced by `row` (or removed, when null). */
 function withRow(matrix: TokenMatrix, name: string, row: TokenRow | null): TokenMatrix {
@@ -73,19 +63,33 @@ function widen(matrix: TokenMatrix): TokenMatrix {
   };
 }
 
-describe.each(stores)("the native training API on $name", ({ postgres, skip }) => {
+/**
+ * The native training API (ADR 57) as OpenPipe ART's ServerlessBackend drives it: runs, the
+ * ledger of sequenced commands, operations and their results, TokenMatrix validation. Every
+ * answer goes through a client that checks it as ART's does (native-runs/). Each case runs on
+ * SQLite and on PostgreSQL.
+ */
+describe.each(STORES)("the native training API on $name", (store) => {
+  const native = nativeServer(store);
   let server: RunningServer;
   let runs: TrainingRuns;
-  beforeAll(async () => {
-    if (skip !== null) return;
-    server = await startServer({}, { worker: true, ...(postgres ? { postgres } : {}) });
-    runs = new TrainingRuns(server.baseUrl, server.adminKey);
+  beforeAll(() => {
+    if (store.skip !== null) return;
+    server = native.server();
+    runs = native.runs();
   });
-  afterAll(async () => {
-    await server?.close();
-  });
-  const test = it.skipIf(skip !== null);
-  const openRun = () => RunClient.resolve(runs, { requestId: requestId("resolve"), spec: SPEC });
+  const test = it.skipIf(store.skip !== null);
+  const openRun = native.openRun;
+  /** A forward of one reversal example, run to its end. */
+  const finishedForward = async (run: RunClient) => {
+    const op = await run.forward({
+      requestId: requestId("fwd"),
+      batch: await reversalBatch(["cat"]),
+      loss: CROSS_ENTROPY,
+    });
+    await op.result();
+    return op;
+  };
   /** A batch of one matrix whose rows serve a policy loss: advantages +1, behavior −1. */
   const policyBatch = async (word = "cat") =>
     tokenMatrixBatchFromArtRollouts(
@@ -496,12 +500,7 @@ describe.each(stores)("the native training API on $name", ({ postgres, skip }) =
   describe("cancelTrainingOperation", () => {
     test("when a succeeded operation is cancelled, then 200 and the record is unchanged", async () => {
       const run = await openRun();
-      const op = await run.forward({
-        requestId: requestId("fwd"),
-        batch: await reversalBatch(["cat"]),
-        loss: CROSS_ENTROPY,
-      });
-      await op.result();
+      const op = await finishedForward(run);
       const ended = await runs.operation(run.runId, op.id);
       expect(await op.cancel()).toEqual(ended);
       expect(await runs.operation(run.runId, op.id)).toEqual(ended);
@@ -542,12 +541,7 @@ describe.each(stores)("the native training API on $name", ({ postgres, skip }) =
   describe("retrieveTrainingOperationResult", () => {
     test("when a result is released, then the operation has no result_ref, the result is 404 result_not_found, and releasing again answers the same", async () => {
       const run = await openRun();
-      const op = await run.forward({
-        requestId: requestId("fwd"),
-        batch: await reversalBatch(["cat"]),
-        loss: CROSS_ENTROPY,
-      });
-      await op.result();
+      const op = await finishedForward(run);
       const release = requestId("release");
       expect(await op.releaseResult(release)).toEqual({
         operation_id: op.id,
@@ -572,11 +566,7 @@ describe.each(stores)("the native training API on $name", ({ postgres, skip }) =
   describe("retrieveTrainingOperation", () => {
     test("when an unknown operation or one of another run is read, then 404", async () => {
       const [a, b] = [await openRun(), await openRun()];
-      const op = await a.forward({
-        requestId: requestId("fwd"),
-        batch: await reversalBatch(["cat"]),
-        loss: CROSS_ENTROPY,
-      });
+      const op = await finishedForward(a);
       await expect(runs.operation(b.runId, op.id)).rejects.toMatchObject({ status: 404 });
       await expect(runs.operation(a.runId, randomUUID())).rejects.toMatchObject({ status: 404 });
     });

@@ -1,8 +1,10 @@
 import { randomUUID } from "node:crypto";
 import { catalogModelDir, HEAD_TARGET, LORA_TARGETS, loadModel, type Model } from "@arbor/engine";
-import { expect } from "vitest";
+import { afterAll, beforeAll, expect } from "vitest";
+import { type RunningServer, startServer } from "../harness.ts";
 import { reversal } from "../jobs.ts";
-import { adam, HttpError, type RunClient, wireLoss } from "./client.ts";
+import { PG_URL, pgSkipReason } from "../pg.ts";
+import { adam, HttpError, RunClient, TrainingRuns, wireLoss } from "./client.ts";
 import { type SftTokens, type TokenizedRollout, tokenMatrixBatchFromSft } from "./token-matrix.ts";
 import type {
   ForwardBackwardResult,
@@ -113,4 +115,33 @@ export async function refused(
   const http = error as HttpError;
   expect({ status: http.status, code: http.code }, http.message).toEqual({ status, code });
   return http;
+}
+
+/** The stores each case runs on (the PostgreSQL half is skipped where none answers). */
+export const STORES = [
+  { name: "SQLite", postgres: undefined, skip: null },
+  { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
+] as const;
+
+/**
+ * A server with its embedded worker on one of `STORES`, started before the enclosing describe's
+ * tests and closed after them, with the admin's ART-style client.
+ */
+export function nativeServer({ postgres, skip }: (typeof STORES)[number]) {
+  const started: { server?: RunningServer; runs?: TrainingRuns } = {};
+  beforeAll(async () => {
+    if (skip !== null) return;
+    started.server = await startServer({}, { worker: true, ...(postgres ? { postgres } : {}) });
+    started.runs = new TrainingRuns(started.server.baseUrl, started.server.adminKey);
+  });
+  afterAll(async () => {
+    await started.server?.close();
+  });
+  return {
+    server: () => started.server!,
+    runs: () => started.runs!,
+    /** A new open run of `SPEC`. */
+    openRun: () =>
+      RunClient.resolve(started.runs!, { requestId: requestId("resolve"), spec: SPEC }),
+  };
 }
