@@ -9,7 +9,7 @@ import type {
 } from "./wire.ts";
 
 /**
- * TokenMatrix batches as ART lowers its data (src/art/preprocessing/token_matrix.py): SFT
+ * TokenMatrix batches as ART lowers its data (its `art.preprocessing.token_matrix`): SFT
  * examples (`token_matrix_batch_from_sft`) and completed RL rollouts
  * (`token_matrix_batch_from_art_rollouts`), with the coefficient rows span-encoded where that is
  * shorter, as ART sends them.

@@ -11,10 +11,11 @@ import type {
 
 /**
  * What ART's client checks of each answer, so a test fails where ART would. The shapes are JSON
- * Schemas of ART's pydantic models (client.py, training/contracts.py); the rules after them are
- * the models' validators. ART reads a result twice: as `_PublicTrainingResult` (one closed model,
- * every field optional), then, translated by kind, as its contract type (ForwardResult, …), whose
- * `extra="forbid"` refuses every key of another kind, even one sent as null.
+ * Schemas of ART's pydantic models (`art.serverless.client`, `art.training`); the rules after
+ * them are the models' validators. ART reads a result twice: as `_PublicTrainingResult` (one
+ * closed model, every field optional), then, translated by kind, as its contract type
+ * (ForwardResult, …), whose `extra="forbid"` refuses every key of another kind, even one sent as
+ * null.
  */
 export class ArtContractError extends Error {
   override name = "ArtContractError";

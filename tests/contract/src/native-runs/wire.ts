@@ -1,5 +1,5 @@
 /**
- * The native training API's wire, as OpenPipe ART's `TrainingRuns` (src/art/serverless/client.py)
+ * The native training API's wire, as OpenPipe ART's `art.serverless.client.TrainingRuns`
  * sends and reads it, written from ART's code and independent of Arbor's spec and server: the
  * contract tests hold the server to what ART's client does, not to what our spec says.
  */
@@ -44,7 +44,7 @@ export interface NativeTrainingRun {
   committed_learner_version: number;
 }
 
-// TokenMatrix (src/art/training/token_matrix.py).
+// TokenMatrix (`art.training.token_matrix`).
 export type RowDType = "bool" | "int32" | "int64" | "float32";
 export type RowScalar = number | boolean;
 export type RowElement = RowScalar | RowScalar[];
@@ -75,7 +75,8 @@ export interface TokenMatrixBatch {
 }
 
 export type LossName = "cross_entropy" | "importance_sampling" | "cispo" | "dpo";
-/** The loss as `_NativePublicWireAdapter` flattens `NamedLossRequest`: clip values only for CISPO. */
+/** The loss as `_NativePublicWireAdapter` flattens `NamedLossRequest`: clip values for CISPO
+ * only. */
 export interface WireLoss {
   name: LossName;
   normalize_advantages: boolean;
@@ -83,7 +84,8 @@ export interface WireLoss {
   clip_high_threshold?: number;
 }
 
-/** The command bodies: `request.model_dump(mode="json", exclude={"run_id"})`, every default written. */
+/** The command bodies: `request.model_dump(mode="json", exclude={"run_id"})`, every default
+ * written. */
 export interface ForwardBody {
   request_id: string;
   sequence_id: number;
