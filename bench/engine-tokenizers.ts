@@ -5,9 +5,10 @@
  * of a tiny-chat request's engine time.
  * Usage: node bench/engine-tokenizers.ts
  */
-import { catalogModelDir, Engine, loadModel } from "@arbor/engine";
+import { catalogModelDir, loadModel } from "@arbor/engine/model";
+import { Engine } from "@arbor/engine/serve";
 import { BpeTokenizer } from "../packages/engine/scripts/bpe.ts";
-import { ChatFormat, type ChatMessage } from "../packages/engine/src/chat.ts";
+import { ChatFormat, type ChatMessage } from "../packages/engine/src/model/chat.ts";
 import { FAMILIES, familyChatFiles } from "../packages/engine/test/families.ts";
 import { printTable } from "./torch.ts";
 

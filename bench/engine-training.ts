@@ -10,18 +10,16 @@
 import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { createWasmKernels } from "@arbor/engine/kernels";
 import {
   catalogModelDir,
   createLoraAdapter,
-  createWasmKernels,
-  LoraTrainer,
   loadModel,
   loraParameterCount,
   parameterCount,
   Rng,
-  Trainer,
-  trainSft,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
+import { LoraTrainer, Trainer, trainSft } from "@arbor/engine/train";
 import { syntheticDialogue } from "../packages/engine/scripts/synthetic-chat.ts";
 import { printTable, runTorch, THREAD_COUNTS, TORCH_MISSING, torchInstalled } from "./torch.ts";
 

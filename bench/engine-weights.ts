@@ -7,7 +7,7 @@
  * the closest to the code's speed.
  * Usage: node bench/engine-weights.ts [seconds per case, default 4]
  */
-import { createWasmKernels, type Kernels, packSliceRows } from "@arbor/engine";
+import { createWasmKernels, type Kernels, packSliceRows } from "@arbor/engine/kernels";
 import { printTable } from "./torch.ts";
 
 const SECONDS = Number(process.argv[2] ?? 4);

@@ -30,7 +30,8 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { createArborClient } from "@arbor/client";
-import { catalogModelDir, Engine, loadModel } from "@arbor/engine";
+import { catalogModelDir, loadModel } from "@arbor/engine/model";
+import { Engine } from "@arbor/engine/serve";
 import { startBenchServer } from "./server.ts";
 
 const SELF = fileURLToPath(import.meta.url);

@@ -13,6 +13,8 @@ export async function startBenchServer(options: {
   schema?: string | undefined;
   worker?: boolean;
   app?: Partial<AppConfig>;
+  /** More settings, as environment variables (e.g. ARBOR_ENGINE_THREADS). */
+  env?: Record<string, string>;
 }): Promise<ArborServer & { port: number; apiKey: string }> {
   const server = await buildServer(
     readConfig({
@@ -23,6 +25,7 @@ export async function startBenchServer(options: {
       ...(options.databaseUrl
         ? { DATABASE_URL: options.databaseUrl, ARBOR_DATABASE_SCHEMA: options.schema }
         : {}),
+      ...options.env,
     }),
     {
       logger: pino({ level: "error" }, pino.destination(2)),

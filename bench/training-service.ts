@@ -30,9 +30,8 @@
  * first create to the last `training_ended`, and the workers' CPU time (each prints it on exit). The machine has 2 cores, so 2 is the ceiling on the
  * speed-up, and less while other jobs use the machine.
  */
-import { type ChildProcess, spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { once } from "node:events";
 import { mkdtempSync, rmSync } from "node:fs";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -43,6 +42,15 @@ import { openStore, type StoreOptions } from "@arbor/store";
 import { baseModels, sftExamplesLoader, TrainingWorker } from "@arbor/training";
 import { pino } from "pino";
 import { startBenchServer } from "./server.ts";
+import {
+  median,
+  onShutdown,
+  sec,
+  startChild,
+  stopChild,
+  table,
+  timedJob,
+} from "./service-children.ts";
 
 const SELF = fileURLToPath(import.meta.url);
 const BASE = "arbor/tiny-chat";
@@ -77,20 +85,6 @@ const storeOptions = (spec: ChildSpec): StoreOptions => ({
 
 const WORKER_SETTINGS = { maxTrainingDataBytes: 64 * 1024 * 1024, allowHosts: [] };
 
-function onShutdown(close: () => Promise<void>): void {
-  let closing = false;
-  const shutdown = async () => {
-    if (closing) return;
-    closing = true;
-    await close();
-    process.exit(0);
-  };
-  process.on("SIGTERM", shutdown);
-  process.on("SIGINT", shutdown);
-  process.stdin.on("end", shutdown);
-  process.stdin.resume();
-}
-
 /** Child: the API server (with or without the embedded worker); prints {port, apiKey}. */
 async function serve(spec: ChildSpec): Promise<void> {
   const server = await startBenchServer({
@@ -124,38 +118,6 @@ async function work(spec: ChildSpec): Promise<void> {
     const cpu = process.cpuUsage();
     process.stdout.write(`${JSON.stringify({ cpuMs: (cpu.user + cpu.system) / 1000 })}\n`);
   });
-}
-
-async function startChild<T>(
-  mode: "--serve" | "--work",
-  spec: ChildSpec,
-): Promise<{ child: ChildProcess; info: T; lines: string[] }> {
-  const child = spawn(process.execPath, [SELF, mode, JSON.stringify(spec)], {
-    stdio: ["pipe", "pipe", "inherit"],
-  });
-  let out = "";
-  const lines: string[] = [];
-  child.stdout!.setEncoding("utf8");
-  child.stdout!.on("data", (chunk: string) => {
-    out += chunk;
-    for (let newline = out.indexOf("\n"); newline >= 0; newline = out.indexOf("\n")) {
-      lines.push(out.slice(0, newline));
-      out = out.slice(newline + 1);
-      child.emit("line");
-    }
-  });
-  const info = await new Promise<T>((resolve, reject) => {
-    child.once("exit", (code) => reject(new Error(`child ${mode} exited with ${code}`)));
-    child.once("line", () => resolve(JSON.parse(lines[0]!) as T));
-  });
-  return { child, info, lines };
-}
-
-async function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null) return;
-  const exited = once(child, "exit");
-  child.kill("SIGTERM");
-  await exited;
 }
 
 /** `What is A + B? Answer in JSON.` → `{"answer": A+B}` (examples/sft-quickstart.ts). */
@@ -197,59 +159,6 @@ async function newModel(client: ArborClient): Promise<{ id: string; alias: strin
     base_model: BASE,
   });
   return { id: model.id, alias: `${model.entity}/${model.project}/${model.name}` };
-}
-
-/** The Unix ms in a UUID v7 (the store's job and event ids: 48-bit ms first). */
-function uuidMs(id: string): number {
-  const uuid = /[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}/i.exec(id)?.[0];
-  if (!uuid) throw new Error(`not a UUID v7: ${id}`);
-  return Number.parseInt(uuid.replace(/-/g, "").slice(0, 12), 16);
-}
-
-/** A job's times, in ms. `*Arrival`: when the bench saw the event, from just before the create
- * call. `queue`, `training`: the server's own clock, from the UUID v7 of the job and of its
- * `training_started` and `training_ended` events (enqueued → started → ended). */
-interface JobTimes {
-  startedArrival: number;
-  endedArrival: number;
-  queue: number;
-  training: number;
-}
-
-/** Creates a job with `create` and follows it to its end. */
-async function timedJob(
-  client: ArborClient,
-  create: () => Promise<{ id: string }>,
-): Promise<JobTimes> {
-  const t0 = performance.now();
-  const job = await create();
-  let startedArrival = Number.NaN;
-  let endedArrival = Number.NaN;
-  let startedAt = Number.NaN;
-  let endedAt = Number.NaN;
-  for await (const event of client.training.jobs.events.follow(job.id)) {
-    const at = performance.now() - t0;
-    if (event.type === "training_started" && Number.isNaN(startedArrival)) {
-      startedArrival = at;
-      startedAt = uuidMs(event.id);
-    }
-    if (event.type === "training_ended") {
-      endedArrival = at;
-      endedAt = uuidMs(event.id);
-    }
-    if (event.type === "training_failed") {
-      throw new Error(`job ${job.id} failed: ${String(event.data.error_message)}`);
-    }
-  }
-  if (Number.isNaN(startedArrival) || Number.isNaN(endedArrival)) {
-    throw new Error(`job ${job.id} ended without training_started/training_ended`);
-  }
-  return {
-    startedArrival,
-    endedArrival,
-    queue: startedAt - uuidMs(job.id),
-    training: endedAt - startedAt,
-  };
 }
 
 /** Latencies of GET /v1/health, one after another every 20 ms, until `done` settles. */
@@ -309,28 +218,11 @@ async function sampleGroups(client: ArborClient, alias: string, step: number) {
   );
 }
 
-function median(values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = sorted.length >> 1;
-  return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
-}
-
-function table(header: string[], rows: (string | number)[][]): string {
-  const cells = [header, ...rows.map((r) => r.map(String))];
-  const widths = header.map((_, i) => Math.max(3, ...cells.map((r) => r[i]!.length)));
-  const right = header.map((_, i) => i > 0);
-  const line = (r: string[]) =>
-    `| ${r.map((c, i) => (right[i] ? c.padStart(widths[i]!) : c.padEnd(widths[i]!))).join(" | ")} |`;
-  const rule = `| ${widths.map((w, i) => (right[i] ? `${"-".repeat(w - 1)}:` : "-".repeat(w))).join(" | ")} |`;
-  return [line(header), rule, ...cells.slice(1).map(line)].join("\n");
-}
-
-const sec = (ms: number) => (ms / 1000).toFixed(2);
 const load1 = () => loadavg()[0]!.toFixed(2);
 
 async function part1(): Promise<void> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-training-"));
-  const { child, info } = await startChild<{ port: number; apiKey: string }>("--serve", {
+  const { child, info } = await startChild<{ port: number; apiKey: string }>(SELF, "--serve", {
     dataDir,
     worker: true,
   });
@@ -466,7 +358,7 @@ async function part2(): Promise<void> {
   const spec: ChildSpec = { dataDir, databaseUrl, schema };
   const children: ChildProcess[] = [];
   try {
-    const server = await startChild<{ port: number; apiKey: string }>("--serve", spec);
+    const server = await startChild<{ port: number; apiKey: string }>(SELF, "--serve", spec);
     children.push(server.child);
     const client = createArborClient({
       baseUrl: `http://127.0.0.1:${server.info.port}`,
@@ -484,7 +376,7 @@ async function part2(): Promise<void> {
         for (let i = 0; i < jobs; i++) models.push(await newModel(client));
         const started = [];
         for (let i = 0; i < workers; i++)
-          started.push(await startChild<{ ready: boolean }>("--work", spec));
+          started.push(await startChild<{ ready: boolean }>(SELF, "--work", spec));
         const loadBefore = load1();
         const t0 = performance.now();
         const times = await Promise.all(

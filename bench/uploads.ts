@@ -30,7 +30,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { Worker } from "node:worker_threads";
 import { gzipSync } from "node:zlib";
-import { adapterToFiles, createLoraAdapter, parseConfig } from "@arbor/engine";
+import { adapterToFiles, createLoraAdapter, parseConfig } from "@arbor/engine/model";
 
 const { values: args } = parseArgs({
   options: { only: { type: "string", default: "header,bomb,concurrent,valid" } },

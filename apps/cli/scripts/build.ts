@@ -28,7 +28,7 @@ const UNREACHED: Record<string, string> = {
   "./engine-thread-worker.ts": "the engine's serving threads: the CLI serves nothing",
   "./prompt-worker.ts": "the engine's prompt encoder thread: the CLI serves nothing",
   "./pool-worker.ts": "the kernels' helper threads: add-base and pull compute nothing",
-  "../models/":
+  "../../models/":
     "the shipped models' folders: add-base and pull check the folder they are given (the catalogue's list is bundled)",
 };
 
@@ -55,8 +55,8 @@ const result = await build({
 });
 
 // The engine's kernels, where its code looks for them relative to the chunk that holds it.
-const engine = dirname(fileURLToPath(import.meta.resolve("@arbor/engine")));
-const wasm = join(engine, "kernels/wasm");
+const kernels = dirname(fileURLToPath(import.meta.resolve("@arbor/engine/kernels")));
+const wasm = join(kernels, "wasm");
 mkdirSync(join(dist, "wasm"));
 for (const file of readdirSync(wasm).filter((f) => f.endsWith(".wasm")))
   copyFileSync(join(wasm, file), join(dist, "wasm", file));

@@ -96,16 +96,16 @@ describe("blobs import", () => {
       await old.put("checkpoints/m/1-x/adapter_model.safetensors", new Uint8Array([1, 2, 3]));
       const target = await openStore({ dataDir: ":memory:", blobDir: join(dir, "new") });
       try {
-        await target.blobs!.put("datasets/a.jsonl", "already here");
+        await target.blobs.put("datasets/a.jsonl", "already here");
         const result = await importBlobs(target, { from: join(dir, "old") }, out);
         expect(result).toEqual({ copied: 1, skipped: 1 });
         expect(lines.at(-1)).toBe(
           `Imported 1 files from ${join(dir, "old")} (1 were already there).`,
         );
         expect([
-          ...(await target.blobs!.get("checkpoints/m/1-x/adapter_model.safetensors"))!,
+          ...(await target.blobs.get("checkpoints/m/1-x/adapter_model.safetensors"))!,
         ]).toEqual([1, 2, 3]);
-        expect((await target.blobs!.get("datasets/a.jsonl"))!.toString()).toBe("already here");
+        expect((await target.blobs.get("datasets/a.jsonl"))!.toString()).toBe("already here");
         expect(await importBlobs(target, { from: join(dir, "old") }, out)).toEqual({
           copied: 0,
           skipped: 2,

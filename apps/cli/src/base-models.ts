@@ -1,6 +1,11 @@
 import { copyFile, link, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
-import { checkModelFolder, parseRepoArgument, pullModel, type WeightChoice } from "@arbor/engine";
+import {
+  checkModelFolder,
+  parseRepoArgument,
+  pullModel,
+  type WeightChoice,
+} from "@arbor/engine/model";
 
 /** `owner/name`: two names of the spec's grammar. */
 const ID = /^(?!\.\.?\/)[A-Za-z0-9._-]{1,128}\/(?!\.\.?$)[A-Za-z0-9._-]{1,128}$/;

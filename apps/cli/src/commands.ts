@@ -9,7 +9,13 @@ import {
   AuthenticationError,
   createArborClient,
 } from "@arbor/client";
-import { adminKeyPath, baseModelsDir, type Config, readConfig } from "@arbor/config";
+import {
+  adminKeyPath,
+  baseModelsDir,
+  type Config,
+  readConfig,
+  storeOptionsOf,
+} from "@arbor/config";
 // Types only: the store (node:sqlite) and the engine (its WebAssembly) are imported when a
 // command uses them, so that the remote commands load neither (and run on Node 20).
 import type { Store } from "@arbor/store";
@@ -587,12 +593,7 @@ export async function run(argv: readonly string[], io: Io): Promise<void> {
       io,
       store: async () => {
         const { openStore } = await import("@arbor/store");
-        opened ??= await openStore({
-          dataDir: config.dataDir,
-          databaseUrl: config.databaseUrl,
-          schema: config.databaseSchema,
-          blobs: config.blobs,
-        });
+        opened ??= await openStore(storeOptionsOf(config));
         return opened;
       },
       client: () => remoteClient(config),

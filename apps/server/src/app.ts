@@ -1,64 +1,50 @@
-import type { KeyIdentity, RateLimitState, Store } from "@arbor/store";
-import { ADAPTER_MAX_BYTES, DATASET_MAX_BYTES } from "@arbor/training";
+import type { KeyIdentity } from "@arbor/store";
+import { ADAPTER_MAX_BYTES } from "@arbor/training";
 import express, { type Express, type NextFunction, type Request, type Response } from "express";
 import * as OpenApiValidator from "express-openapi-validator";
 import type { Logger } from "pino";
-import type { AppConfig, Role } from "./config.ts";
+import type { Role } from "./config.ts";
 import { type Authenticate, authentication } from "./http/auth.ts";
 import { jsonBody } from "./http/body.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
-import { type OpenApiDocument, specOperations } from "./http/openapi.ts";
+import { specOperations } from "./http/openapi.ts";
 import type { Handlers } from "./http/operations.ts";
-import { RateLimiter, rateLimited } from "./http/rate-limit.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
 import { securityHeaders } from "./http/security-headers.ts";
-import { multipartBlocks, UploadBudget, uploadAdmission } from "./http/uploads.ts";
+import { multipartBlocks } from "./http/uploads.ts";
 import type { Principal } from "./modules/access.ts";
-import { baseModelsHandlers } from "./modules/base-models/routes.ts";
+import { baseModelsModule } from "./modules/base-models/module.ts";
 import { withItemsValidatedSeparately } from "./modules/calls/items.ts";
-import { callsHandlers } from "./modules/calls/routes.ts";
-import { consoleRoutes } from "./modules/console/routes.ts";
-import { datasetsHandlers } from "./modules/datasets/routes.ts";
-import { DATASET_MEDIA_TYPES } from "./modules/datasets/service.ts";
-import { publicDocuments } from "./modules/docs/routes.ts";
-import { healthHandlers } from "./modules/health/routes.ts";
-import type { Probes } from "./modules/health/service.ts";
-import { EngineChatBackend } from "./modules/inference/engine-chat.ts";
-import type { EngineHost } from "./modules/inference/engines.ts";
-import { llamaChatBackend } from "./modules/inference/llama-chat.ts";
-import { ModelDirectory } from "./modules/inference/models.ts";
-import { inferenceHandlers } from "./modules/inference/routes.ts";
-import { ChatService } from "./modules/inference/service.ts";
-import { UpstreamChatBackend } from "./modules/inference/upstream.ts";
-import type { UpstreamAdapters } from "./modules/inference/upstream-lora.ts";
-import type { Metrics } from "./modules/metrics/metrics.ts";
-import { metricsEndpoint, requestMetrics } from "./modules/metrics/routes.ts";
-import { modelsHandlers } from "./modules/models/routes.ts";
-import { trainingHandlers } from "./modules/training/routes.ts";
+import { callsModule } from "./modules/calls/module.ts";
+import { consoleModule } from "./modules/console/module.ts";
+import { datasetsModule } from "./modules/datasets/module.ts";
+import { docsModule } from "./modules/docs/module.ts";
+import { healthModule } from "./modules/health/module.ts";
+import { inferenceModule } from "./modules/inference/module.ts";
+import { metricsModule } from "./modules/metrics/module.ts";
+import { requestMetrics } from "./modules/metrics/routes.ts";
+import { modelsModule } from "./modules/models/module.ts";
+import type { AppDeps, ModuleDeps, ServerModule } from "./modules/module.ts";
+import { trainingModule } from "./modules/training/module.ts";
+
+export type { AppDeps } from "./modules/module.ts";
 
 type ValidatorSpec = Exclude<Parameters<typeof OpenApiValidator.middleware>[0]["apiSpec"], string>;
 
-export interface AppDeps {
-  config: AppConfig;
-  logger: Logger;
-  spec: OpenApiDocument;
-  store: Store;
-  engines: EngineHost;
-  probes: Probes;
-  /** The process's metrics, served at `/metrics` (the training worker reports into them too). */
-  metrics: Metrics;
-  /** Where rate limits are counted (shared by replicas on PostgreSQL or Redis); default: in
-   * this process. */
-  rateLimits?: RateLimitState;
-  /** Called when a training job was queued, so an idle worker looks at once. */
-  onJobQueued?: () => void;
-  /** Called when a job was cancelled, so the worker running it in this process stops now. */
-  onJobCancelled?: (jobId: string) => void;
-  /** The adapters of checkpoints that upstreams serve (their folders are swept with the rest
-   * of what a crash leaves, by the server). */
-  upstreamAdapters: UpstreamAdapters;
-}
+/** The modules, in the order each stage of the app mounts them (ADR 54). */
+const MODULES: readonly ServerModule[] = [
+  docsModule,
+  consoleModule,
+  metricsModule,
+  inferenceModule,
+  datasetsModule,
+  modelsModule,
+  healthModule,
+  callsModule,
+  trainingModule,
+  baseModelsModule,
+];
 
 /** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */
 export function createApp(deps: AppDeps): Express {
@@ -69,21 +55,12 @@ export function createApp(deps: AppDeps): Express {
 
   const authenticate: Authenticate = async (token) =>
     principalOf(await deps.store.apiKeys.verify(token));
+  const moduleDeps: ModuleDeps = { ...deps, authenticate };
   app.use(requestId);
   app.use(securityHeaders());
   app.use(accessLog(logger));
   app.use(requestMetrics(deps.metrics));
-  app.use(publicDocuments(spec));
-  app.use(consoleRoutes());
-  // Every role serves it: each process counts its own requests, chats and jobs.
-  app.use(
-    metricsEndpoint({
-      access: config.metrics,
-      metrics: deps.metrics,
-      authenticate,
-    }),
-  );
-  app.use(rawModelIdInPath);
+  for (const module of MODULES) module.beforeAuthentication?.(app, moduleDeps);
   // Roles: a deployment may serve only some surfaces; the others' paths answer 404 here.
   const operations = specOperations(spec).filter((op) =>
     config.roles.some((role) => servesPath(role, op.path)),
@@ -91,24 +68,7 @@ export function createApp(deps: AppDeps): Express {
   app.use(tagOperations(operations));
   const publicPaths = new Set(operations.filter((op) => op.public).map((op) => op.path));
   app.use(authentication(authenticate, publicPaths));
-  app.use(
-    "/v1/chat/completions",
-    rateLimited(
-      new RateLimiter(config.rateLimits, {
-        ...(deps.rateLimits ? { state: deps.rateLimits } : {}),
-        onError: (err) => logger.warn({ err }, "rate limits: their state could not be reached"),
-      }),
-      (scope, limit) => deps.metrics.rateLimited(scope, limit),
-    ),
-  );
-  app.use("/v1/chat/completions", jsonBody(10 * 1024 * 1024));
-  app.use(
-    "/v1/preview/datasets",
-    express.text({ type: DATASET_MEDIA_TYPES, limit: DATASET_MAX_BYTES }),
-  );
-  // Adapter uploads take their share of the upload budget before anything reads their body;
-  // a tar is then read as it arrives by the handler (multipart parts by the validator's multer).
-  app.use(uploadAdmission(new UploadBudget(config.uploadMemoryBytes)));
+  for (const module of MODULES) module.beforeValidation?.(app, moduleDeps);
   app.use(jsonBody(64 * 1024 * 1024));
 
   // With both checks off the validator still matches every path on every request: leave it out.
@@ -135,45 +95,8 @@ export function createApp(deps: AppDeps): Express {
     );
   }
 
-  const directory = new ModelDirectory(deps.engines, deps.store, config.upstreams);
-  const { upstreamAdapters } = deps;
-  const handlers: Handlers = {
-    ...healthHandlers(deps.probes),
-    ...callsHandlers(deps.store),
-    ...modelsHandlers({
-      store: deps.store,
-      baseModels: async () => (await deps.engines.current()).map((m) => m.id),
-      baseModel: (id) => deps.engines.find(id),
-      checkpointsDeleted: (model, blobKeys) => upstreamAdapters.deleted(model.base_model, blobKeys),
-    }),
-    ...trainingHandlers({
-      store: deps.store,
-      ...(deps.onJobQueued ? { onJobQueued: deps.onJobQueued } : {}),
-      ...(deps.onJobCancelled ? { onJobCancelled: deps.onJobCancelled } : {}),
-    }),
-    ...datasetsHandlers(deps.store),
-    ...baseModelsHandlers({
-      modelsDir: deps.engines.modelsDir,
-      weights: deps.engines.weights,
-      hub: config.hub,
-      refresh: () => deps.engines.refresh(),
-      logger,
-    }),
-    ...inferenceHandlers({
-      directory,
-      chat: new ChatService({
-        directory,
-        backends: {
-          engine: new EngineChatBackend(deps.engines, deps.store.blobs),
-          llama: llamaChatBackend,
-          upstream: new UpstreamChatBackend(upstreamAdapters),
-        },
-        calls: deps.store.calls,
-        logger,
-        observer: deps.metrics.chat,
-      }),
-    }),
-  };
+  const handlers: Handlers = {};
+  for (const module of MODULES) Object.assign(handlers, module.handlers?.(moduleDeps));
   app.use(mountOperations(operations, handlers));
   // The operations answering 501 until their issue lands; the contract tests compare it.
   app.locals.pendingOperations = pendingOperations(operations, handlers);
@@ -182,37 +105,6 @@ export function createApp(deps: AppDeps): Express {
   );
   app.use(errorHandler(logger));
   return app;
-}
-
-/** Model ids contain `/`: `GET /v1/models/acme/proj/name` (as typed with curl) is the same as the
- * percent-encoded form the `openai` clients send. */
-function rawModelIdInPath(req: Request, _res: Response, next: NextFunction): void {
-  const prefix = "/v1/models/";
-  if (req.url.startsWith(prefix)) {
-    const [path, query] = req.url.slice(prefix.length).split("?", 2) as [
-      string,
-      string | undefined,
-    ];
-    if (path.includes("/")) {
-      let id: string;
-      try {
-        id = decodeURIComponent(path);
-      } catch {
-        next(
-          ApiError.badRequest(
-            "The model id in the path is not valid percent-encoding.",
-            "model",
-            "invalid_path",
-          ),
-        );
-        return;
-      }
-      req.url = `${prefix}${encodeURIComponent(id)}${query ? `?${query}` : ""}`;
-      // The validator matches on originalUrl.
-      req.originalUrl = req.url;
-    }
-  }
-  next();
 }
 
 function accessLog(logger: Logger) {

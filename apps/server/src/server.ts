@@ -1,5 +1,5 @@
 import type { Server } from "node:http";
-import { baseModelsDir, type Config } from "@arbor/config";
+import { baseModelsDir, type Config, storeOptionsOf, workerOptionsOf } from "@arbor/config";
 import {
   checkFilesLeftInDataDir,
   openRateLimits,
@@ -66,12 +66,7 @@ export async function buildServer(
   options: BuildOptions = {},
 ): Promise<ArborServer> {
   const logger = options.logger ?? pino({ level: config.logLevel });
-  const store = await openStore({
-    dataDir: config.dataDir,
-    databaseUrl: config.databaseUrl,
-    schema: config.databaseSchema,
-    blobs: config.blobs,
-  });
+  const store = await openStore(storeOptionsOf(config));
   const firstStart = await ensureFirstAdmin(store, config.dataDir);
   // Blobs moved into PostgreSQL by default: a data directory's files are never left unseen.
   const left = await checkFilesLeftInDataDir(
@@ -194,20 +189,9 @@ export async function buildServer(
       if (config.embeddedWorker) {
         // Training runs on its own threads, so a step never stalls a request.
         worker = await EmbeddedWorker.start({
+          ...workerOptionsOf(config),
           store,
           logger,
-          threads: config.trainingThreads,
-          dataDir: config.dataDir,
-          databaseUrl: config.databaseUrl,
-          schema: config.databaseSchema,
-          blobs: config.blobs,
-          logLevel: config.logLevel,
-          leaseMs: config.workerLeaseMs,
-          maxTrainingDataBytes: config.trainingDataMaxBytes,
-          allowHosts: config.trainingDataAllowHosts,
-          kernelThreads: config.engineThreads,
-          engineWeights: config.engineWeights,
-          baseModelsDir: modelsDir,
           onActivity: (activity) => metrics.training(activity),
         });
       }

@@ -6,19 +6,14 @@
  * PostgreSQL (or, with ARBOR_BLOBS=fs, ARBOR_DATA_DIR/blobs, a directory every process shares).
  * Settings: see the README's Settings (read by @arbor/config).
  */
-import { baseModelsDir, readConfig } from "@arbor/config";
+import { readConfig, storeOptionsOf, workerOptionsOf } from "@arbor/config";
 import { checkFilesLeftInDataDir, openStore } from "@arbor/store";
 import { EmbeddedWorker, processIdentity, sweepBlobs } from "@arbor/training";
 import { pino } from "pino";
 
 const config = readConfig();
 const logger = pino({ level: config.logLevel });
-const store = await openStore({
-  dataDir: config.dataDir,
-  ...(config.databaseUrl ? { databaseUrl: config.databaseUrl } : {}),
-  ...(config.databaseSchema ? { schema: config.databaseSchema } : {}),
-  ...(config.blobs ? { blobs: config.blobs } : {}),
-});
+const store = await openStore(storeOptionsOf(config));
 // Blobs moved into PostgreSQL by default: a data directory's files are never left unseen.
 const left = await checkFilesLeftInDataDir(store, config.dataDir, config.blobs !== undefined);
 if (left) logger.warn({ dataDir: config.dataDir }, left);
@@ -38,21 +33,10 @@ const sweeper = setInterval(sweep, 60 * 60_000).unref();
 // to watch for cancels (made through any replica's API), so a job stops between micro-batches.
 const identity = processIdentity(config.workerId);
 const worker = await EmbeddedWorker.start({
+  ...workerOptionsOf(config),
   store,
   logger,
   identity,
-  threads: config.trainingThreads,
-  dataDir: config.dataDir,
-  databaseUrl: config.databaseUrl,
-  schema: config.databaseSchema,
-  blobs: config.blobs,
-  logLevel: config.logLevel,
-  leaseMs: config.workerLeaseMs,
-  maxTrainingDataBytes: config.trainingDataMaxBytes,
-  allowHosts: config.trainingDataAllowHosts,
-  kernelThreads: config.engineThreads,
-  baseModelsDir: baseModelsDir(config),
-  engineWeights: config.engineWeights,
 });
 logger.info(
   { workerId: identity.stable, threads: config.trainingThreads, database: store.dialect },

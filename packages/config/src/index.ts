@@ -1,4 +1,10 @@
 export {
+  type StoreConfig,
+  storeOptionsOf,
+  type WorkerConfig,
+  workerOptionsOf,
+} from "./options.ts";
+export {
   adminKeyPath,
   BLOB_BACKENDS,
   type BlobBackend,

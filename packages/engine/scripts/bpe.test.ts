@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { Tokenizer } from "../src/tokenizer.ts";
+import { Tokenizer } from "../src/model/tokenizer.ts";
 import { BpeTokenizer, trainBpe } from "./bpe.ts";
 
 /** The hand-written BPE that builds tiny-chat's vocabulary; the engine reads what it writes with

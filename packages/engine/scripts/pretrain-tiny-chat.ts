@@ -4,15 +4,15 @@
  * Everything derives from SEED: the BPE corpus, the training stream and the initial weights.
  */
 import { fileURLToPath } from "node:url";
-import type { ChatFiles } from "../src/chat.ts";
-import type { ModelConfig } from "../src/config.ts";
-import { createKvCache, forwardBatch } from "../src/forward.ts";
 import { createWasmKernels } from "../src/kernels/wasm.ts";
-import { createModel, parameterCount, saveModel } from "../src/model.ts";
-import { Trainer } from "../src/optim.ts";
-import { Rng } from "../src/rng.ts";
-import type { TrainBatch } from "../src/train.ts";
-import { initWeights } from "../src/weights.ts";
+import type { ChatFiles } from "../src/model/chat.ts";
+import type { ModelConfig } from "../src/model/config.ts";
+import { createKvCache, forwardBatch } from "../src/model/forward.ts";
+import { createModel, parameterCount, saveModel } from "../src/model/model.ts";
+import { Rng } from "../src/model/rng.ts";
+import { initWeights } from "../src/model/weights.ts";
+import { Trainer } from "../src/train/optim.ts";
+import type { TrainBatch } from "../src/train/train.ts";
 import { trainBpe } from "./bpe.ts";
 import { syntheticDialogue } from "./synthetic-chat.ts";
 import { TINY_CHAT_TEMPLATE } from "./tiny-chat-template.ts";

@@ -4,12 +4,12 @@
  * Usage: nice node scripts/sft-demo.ts [modelDir] [reverse|json] [seconds=60]
  */
 import { fileURLToPath } from "node:url";
-import { Engine } from "../src/engine.ts";
 import { defaultKernels } from "../src/kernels/wasm.ts";
-import { loadModel } from "../src/model.ts";
-import { Trainer } from "../src/optim.ts";
-import { Rng } from "../src/rng.ts";
-import { packBatch } from "../src/sft.ts";
+import { loadModel } from "../src/model/model.ts";
+import { Rng } from "../src/model/rng.ts";
+import { Engine } from "../src/serve/engine.ts";
+import { Trainer } from "../src/train/optim.ts";
+import { packBatch } from "../src/train/sft.ts";
 import { jsonAnswerExample, reversalExample } from "./synthetic-chat.ts";
 
 const dir = process.argv[2] ?? fileURLToPath(new URL("../models/tiny-chat/", import.meta.url));

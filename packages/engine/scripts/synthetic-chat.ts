@@ -1,5 +1,5 @@
-import type { ChatMessage } from "../src/chat.ts";
-import type { Rng } from "../src/rng.ts";
+import type { ChatMessage } from "../src/model/chat.ts";
+import type { Rng } from "../src/model/rng.ts";
 
 /**
  * Synthetic ChatML dialogues in a deliberately narrow domain: small-number arithmetic, simple

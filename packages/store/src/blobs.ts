@@ -11,8 +11,9 @@ export type BlobBody = Uint8Array | string | AsyncIterable<Uint8Array> | Readabl
  * Where checkpoint and dataset files live. Keys are `/`-separated relative paths such as
  * `models/<id>/checkpoints/3/adapter_model.safetensors`. A put is atomic: a reader sees the old
  * bytes or the new ones, never a part. Write the blob first, then the row that names it.
- * Implementations: `FsBlobStore` (the data directory) and `PgBlobStore` (PostgreSQL, ADR 39);
- * `openStore` chooses. `get` holds the whole blob once; `stream` holds about one chunk.
+ * Implementations: `FsBlobStore` (the data directory), `PgBlobStore` (PostgreSQL, ADR 39) and
+ * `MemoryBlobStore` (beside an in-memory database, ADR 55); `openStore` chooses. `get` holds the
+ * whole blob once; `stream` holds about one chunk.
  */
 export interface BlobStore {
   put(key: string, body: BlobBody): Promise<{ bytes: number }>;

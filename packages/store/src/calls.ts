@@ -1,9 +1,10 @@
 import { createHash } from "node:crypto";
-import { type Clock, fromJson, type Json, strOrNull, toJson } from "./common.ts";
+import { type Clock, type Json, toJson } from "./common.ts";
 import { ConflictError, InvalidInputError, LimitExceededError } from "./errors.ts";
 import { uuidv7 } from "./ids.ts";
 import { isoDate } from "./prices.ts";
-import { type Dialect, inList, listParam, type Row, type Sql, type SqlValue } from "./sql.ts";
+import { bool, json, num, numOrNull, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
+import { type Dialect, inList, listParam, type Sql, type SqlValue } from "./sql.ts";
 import {
   storableText,
   USAGE_COLUMNS,
@@ -56,23 +57,29 @@ function endOf(item: CallBatchItem): CallEndInput {
     : (item as { end: CallEndInput }).end;
 }
 
-export interface Call {
-  project_id: string;
-  id: string;
-  trace_id: string;
-  parent_id: string | null;
-  op_name: string;
-  display_name: string | null;
+/** A call as reads answer it: the `calls` table less what the store keeps for itself. */
+const CALLS = rowSchema({
+  project_id: str,
+  id: str,
+  trace_id: str,
+  parent_id: strOrNull,
+  op_name: str,
+  display_name: strOrNull,
   /** ISO 8601 UTC, millisecond precision. */
-  started_at: string;
-  ended_at: string | null;
-  inputs: Json;
-  output: Json;
-  exception: string | null;
-  attributes: Json;
-  summary: Json;
-  deleted_at: string | null;
-}
+  started_at: str,
+  ended_at: strOrNull,
+  inputs: json<Json>,
+  output: json<Json>,
+  exception: strOrNull,
+  attributes: json<Json>,
+  summary: json<Json>,
+  deleted_at: strOrNull,
+});
+export interface Call extends RowOf<typeof CALLS> {}
+/** Of a visible call: its id, its trace, its parent's id. */
+const CALL_ID = CALLS.pick("id");
+const CALL_TRACE = CALLS.pick("trace_id");
+const CALL_PARENT = CALLS.pick("id", "parent_id", "trace_id");
 
 export interface CallFilter {
   trace_ids?: readonly string[];
@@ -217,25 +224,6 @@ function prepareEnd(e: CallEndInput): PreparedEnd {
   };
 }
 
-function toCall(r: Row): Call {
-  return {
-    project_id: String(r.project_id),
-    id: String(r.id),
-    trace_id: String(r.trace_id),
-    parent_id: strOrNull(r.parent_id),
-    op_name: String(r.op_name),
-    display_name: strOrNull(r.display_name),
-    started_at: String(r.started_at),
-    ended_at: strOrNull(r.ended_at),
-    inputs: fromJson(r.inputs),
-    output: fromJson(r.output),
-    exception: strOrNull(r.exception),
-    attributes: fromJson(r.attributes),
-    summary: fromJson(r.summary),
-    deleted_at: strOrNull(r.deleted_at),
-  };
-}
-
 const UPSERT_COLUMNS = [
   "project_id",
   "id",
@@ -289,7 +277,7 @@ function upsertText(rows: number): string {
     (_, r) => `(${Array.from({ length: width }, (_, c) => `$${r * width + c + 1}`).join(", ")})`,
   ).join(", ");
   return `INSERT INTO calls (${UPSERT_COLUMNS.join(", ")}) VALUES ${values} ${UPSERT_CONFLICT}
-    RETURNING id, trace_id, started, started_at, ended_at, deleted_at, usage_rows`;
+    RETURNING ${WRITTEN.columns()}`;
 }
 
 /** One call's items of a batch, merged. */
@@ -305,14 +293,56 @@ interface Merged {
 }
 
 /** What the store holds of a call (or of a parent) before a batch is written. */
-interface Stored {
-  trace_id: string | null;
-  started: boolean;
-  ended: boolean;
-  deleted: boolean;
-  start_hash: string | null;
-  link: number;
-}
+const STORED = rowSchema({
+  id: str,
+  trace_id: strOrNull,
+  started: bool,
+  ended_at: strOrNull,
+  deleted_at: strOrNull,
+  start_hash: strOrNull,
+  link: num,
+});
+type Stored = RowOf<typeof STORED>;
+
+/** A call as its upsert returns it, in the writing transaction's view. */
+const WRITTEN = rowSchema({
+  id: str,
+  trace_id: strOrNull,
+  started: bool,
+  started_at: strOrNull,
+  ended_at: strOrNull,
+  deleted_at: strOrNull,
+  /** `usageRowsJson`'s rows: `[model, requests, prompt, completion, total, cache read,
+   * cache creation]`. */
+  usage_rows: json<[string, ...number[]][]>,
+});
+
+/** A requested call: its trace, and how it links to the trace's root (see migration 5). */
+const REQUESTED = rowSchema({ id: str, trace_id: str, link: num });
+
+/** A trace's visible calls counted: all, unlinked, roots (link 2), without an end. */
+const TRACE_SHAPE = rowSchema({ trace_id: str, n: num, unlinked: num, roots: num, open: num });
+
+/** A walk's calls outside the batch's traces, and its calls without an end (null: none read). */
+const WALK_COUNT = rowSchema({ outside: num, open: numOrNull });
+
+/** Usage summed per key and model (`sumUsage`), and its costs when asked. */
+const SUMS = rowSchema({
+  key: str,
+  model: str,
+  requests: num,
+  prompt_tokens: num,
+  completion_tokens: num,
+  total_tokens: num,
+  cache_read_input_tokens: num,
+  cache_creation_input_tokens: num,
+});
+const COSTS = rowSchema({
+  prompt_cost: num,
+  completion_cost: num,
+  cache_read_cost: num,
+  cache_creation_cost: num,
+});
 
 /** Code-point order (a database collation may order otherwise). */
 function compare(a: string, b: string): number {
@@ -376,22 +406,21 @@ async function sumUsage(
      GROUP BY r.key, r.model`,
     params,
   );
-  return result.map((r) => ({
-    key: String(r.key),
-    model: String(r.model),
-    usage: {
-      requests: Number(r.requests),
-      prompt_tokens: Number(r.prompt_tokens),
-      completion_tokens: Number(r.completion_tokens),
-      total_tokens: Number(r.total_tokens),
-      cache_read_input_tokens: Number(r.cache_read_input_tokens),
-      cache_creation_input_tokens: Number(r.cache_creation_input_tokens),
-      prompt_tokens_total_cost: includeCosts ? Number(r.prompt_cost) : null,
-      completion_tokens_total_cost: includeCosts ? Number(r.completion_cost) : null,
-      cache_read_input_tokens_total_cost: includeCosts ? Number(r.cache_read_cost) : null,
-      cache_creation_input_tokens_total_cost: includeCosts ? Number(r.cache_creation_cost) : null,
-    },
-  }));
+  return result.map((row) => {
+    const { key, model, ...counts } = SUMS.read(row);
+    const costs = includeCosts ? COSTS.read(row) : undefined;
+    return {
+      key,
+      model,
+      usage: {
+        ...counts,
+        prompt_tokens_total_cost: costs?.prompt_cost ?? null,
+        completion_tokens_total_cost: costs?.completion_cost ?? null,
+        cache_read_input_tokens_total_cost: costs?.cache_read_cost ?? null,
+        cache_creation_input_tokens_total_cost: costs?.cache_creation_cost ?? null,
+      },
+    };
+  });
 }
 
 /** `call_usage`'s summed columns, from alias `u`. */
@@ -509,19 +538,12 @@ export class CallsRepo {
     const ids = new Set(rows.map((r) => r.id));
     for (const r of rows) if (r.start?.parent_id) ids.add(r.start.parent_id);
     const stored = new Map<string, Stored>();
-    for (const s of await tx.query(
-      `SELECT id, trace_id, started, ended_at, deleted_at, start_hash, link FROM calls
-       WHERE project_id = $1 AND ${inList(d, "id", 2)}`,
+    for (const row of await tx.query(
+      `SELECT ${STORED.columns()} FROM calls WHERE project_id = $1 AND ${inList(d, "id", 2)}`,
       [project, listParam([...ids])],
     )) {
-      stored.set(String(s.id), {
-        trace_id: strOrNull(s.trace_id),
-        started: Number(s.started) === 1,
-        ended: s.ended_at !== null && s.ended_at !== undefined,
-        deleted: s.deleted_at !== null && s.deleted_at !== undefined,
-        start_hash: strOrNull(s.start_hash),
-        link: Number(s.link ?? 0),
-      });
+      const s = STORED.read(row);
+      stored.set(s.id, s);
     }
 
     // Starts: a repeat keeps the stored one (and its trace); a different one is refused.
@@ -571,7 +593,9 @@ export class CallsRepo {
         }
         const was = stored.get(start.parent_id);
         top =
-          was?.started && !was.deleted && was.trace_id === start.trace_id && was.link > 0 ? 1 : 0;
+          was?.started && was.deleted_at === null && was.trace_id === start.trace_id && was.link > 0
+            ? 1
+            : 0;
         break;
       }
       // A parentless call is 2; below a linked call, 1.
@@ -583,7 +607,7 @@ export class CallsRepo {
     // Each row as stored after the write (RETURNING), in this transaction's view: its trace
     // (the first stored, for a start without trace_id sent twice at once), whether it is
     // visible and ended (a call deleted meanwhile is not), and its usage.
-    const after = new Map<string, Row>();
+    const after = new Map<string, RowOf<typeof WRITTEN>>();
     for (let i = 0; i < rows.length; i += ROWS_PER_STATEMENT) {
       const chunk = rows.slice(i, i + ROWS_PER_STATEMENT);
       const params: SqlValue[] = [];
@@ -610,12 +634,14 @@ export class CallsRepo {
           s?.hash ?? null,
         );
       }
-      for (const row of await tx.query(upsertText(chunk.length), params))
-        after.set(String(row.id), row);
+      for (const row of await tx.query(upsertText(chunk.length), params)) {
+        const written = WRITTEN.read(row);
+        after.set(written.id, written);
+      }
     }
     for (const r of fresh.values()) {
       if (!r.start!.trace_generated) continue;
-      r.start!.trace_id = String(after.get(r.id)?.trace_id ?? r.start!.trace_id);
+      r.start!.trace_id = after.get(r.id)?.trace_id ?? r.start!.trace_id;
       for (const index of r.startItems)
         results[index] = { ok: true, id: r.id, trace_id: r.start!.trace_id };
     }
@@ -626,19 +652,18 @@ export class CallsRepo {
     let parents = new Map(
       [...fresh.values()]
         .filter((r) => (r.link ?? 0) > 0)
-        .map((r) => [r.id, String(after.get(r.id)?.trace_id ?? r.start!.trace_id)]),
+        .map((r) => [r.id, after.get(r.id)?.trace_id ?? r.start!.trace_id]),
     );
     while (parents.size > 0) {
-      const children = await tx.query<{ id: string; parent_id: string; trace_id: string }>(
-        `SELECT id, parent_id, trace_id FROM calls
+      const children = await tx.query(
+        `SELECT ${CALL_PARENT.columns()} FROM calls
          WHERE project_id = $1 AND link = 0 AND parent_id IS NOT NULL AND started = 1
            AND deleted_at IS NULL AND ${inList(d, "parent_id", 2)}`,
         [project, listParam([...parents.keys()])],
       );
       const next = new Map<string, string>();
-      for (const c of children)
-        if (parents.get(String(c.parent_id)) === String(c.trace_id))
-          next.set(String(c.id), String(c.trace_id));
+      for (const c of children.map(CALL_PARENT.read))
+        if (parents.get(c.parent_id!) === c.trace_id) next.set(c.id, c.trace_id);
       if (next.size > 0)
         await tx.exec(`UPDATE calls SET link = 1 WHERE project_id = $1 AND ${inList(d, "id", 2)}`, [
           project,
@@ -652,22 +677,15 @@ export class CallsRepo {
     const replaced: [string, string][] = [];
     const usage: SqlValue[][] = [];
     for (const r of rows) {
-      if (!(r.end || (fresh.has(r.id) && stored.get(r.id)?.ended))) continue;
+      const was = stored.get(r.id);
+      if (!(r.end || (fresh.has(r.id) && was && was.ended_at !== null))) continue;
       const row = after.get(r.id);
-      if (!row || Number(row.started) !== 1 || row.trace_id === null) continue;
-      const trace = String(row.trace_id);
+      if (!row?.started || row.trace_id === null) continue;
+      const trace = row.trace_id;
       replaced.push([trace, r.id]);
       if (row.deleted_at !== null || row.ended_at === null || row.usage_rows === null) continue;
-      for (const [seq, u] of (JSON.parse(String(row.usage_rows)) as unknown[][]).entries())
-        usage.push([
-          project,
-          trace,
-          r.id,
-          seq,
-          u[0] as string,
-          String(row.started_at),
-          ...(u.slice(1) as number[]),
-        ]);
+      for (const [seq, [model, ...counts]] of row.usage_rows.entries())
+        usage.push([project, trace, r.id, seq, model, row.started_at!, ...counts]);
     }
     if (replaced.length > 0)
       await tx.exec(`DELETE FROM call_usage WHERE project_id = $1 AND ${pairsIn(d, 2)}`, [
@@ -721,10 +739,11 @@ export class CallsRepo {
   /** A visible (started, not deleted) call of this project. */
   async getCall(projectId: string, id: string): Promise<Call | undefined> {
     const row = await this.#sql.one(
-      "SELECT * FROM calls WHERE project_id = $1 AND id = $2 AND started = 1 AND deleted_at IS NULL",
+      `SELECT ${CALLS.columns()} FROM calls
+       WHERE project_id = $1 AND id = $2 AND started = 1 AND deleted_at IS NULL`,
       [projectId, id],
     );
-    return row ? toCall(row) : undefined;
+    return row ? CALLS.read(row) : undefined;
   }
 
   /** Visible calls of the project matching every given filter, by started_at then id. */
@@ -757,11 +776,11 @@ export class CallsRepo {
     if (filter.trace_roots_only) where.push("parent_id IS NULL");
     params.push(Math.max(0, Math.floor(limit)), Math.max(0, Math.floor(offset)));
     const rows = await this.#sql.query(
-      `SELECT * FROM calls WHERE ${where.join(" AND ")}
+      `SELECT ${CALLS.columns()} FROM calls WHERE ${where.join(" AND ")}
        ORDER BY started_at, id LIMIT $${params.length - 1} OFFSET $${params.length}`,
       params,
     );
-    return rows.map(toCall);
+    return rows.map(CALLS.read);
   }
 
   /** Marks the calls and all their descendants deleted; returns how many were newly marked. */
@@ -872,13 +891,15 @@ export class CallsRepo {
     const limit = Math.max(1, Math.floor(options.limit ?? 10000));
     const includeCosts = options.includeCosts ?? false;
 
-    const requested = await sql.query<{ id: string; trace_id: string; link: number }>(
-      `SELECT id, trace_id, link FROM calls
-       WHERE project_id = $1 AND ${inList(d, "id", 2)} AND started = 1 AND deleted_at IS NULL`,
-      [projectId, listParam(distinct)],
-    );
+    const requested = (
+      await sql.query(
+        `SELECT ${REQUESTED.columns()} FROM calls
+         WHERE project_id = $1 AND ${inList(d, "id", 2)} AND started = 1 AND deleted_at IS NULL`,
+        [projectId, listParam(distinct)],
+      )
+    ).map(REQUESTED.read);
     if (requested.length === 0) return result;
-    const traceIds = [...new Set(requested.map((r) => String(r.trace_id)))];
+    const traceIds = [...new Set(requested.map((r) => r.trace_id))];
     const traces = listParam(traceIds);
     const shapes = await sql.query(
       `SELECT trace_id, COUNT(*) AS n,
@@ -894,7 +915,7 @@ export class CallsRepo {
     // the few unlinked calls of the project are all there is to look at.
     const crossing = new Set(
       (
-        await sql.query<{ trace_id: string }>(
+        await sql.query(
           `SELECT DISTINCT p.trace_id FROM calls c CROSS JOIN calls p
            WHERE c.project_id = $1 AND c.link = 0 AND c.parent_id IS NOT NULL
              AND c.started = 1 AND c.deleted_at IS NULL
@@ -903,28 +924,20 @@ export class CallsRepo {
              AND ${inList(d, "p.trace_id", 2)}`,
           [projectId, traces],
         )
-      ).map((r) => String(r.trace_id)),
+      ).map((r) => CALL_TRACE.read(r).trace_id),
     );
     const units = new Map<string, TraceUnit>();
     const exact = new Set<string>();
-    for (const s of shapes) {
-      const trace = String(s.trace_id);
-      if (Number(s.unlinked) === 0 && Number(s.roots) === 1 && !crossing.has(trace))
-        exact.add(trace);
-      units.set(trace, {
-        trace_id: trace,
-        calls: Number(s.n),
-        open: Number(s.open),
-        root: null,
-        walked: [],
-      });
+    for (const s of shapes.map(TRACE_SHAPE.read)) {
+      const trace = s.trace_id;
+      if (s.unlinked === 0 && s.roots === 1 && !crossing.has(trace)) exact.add(trace);
+      units.set(trace, { trace_id: trace, calls: s.n, open: s.open, root: null, walked: [] });
     }
     for (const r of requested) {
-      const trace = String(r.trace_id);
-      const unit = units.get(trace)!;
+      const unit = units.get(r.trace_id)!;
       // The only link-2 call of an exact trace is its root.
-      if (Number(r.link) === 2 && exact.has(trace)) unit.root = String(r.id);
-      else unit.walked.push(String(r.id));
+      if (r.link === 2 && exact.has(r.trace_id)) unit.root = r.id;
+      else unit.walked.push(r.id);
     }
     const ordered = [...units.values()].sort((a, b) => compare(a.trace_id, b.trace_id));
     for (const u of ordered)
@@ -999,12 +1012,14 @@ export class CallsRepo {
         )`;
       const params = [projectId, listParam(walked)];
       // Descendants outside the batch's traces count too.
-      const count = await sql.one<{ outside: number; open: number | null }>(
-        `${tree} SELECT COUNT(DISTINCT CASE WHEN NOT (${inList(d, "trace_id", 3)}) THEN id END) AS outside,
-           SUM(open) AS open FROM tree`,
-        [...params, listParam(units.map((u) => u.trace_id))],
+      const count = WALK_COUNT.read(
+        (await sql.one(
+          `${tree} SELECT COUNT(DISTINCT CASE WHEN NOT (${inList(d, "trace_id", 3)}) THEN id END) AS outside,
+             SUM(open) AS open FROM tree`,
+          [...params, listParam(units.map((u) => u.trace_id))],
+        ))!,
       );
-      const total = read + Number(count?.outside ?? 0);
+      const total = read + count.outside;
       if (total > limit) return { overflow: total };
       sums.push(
         ...(await sumUsage(
@@ -1016,12 +1031,9 @@ export class CallsRepo {
           includeCosts,
         )),
       );
-      if (Number(count?.open ?? 0) > 0) {
-        const open = await sql.query<{ id: string }>(
-          `${tree} SELECT DISTINCT id FROM tree WHERE open = 1`,
-          params,
-        );
-        for (const o of open) unfinished.push(String(o.id));
+      if ((count.open ?? 0) > 0) {
+        const open = await sql.query(`${tree} SELECT DISTINCT id FROM tree WHERE open = 1`, params);
+        for (const o of open) unfinished.push(CALL_ID.read(o).id);
       }
     }
 
@@ -1040,12 +1052,12 @@ export class CallsRepo {
         sums.push({ ...r, key: rootOf.get(r.key)! });
       const open = rooted.filter((u) => u.open > 0).map((u) => u.trace_id);
       if (open.length > 0) {
-        const rows = await sql.query<{ id: string }>(
+        const rows = await sql.query(
           `SELECT id FROM calls WHERE project_id = $1 AND ${inList(d, "trace_id", 2)}
              AND started = 1 AND deleted_at IS NULL AND ended_at IS NULL`,
           [projectId, listParam(open)],
         );
-        for (const o of rows) unfinished.push(String(o.id));
+        for (const o of rows) unfinished.push(CALL_ID.read(o).id);
       }
     }
     return { sums, unfinished };

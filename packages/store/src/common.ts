@@ -50,23 +50,6 @@ export function toJson(value: unknown): string | null {
   return value === undefined || value === null ? null : JSON.stringify(value);
 }
 
-export function fromJson<T = Json>(text: unknown): T | null {
-  if (typeof text !== "string") return null;
-  return JSON.parse(text) as T;
-}
-
-export function num(value: unknown): number {
-  return typeof value === "number" ? value : Number(value);
-}
-
-export function numOrNull(value: unknown): number | null {
-  return value === null || value === undefined ? null : Number(value);
-}
-
-export function strOrNull(value: unknown): string | null {
-  return value === null || value === undefined ? null : String(value);
-}
-
 /** `$from, $from+1, …` for n values: builds IN lists and multi-row VALUES. */
 export function placeholders(n: number, from: number): string {
   return Array.from({ length: n }, (_, i) => `$${from + i}`).join(", ");

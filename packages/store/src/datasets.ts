@@ -1,28 +1,19 @@
-import { type Clock, type Page, type PageOptions, pageLimit, strOrNull, toPage } from "./common.ts";
+import { type Clock, type Page, type PageOptions, pageLimit, toPage } from "./common.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import { inList, presentAmong, type Row, type Sql } from "./sql.ts";
+import { num, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
+import { inList, presentAmong, type Sql } from "./sql.ts";
 
-export interface Dataset {
-  id: string;
-  entity: string;
-  name: string | null;
-  blob_key: string;
-  bytes: number;
-  lines: number;
-  created_at: number;
-}
-
-function toDataset(r: Row): Dataset {
-  return {
-    id: String(r.id),
-    entity: String(r.entity),
-    name: strOrNull(r.name),
-    blob_key: String(r.blob_key),
-    bytes: Number(r.bytes),
-    lines: Number(r.lines),
-    created_at: Number(r.created_at),
-  };
-}
+/** The `datasets` table. */
+const DATASETS = rowSchema({
+  id: str,
+  entity: str,
+  name: strOrNull,
+  blob_key: str,
+  bytes: num,
+  lines: num,
+  created_at: num,
+});
+export interface Dataset extends RowOf<typeof DATASETS> {}
 
 /** Uploaded JSONL training data. The blob is written (atomically) before the row. */
 export class DatasetsRepo {
@@ -49,7 +40,7 @@ export class DatasetsRepo {
     const now = this.#now();
     const row = await this.#sql.one(
       `INSERT INTO datasets (id, entity, name, blob_key, bytes, lines, created_at)
-       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *`,
+       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING ${DATASETS.columns()}`,
       [
         input.id ?? uuidv7(now),
         input.entity,
@@ -60,24 +51,24 @@ export class DatasetsRepo {
         unixSeconds(now),
       ],
     );
-    return toDataset(row!);
+    return DATASETS.read(row!);
   }
 
   async get(entity: string, id: string): Promise<Dataset | undefined> {
-    const row = await this.#sql.one("SELECT * FROM datasets WHERE entity = $1 AND id = $2", [
-      entity,
-      id,
-    ]);
-    return row ? toDataset(row) : undefined;
+    const row = await this.#sql.one(
+      `SELECT ${DATASETS.columns()} FROM datasets WHERE entity = $1 AND id = $2`,
+      [entity, id],
+    );
+    return row ? DATASETS.read(row) : undefined;
   }
 
   async list(entity: string, options: PageOptions = {}): Promise<Page<Dataset>> {
     const limit = pageLimit(options.limit);
     const rows = await this.#sql.query(
-      "SELECT * FROM datasets WHERE entity = $1 AND (CAST($2 AS TEXT) IS NULL OR id > $2) ORDER BY id LIMIT $3",
+      `SELECT ${DATASETS.columns()} FROM datasets WHERE entity = $1 AND (CAST($2 AS TEXT) IS NULL OR id > $2) ORDER BY id LIMIT $3`,
       [entity, options.after ?? null, limit + 1],
     );
-    return toPage(rows.map(toDataset), limit);
+    return toPage(rows.map(DATASETS.read), limit);
   }
 
   /** Of these blob keys, the ones a dataset names. */
@@ -92,9 +83,9 @@ export class DatasetsRepo {
   /** Deletes the row and returns it, so the caller can remove the blob afterwards. */
   async delete(entity: string, id: string): Promise<Dataset | undefined> {
     const row = await this.#sql.one(
-      "DELETE FROM datasets WHERE entity = $1 AND id = $2 RETURNING *",
+      `DELETE FROM datasets WHERE entity = $1 AND id = $2 RETURNING ${DATASETS.columns()}`,
       [entity, id],
     );
-    return row ? toDataset(row) : undefined;
+    return row ? DATASETS.read(row) : undefined;
   }
 }

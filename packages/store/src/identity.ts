@@ -1,46 +1,56 @@
 import { createHash, randomBytes } from "node:crypto";
-import { type Clock, numOrNull, type Page, type PageOptions, pageLimit, toPage } from "./common.ts";
+import { type Clock, type Page, type PageOptions, pageLimit, toPage } from "./common.ts";
 import { assertName, ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import type { Row, Sql } from "./sql.ts";
+import { bool, num, numOrNull, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
+import type { Sql } from "./sql.ts";
 
 export const API_KEY_PREFIX = "sk-arb-";
 const VISIBLE_PREFIX_LENGTH = API_KEY_PREFIX.length + 6;
 /** last_used_at is refreshed at most this often, so verifying a key is not a write per request. */
 const LAST_USED_RESOLUTION_S = 60;
 
-export interface Entity {
-  name: string;
-  created_at: number;
-}
+/** The `entities` table. */
+const ENTITIES = rowSchema({ name: str, created_at: num });
+export interface Entity extends RowOf<typeof ENTITIES> {}
 
-export interface User {
-  id: string;
-  name: string;
-  default_entity: string;
-  created_at: number;
-}
+/** The `users` table. */
+const USERS = rowSchema({ id: str, name: str, default_entity: str, created_at: num });
+export interface User extends RowOf<typeof USERS> {}
 
-export interface Membership {
-  user_id: string;
-  entity: string;
-  role: string;
-  created_at: number;
-}
+/** The `memberships` table. */
+const MEMBERSHIPS = rowSchema({ user_id: str, entity: str, role: str, created_at: num });
+export interface Membership extends RowOf<typeof MEMBERSHIPS> {}
+/** The entities of a user's memberships (from the key's index alone), and a user's role. */
+const MEMBER_ENTITY = MEMBERSHIPS.pick("entity");
+const MEMBER_ROLE = MEMBERSHIPS.pick("role");
 
-export interface ApiKey {
-  id: string;
-  user_id: string;
-  name: string | null;
+/** The `api_keys` table, less the token's `hash`. */
+const API_KEYS = rowSchema({
+  id: str,
+  user_id: str,
+  name: strOrNull,
   /** The visible start of the token, e.g. `sk-arb-Ab12Cd`: enough to recognise it in a list. */
-  prefix: string;
+  prefix: str,
   /** An operator's key: it may read what spans every tenant (`GET /metrics`), whatever its
    * entities. Only `arbor keys create --operator` (and the first start) make one. */
-  operator: boolean;
-  created_at: number;
-  last_used_at: number | null;
-  revoked_at: number | null;
-}
+  operator: bool,
+  created_at: num,
+  last_used_at: numOrNull,
+  revoked_at: numOrNull,
+});
+export interface ApiKey extends RowOf<typeof API_KEYS> {}
+
+/** A key looked up by its hash, with its user. */
+const KEY_HOLDERS = rowSchema({
+  id: str,
+  revoked_at: numOrNull,
+  last_used_at: numOrNull,
+  operator: bool,
+  user_id: str,
+  user_name: str,
+  default_entity: str,
+});
 
 /** What a verified key grants: the caller and the entities it may act on. */
 export interface KeyIdentity {
@@ -55,28 +65,6 @@ export interface KeyIdentity {
 
 function hashToken(token: string): string {
   return createHash("sha256").update(token, "utf8").digest("hex");
-}
-
-function toUser(r: Row): User {
-  return {
-    id: String(r.id),
-    name: String(r.name),
-    default_entity: String(r.default_entity),
-    created_at: Number(r.created_at),
-  };
-}
-
-function toApiKey(r: Row): ApiKey {
-  return {
-    id: String(r.id),
-    user_id: String(r.user_id),
-    name: r.name === null || r.name === undefined ? null : String(r.name),
-    prefix: String(r.prefix),
-    operator: Number(r.operator) === 1,
-    created_at: Number(r.created_at),
-    last_used_at: numOrNull(r.last_used_at),
-    revoked_at: numOrNull(r.revoked_at),
-  };
 }
 
 export class EntitiesRepo {
@@ -94,17 +82,17 @@ export class EntitiesRepo {
       "INSERT INTO entities (name, created_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
       [name, unixSeconds(this.#now())],
     );
-    const row = await this.#sql.one("SELECT name, created_at FROM entities WHERE name = $1", [
+    const row = await this.#sql.one(`SELECT ${ENTITIES.columns()} FROM entities WHERE name = $1`, [
       name,
     ]);
-    return { name: String(row!.name), created_at: Number(row!.created_at) };
+    return ENTITIES.read(row!);
   }
 
   async get(name: string): Promise<Entity | undefined> {
-    const row = await this.#sql.one("SELECT name, created_at FROM entities WHERE name = $1", [
+    const row = await this.#sql.one(`SELECT ${ENTITIES.columns()} FROM entities WHERE name = $1`, [
       name,
     ]);
-    return row ? { name: String(row.name), created_at: Number(row.created_at) } : undefined;
+    return row ? ENTITIES.read(row) : undefined;
   }
 }
 
@@ -129,16 +117,18 @@ export class UsersRepo {
           "INSERT INTO entities (name, created_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
           [input.defaultEntity, unixSeconds(now)],
         );
-        const row = await tx.one(
-          `INSERT INTO users (id, name, default_entity, created_at) VALUES ($1, $2, $3, $4)
-           RETURNING id, name, default_entity, created_at`,
-          [uuidv7(now), input.name, input.defaultEntity, unixSeconds(now)],
+        const user = USERS.read(
+          (await tx.one(
+            `INSERT INTO users (${USERS.columns()}) VALUES ($1, $2, $3, $4)
+             RETURNING ${USERS.columns()}`,
+            [uuidv7(now), input.name, input.defaultEntity, unixSeconds(now)],
+          ))!,
         );
         await tx.exec(
-          "INSERT INTO memberships (user_id, entity, role, created_at) VALUES ($1, $2, $3, $4)",
-          [String(row!.id), input.defaultEntity, input.role ?? "admin", unixSeconds(now)],
+          `INSERT INTO memberships (${MEMBERSHIPS.columns()}) VALUES ($1, $2, $3, $4)`,
+          [user.id, input.defaultEntity, input.role ?? "admin", unixSeconds(now)],
         );
-        return toUser(row!);
+        return user;
       });
     } catch (err) {
       if (isUniqueViolation(err)) throw new ConflictError(`User ${input.name} already exists`);
@@ -147,22 +137,22 @@ export class UsersRepo {
   }
 
   async get(id: string): Promise<User | undefined> {
-    const row = await this.#sql.one("SELECT * FROM users WHERE id = $1", [id]);
-    return row ? toUser(row) : undefined;
+    const row = await this.#sql.one(`SELECT ${USERS.columns()} FROM users WHERE id = $1`, [id]);
+    return row ? USERS.read(row) : undefined;
   }
 
   async getByName(name: string): Promise<User | undefined> {
-    const row = await this.#sql.one("SELECT * FROM users WHERE name = $1", [name]);
-    return row ? toUser(row) : undefined;
+    const row = await this.#sql.one(`SELECT ${USERS.columns()} FROM users WHERE name = $1`, [name]);
+    return row ? USERS.read(row) : undefined;
   }
 
   async list(options: PageOptions = {}): Promise<Page<User>> {
     const limit = pageLimit(options.limit);
     const rows = await this.#sql.query(
-      "SELECT * FROM users WHERE (CAST($1 AS TEXT) IS NULL OR id > $1) ORDER BY id LIMIT $2",
+      `SELECT ${USERS.columns()} FROM users WHERE (CAST($1 AS TEXT) IS NULL OR id > $1) ORDER BY id LIMIT $2`,
       [options.after ?? null, limit + 1],
     );
-    return toPage(rows.map(toUser), limit);
+    return toPage(rows.map(USERS.read), limit);
   }
 
   async setDefaultEntity(userId: string, entity: string): Promise<void> {
@@ -184,17 +174,12 @@ export class UsersRepo {
         [entity, now],
       );
       const row = await tx.one(
-        `INSERT INTO memberships (user_id, entity, role, created_at) VALUES ($1, $2, $3, $4)
+        `INSERT INTO memberships (${MEMBERSHIPS.columns()}) VALUES ($1, $2, $3, $4)
          ON CONFLICT (user_id, entity) DO UPDATE SET role = excluded.role
-         RETURNING user_id, entity, role, created_at`,
+         RETURNING ${MEMBERSHIPS.columns()}`,
         [userId, entity, role, now],
       );
-      return {
-        user_id: String(row!.user_id),
-        entity: String(row!.entity),
-        role: String(row!.role),
-        created_at: Number(row!.created_at),
-      };
+      return MEMBERSHIPS.read(row!);
     });
   }
 
@@ -214,10 +199,10 @@ export class UsersRepo {
   /** The user's role in `entity` (`admin`, `member`, …), or undefined when not a member. */
   async roleIn(userId: string, entity: string): Promise<string | undefined> {
     const row = await this.#sql.one(
-      "SELECT role FROM memberships WHERE user_id = $1 AND entity = $2",
+      `SELECT ${MEMBER_ROLE.columns()} FROM memberships WHERE user_id = $1 AND entity = $2`,
       [userId, entity],
     );
-    return row ? String(row.role) : undefined;
+    return row ? MEMBER_ROLE.read(row).role : undefined;
   }
 
   async isMember(userId: string, entity: string): Promise<boolean> {
@@ -247,7 +232,7 @@ export class ApiKeysRepo {
     const now = this.#now();
     const row = await this.#sql.one(
       `INSERT INTO api_keys (id, user_id, name, prefix, hash, operator, created_at)
-       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *`,
+       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING ${API_KEYS.columns()}`,
       [
         uuidv7(now),
         userId,
@@ -258,7 +243,7 @@ export class ApiKeysRepo {
         unixSeconds(now),
       ],
     );
-    return { key: toApiKey(row!), token };
+    return { key: API_KEYS.read(row!), token };
   }
 
   /**
@@ -276,41 +261,39 @@ export class ApiKeysRepo {
       [hash],
     );
     if (!row) return undefined;
-    if (row.revoked_at !== null && row.revoked_at !== undefined) return undefined;
+    const key = KEY_HOLDERS.read(row);
+    if (key.revoked_at !== null) return undefined;
     const now = unixSeconds(this.#now());
-    const lastUsed = numOrNull(row.last_used_at);
-    if (lastUsed === null || now - lastUsed >= LAST_USED_RESOLUTION_S) {
-      await this.#sql.exec("UPDATE api_keys SET last_used_at = $2 WHERE id = $1", [
-        String(row.id),
-        now,
-      ]);
+    if (key.last_used_at === null || now - key.last_used_at >= LAST_USED_RESOLUTION_S) {
+      await this.#sql.exec("UPDATE api_keys SET last_used_at = $2 WHERE id = $1", [key.id, now]);
     }
     return {
-      key_id: String(row.id),
-      user_id: String(row.user_id),
-      user_name: String(row.user_name),
-      default_entity: String(row.default_entity),
-      entities: await entitiesOf(this.#sql, String(row.user_id)),
-      operator: Number(row.operator) === 1,
+      key_id: key.id,
+      user_id: key.user_id,
+      user_name: key.user_name,
+      default_entity: key.default_entity,
+      entities: await entitiesOf(this.#sql, key.user_id),
+      operator: key.operator,
     };
   }
 
   async list(userId: string): Promise<ApiKey[]> {
-    const rows = await this.#sql.query("SELECT * FROM api_keys WHERE user_id = $1 ORDER BY id", [
-      userId,
-    ]);
-    return rows.map(toApiKey);
+    const rows = await this.#sql.query(
+      `SELECT ${API_KEYS.columns()} FROM api_keys WHERE user_id = $1 ORDER BY id`,
+      [userId],
+    );
+    return rows.map(API_KEYS.read);
   }
 
   /** Revokes a key of this user; takes effect on the next verify(). */
   async revoke(userId: string, keyId: string): Promise<ApiKey> {
     const row = await this.#sql.one(
       `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $3) WHERE id = $1 AND user_id = $2
-       RETURNING *`,
+       RETURNING ${API_KEYS.columns()}`,
       [keyId, userId, unixSeconds(this.#now())],
     );
     if (!row) throw new NotFoundError(`API key ${keyId} not found`);
-    return toApiKey(row);
+    return API_KEYS.read(row);
   }
 
   /** Revokes by visible prefix or id (for the CLI, where the user only sees the prefix). */
@@ -324,9 +307,9 @@ export class ApiKeysRepo {
 
 /** The entities a user belongs to, by name. */
 async function entitiesOf(sql: Sql, userId: string): Promise<string[]> {
-  const rows = await sql.query<{ entity: string }>(
-    "SELECT entity FROM memberships WHERE user_id = $1 ORDER BY entity",
+  const rows = await sql.query(
+    `SELECT ${MEMBER_ENTITY.columns()} FROM memberships WHERE user_id = $1 ORDER BY entity`,
     [userId],
   );
-  return rows.map((r) => String(r.entity));
+  return rows.map((r) => MEMBER_ENTITY.read(r).entity);
 }

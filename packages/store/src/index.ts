@@ -57,6 +57,7 @@ export {
   TERMINAL_STATUSES,
   type TrainingJob,
 } from "./jobs.ts";
+export { MemoryBlobStore } from "./memory-blobs.ts";
 export { MIGRATIONS, type Migration, migrate } from "./migrations.ts";
 export type { Checkpoint, CreateModelInput, Model, ModelsRepo } from "./models.ts";
 export {

@@ -1,20 +1,27 @@
 import {
   type Clock,
-  fromJson,
   type Json,
   type JsonInput,
-  numOrNull,
   type Page,
   type PageOptions,
   pageLimit,
   placeholders,
-  strOrNull,
   toJson,
   toPage,
 } from "./common.ts";
 import { ConflictError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
-import { inList, listParam, presentAmong, type Row, type Sql, type SqlValue } from "./sql.ts";
+import {
+  json,
+  jsonOrEmpty,
+  num,
+  numOrNull,
+  type RowOf,
+  rowSchema,
+  str,
+  strOrNull,
+} from "./rows.ts";
+import { inList, listParam, presentAmong, type Sql, type SqlValue } from "./sql.ts";
 
 export type JobType = "rl" | "sft";
 
@@ -28,38 +35,42 @@ export interface JobProgress {
 export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
 export const TERMINAL_STATUSES: readonly JobStatus[] = ["succeeded", "failed", "cancelled"];
 
-export interface TrainingJob {
-  id: string;
-  type: JobType;
-  model_id: string;
-  entity: string;
-  status: JobStatus;
-  config: Json;
+/** The `training_jobs` table. */
+export const JOBS = rowSchema({
+  id: str,
+  type: str<JobType>,
+  model_id: str,
+  entity: str,
+  status: str<JobStatus>,
+  config: jsonOrEmpty<Json>,
   /** Where the job's input lives (a blob key or a dataset:// URL); the row never holds it. */
-  payload_ref: string | null;
-  created_at: number;
-  training_start: number | null;
-  training_end: number | null;
-  error_message: string | null;
-  step_from: number | null;
-  step_to: number | null;
-  lease_owner: string | null;
+  payload_ref: strOrNull,
+  created_at: num,
+  training_start: numOrNull,
+  training_end: numOrNull,
+  error_message: strOrNull,
+  step_from: numOrNull,
+  step_to: numOrNull,
+  lease_owner: strOrNull,
   /** Unix milliseconds. */
-  lease_expires_at: number | null;
+  lease_expires_at: numOrNull,
   /** Times the job was claimed. */
-  attempts: number;
+  attempts: num,
   /** Claims that ended with their worker dead rather than with the job finished or handed back. */
-  crashes: number;
-}
+  crashes: num,
+});
+export interface TrainingJob extends RowOf<typeof JOBS> {}
 
-export interface JobEvent {
-  id: string;
-  job_id: string;
-  sequence: number;
-  type: string;
-  data: Json;
-  created_at: number;
-}
+/** The `job_events` table, less its `step` (`eventStep`'s key). */
+const EVENTS = rowSchema({
+  id: str,
+  job_id: str,
+  sequence: num,
+  type: str,
+  data: jsonOrEmpty<Json>,
+  created_at: num,
+});
+export interface JobEvent extends RowOf<typeof EVENTS> {}
 
 export interface EnqueueInput {
   type: JobType;
@@ -68,39 +79,6 @@ export interface EnqueueInput {
   config?: JsonInput;
   payload_ref?: string | null;
   step_from?: number | null;
-}
-
-function toJob(r: Row): TrainingJob {
-  return {
-    id: String(r.id),
-    type: String(r.type) as JobType,
-    model_id: String(r.model_id),
-    entity: String(r.entity),
-    status: String(r.status) as JobStatus,
-    config: fromJson(r.config) ?? {},
-    payload_ref: strOrNull(r.payload_ref),
-    created_at: Number(r.created_at),
-    training_start: numOrNull(r.training_start),
-    training_end: numOrNull(r.training_end),
-    error_message: strOrNull(r.error_message),
-    step_from: numOrNull(r.step_from),
-    step_to: numOrNull(r.step_to),
-    lease_owner: strOrNull(r.lease_owner),
-    lease_expires_at: numOrNull(r.lease_expires_at),
-    attempts: Number(r.attempts),
-    crashes: Number(r.crashes ?? 0),
-  };
-}
-
-function toEvent(r: Row): JobEvent {
-  return {
-    id: String(r.id),
-    job_id: String(r.job_id),
-    sequence: Number(r.sequence),
-    type: String(r.type),
-    data: fromJson(r.data) ?? {},
-    created_at: Number(r.created_at),
-  };
 }
 
 /**
@@ -133,6 +111,18 @@ const NEXT_RUNNABLE = `
                     WHERE e.model_id = j.model_id AND e.status = 'queued' AND e.id < j.id)
   ORDER BY j.id
   LIMIT 1`;
+const JOB_ID = JOBS.pick("id");
+
+/** What `progress` reads of a job: the data of its latest `gradient_step` and first
+ * `training_started` events, or null. */
+const PROGRESS = rowSchema({
+  id: str,
+  step: json<Record<string, unknown>>,
+  started: json<Record<string, unknown>>,
+});
+
+/** Jobs counted by status. */
+const DEPTH = rowSchema({ status: str<JobStatus>, n: num });
 
 export interface ReclaimResult {
   /** Jobs whose worker died and that are queued again (to be resumed from their last step). */
@@ -162,7 +152,7 @@ export class JobsRepo {
       `INSERT INTO training_jobs (id, type, model_id, entity, status, config, payload_ref, created_at, step_from)
        SELECT $1, $2, m.id, m.entity, 'queued', $5, $6, CAST($7 AS BIGINT), CAST($8 AS INTEGER) FROM models m
        WHERE m.id = $3 AND m.entity = $4
-       RETURNING *`,
+       RETURNING ${JOBS.columns()}`,
       [
         uuidv7(now),
         input.type,
@@ -175,15 +165,15 @@ export class JobsRepo {
       ],
     );
     if (!row) throw new NotFoundError(`Model ${input.model_id} not found`);
-    return toJob(row);
+    return JOBS.read(row);
   }
 
   async get(entity: string, id: string): Promise<TrainingJob | undefined> {
-    const row = await this.#sql.one("SELECT * FROM training_jobs WHERE entity = $1 AND id = $2", [
-      entity,
-      id,
-    ]);
-    return row ? toJob(row) : undefined;
+    const row = await this.#sql.one(
+      `SELECT ${JOBS.columns()} FROM training_jobs WHERE entity = $1 AND id = $2`,
+      [entity, id],
+    );
+    return row ? JOBS.read(row) : undefined;
   }
 
   /** Jobs of the given entities in creation order (ids are UUID v7), oldest first unless
@@ -202,7 +192,7 @@ export class JobsRepo {
     if (list.length === 0) return toPage([], limit);
     const desc = options.order === "desc";
     const rows = await this.#sql.query(
-      `SELECT j.* FROM training_jobs j
+      `SELECT ${JOBS.columns("j")} FROM training_jobs j
        WHERE j.entity IN (${placeholders(list.length, 6)})
          AND (CAST($1 AS TEXT) IS NULL OR j.id ${desc ? "<" : ">"} $1)
          AND (CAST($2 AS TEXT) IS NULL OR j.model_id = $2)
@@ -219,7 +209,7 @@ export class JobsRepo {
         ...list,
       ],
     );
-    return toPage(rows.map(toJob), limit);
+    return toPage(rows.map(JOBS.read), limit);
   }
 
   // ---- queue -----------------------------------------------------------------------------------
@@ -238,16 +228,16 @@ export class JobsRepo {
             tx.dialect === "postgres"
               ? `${NEXT_RUNNABLE} FOR UPDATE OF j SKIP LOCKED`
               : NEXT_RUNNABLE;
-          const next = await tx.one<{ id: string }>(pick);
+          const next = await tx.one(pick);
           if (!next) return undefined;
           const row = await tx.one(
             `UPDATE training_jobs
              SET status = 'running', lease_owner = $2, lease_expires_at = $3,
                  attempts = attempts + 1, training_start = COALESCE(training_start, $4)
-             WHERE id = $1 AND status = 'queued' RETURNING *`,
-            [next.id, workerId, now + leaseMs, unixSeconds(now)],
+             WHERE id = $1 AND status = 'queued' RETURNING ${JOBS.columns()}`,
+            [JOB_ID.read(next).id, workerId, now + leaseMs, unixSeconds(now)],
           );
-          return row ? toJob(row) : undefined;
+          return row ? JOBS.read(row) : undefined;
         });
         return job;
       } catch (err) {
@@ -311,10 +301,10 @@ export class JobsRepo {
        SELECT $1, COALESCE(MAX(sequence), 0) + 1, $2, $3, $4, CAST($5 AS BIGINT), CAST($6 AS INTEGER)
        FROM job_events WHERE job_id = $1
        ON CONFLICT (job_id, type, step) WHERE step IS NOT NULL DO NOTHING
-       RETURNING *`,
+       RETURNING ${EVENTS.columns()}`,
       [jobId, uuidv7(now), type, toJson(data), unixSeconds(now), eventStep(type, data)],
     );
-    return row ? toEvent(row) : undefined;
+    return row ? EVENTS.read(row) : undefined;
   }
 
   /** Whether the job has an event of `type` (e.g. whether a run of it started training). */
@@ -334,13 +324,13 @@ export class JobsRepo {
   ): Promise<Page<JobEvent>> {
     const limit = pageLimit(options.limit);
     const rows = await this.#sql.query(
-      `SELECT e.* FROM job_events e JOIN training_jobs j ON j.id = e.job_id
+      `SELECT ${EVENTS.columns("e")} FROM job_events e JOIN training_jobs j ON j.id = e.job_id
        WHERE j.entity = $1 AND e.job_id = $2
          AND (CAST($3 AS TEXT) IS NULL OR e.sequence > (SELECT a.sequence FROM job_events a WHERE a.job_id = $2 AND a.id = $3))
        ORDER BY e.sequence LIMIT $4`,
       [entity, jobId, options.after ?? null, limit + 1],
     );
-    return toPage(rows.map(toEvent), limit);
+    return toPage(rows.map(EVENTS.read), limit);
   }
 
   /** Records the step range a running job covers (e.g. step_to once known). */
@@ -428,7 +418,7 @@ export class JobsRepo {
          WHERE id = $1 AND status IN ('queued', 'running')
            AND (CAST($6 AS TEXT) IS NULL OR (lease_owner = $6 AND status = 'running'))
            AND (CAST($7 AS TEXT) IS NULL OR entity = $7)
-         RETURNING *`,
+         RETURNING ${JOBS.columns()}`,
         [
           jobId,
           status,
@@ -441,7 +431,7 @@ export class JobsRepo {
       );
       if (!row) throw new ConflictError(`Training job ${jobId} is not running under this worker`);
       await this.#appendEvent(tx, jobId, eventType, eventData);
-      return toJob(row);
+      return JOBS.read(row);
     });
   }
 
@@ -476,31 +466,31 @@ export class JobsRepo {
     return this.#sql.transaction(async (tx) => {
       const lock = tx.dialect === "postgres" ? " FOR UPDATE SKIP LOCKED" : "";
       const crashed = await tx.query(
-        `SELECT * FROM training_jobs WHERE status = 'running' AND ${where} ORDER BY id${lock}`,
+        `SELECT ${JOBS.columns()} FROM training_jobs WHERE status = 'running' AND ${where} ORDER BY id${lock}`,
         params,
       );
       const result: ReclaimResult = { requeued: [], failed: [] };
       for (const r of crashed) {
-        const job = toJob(r);
+        const job = JOBS.read(r);
         const crashes = job.crashes + 1;
         if (crashes < this.#maxCrashes) {
           const row = await tx.one(
             `UPDATE training_jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
                crashes = $2
-             WHERE id = $1 RETURNING *`,
+             WHERE id = $1 RETURNING ${JOBS.columns()}`,
             [job.id, crashes],
           );
-          result.requeued.push(toJob(row!));
+          result.requeued.push(JOBS.read(row!));
         } else {
           const message = `The training worker died while running this job ${crashes} times (last: ${why}); the job is not retried again.`;
           const row = await tx.one(
             `UPDATE training_jobs SET status = 'failed', training_end = $2, error_message = $3,
                lease_owner = NULL, lease_expires_at = NULL, crashes = $4
-             WHERE id = $1 RETURNING *`,
+             WHERE id = $1 RETURNING ${JOBS.columns()}`,
             [job.id, unixSeconds(now), message, crashes],
           );
           await this.#appendEvent(tx, job.id, "training_failed", { error_message: message });
-          result.failed.push(toJob(row!));
+          result.failed.push(JOBS.read(row!));
         }
       }
       return result;
@@ -513,7 +503,7 @@ export class JobsRepo {
     const out = new Map<string, JobProgress>();
     const ids = [...new Set(jobIds)];
     if (ids.length === 0) return out;
-    const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+    const finite = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
     // Per job, on the (job_id, sequence) key: the last gradient_step walking back from the end
     // (it is the latest event or nearly), and training_started walking from the start (it is
     // the first), so a long job's thousands of step events are never read.
@@ -524,24 +514,19 @@ export class JobsRepo {
       this.#sql.dialect === "sqlite"
         ? "json_each($1) AS ids"
         : "jsonb_array_elements_text($1::jsonb) AS ids(value)";
-    const rows = await this.#sql.query<{ id: string; step: unknown; started: unknown }>(
+    const rows = await this.#sql.query(
       `SELECT ids.value AS id, ${one("gradient_step", "DESC")} AS step,
               ${one("training_started", "ASC")} AS started
        FROM ${list}`,
       [listParam(ids)],
     );
-    for (const row of rows) {
-      if (row.step === null || row.step === undefined) continue;
-      const data = fromJson(String(row.step)) as Record<string, unknown>;
-      const total =
-        row.started === null || row.started === undefined
-          ? null
-          : num((fromJson(String(row.started)) as Record<string, unknown>).num_sequences);
-      out.set(String(row.id), {
-        step: num(data.gradient_step) ?? 0,
-        total_steps: total,
-        loss: num(data.loss),
-        reward: num(data.reward),
+    for (const { id, step, started } of rows.map(PROGRESS.read)) {
+      if (step === null) continue;
+      out.set(id, {
+        step: finite(step.gradient_step) ?? 0,
+        total_steps: started === null ? null : finite(started.num_sequences),
+        loss: finite(step.loss),
+        reward: finite(step.reward),
       });
     }
     return out;
@@ -579,7 +564,7 @@ export class JobsRepo {
 
   /** Counts by status, for metrics and the system check. */
   async depth(): Promise<Record<JobStatus, number>> {
-    const rows = await this.#sql.query<{ status: string; n: number }>(
+    const rows = await this.#sql.query(
       "SELECT status, COUNT(*) AS n FROM training_jobs GROUP BY status",
     );
     const out: Record<JobStatus, number> = {
@@ -589,7 +574,7 @@ export class JobsRepo {
       failed: 0,
       cancelled: 0,
     };
-    for (const r of rows) out[r.status as JobStatus] = Number(r.n);
+    for (const { status, n } of rows.map(DEPTH.read)) out[status] = n;
     return out;
   }
 }

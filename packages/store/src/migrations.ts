@@ -1,5 +1,6 @@
-import { fromJson } from "./common.ts";
+import type { Json } from "./common.ts";
 import { eventStep } from "./jobs.ts";
+import { json, num, rowSchema, str, strOrNull } from "./rows.ts";
 import { inList, listParam, type Sql } from "./sql.ts";
 import { insertUsageRows, usageRowsJson, usageRowsOf } from "./usage-rows.ts";
 
@@ -318,8 +319,8 @@ export async function migrate(
         applied_at BIGINT NOT NULL
       )`,
     );
-    const rows = await tx.query<{ version: number }>("SELECT version FROM schema_migrations");
-    const applied = new Set(rows.map((r) => Number(r.version)));
+    const rows = await tx.query("SELECT version FROM schema_migrations");
+    const applied = new Set(rows.map((r) => num(r.version)));
     const done: number[] = [];
     for (const m of [...migrations].sort((a, b) => a.version - b.version)) {
       if (applied.has(m.version)) continue;
@@ -338,33 +339,38 @@ export async function migrate(
   });
 }
 
+/** An ended call's summary, as version 5 reads it (parsed where a bad one can be passed over). */
+const ENDED_CALLS = rowSchema({ project_id: str, id: str, summary: strOrNull });
+
 /** Version 5's data: every ended call's usage rows from its summary, a chunk at a time; the
  * links of every visible call, from the roots down; then `call_usage`. */
 async function backfillUsageAndLinks(tx: Sql): Promise<void> {
   let after: [string, string] | undefined;
   for (;;) {
-    const rows = await tx.query<{ project_id: string; id: string; summary: string | null }>(
-      `SELECT project_id, id, summary FROM calls WHERE ended_at IS NOT NULL
-       ${after ? "AND (project_id > $1 OR (project_id = $1 AND id > $2))" : ""}
-       ORDER BY project_id, id LIMIT 1000`,
-      after ?? [],
-    );
+    const rows = (
+      await tx.query(
+        `SELECT ${ENDED_CALLS.columns()} FROM calls WHERE ended_at IS NOT NULL
+         ${after ? "AND (project_id > $1 OR (project_id = $1 AND id > $2))" : ""}
+         ORDER BY project_id, id LIMIT 1000`,
+        after ?? [],
+      )
+    ).map(ENDED_CALLS.read);
     if (rows.length === 0) break;
     const last = rows[rows.length - 1]!;
-    after = [String(last.project_id), String(last.id)];
+    after = [last.project_id, last.id];
     const byProject = new Map<string, [string, string][]>();
     for (const r of rows) {
       let summary: unknown = null;
       try {
-        summary = fromJson(r.summary);
+        summary = json(r.summary);
       } catch {
         // Stored as JSON text by this store; anything else has no usage to count.
       }
       const usage = usageRowsJson(usageRowsOf(summary));
       if (usage === null) continue;
-      const list = byProject.get(String(r.project_id)) ?? [];
-      list.push([String(r.id), usage]);
-      byProject.set(String(r.project_id), list);
+      const list = byProject.get(r.project_id) ?? [];
+      list.push([r.id, usage]);
+      byProject.set(r.project_id, list);
     }
     for (const [project, list] of byProject) {
       const ids = listParam(list.map(([id]) => id));
@@ -413,18 +419,23 @@ const SET_EVENT_STEPS = {
     WHERE e.job_id = v.job_id AND e.sequence = v.sequence`,
 } as const;
 
+/** An event that may report a step, as version 6 reads it. */
+const STEP_EVENTS = rowSchema({ job_id: str, sequence: num, type: str, data: json<Json> });
+
 async function backfillEventSteps(tx: Sql): Promise<void> {
   let after: [string, number] = ["", 0];
   let job = "";
   let seen = new Set<string>();
   for (;;) {
-    const rows = await tx.query<{ job_id: string; sequence: number; type: string; data: string }>(
-      `SELECT job_id, sequence, type, data FROM job_events
-       WHERE type IN ('gradient_step', 'checkpoint_saved')
-         AND (job_id > $1 OR (job_id = $1 AND sequence > $2))
-       ORDER BY job_id, sequence LIMIT 1000`,
-      after,
-    );
+    const rows = (
+      await tx.query(
+        `SELECT ${STEP_EVENTS.columns()} FROM job_events
+         WHERE type IN ('gradient_step', 'checkpoint_saved')
+           AND (job_id > $1 OR (job_id = $1 AND sequence > $2))
+         ORDER BY job_id, sequence LIMIT 1000`,
+        after,
+      )
+    ).map(STEP_EVENTS.read);
     if (rows.length === 0) return;
     const keyed: [string, number, number][] = [];
     for (const r of rows) {
@@ -432,14 +443,14 @@ async function backfillEventSteps(tx: Sql): Promise<void> {
         job = r.job_id;
         seen = new Set();
       }
-      const step = eventStep(r.type, fromJson(r.data));
+      const step = eventStep(r.type, r.data);
       if (step === null || seen.has(`${r.type} ${step}`)) continue;
       seen.add(`${r.type} ${step}`);
-      keyed.push([r.job_id, Number(r.sequence), step]);
+      keyed.push([r.job_id, r.sequence, step]);
     }
     // One statement per page of events, not a round trip per event.
     if (keyed.length > 0) await tx.exec(SET_EVENT_STEPS[tx.dialect], [JSON.stringify(keyed)]);
     const last = rows.at(-1)!;
-    after = [last.job_id, Number(last.sequence)];
+    after = [last.job_id, last.sequence];
   }
 }

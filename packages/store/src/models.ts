@@ -1,7 +1,5 @@
 import {
   type Clock,
-  fromJson,
-  numOrNull,
   type Page,
   type PageOptions,
   pageLimit,
@@ -11,25 +9,41 @@ import {
 } from "./common.ts";
 import { assertName, ConflictError, NotFoundError } from "./errors.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
+import { JOBS } from "./jobs.ts";
+import { jsonOrEmpty, num, numOrNull, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
 import { inList, listParam, presentAmong, type Row, type Sql } from "./sql.ts";
 
-export interface Model {
-  id: string;
-  entity: string;
-  project: string;
-  name: string;
-  base_model: string;
-  created_at: number;
-  latest_step: number | null;
-}
+/** The `models` table. */
+const MODELS = rowSchema({
+  id: str,
+  entity: str,
+  project: str,
+  name: str,
+  base_model: str,
+  created_at: num,
+  latest_step: numOrNull,
+});
+export interface Model extends RowOf<typeof MODELS> {}
 
-export interface Checkpoint {
-  id: string;
-  model_id: string;
-  step: number;
-  metrics: Record<string, number>;
-  blob_key: string | null;
-  created_at: number;
+/** The `checkpoints` table. */
+const CHECKPOINTS = rowSchema({
+  id: str,
+  model_id: str,
+  step: num,
+  metrics: jsonOrEmpty<Record<string, number>>,
+  blob_key: strOrNull,
+  created_at: num,
+});
+export interface Checkpoint extends RowOf<typeof CHECKPOINTS> {}
+
+/** A checkpoint's step and the prefix of its files (null for the untrained step 0). */
+const CHECKPOINT_FILES = CHECKPOINTS.pick("step", "blob_key");
+/** A job's input, which goes with its model. */
+const JOB_PAYLOAD = JOBS.pick("payload_ref");
+
+/** The file prefixes of checkpoint rows (`CHECKPOINT_FILES`) that have files. */
+function blobKeys(rows: readonly Row[]): string[] {
+  return rows.flatMap((r) => CHECKPOINT_FILES.read(r).blob_key || []);
 }
 
 export interface CreateModelInput {
@@ -40,31 +54,6 @@ export interface CreateModelInput {
   /** Written in the same transaction, e.g. the step-0 untrained adapter. */
   initialCheckpoint?: { step?: number; blob_key?: string | null; metrics?: Record<string, number> };
 }
-
-function toModel(r: Row): Model {
-  return {
-    id: String(r.id),
-    entity: String(r.entity),
-    project: String(r.project),
-    name: String(r.name),
-    base_model: String(r.base_model),
-    created_at: Number(r.created_at),
-    latest_step: numOrNull(r.latest_step),
-  };
-}
-
-function toCheckpoint(r: Row): Checkpoint {
-  return {
-    id: String(r.id),
-    model_id: String(r.model_id),
-    step: Number(r.step),
-    metrics: fromJson<Record<string, number>>(r.metrics) ?? {},
-    blob_key: r.blob_key === null || r.blob_key === undefined ? null : String(r.blob_key),
-    created_at: Number(r.created_at),
-  };
-}
-
-const MODEL_COLUMNS = "id, entity, project, name, base_model, created_at, latest_step";
 
 export class ModelsRepo {
   readonly #sql: Sql;
@@ -87,8 +76,8 @@ export class ModelsRepo {
     const now = this.#now();
     const result = await this.#sql.transaction(async (tx) => {
       const row = await tx.one(
-        `INSERT INTO models (${MODEL_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (entity, project, name) DO NOTHING RETURNING ${MODEL_COLUMNS}`,
+        `INSERT INTO models (${MODELS.columns()}) VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (entity, project, name) DO NOTHING RETURNING ${MODELS.columns()}`,
         [
           uuidv7(now),
           input.entity,
@@ -100,7 +89,7 @@ export class ModelsRepo {
         ],
       );
       if (!row) return undefined;
-      const model = toModel(row);
+      const model = MODELS.read(row);
       if (input.initialCheckpoint) {
         await tx.exec(
           `INSERT INTO checkpoints (id, model_id, step, metrics, blob_key, created_at)
@@ -125,18 +114,18 @@ export class ModelsRepo {
 
   async get(entity: string, id: string): Promise<Model | undefined> {
     const row = await this.#sql.one(
-      `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND id = $2`,
+      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND id = $2`,
       [entity, id],
     );
-    return row ? toModel(row) : undefined;
+    return row ? MODELS.read(row) : undefined;
   }
 
   async getByName(entity: string, project: string, name: string): Promise<Model | undefined> {
     const row = await this.#sql.one(
-      `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND project = $2 AND name = $3`,
+      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND project = $2 AND name = $3`,
       [entity, project, name],
     );
-    return row ? toModel(row) : undefined;
+    return row ? MODELS.read(row) : undefined;
   }
 
   /** Models of the given entities (e.g. every entity a key may use), for model listings, in
@@ -150,14 +139,14 @@ export class ModelsRepo {
     if (list.length === 0) return toPage([], limit);
     const desc = options.order === "desc";
     const rows = await this.#sql.query(
-      `SELECT ${MODEL_COLUMNS} FROM models
+      `SELECT ${MODELS.columns()} FROM models
        WHERE entity IN (${placeholders(list.length, 4)})
          AND (CAST($1 AS TEXT) IS NULL OR id ${desc ? "<" : ">"} $1)
          AND (CAST($2 AS TEXT) IS NULL OR project = $2)
        ORDER BY id ${desc ? "DESC" : "ASC"} LIMIT $3`,
       [options.after ?? null, options.project ?? null, limit + 1, ...list],
     );
-    return toPage(rows.map(toModel), limit);
+    return toPage(rows.map(MODELS.read), limit);
   }
 
   /**
@@ -177,28 +166,29 @@ export class ModelsRepo {
       // FOR UPDATE: of concurrent deletes, one finds the row and the others wait, then see it gone.
       const lock = tx.dialect === "postgres" ? " FOR UPDATE" : "";
       const row = await tx.one(
-        `SELECT ${MODEL_COLUMNS} FROM models WHERE entity = $1 AND id = $2${lock}`,
+        `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND id = $2${lock}`,
         [entity, id],
       );
       if (!row) throw new NotFoundError(`Model ${id} not found`);
-      const keys = await tx.query<{ blob_key: string | null }>(
-        "SELECT blob_key FROM checkpoints WHERE model_id = $1",
+      const files = await tx.query(
+        `SELECT ${CHECKPOINT_FILES.columns()} FROM checkpoints WHERE model_id = $1`,
         [id],
       );
-      const payloads = await tx.query<{ payload_ref: string | null }>(
-        "SELECT payload_ref FROM training_jobs WHERE model_id = $1",
+      const payloads = await tx.query(
+        `SELECT ${JOB_PAYLOAD.columns()} FROM training_jobs WHERE model_id = $1`,
         [id],
       );
       await tx.exec("DELETE FROM checkpoints WHERE model_id = $1", [id]);
       await tx.exec("DELETE FROM models WHERE entity = $1 AND id = $2", [entity, id]);
       return {
-        model: toModel(row),
-        deleted_checkpoints: keys.length,
-        blob_keys: keys.flatMap((k) => (k.blob_key ? [String(k.blob_key)] : [])),
+        model: MODELS.read(row),
+        deleted_checkpoints: files.length,
+        blob_keys: blobKeys(files),
         // A URL (dataset://, https://) is not ours to delete; a bare key is the job's own blob.
-        payload_keys: payloads.flatMap((p) =>
-          p.payload_ref && !p.payload_ref.includes("://") ? [String(p.payload_ref)] : [],
-        ),
+        payload_keys: payloads.flatMap((p) => {
+          const ref = JOB_PAYLOAD.read(p).payload_ref;
+          return ref && !ref.includes("://") ? [ref] : [];
+        }),
       };
     });
   }
@@ -245,7 +235,7 @@ export class ModelsRepo {
       if (!model) throw new NotFoundError(`Model ${modelId} not found`);
       const row = await tx.one(
         `INSERT INTO checkpoints (id, model_id, step, metrics, blob_key, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model_id, step) DO NOTHING RETURNING *`,
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model_id, step) DO NOTHING RETURNING ${CHECKPOINTS.columns()}`,
         [
           uuidv7(now),
           modelId,
@@ -260,7 +250,7 @@ export class ModelsRepo {
         `UPDATE models SET latest_step = $2 WHERE id = $1 AND (latest_step IS NULL OR latest_step < $2)`,
         [modelId, input.step],
       );
-      return toCheckpoint(row);
+      return CHECKPOINTS.read(row);
     });
   }
 
@@ -270,11 +260,11 @@ export class ModelsRepo {
     step?: number,
   ): Promise<Checkpoint | undefined> {
     const row = await this.#sql.one(
-      `SELECT c.* FROM checkpoints c JOIN models m ON m.id = c.model_id
+      `SELECT ${CHECKPOINTS.columns("c")} FROM checkpoints c JOIN models m ON m.id = c.model_id
        WHERE m.entity = $1 AND c.model_id = $2 AND c.step = COALESCE($3, m.latest_step)`,
       [entity, modelId, step ?? null],
     );
-    return row ? toCheckpoint(row) : undefined;
+    return row ? CHECKPOINTS.read(row) : undefined;
   }
 
   /** Pages by step; `after` is the id of the last checkpoint seen. */
@@ -286,14 +276,14 @@ export class ModelsRepo {
     const limit = pageLimit(options.limit);
     const desc = options.order === "desc";
     const rows = await this.#sql.query(
-      `SELECT c.* FROM checkpoints c JOIN models m ON m.id = c.model_id
+      `SELECT ${CHECKPOINTS.columns("c")} FROM checkpoints c JOIN models m ON m.id = c.model_id
        WHERE m.entity = $1 AND c.model_id = $2
          AND (CAST($3 AS TEXT) IS NULL OR c.step ${desc ? "<" : ">"}
               (SELECT a.step FROM checkpoints a WHERE a.model_id = $2 AND a.id = $3))
        ORDER BY c.step ${desc ? "DESC" : "ASC"} LIMIT $4`,
       [entity, modelId, options.after ?? null, limit + 1],
     );
-    return toPage(rows.map(toCheckpoint), limit);
+    return toPage(rows.map(CHECKPOINTS.read), limit);
   }
 
   /** Merges metrics into a checkpoint (the log endpoint writes `<split>/<metric>` here). */
@@ -305,17 +295,15 @@ export class ModelsRepo {
   ): Promise<Checkpoint> {
     return this.#sql.transaction(async (tx) => {
       const row = await tx.one(
-        `SELECT c.* FROM checkpoints c JOIN models m ON m.id = c.model_id
+        `SELECT ${CHECKPOINTS.columns("c")} FROM checkpoints c JOIN models m ON m.id = c.model_id
          WHERE m.entity = $1 AND c.model_id = $2 AND c.step = $3`,
         [entity, modelId, step],
       );
       if (!row) throw new NotFoundError(`Checkpoint step ${step} not found`);
-      const merged = { ...(fromJson<Record<string, number>>(row.metrics) ?? {}), ...metrics };
-      await tx.exec("UPDATE checkpoints SET metrics = $2 WHERE id = $1", [
-        String(row.id),
-        toJson(merged),
-      ]);
-      return toCheckpoint({ ...row, metrics: toJson(merged) });
+      const checkpoint = CHECKPOINTS.read(row);
+      const merged = toJson({ ...checkpoint.metrics, ...metrics });
+      await tx.exec("UPDATE checkpoints SET metrics = $2 WHERE id = $1", [checkpoint.id, merged]);
+      return CHECKPOINTS.read({ ...row, metrics: merged });
     });
   }
 
@@ -332,32 +320,32 @@ export class ModelsRepo {
       // FOR UPDATE: a checkpoint being added is waited for, so the latest step read here is the
       // latest when the steps are deleted.
       const lock = tx.dialect === "postgres" ? " FOR UPDATE" : "";
-      const model = await tx.one(
-        `SELECT latest_step FROM models WHERE entity = $1 AND id = $2${lock}`,
+      const row = await tx.one(
+        `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND id = $2${lock}`,
         [entity, modelId],
       );
-      if (!model) throw new NotFoundError(`Model ${modelId} not found`);
+      if (!row) throw new NotFoundError(`Model ${modelId} not found`);
       const unique = [...new Set(steps)];
       if (unique.length === 0) return { deleted_count: 0, not_found_steps: [], blob_keys: [] };
-      const latest = numOrNull(model.latest_step);
+      const latest = MODELS.read(row).latest_step;
       if (latest !== null && unique.includes(latest)) {
         throw new ConflictError(`Checkpoint step ${latest} is the latest and cannot be deleted`);
       }
       // The steps go as one JSON parameter: no list length meets a bound-parameter limit.
       const stepIn = inList(tx.dialect, "step", 2, "integer");
-      const found = await tx.query<{ step: number; blob_key: string | null }>(
-        `SELECT step, blob_key FROM checkpoints WHERE model_id = $1 AND ${stepIn}`,
+      const found = await tx.query(
+        `SELECT ${CHECKPOINT_FILES.columns()} FROM checkpoints WHERE model_id = $1 AND ${stepIn}`,
         [modelId, listParam(unique)],
       );
       await tx.exec(`DELETE FROM checkpoints WHERE model_id = $1 AND ${stepIn}`, [
         modelId,
         listParam(unique),
       ]);
-      const foundSteps = new Set(found.map((f) => Number(f.step)));
+      const foundSteps = new Set(found.map((f) => CHECKPOINT_FILES.read(f).step));
       return {
         deleted_count: found.length,
         not_found_steps: unique.filter((s) => !foundSteps.has(s)).sort((a, b) => a - b),
-        blob_keys: found.flatMap((f) => (f.blob_key ? [String(f.blob_key)] : [])),
+        blob_keys: blobKeys(found),
       };
     });
   }

@@ -10,6 +10,7 @@ import {
 } from "./blobs.ts";
 import type { Clock } from "./common.ts";
 import { uuidv7 } from "./ids.ts";
+import { bytes, num, type RowOf, rowSchema, str } from "./rows.ts";
 import type { PostgresSql } from "./sql.ts";
 
 /** Chunk rows are this size (the last of a blob may be shorter). A chunk travels as hex text
@@ -30,11 +31,14 @@ export class BlobChangedError extends Error {
   }
 }
 
-interface Head {
-  version: string;
-  bytes: number;
-  chunks: number;
-}
+/** The `blobs` table: each key's current version. */
+const BLOBS = rowSchema({ key: str, version: str, bytes: num, chunks: num, modified_at: num });
+/** What a read looks up first: the version it reads, and its size in bytes and in chunks. */
+const HEAD = BLOBS.pick("version", "bytes", "chunks");
+const INFO = BLOBS.pick("bytes", "modified_at");
+const KEY = BLOBS.pick("key");
+/** A row of `blob_chunks`: one chunk's bytes. */
+const CHUNK = rowSchema({ data: bytes });
 
 /**
  * Blobs in PostgreSQL (ADR 39), so that replicas on different machines share checkpoints and
@@ -140,20 +144,19 @@ export class PgBlobStore implements BlobStore {
 
   async list(prefix: string): Promise<string[]> {
     const [from, to] = range(prefix);
-    const rows = await this.#sql.query<{ key: string }>(
-      "SELECT key FROM blobs WHERE key >= $1 AND key < $2 ORDER BY key",
+    const rows = await this.#sql.query(
+      `SELECT ${KEY.columns()} FROM blobs WHERE key >= $1 AND key < $2 ORDER BY key`,
       [from, to],
     );
-    return rows.map((r) => r.key);
+    return rows.map((r) => KEY.read(r).key);
   }
 
   async info(key: string): Promise<{ bytes: number; modifiedAt: number } | undefined> {
     assertBlobKey(key);
-    const row = await this.#sql.one<{ bytes: number; modified_at: number }>(
-      "SELECT bytes, modified_at FROM blobs WHERE key = $1",
-      [key],
-    );
-    return row ? { bytes: Number(row.bytes), modifiedAt: Number(row.modified_at) } : undefined;
+    const row = await this.#sql.one(`SELECT ${INFO.columns()} FROM blobs WHERE key = $1`, [key]);
+    if (!row) return undefined;
+    const info = INFO.read(row);
+    return { bytes: info.bytes, modifiedAt: info.modified_at };
   }
 
   /** Nothing to sweep: a put that did not commit left no rows. */
@@ -161,26 +164,21 @@ export class PgBlobStore implements BlobStore {
     return [];
   }
 
-  async #head(key: string): Promise<Head | undefined> {
+  async #head(key: string): Promise<RowOf<typeof HEAD> | undefined> {
     assertBlobKey(key);
-    const row = await this.#sql.one<Head>(
-      "SELECT version, bytes, chunks FROM blobs WHERE key = $1",
-      [key],
-    );
-    return row
-      ? { version: row.version, bytes: Number(row.bytes), chunks: Number(row.chunks) }
-      : undefined;
+    const row = await this.#sql.one(`SELECT ${HEAD.columns()} FROM blobs WHERE key = $1`, [key]);
+    return row ? HEAD.read(row) : undefined;
   }
 
   /** One chunk of one version. (It comes as hex text, which pg decodes into a Buffer: its
    * query-level binary results are decoded as UTF-8 text on a connection made for text.) */
   async #chunk(key: string, version: string, seq: number): Promise<Buffer> {
-    const row = await this.#sql.one<{ data: Buffer }>(
-      "SELECT data FROM blob_chunks WHERE key = $1 AND version = $2 AND seq = $3",
+    const row = await this.#sql.one(
+      `SELECT ${CHUNK.columns()} FROM blob_chunks WHERE key = $1 AND version = $2 AND seq = $3`,
       [key, version, seq],
     );
     if (!row) throw new BlobChangedError(key);
-    return row.data;
+    return CHUNK.read(row).data;
   }
 }
 
@@ -199,17 +197,17 @@ function range(prefix: string): [string, string] {
  * warning while the directory holds files this store does not read, or undefined.
  */
 export async function checkFilesLeftInDataDir(
-  store: { dialect: string; blobs?: BlobStore | undefined },
+  store: { dialect: string; blobs: BlobStore },
   dataDir: string,
   chosen: boolean,
 ): Promise<string | undefined> {
-  if (store.dialect !== "postgres" || !store.blobs || store.blobs instanceof FsBlobStore) return;
+  if (store.dialect !== "postgres" || store.blobs instanceof FsBlobStore) return;
   const dir = join(dataDir, "blobs");
   const files = await new FsBlobStore(dir).list("").catch(() => [] as string[]);
   if (files.length === 0) return;
   const how = `Copy them in with "arbor blobs import", or set ARBOR_BLOBS=fs to keep using the directory`;
   if (!chosen) {
-    const stored = async (prefix: string) => (await store.blobs!.list(prefix)).length > 0;
+    const stored = async (prefix: string) => (await store.blobs.list(prefix)).length > 0;
     if (!(await stored("checkpoints/")) && !(await stored("datasets/")))
       throw new Error(
         `${dir} holds ${files.length} checkpoint and dataset files, and PostgreSQL, where they are kept by default now (ARBOR_BLOBS), holds none. ${how} (or ARBOR_BLOBS=postgres to start without them).`,

@@ -1,21 +1,24 @@
-import { type Clock, numOrNull, strOrNull } from "./common.ts";
+import type { Clock } from "./common.ts";
 import { NotFoundError } from "./errors.ts";
 import { uuidv7 } from "./ids.ts";
-import type { Row, Sql } from "./sql.ts";
+import { num, numOrNull, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
+import type { Sql } from "./sql.ts";
 
-export interface Price {
-  id: string;
-  model: string;
+/** The `prices` table, less its `created_at`. */
+const PRICES = rowSchema({
+  id: str,
+  model: str,
   /** null for the default price of a model; a project's own price overrides it. */
-  project_id: string | null;
+  project_id: strOrNull,
   /** Cost per token. */
-  prompt_token_cost: number;
-  completion_token_cost: number;
-  cache_read_input_token_cost: number | null;
-  cache_creation_input_token_cost: number | null;
+  prompt_token_cost: num,
+  completion_token_cost: num,
+  cache_read_input_token_cost: numOrNull,
+  cache_creation_input_token_cost: numOrNull,
   /** ISO 8601 (UTC). A call is priced with the newest price whose date is <= its start. */
-  effective_date: string;
-}
+  effective_date: str,
+});
+export interface Price extends RowOf<typeof PRICES> {}
 
 export interface SetPriceInput {
   model: string;
@@ -34,19 +37,6 @@ export function isoDate(value: string | Date | number): string {
   return d.toISOString();
 }
 
-function toPrice(r: Row): Price {
-  return {
-    id: String(r.id),
-    model: String(r.model),
-    project_id: strOrNull(r.project_id),
-    prompt_token_cost: Number(r.prompt_token_cost),
-    completion_token_cost: Number(r.completion_token_cost),
-    cache_read_input_token_cost: numOrNull(r.cache_read_input_token_cost),
-    cache_creation_input_token_cost: numOrNull(r.cache_creation_input_token_cost),
-    effective_date: String(r.effective_date),
-  };
-}
-
 export class PricesRepo {
   readonly #sql: Sql;
   readonly #now: Clock;
@@ -60,8 +50,8 @@ export class PricesRepo {
     const date = isoDate(input.effective_date);
     const project = input.project_id ?? null;
     return this.#sql.transaction(async (tx) => {
-      const existing = await tx.one<{ id: string }>(
-        `SELECT id FROM prices WHERE model = $1 AND effective_date = $2
+      const existing = await tx.one(
+        `SELECT ${PRICES.columns()} FROM prices WHERE model = $1 AND effective_date = $2
          AND ((project_id IS NULL AND CAST($3 AS TEXT) IS NULL) OR project_id = $3)`,
         [input.model, date, project],
       );
@@ -79,28 +69,27 @@ export class PricesRepo {
             `UPDATE prices SET model = $2, project_id = $3, prompt_token_cost = $4,
                completion_token_cost = $5, cache_read_input_token_cost = $6,
                cache_creation_input_token_cost = $7, effective_date = $8
-             WHERE id = $1 RETURNING *`,
-            [existing.id, ...values],
+             WHERE id = $1 RETURNING ${PRICES.columns()}`,
+            [PRICES.read(existing).id, ...values],
           )
         : await tx.one(
-            `INSERT INTO prices (id, model, project_id, prompt_token_cost, completion_token_cost,
-               cache_read_input_token_cost, cache_creation_input_token_cost, effective_date, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING *`,
+            `INSERT INTO prices (${PRICES.columns()}, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING ${PRICES.columns()}`,
             [uuidv7(this.#now()), ...values, Math.floor(this.#now() / 1000)],
           );
-      return toPrice(row!);
+      return PRICES.read(row!);
     });
   }
 
   /** Prices visible to a project (its own and the defaults), or only the defaults. */
   async list(options: { project_id?: string | null; model?: string } = {}): Promise<Price[]> {
     const rows = await this.#sql.query(
-      `SELECT * FROM prices WHERE (project_id IS NULL OR project_id = $1)
+      `SELECT ${PRICES.columns()} FROM prices WHERE (project_id IS NULL OR project_id = $1)
          AND (CAST($2 AS TEXT) IS NULL OR model = $2)
        ORDER BY model, effective_date, project_id`,
       [options.project_id ?? null, options.model ?? null],
     );
-    return rows.map(toPrice);
+    return rows.map(PRICES.read);
   }
 
   /** Deletes a price; a project may only delete its own (null = a default price). */

@@ -1,4 +1,5 @@
 import { createHash } from "node:crypto";
+import { num, numOrNull, rowSchema, str } from "./rows.ts";
 import type { PostgresSql, Sql } from "./sql.ts";
 
 /**
@@ -125,6 +126,11 @@ export class MemoryRateLimits implements RateLimitState {
   async close(): Promise<void> {}
 }
 
+/** The `rate_buckets` table: a name's bucket (tokens null: never drawn from, so full). */
+const BUCKETS = rowSchema({ name: str, tokens: numOrNull, updated_at: num });
+/** A name's live leases, counted. */
+const HELD = rowSchema({ name: str, held: num });
+
 /**
  * Limits shared by every replica on one PostgreSQL: one transaction per check. It upserts and
  * locks the row of every name involved (in name order, so two checks never deadlock), counts
@@ -146,28 +152,26 @@ export class PgRateLimits implements RateLimitState {
     const names = [...new Set([...buckets, ...slots].map((l) => l.name))].sort();
     return this.#sql.transaction(async (tx) => {
       // A no-op update on conflict: it locks the row and returns it as it is.
-      const rows = await tx.query<{ name: string; tokens: number | null; updated_at: number }>(
-        `INSERT INTO rate_buckets (name, tokens, updated_at)
+      const rows = await tx.query(
+        `INSERT INTO rate_buckets (${BUCKETS.columns()})
          SELECT n, NULL, $2 FROM unnest($1::text[]) WITH ORDINALITY AS u(n, i) ORDER BY i
          ON CONFLICT (name) DO UPDATE SET updated_at = rate_buckets.updated_at
-         RETURNING name, tokens, updated_at`,
+         RETURNING ${BUCKETS.columns()}`,
         [`{${names.map(arrayItem).join(",")}}`, now],
       );
-      const state = new Map(rows.map((r) => [r.name, r]));
+      const state = new Map(rows.map((row) => BUCKETS.read(row)).map((b) => [b.name, b]));
       const tokens = buckets.map(({ name, limit }) => {
         const row = state.get(name);
-        return row?.tokens == null
-          ? limit
-          : refill(limit, Number(row.tokens), Number(row.updated_at), now);
+        return row?.tokens == null ? limit : refill(limit, row.tokens, row.updated_at, now);
       });
       let held: number[] = [];
       if (slots.length > 0 && tokens.every((t) => t >= 1)) {
-        const counts = await tx.query<{ name: string; held: number }>(
+        const counts = await tx.query(
           `SELECT name, COUNT(*) AS held FROM rate_leases
            WHERE name = ANY($1::text[]) AND expires_at > $2 GROUP BY name`,
           [`{${slots.map((s) => arrayItem(s.name)).join(",")}}`, now],
         );
-        const byName = new Map(counts.map((c) => [c.name, Number(c.held)]));
+        const byName = new Map(counts.map((row) => HELD.read(row)).map((c) => [c.name, c.held]));
         held = slots.map((s) => byName.get(s.name) ?? 0);
       }
       const refused = decide(tokens, held, slots);
@@ -175,7 +179,7 @@ export class PgRateLimits implements RateLimitState {
       const drawn = buckets.map(({ name }, i) => ({
         name,
         tokens: tokens[i]! - 1,
-        updated: Math.max(now, Number(state.get(name)?.updated_at ?? now)),
+        updated: Math.max(now, state.get(name)?.updated_at ?? now),
       }));
       await tx.exec(
         `WITH drawn AS (

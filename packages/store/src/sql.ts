@@ -2,6 +2,7 @@ import { resolve } from "node:path";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
 import pg from "pg";
 import { InvalidInputError } from "./errors.ts";
+import { str } from "./rows.ts";
 
 export type Dialect = "sqlite" | "postgres";
 export type SqlValue = string | number | bigint | boolean | null | undefined | Uint8Array;
@@ -62,8 +63,8 @@ export async function presentAmong(
 ): Promise<Set<string>> {
   const found = new Set<string>();
   for (let i = 0; i < values.length; i += 5000) {
-    const rows = await sql.query<{ value: string }>(query, [listParam(values.slice(i, i + 5000))]);
-    for (const row of rows) found.add(String(row.value));
+    const rows = await sql.query(query, [listParam(values.slice(i, i + 5000))]);
+    for (const row of rows) found.add(str(row.value));
   }
   return found;
 }

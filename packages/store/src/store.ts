@@ -7,6 +7,7 @@ import { DatasetsRepo } from "./datasets.ts";
 import { isUniqueViolation } from "./errors.ts";
 import { ApiKeysRepo, EntitiesRepo, UsersRepo } from "./identity.ts";
 import { JobsRepo } from "./jobs.ts";
+import { MemoryBlobStore } from "./memory-blobs.ts";
 import { migrate } from "./migrations.ts";
 import { ModelsRepo } from "./models.ts";
 import { PgBlobStore } from "./pg-blobs.ts";
@@ -15,9 +16,9 @@ import { type Dialect, PostgresSql, type Sql, SqliteSql } from "./sql.ts";
 
 export interface StoreOptions {
   /**
-   * SQLite: the data directory holding `arbor.db` (and `blobs/`), or ":memory:" (then blobs
-   * need `blobDir`). Ignored for the database when `databaseUrl` is set, but still the default
-   * home of blobs.
+   * SQLite: the data directory holding `arbor.db` (and `blobs/`), or ":memory:" (then blobs are
+   * kept in memory too, unless `blobDir` is given). Ignored for the database when `databaseUrl`
+   * is set, but still the default home of `fs` blobs.
    */
   dataDir?: string;
   /** A postgres:// URL: use PostgreSQL instead of SQLite. */
@@ -25,8 +26,9 @@ export interface StoreOptions {
   /** PostgreSQL only: the schema to use (created when missing). */
   schema?: string;
   /** Where checkpoint and dataset files live: `postgres` (the database's own tables, shared by
-   * every replica; only with `databaseUrl`) or `fs` (a directory). Default: `postgres` with
-   * `databaseUrl`, else `fs`. */
+   * every replica; only with `databaseUrl`) or `fs` (a directory: `blobDir`, else
+   * `<dataDir>/blobs`; with neither, an in-memory SQLite store keeps them in memory). Default:
+   * `postgres` with `databaseUrl`, else `fs`. */
   blobs?: BlobBackend;
   /** `fs` blobs: where they go; default `<dataDir>/blobs`. */
   blobDir?: string;
@@ -60,8 +62,9 @@ export interface Store {
   readonly datasets: DatasetsRepo;
   readonly calls: CallsRepo;
   readonly prices: PricesRepo;
-  /** undefined when the store has no place for blobs (SQLite ":memory:" without blobDir). */
-  readonly blobs: BlobStore | undefined;
+  /** Checkpoint and dataset files: in PostgreSQL, in a directory, or in memory beside an
+   * in-memory SQLite database. */
+  readonly blobs: BlobStore;
   /** The migration versions applied by this open. */
   readonly migrated: number[];
   ping(): Promise<PingResult>;
@@ -77,6 +80,14 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
   const blobBackend = options.blobs ?? (options.databaseUrl ? "postgres" : "fs");
   if (blobBackend === "postgres" && !options.databaseUrl) {
     throw new Error("Blobs in PostgreSQL need a databaseUrl (SQLite keeps them in a directory).");
+  }
+  const blobDir =
+    options.blobDir ??
+    (options.dataDir && options.dataDir !== ":memory:"
+      ? join(options.dataDir, "blobs")
+      : undefined);
+  if (blobBackend === "fs" && !blobDir && options.databaseUrl) {
+    throw new Error("Blobs in files (fs) on PostgreSQL need a dataDir or a blobDir.");
   }
   let sql: Sql;
   if (options.databaseUrl) {
@@ -116,17 +127,13 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
     throw err;
   }
 
-  const blobDir =
-    options.blobDir ??
-    (options.dataDir && options.dataDir !== ":memory:"
-      ? join(options.dataDir, "blobs")
-      : undefined);
-  const blobs =
+  // SQLite in memory without a blobDir: blobs in memory too, gone with the store like its rows.
+  const blobs: BlobStore =
     blobBackend === "postgres" && sql instanceof PostgresSql
       ? new PgBlobStore(sql, now)
       : blobDir
         ? new FsBlobStore(blobDir)
-        : undefined;
+        : new MemoryBlobStore(now);
 
   return {
     dialect: sql.dialect,

@@ -9,6 +9,7 @@ import {
   BlobChangedError,
   type BlobStore,
   FsBlobStore,
+  MemoryBlobStore,
   PgBlobStore,
   type PostgresSql,
   WRITER_TAG,
@@ -35,6 +36,15 @@ const backends: Backend[] = [
         another: () => new FsBlobStore(root),
         close: async () => rmSync(root, { recursive: true, force: true }),
       };
+    },
+  },
+  {
+    name: "MemoryBlobStore",
+    skip: false,
+    async open() {
+      const blobs = new MemoryBlobStore();
+      // One process's memory: another handle is the same store.
+      return { blobs, another: () => blobs, close: async () => {} };
     },
   },
   {
@@ -197,6 +207,25 @@ for (const backend of backends) {
     );
   });
 }
+
+describe("MemoryBlobStore", () => {
+  it("when a caller changes the bytes it put, got or streamed, then the blob stays as put", async () => {
+    const blobs = new MemoryBlobStore();
+    const body = Buffer.from("abc");
+    await blobs.put("k/x", body);
+    body.fill(0);
+    (await blobs.get("k/x"))!.fill(0);
+    for await (const chunk of (await blobs.stream("k/x"))!) (chunk as Buffer).fill(0);
+    expect((await blobs.get("k/x"))?.toString()).toBe("abc");
+  });
+
+  it("when a blob is written, then its time is the store's clock", async () => {
+    const blobs = new MemoryBlobStore(() => 1234);
+    await blobs.put("k/t", "x");
+    expect(await blobs.info("k/t")).toEqual({ bytes: 1, modifiedAt: 1234 });
+    expect(await blobs.sweepPartial()).toEqual([]);
+  });
+});
 
 describe("FsBlobStore", () => {
   const root = mkdtempSync(join(tmpdir(), "arbor-blobs-"));

@@ -59,7 +59,7 @@ describeBackends("a writer killed with SIGKILL", (ctx) => {
       const datasets = await store.datasets.list("crash-ent", { limit: 1000 });
       expect(datasets.data.length).toBeGreaterThanOrEqual(ticks);
       for (const d of datasets.data) {
-        const blob = await store.blobs?.get(d.blob_key);
+        const blob = await store.blobs.get(d.blob_key);
         expect(blob?.length).toBe(d.bytes);
       }
       // The store still takes writes.

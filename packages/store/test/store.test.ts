@@ -1,5 +1,5 @@
 import { expect, it } from "vitest";
-import { MIGRATIONS, migrate, openStore } from "../src/index.ts";
+import { MemoryBlobStore, MIGRATIONS, migrate, openStore } from "../src/index.ts";
 import { describeBackends } from "./helpers.ts";
 
 describeBackends("openStore", (ctx) => {
@@ -107,10 +107,18 @@ describeBackends("openStore", (ctx) => {
   });
 });
 
-it("opens an in-memory SQLite store by default", async () => {
+it("opens an in-memory SQLite store by default, with its blobs in memory too", async () => {
   const store = await openStore();
   expect(store.dialect).toBe("sqlite");
-  expect(store.blobs).toBeUndefined();
+  expect(store.blobs).toBeInstanceOf(MemoryBlobStore);
+  await store.blobs.put("datasets/d.jsonl", "{}\n");
+  expect((await store.blobs.get("datasets/d.jsonl"))?.toString()).toBe("{}\n");
   expect((await store.ping()).success).toBe(true);
   await store.close();
+});
+
+it("when blobs in files are asked for on PostgreSQL with no directory for them, then it does not open", async () => {
+  await expect(
+    openStore({ databaseUrl: "postgres://127.0.0.1:1/none", blobs: "fs", dataDir: ":memory:" }),
+  ).rejects.toThrow("Blobs in files (fs) on PostgreSQL need a dataDir or a blobDir.");
 });

@@ -1,7 +1,12 @@
 /** The adapter check's thread: reads each upload's PEFT files, checks them against the base and
  * writes them again as this base's F32 files (see AdapterChecker in adapters.ts). */
 import { parentPort } from "node:worker_threads";
-import { AdapterError, adapterFromFiles, adapterToFiles, type ModelConfig } from "@arbor/engine";
+import {
+  AdapterError,
+  adapterFromFiles,
+  adapterToFiles,
+  type ModelConfig,
+} from "@arbor/engine/model";
 
 parentPort!.on(
   "message",

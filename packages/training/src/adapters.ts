@@ -3,7 +3,7 @@ import { Readable, Transform, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { Worker } from "node:worker_threads";
 import { createGunzip } from "node:zlib";
-import type { ModelConfig } from "@arbor/engine";
+import type { ModelConfig } from "@arbor/engine/model";
 import {
   type BlobStore,
   type Checkpoint,
@@ -357,7 +357,6 @@ async function addAdapter(store: Store, input: ImportAdapterInput): Promise<Chec
   }
   input.signal?.throwIfAborted();
   const blobs = store.blobs;
-  if (!blobs) throw new Error("the store has no blob directory");
   const step = (model.latest_step ?? 0) + 1;
   let prefix: string | undefined;
   try {

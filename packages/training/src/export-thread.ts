@@ -9,7 +9,7 @@ import {
   loadModel,
   mergeAdapter,
   parseConfig,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 
 const { kind, baseDir, files, path, name } = workerData as {
   kind: "gguf" | "gguf-lora";

@@ -3,13 +3,8 @@
  * schemas, stored with the job's row), how it is enqueued, and how its stored spec becomes the
  * engine's configuration. The server enqueues through here; the runner reads through here.
  */
-import {
-  HEAD_TARGET,
-  LORA_TARGETS,
-  type LoraConfig,
-  type RlConfig,
-  type SftConfig,
-} from "@arbor/engine";
+import { HEAD_TARGET, LORA_TARGETS, type LoraConfig } from "@arbor/engine/model";
+import type { RlConfig, SftConfig } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
 import {
   InvalidInputError,
@@ -97,7 +92,6 @@ export async function enqueueRlJob(
   validateTrajectoryGroups(request.trajectory_groups, request.experimental_config ?? {});
   checkRlSpec(request.experimental_config ?? {});
   const blobs = store.blobs;
-  if (!blobs) throw new Error("the store has no blob directory");
   const payload = `${PAYLOADS_PREFIX}${uuidv7()}.json`;
   await blobs.put(payload, JSON.stringify(request.trajectory_groups));
   try {

@@ -37,7 +37,6 @@ export interface SweepOptions {
 export async function sweepBlobs(store: Store, options: SweepOptions = {}): Promise<SweepResult> {
   const result: SweepResult = { partial: [], checkpoints: [], datasets: [], payloads: [] };
   const blobs = store.blobs;
-  if (!blobs) return result;
   const now = options.now ?? Date.now;
   const grace = options.graceMs ?? 15 * 60_000;
   const uploadGrace = options.uploadGraceMs ?? 60_000;

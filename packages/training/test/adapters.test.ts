@@ -9,7 +9,7 @@ import {
   createLoraAdapter,
   type Model as EngineModel,
   loadModel,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 import { DomainError, InvalidInputError, type Model, openStore, type Store } from "@arbor/store";
 import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -159,7 +159,7 @@ describe("importAdapter and checkpointAdapterTar", () => {
       files: adapterFiles(),
     });
     expect(checkpoint.step).toBe(1);
-    const out = await checkpointAdapterTar(store.blobs!, checkpoint, "m-step1");
+    const out = await checkpointAdapterTar(store.blobs, checkpoint, "m-step1");
     const chunks: Buffer[] = [];
     for await (const chunk of out.open()) chunks.push(chunk as Buffer);
     const body = Buffer.concat(chunks);
@@ -175,7 +175,7 @@ describe("importAdapter and checkpointAdapterTar", () => {
   });
 
   it("when an adapter does not fit the base, then nothing is stored and the error names the field or tensor", async () => {
-    const before = await store.blobs!.list("checkpoints/");
+    const before = await store.blobs.list("checkpoints/");
     const latest = (await store.models.get("e", model.id))!;
     const wrongBase = adapterToFiles(
       createLoraAdapter(base, { rank: 2, alpha: 4, baseModel: "Qwen/Qwen3-0.6B" }, 1),
@@ -199,12 +199,12 @@ describe("importAdapter and checkpointAdapterTar", () => {
       expect(err).toBeInstanceOf(InvalidInputError);
       expect(err).toMatchObject({ param, code: "invalid_adapter" });
     }
-    expect(await store.blobs!.list("checkpoints/")).toEqual(before);
+    expect(await store.blobs.list("checkpoints/")).toEqual(before);
     expect((await store.models.get("e", model.id))!.latest_step).toBe(latest.latest_step);
   });
 
   it("when the adapter's weights are not finite numbers, or absurdly large, then nothing is stored and the error names the tensor", async () => {
-    const before = await store.blobs!.list("checkpoints/");
+    const before = await store.blobs.list("checkpoints/");
     const latest = (await store.models.get("e", model.id))!;
     const name = "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight";
     for (const value of [Number.NaN, Number.POSITIVE_INFINITY, 1e30]) {
@@ -221,12 +221,12 @@ describe("importAdapter and checkpointAdapterTar", () => {
       expect(err).toBeInstanceOf(InvalidInputError);
       expect(err).toMatchObject({ param: name, code: "invalid_adapter" });
     }
-    expect(await store.blobs!.list("checkpoints/")).toEqual(before);
+    expect(await store.blobs.list("checkpoints/")).toEqual(before);
     expect((await store.models.get("e", model.id))!.latest_step).toBe(latest.latest_step);
   });
 
   it("when the upload's client has gone (its signal aborted), then the check stops and nothing is stored", async () => {
-    const before = await store.blobs!.list("checkpoints/");
+    const before = await store.blobs.list("checkpoints/");
     const latest = (await store.models.get("e", model.id))!;
     const gone = new AbortController();
     const pending = importAdapter(store, {
@@ -237,7 +237,7 @@ describe("importAdapter and checkpointAdapterTar", () => {
     });
     gone.abort(new Error("the client went away"));
     await expect(pending).rejects.toThrow("the client went away");
-    expect(await store.blobs!.list("checkpoints/")).toEqual(before);
+    expect(await store.blobs.list("checkpoints/")).toEqual(before);
     expect((await store.models.get("e", model.id))!.latest_step).toBe(latest.latest_step);
   });
 });

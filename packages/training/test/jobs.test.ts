@@ -251,12 +251,12 @@ describe("enqueueRlJob", () => {
       experimental_config: { learning_rate: 1e-4 },
     });
     expect(job.payload_ref?.startsWith(PAYLOADS_PREFIX)).toBe(true);
-    expect(JSON.parse((await store.blobs!.get(job.payload_ref!))!.toString())).toEqual(groups);
+    expect(JSON.parse((await store.blobs.get(job.payload_ref!))!.toString())).toEqual(groups);
     expect(rlJobSpec(job)).toEqual({ learning_rate: 1e-4 });
   });
 
   it("when a trajectory has no sampled choice, then it is refused naming it, and no blob is left", async () => {
-    const before = await store.blobs!.list(PAYLOADS_PREFIX);
+    const before = await store.blobs.list(PAYLOADS_PREFIX);
     await expect(
       enqueueRlJob(store, model, {
         trajectory_groups: [
@@ -268,6 +268,6 @@ describe("enqueueRlJob", () => {
       code: "invalid_trajectory",
       param: "trajectory_groups[0].trajectories[0].messages_and_choices",
     });
-    expect(await store.blobs!.list(PAYLOADS_PREFIX)).toEqual(before);
+    expect(await store.blobs.list(PAYLOADS_PREFIX)).toEqual(before);
   });
 });

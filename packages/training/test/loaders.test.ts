@@ -1,15 +1,15 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { createWasmKernels } from "@arbor/engine/kernels";
 import {
   catalogModelDir,
   createKvCache,
-  createWasmKernels,
   forwardBatch,
   loadModel,
   type Model,
   saveModel,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { baseModels } from "../src/runner/loaders.ts";
 

@@ -1,7 +1,8 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createWasmKernels, type SftExample } from "@arbor/engine";
+import { createWasmKernels } from "@arbor/engine/kernels";
+import type { SftExample } from "@arbor/engine/train";
 import { openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -181,7 +182,7 @@ describe("TrainingWorker.runJob", () => {
     expect(events[0]!.data).toEqual({ num_sequences: 6 });
     const steps = (await store.models.listCheckpoints("e", m.id, { order: "asc" })).data;
     expect(steps.map((c) => c.step)).toEqual([0, 2, 4, 6]);
-    const files = await readCheckpointFiles(store.blobs!, steps.at(-1)!.blob_key!);
+    const files = await readCheckpointFiles(store.blobs, steps.at(-1)!.blob_key!);
     const config = JSON.parse(new TextDecoder().decode(files["adapter_config.json"]!));
     expect(config).toMatchObject({ r: 4, base_model_name_or_path: "arbor/tiny-chat" });
     expect(files["optimizer.bin"]).toBeDefined();
@@ -207,7 +208,7 @@ describe("TrainingWorker.runJob", () => {
     );
     const steps = (await store.models.listCheckpoints("e", m.id, { order: "asc" })).data;
     expect(steps.map((c) => c.step)).toEqual([0]);
-    expect(await store.blobs!.list(`checkpoints/${m.id}/`)).toEqual([]);
+    expect(await store.blobs.list(`checkpoints/${m.id}/`)).toEqual([]);
   });
 
   it("when a running job is cancelled, then it stops and reports the run as cancelled", async () => {
@@ -299,7 +300,7 @@ describe("TrainingWorker.runJob", () => {
 
   it("when the data has a bad line, then the job fails before its first step naming the line", async () => {
     const m = await model("bad-data");
-    await store.blobs!.put(
+    await store.blobs.put(
       "datasets/bad.jsonl",
       `{"messages": [{"role": "user", "content": "x"}]}\n`,
     );

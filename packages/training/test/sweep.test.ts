@@ -37,14 +37,14 @@ describe("sweepBlobs", () => {
   it("when checkpoint folders have no row, then they go at once when their model is gone, else after a grace", async () => {
     const idle = await model("idle");
     const busy = await model("busy");
-    const named = await writeCheckpointFiles(store.blobs!, idle.id, 1, files);
+    const named = await writeCheckpointFiles(store.blobs, idle.id, 1, files);
     await store.models.addCheckpoint("e", idle.id, { step: 1, blob_key: named });
     // No job runs for `idle`: an adapter upload on another replica may be between its files
     // and its row (blobs shared in PostgreSQL), so its folder waits out the grace too.
-    const uploading = await writeCheckpointFiles(store.blobs!, idle.id, 2, files);
-    const inFlight = await writeCheckpointFiles(store.blobs!, busy.id, 1, files);
+    const uploading = await writeCheckpointFiles(store.blobs, idle.id, 2, files);
+    const inFlight = await writeCheckpointFiles(store.blobs, busy.id, 1, files);
     const ofDeletedModel = await writeCheckpointFiles(
-      store.blobs!,
+      store.blobs,
       "0193a0b3-dead-7000-8000-000000000000",
       1,
       files,
@@ -55,19 +55,19 @@ describe("sweepBlobs", () => {
     const swept = await sweepBlobs(store);
     expect(swept.checkpoints).toEqual([ofDeletedModel]);
     for (const kept of [named, uploading, inFlight])
-      expect(await store.blobs!.exists(`${kept}adapter_config.json`)).toBe(true);
+      expect(await store.blobs.exists(`${kept}adapter_config.json`)).toBe(true);
 
     // A minute on, no upload is still writing; a running job may be, for the whole grace.
     const soon = await sweepBlobs(store, { now: () => Date.now() + 61_000 });
     expect(soon.checkpoints).toEqual([uploading]);
     const later = await sweepBlobs(store, { now: () => Date.now() + 16 * 60_000 });
     expect(later.checkpoints).toEqual([inFlight]);
-    expect(await store.blobs!.exists(`${named}adapter_config.json`)).toBe(true);
+    expect(await store.blobs.exists(`${named}adapter_config.json`)).toBe(true);
   });
 
   it("when a dataset file or RL input has no row, then it goes once older than the grace", async () => {
-    await store.blobs!.put("datasets/unnamed.jsonl", "{}");
-    await store.blobs!.put("jobs/payloads/unnamed.json", "[]");
+    await store.blobs.put("datasets/unnamed.jsonl", "{}");
+    await store.blobs.put("jobs/payloads/unnamed.json", "[]");
     expect((await sweepBlobs(store)).datasets).toEqual([]);
     const later = await sweepBlobs(store, { now: () => Date.now() + 16 * 60_000 });
     expect(later.datasets).toEqual(["datasets/unnamed.jsonl"]);

@@ -1,5 +1,5 @@
 import { readdirSync, readFileSync, statSync } from "node:fs";
-import { join, relative } from "node:path";
+import { join, relative, sep } from "node:path";
 import { describe, expect, it } from "vitest";
 
 /**
@@ -65,6 +65,15 @@ function sources(dir: string): string[] {
   return out;
 }
 
+/** The specifiers a source file imports, re-exports, or loads by URL (a worker's module). */
+function imports(file: string): string[] {
+  const text = readFileSync(file, "utf8");
+  return [
+    ...text.matchAll(/(?:from|import)\s*\(?\s*["']([^"']+)["']/g),
+    ...text.matchAll(/new URL\(\s*["']([^"']+\.ts)["'],\s*import\.meta\.url\s*\)/g),
+  ].map(([, spec]) => spec!);
+}
+
 describe("the dependency direction", () => {
   it("when every workspace's package.json is read, then it depends only on what its layer may", () => {
     const wrong: string[] = [];
@@ -85,9 +94,7 @@ describe("the dependency direction", () => {
     const wrong: string[] = [];
     for (const { name, dir } of workspaces) {
       for (const file of sources(dir)) {
-        const text = readFileSync(file, "utf8");
-        for (const [, spec] of text.matchAll(/(?:from|import)\s*\(?\s*["']([^"']+)["']/g)) {
-          const target = spec!;
+        for (const target of imports(file)) {
           if (target.startsWith("@arbor/")) {
             const pkg = target.split("/").slice(0, 2).join("/");
             if (pkg !== name && !(importable[name] ?? []).includes(pkg))
@@ -102,5 +109,72 @@ describe("the dependency direction", () => {
       }
     }
     expect(wrong).toEqual([]);
+  });
+});
+
+/**
+ * The engine's layers (ADR 52; the engine's README, Layers and exports): each directory of its
+ * src/ may import itself and the layers listed, nothing else of the engine. Its tests may
+ * import any layer (a layer's tests exercise it with what uses it), so they are left out.
+ */
+const engine = join(root, "packages/engine");
+const engineLayers: Record<string, readonly string[]> = {
+  kernels: [],
+  model: ["kernels"],
+  serve: ["model", "kernels"],
+  train: ["model", "kernels"],
+};
+
+/** The directory of the engine's src/ (its layer) that `file`'s import `target` is in; nothing
+ * for anything else (another package, or the engine's data outside src/, like models/). */
+function engineLayerOf(file: string, target: string): string | undefined {
+  if (target.startsWith("@arbor/engine/")) return target.split("/")[2];
+  if (!target.startsWith(".")) return undefined;
+  const path = relative(join(engine, "src"), join(file, "..", target));
+  return path.startsWith("..") ? undefined : path.split(sep)[0];
+}
+
+describe("the engine's layers", () => {
+  it("when every engine module's imports are read, then each reaches only its own layer and those below it", () => {
+    const wrong: string[] = [];
+    for (const file of sources(join(engine, "src"))) {
+      if (file.endsWith(".test.ts")) continue;
+      const at = relative(root, file);
+      const layer = relative(join(engine, "src"), file).split(sep)[0]!;
+      const may = engineLayers[layer];
+      if (!may) {
+        wrong.push(
+          `${at} is in no layer: move it into src/${Object.keys(engineLayers).join("/, src/")}/`,
+        );
+        continue;
+      }
+      for (const target of imports(file)) {
+        const into = engineLayerOf(file, target);
+        if (into === undefined || into === layer || may.includes(into)) continue;
+        wrong.push(
+          `${at} (${layer}) imports ${target} (${into}), but ${layer} may import only ${[layer, ...may].join(", ")}` +
+            (into in engineLayers ? "; move what both use into a layer both may import" : ""),
+        );
+      }
+    }
+    expect(wrong).toEqual([]);
+  });
+
+  it("when the engine's package.json is read, then it exports each layer's index.ts and test helpers, and no root", () => {
+    const pkg = JSON.parse(readFileSync(join(engine, "package.json"), "utf8")) as {
+      exports: Record<string, unknown>;
+    };
+    const layers = Object.keys(pkg.exports).filter((key) => !key.startsWith("./test/"));
+    expect(layers.sort()).toEqual(
+      Object.keys(engineLayers)
+        .map((layer) => `./${layer}`)
+        .sort(),
+    );
+    for (const layer of Object.keys(engineLayers)) {
+      expect(pkg.exports[`./${layer}`]).toEqual({
+        types: `./src/${layer}/index.ts`,
+        default: `./src/${layer}/index.ts`,
+      });
+    }
   });
 });

@@ -11,7 +11,7 @@ import {
   readChatFiles,
   readGguf,
   saveModel,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 import { expectServedLikeReference, torchTest, unpackAdapter } from "./torch.ts";

@@ -13,7 +13,7 @@ import {
   loadModel,
   readGguf,
   readSafetensors,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
 import { LlamaCppBackend } from "@arbor/server";
 import { readAdapterTar } from "@arbor/training";
 import { entryHeader, gzipBomb } from "@arbor/training/test/tar-fixtures";
@@ -371,7 +371,7 @@ describe("createCheckpoint", () => {
     await new Promise((r) => setTimeout(r, 300));
     const list = await client.training.models.checkpoints.list(target.id);
     expect(list.data.map((c) => c.step)).toEqual([0]);
-    expect(await server.store.blobs!.list(`checkpoints/${target.id}/`)).toEqual([]);
+    expect(await server.store.blobs.list(`checkpoints/${target.id}/`)).toEqual([]);
   });
 
   it("when the adapter or its tar is wrong, then 400 names why and nothing is stored", async () => {
@@ -422,7 +422,7 @@ describe("createCheckpoint", () => {
     expect((await upload(target.id, Buffer.from("{}"), "application/json")).status).toBe(415);
     const list = await client.training.models.checkpoints.list(target.id);
     expect(list.data.map((c) => c.step)).toEqual([0]);
-    const blobs = await server.store.blobs!.list(`checkpoints/${target.id}/`);
+    const blobs = await server.store.blobs.list(`checkpoints/${target.id}/`);
     expect(blobs).toEqual([]);
   });
 
@@ -528,7 +528,7 @@ describe.each(stores)("createCheckpoint: bounded work on $name", ({ postgres, sk
   async function expectNothingStored(modelId: string): Promise<void> {
     const list = await own.authorizedClient().training.models.checkpoints.list(modelId);
     expect(list.data.map((c) => c.step)).toEqual([0]);
-    expect(await own.store.blobs!.list(`checkpoints/${modelId}/`)).toEqual([]);
+    expect(await own.store.blobs.list(`checkpoints/${modelId}/`)).toEqual([]);
   }
   const withWeights = (safetensors: Uint8Array, config?: Record<string, unknown>) =>
     tarOf([

@@ -13,7 +13,7 @@ import { isBuiltin } from "node:module";
 import { tmpdir } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
 import { promisify } from "node:util";
-import { catalogModelDir } from "@arbor/engine";
+import { catalogModelDir } from "@arbor/engine/model";
 import { shippedModelFiles, startHubStandin } from "@arbor/engine/test/hub-standin";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";

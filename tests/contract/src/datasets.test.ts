@@ -56,7 +56,7 @@ describe("createDataset", () => {
     expect(data!.created_at).toBeLessThanOrEqual(Math.ceil(Date.now() / 1000));
     const row = await server.store.datasets.get("default", id);
     expect(row).toMatchObject({ id, entity: "default", bytes: data!.bytes, lines: 2 });
-    expect((await server.store.blobs!.get(row!.blob_key))?.toString("utf8")).toBe(good);
+    expect((await server.store.blobs.get(row!.blob_key))?.toString("utf8")).toBe(good);
   });
 
   it.each(["application/jsonl", "application/x-ndjson", "text/plain"])(
@@ -146,12 +146,12 @@ describe("createDataset", () => {
 
   it("when an upload is rejected, then nothing is stored", async () => {
     const tenant = await server.newTenant("rejected-uploads");
-    const blobsBefore = await server.store.blobs!.list("datasets/");
+    const blobsBefore = await server.store.blobs.list("datasets/");
     const bad = `${line("a", "b")}\nnot json\n`;
     expect((await upload(bad, { as: tenant.client })).response.status).toBe(400);
     expect((await upload("", { as: tenant.client })).response.status).toBe(400);
     expect((await server.store.datasets.list(tenant.entity)).data).toEqual([]);
-    expect(await server.store.blobs!.list("datasets/")).toEqual(blobsBefore);
+    expect(await server.store.blobs.list("datasets/")).toEqual(blobsBefore);
   });
 
   it("when the project header names another entity of the key, then the dataset belongs to it", async () => {

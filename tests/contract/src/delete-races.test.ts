@@ -1,6 +1,6 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine/model";
 import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
@@ -68,7 +68,7 @@ describe.each(stores)("deletes racing adapter uploads on $name", ({ postgres, en
         return { status: response.status, text };
       }),
     );
-  const files = (modelId: string) => server.store.blobs!.list(`checkpoints/${modelId}/`);
+  const files = (modelId: string) => server.store.blobs.list(`checkpoints/${modelId}/`);
 
   it.skipIf(skip !== null)(
     "when a model is deleted while uploads to it run, then each answers 2xx, 404 or 409, and none of its files or folders stay",

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import * as remote from "@arbor/cli/remote";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
-import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine/model";
 import tar from "tar-stream";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";

@@ -1,5 +1,5 @@
 import { type ArborClient, unwrap } from "@arbor/client";
-import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine/model";
 import type { Store } from "@arbor/store";
 import { writeCheckpointFiles } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -141,10 +141,10 @@ describe("a checkpoint deleted while it is being served", () => {
     const model = await newModel("vanishing");
     const base = await loadModel(catalogModelDir("arbor/tiny-chat"));
     const files = adapterToFiles(createLoraAdapter(base, { baseModel: "arbor/tiny-chat" }));
-    const prefix = await writeCheckpointFiles(server.store.blobs!, model.id, 1, files);
+    const prefix = await writeCheckpointFiles(server.store.blobs, model.id, 1, files);
     await server.store.models.addCheckpoint("default", model.id, { step: 1, blob_key: prefix });
     // The concurrent delete's second half: its row still read, its files already removed.
-    await server.store.blobs!.deletePrefix(prefix);
+    await server.store.blobs.deletePrefix(prefix);
     const { response, error } = await chat("default/hard/vanishing:step1");
     expect(response.status).toBe(404);
     expect((error as { error: { code: string } }).error.code).toBe("model_not_found");

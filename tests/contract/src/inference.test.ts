@@ -1,7 +1,7 @@
 import { cpSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type ArborClient, type ChatCompletionChunk, RateLimitError, unwrap } from "@arbor/client";
-import { catalogModelDir } from "@arbor/engine";
+import { catalogModelDir } from "@arbor/engine/model";
 import { loadSpec } from "@arbor/server";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";

@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ArborClient } from "@arbor/client";
-import { catalogModelDir, exportGguf, loadModel } from "@arbor/engine";
+import { catalogModelDir, exportGguf, loadModel } from "@arbor/engine/model";
 import { LlamaCppBackend } from "@arbor/server";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";

@@ -3,7 +3,7 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { ArborClient } from "@arbor/client";
-import { loadModel } from "@arbor/engine";
+import { loadModel } from "@arbor/engine/model";
 import { readAdapterTar } from "@arbor/training";
 import { expect } from "vitest";
 
@@ -25,8 +25,8 @@ export function torchTest(name: string): boolean {
 }
 
 const script = join(
-  dirname(fileURLToPath(import.meta.resolve("@arbor/engine"))),
-  "../test/torch_reference.py",
+  dirname(fileURLToPath(import.meta.resolve("@arbor/engine/model"))),
+  "../../test/torch_reference.py",
 );
 
 /**

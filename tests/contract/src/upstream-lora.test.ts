@@ -3,7 +3,7 @@ import { readdir, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ArborClient, type TrainingJobEvent, unwrap } from "@arbor/client";
-import { LORA_TARGETS } from "@arbor/engine";
+import { LORA_TARGETS } from "@arbor/engine/model";
 import { readAdapterTar } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";

@@ -1,5 +1,5 @@
-import { weightArray } from "../weights.ts";
 import type { Kernels } from "./types.ts";
+import { weightArray } from "./weight.ts";
 
 export const jsKernels: Kernels = {
   memoryLimit: Number.POSITIVE_INFINITY,

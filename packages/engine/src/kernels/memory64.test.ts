@@ -3,12 +3,12 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { randomBatch, tinyModel } from "../../test/fixtures.ts";
-import { createKvCache, forwardBatch } from "../forward.ts";
-import { ggufBytes } from "../gguf.ts";
-import { createLoraAdapter, loraHooks, loraParameters, zerosLikeAdapter } from "../lora.ts";
-import { loadModel, type Model, packModel, saveModel } from "../model.ts";
-import { Rng } from "../rng.ts";
-import { lossAndGradients } from "../train.ts";
+import { createKvCache, forwardBatch } from "../model/forward.ts";
+import { ggufBytes } from "../model/gguf.ts";
+import { createLoraAdapter, loraHooks, loraParameters, zerosLikeAdapter } from "../model/lora.ts";
+import { loadModel, type Model, packModel, saveModel } from "../model/model.ts";
+import { Rng } from "../model/rng.ts";
+import { lossAndGradients } from "../train/train.ts";
 import type { Kernels } from "./types.ts";
 import { ARENA_LIMIT, createWasmKernels } from "./wasm.ts";
 

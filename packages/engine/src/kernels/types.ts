@@ -1,4 +1,5 @@
-import type { WeightSource } from "../weights.ts";
+import type { KernelArrays } from "./table.ts";
+import type { WeightSource } from "./weight.ts";
 
 /** How a packed weight's numbers are held: F32, or BF16 (widened to F32 inside the kernels). */
 export type WeightDtype = "f32" | "bf16";
@@ -35,6 +36,9 @@ export function withWorkspace<T>(kernels: Kernels, f: (ws: Workspace) => T): T {
 /**
  * The compute kernels the model runs on. Every output element is summed in the same order
  * whatever the number of rows, so a sequence gives the same numbers alone or in a batch.
+ * A method that runs one kernel of the table (`table.ts`) takes that kernel's arguments
+ * (`KernelArrays`: in the table's order and names, arrays for its pointers, less those the
+ * WASM kernels supply themselves).
  */
 export interface Kernels {
   readonly name: string;
@@ -123,61 +127,26 @@ export interface Kernels {
     rows: number,
     D: number,
   ): void;
-  /** out = silu(gate) · up, element-wise. */
-  swiglu(out: Float32Array, gate: Float32Array, up: Float32Array, n: number): void;
+  /** out = silu(gate) · up, element-wise: (out, gate, up, n). */
+  swiglu(...args: KernelArrays<"swiglu">): void;
   /**
-   * Causal attention of n new rows at positions start… against keys/values [≥start+n, KV·hd]
-   * (grouped-query: head h reads kv head ⌊h·KV/H⌋). q and out are [n, H·hd]. With
-   * `sequences` > 1 (start 0 only), that many independent sequences of n rows are stacked in
-   * every operand.
+   * Causal attention of n new rows at positions start… against keys k and values v
+   * [≥start+n, KV·hd] (grouped-query: head h reads kv head ⌊h·KV/H⌋): (out, q, k, v, n, start,
+   * H, KV, hd). q and out are [n, H·hd]. With `sequences` > 1 (start 0 only), that many
+   * independent sequences of n rows are stacked in every operand.
    */
-  attention(
-    out: Float32Array,
-    q: Float32Array,
-    keys: Float32Array,
-    values: Float32Array,
-    n: number,
-    start: number,
-    H: number,
-    KV: number,
-    hd: number,
-    sequences?: number,
-  ): void;
-  /** dGate and dUp of out = silu(gate)·up, given dOut. */
-  swigluBackward(
-    dGate: Float32Array,
-    dUp: Float32Array,
-    dOut: Float32Array,
-    gate: Float32Array,
-    up: Float32Array,
-    n: number,
-  ): void;
-  /** Row-wise x[r] ← softmax(x[r])·scale[r]; writes each row's max and Σexp(x − max). */
-  softmaxRows(
-    x: Float32Array,
-    rows: number,
-    cols: number,
-    scale: Float32Array,
-    rowMax: Float32Array,
-    rowSum: Float32Array,
-  ): void;
+  attention(...args: [...KernelArrays<"attention">, sequences?: number]): void;
+  /** dGate and dUp of out = silu(gate)·up, given dOut: (dgate, dup, dout, gate, up, n). */
+  swigluBackward(...args: KernelArrays<"swiglu_backward">): void;
   /**
-   * Backward of causal self-attention over one sequence of n rows, recomputing probabilities.
-   * Adds into dq [n, H·hd], dk and dv [n, KV·hd]. `sequences` stacks independent sequences
-   * as in `attention`.
+   * Row-wise x[r] ← softmax(x[r])·scale[r]; writes each row's max and Σexp(x − max):
+   * (x, rows, cols, scale, rmax, rsum).
    */
-  attentionBackward(
-    dq: Float32Array,
-    dk: Float32Array,
-    dv: Float32Array,
-    q: Float32Array,
-    keys: Float32Array,
-    values: Float32Array,
-    dOut: Float32Array,
-    n: number,
-    H: number,
-    KV: number,
-    hd: number,
-    sequences?: number,
-  ): void;
+  softmaxRows(...args: KernelArrays<"softmax_rows">): void;
+  /**
+   * Backward of causal self-attention over one sequence of n rows, recomputing probabilities:
+   * (dq, dk, dv, q, k, v, dout, n, H, KV, hd). Adds into dq [n, H·hd], dk and dv [n, KV·hd].
+   * `sequences` stacks independent sequences as in `attention`.
+   */
+  attentionBackward(...args: [...KernelArrays<"attention_backward">, sequences?: number]): void;
 }

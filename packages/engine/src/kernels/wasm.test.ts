@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { assemble } from "../../scripts/build-wasm.ts";
-import { Rng } from "../rng.ts";
+import { Rng } from "../model/rng.ts";
 import { jsKernels } from "./js.ts";
 import { createWasmKernels, relaxedSimdSupported } from "./wasm.ts";
 

@@ -1,111 +1,20 @@
 /// <reference path="./wasm/webassembly.d.ts" />
 import { readFileSync } from "node:fs";
 import { totalmem } from "node:os";
-import { isWeightSource, type WeightSource } from "../weights.ts";
 import { jsKernels } from "./js.ts";
+import { invoke, type KernelArgs, type KernelExports, type KernelName } from "./table.ts";
 import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
 import { ArenaAllocator, align, MAX_PAGES, MAX_PAGES_64, PAGE } from "./wasm/arena.ts";
-import { type CALLS, call, Op, runJob } from "./wasm/jobs.ts";
-import { type Job, MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
-
-type Gemm = (
-  out: number,
-  ldo: number,
-  a: number,
-  lda: number,
-  p: number,
-  ps: number,
-  M: number,
-  N: number,
-  K: number,
-  acc: number,
-) => void;
-
-interface KernelExports {
-  gemm: Gemm;
-  gemm_at: Gemm;
-  /** `gemm` on panels of BF16 numbers, widened as they are loaded (`ps` = K·16). */
-  gemm_bf16: Gemm;
-  narrow_bf16(dst: number, src: number, n: number): void;
-  widen_bf16(dst: number, src: number, n: number): void;
-  /** B-panels of the whole 8×8 blocks of W-panels (see `weightToB`). */
-  weight_to_b(dst: number, src: number, panels: number, blocks: number, K: number, N: number): void;
-  weight_to_b_bf16(
-    dst: number,
-    src: number,
-    panels: number,
-    blocks: number,
-    K: number,
-    N: number,
-  ): void;
-  pack_b(dst: number, src: number, N: number, K: number, ps: number): void;
-  pack_w(dst: number, src: number, N: number, K: number, ps: number): void;
-  rms_norm(
-    out: number,
-    inv: number,
-    x: number,
-    w: number,
-    rows: number,
-    D: number,
-    eps: number,
-  ): void;
-  rms_norm_dw(dw: number, dy: number, x: number, inv: number, rows: number, D: number): void;
-  rms_norm_backward(
-    dx: number,
-    dy: number,
-    x: number,
-    inv: number,
-    w: number,
-    rows: number,
-    D: number,
-  ): void;
-  swiglu(out: number, gate: number, up: number, n: number): void;
-  attention(
-    out: number,
-    q: number,
-    k: number,
-    v: number,
-    n: number,
-    start: number,
-    H: number,
-    KV: number,
-    hd: number,
-    scale: number,
-    scores: number,
-  ): void;
-  swiglu_backward(
-    dgate: number,
-    dup: number,
-    dout: number,
-    gate: number,
-    up: number,
-    n: number,
-  ): void;
-  softmax_rows(
-    x: number,
-    rows: number,
-    cols: number,
-    scale: number,
-    rmax: number,
-    rsum: number,
-  ): void;
-  attention_backward(
-    dq: number,
-    dk: number,
-    dv: number,
-    q: number,
-    k: number,
-    v: number,
-    dout: number,
-    n: number,
-    H: number,
-    KV: number,
-    hd: number,
-    scale: number,
-    scores: number,
-    dps: number,
-  ): void;
-}
+import {
+  attentionBackwardJob,
+  attentionStackedJob,
+  call,
+  gemmAtJob,
+  type Job,
+  runJob,
+} from "./wasm/jobs.ts";
+import { MAX_TASKS, ThreadPool } from "./wasm/pool.ts";
+import { isWeightSource, type WeightSource } from "./weight.ts";
 
 interface Packed {
   offset: number;
@@ -380,7 +289,11 @@ export class WasmKernels implements Kernels {
     const scratch = this.heap.top;
     const floats = panelBytes(n, K) / 4;
     this.packInto(scratch, data, "w", n, K, scratch + align(floats * 4));
-    this.exports.narrow_bf16(weight.offset + (r0 / 8) * K * 16, scratch, floats);
+    invoke(this.exports, "narrow_bf16", {
+      dst: weight.offset + (r0 / 8) * K * 16,
+      src: scratch,
+      n: floats,
+    });
   }
 
   /** Rows [r0, r1) of a packed weight, unpacked to row-major F32. */
@@ -429,14 +342,14 @@ export class WasmKernels implements Kernels {
     const whole = Math.floor(N / 8);
     const blocks = Math.floor(K / 8);
     const first = weight.offset + (n0 / 8) * K * (bf16 ? 16 : 32);
-    (bf16 ? this.exports.weight_to_b_bf16 : this.exports.weight_to_b)(
+    invoke(this.exports, bf16 ? "weight_to_b_bf16" : "weight_to_b", {
       dst,
-      first,
-      whole,
+      src: first,
+      panels: whole,
       blocks,
       K,
       N,
-    );
+    });
     for (let p = 0; p < Math.ceil(N / 8); p++) {
       const rows = Math.min(8, N - p * 8);
       const panel = src + (n0 / 8 + p) * K * 8;
@@ -499,7 +412,7 @@ export class WasmKernels implements Kernels {
         new Float32Array(this.memory.buffer, scratch, n * K).set(
           src.subarray(n0 * K, (n0 + n) * K),
         );
-        this.exports.pack_w(dst + (n0 / 8) * ps, scratch, n, K, ps);
+        invoke(this.exports, "pack_w", { dst: dst + (n0 / 8) * ps, src: scratch, N: n, K, ps });
       }
     } else {
       const rows = Math.max(1, Math.floor(PACK_SLICE / (N * 4)));
@@ -509,7 +422,7 @@ export class WasmKernels implements Kernels {
         new Float32Array(this.memory.buffer, scratch, k * N).set(
           src.subarray(k0 * N, (k0 + k) * N),
         );
-        this.exports.pack_b(dst + k0 * 32, scratch, N, k, ps);
+        invoke(this.exports, "pack_b", { dst: dst + k0 * 32, src: scratch, N, K: k, ps });
       }
     }
   }
@@ -610,7 +523,11 @@ export class WasmKernels implements Kernels {
       this.ensure(scratch + Math.min(Math.ceil(N / 8), panelsPerSlab) * perPanel);
       for (let p0 = 0; p0 < Math.ceil(N / 8); p0 += panelsPerSlab) {
         const p1 = Math.min(Math.ceil(N / 8), p0 + panelsPerSlab);
-        this.exports.widen_bf16(scratch, own!.offset + p0 * K * 16, (p1 - p0) * K * 8);
+        invoke(this.exports, "widen_bf16", {
+          dst: scratch,
+          src: own!.offset + p0 * K * 16,
+          n: (p1 - p0) * K * 8,
+        });
         const n0 = p0 * 8;
         this.gemmJobs(
           outOffset + n0 * 4,
@@ -668,18 +585,18 @@ export class WasmKernels implements Kernels {
     const ps = bf16 ? K * 16 : K * 32;
     /** Rows [m0, m1) against the panels of columns [n0, n1). */
     const task = (m0: number, m1: number, n0: number, n1: number): Job =>
-      call(bf16 ? "gemm_bf16" : "gemm", [
-        outOffset + m0 * ldo + n0 * 4,
+      call(bf16 ? "gemm_bf16" : "gemm", {
+        out: outOffset + m0 * ldo + n0 * 4,
         ldo,
-        aOffset + m0 * lda,
+        a: aOffset + m0 * lda,
         lda,
-        panels + (n0 / 8) * ps,
+        p: panels + (n0 / 8) * ps,
         ps,
-        m1 - m0,
-        n1 - n0,
+        M: m1 - m0,
+        N: n1 - n0,
         K,
         acc,
-      ]);
+      });
     const panels8 = Math.ceil(N / 8);
     if (!transposedA && parts > 1 && Math.ceil(M / 6) < parts && panels8 >= parts) {
       // Fewer 6-row tiles than tasks (decoding a few sequences): the columns are split instead,
@@ -697,22 +614,21 @@ export class WasmKernels implements Kernels {
       const o = outOffset + m0 * ldo;
       jobs.push(
         transposedA
-          ? {
-              op: Op.gemmAt,
-              args: [
-                o,
+          ? gemmAtJob(
+              {
+                out: o,
                 ldo,
-                aOffset + m0 * 4,
+                a: aOffset + m0 * 4,
                 lda,
-                panels,
-                K * 32,
-                m1 - m0,
+                p: panels,
+                ps: K * 32,
+                M: m1 - m0,
                 N,
                 K,
                 acc,
-                this.tnChunk,
-              ],
-            }
+              },
+              this.tnChunk,
+            )
           : task(m0, m1, 0, N),
       );
     }
@@ -782,11 +698,11 @@ export class WasmKernels implements Kernels {
    * Runs a row-wise kernel over `rows` rows, split among threads when the call is large:
    * `args(r0, r1)` gives the kernel's arguments for rows [r0, r1).
    */
-  private byRows(
-    kernel: (typeof CALLS)[number],
+  private byRows<K extends KernelName>(
+    kernel: K,
     rows: number,
     work: number,
-    args: (r0: number, r1: number) => number[],
+    args: (r0: number, r1: number) => KernelArgs<K>,
   ): void {
     const parts = Math.min(rows, this.parts(work));
     this.runJobs(splitEven(rows, Math.max(parts, 1)).map(([r0, r1]) => call(kernel, args(r0, r1))));
@@ -812,15 +728,15 @@ export class WasmKernels implements Kernels {
       inv ? this.output(inv, rows) : rows,
     ]) as [number, number, number, number];
     const b = D * 4;
-    this.byRows("rms_norm", rows, rows * D * 8, (r0, r1) => [
-      oo + r0 * b,
-      io + r0 * 4,
-      xo + r0 * b,
-      wo,
-      r1 - r0,
+    this.byRows("rms_norm", rows, rows * D * 8, (r0, r1) => ({
+      out: oo + r0 * b,
+      inv: io + r0 * 4,
+      x: xo + r0 * b,
+      w: wo,
+      rows: r1 - r0,
       D,
       eps,
-    ]);
+    }));
     this.copyOut(out, oo, rows * D);
     if (inv) this.copyOut(inv, io, rows);
   }
@@ -849,16 +765,16 @@ export class WasmKernels implements Kernels {
     ]) as [number, number, number, number, number, number];
     const b = D * 4;
     // The weight gradient sums over rows: one thread, rows in order; first, in case dx is dy.
-    this.exports.rms_norm_dw(dwo, dyo, xo, io, rows, D);
-    this.byRows("rms_norm_backward", rows, rows * D * 8, (r0, r1) => [
-      dxo + r0 * b,
-      dyo + r0 * b,
-      xo + r0 * b,
-      io + r0 * 4,
-      wo,
-      r1 - r0,
+    invoke(this.exports, "rms_norm_dw", { dw: dwo, dy: dyo, x: xo, inv: io, rows, D });
+    this.byRows("rms_norm_backward", rows, rows * D * 8, (r0, r1) => ({
+      dx: dxo + r0 * b,
+      dy: dyo + r0 * b,
+      x: xo + r0 * b,
+      inv: io + r0 * 4,
+      w: wo,
+      rows: r1 - r0,
       D,
-    ]);
+    }));
     this.copyOut(dx, dxo, rows * D);
     this.copyOut(dw, dwo, D);
   }
@@ -874,12 +790,12 @@ export class WasmKernels implements Kernels {
       this.output(out, n),
     ]) as [number, number, number];
     // Split in runs of 4 floats (one vector).
-    this.byRows("swiglu", n / 4, n * 16, (r0, r1) => [
-      oo + r0 * 16,
-      go + r0 * 16,
-      uo + r0 * 16,
-      (r1 - r0) * 4,
-    ]);
+    this.byRows("swiglu", n / 4, n * 16, (r0, r1) => ({
+      out: oo + r0 * 16,
+      gate: go + r0 * 16,
+      up: uo + r0 * 16,
+      n: (r1 - r0) * 4,
+    }));
     this.copyOut(out, oo, n);
   }
 
@@ -913,22 +829,23 @@ export class WasmKernels implements Kernels {
         ...Array<number>(parts).fill(n + 4),
       ]) as number[] as [number, number, number, number, ...number[]];
       this.runJobs(
-        splitEven(sequences, parts).map(([s0, s1], i) => ({
-          op: Op.attentionStacked,
-          args: [
-            oo + s0 * n * qb,
-            qo + s0 * n * qb,
-            ko + s0 * n * KV * hd * 4,
-            vo + s0 * n * KV * hd * 4,
-            n,
-            H,
-            KV,
-            hd,
-            scale,
-            scores[i]!,
+        splitEven(sequences, parts).map(([s0, s1], i) =>
+          attentionStackedJob(
+            {
+              out: oo + s0 * n * qb,
+              q: qo + s0 * n * qb,
+              k: ko + s0 * n * KV * hd * 4,
+              v: vo + s0 * n * KV * hd * 4,
+              n,
+              H,
+              KV,
+              hd,
+              scale,
+              scores: scores[i]!,
+            },
             s1 - s0,
-          ],
-        })),
+          ),
+        ),
       );
       this.copyOut(out, oo, qn);
       return;
@@ -965,19 +882,19 @@ export class WasmKernels implements Kernels {
       bounds
         .filter(([t0, t1]) => t1 > t0)
         .map(([t0, t1], i) =>
-          call("attention", [
-            oo + t0 * qb,
-            qo + t0 * qb,
-            kOff,
-            vOff,
-            t1 - t0,
-            start + t0,
+          call("attention", {
+            out: oo + t0 * qb,
+            q: qo + t0 * qb,
+            k: kOff,
+            v: vOff,
+            n: t1 - t0,
+            start: start + t0,
             H,
             KV,
             hd,
             scale,
-            scores[i]!,
-          ]),
+            scores: scores[i]!,
+          }),
         ),
     );
     this.copyOut(out, oo, qn);
@@ -1017,26 +934,27 @@ export class WasmKernels implements Kernels {
     ]) as number[] as [number, number, number, number, number, number, number, ...number[]];
     const qb = n * H * hd * 4;
     const kb = n * KV * hd * 4;
-    const jobs = splitEven(sequences, parts).map(([s0, s1], i) => ({
-      op: Op.attentionBackward,
-      args: [
-        dqo + s0 * qb,
-        dko + s0 * kb,
-        dvo + s0 * kb,
-        qo + s0 * qb,
-        ko + s0 * kb,
-        vo + s0 * kb,
-        doo + s0 * qb,
-        n,
-        H,
-        KV,
-        hd,
-        1 / Math.sqrt(hd),
-        scratch[2 * i]!,
-        scratch[2 * i + 1]!,
+    const jobs = splitEven(sequences, parts).map(([s0, s1], i) =>
+      attentionBackwardJob(
+        {
+          dq: dqo + s0 * qb,
+          dk: dko + s0 * kb,
+          dv: dvo + s0 * kb,
+          q: qo + s0 * qb,
+          k: ko + s0 * kb,
+          v: vo + s0 * kb,
+          dout: doo + s0 * qb,
+          n,
+          H,
+          KV,
+          hd,
+          scale: 1 / Math.sqrt(hd),
+          scores: scratch[2 * i]!,
+          dps: scratch[2 * i + 1]!,
+        },
         s1 - s0,
-      ],
-    }));
+      ),
+    );
     this.runJobs(jobs);
     this.copyOut(dq, dqo, qn);
     this.copyOut(dk, dko, kvn);
@@ -1064,7 +982,14 @@ export class WasmKernels implements Kernels {
     ]) as [number, number, number, number, number];
     this.byRows("swiglu_backward", n / 4, n * 24, (r0, r1) => {
       const o = r0 * 16;
-      return [dgo + o, duo + o, dOutO + o, go + o, uo + o, (r1 - r0) * 4];
+      return {
+        dgate: dgo + o,
+        dup: duo + o,
+        dout: dOutO + o,
+        gate: go + o,
+        up: uo + o,
+        n: (r1 - r0) * 4,
+      };
     });
     this.copyOut(dGate, dgo, n);
     this.copyOut(dUp, duo, n);
@@ -1088,21 +1013,21 @@ export class WasmKernels implements Kernels {
       this.output(rowMax, rows),
       this.output(rowSum, rows),
     ]) as [number, number, number, number];
-    this.byRows("softmax_rows", rows, rows * cols * 16, (r0, r1) => [
-      xo + r0 * cols * 4,
-      r1 - r0,
+    this.byRows("softmax_rows", rows, rows * cols * 16, (r0, r1) => ({
+      x: xo + r0 * cols * 4,
+      rows: r1 - r0,
       cols,
-      so + r0 * 4,
-      mo + r0 * 4,
-      sumo + r0 * 4,
-    ]);
+      scale: so + r0 * 4,
+      rmax: mo + r0 * 4,
+      rsum: sumo + r0 * 4,
+    }));
     this.copyOut(x, xo, rows * cols);
     this.copyOut(rowMax, mo, rows);
     this.copyOut(rowSum, sumo, rows);
   }
 }
 
-/** Where column c of a BF16 panel row is stored (the order 0 4 1 5 2 6 3 7, see build-wasm.ts). */
+/** Where column c of a BF16 panel row is stored (the order 0 4 1 5 2 6 3 7, see `narrowBf16`). */
 const BF16_LANE = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /** A weight packed in a `WasmKernels` arena (see `packWeight`). */

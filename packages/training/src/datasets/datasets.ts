@@ -1,7 +1,7 @@
 import { StringDecoder } from "node:string_decoder";
-import type { SftExample as EngineSftExample } from "@arbor/engine";
+import type { SftExample as EngineSftExample } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
-import { type BlobStore, type Dataset, NotFoundError, quote, type Store } from "@arbor/store";
+import { type Dataset, NotFoundError, quote, type Store } from "@arbor/store";
 import { parseSftLine, sftExamplesFromLines, validateSftJsonlAsync } from "./jsonl.ts";
 
 type DatasetLine = components["schemas"]["DatasetLine"];
@@ -35,7 +35,7 @@ export async function createDataset(
   input: { entity: string; name: string | null; text: string },
 ): Promise<Dataset> {
   const { lines } = await validateSftJsonlAsync(input.text);
-  const blobs = requireBlobs(store);
+  const blobs = store.blobs;
   const id = store.datasets.newId();
   const blob_key = datasetBlobKey(id);
   const { bytes } = await blobs.put(blob_key, input.text);
@@ -66,7 +66,7 @@ export async function findDataset(store: Store, entity: string, id: string): Pro
 /** A dataset's examples as the engine trains on them, read from the blob store as a stream, a
  * line at a time: the file is never held whole (not as bytes, nor as text). */
 export async function datasetExamples(store: Store, dataset: Dataset): Promise<EngineSftExample[]> {
-  const stream = await requireBlobs(store).stream(dataset.blob_key);
+  const stream = await store.blobs.stream(dataset.blob_key);
   if (!stream) throw missingBlob(dataset);
   try {
     return await sftExamplesFromLines(lines(stream));
@@ -77,7 +77,7 @@ export async function datasetExamples(store: Store, dataset: Dataset): Promise<E
 
 /** The stored JSONL of a dataset. */
 export async function datasetText(store: Store, dataset: Dataset): Promise<string> {
-  const blob = await requireBlobs(store).get(dataset.blob_key);
+  const blob = await store.blobs.get(dataset.blob_key);
   if (!blob) throw missingBlob(dataset);
   return blob.toString("utf8");
 }
@@ -91,7 +91,7 @@ export async function datasetLines(
   dataset: Dataset,
   page: { after: number; limit: number },
 ): Promise<{ data: DatasetLine[]; has_more: boolean }> {
-  const stream = await requireBlobs(store).stream(dataset.blob_key);
+  const stream = await store.blobs.stream(dataset.blob_key);
   if (!stream) throw missingBlob(dataset);
   const data: DatasetLine[] = [];
   try {
@@ -134,9 +134,4 @@ async function* lines(stream: AsyncIterable<Buffer>): AsyncGenerator<string> {
 
 function missingBlob(dataset: Dataset): Error {
   return new Error(`Dataset ${dataset.id} has a row but no blob at ${dataset.blob_key}.`);
-}
-
-function requireBlobs(store: Store): BlobStore {
-  if (!store.blobs) throw new Error("The store has no blob directory; datasets need one.");
-  return store.blobs;
 }

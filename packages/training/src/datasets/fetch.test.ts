@@ -336,7 +336,7 @@ describe("resolveDatasetUrl", () => {
       await store.entities.ensure("acme");
       await store.entities.ensure("other");
       const text = '{"messages": [{"role": "assistant", "content": "x"}]}\n';
-      await store.blobs!.put("datasets/acme.jsonl", Buffer.from(text));
+      await store.blobs.put("datasets/acme.jsonl", Buffer.from(text));
       const created = await store.datasets.create({
         entity: "acme",
         name: null,
@@ -379,7 +379,7 @@ describe("resolveDatasetUrl", () => {
       const lines = Array.from({ length: 2000 }, (_, i) => line(i));
       const text = `\ufeff${lines.join("\r\n")}\n\n`;
       const add = async (key: string, body: string) => {
-        await store.blobs!.put(key, body);
+        await store.blobs.put(key, body);
         const dataset = await store.datasets.create({
           entity: "acme",
           name: null,
@@ -389,7 +389,7 @@ describe("resolveDatasetUrl", () => {
         });
         return `dataset://${dataset.id}`;
       };
-      const get = vi.spyOn(store.blobs!, "get");
+      const get = vi.spyOn(store.blobs, "get");
       const url = await add("datasets/big.jsonl", text);
       const examples = await loadSftExamples(store, "acme", url, { maxBytes: 10 });
       expect(examples).toEqual(sftExamples(text));

@@ -3,7 +3,7 @@ import { lookup as dnsLookup } from "node:dns/promises";
 import { request as httpsRequest } from "node:https";
 import { isIP, type LookupFunction } from "node:net";
 import { Readable } from "node:stream";
-import type { SftExample as EngineSftExample } from "@arbor/engine";
+import type { SftExample as EngineSftExample } from "@arbor/engine/train";
 import { type Dataset, quote, type Store } from "@arbor/store";
 import ipaddr from "ipaddr.js";
 import { TrainingDataError } from "../errors.ts";

@@ -5,7 +5,8 @@
  */
 
 import { Worker } from "node:worker_threads";
-import type { ChatMessage, SftExample as EngineSftExample } from "@arbor/engine";
+import type { ChatMessage } from "@arbor/engine/model";
+import type { SftExample as EngineSftExample } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
 import { InvalidInputError } from "@arbor/store";
 import { type ErrorObject, validator } from "../spec.ts";

@@ -1,14 +1,14 @@
 import { join } from "node:path";
+import type { Kernels } from "@arbor/engine/kernels";
 import {
   catalogModelDir,
-  type Kernels,
   listCatalog,
   loadModel,
   type Model,
   releaseModel,
-  type SftExample,
   type WeightChoice,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
+import type { SftExample } from "@arbor/engine/train";
 import type { Store } from "@arbor/store";
 import { loadSftExamples } from "../datasets/fetch.ts";
 

@@ -1,19 +1,20 @@
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
+import { createWasmKernels, type Kernels, type WasmKernels } from "@arbor/engine/kernels";
 import {
   adapterFromFiles,
   adapterToFiles,
   adapterWeightProblem,
   createLoraAdapter,
-  createWasmKernels,
   EngineMemoryError,
-  type Kernels,
   type LoraAdapter,
   type LoraConfig,
-  LoraTrainer,
   type Model,
-  microBatchBudget,
   parameterCount,
+} from "@arbor/engine/model";
+import {
+  LoraTrainer,
+  microBatchBudget,
   planSft,
   type SftConfig,
   type SftExample,
@@ -21,9 +22,8 @@ import {
   type TrajectoryGroup,
   trainRlStep,
   trainSft,
-  type WasmKernels,
-} from "@arbor/engine";
-import type { BlobStore, JobType, Store, TrainingJob } from "@arbor/store";
+} from "@arbor/engine/train";
+import type { JobType, Store, TrainingJob } from "@arbor/store";
 import type { Logger } from "pino";
 import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../checkpoints.ts";
 import { JobInputError } from "../errors.ts";
@@ -293,12 +293,15 @@ export class TrainingWorker {
         else ended("cancelled");
         log.info({ reason: reason.message }, "training job interrupted");
       } else {
-        const message =
-          err instanceof TrainingInputError || err instanceof JobInputError
-            ? err.message
-            : `training failed: ${err instanceof Error ? err.message : String(err)}`;
-        if (!(err instanceof TrainingInputError || err instanceof JobInputError))
-          log.error({ err }, "training job failed");
+        // The job's own input, or work too large for the engine: its message is the error.
+        const known =
+          err instanceof TrainingInputError ||
+          err instanceof EngineMemoryError ||
+          err instanceof JobInputError;
+        const message = known
+          ? err.message
+          : `training failed: ${err instanceof Error ? err.message : String(err)}`;
+        if (!known) log.error({ err }, "training job failed");
         await store.jobs.failJob(workerId, job.id, message).then(
           () => ended("failed"),
           (e: unknown) => log.warn({ err: e }, "could not fail the job"),
@@ -327,7 +330,10 @@ export class TrainingWorker {
     const checkpoint = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, step);
     if (!checkpoint) throw new JobInputError(`checkpoint step ${step} of the model is gone`);
     if (!checkpoint.blob_key) return createLoraAdapter(base, lora, seed);
-    return adapterFromFiles(await readCheckpointFiles(this.#blobs(), checkpoint.blob_key), base);
+    return adapterFromFiles(
+      await readCheckpointFiles(this.#o.store.blobs, checkpoint.blob_key),
+      base,
+    );
   }
 
   /** Where the job starts: fixed on its first run, so a resumed job keeps its range. */
@@ -443,7 +449,7 @@ export class TrainingWorker {
   async #resumePoint(job: TrainingJob, base: Model, stepFrom: number) {
     const latest = await this.#ownCheckpoint(job, stepFrom);
     if (!latest?.blob_key) return undefined;
-    const files = await readCheckpointFiles(this.#blobs(), latest.blob_key);
+    const files = await readCheckpointFiles(this.#o.store.blobs, latest.blob_key);
     const optimizerState = files[OPTIMIZER_FILE];
     if (!optimizerState) return undefined;
     this.#o.logger.info({ jobId: job.id, step: latest.step }, "resuming from the last checkpoint");
@@ -500,7 +506,7 @@ export class TrainingWorker {
       rlJobSpec(job),
       stepFrom,
     );
-    const payload = job.payload_ref ? await this.#blobs().get(job.payload_ref) : undefined;
+    const payload = job.payload_ref ? await this.#o.store.blobs.get(job.payload_ref) : undefined;
     if (!payload) throw new JobInputError("the job's trajectory groups are missing");
     const groups = JSON.parse(payload.toString("utf8")) as TrajectoryGroup[];
     const skipped = groups.filter(
@@ -516,7 +522,9 @@ export class TrainingWorker {
     await this.#started(job, started, 0, undefined);
     const start = await this.#o.store.models.getCheckpoint(job.entity, job.model_id, stepFrom);
     if (!start) throw new JobInputError(`checkpoint step ${stepFrom} of the model is gone`);
-    const files = start.blob_key ? await readCheckpointFiles(this.#blobs(), start.blob_key) : {};
+    const files = start.blob_key
+      ? await readCheckpointFiles(this.#o.store.blobs, start.blob_key)
+      : {};
     // The KL penalty's reference: a checkpoint of the model, or (null) the base model itself.
     let referenceFiles: Record<string, Uint8Array> | null = null;
     if (klReferenceStep !== null) {
@@ -527,7 +535,7 @@ export class TrainingWorker {
         );
       }
       if (reference.blob_key)
-        referenceFiles = await readCheckpointFiles(this.#blobs(), reference.blob_key);
+        referenceFiles = await readCheckpointFiles(this.#o.store.blobs, reference.blob_key);
     }
     const { trainer, metrics } = await this.#onArena(baseId, async (kernels) => {
       const base = await this.#o.loadBaseModel(baseId, kernels);
@@ -574,7 +582,7 @@ export class TrainingWorker {
         `Training diverged by step ${step}: ${problem.message} No checkpoint was saved; a lower learning_rate may help.`,
       );
     }
-    const blobs = this.#blobs();
+    const blobs = this.#o.store.blobs;
     const files = { ...adapterToFiles(adapter), [OPTIMIZER_FILE]: optimizerState() };
     const prefix = await writeCheckpointFiles(blobs, job.model_id, step, files);
     if (signal.aborted) {
@@ -630,11 +638,5 @@ export class TrainingWorker {
     }
     this.#kernels ??= this.#createKernels(memory64);
     return this.#kernels;
-  }
-
-  #blobs(): BlobStore {
-    const blobs = this.#o.store.blobs;
-    if (!blobs) throw new Error("the store has no blob directory");
-    return blobs;
   }
 }

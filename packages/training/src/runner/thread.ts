@@ -5,7 +5,7 @@
  * supervisor (`EmbeddedWorker`) who it is and which job it runs, so a death fails that job.
  */
 import { parentPort, workerData } from "node:worker_threads";
-import type { WeightChoice } from "@arbor/engine";
+import type { WeightChoice } from "@arbor/engine/model";
 import { type BlobBackend, openStore } from "@arbor/store";
 import { pino } from "pino";
 import { baseModels, sftExamplesLoader } from "./loaders.ts";

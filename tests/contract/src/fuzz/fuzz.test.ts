@@ -1,5 +1,5 @@
 import { gzipSync } from "node:zlib";
-import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine";
+import { adapterToFiles, catalogModelDir, createLoraAdapter, loadModel } from "@arbor/engine/model";
 import { type HubStandin, startHubStandin } from "@arbor/engine/test/hub-standin";
 import { loadSpec } from "@arbor/server";
 import fc from "fast-check";

@@ -1,4 +1,4 @@
-import { HubError, pullModel, type WeightChoice } from "@arbor/engine";
+import { HubError, pullModel, type WeightChoice } from "@arbor/engine/model";
 import { ConflictError, ForbiddenError, InvalidInputError, UnavailableError } from "@arbor/store";
 import type { Logger } from "pino";
 import type { Handlers } from "../../http/operations.ts";

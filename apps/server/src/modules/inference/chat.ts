@@ -4,7 +4,7 @@ import {
   type ThreadGenerateRequest,
   type TokenLogprob,
   UnsupportedSchemaError,
-} from "@arbor/engine";
+} from "@arbor/engine/serve";
 import type { components } from "@arbor/spec/schema";
 import { InvalidInputError, quote } from "@arbor/store";
 

@@ -1,4 +1,5 @@
-import { ContextLengthError, PromptError } from "@arbor/engine";
+import { PromptError } from "@arbor/engine/model";
+import { ContextLengthError } from "@arbor/engine/serve";
 import { type BlobStore, InvalidInputError } from "@arbor/store";
 import { type ChatRequest, toGenerateRequest } from "./chat.ts";
 import { CheckpointGoneError, type EngineHost } from "./engines.ts";
@@ -9,9 +10,9 @@ import { type ChatBackend, generationEvents, type PreparedChat } from "./service
 export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { kind: "engine" }>> {
   readonly #engines: EngineHost;
   /** Where trained checkpoints' adapter files are. */
-  readonly #blobs: BlobStore | undefined;
+  readonly #blobs: BlobStore;
 
-  constructor(engines: EngineHost, blobs: BlobStore | undefined) {
+  constructor(engines: EngineHost, blobs: BlobStore) {
     this.#engines = engines;
     this.#blobs = blobs;
   }

@@ -1,10 +1,10 @@
 import {
   type BaseModelFolder,
-  EngineThread,
   type SkippedFolder,
   scanBaseModels,
   type WeightChoice,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
+import { EngineThread } from "@arbor/engine/serve";
 import type { BlobStore, Checkpoint } from "@arbor/store";
 import { readCheckpointFiles } from "@arbor/training";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
@@ -147,11 +147,7 @@ export class EngineHost {
    * once and shared by every request: one base model in memory, many adapters beside it. A
    * checkpoint without files (step 0) is the identity: the base model itself (null).
    */
-  async adapter(
-    baseId: string,
-    checkpoint: Checkpoint,
-    blobs: BlobStore | undefined,
-  ): Promise<string | null> {
+  async adapter(baseId: string, checkpoint: Checkpoint, blobs: BlobStore): Promise<string | null> {
     if (!checkpoint.blob_key) return null;
     const slot = await this.#slot(baseId);
     const key = checkpoint.id;
@@ -159,7 +155,6 @@ export class EngineHost {
     if (loading) {
       slot.adapters.delete(key);
     } else {
-      if (!blobs) throw new Error("the store has no blob directory");
       const prefix = checkpoint.blob_key;
       loading = readCheckpointFiles(blobs, prefix).then((files) => {
         // Deleted since the request resolved it: its rows go first, then its files.

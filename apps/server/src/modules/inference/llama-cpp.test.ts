@@ -4,12 +4,11 @@ import { join } from "node:path";
 import {
   type ChatMessage,
   catalogModelDir,
-  Engine,
   exportGguf,
-  type GenerationEvent,
   loadModel,
   type Model,
-} from "@arbor/engine";
+} from "@arbor/engine/model";
+import { Engine, type GenerationEvent } from "@arbor/engine/serve";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { checkSupported, LlamaCppBackend, LlamaUnsupportedError } from "./llama-cpp.ts";
 

@@ -1,11 +1,6 @@
 import { availableParallelism } from "node:os";
-import {
-  type ChatMessage,
-  deriveSeed,
-  type GenerationEvent,
-  randomSeed,
-  type ThreadGenerateRequest,
-} from "@arbor/engine";
+import { type ChatMessage, deriveSeed, randomSeed } from "@arbor/engine/model";
+import type { GenerationEvent, ThreadGenerateRequest } from "@arbor/engine/serve";
 
 /** ChatML's markers: a GGUF whose vocabulary has them as single tokens is rendered as ChatML. */
 const IM_START = "<|im_start|>";

@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import type { GenerationEvent } from "@arbor/engine";
+import type { GenerationEvent } from "@arbor/engine/serve";
 import type { components } from "@arbor/spec/schema";
 import type { CallsRepo } from "@arbor/store";
 import { uuidv7 } from "@arbor/store";

@@ -1,6 +1,7 @@
 import { mkdirSync, mkdtempSync, readdirSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { MemoryBlobStore } from "@arbor/store";
 import { pino } from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 import { UpstreamAdapters } from "./upstream-lora.ts";
@@ -26,7 +27,7 @@ describe("UpstreamAdapters.sweepPartial", () => {
     const adapters = new UpstreamAdapters({
       upstreams: {},
       dir,
-      blobs: undefined,
+      blobs: new MemoryBlobStore(),
       logger: pino({ level: "silent" }),
     });
     expect(await adapters.sweepPartial()).toEqual([".partial-arbor.m.1-x-123-abc"]);

@@ -65,7 +65,7 @@ export interface UpstreamAdaptersOptions {
   upstreams: Record<string, UpstreamConfig>;
   /** `ARBOR_UPSTREAM_LORA_DIR`: where this process writes the adapters' folders. */
   dir: string;
-  blobs: BlobStore | undefined;
+  blobs: BlobStore;
   logger: Logger;
 }
 
@@ -83,7 +83,7 @@ export interface UpstreamAdaptersOptions {
  */
 export class UpstreamAdapters {
   readonly #dir: string;
-  readonly #blobs: BlobStore | undefined;
+  readonly #blobs: BlobStore;
   readonly #logger: Logger;
   /** By URL: model ids served by one server share its adapters and its limit. */
   readonly #upstreams = new Map<string, Upstream>();
@@ -161,8 +161,6 @@ export class UpstreamAdapters {
   async #write(blobKey: string, name: string): Promise<void> {
     const target = join(this.#dir, name);
     if (await complete(target)) return;
-    const blobs = this.#blobs;
-    if (!blobs) throw new Error("the store has no blob directory");
     await mkdir(this.#dir, { recursive: true });
     const temp = join(
       this.#dir,
@@ -171,7 +169,7 @@ export class UpstreamAdapters {
     await mkdir(temp);
     try {
       for (const file of ADAPTER_FILES) {
-        const source = await blobs.stream(`${blobKey}${file}`);
+        const source = await this.#blobs.stream(`${blobKey}${file}`);
         if (!source) throw new CheckpointGoneError(name);
         const path = join(temp, file);
         await pipeline(source, createWriteStream(path, { flags: "wx", mode: 0o644 }));

@@ -1,6 +1,6 @@
 import type { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import type { ModelConfig } from "@arbor/engine";
+import type { ModelConfig } from "@arbor/engine/model";
 import { InvalidInputError, NotFoundError, type Store } from "@arbor/store";
 import {
   adapterTrainsHead,
@@ -116,7 +116,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       const model = await findModel(store, principal, params.model_id);
       const checkpoint = await store.models.getCheckpoint(model.entity, model.id, params.step);
       const blobs = store.blobs;
-      if (!checkpoint || !blobs) {
+      if (!checkpoint) {
         throw new NotFoundError(`Model ${model.id} has no checkpoint at step ${params.step}.`, {
           code: "checkpoint_not_found",
         });

@@ -114,7 +114,7 @@ export async function deleteModel(
   const removed = await withModelFiles(model.id, "delete", async () => {
     const removed = await store.models.delete(model.entity, model.id);
     // Everything under the model's prefix goes, files no row named included.
-    await store.blobs?.deletePrefix(modelFilesPrefix(model.id));
+    await store.blobs.deletePrefix(modelFilesPrefix(model.id));
     return removed;
   });
   await deleteBlobs(store, removed.payload_keys);
@@ -161,7 +161,7 @@ const noHook: CheckpointsDeleted = async () => {};
 
 /** Files go after their rows. */
 async function deleteBlobs(store: Store, keys: string[]): Promise<void> {
-  for (const key of keys) await store.blobs?.deletePrefix(key);
+  for (const key of keys) await store.blobs.deletePrefix(key);
 }
 
 /** `logModelMetrics`: a split's metrics, stored on the model's latest checkpoint (ADR 4). */

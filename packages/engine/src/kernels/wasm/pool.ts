@@ -1,5 +1,5 @@
 import { Worker } from "node:worker_threads";
-import { type JobExports, MAX_ARGS, runJob } from "./jobs.ts";
+import { type Job, type JobExports, MAX_ARGS, runJob } from "./jobs.ts";
 
 /**
  * Layout of the control block: Int32 words; from ERROR_BYTE, the first error's text (UTF-8,
@@ -53,11 +53,6 @@ import(workerData.script).catch((error) => {
   Atomics.add(i32, ${READY}, 1);
   Atomics.notify(i32, ${READY});
 });`;
-
-export interface Job {
-  op: number;
-  args: number[];
-}
 
 /**
  * Helper threads that run kernel tasks on the caller's shared WebAssembly.Memory. `run`

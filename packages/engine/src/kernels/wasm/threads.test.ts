@@ -1,9 +1,9 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { randomBatch, tinyModel } from "../../../test/fixtures.ts";
-import { Rng } from "../../rng.ts";
-import { lossAndGradients } from "../../train.ts";
-import { parameters, zerosLike } from "../../weights.ts";
+import { Rng } from "../../model/rng.ts";
+import { parameters, zerosLike } from "../../model/weights.ts";
+import { lossAndGradients } from "../../train/train.ts";
 import { jsKernels } from "../js.ts";
 import type { Kernels } from "../types.ts";
 import { createWasmKernels } from "../wasm.ts";
@@ -209,7 +209,8 @@ describe("kernels on worker threads", () => {
       1,
       new URL("./no-such-helper.ts", import.meta.url),
     );
-    expect(() => pool.run({} as JobExports, [call("gemm", []), call("gemm", [])])).toThrow(
+    const nothing = call("swiglu", { out: 0, gate: 0, up: 0, n: 0 });
+    expect(() => pool.run({} as JobExports, [nothing, nothing])).toThrow(
       /failed to start: .*no-such-helper/,
     );
   });

@@ -1,0 +1,22 @@
+/**
+ * `@arbor/engine/train`: the backward pass and its losses, AdamW, LoRA training, SFT and RL,
+ * their input checks, and the memory a training pass needs. Imports the model and the kernels,
+ * never serving.
+ */
+export { LoraTrainer } from "./lora-train.ts";
+export { Trainer } from "./optim.ts";
+export {
+  type ImportanceSamplingLevel,
+  type RlConfig,
+  type RlLoss,
+  type TrajectoryGroup,
+  trainRlStep,
+} from "./rl.ts";
+export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
+export {
+  microBatchBudget,
+  rowsThatFit,
+  type TrainingMemory,
+  trainingMemory,
+} from "./train-memory.ts";
+export { TrainingInputError } from "./training-data.ts";
