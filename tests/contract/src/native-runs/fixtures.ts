@@ -1,5 +1,11 @@
 import { randomUUID } from "node:crypto";
-import { catalogModelDir, HEAD_TARGET, LORA_TARGETS, loadModel, type Model } from "@arbor/engine";
+import {
+  catalogModelDir,
+  HEAD_TARGET,
+  LORA_TARGETS,
+  loadModel,
+  type Model,
+} from "@arbor/engine/model";
 import { afterAll, beforeAll, expect } from "vitest";
 import { type RunningServer, startServer } from "../harness.ts";
 import { reversal } from "../jobs.ts";
