@@ -27,6 +27,7 @@ import { requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsModule } from "./modules/models/module.ts";
 import type { AppDeps, ModuleDeps, ServerModule } from "./modules/module.ts";
 import { trainingModule } from "./modules/training/module.ts";
+import { trainingRunsModule } from "./modules/training-runs/module.ts";
 
 export type { AppDeps } from "./modules/module.ts";
 
@@ -43,6 +44,7 @@ const MODULES: readonly ServerModule[] = [
   healthModule,
   callsModule,
   trainingModule,
+  trainingRunsModule,
   baseModelsModule,
 ];
 

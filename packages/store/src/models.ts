@@ -128,6 +128,15 @@ export class ModelsRepo {
     return row ? MODELS.read(row) : undefined;
   }
 
+  /** Every model of the entity named `name`, whatever its project (at most `limit`). */
+  async findByName(entity: string, name: string, limit = 10): Promise<Model[]> {
+    const rows = await this.#sql.query(
+      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND name = $2 ORDER BY id LIMIT $3`,
+      [entity, name, limit],
+    );
+    return rows.map(MODELS.read);
+  }
+
   /** Models of the given entities (e.g. every entity a key may use), for model listings, in
    * creation order (ids are UUID v7), oldest first unless `order` is `desc`. */
   async list(
@@ -251,6 +260,36 @@ export class ModelsRepo {
         [modelId, input.step],
       );
       return CHECKPOINTS.read(row);
+    });
+  }
+
+  /**
+   * Writes checkpoint `step` of a model, replacing the row a step already had (the newest
+   * publication of a step wins, ADR 57), and raises latest_step to it. Answers the checkpoint and
+   * the blob keys of the one replaced, for the caller to remove once no one serves them.
+   */
+  async putCheckpoint(
+    entity: string,
+    modelId: string,
+    input: { step: number; blob_key: string; metrics?: Record<string, number> },
+  ): Promise<{ checkpoint: Checkpoint; replaced_blob_keys: string[] }> {
+    return this.#sql.transaction(async (tx) => {
+      const lock = tx.dialect === "postgres" ? " FOR NO KEY UPDATE" : "";
+      const model = await tx.one(`SELECT id FROM models WHERE entity = $1 AND id = $2${lock}`, [
+        entity,
+        modelId,
+      ]);
+      if (!model) throw new NotFoundError(`Model ${modelId} not found`);
+      const old = await tx.query(
+        `SELECT ${CHECKPOINT_FILES.columns()} FROM checkpoints WHERE model_id = $1 AND step = $2`,
+        [modelId, input.step],
+      );
+      await tx.exec("DELETE FROM checkpoints WHERE model_id = $1 AND step = $2", [
+        modelId,
+        input.step,
+      ]);
+      const checkpoint = await this.addCheckpoint(entity, modelId, input);
+      return { checkpoint, replaced_blob_keys: blobKeys(old) };
     });
   }
 

@@ -6,20 +6,4 @@ import type { operations } from "@arbor/client";
  * exactly the server's set of operations without a handler: implementing one fails the test
  * until it is removed here and given its own contract tests.
  */
-export const pendingOperations: (keyof operations)[] = [
-  // The native training API (ADR 57): specified, its contract tests written (native-runs*.test.ts),
-  // its server side not built yet.
-  "resolveTrainingRun",
-  "retrieveTrainingRun",
-  "closeTrainingRun",
-  "createForwardOperation",
-  "createForwardBackwardOperation",
-  "createOptimStepOperation",
-  "createSaveWeightsForSamplerOperation",
-  "createSaveStateOperation",
-  "createLoadStateOperation",
-  "retrieveTrainingOperation",
-  "cancelTrainingOperation",
-  "retrieveTrainingOperationResult",
-  "releaseTrainingOperationResult",
-];
+export const pendingOperations: (keyof operations)[] = [];
