@@ -130,6 +130,39 @@ describe("RunExecutor", () => {
   });
 });
 
+describe("RunExecutor publication", () => {
+  it("when the model has a training job queued, then save_weights_for_sampler fails alone with operation_conflict", async () => {
+    const base = await loadModel(catalogModelDir(BASE));
+    await store.entities.ensure("p");
+    const { model } = await store.models.create({
+      entity: "p",
+      project: "proj",
+      name: "busy",
+      base_model: BASE,
+    });
+    await store.jobs.enqueue({ type: "sft", model_id: model.id, entity: "p" });
+    const run = await store.trainingRuns.resolve({
+      entity: "p",
+      request_id: "resolve-busy",
+      fingerprint: "f",
+      run_name: null,
+      spec: { base_model: BASE, lora_rank: 2, lora_target_modules: ["q_proj"], seed: 1 },
+      initial: null,
+    });
+    const op = await store.trainingRuns.admit(run.id, {
+      kind: "save_weights_for_sampler",
+      request_id: "publish",
+      fingerprint: "p",
+      sequence_id: 0,
+      body: { publication: { target: "saved_generation", model_alias: "busy" } },
+      resolved: { model_id: model.id, entity: "p", model_alias: "p/proj/busy" },
+    });
+    const executor = new RunExecutor(store, base, createWasmKernels("auto", { threads: 1 }));
+    const { outcome } = await executor.execute(run, op);
+    expect(outcome).toEqual({ status: "failed", code: "operation_conflict" });
+  });
+});
+
 function weights(adapter: LoraAdapter): Record<string, number[]> {
   return Object.fromEntries(loraParameters(adapter).map((p) => [p.name, Array.from(p.data)]));
 }

@@ -209,9 +209,18 @@ export class RunExecutor {
         };
       }
       case "save_weights_for_sampler": {
-        const trainer = await this.#trainer(run);
         const modelId = String(resolved.model_id);
         const entity = String(resolved.entity);
+        // A job of the model writes its checkpoints meanwhile: its steps and ours would collide.
+        for (const status of ["queued", "running"] as const) {
+          const jobs = await this.#store.jobs.list(entity, { model_id: modelId, status, limit: 1 });
+          if (jobs.data.length > 0)
+            throw new OperationError(
+              "operation_conflict",
+              `model ${modelId} has a training job ${status}`,
+            );
+        }
+        const trainer = await this.#trainer(run);
         const prefix = await writeCheckpointFiles(
           this.#store.blobs,
           modelId,
