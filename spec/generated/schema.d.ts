@@ -515,6 +515,433 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/training/runs:resolve": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resolve training run
+         * @description Opens a run of the native training API in the key's entity, or finds the one asked for. A
+         *     run trains one LoRA adapter (`spec`) through the sequenced commands of its `training-runs`
+         *     operations; it belongs to no model until `save_weights_for_sampler` publishes into one.
+         *
+         *     - The same `request_id` with the same body answers the run that request opened, as it is
+         *       now; with another body, 409 `request_id_reused`.
+         *     - A new `request_id` with a `run_name` one of the entity's runs already has answers that
+         *       run, whatever its status, when its `spec` is the one sent (409 `run_name_conflict`
+         *       otherwise); `initial_state` only applies when a run is opened.
+         *     - Otherwise a new run: `open`, `next_sequence_id` 0, learner version 0 and a fresh adapter;
+         *       or, with `initial_state`, the saved state's weights (and its optimizer state with
+         *       `restore_optimizer`) at the saved state's learner version.
+         *
+         *     `spec` and `run_name` are echoed exactly as sent (`seed: null`; `run_name: null` when
+         *     absent), as ART requires. An `initial_state.source` no `save_state` of the entity made is
+         *     404 `checkpoint_not_found`; one saved with another base model, rank or target modules is
+         *     409 `checkpoint_incompatible`; a `wandb_artifact` source is 400
+         *     `unsupported_checkpoint_source`.
+         */
+        post: operations["resolveTrainingRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get training run
+         * @description The run as it is now: the `sequence_id` its next command must carry, and its learner
+         *     versions, committed (by the `optim_step`s and `load_state`s that succeeded) and projected
+         *     (once every admitted command has run). Another entity's run is 404.
+         */
+        get: operations["retrieveTrainingRun"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}:close": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Close training run
+         * @description Stops the run taking commands: from now on a new command is 409 `run_closed` (an exact
+         *     replay of an admitted one still answers its operation). What was admitted still runs; the
+         *     run is `closing` until it has all ended, then `closed`. Its operations and results stay
+         *     readable. Closing a closed run answers it unchanged; a `failed` run stays `failed`.
+         */
+        post: operations["closeTrainingRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/forward": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Submit forward
+         * @description Admits a forward pass of the learner over `batch`, as `forward_backward` does but without
+         *     gradients: the run's state does not change. Its result (`ForwardResult`) holds the packing
+         *     and, with `return_token_logprobs`, the learner's log-probability of every target, which can
+         *     serve as the next batch's `behavior_logprobs`. The batch is checked as `forward_backward`'s.
+         */
+        post: operations["createForwardOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/forward_backward": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Submit forward_backward
+         * @description Admits a forward and backward pass of the learner over `batch` (see the `training-runs` tag
+         *     for the order of the ledger's checks): the loss (`TrainingLoss`) and its gradient, which is
+         *     added to the run's open gradient until an `optim_step` applies it. At most 64 may be open
+         *     (409 `too_many_open_gradients`). Its result (`ForwardBackwardResult`) reports the loss, the
+         *     active positions it was taken over and, with `return_token_logprobs`, the learner's
+         *     log-probability of every target.
+         *
+         *     The batch is checked before anything is admitted (400, see below): rows as `TokenRow` lists
+         *     them for the loss, ids below the base model's vocabulary size, no matrix past its context, no
+         *     more than 2²⁰ tokens. A loss or gradient that is not finite fails the operation
+         *     (`execution_failed`), and with it the run.
+         */
+        post: operations["createForwardBackwardOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/optim_step": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Submit optim_step
+         * @description Admits one AdamW step over the gradients of every open `forward_backward` (summed), which it
+         *     consumes: its result lists them as `contributing_operation_ids`. It needs at least one (409
+         *     `no_open_gradients`). It reserves learner version `learner_parent_version` + 1 and makes it
+         *     when it succeeds; the result's `checkpoint` names that state.
+         */
+        post: operations["createOptimStepOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/save_weights_for_sampler": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Submit save_weights_for_sampler
+         * @description Admits the publication of the run's learner weights, as they are once every command before
+         *     it has run, into the model `publication.model_alias` names in the key's entity: learner
+         *     version `v` becomes checkpoint step `v` of the model, chat-able as
+         *     `<entity>/<project>/<name>:step<v>` and listed by `listCheckpoints` with `step` `v`. A
+         *     checkpoint the model already had at step `v` is replaced (the newest publication of a step
+         *     wins, as W&B's step aliases move); the model's un-suffixed name serves its highest step.
+         *
+         *     The alias is found before the command is admitted: `<entity>/<project>/<name>`, or a bare
+         *     `<name>` that must name one model of the entity (404 `model_not_found` for none, 409
+         *     `ambiguous_model_alias` listing the candidates for several). The model's base model must be
+         *     the run's (409 `adapter_mismatch`, as for a model whose checkpoints have another LoRA rank or
+         *     other target modules). A model with a training job queued or running fails the operation
+         *     (`operation_conflict`); a failed publication does not fail the run.
+         */
+        post: operations["createSaveWeightsForSamplerOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/save_state": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Submit save_state
+         * @description Admits saving the run's learner state (adapter weights and AdamW state), as it is once every
+         *     command before it has run, under `checkpoint_name`. The result's `checkpoint.checkpoint_id`
+         *     loads it (`load_state`, or a new run's `initial_state`) in any run of the entity with the same
+         *     base model, rank and target modules. A name the run has saved before fails the operation
+         *     (`operation_conflict`) unless `overwrite`; a failed save does not fail the run.
+         */
+        post: operations["createSaveStateOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/load_state": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Submit load_state
+         * @description Admits loading a saved learner state into the run: its weights, and its AdamW state with
+         *     `restore_optimizer` (else Adam starts afresh). It needs no open gradients (409
+         *     `open_gradients`), and reserves learner version `learner_parent_version` + 1, which it makes
+         *     when it succeeds. The source is checked before the command is admitted: a `service_checkpoint`
+         *     that no `save_state` of the entity made is 404 `checkpoint_not_found`, one saved with another
+         *     base model, rank or target modules 409 `checkpoint_incompatible`; a `wandb_artifact` is 400
+         *     `unsupported_checkpoint_source`.
+         */
+        post: operations["createLoadStateOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/operations/{operation_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get training operation
+         * @description The operation as it is now. Poll it until its status is `succeeded`, `failed` or
+         *     `cancelled` (ART polls every 0.1 s); once it succeeded, `result_ref` says its result is
+         *     ready for `retrieveTrainingOperationResult`. Operations, like their runs, survive a restart
+         *     of the server.
+         */
+        get: operations["retrieveTrainingOperation"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/operations/{operation_id}:cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel training operation
+         * @description Asks for the operation to be cancelled, with no body; it always answers 200 with the
+         *     operation.
+         *
+         *     - `admitted`: it is `cancelled` at once (`error.code` `cancelled`, `cancel_requested`
+         *       true). A `forward_backward`, `optim_step` or `load_state` cancelled so makes the run
+         *       `failed`, since the learner state the later commands were admitted against will not be
+         *       made.
+         *     - `running`: `cancel_requested` becomes true; it runs to its end.
+         *     - Ended: unchanged. A succeeded `forward_backward` that produced no gradient (ART cancels
+         *       those) is also withdrawn from the run's open gradients, so no `optim_step` counts it.
+         */
+        post: operations["cancelTrainingOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/operations/{operation_id}/result": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Get training operation result
+         * @description The result of a succeeded operation, one shape per kind with exactly its keys (ART refuses
+         *     any other). It is kept until `releaseTrainingOperationResult` or `result_ref.expires_at`.
+         */
+        get: operations["retrieveTrainingOperationResult"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/training/runs/{run_id}/operations/{operation_id}/result:release": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Release training operation result
+         * @description Deletes an ended operation's result before it expires: from then on `result_ref` is null
+         *     and `retrieveTrainingOperationResult` is 404. The operation itself stays. Releasing again
+         *     (or the result of an operation that has none) answers the same.
+         */
+        post: operations["releaseTrainingOperationResult"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/models": {
         parameters: {
             query?: never;
@@ -1889,6 +2316,636 @@ export interface components {
             };
         };
         /**
+         * TrainingRequestId
+         * @description The client's idempotency key for one request: 1–255 characters, no control characters.
+         *     Sending a request again under the same `request_id` answers what the first one did; other
+         *     content under it is 409 `request_id_reused`. Run commands are keyed per run, resolves per
+         *     entity.
+         * @example fb-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f
+         */
+        TrainingRequestId: string;
+        /**
+         * TrainingRunSpec
+         * @description What a run trains: a LoRA adapter of rank `lora_rank` on `lora_target_modules` of
+         *     `base_model` (LoRA alpha 2 × rank, as Arbor's jobs use). Every answer about the run echoes it
+         *     exactly as it was sent, `seed: null` included: ART refuses a run whose echo differs.
+         * @example {
+         *       "base_model": "arbor/tiny-chat",
+         *       "dtype": "bfloat16",
+         *       "lora_rank": 8,
+         *       "lora_target_modules": [
+         *         "down_proj",
+         *         "gate_proj",
+         *         "k_proj",
+         *         "lm_head",
+         *         "o_proj",
+         *         "q_proj",
+         *         "up_proj",
+         *         "v_proj"
+         *       ],
+         *       "seed": null
+         *     }
+         */
+        TrainingRunSpec: {
+            /**
+             * @description A base model id from `listModels` (`<owner>/<name>`). One Arbor does not serve is 400
+             *     `unsupported_base_model`.
+             */
+            base_model: string;
+            /**
+             * @description The only value ART sends. Arbor echoes it; the engine trains in float32.
+             * @constant
+             */
+            dtype: "bfloat16";
+            lora_rank: number;
+            /** @description The modules LoRA adapts, by PEFT's names. ART sends them sorted. */
+            lora_target_modules: ("q_proj" | "k_proj" | "v_proj" | "o_proj" | "gate_proj" | "up_proj" | "down_proj" | "lm_head")[];
+            /** @description Seeds the adapter's initialisation; null draws one. */
+            seed: number | null;
+        };
+        /**
+         * CheckpointSource
+         * @description Where a learner state is loaded from. `service_checkpoint` names a checkpoint that
+         *     `save_state` made in the key's entity (its `checkpoint.checkpoint_id`). `wandb_artifact` is
+         *     ART's name for a W&B artifact: Arbor has no W&B, and answers 400
+         *     `unsupported_checkpoint_source`.
+         * @example {
+         *       "kind": "service_checkpoint",
+         *       "checkpoint_id": "0193a0c1-4a5b-7c6d-8e7f-9a0b1c2d3e4f"
+         *     }
+         */
+        CheckpointSource: {
+            /** @constant */
+            kind: "service_checkpoint";
+            checkpoint_id: string;
+        } | {
+            /** @constant */
+            kind: "wandb_artifact";
+            /** @description `<entity>/<project>/<name>:v<N>`. */
+            artifact: string;
+        };
+        /** ResolveTrainingRunRequest */
+        ResolveTrainingRunRequest: {
+            request_id: components["schemas"]["TrainingRequestId"];
+            /**
+             * @description Names the run within the key's entity: resolving the name again (with a new
+             *     `request_id`) finds the run. Absent or null: an unnamed run, found only by its
+             *     `request_id` and `run_id`. ART omits it.
+             */
+            run_name?: string | null;
+            spec: components["schemas"]["TrainingRunSpec"];
+            /** @description Where a new run's learner starts; absent or null means a fresh adapter at learner version 0. */
+            initial_state?: null | {
+                source: components["schemas"]["CheckpointSource"];
+                /**
+                 * @description Also restore the saved optimizer state; false starts Adam afresh.
+                 * @default false
+                 */
+                restore_optimizer?: boolean;
+            };
+        };
+        /**
+         * TrainingRun
+         * @description A native training run (ART's `NativeTrainingRun`). `open` → `closing` (after
+         *     `closeTrainingRun`, while admitted commands still run) → `closed`; `open` or `closing` →
+         *     `failed` when a `forward_backward`, `optim_step` or `load_state` fails or is cancelled
+         *     before it ends.
+         */
+        TrainingRun: {
+            /**
+             * Format: uuid
+             * @description UUID v7.
+             */
+            run_id: string;
+            /** @description As sent to `resolveTrainingRun`; null when none was. */
+            run_name: string | null;
+            spec: components["schemas"]["TrainingRunSpec"];
+            /** @enum {string} */
+            status: "open" | "closing" | "closed" | "failed";
+            /** @description The `sequence_id` the next command must carry. */
+            next_sequence_id: number;
+            /** @description The learner version once every admitted command has run. */
+            projected_learner_version: number;
+            /** @description The learner version of the last `optim_step` or `load_state` that succeeded (or the run's initial one). */
+            committed_learner_version: number;
+        };
+        /**
+         * TrainingRequestIdBody
+         * @description The body of requests that carry nothing but their idempotency key.
+         */
+        TrainingRequestIdBody: {
+            request_id: components["schemas"]["TrainingRequestId"];
+        };
+        /**
+         * TrainingSequenceId
+         * @description The command's place in its run: it must be the run's `next_sequence_id` (0 for the first
+         *     command), so the commands of a run form one gapless sequence.
+         * @example 0
+         */
+        TrainingSequenceId: number;
+        /**
+         * TokenRowScalar
+         * @description One value of a row: a boolean in `bool` rows, an integer in `int32` and `int64` rows (within
+         *     JavaScript's safe integers), a finite number in `float32` rows.
+         */
+        TokenRowScalar: number | boolean;
+        /**
+         * TokenRowElement
+         * @description The value of one token position: a scalar in rows of shape `[T]`, a list of `K` scalars in
+         *     rows of shape `[T, K]` (a scalar also stands for a list of one when `K` is 1).
+         */
+        TokenRowElement: components["schemas"]["TokenRowScalar"] | components["schemas"]["TokenRowScalar"][];
+        /**
+         * TokenRow
+         * @description One named row of a matrix: a value (shape `[T]`) or `K` values (shape `[T, K]`) at each of
+         *     the matrix's `T` token positions, written out (`dense`, row-major) or as runs over a default
+         *     (`spans`). Every row of a matrix has the same `T`. The rows Arbor reads:
+         *
+         *     | row | dtype | shape | |
+         *     | --- | --- | --- | --- |
+         *     | `token_ids` | int64 | `[T]` | always; each below the base model's vocabulary size |
+         *     | `target_token_ids` | int64 | `[T, K]` | always; the token predicted at each position, below the vocabulary size |
+         *     | `loss_weights` | float32 | as the targets | `cross_entropy` (optional for `importance_sampling` and `cispo`) |
+         *     | `advantages` | float32 | as the targets | `importance_sampling`, `cispo` |
+         *     | `behavior_logprobs` | float32 | as the targets | `importance_sampling`, `cispo`: the sampler's log-probabilities |
+         *     | `policy_version` | int64 | `[T]` or `[T, 1]` | optional: the learner version that sampled each position (−1 where unknown); once one matrix has it, every matrix with active positions has it, at least 0 at each of them |
+         *
+         *     `K` is 1 except for `cross_entropy` (up to 256). Any other row (`learner_logprobs`, which
+         *     only the server produces, included) is 400 `invalid_token_matrix`.
+         */
+        TokenRow: {
+            name: string;
+            /** @enum {string} */
+            dtype: "bool" | "int32" | "int64" | "float32";
+            /** @description `[T]` or `[T, K]`. */
+            shape: number[];
+            values: {
+                /** @constant */
+                encoding: "dense";
+                /** @description All `T × K` values, row-major. */
+                data: components["schemas"]["TokenRowScalar"][];
+            } | {
+                /** @constant */
+                encoding: "spans";
+                /** @description The value of every position no span covers. */
+                default: components["schemas"]["TokenRowElement"];
+                /**
+                 * @description Sorted, not overlapping, each within `[0, T)`.
+                 * @default []
+                 */
+                spans?: {
+                    start: number;
+                    /** @description Exclusive; greater than `start`. */
+                    end: number;
+                    /** @description The value of positions `start` to `end − 1`. */
+                    value: components["schemas"]["TokenRowElement"];
+                }[];
+            };
+        };
+        /**
+         * TokenMatrix
+         * @description One token sequence and its rows (see `TokenRow`); at most 32 rows, named once each.
+         */
+        TokenMatrix: {
+            /** @constant */
+            kind?: "matrix";
+            /** @description Unique within the batch; `token_logprobs` results name it. */
+            matrix_id: string;
+            /** @description Matrices that share it (ART's `prompt-<n>`, one per trajectory group) are packed side by side where they fit. */
+            packing_affinity_id?: string | null;
+            rows: components["schemas"]["TokenRow"][];
+        };
+        /**
+         * TokenMatrixBatch
+         * @description The tokens a `forward` or `forward_backward` trains on, as ART lowers its SFT examples and RL
+         *     rollouts: one matrix per sequence, sent inline as JSON. At most 2²⁰ tokens in all (400
+         *     `batch_too_large`), and no matrix longer than the base model's context (400
+         *     `context_length_exceeded`).
+         */
+        TokenMatrixBatch: {
+            /** @constant */
+            kind?: "token_matrix";
+            matrices: components["schemas"]["TokenMatrix"][];
+            /**
+             * @description Mixture-of-experts routing replay. Arbor's models are dense, so the list is empty.
+             * @default []
+             */
+            routes?: Record<string, never>[];
+        };
+        /**
+         * TrainingLoss
+         * @description The loss of a `forward` or `forward_backward`, a sum over the batch's active positions
+         *     (those with a nonzero `loss_weights`, or nonzero `advantages` for the two policy losses),
+         *     with `w` the loss weight (1 where the row is absent), `A` the advantage, `π` the learner's
+         *     probability of the target and `ρ = π / π_behavior` (exp of the log-probability difference,
+         *     not clamped):
+         *
+         *     - `cross_entropy`: −Σ w · log π
+         *     - `importance_sampling`: −Σ ρ · A · w
+         *     - `cispo`: −Σ clamp(ρ, low, high) · log π · A · w, the clamped ratio held constant
+         *     - `dpo`: 400 `unsupported_loss`: it needs chosen/rejected pairs, which this body cannot carry.
+         *
+         *     Gradients are those of the sum; the result's `loss.value` is the sum over the number of
+         *     active positions.
+         */
+        TrainingLoss: {
+            /** @enum {string} */
+            name: "cross_entropy" | "importance_sampling" | "cispo" | "dpo";
+            /**
+             * @description For the policy losses: divide the advantages by the mean of |A| · w over the batch's
+             *     active positions first. ART normalises on its side and sends false.
+             * @default true
+             */
+            normalize_advantages?: boolean;
+            /** @description `cispo` only (400 otherwise): the clamp's lower bound. Default 0. */
+            clip_low_threshold?: number;
+            /** @description `cispo` only (400 otherwise): the clamp's upper bound, at least the lower one. Default 4. */
+            clip_high_threshold?: number;
+        };
+        /**
+         * ForwardRequest
+         * @description The body of `forward` and `forward_backward`.
+         */
+        ForwardRequest: {
+            request_id: components["schemas"]["TrainingRequestId"];
+            sequence_id: components["schemas"]["TrainingSequenceId"];
+            batch: components["schemas"]["TokenMatrixBatch"];
+            loss: components["schemas"]["TrainingLoss"];
+            /**
+             * @description Accepted; Arbor reports no packing shapes (`group_shapes` is empty).
+             * @default false
+             */
+            collect_packing_shapes?: boolean;
+            /**
+             * @description Arbor keeps no packed input for a later replay, so only false is accepted.
+             * @default false
+             * @enum {boolean}
+             */
+            retain_packed_input?: false;
+            /**
+             * @description Return the learner's log-probability of every target (`token_logprobs`).
+             * @default true
+             */
+            return_token_logprobs?: boolean;
+        };
+        /**
+         * TrainingOperation
+         * @description One admitted command (ART's public operation). Every field is always present, null where it
+         *     has no value. `admitted` → `running` → `succeeded` | `failed` | `cancelled`; `started_at` is
+         *     not before `admitted_at`, `ended_at` not before `started_at`. Operations of a run run one at a
+         *     time, in `sequence_id` order.
+         */
+        TrainingOperation: {
+            /**
+             * Format: uuid
+             * @description UUID v7 (ART takes at most 64 characters).
+             */
+            operation_id: string;
+            /** Format: uuid */
+            run_id: string;
+            /** @description The `request_id` that admitted it. */
+            request_id: string;
+            sequence_id: number;
+            /** @enum {string} */
+            kind: "forward" | "forward_backward" | "optim_step" | "save_weights_for_sampler" | "save_state" | "load_state";
+            /** @enum {string} */
+            status: "admitted" | "running" | "succeeded" | "failed" | "cancelled";
+            /** @description The run's projected learner version when the command was admitted. */
+            learner_parent_version: number;
+            /** @description `learner_parent_version` + 1 for `optim_step` and `load_state`, the learner version they make; null for the other kinds. */
+            reserved_output_learner_version: number | null;
+            /** Format: date-time */
+            admitted_at: string;
+            /**
+             * Format: date-time
+             * @description Null until it runs (and for one cancelled before it ran).
+             */
+            started_at: string | null;
+            /**
+             * Format: date-time
+             * @description Null until it ends.
+             */
+            ended_at: string | null;
+            /** @description True once `cancelTrainingOperation` asked for it before it ended. */
+            cancel_requested: boolean;
+            /** @description Grows by one with each change of `status` (1 once admitted); a poller can tell whether anything changed. */
+            latest_event_cursor: number;
+            /** @description Always null here; the result is read with `retrieveTrainingOperationResult` (`result_ref` says when there is one). */
+            result_summary: null;
+            /** @description Set once the operation succeeded, until its result is released or expires; null otherwise. */
+            result_ref: null | {
+                /**
+                 * Format: uuid
+                 * @description The operation's id.
+                 */
+                result_id: string;
+                /** @constant */
+                media_type: "application/json";
+                /** @description The size of the result's JSON. */
+                size_bytes: number;
+                /**
+                 * Format: date-time
+                 * @description When the result is deleted if not released first, 24 hours after the operation ended.
+                 */
+                expires_at: string;
+            };
+            /** @description Why it failed or was cancelled; null otherwise. */
+            error: null | {
+                /**
+                 * @description `cancelled` for a cancelled operation; `operation_conflict` when the state it
+                 *     needed changed after admission (a `save_state` name already saved, a model with a
+                 *     training job queued or running); `capacity_exhausted` when the engine had no room;
+                 *     `execution_failed` when it could not be carried out (a loss that is not finite, a
+                 *     restart while it ran); `invalid_request` for what was found wrong only as it ran.
+                 * @enum {string}
+                 */
+                code: "invalid_request" | "operation_conflict" | "capacity_exhausted" | "cancelled" | "execution_failed";
+            };
+        };
+        /** OptimStepRequest */
+        OptimStepRequest: {
+            request_id: components["schemas"]["TrainingRequestId"];
+            sequence_id: components["schemas"]["TrainingSequenceId"];
+            /**
+             * AdamConfig
+             * @description AdamW with decoupled weight decay; the defaults are ART's.
+             */
+            optimizer: {
+                learning_rate: number;
+                /** @default 0.9 */
+                beta1?: number;
+                /** @default 0.99 */
+                beta2?: number;
+                /** @default 1e-13 */
+                eps?: number;
+                /** @default 0.1 */
+                weight_decay?: number;
+                /**
+                 * @description The summed gradient is scaled down to this global norm when longer; 0 does not clip.
+                 * @default 0.1
+                 */
+                grad_clip_norm?: number;
+            };
+        };
+        /**
+         * TrainingCheckpointName
+         * @description A label for what a command saves (ART sends `step-<version>` when it publishes); 1–255 characters, no control characters.
+         * @example step-3
+         */
+        TrainingCheckpointName: string;
+        /** TrainingTtlSeconds */
+        TrainingTtlSeconds: number | null;
+        /** SaveWeightsForSamplerRequest */
+        SaveWeightsForSamplerRequest: {
+            request_id: components["schemas"]["TrainingRequestId"];
+            sequence_id: components["schemas"]["TrainingSequenceId"];
+            checkpoint_name: components["schemas"]["TrainingCheckpointName"];
+            /** @description Accepted and ignored: a published checkpoint is kept as any checkpoint of the model is, until `deleteCheckpoints` or `deleteModel`. */
+            ttl_seconds?: components["schemas"]["TrainingTtlSeconds"];
+            publication: {
+                /**
+                 * @description ART's `versioned_lora` is `saved_generation`, its `in_flight_lora` `active`. Arbor
+                 *     publishes both the same way, as a checkpoint of the model; the result echoes the
+                 *     target sent.
+                 * @enum {string}
+                 */
+                target: "active" | "saved_generation";
+                /**
+                 * @description The model to publish into, in the key's entity: `<entity>/<project>/<name>`, or a
+                 *     bare `<name>` (ART sends its model's name), which must name one model of the entity
+                 *     (404 `model_not_found` for none, 409 `ambiguous_model_alias` naming the candidates
+                 *     for several).
+                 */
+                model_alias: string;
+            };
+        };
+        /** SaveStateRequest */
+        SaveStateRequest: {
+            request_id: components["schemas"]["TrainingRequestId"];
+            sequence_id: components["schemas"]["TrainingSequenceId"];
+            /** @description Unique within the run unless `overwrite`. */
+            checkpoint_name: components["schemas"]["TrainingCheckpointName"];
+            /** @description The saved state is deleted this many seconds after it is saved; null keeps it. */
+            ttl_seconds?: components["schemas"]["TrainingTtlSeconds"];
+            /**
+             * @description Replace the run's saved state of this `checkpoint_name` (the new one gets a new id). Without
+             *     it, a name the run has already saved fails the operation (`operation_conflict`).
+             * @default false
+             */
+            overwrite?: boolean;
+        };
+        /** LoadStateRequest */
+        LoadStateRequest: {
+            request_id: components["schemas"]["TrainingRequestId"];
+            sequence_id: components["schemas"]["TrainingSequenceId"];
+            /**
+             * @description Also restore the saved optimizer state; false starts Adam afresh.
+             * @default false
+             */
+            restore_optimizer?: boolean;
+            source: components["schemas"]["CheckpointSource"];
+        };
+        /**
+         * TrainingMetrics
+         * @description Named measurements of the operation (finite numbers); may be empty.
+         */
+        TrainingMetrics: {
+            [key: string]: number;
+        };
+        /**
+         * PackingOutcome
+         * @description How the batch was laid out: `packed_sequences` rows of `packed_sequence_length` tokens
+         *     (`packed_capacity_tokens` = their product), holding `physical_tokens` of the batch's
+         *     `logical_tokens` (the sum of its matrices' lengths), the rest `padding_tokens`
+         *     (= capacity − physical).
+         */
+        PackingOutcome: {
+            packed_sequence_length: number;
+            packed_sequences: number;
+            target_packed_sequences: number;
+            logical_tokens: number;
+            physical_tokens: number;
+            packed_capacity_tokens: number;
+            padding_tokens: number;
+        };
+        /**
+         * TokenLogprobs
+         * @description The learner's log-probability of each target of one matrix, shape `[T, K]` as its
+         *     `target_token_ids`: `data` is the base64 of `T × K` little-endian float32 values, row-major.
+         */
+        TokenLogprobs: {
+            matrix_id: string;
+            shape: number[];
+            data: string;
+        };
+        /**
+         * ForwardResult
+         * @description The result of a `forward`. No other keys appear (ART refuses any).
+         */
+        ForwardResult: {
+            /** Format: uuid */
+            operation_id: string;
+            /** @constant */
+            kind: "forward";
+            metrics: components["schemas"]["TrainingMetrics"];
+            packing: components["schemas"]["PackingOutcome"];
+            /** @description One entry per matrix, in batch order, when `return_token_logprobs`; else empty. */
+            token_logprobs: components["schemas"]["TokenLogprobs"][];
+            /** @description ART's packing shapes; Arbor reports none. */
+            group_shapes: Record<string, never>[];
+        };
+        /**
+         * ForwardBackwardResult
+         * @description The result of a `forward_backward`: a forward's, and what it added to the run's gradient.
+         *     `produced_gradient` is true exactly when `training.accepted_trainable_tokens` is above 0; one
+         *     that produced none returns no `token_logprobs`. No other keys appear (ART refuses any).
+         */
+        ForwardBackwardResult: {
+            /** Format: uuid */
+            operation_id: string;
+            /** @constant */
+            kind: "forward_backward";
+            metrics: components["schemas"]["TrainingMetrics"];
+            packing: components["schemas"]["PackingOutcome"];
+            /** @description One entry per matrix, in batch order, when `return_token_logprobs`; else empty. */
+            token_logprobs: components["schemas"]["TokenLogprobs"][];
+            /** @description ART's packing shapes; Arbor reports none. */
+            group_shapes: Record<string, never>[];
+            training: {
+                /** @description The active positions the loss was taken over. */
+                accepted_trainable_tokens: number;
+                /**
+                 * @description With a `policy_version` row: the accepted positions per version, by version
+                 *     ascending, summing to `accepted_trainable_tokens`. Null without one.
+                 */
+                policy_token_counts: null | {
+                    policy_version: number;
+                    accepted_trainable_tokens: number;
+                }[];
+            };
+            loss: {
+                /**
+                 * @description The loss's name with `_v1`.
+                 * @enum {string}
+                 */
+                contract_id: "cross_entropy_v1" | "importance_sampling_v1" | "cispo_v1" | "dpo_v1";
+                /** @description The loss summed over the active positions, over their number. */
+                value: number;
+                /** @constant */
+                reduction: "mean_active_token";
+            };
+            produced_gradient: boolean;
+        };
+        /**
+         * TrainingCheckpointRef
+         * @description A learner state of the run. `save_state` results name the saved state (its id loads it); the
+         *     other kinds name the run's state at `learner_version` as `<run_id>:v<learner_version>`, which
+         *     is not loadable.
+         */
+        TrainingCheckpointRef: {
+            checkpoint_id: string;
+            learner_version: number;
+        };
+        /**
+         * OptimStepResult
+         * @description The result of an `optim_step`. No other keys appear (ART refuses any).
+         */
+        OptimStepResult: {
+            /** Format: uuid */
+            operation_id: string;
+            /** @constant */
+            kind: "optim_step";
+            metrics: components["schemas"]["TrainingMetrics"];
+            /** @description The `forward_backward` operations whose gradients the step applied, in sequence order. */
+            contributing_operation_ids: string[];
+            checkpoint: components["schemas"]["TrainingCheckpointRef"];
+            /** @description The learner version the step made (`checkpoint.learner_version`). */
+            learner_version: number;
+        };
+        /**
+         * SaveWeightsForSamplerResult
+         * @description The result of a `save_weights_for_sampler`: learner version `learner_version` is checkpoint
+         *     step `learner_version` of `model_alias`, served as `<model_alias>:step<learner_version>`.
+         *     No other keys appear (ART refuses any).
+         */
+        SaveWeightsForSamplerResult: {
+            /** Format: uuid */
+            operation_id: string;
+            /** @constant */
+            kind: "save_weights_for_sampler";
+            metrics: components["schemas"]["TrainingMetrics"];
+            /**
+             * @description As sent.
+             * @enum {string}
+             */
+            target: "active" | "saved_generation";
+            /** @description The model published into, as `<entity>/<project>/<name>`. */
+            model_alias: string;
+            /**
+             * Format: uuid
+             * @description The published checkpoint's id (its `id` in `listCheckpoints`).
+             */
+            generation_id: string;
+            /** @description The learner version published, and the checkpoint's step (`checkpoint.learner_version`). */
+            learner_version: number;
+            checkpoint: components["schemas"]["TrainingCheckpointRef"];
+        };
+        /**
+         * SaveStateResult
+         * @description The result of a `save_state`: `checkpoint.checkpoint_id` loads the saved state (weights and
+         *     optimizer) with `load_state` or a run's `initial_state`, in any run of the entity with the
+         *     same base model, rank and target modules. No other keys appear (ART refuses any).
+         */
+        SaveStateResult: {
+            /** Format: uuid */
+            operation_id: string;
+            /** @constant */
+            kind: "save_state";
+            metrics: components["schemas"]["TrainingMetrics"];
+            checkpoint: components["schemas"]["TrainingCheckpointRef"];
+            /** @description What was saved, under the same id and version as `checkpoint` (ART requires the key). */
+            archive: {
+                checkpoint_id: string;
+                learner_version: number;
+                /** @description Always both. */
+                components: ("weights" | "optimizer")[];
+                /**
+                 * @description `<entity>/<project>/<checkpoint_id>:v<learner_version>`, in the form ART requires. Only
+                 *     a name: Arbor has no W&B, and a `wandb_artifact` source is refused.
+                 */
+                wandb_artifact: string;
+            };
+        };
+        /**
+         * LoadStateResult
+         * @description The result of a `load_state`. No other keys appear (ART refuses any).
+         */
+        LoadStateResult: {
+            /** Format: uuid */
+            operation_id: string;
+            /** @constant */
+            kind: "load_state";
+            metrics: components["schemas"]["TrainingMetrics"];
+            /** @description The run's state after loading, at the learner version the load made. */
+            checkpoint: components["schemas"]["TrainingCheckpointRef"];
+            /** @description As `restore_optimizer` asked. */
+            optimizer_restored: boolean;
+        };
+        /**
+         * TrainingOperationResult
+         * @description The result of a succeeded operation, by its `kind`.
+         */
+        TrainingOperationResult: components["schemas"]["ForwardResult"] | components["schemas"]["ForwardBackwardResult"] | components["schemas"]["OptimStepResult"] | components["schemas"]["SaveWeightsForSamplerResult"] | components["schemas"]["SaveStateResult"] | components["schemas"]["LoadStateResult"];
+        /** TrainingOperationResultRelease */
+        TrainingOperationResultRelease: {
+            /** Format: uuid */
+            operation_id: string;
+            /** @description As sent. */
+            request_id: string;
+            /** @constant */
+            released: true;
+        };
+        /**
          * ModelEntry
          * @description A model id usable as `model` in chat completions. Base models: `root` = `id`,
          *     `owned_by` = `system`, `parent` null. Trained models appear as `<entity>/<project>/<name>`
@@ -2548,6 +3605,61 @@ export interface components {
                 "application/json": components["schemas"]["ErrorResponse"];
             };
         };
+        /**
+         * @description The body fails the spec, or its batch or loss cannot be trained on: `invalid_token_matrix`
+         *     (a row missing for the loss, unknown or supplied twice; a dtype or shape not the row's; a
+         *     value count that does not match the shape; spans out of order or past `T`; `K` ≠ 1 for a
+         *     policy loss; a matrix with no active position; matrix ids not unique), `token_out_of_vocabulary`
+         *     (a token or target id not below the base model's vocabulary size), `context_length_exceeded`,
+         *     `batch_too_large` (over 2²⁰ tokens), `unsupported_loss` (`dpo`) or `invalid_loss_options`
+         *     (clip thresholds for another loss than `cispo`, or low above high). `param` is the offending
+         *     JSON path.
+         */
+        TokenMatrixBadRequest: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /**
+         * @description The command is refused by the run's ledger and not admitted (it takes no sequence id):
+         *     `request_id_reused` (the run admitted other content under this `request_id`), `run_failed`,
+         *     `run_closed`, `sequence_gap` (the message names the `sequence_id` expected),
+         *     `too_many_open_gradients` (a `forward_backward` with 64 open), `no_open_gradients` (an
+         *     `optim_step` with none), `open_gradients` (a `load_state` with some), and for
+         *     `save_weights_for_sampler` `ambiguous_model_alias` (the candidates in the message) or
+         *     `adapter_mismatch` (the model's checkpoints have another rank or other target modules), for
+         *     `load_state` `checkpoint_incompatible`. Retrying the same request cannot succeed:
+         *     `x-should-retry` is false.
+         */
+        TrainingCommandConflict: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                "x-should-retry": components["headers"]["ShouldRetry"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
+        /**
+         * @description Over the key's or project's rate limit, or (code `too_many_unfinished_commands`) the run
+         *     already has 128 operations admitted or running. Retry after `Retry-After` seconds.
+         */
+        TrainingCommandTooManyRequests: {
+            headers: {
+                "x-request-id": components["headers"]["RequestId"];
+                "Retry-After": components["headers"]["RetryAfter"];
+                "x-should-retry": components["headers"]["ShouldRetry"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorResponse"];
+            };
+        };
         /** @description The API key is missing, malformed, unknown or revoked. */
         CallsUnauthorized: {
             headers: {
@@ -2724,6 +3836,16 @@ export interface components {
          * @example 0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192
          */
         DatasetId: string;
+        /**
+         * @description The run's id, as `resolveTrainingRun` returned it.
+         * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+         */
+        TrainingRunId: string;
+        /**
+         * @description The operation's id, as the command that admitted it returned it.
+         * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+         */
+        TrainingOperationId: string;
         /**
          * @description A model id from `listModels`. Ids contain `/` (`<owner>/<name>`,
          *     `<entity>/<project>/<name>[:step<N>]`): send them percent-encoded, as the `openai` clients do
@@ -4454,6 +5576,1163 @@ export interface operations {
                     "application/json": components["schemas"]["SystemCheck"];
                 };
             };
+        };
+    };
+    resolveTrainingRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "resolve-8c1e9a7d4c3b8e6f1a2b3c4d5e6f5f2b",
+                 *       "spec": {
+                 *         "base_model": "arbor/tiny-chat",
+                 *         "dtype": "bfloat16",
+                 *         "lora_rank": 8,
+                 *         "lora_target_modules": [
+                 *           "down_proj",
+                 *           "gate_proj",
+                 *           "k_proj",
+                 *           "lm_head",
+                 *           "o_proj",
+                 *           "q_proj",
+                 *           "up_proj",
+                 *           "v_proj"
+                 *         ],
+                 *         "seed": null
+                 *       },
+                 *       "initial_state": null
+                 *     }
+                 */
+                "application/json": components["schemas"]["ResolveTrainingRunRequest"];
+            };
+        };
+        responses: {
+            /** @description The run (new, or the one the request or `run_name` found). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "run_name": null,
+                     *       "spec": {
+                     *         "base_model": "arbor/tiny-chat",
+                     *         "dtype": "bfloat16",
+                     *         "lora_rank": 8,
+                     *         "lora_target_modules": [
+                     *           "down_proj",
+                     *           "gate_proj",
+                     *           "k_proj",
+                     *           "lm_head",
+                     *           "o_proj",
+                     *           "q_proj",
+                     *           "up_proj",
+                     *           "v_proj"
+                     *         ],
+                     *         "seed": null
+                     *       },
+                     *       "status": "open",
+                     *       "next_sequence_id": 0,
+                     *       "projected_learner_version": 0,
+                     *       "committed_learner_version": 0
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingRun"];
+                };
+            };
+            /**
+             * @description The body fails the spec, or names what Arbor cannot train: `unsupported_base_model`
+             *     (the supported ids in the message) or `unsupported_checkpoint_source`.
+             */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `initial_state.source` names no saved state of the entity (`checkpoint_not_found`). */
+            404: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "No saved state with id \"0193a0c1-4a5b-7c6d-8e7f-9a0b1c2d3e4f\".",
+                     *         "type": "not_found_error",
+                     *         "param": "initial_state.source.checkpoint_id",
+                     *         "code": "checkpoint_not_found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /**
+             * @description `request_id_reused` (this `request_id` opened a run with another body),
+             *     `run_name_conflict` (the named run has another `spec`) or `checkpoint_incompatible`
+             *     (the initial state was saved with another base model, rank or target modules).
+             */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveTrainingRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The run. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "run_name": "nightly",
+                     *       "spec": {
+                     *         "base_model": "arbor/tiny-chat",
+                     *         "dtype": "bfloat16",
+                     *         "lora_rank": 8,
+                     *         "lora_target_modules": [
+                     *           "k_proj",
+                     *           "o_proj",
+                     *           "q_proj",
+                     *           "v_proj"
+                     *         ],
+                     *         "seed": 17
+                     *       },
+                     *       "status": "open",
+                     *       "next_sequence_id": 6,
+                     *       "projected_learner_version": 2,
+                     *       "committed_learner_version": 1
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingRun"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    closeTrainingRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "close-8c1e9a7d4c3b8e6f1a2b3c4d5e6f5f2b"
+                 *     }
+                 */
+                "application/json": components["schemas"]["TrainingRequestIdBody"];
+            };
+        };
+        responses: {
+            /** @description The run, `closing` or `closed` (or `failed`). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "run_name": null,
+                     *       "spec": {
+                     *         "base_model": "arbor/tiny-chat",
+                     *         "dtype": "bfloat16",
+                     *         "lora_rank": 8,
+                     *         "lora_target_modules": [
+                     *           "k_proj",
+                     *           "o_proj",
+                     *           "q_proj",
+                     *           "v_proj"
+                     *         ],
+                     *         "seed": null
+                     *       },
+                     *       "status": "closed",
+                     *       "next_sequence_id": 9,
+                     *       "projected_learner_version": 3,
+                     *       "committed_learner_version": 3
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingRun"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createForwardOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "fwd-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                 *       "sequence_id": 0,
+                 *       "batch": {
+                 *         "kind": "token_matrix",
+                 *         "matrices": [
+                 *           {
+                 *             "kind": "matrix",
+                 *             "matrix_id": "sft-0",
+                 *             "packing_affinity_id": null,
+                 *             "rows": [
+                 *               {
+                 *                 "name": "token_ids",
+                 *                 "dtype": "int64",
+                 *                 "shape": [
+                 *                   6
+                 *                 ],
+                 *                 "values": {
+                 *                   "encoding": "dense",
+                 *                   "data": [
+                 *                     765,
+                 *                     12,
+                 *                     40,
+                 *                     41,
+                 *                     767,
+                 *                     765
+                 *                   ]
+                 *                 }
+                 *               },
+                 *               {
+                 *                 "name": "target_token_ids",
+                 *                 "dtype": "int64",
+                 *                 "shape": [
+                 *                   6,
+                 *                   1
+                 *                 ],
+                 *                 "values": {
+                 *                   "encoding": "dense",
+                 *                   "data": [
+                 *                     12,
+                 *                     40,
+                 *                     41,
+                 *                     767,
+                 *                     765,
+                 *                     0
+                 *                   ]
+                 *                 }
+                 *               },
+                 *               {
+                 *                 "name": "loss_weights",
+                 *                 "dtype": "float32",
+                 *                 "shape": [
+                 *                   6,
+                 *                   1
+                 *                 ],
+                 *                 "values": {
+                 *                   "encoding": "spans",
+                 *                   "default": [
+                 *                     0
+                 *                   ],
+                 *                   "spans": [
+                 *                     {
+                 *                       "start": 2,
+                 *                       "end": 5,
+                 *                       "value": [
+                 *                         1
+                 *                       ]
+                 *                     }
+                 *                   ]
+                 *                 }
+                 *               }
+                 *             ]
+                 *           }
+                 *         ],
+                 *         "routes": []
+                 *       },
+                 *       "loss": {
+                 *         "name": "cross_entropy",
+                 *         "normalize_advantages": false
+                 *       },
+                 *       "collect_packing_shapes": false,
+                 *       "retain_packed_input": false,
+                 *       "return_token_logprobs": true
+                 *     }
+                 */
+                "application/json": components["schemas"]["ForwardRequest"];
+            };
+        };
+        responses: {
+            /** @description The operation this command admitted (or, for a replay, admitted before). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "fwd-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 0,
+                     *       "kind": "forward",
+                     *       "status": "admitted",
+                     *       "learner_parent_version": 0,
+                     *       "reserved_output_learner_version": null,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": null,
+                     *       "ended_at": null,
+                     *       "cancel_requested": false,
+                     *       "latest_event_cursor": 1,
+                     *       "result_summary": null,
+                     *       "result_ref": null,
+                     *       "error": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            400: components["responses"]["TokenMatrixBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["TrainingCommandConflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TrainingCommandTooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createForwardBackwardOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "fb-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                 *       "sequence_id": 0,
+                 *       "batch": {
+                 *         "kind": "token_matrix",
+                 *         "matrices": [
+                 *           {
+                 *             "kind": "matrix",
+                 *             "matrix_id": "sft-0",
+                 *             "packing_affinity_id": null,
+                 *             "rows": [
+                 *               {
+                 *                 "name": "token_ids",
+                 *                 "dtype": "int64",
+                 *                 "shape": [
+                 *                   6
+                 *                 ],
+                 *                 "values": {
+                 *                   "encoding": "dense",
+                 *                   "data": [
+                 *                     765,
+                 *                     12,
+                 *                     40,
+                 *                     41,
+                 *                     767,
+                 *                     765
+                 *                   ]
+                 *                 }
+                 *               },
+                 *               {
+                 *                 "name": "target_token_ids",
+                 *                 "dtype": "int64",
+                 *                 "shape": [
+                 *                   6,
+                 *                   1
+                 *                 ],
+                 *                 "values": {
+                 *                   "encoding": "dense",
+                 *                   "data": [
+                 *                     12,
+                 *                     40,
+                 *                     41,
+                 *                     767,
+                 *                     765,
+                 *                     0
+                 *                   ]
+                 *                 }
+                 *               },
+                 *               {
+                 *                 "name": "loss_weights",
+                 *                 "dtype": "float32",
+                 *                 "shape": [
+                 *                   6,
+                 *                   1
+                 *                 ],
+                 *                 "values": {
+                 *                   "encoding": "spans",
+                 *                   "default": [
+                 *                     0
+                 *                   ],
+                 *                   "spans": [
+                 *                     {
+                 *                       "start": 2,
+                 *                       "end": 5,
+                 *                       "value": [
+                 *                         1
+                 *                       ]
+                 *                     }
+                 *                   ]
+                 *                 }
+                 *               }
+                 *             ]
+                 *           }
+                 *         ],
+                 *         "routes": []
+                 *       },
+                 *       "loss": {
+                 *         "name": "cross_entropy",
+                 *         "normalize_advantages": false
+                 *       },
+                 *       "collect_packing_shapes": false,
+                 *       "retain_packed_input": false,
+                 *       "return_token_logprobs": false
+                 *     }
+                 */
+                "application/json": components["schemas"]["ForwardRequest"];
+            };
+        };
+        responses: {
+            /** @description The operation this command admitted (or, for a replay, admitted before). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "fb-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 0,
+                     *       "kind": "forward_backward",
+                     *       "status": "admitted",
+                     *       "learner_parent_version": 0,
+                     *       "reserved_output_learner_version": null,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": null,
+                     *       "ended_at": null,
+                     *       "cancel_requested": false,
+                     *       "latest_event_cursor": 1,
+                     *       "result_summary": null,
+                     *       "result_ref": null,
+                     *       "error": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            400: components["responses"]["TokenMatrixBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["TrainingCommandConflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TrainingCommandTooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createOptimStepOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "optim-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                 *       "sequence_id": 1,
+                 *       "optimizer": {
+                 *         "learning_rate": 0.0001,
+                 *         "beta1": 0.9,
+                 *         "beta2": 0.99,
+                 *         "eps": 1e-13,
+                 *         "weight_decay": 0.1,
+                 *         "grad_clip_norm": 0.1
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["OptimStepRequest"];
+            };
+        };
+        responses: {
+            /** @description The operation this command admitted (or, for a replay, admitted before). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "optim-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 1,
+                     *       "kind": "optim_step",
+                     *       "status": "admitted",
+                     *       "learner_parent_version": 0,
+                     *       "reserved_output_learner_version": 1,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": null,
+                     *       "ended_at": null,
+                     *       "cancel_requested": false,
+                     *       "latest_event_cursor": 1,
+                     *       "result_summary": null,
+                     *       "result_ref": null,
+                     *       "error": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["TrainingCommandConflict"];
+            429: components["responses"]["TrainingCommandTooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createSaveWeightsForSamplerOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "publish-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                 *       "sequence_id": 2,
+                 *       "checkpoint_name": "step-1",
+                 *       "ttl_seconds": null,
+                 *       "publication": {
+                 *         "target": "saved_generation",
+                 *         "model_alias": "agent"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["SaveWeightsForSamplerRequest"];
+            };
+        };
+        responses: {
+            /** @description The operation this command admitted (or, for a replay, admitted before). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "publish-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 2,
+                     *       "kind": "save_weights_for_sampler",
+                     *       "status": "admitted",
+                     *       "learner_parent_version": 1,
+                     *       "reserved_output_learner_version": null,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": null,
+                     *       "ended_at": null,
+                     *       "cancel_requested": false,
+                     *       "latest_event_cursor": 1,
+                     *       "result_summary": null,
+                     *       "result_ref": null,
+                     *       "error": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such run (`run_not_found`), or no model of the entity answers to `publication.model_alias` (`model_not_found`). */
+            404: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "No model of entity \"acme\" is named \"agent\".",
+                     *         "type": "not_found_error",
+                     *         "param": "publication.model_alias",
+                     *         "code": "model_not_found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            409: components["responses"]["TrainingCommandConflict"];
+            429: components["responses"]["TrainingCommandTooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createSaveStateOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "save-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                 *       "sequence_id": 3,
+                 *       "checkpoint_name": "after-warmup",
+                 *       "ttl_seconds": null,
+                 *       "overwrite": false
+                 *     }
+                 */
+                "application/json": components["schemas"]["SaveStateRequest"];
+            };
+        };
+        responses: {
+            /** @description The operation this command admitted (or, for a replay, admitted before). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "save-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 3,
+                     *       "kind": "save_state",
+                     *       "status": "admitted",
+                     *       "learner_parent_version": 1,
+                     *       "reserved_output_learner_version": null,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": null,
+                     *       "ended_at": null,
+                     *       "cancel_requested": false,
+                     *       "latest_event_cursor": 1,
+                     *       "result_summary": null,
+                     *       "result_ref": null,
+                     *       "error": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["TrainingCommandConflict"];
+            429: components["responses"]["TrainingCommandTooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createLoadStateOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "load-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                 *       "sequence_id": 4,
+                 *       "restore_optimizer": true,
+                 *       "source": {
+                 *         "kind": "service_checkpoint",
+                 *         "checkpoint_id": "0193a0c1-4a5b-7c6d-8e7f-9a0b1c2d3e4f"
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["LoadStateRequest"];
+            };
+        };
+        responses: {
+            /** @description The operation this command admitted (or, for a replay, admitted before). */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "load-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 4,
+                     *       "kind": "load_state",
+                     *       "status": "admitted",
+                     *       "learner_parent_version": 1,
+                     *       "reserved_output_learner_version": 2,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": null,
+                     *       "ended_at": null,
+                     *       "cancel_requested": false,
+                     *       "latest_event_cursor": 1,
+                     *       "result_summary": null,
+                     *       "result_ref": null,
+                     *       "error": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            /** @description The body fails the spec, or its source is a `wandb_artifact` (`unsupported_checkpoint_source`). */
+            400: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Arbor loads service checkpoints only; a wandb_artifact source cannot be read here.",
+                     *         "type": "invalid_request_error",
+                     *         "param": "source",
+                     *         "code": "unsupported_checkpoint_source"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description No such run (`run_not_found`), or no saved state of the entity has the source's id (`checkpoint_not_found`). */
+            404: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "No saved state with id \"0193a0c1-4a5b-7c6d-8e7f-9a0b1c2d3e4f\".",
+                     *         "type": "not_found_error",
+                     *         "param": "source.checkpoint_id",
+                     *         "code": "checkpoint_not_found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            409: components["responses"]["TrainingCommandConflict"];
+            429: components["responses"]["TrainingCommandTooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveTrainingOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The operation. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "optim-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 1,
+                     *       "kind": "optim_step",
+                     *       "status": "succeeded",
+                     *       "learner_parent_version": 0,
+                     *       "reserved_output_learner_version": 1,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": "2026-11-27T10:00:00.410Z",
+                     *       "ended_at": "2026-11-27T10:00:00.530Z",
+                     *       "cancel_requested": false,
+                     *       "latest_event_cursor": 3,
+                     *       "result_summary": null,
+                     *       "result_ref": {
+                     *         "result_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *         "media_type": "application/json",
+                     *         "size_bytes": 236,
+                     *         "expires_at": "2026-11-28T10:00:00.530Z"
+                     *       },
+                     *       "error": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    cancelTrainingOperation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The operation, after the request. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "request_id": "save-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f",
+                     *       "sequence_id": 3,
+                     *       "kind": "save_state",
+                     *       "status": "cancelled",
+                     *       "learner_parent_version": 1,
+                     *       "reserved_output_learner_version": null,
+                     *       "admitted_at": "2026-11-27T10:00:00.120Z",
+                     *       "started_at": null,
+                     *       "ended_at": "2026-11-27T10:00:00.200Z",
+                     *       "cancel_requested": true,
+                     *       "latest_event_cursor": 2,
+                     *       "result_summary": null,
+                     *       "result_ref": null,
+                     *       "error": {
+                     *         "code": "cancelled"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperation"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveTrainingOperationResult: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The result. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "kind": "forward_backward",
+                     *       "metrics": {},
+                     *       "packing": {
+                     *         "packed_sequence_length": 6,
+                     *         "packed_sequences": 1,
+                     *         "target_packed_sequences": 1,
+                     *         "logical_tokens": 6,
+                     *         "physical_tokens": 6,
+                     *         "packed_capacity_tokens": 6,
+                     *         "padding_tokens": 0
+                     *       },
+                     *       "token_logprobs": [],
+                     *       "group_shapes": [],
+                     *       "training": {
+                     *         "accepted_trainable_tokens": 3,
+                     *         "policy_token_counts": null
+                     *       },
+                     *       "loss": {
+                     *         "contract_id": "cross_entropy_v1",
+                     *         "value": 2.83,
+                     *         "reduction": "mean_active_token"
+                     *       },
+                     *       "produced_gradient": true
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperationResult"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            /** @description No such run or operation, or the operation has no result (it failed or was cancelled, or its result was released or expired; `result_not_found`). */
+            404: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Operation 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12 has no result: it was released.",
+                     *         "type": "not_found_error",
+                     *         "param": null,
+                     *         "code": "result_not_found"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The operation has not ended yet (`result_not_ready`). */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Operation 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12 is running; poll it until it ends.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": "result_not_ready"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    releaseTrainingOperationResult: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+                /**
+                 * @description The operation's id, as the command that admitted it returned it.
+                 * @example 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12
+                 */
+                operation_id: components["parameters"]["TrainingOperationId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "request_id": "release-8c1e9a7d4c3b8e6f1a2b3c4d5e6f5f2b"
+                 *     }
+                 */
+                "application/json": components["schemas"]["TrainingRequestIdBody"];
+            };
+        };
+        responses: {
+            /** @description The result is released. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "request_id": "release-8c1e9a7d4c3b8e6f1a2b3c4d5e6f5f2b",
+                     *       "released": true
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperationResultRelease"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The operation has not ended yet (`result_not_ready`). */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Operation 0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12 is running; its result can be released once it ends.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": "result_not_ready"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
         };
     };
     listModels: {

@@ -27,6 +27,7 @@ import { requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsModule } from "./modules/models/module.ts";
 import type { AppDeps, ModuleDeps, ServerModule } from "./modules/module.ts";
 import { trainingModule } from "./modules/training/module.ts";
+import { trainingRunsModule } from "./modules/training-runs/module.ts";
 
 export type { AppDeps } from "./modules/module.ts";
 
@@ -43,6 +44,7 @@ const MODULES: readonly ServerModule[] = [
   healthModule,
   callsModule,
   trainingModule,
+  trainingRunsModule,
   baseModelsModule,
 ];
 
@@ -145,7 +147,7 @@ export function servesPath(role: Role, path: string): boolean {
   const chat = path.startsWith("/v1/chat/completions");
   switch (role) {
     case "training":
-      return chat || path.startsWith("/v1/preview/");
+      return chat || path.startsWith("/v1/preview/") || path.startsWith("/v1/training/");
     case "inference":
       return chat || path.startsWith("/v1/models");
     case "calls":

@@ -4,12 +4,14 @@ import { servesPath } from "./app.ts";
 describe("servesPath", () => {
   it.each([
     ["training", "/v1/preview/models", true],
+    ["training", "/v1/training/runs/{run_id}:close", true],
     ["training", "/v1/chat/completions", true],
     ["training", "/v1/models", false],
     ["training", "/calls/usage", false],
     ["inference", "/v1/models/{model}", true],
     ["inference", "/v1/chat/completions/", true],
     ["inference", "/v1/preview/models", false],
+    ["inference", "/v1/training/runs:resolve", false],
     ["calls", "/call/start", true],
     ["calls", "/v1/chat/completions", false],
     ["calls", "/v1/health", true],

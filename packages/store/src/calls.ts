@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { type Clock, type Json, toJson } from "./common.ts";
+import { type Clock, canonical, type Json, toJson } from "./common.ts";
 import { ConflictError, InvalidInputError, LimitExceededError } from "./errors.ts";
 import { uuidv7 } from "./ids.ts";
 import { isoDate } from "./prices.ts";
@@ -137,17 +137,6 @@ interface PreparedEnd {
   summary: string | null;
   /** The call's own usage as aggregation counts it (`usageRowsOf`), or null. */
   usage_rows: string | null;
-}
-
-/** JSON with sorted keys: equal content gives an equal hash whatever the key order. */
-function canonical(value: unknown): string {
-  if (value === null || typeof value !== "object") return JSON.stringify(value ?? null);
-  if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
-  const obj = value as Record<string, unknown>;
-  const keys = Object.keys(obj)
-    .filter((k) => obj[k] !== undefined)
-    .sort();
-  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonical(obj[k])}`).join(",")}}`;
 }
 
 /**

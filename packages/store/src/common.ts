@@ -58,3 +58,14 @@ export function placeholders(n: number, from: number): string {
 export type Params = SqlValue[];
 
 export type Clock = () => number;
+
+/** JSON with sorted keys: equal content gives an equal hash whatever the key order. */
+export function canonical(value: unknown): string {
+  if (value === null || typeof value !== "object") return JSON.stringify(value ?? null);
+  if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
+  const obj = value as Record<string, unknown>;
+  const keys = Object.keys(obj)
+    .filter((k) => obj[k] !== undefined)
+    .sort();
+  return `{${keys.map((k) => `${JSON.stringify(k)}:${canonical(obj[k])}`).join(",")}}`;
+}

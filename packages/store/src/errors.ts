@@ -18,6 +18,8 @@ export interface DomainErrorOptions {
   param?: string | null;
   /** For `unavailable` and `rate_limited`: when to try again, in seconds. */
   retryAfterSeconds?: number;
+  /** Whether a client should retry the same request (`x-should-retry`); unsaid when unset. */
+  shouldRetry?: boolean;
 }
 
 export class DomainError extends Error {
@@ -26,12 +28,14 @@ export class DomainError extends Error {
   readonly code: string | null;
   readonly param: string | null;
   readonly retryAfterSeconds: number | undefined;
+  readonly shouldRetry: boolean | undefined;
   constructor(kind: DomainErrorKind, message: string, options: DomainErrorOptions = {}) {
     super(message);
     this.kind = kind;
     this.code = options.code ?? null;
     this.param = options.param ?? null;
     this.retryAfterSeconds = options.retryAfterSeconds;
+    this.shouldRetry = options.shouldRetry;
   }
 }
 

@@ -18,6 +18,7 @@ export type {
   ModelUsage,
 } from "./calls.ts";
 export type { Clock, Json, JsonInput, Page, PageOptions } from "./common.ts";
+export { canonical } from "./common.ts";
 export type { Dataset, DatasetsRepo } from "./datasets.ts";
 export {
   assertName,
@@ -94,4 +95,18 @@ export {
   type Store,
   type StoreOptions,
 } from "./store.ts";
+export {
+  LEARNER_KINDS,
+  MAX_OPEN_GRADIENTS,
+  MAX_UNFINISHED_OPERATIONS,
+  type OperationKind,
+  type OperationOutcome,
+  type OperationStatus,
+  RESULT_TTL_MS,
+  type RunStatus,
+  type TrainingOperation,
+  type TrainingRun,
+  type TrainingRunsRepo,
+  type TrainingState,
+} from "./training-runs.ts";
 export { MAX_USAGE_MODELS, type UsageRow, usageRowsOf } from "./usage-rows.ts";

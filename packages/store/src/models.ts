@@ -128,6 +128,15 @@ export class ModelsRepo {
     return row ? MODELS.read(row) : undefined;
   }
 
+  /** Every model of the entity named `name`, whatever its project (at most `limit`). */
+  async findByName(entity: string, name: string, limit = 10): Promise<Model[]> {
+    const rows = await this.#sql.query(
+      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND name = $2 ORDER BY id LIMIT $3`,
+      [entity, name, limit],
+    );
+    return rows.map(MODELS.read);
+  }
+
   /** Models of the given entities (e.g. every entity a key may use), for model listings, in
    * creation order (ids are UUID v7), oldest first unless `order` is `desc`. */
   async list(
@@ -222,36 +231,74 @@ export class ModelsRepo {
     modelId: string,
     input: { step: number; blob_key?: string | null; metrics?: Record<string, number> },
   ): Promise<Checkpoint> {
+    const { checkpoint } = await this.#sql.transaction((tx) =>
+      this.#addCheckpoint(tx, entity, modelId, input),
+    );
+    return checkpoint;
+  }
+
+  async #addCheckpoint(
+    tx: Sql,
+    entity: string,
+    modelId: string,
+    input: { step: number; blob_key?: string | null; metrics?: Record<string, number> },
+    replace = false,
+  ): Promise<{ checkpoint: Checkpoint; replaced: Row[] }> {
     const now = this.#now();
-    return this.#sql.transaction(async (tx) => {
-      // The lock its latest_step update takes, taken first: a delete of the model (FOR UPDATE)
-      // in progress is waited for, and then the model is not found, rather than the insert
-      // failing on its foreign key; concurrent adds queue instead of deadlocking on the update.
-      const lock = tx.dialect === "postgres" ? " FOR NO KEY UPDATE" : "";
-      const model = await tx.one(`SELECT id FROM models WHERE entity = $1 AND id = $2${lock}`, [
-        entity,
-        modelId,
-      ]);
-      if (!model) throw new NotFoundError(`Model ${modelId} not found`);
-      const row = await tx.one(
-        `INSERT INTO checkpoints (id, model_id, step, metrics, blob_key, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model_id, step) DO NOTHING RETURNING ${CHECKPOINTS.columns()}`,
-        [
-          uuidv7(now),
-          modelId,
-          input.step,
-          toJson(input.metrics ?? {}),
-          input.blob_key ?? null,
-          unixSeconds(now),
-        ],
-      );
-      if (!row) throw new ConflictError(`Checkpoint step ${input.step} already exists`);
-      await tx.exec(
-        `UPDATE models SET latest_step = $2 WHERE id = $1 AND (latest_step IS NULL OR latest_step < $2)`,
+    // The lock its latest_step update takes, taken first: a delete of the model (FOR UPDATE)
+    // in progress is waited for, and then the model is not found, rather than the insert
+    // failing on its foreign key; concurrent adds queue instead of deadlocking on the update.
+    const lock = tx.dialect === "postgres" ? " FOR NO KEY UPDATE" : "";
+    const model = await tx.one(`SELECT id FROM models WHERE entity = $1 AND id = $2${lock}`, [
+      entity,
+      modelId,
+    ]);
+    if (!model) throw new NotFoundError(`Model ${modelId} not found`);
+    let replaced: Row[] = [];
+    if (replace) {
+      replaced = await tx.query(
+        `SELECT ${CHECKPOINT_FILES.columns()} FROM checkpoints WHERE model_id = $1 AND step = $2`,
         [modelId, input.step],
       );
-      return CHECKPOINTS.read(row);
-    });
+      await tx.exec("DELETE FROM checkpoints WHERE model_id = $1 AND step = $2", [
+        modelId,
+        input.step,
+      ]);
+    }
+    const row = await tx.one(
+      `INSERT INTO checkpoints (id, model_id, step, metrics, blob_key, created_at)
+       VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model_id, step) DO NOTHING RETURNING ${CHECKPOINTS.columns()}`,
+      [
+        uuidv7(now),
+        modelId,
+        input.step,
+        toJson(input.metrics ?? {}),
+        input.blob_key ?? null,
+        unixSeconds(now),
+      ],
+    );
+    if (!row) throw new ConflictError(`Checkpoint step ${input.step} already exists`);
+    await tx.exec(
+      `UPDATE models SET latest_step = $2 WHERE id = $1 AND (latest_step IS NULL OR latest_step < $2)`,
+      [modelId, input.step],
+    );
+    return { checkpoint: CHECKPOINTS.read(row), replaced };
+  }
+
+  /**
+   * Writes checkpoint `step` of a model, replacing the row a step already had (the newest
+   * publication of a step wins, ADR 57), and raises latest_step to it. Answers the checkpoint and
+   * the blob keys of the one replaced, for the caller to remove once no one serves them.
+   */
+  async putCheckpoint(
+    entity: string,
+    modelId: string,
+    input: { step: number; blob_key: string; metrics?: Record<string, number> },
+  ): Promise<{ checkpoint: Checkpoint; replaced_blob_keys: string[] }> {
+    const { checkpoint, replaced } = await this.#sql.transaction((tx) =>
+      this.#addCheckpoint(tx, entity, modelId, input, true),
+    );
+    return { checkpoint, replaced_blob_keys: blobKeys(replaced) };
   }
 
   async getCheckpoint(

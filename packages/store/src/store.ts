@@ -13,6 +13,7 @@ import { ModelsRepo } from "./models.ts";
 import { PgBlobStore } from "./pg-blobs.ts";
 import { PricesRepo } from "./prices.ts";
 import { type Dialect, PostgresSql, type Sql, SqliteSql } from "./sql.ts";
+import { TrainingRunsRepo } from "./training-runs.ts";
 
 export interface StoreOptions {
   /**
@@ -62,6 +63,8 @@ export interface Store {
   readonly datasets: DatasetsRepo;
   readonly calls: CallsRepo;
   readonly prices: PricesRepo;
+  /** The native training API's runs, operations and saved states (ADR 57). */
+  readonly trainingRuns: TrainingRunsRepo;
   /** Checkpoint and dataset files: in PostgreSQL, in a directory, or in memory beside an
    * in-memory SQLite database. */
   readonly blobs: BlobStore;
@@ -146,6 +149,7 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
     datasets: new DatasetsRepo(sql, now),
     calls: new CallsRepo(sql, now),
     prices: new PricesRepo(sql, now),
+    trainingRuns: new TrainingRunsRepo(sql, now),
     blobs,
     migrated,
     async ping(): Promise<PingResult> {

@@ -74,4 +74,17 @@ export {
   type TrainingWorkerOptions,
 } from "./runner/runner.ts";
 export type { WorkerThreadSettings } from "./runner/thread.ts";
+export {
+  freshAdapter,
+  learnerFromState,
+  type RunActivity,
+  RunExecutor,
+  runFilesPrefix,
+} from "./runs/execute.ts";
+export {
+  checkLoss,
+  decodeBatch,
+  type WireBatch,
+  type WireLoss,
+} from "./runs/token-matrix.ts";
 export { type SweepOptions, type SweepResult, sweepBlobs } from "./sweep.ts";

@@ -350,6 +350,7 @@ function fromDomainError(err: DomainError): ApiError {
   const headers: Record<string, string> = {};
   if (err.retryAfterSeconds !== undefined) headers["retry-after"] = String(err.retryAfterSeconds);
   if (err.kind === "unavailable") headers["x-should-retry"] = "true";
+  if (err.shouldRetry !== undefined) headers["x-should-retry"] = String(err.shouldRetry);
   const message = /[.?!]$/.test(err.message) ? err.message : `${err.message}.`;
   return new ApiError(status, message, {
     code: err.code,

@@ -25,7 +25,9 @@ export interface SpecOperation {
   method: HttpMethod;
   /** The OpenAPI path, e.g. `/v1/preview/models/{model_id}`. */
   path: string;
-  /** The same path in Express syntax, e.g. `/v1/preview/models/:model_id`. */
+  /** The same path in Express syntax, e.g. `/v1/preview/models/:model_id`; a literal colon
+   * (`/v1/training/runs/{run_id}:close`) is escaped (`/v1/training/runs/:run_id\:close`), since
+   * Express's path-to-regexp reads `:` as the start of a parameter. */
   expressPath: string;
   public: boolean;
   /** Path parameters whose schema is an integer: the router hands them over as numbers. */
@@ -50,7 +52,7 @@ export function specOperations(spec: OpenApiDocument): SpecOperation[] {
         operationId: op.operationId as OperationId,
         method,
         path,
-        expressPath: path.replace(/\{([^}]+)\}/g, ":$1"),
+        expressPath: path.replace(/:/g, "\\:").replace(/\{([^}]+)\}/g, ":$1"),
         public: Array.isArray(op.security) && op.security.length === 0,
         integerParams: [
           ...((item as { parameters?: ParameterObject[] }).parameters ?? []),

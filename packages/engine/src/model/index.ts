@@ -40,6 +40,7 @@ export {
   type LoraAdapter,
   type LoraConfig,
   loraParameterCount,
+  loraParameters,
   MAX_ADAPTER_WEIGHT,
   MAX_ALPHA,
   MAX_RANK,

@@ -37,6 +37,7 @@ import {
   sftJobSpec,
   sftTrainingConfig,
 } from "../jobs.ts";
+import { type RunActivity, RunExecutor, type RunSpec } from "../runs/execute.ts";
 import { sweepBlobs } from "../sweep.ts";
 import { clearCancelled, idWords, isCancelled, isStopping } from "./cancel.ts";
 
@@ -88,7 +89,9 @@ export type TrainingActivity =
   /** A step trained on `tokens` tokens (its `num_tokens`). */
   | { type: "tokens"; jobType: JobType; tokens: number }
   /** A run of a job ended with `outcome`, `seconds` after this worker claimed it. */
-  | { type: "ended"; jobType: JobType; outcome: JobOutcome; seconds: number };
+  | { type: "ended"; jobType: JobType; outcome: JobOutcome; seconds: number }
+  /** An operation of a native training run ended (ADR 57). */
+  | ({ type: "operation" } & RunActivity);
 
 /** Why a running job stopped without failing: cancelled or deleted elsewhere, or shutdown. */
 class Interrupted extends Error {
@@ -198,12 +201,59 @@ export class TrainingWorker {
         await this.#reclaim();
         const job = await store.jobs.claimNextJob(this.#workerId, this.#o.leaseMs);
         if (job) await this.runJob(job);
-        else await this.#idle();
+        else if (!(await this.#runNativeRun())) await this.#idle();
       } catch (err) {
         logger.error({ err }, "training worker loop failed");
         await this.#idle();
       }
     }
+  }
+
+  /**
+   * Leases a native training run with operations to execute (ADR 57) and runs them in sequence
+   * order while it has some; false when no run had any.
+   */
+  async #runNativeRun(): Promise<boolean> {
+    const { store, logger, leaseMs } = this.#o;
+    const runs = store.trainingRuns;
+    const claimed = await runs.claimRun(this.#workerId, leaseMs);
+    if (!claimed) return false;
+    const renew = setInterval(() => {
+      runs
+        .renewLease(this.#workerId, claimed.id, leaseMs)
+        .catch((err: unknown) => logger.warn({ err, runId: claimed.id }, "lease renewal failed"));
+    }, this.#o.heartbeatMs);
+    try {
+      const spec = claimed.spec as unknown as RunSpec;
+      await this.#onArena(spec.base_model, async (kernels) => {
+        const executor = new RunExecutor(
+          store,
+          await this.#o.loadBaseModel(spec.base_model, kernels),
+          kernels,
+        );
+        for (
+          let op = await runs.nextOperation(claimed.id);
+          op && !this.#stopping;
+          op = await runs.nextOperation(claimed.id)
+        ) {
+          if (!(await runs.startOperation(this.#workerId, op))) break;
+          const run = await runs.get(claimed.entity, claimed.id);
+          if (!run) break;
+          const { outcome, activity } = await executor.execute(run, op);
+          await runs.finishOperation(this.#workerId, op, outcome);
+          this.#o.onActivity?.({ type: "operation", ...activity });
+          if (outcome.status === "failed")
+            logger.info(
+              { runId: run.id, operationId: op.id, code: outcome.code },
+              "training operation failed",
+            );
+        }
+      });
+    } finally {
+      clearInterval(renew);
+      await runs.releaseLease(this.#workerId, claimed.id).catch(() => undefined);
+    }
+    return true;
   }
 
   async #reclaim(): Promise<void> {

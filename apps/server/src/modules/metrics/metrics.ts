@@ -13,6 +13,15 @@ export const UNKNOWN_OPERATION = "unknown";
 export const MAX_ENTITY_MODEL_LABELS = 50;
 export const OTHER_MODELS = "other";
 
+const RUN_OPERATION_KINDS = [
+  "forward",
+  "forward_backward",
+  "optim_step",
+  "save_weights_for_sampler",
+  "save_state",
+  "load_state",
+];
+
 export interface MetricsDeps {
   /** Training jobs by status, read at each scrape (the queue is shared by every process). */
   jobCounts: () => Promise<Record<JobStatus, number>>;
@@ -38,6 +47,10 @@ export class Metrics {
   readonly #jobsEnded: Counter<"type" | "outcome">;
   readonly #jobDuration: Histogram<"type" | "outcome">;
   readonly #rateLimited: Counter<"scope" | "limit">;
+  readonly #runOperations: Counter<"kind" | "outcome">;
+  readonly #runTokens: Counter<"kind">;
+  readonly #runLoss: Gauge<"kind">;
+  readonly #learnerVersion: Gauge;
   /** The entities labelled so far (`<entity>/*`), at most MAX_ENTITY_MODEL_LABELS. */
   readonly #entityLabels = new Set<string>();
 
@@ -113,6 +126,31 @@ export class Metrics {
       labelNames: ["scope", "limit"],
       registers,
     });
+    this.#runOperations = new Counter({
+      name: "arbor_training_run_operations_total",
+      help: "Operations of native training runs (ADR 57) that ended on this process's worker, by kind and outcome.",
+      labelNames: ["kind", "outcome"],
+      registers,
+    });
+    this.#runTokens = new Counter({
+      name: "arbor_training_run_tokens_total",
+      help: "Active positions (tokens bearing loss) of native runs' forward and forward_backward operations, by kind.",
+      labelNames: ["kind"],
+      registers,
+    });
+    this.#runLoss = new Gauge({
+      name: "arbor_training_run_loss",
+      help: "The loss (mean over active positions) of the last forward or forward_backward that ended here, by kind.",
+      labelNames: ["kind"],
+      registers,
+    });
+    this.#learnerVersion = new Gauge({
+      name: "arbor_training_run_learner_version",
+      help: "The learner version of the last native-run operation that ended here.",
+      registers,
+    });
+    for (const kind of RUN_OPERATION_KINDS)
+      for (const outcome of ["succeeded", "failed"]) this.#runOperations.inc({ kind, outcome }, 0);
     // Series that exist from the start read 0 rather than missing until their first event.
     for (const type of ["sft", "rl"]) {
       this.#trainingTokens.inc({ type }, 0);
@@ -191,6 +229,14 @@ export class Metrics {
   training(activity: TrainingActivity): void {
     if (activity.type === "tokens") {
       this.#trainingTokens.inc({ type: activity.jobType }, activity.tokens);
+      return;
+    }
+    if (activity.type === "operation") {
+      const { kind, outcome } = activity;
+      this.#runOperations.inc({ kind, outcome });
+      if (activity.tokens > 0) this.#runTokens.inc({ kind }, activity.tokens);
+      if (activity.loss !== null) this.#runLoss.set({ kind }, activity.loss);
+      if (outcome === "succeeded") this.#learnerVersion.set(activity.learnerVersion);
       return;
     }
     const labels = { type: activity.jobType, outcome: activity.outcome };
