@@ -6,10 +6,18 @@ import {
   loadModel,
   loraParameters,
 } from "@arbor/engine/model";
-import { planSft, type SftExample, trainSft } from "@arbor/engine/train";
+import {
+  LoraTrainer,
+  planSft,
+  type SftExample,
+  type TrajectoryGroup,
+  trainRlStep,
+  trainSft,
+} from "@arbor/engine/train";
 import { type Json, type OperationKind, openStore } from "@arbor/store";
 import { afterAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
+import { rlStepConfig } from "../src/jobs.ts";
 import { freshAdapter, RunExecutor, type RunSpec } from "../src/runs/execute.ts";
 
 const BASE = "arbor/tiny-chat";
@@ -110,15 +118,7 @@ describe("RunExecutor", () => {
         },
       });
     }
-    await store.trainingRuns.claimRun("w", 60_000);
-    for (let op = await store.trainingRuns.nextOperation(run.id); op; ) {
-      expect(await store.trainingRuns.startOperation("w", op)).toBe(true);
-      const current = (await store.trainingRuns.get("e", run.id))!;
-      const { outcome } = await executor.execute(current, op);
-      expect(outcome).toMatchObject({ status: "succeeded" });
-      await store.trainingRuns.finishOperation("w", op, outcome);
-      op = await store.trainingRuns.nextOperation(run.id);
-    }
+    await drain(executor, "e", run.id);
     const trained = (await store.trainingRuns.get("e", run.id))!;
     expect(trained.committed_version).toBe(examples.length);
     const learner = adapterFromFiles(
@@ -126,6 +126,161 @@ describe("RunExecutor", () => {
       base,
     );
     expect(weights(learner)).toEqual(weights(job.adapter));
+    expect(weights(learner)).not.toEqual(weights(freshAdapter(base, spec, run.id)));
+  });
+});
+
+/**
+ * The native API's `cispo` against the preview RL job's step (`trainRlStep` with the job's
+ * mapping, `rlStepConfig`, at its defaults: loss cispo, ε 1, ε_high 4, rewards scaled, max grad
+ * norm 1, learning rate 1e-5; AdamW 0.9/0.999/1e-8, no decay). The preview's objective per trained
+ * token is −clip(ρ, 1−ε, 1+ε_high)·Â·w_traj/(n·H)·log π, where Â is the group-relative advantage
+ * divided by the batch's mean |Â|·w_traj, w_traj the trajectory's 1/n normalised to mean 1, n the
+ * history's trained tokens and H the step's histories. A TokenMatrix carries it exactly: the
+ * client computes Â and w_traj/(n·H) itself and sends them as `advantages` and `loss_weights`
+ * with `normalize_advantages: false` (the API's normalisation divides by mean |A|·w, where w
+ * would then include the 1/(n·H) the preview applies after normalising), clip thresholds 0 and 5
+ * (the API clamps ρ itself), and every trained token's sampling log-prob as `behavior_logprobs`
+ * (the preview's ρ = 1 for a token without one has no TokenMatrix value). Bitwise equality further
+ * needs the same float operations: two completions of 4 trained tokens each (so w_traj = 1 and
+ * 1/(n·H) = 1/8, Â = ±1, every product a scaling by a power of two), and the preview's
+ * micro-batches one history each (`microBatchTokens` = a history's length; the job's default
+ * packs both in one batch, whose parameter gradients the kernels sum in another order than two
+ * matrices' backward passes added one after the other).
+ */
+describe("RunExecutor RL", () => {
+  it("when the same rollouts take two steps through the preview RL step and through cispo forward_backward + optim_step, then the adapters are bitwise equal", async () => {
+    const base = await loadModel(catalogModelDir(BASE));
+    const spec: RunSpec & Record<string, Json> = {
+      base_model: BASE,
+      lora_rank: 4,
+      lora_target_modules: ["down_proj", "k_proj", "lm_head", "o_proj", "q_proj", "v_proj"],
+      seed: 3,
+    };
+    await store.entities.ensure("rl");
+    const run = await store.trainingRuns.resolve({
+      entity: "rl",
+      request_id: "resolve-rl",
+      fingerprint: "f",
+      run_name: null,
+      spec,
+      initial: null,
+    });
+    const prompt = { role: "user", content: "Reverse cat" } as const;
+    const rollouts = [
+      { answer: "tic", reward: 1, logprobs: [-0.5, -12, -1, -3] },
+      { answer: "xyz", reward: 0, logprobs: [-2, -0.25, -15, -4] },
+    ];
+    const groups: TrajectoryGroup[] = [
+      {
+        trajectories: rollouts.map(({ answer, reward, logprobs }) => ({
+          reward,
+          messages_and_choices: [
+            prompt,
+            {
+              index: 0,
+              finish_reason: "stop",
+              message: { role: "assistant", content: answer },
+              logprobs: { content: logprobs.map((logprob) => ({ token: "", logprob })) },
+            },
+          ],
+        })),
+      },
+    ];
+    const { config, learningRate, maxGradNorm } = rlStepConfig({ loss_fn: "cispo" }, 0);
+    const rows = rollouts.map(({ answer, reward, logprobs }) => {
+      const chat = base.chat.trainingTokens(
+        [prompt, { role: "assistant", content: answer }],
+        (i) => i === 1,
+        {},
+      );
+      const n = chat.tokens.length;
+      const trained = Array.from(chat.mask.subarray(1)).reduce((a, b) => a + b, 0);
+      expect(trained).toBe(logprobs.length);
+      const behavior = [...logprobs];
+      const T = n - 1;
+      const active = (p: number) => chat.mask[p + 1] === 1;
+      return {
+        n,
+        matrix: {
+          matrix_id: answer,
+          rows: [
+            dense("token_ids", "int64", [T], chat.tokens.slice(0, T)),
+            dense("target_token_ids", "int64", [T, 1], chat.tokens.slice(1, n)),
+            dense(
+              "advantages",
+              "float32",
+              [T, 1],
+              Array.from({ length: T }, (_, p) => (active(p) ? (reward === 1 ? 1 : -1) : 0)),
+            ),
+            dense(
+              "behavior_logprobs",
+              "float32",
+              [T, 1],
+              Array.from({ length: T }, (_, p) => (active(p) ? behavior.shift()! : 0)),
+            ),
+            dense("loss_weights", "float32", [T, 1], new Array<number>(T).fill(1 / (4 * 2))),
+          ],
+        } as Json,
+      };
+    });
+    expect(rows.map((r) => r.n)).toEqual([19, 19]);
+
+    const kernels = createWasmKernels("auto", { threads: 1 });
+    const preview = new LoraTrainer(base, freshAdapter(base, spec, run.id), {
+      maxGradNorm,
+      kernels,
+    });
+    const steps = 2;
+    for (let i = 0; i < steps; i++)
+      trainRlStep(preview, groups, learningRate, { ...config, microBatchTokens: rows[0]!.n });
+
+    let sequence = 0;
+    for (let i = 0; i < steps; i++) {
+      for (const [kind, body] of [
+        [
+          "forward_backward",
+          {
+            batch: { matrices: rows.map((r) => r.matrix) },
+            loss: {
+              name: "cispo",
+              normalize_advantages: false,
+              clip_low_threshold: 0,
+              clip_high_threshold: 5,
+            },
+            return_token_logprobs: false,
+          },
+        ],
+        [
+          "optim_step",
+          {
+            optimizer: {
+              learning_rate: learningRate,
+              beta1: 0.9,
+              beta2: 0.999,
+              eps: 1e-8,
+              weight_decay: 0,
+              grad_clip_norm: maxGradNorm,
+            },
+          },
+        ],
+      ] as const)
+        await store.trainingRuns.admit(run.id, {
+          kind,
+          request_id: `${kind}-${sequence}`,
+          fingerprint: `${sequence}`,
+          sequence_id: sequence++,
+          body: body as Json,
+        });
+    }
+    await drain(new RunExecutor(store, base, kernels), "rl", run.id);
+    const trained = (await store.trainingRuns.get("rl", run.id))!;
+    expect(trained.committed_version).toBe(steps);
+    const learner = adapterFromFiles(
+      await readCheckpointFiles(store.blobs, trained.state_key!),
+      base,
+    );
+    expect(weights(learner)).toEqual(weights(preview.adapter));
     expect(weights(learner)).not.toEqual(weights(freshAdapter(base, spec, run.id)));
   });
 });
@@ -169,4 +324,17 @@ function weights(adapter: LoraAdapter): Record<string, number[]> {
 
 function dense(name: string, dtype: string, shape: number[], data: readonly number[]) {
   return { name, dtype, shape, values: { encoding: "dense", data: [...data] } } as Json;
+}
+
+/** Runs the run's admitted operations in order, as the worker does; each must succeed. */
+async function drain(executor: RunExecutor, entity: string, runId: string): Promise<void> {
+  await store.trainingRuns.claimRun("w", 60_000);
+  for (let op = await store.trainingRuns.nextOperation(runId); op; ) {
+    expect(await store.trainingRuns.startOperation("w", op)).toBe(true);
+    const current = (await store.trainingRuns.get(entity, runId))!;
+    const { outcome } = await executor.execute(current, op);
+    expect(outcome).toMatchObject({ status: "succeeded" });
+    await store.trainingRuns.finishOperation("w", op, outcome);
+    op = await store.trainingRuns.nextOperation(runId);
+  }
 }
