@@ -7,16 +7,21 @@
 import type { ArborClient } from "@arbor/client";
 import { connect } from "./connect.ts";
 
-const words = ["apple", "horse", "table", "lemon", "green", "clock", "mouse", "peach"];
+export const words = ["apple", "horse", "table", "lemon", "green", "clock", "mouse", "peach"];
 
 /** The verifiable reward: 1 for exactly the uppercased word. */
-function reward(word: string, answer: string): number {
+export function reward(word: string, answer: string): number {
   return answer.trim() === word.toUpperCase() ? 1 : 0;
 }
 
-const question = (word: string) => `Uppercase the word ${word}.`;
+export const question = (word: string) => `Uppercase the word ${word}.`;
 
-async function meanReward(client: ArborClient, model: string, samples: number): Promise<number> {
+/** The mean reward of `samples` fresh answers (temperature 1, fixed seeds) of `model`. */
+export async function meanReward(
+  client: ArborClient,
+  model: string,
+  samples: number,
+): Promise<number> {
   const rewards = await Promise.all(
     Array.from({ length: samples }, async (_, i) => {
       const word = words[i % words.length]!;
