@@ -167,9 +167,11 @@ describe("RunExecutor RL", () => {
       initial: null,
     });
     const prompt = { role: "user", content: "Reverse cat" } as const;
+    // A sampling log-prob of −30 puts ρ far above 1 + ε_high: those tokens take the clamp (with
+    // clip_high_threshold 4 instead of 5 the adapters differ).
     const rollouts = [
-      { answer: "tic", reward: 1, logprobs: [-0.5, -12, -1, -3] },
-      { answer: "xyz", reward: 0, logprobs: [-2, -0.25, -15, -4] },
+      { answer: "tic", reward: 1, logprobs: [-0.5, -30, -1, -3] },
+      { answer: "xyz", reward: 0, logprobs: [-2, -0.25, -30, -4] },
     ];
     const groups: TrajectoryGroup[] = [
       {
