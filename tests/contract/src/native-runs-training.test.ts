@@ -59,6 +59,18 @@ describe.each(STORES)("training through the native API on $name", (store) => {
       out.push(c);
     return out;
   };
+  /** A save_weights_for_sampler of the run's next sequence id into `alias`, as submitted. */
+  const submitPublication = (run: RunClient, alias: string) =>
+    runs.submit(run.runId, {
+      kind: "save_weights_for_sampler",
+      body: {
+        request_id: requestId("publish"),
+        sequence_id: run.nextSequenceId,
+        checkpoint_name: "step-1",
+        ttl_seconds: null,
+        publication: { target: "saved_generation", model_alias: alias },
+      },
+    });
   /** The learner's log-probs of a batch's targets, by a forward of the run. */
   const learnerLogprobs = async (run: RunClient, batch: TokenMatrixBatch) => {
     const result = await (
@@ -194,17 +206,7 @@ describe.each(STORES)("training through the native API on $name", (store) => {
       await newModel(b, name);
       const run = await openRun();
       await sftStep(run, await reversalBatch(["cat"]));
-      const publish = (alias: string) =>
-        runs.submit(run.runId, {
-          kind: "save_weights_for_sampler",
-          body: {
-            request_id: requestId("publish"),
-            sequence_id: run.nextSequenceId,
-            checkpoint_name: "step-1",
-            ttl_seconds: null,
-            publication: { target: "saved_generation", model_alias: alias },
-          },
-        });
+      const publish = (alias: string) => submitPublication(run, alias);
       const ambiguous = await refused(publish(name), 409, "ambiguous_model_alias");
       expect(ambiguous.error.message).toContain(`default/${a}/${name}`);
       expect(ambiguous.error.message).toContain(`default/${b}/${name}`);
@@ -218,6 +220,41 @@ describe.each(STORES)("training through the native API on $name", (store) => {
         })
       ).result();
       expect(published.model_alias).toBe(`default/${a}/${name}`);
+    });
+
+    test("when a model has checkpoints of another LoRA rank or other target modules than the run, then 409 adapter_mismatch names what differs; a model without checkpoints takes any", async () => {
+      const project = unique("adapters");
+      const model = await newModel(project, unique("m"));
+      const alias = `default/${project}/${model.name}`;
+      const trained = async (spec: typeof SPEC) => {
+        const run = await RunClient.resolve(runs, { requestId: requestId("resolve"), spec });
+        await sftStep(run, await reversalBatch(["cat"]));
+        return run;
+      };
+      const trainAndPublish = async (spec: typeof SPEC) => {
+        return submitPublication(await trained(spec), alias);
+      };
+      const rank8 = { ...SPEC, lora_rank: 8 };
+      const published = await (
+        await (
+          await trained(rank8)
+        ).saveWeightsForSampler({
+          requestId: requestId("publish"),
+          checkpointName: "step-1",
+          modelAlias: alias,
+        })
+      ).result();
+      expect(published.model_alias).toBe(alias);
+      expect((await checkpoints(model.id)).map((c) => c.step)).toEqual([0, 1]);
+      const rank = await refused(trainAndPublish(SPEC), 409, "adapter_mismatch");
+      expect(rank.error.message).toContain("LoRA rank 8, the run 4");
+      const targets = await refused(
+        trainAndPublish({ ...rank8, lora_target_modules: ["q_proj", "v_proj"] }),
+        409,
+        "adapter_mismatch",
+      );
+      expect(targets.error.message).toContain("target modules");
+      expect(targets.error.message).toContain("the run [q_proj, v_proj]");
     });
   });
 

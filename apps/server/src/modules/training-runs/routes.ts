@@ -101,7 +101,7 @@ export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
       case "save_weights_for_sampler": {
         const { model_alias } = body.publication as { model_alias: string };
         const { value, refusal } = await attempt(() =>
-          modelOfAlias(store, run.entity, model_alias, spec.base_model),
+          modelOfAlias(store, run.entity, model_alias, run.spec as never),
         );
         return { resolved: value ? { ...value, entity: run.entity } : null, refusal };
       }

@@ -141,14 +141,16 @@ export async function loadableState(
 /**
  * The model a `model_alias` names in the entity: `<entity>/<project>/<name>`, or a bare name
  * that must name one model (404 `model_not_found`, 409 `ambiguous_model_alias`); its base must be
- * the run's (409 `adapter_mismatch`).
+ * the run's, and so must the rank and target modules of every checkpoint it has (409
+ * `adapter_mismatch`).
  */
 export async function modelOfAlias(
   store: Store,
   entity: string,
   alias: string,
-  baseModel: string,
+  spec: Pick<Spec, "base_model" | "lora_rank" | "lora_target_modules">,
 ): Promise<{ model_id: string; model_alias: string }> {
+  const baseModel = spec.base_model;
   const parts = alias.split("/");
   let models: Awaited<ReturnType<Store["models"]["findByName"]>>;
   if (parts.length === 3 && parts[0] === entity) {
@@ -173,7 +175,51 @@ export async function modelOfAlias(
       `Model ${id(model)} is of base model ${model.base_model}, the run of ${baseModel}`,
       { code: "adapter_mismatch", shouldRetry: false },
     );
+  const differs = await adapterDifference(store, model, spec);
+  if (differs)
+    throw new ConflictError(`Model ${id(model)} ${differs}`, {
+      code: "adapter_mismatch",
+      shouldRetry: false,
+    });
   return { model_id: model.id, model_alias: id(model) };
+}
+
+const targetsOf = (targets: unknown) =>
+  Array.isArray(targets) ? [...targets].map(String).sort().join(", ") : String(targets);
+
+/**
+ * How the first of a model's checkpoints with files whose `adapter_config.json` differs from the
+ * run's in rank or target modules differs ("has checkpoint step 3 of LoRA rank 16, the run 8"); null
+ * when none does (a model without checkpoints accepts any run).
+ */
+async function adapterDifference(
+  store: Store,
+  model: { entity: string; id: string },
+  spec: Pick<Spec, "lora_rank" | "lora_target_modules">,
+): Promise<string | null> {
+  const targets = targetsOf(spec.lora_target_modules);
+  let after: string | undefined;
+  for (;;) {
+    const page = await store.models.listCheckpoints(model.entity, model.id, { after, limit: 1000 });
+    for (const checkpoint of page.data) {
+      if (!checkpoint.blob_key) continue;
+      const bytes = await store.blobs.get(`${checkpoint.blob_key}adapter_config.json`);
+      if (!bytes) continue;
+      let config: { r?: unknown; target_modules?: unknown };
+      try {
+        config = JSON.parse(bytes.toString("utf8"));
+      } catch {
+        continue;
+      }
+      const at = `has checkpoint step ${checkpoint.step}`;
+      if (config.r !== spec.lora_rank)
+        return `${at} of LoRA rank ${String(config.r)}, the run ${spec.lora_rank}`;
+      const theirs = targetsOf(config.target_modules);
+      if (theirs !== targets) return `${at} of target modules [${theirs}], the run [${targets}]`;
+    }
+    if (!page.has_more || !page.last_id) return null;
+    after = page.last_id;
+  }
 }
 
 /** Runs `fn`; a refusal it throws is kept, to be raised where the ledger's order puts it. */
