@@ -3,7 +3,7 @@ import { toJson } from "./common.ts";
 import { ConflictError, DomainError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { uuidv7 } from "./ids.ts";
 import { bool, json, num, numOrNull, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
-import type { Sql } from "./sql.ts";
+import { inList, presentAmong, type Sql } from "./sql.ts";
 
 /**
  * The native training API's ledger (ADR 57): runs, their sequenced operations, and the states
@@ -568,6 +568,24 @@ export class TrainingRunsRepo {
       );
       return n > 0;
     });
+  }
+
+  /**
+   * Of these learner blob keys (state prefixes, gradient keys), the ones still named: a run's
+   * committed state or open gradient, or a saved state that has not expired. The others are
+   * superseded and may be deleted.
+   */
+  async referencedLearnerKeys(keys: readonly string[]): Promise<Set<string>> {
+    const d = this.#sql.dialect;
+    return presentAmong(
+      this.#sql,
+      `SELECT state_key AS value FROM training_runs WHERE ${inList(d, "state_key", 1)}
+       UNION SELECT grad_key AS value FROM training_runs WHERE ${inList(d, "grad_key", 1)}
+       UNION SELECT state_key AS value FROM training_saved_states
+         WHERE ${inList(d, "state_key", 1)}
+           AND (expires_at IS NULL OR expires_at > ${Math.floor(this.#now())})`,
+      keys,
+    );
   }
 
   /** Ends a running operation with its outcome, and the run with it, in one transaction. */

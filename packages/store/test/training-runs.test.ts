@@ -34,6 +34,37 @@ describeBackends("native training runs", (ctx) => {
       (err: unknown) => (err instanceof DomainError ? err.code : String(err)),
     );
 
+  it("when learner blob keys are asked about, then a run's committed state and a saved state are named until the saved state expires; other keys are not", async () => {
+    const run = await ctx.store.trainingRuns.resolve({
+      entity: (await openRun()).entity,
+      request_id: unique("resolve"),
+      fingerprint: "f",
+      run_name: null,
+      spec: { base_model: "b" },
+      initial: { state_key: `training-runs/${unique("r")}/v0/`, version: 0 },
+    });
+    const saved = `training-runs/${run.id}/v1/`;
+    const gone = `training-runs/${run.id}/v2/`;
+    await ctx.store.trainingRuns.saveState({
+      entity: run.entity,
+      run_id: run.id,
+      name: "kept",
+      spec: run.spec,
+      learner_version: 1,
+      state_key: saved,
+      ttl_ms: 1000,
+      overwrite: false,
+    });
+    const keys = [run.state_key!, saved, gone];
+    expect([...(await ctx.store.trainingRuns.referencedLearnerKeys(keys))].sort()).toEqual(
+      [run.state_key!, saved].sort(),
+    );
+    ctx.time += 1001;
+    expect([...(await ctx.store.trainingRuns.referencedLearnerKeys(keys))]).toEqual([
+      run.state_key!,
+    ]);
+  });
+
   it("when commands race for one sequence id, then exactly one is admitted and the sequence stays gapless", async () => {
     const run = await openRun();
     const outcomes = await Promise.all(

@@ -2,6 +2,7 @@ import type { Store } from "@arbor/store";
 import { CHECKPOINTS_PREFIX } from "./checkpoints.ts";
 import { DATASETS_PREFIX } from "./datasets/datasets.ts";
 import { PAYLOADS_PREFIX } from "./jobs.ts";
+import { dropSuperseded, RUNS_PREFIX } from "./runs/execute.ts";
 
 /** Blobs with no row naming them, from writes that a crash (or a kill) cut off. */
 export interface SweepResult {
@@ -13,6 +14,9 @@ export interface SweepResult {
   datasets: string[];
   /** RL job inputs no job names. */
   payloads: string[];
+  /** Native runs' learner blobs nothing names: superseded states and gradients a crash left,
+   * and the states of expired saved states. */
+  runs: string[];
 }
 
 export interface SweepOptions {
@@ -33,9 +37,17 @@ export interface SweepOptions {
  * A checkpoint folder is removed at once when its model is gone, else once older than the grace
  * while the model has a running job, or than the upload grace (a minute) while it has none; dataset files and RL
  * inputs once older than the grace, since their rows follow their writes within a request.
+ * Native runs' learner states and gradients nothing names (superseded ones a crash left before
+ * their delete, those of expired saved states) go once older than the grace too.
  */
 export async function sweepBlobs(store: Store, options: SweepOptions = {}): Promise<SweepResult> {
-  const result: SweepResult = { partial: [], checkpoints: [], datasets: [], payloads: [] };
+  const result: SweepResult = {
+    partial: [],
+    checkpoints: [],
+    datasets: [],
+    payloads: [],
+    runs: [],
+  };
   const blobs = store.blobs;
   const now = options.now ?? Date.now;
   const grace = options.graceMs ?? 15 * 60_000;
@@ -82,5 +94,15 @@ export async function sweepBlobs(store: Store, options: SweepOptions = {}): Prom
     await blobs.delete(key);
     result.payloads.push(key);
   }
+  // A learner state is a folder (`training-runs/<run>/<folder>/`), a gradient a file; one is
+  // written before the outcome naming it commits, so a young one is left alone.
+  const learner = new Map<string, string>();
+  for (const key of await blobs.list(RUNS_PREFIX)) {
+    const [, run, name, file] = key.split("/");
+    if (run && name) learner.set(file ? `${RUNS_PREFIX}${run}/${name}/` : key, key);
+  }
+  const stale: string[] = [];
+  for (const [candidate, key] of learner) if (await old(key)) stale.push(candidate);
+  result.runs = await dropSuperseded(store, stale);
   return result;
 }

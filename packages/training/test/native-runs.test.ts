@@ -18,7 +18,14 @@ import { type Json, type OperationKind, openStore } from "@arbor/store";
 import { afterAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { rlStepConfig } from "../src/jobs.ts";
-import { freshAdapter, RunExecutor, type RunSpec } from "../src/runs/execute.ts";
+import {
+  commitOutcome,
+  freshAdapter,
+  RunExecutor,
+  type RunSpec,
+  runFilesPrefix,
+} from "../src/runs/execute.ts";
+import { sweepBlobs } from "../src/sweep.ts";
 
 const BASE = "arbor/tiny-chat";
 const store = await openStore({ dataDir: ":memory:" });
@@ -77,15 +84,7 @@ describe("RunExecutor", () => {
     });
 
     const executor = new RunExecutor(store, base, kernels);
-    let sequence = 0;
-    const admit = (kind: OperationKind, body: Json) =>
-      store.trainingRuns.admit(run.id, {
-        kind,
-        request_id: `${kind}-${sequence}`,
-        fingerprint: `${sequence}`,
-        sequence_id: sequence++,
-        body,
-      });
+    const admit = admitter(store, run.id);
     for (const { examples: indices } of plan.prepared.plan) {
       const s = plan.prepared.sequences[indices[0]!]!;
       const n = s.tokens.length;
@@ -148,6 +147,72 @@ describe("RunExecutor", () => {
  * packs both in one batch, whose parameter gradients the kernels sum in another order than two
  * matrices' backward passes added one after the other).
  */
+describe("RunExecutor learner blobs", () => {
+  it("when a run takes more optim_steps, then its blobs do not grow: each commit deletes the state and gradient it superseded, and the sweep the blobs of an expired saved state", async () => {
+    const base = await loadModel(catalogModelDir(BASE));
+    const kernels = createWasmKernels("auto", { threads: 1 });
+    let clock = Date.now();
+    const own = await openStore({ dataDir: ":memory:", now: () => clock });
+    await own.entities.ensure("blobs");
+    const run = await own.trainingRuns.resolve({
+      entity: "blobs",
+      request_id: "resolve-blobs",
+      fingerprint: "f",
+      run_name: null,
+      spec: { base_model: BASE, lora_rank: 2, lora_target_modules: ["q_proj", "v_proj"], seed: 3 },
+      initial: null,
+    });
+    const executor = new RunExecutor(own, base, kernels);
+    const admit = admitter(own, run.id);
+    const tokens = [1, 2, 3, 4, 5];
+    const step = async () => {
+      for (let i = 0; i < 2; i++)
+        await admit("forward_backward", {
+          batch: {
+            matrices: [
+              {
+                matrix_id: "m",
+                rows: [
+                  dense("token_ids", "int64", [4], tokens.slice(0, 4)),
+                  dense("target_token_ids", "int64", [4, 1], tokens.slice(1)),
+                  dense("loss_weights", "float32", [4, 1], [0.25, 0.25, 0.25, 0.25]),
+                ],
+              },
+            ],
+          },
+          loss: { name: "cross_entropy" },
+          return_token_logprobs: false,
+        });
+      await admit("optim_step", { optimizer: { learning_rate: 1e-3 } });
+      await drain(executor, "blobs", run.id, own);
+    };
+    const files = () => own.blobs.list(runFilesPrefix(run.id));
+    await step();
+    const afterOne = await files();
+    expect(afterOne).toHaveLength(3);
+    for (let i = 0; i < 3; i++) await step();
+    const afterFour = await files();
+    expect(afterFour).toHaveLength(afterOne.length);
+    const committed = (await own.trainingRuns.get("blobs", run.id))!;
+    expect(committed.committed_version).toBe(4);
+    expect(afterFour.every((key) => key.startsWith(committed.state_key!))).toBe(true);
+
+    // A saved state keeps its state's blobs after the run moves on, until it expires.
+    await admit("save_state", { checkpoint_name: "kept", ttl_seconds: 60, overwrite: false });
+    await drain(executor, "blobs", run.id, own);
+    await step();
+    expect((await files()).length).toBe(2 * afterOne.length);
+    const sweep = () => sweepBlobs(own, { now: () => clock });
+    expect((await sweep()).runs).toEqual([]);
+    clock += 16 * 60_000;
+    const swept = await sweep();
+    expect(swept.runs).toHaveLength(1);
+    expect(swept.runs[0]).not.toBe((await own.trainingRuns.get("blobs", run.id))!.state_key);
+    expect(await files()).toHaveLength(afterOne.length);
+    await own.close();
+  });
+});
+
 describe("RunExecutor RL", () => {
   it("when the same rollouts take two steps through the preview RL step and through cispo forward_backward + optim_step, then the adapters are bitwise equal", async () => {
     const base = await loadModel(catalogModelDir(BASE));
@@ -328,15 +393,35 @@ function dense(name: string, dtype: string, shape: number[], data: readonly numb
   return { name, dtype, shape, values: { encoding: "dense", data: [...data] } } as Json;
 }
 
+/** Admits commands to the run in sequence from 0, each under its own request id. */
+function admitter(into: typeof store, runId: string) {
+  let sequence = 0;
+  return (kind: OperationKind, body: Json) =>
+    into.trainingRuns.admit(runId, {
+      kind,
+      request_id: `${kind}-${sequence}`,
+      fingerprint: `${sequence}`,
+      sequence_id: sequence++,
+      body,
+    });
+}
+
 /** Runs the run's admitted operations in order, as the worker does; each must succeed. */
-async function drain(executor: RunExecutor, entity: string, runId: string): Promise<void> {
-  await store.trainingRuns.claimRun("w", 60_000);
-  for (let op = await store.trainingRuns.nextOperation(runId); op; ) {
-    expect(await store.trainingRuns.startOperation("w", op)).toBe(true);
-    const current = (await store.trainingRuns.get(entity, runId))!;
+async function drain(
+  executor: RunExecutor,
+  entity: string,
+  runId: string,
+  into = store,
+): Promise<void> {
+  await into.trainingRuns.claimRun("w", 60_000);
+  for (let op = await into.trainingRuns.nextOperation(runId); op; ) {
+    expect(await into.trainingRuns.startOperation("w", op)).toBe(true);
+    const current = (await into.trainingRuns.get(entity, runId))!;
     const { outcome } = await executor.execute(current, op);
     expect(outcome).toMatchObject({ status: "succeeded" });
-    await store.trainingRuns.finishOperation("w", op, outcome);
-    op = await store.trainingRuns.nextOperation(runId);
+    await commitOutcome(into, "w", current, op, outcome, (err) => {
+      throw err;
+    });
+    op = await into.trainingRuns.nextOperation(runId);
   }
 }

@@ -37,7 +37,7 @@ import {
   sftJobSpec,
   sftTrainingConfig,
 } from "../jobs.ts";
-import { type RunActivity, RunExecutor, type RunSpec } from "../runs/execute.ts";
+import { commitOutcome, type RunActivity, RunExecutor, type RunSpec } from "../runs/execute.ts";
 import { sweepBlobs } from "../sweep.ts";
 import { clearCancelled, idWords, isCancelled, isStopping } from "./cancel.ts";
 
@@ -240,7 +240,9 @@ export class TrainingWorker {
           const run = await runs.get(claimed.entity, claimed.id);
           if (!run) break;
           const { outcome, activity } = await executor.execute(run, op);
-          await runs.finishOperation(this.#workerId, op, outcome);
+          await commitOutcome(store, this.#workerId, run, op, outcome, (err: unknown) =>
+            logger.warn({ err, runId: run.id }, "could not delete superseded learner blobs"),
+          );
           this.#o.onActivity?.({ type: "operation", ...activity });
           if (outcome.status === "failed")
             logger.info(

@@ -63,9 +63,54 @@ export interface RunActivity {
   learnerVersion: number;
 }
 
+/** The prefix the blobs of every run's learner live under. */
+export const RUNS_PREFIX = "training-runs/";
+
 /** The prefix every blob of a run's learner lives under. */
 export function runFilesPrefix(runId: string): string {
-  return `training-runs/${runId}/`;
+  return `${RUNS_PREFIX}${runId}/`;
+}
+
+/**
+ * Commits an operation's outcome (when `workerId` still runs it), then deletes the learner blobs
+ * it superseded; a crash between the two leaves them to the sweep. Answers the operation as
+ * committed.
+ */
+export async function commitOutcome(
+  store: Store,
+  workerId: string,
+  run: TrainingRun,
+  op: TrainingOperation,
+  outcome: OperationOutcome,
+  onDropError: (err: unknown) => void,
+): Promise<TrainingOperation | undefined> {
+  const finished = await store.trainingRuns.finishOperation(workerId, op, outcome);
+  if (finished?.status === "succeeded" && outcome.status === "succeeded")
+    await dropSuperseded(store, [
+      outcome.learner ? run.state_key : null,
+      outcome.grad_key !== undefined ? run.grad_key : null,
+    ]).catch(onDropError);
+  return finished;
+}
+
+/**
+ * Deletes the learner blobs among `keys` (state prefixes, gradient keys) that nothing names any
+ * more (no run's committed state or open gradient, no unexpired saved state): what an operation
+ * superseded, once its outcome is committed. Answers the keys deleted.
+ */
+export async function dropSuperseded(
+  store: Store,
+  keys: readonly (string | null | undefined)[],
+): Promise<string[]> {
+  const candidates = [
+    ...new Set(keys.filter((k): k is string => !!k && k.startsWith(RUNS_PREFIX))),
+  ];
+  if (candidates.length === 0) return [];
+  const named = await store.trainingRuns.referencedLearnerKeys(candidates);
+  const dropped = candidates.filter((key) => !named.has(key));
+  for (const key of dropped)
+    await (key.endsWith("/") ? store.blobs.deletePrefix(key) : store.blobs.delete(key));
+  return dropped;
 }
 
 /** Writes a learner state (adapter, and the optimizer's when given) under a new prefix. */
