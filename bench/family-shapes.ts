@@ -24,6 +24,21 @@ export interface Shape {
   gguf: boolean;
 }
 
+/** What Qwen3-0.6B's and Qwen3-1.7B's config.json have in common. */
+const QWEN3 = {
+  num_hidden_layers: 28,
+  num_attention_heads: 16,
+  num_key_value_heads: 8,
+  head_dim: 128,
+  vocab_size: 151936,
+  tie_word_embeddings: true,
+  rope_theta: 1000000,
+  rms_norm_eps: 1e-6,
+  max_position_embeddings: 40960,
+  bos_token_id: 151643,
+  eos_token_id: 151645,
+};
+
 export const SHAPES: Shape[] = [
   {
     key: "smol",
@@ -58,17 +73,7 @@ export const SHAPES: Shape[] = [
       model_type: "qwen3",
       hidden_size: 1024,
       intermediate_size: 3072,
-      num_hidden_layers: 28,
-      num_attention_heads: 16,
-      num_key_value_heads: 8,
-      head_dim: 128,
-      vocab_size: 151936,
-      tie_word_embeddings: true,
-      rope_theta: 1000000,
-      rms_norm_eps: 1e-6,
-      max_position_embeddings: 40960,
-      bos_token_id: 151643,
-      eos_token_id: 151645,
+      ...QWEN3,
     },
   },
   {
@@ -81,17 +86,7 @@ export const SHAPES: Shape[] = [
       model_type: "qwen3",
       hidden_size: 2048,
       intermediate_size: 6144,
-      num_hidden_layers: 28,
-      num_attention_heads: 16,
-      num_key_value_heads: 8,
-      head_dim: 128,
-      vocab_size: 151936,
-      tie_word_embeddings: true,
-      rope_theta: 1000000,
-      rms_norm_eps: 1e-6,
-      max_position_embeddings: 40960,
-      bos_token_id: 151643,
-      eos_token_id: 151645,
+      ...QWEN3,
     },
   },
 ];

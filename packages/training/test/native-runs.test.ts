@@ -5,6 +5,7 @@ import {
   type LoraAdapter,
   loadModel,
   loraParameters,
+  type Model,
 } from "@arbor/engine/model";
 import {
   LoraTrainer,
@@ -118,12 +119,7 @@ describe("RunExecutor", () => {
       });
     }
     await drain(executor, "e", run.id);
-    const trained = (await store.trainingRuns.get("e", run.id))!;
-    expect(trained.committed_version).toBe(examples.length);
-    const learner = adapterFromFiles(
-      await readCheckpointFiles(store.blobs, trained.state_key!),
-      base,
-    );
+    const learner = await committedLearner("e", run.id, examples.length, base);
     expect(weights(learner)).toEqual(weights(job.adapter));
     expect(weights(learner)).not.toEqual(weights(freshAdapter(base, spec, run.id)));
   });
@@ -302,51 +298,31 @@ describe("RunExecutor RL", () => {
     for (let i = 0; i < steps; i++)
       trainRlStep(preview, groups, learningRate, { ...config, microBatchTokens: rows[0]!.n });
 
-    let sequence = 0;
+    const admit = admitter(store, run.id);
     for (let i = 0; i < steps; i++) {
-      for (const [kind, body] of [
-        [
-          "forward_backward",
-          {
-            batch: { matrices: rows.map((r) => r.matrix) },
-            loss: {
-              name: "cispo",
-              normalize_advantages: false,
-              clip_low_threshold: 0,
-              clip_high_threshold: 5,
-            },
-            return_token_logprobs: false,
-          },
-        ],
-        [
-          "optim_step",
-          {
-            optimizer: {
-              learning_rate: learningRate,
-              beta1: 0.9,
-              beta2: 0.999,
-              eps: 1e-8,
-              weight_decay: 0,
-              grad_clip_norm: maxGradNorm,
-            },
-          },
-        ],
-      ] as const)
-        await store.trainingRuns.admit(run.id, {
-          kind,
-          request_id: `${kind}-${sequence}`,
-          fingerprint: `${sequence}`,
-          sequence_id: sequence++,
-          body: body as Json,
-        });
+      await admit("forward_backward", {
+        batch: { matrices: rows.map((r) => r.matrix) },
+        loss: {
+          name: "cispo",
+          normalize_advantages: false,
+          clip_low_threshold: 0,
+          clip_high_threshold: 5,
+        },
+        return_token_logprobs: false,
+      });
+      await admit("optim_step", {
+        optimizer: {
+          learning_rate: learningRate,
+          beta1: 0.9,
+          beta2: 0.999,
+          eps: 1e-8,
+          weight_decay: 0,
+          grad_clip_norm: maxGradNorm,
+        },
+      });
     }
     await drain(new RunExecutor(store, base, kernels), "rl", run.id);
-    const trained = (await store.trainingRuns.get("rl", run.id))!;
-    expect(trained.committed_version).toBe(steps);
-    const learner = adapterFromFiles(
-      await readCheckpointFiles(store.blobs, trained.state_key!),
-      base,
-    );
+    const learner = await committedLearner("rl", run.id, steps, base);
     expect(weights(learner)).toEqual(weights(preview.adapter));
     expect(weights(learner)).not.toEqual(weights(freshAdapter(base, spec, run.id)));
   });
@@ -384,6 +360,18 @@ describe("RunExecutor publication", () => {
     expect(outcome).toEqual({ status: "failed", code: "operation_conflict" });
   });
 });
+
+/** The run's committed learner, which must be at `version`. */
+async function committedLearner(
+  entity: string,
+  runId: string,
+  version: number,
+  base: Model,
+): Promise<LoraAdapter> {
+  const trained = (await store.trainingRuns.get(entity, runId))!;
+  expect(trained.committed_version).toBe(version);
+  return adapterFromFiles(await readCheckpointFiles(store.blobs, trained.state_key!), base);
+}
 
 function weights(adapter: LoraAdapter): Record<string, number[]> {
   return Object.fromEntries(loraParameters(adapter).map((p) => [p.name, Array.from(p.data)]));
