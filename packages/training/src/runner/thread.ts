@@ -47,12 +47,8 @@ export type ThreadReport =
 const settings = workerData as ThreadData;
 const report = (message: ThreadReport) => parentPort?.postMessage(message);
 const logger = pino({ level: settings.logLevel }).child({ component: "worker" });
-const store = await openStore({
-  dataDir: settings.dataDir,
-  databaseUrl: settings.databaseUrl,
-  ...(settings.schema ? { schema: settings.schema } : {}),
-  ...(settings.blobs ? { blobs: settings.blobs } : {}),
-});
+const { dataDir, databaseUrl, schema, blobs } = settings;
+const store = await openStore({ dataDir, databaseUrl, schema, blobs });
 const worker = new TrainingWorker({
   store,
   logger,
