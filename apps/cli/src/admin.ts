@@ -174,7 +174,6 @@ export async function importBlobs(
   out: Output,
 ): Promise<{ copied: number; skipped: number }> {
   const target = store.blobs;
-  if (!target) throw new Error("This store has no blob store to import into.");
   const { FsBlobStore } = await import("@arbor/store");
   const source = new FsBlobStore(args.from);
   if (target instanceof FsBlobStore && target.root === source.root) {
