@@ -8,7 +8,6 @@ import { type Authenticate, authentication } from "./http/auth.ts";
 import { jsonBody } from "./http/body.ts";
 import { ApiError, errorHandler } from "./http/errors.ts";
 import { specOperations } from "./http/openapi.ts";
-import type { Handlers } from "./http/operations.ts";
 import { requestId } from "./http/request-id.ts";
 import { mountOperations, pendingOperations, tagOperations } from "./http/routes.ts";
 import { securityHeaders } from "./http/security-headers.ts";
@@ -25,7 +24,12 @@ import { inferenceModule } from "./modules/inference/module.ts";
 import { metricsModule } from "./modules/metrics/module.ts";
 import { requestMetrics } from "./modules/metrics/routes.ts";
 import { modelsModule } from "./modules/models/module.ts";
-import type { AppDeps, ModuleDeps, ServerModule } from "./modules/module.ts";
+import {
+  type AppDeps,
+  type ModuleDeps,
+  moduleHandlers,
+  type ServerModule,
+} from "./modules/module.ts";
 import { trainingModule } from "./modules/training/module.ts";
 import { trainingRunsModule } from "./modules/training-runs/module.ts";
 
@@ -97,8 +101,7 @@ export function createApp(deps: AppDeps): Express {
     );
   }
 
-  const handlers: Handlers = {};
-  for (const module of MODULES) Object.assign(handlers, module.handlers?.(moduleDeps));
+  const handlers = moduleHandlers(MODULES, moduleDeps);
   app.use(mountOperations(operations, handlers));
   // The operations answering 501 until their issue lands; the contract tests compare it.
   app.locals.pendingOperations = pendingOperations(operations, handlers);

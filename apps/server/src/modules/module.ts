@@ -46,6 +46,7 @@ export interface ModuleDeps extends AppDeps {
  * so the middleware's order is the app's, and a module's parsers, limiters and wiring are its own.
  */
 export interface ServerModule {
+  /** Named in the error when two modules claim one operation (`moduleHandlers`). */
   readonly name: string;
   /** Before authentication: what it serves outside the spec (documents, the console,
    * `/metrics`), and rewrites of its paths before they are matched. */
@@ -55,4 +56,23 @@ export interface ServerModule {
   beforeValidation?(app: Express, deps: ModuleDeps): void;
   /** Its operations' handlers, by operationId; the app mounts one route per operation. */
   handlers?(deps: ModuleDeps): Handlers;
+}
+
+/** The handlers of all the modules, by operationId. Each operation is one module's: a second
+ * module handling it is an error, not a silent replacement. */
+export function moduleHandlers(modules: readonly ServerModule[], deps: ModuleDeps): Handlers {
+  const handlers: Handlers = {};
+  const owners = new Map<string, string>();
+  for (const module of modules) {
+    const own = module.handlers?.(deps) ?? {};
+    for (const operationId of Object.keys(own)) {
+      const owner = owners.get(operationId);
+      if (owner !== undefined) {
+        throw new Error(`${owner} and ${module.name} both handle ${operationId}`);
+      }
+      owners.set(operationId, module.name);
+    }
+    Object.assign(handlers, own);
+  }
+  return handlers;
 }
