@@ -1,6 +1,5 @@
-import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { KERNEL_NAMES, KERNELS, named, paramsOf, positional } from "./table.ts";
+import { KERNEL_NAMES, named, paramsOf, positional } from "./table.ts";
 import { MAX_ARGS } from "./wasm/jobs.ts";
 
 describe("the kernel table", () => {
@@ -25,28 +24,5 @@ describe("the kernel table", () => {
   it("when a job calls any kernel, or runs one with a number of its own, then its arguments fit a task slot", () => {
     for (const name of KERNEL_NAMES)
       expect(paramsOf(name).length + 1).toBeLessThanOrEqual(MAX_ARGS);
-  });
-
-  it("when each committed binary is loaded, then it exports the table's kernels, each taking the table's parameters", () => {
-    for (const [file, memory] of [
-      ["kernels-relaxed.wasm", new WebAssembly.Memory({ initial: 1, maximum: 1, shared: true })],
-      ["kernels-simd.wasm", new WebAssembly.Memory({ initial: 1, maximum: 1, shared: true })],
-      [
-        "kernels-relaxed-64.wasm",
-        new WebAssembly.Memory({ initial: 1n, maximum: 1n, shared: true, address: "i64" }),
-      ],
-      [
-        "kernels-simd-64.wasm",
-        new WebAssembly.Memory({ initial: 1n, maximum: 1n, shared: true, address: "i64" }),
-      ],
-    ] as const) {
-      const module = new WebAssembly.Module(
-        readFileSync(new URL(`./wasm/${file}`, import.meta.url)),
-      );
-      const { exports } = new WebAssembly.Instance(module, { env: { memory } });
-      expect(Object.keys(exports)).toEqual(KERNEL_NAMES);
-      for (const name of KERNEL_NAMES)
-        expect((exports[name] as () => void).length).toBe(KERNELS[name].params.length);
-    }
   });
 });
