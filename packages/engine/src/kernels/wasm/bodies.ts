@@ -25,7 +25,6 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
   const { I, int, add, mul, forLoop, madd } = w;
   const stride = bf16 ? 16 : 32;
   const U = 4;
-  const L = (n: string) => `(local.get $${n})`;
   const zero = "(v128.const i32x4 0 0 0 0)";
   /** `po` = row m + i of `out`, at column n. */
   const rowOut = (i: number) =>
@@ -38,17 +37,17 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     each = "",
   ) => `${set("k", int(0))}
       (block $u${label}_d (loop $u${label}
-        (br_if $u${label}_d (${I}.gt_u ${add(L("k"), int(U))} ${L("K")}))
+        (br_if $u${label}_d (${I}.gt_u ${add(get("k"), int(U))} ${get("K")}))
         ${each}
         ${range(U).map(step).join("\n")}
         ${advance(U)}
-        ${set("k", add(L("k"), int(U)))}
+        ${set("k", add(get("k"), int(U)))}
         (br $u${label})))
       (block $t${label}_d (loop $t${label}
-        (br_if $t${label}_d (${I}.ge_u ${L("k")} ${L("K")}))
+        (br_if $t${label}_d (${I}.ge_u ${get("k")} ${get("K")}))
         ${step(0)}
         ${advance(1)}
-        ${set("k", add(L("k"), int(1)))}
+        ${set("k", add(get("k"), int(1)))}
         (br $t${label})))`;
   const tile = (MR: number, NP: number): string => {
     const acc = (i: number, j: number, v: number) => `c${i}_${j}_${v}`;
@@ -60,7 +59,7 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     const init = range(MR)
       .map(
         (i) => `${rowOut(i)}
-        ${eachAcc((j, v) => set(acc(i, j, v), `(select (v128.load offset=${j * 32 + v * 16} ${L("po")}) ${zero} (${I}.ne ${L("acc")} (${I}.const 0)))`))}`,
+        ${eachAcc((j, v) => set(acc(i, j, v), `(select (v128.load offset=${j * 32 + v * 16} ${get("po")}) ${zero} (${I}.ne ${get("acc")} (${I}.const 0)))`))}`,
       )
       .join("\n");
     const pointers = [
@@ -72,7 +71,7 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
       ...range(NP).map((j) =>
         set(
           `pb${j}`,
-          add(get("p"), mul(add(`(${I}.shr_u ${L("n")} (${I}.const 3))`, int(j)), get("ps"))),
+          add(get("p"), mul(add(`(${I}.shr_u ${get("n")} (${I}.const 3))`, int(j)), get("ps"))),
         ),
       ),
     ].join("\n");
@@ -80,25 +79,25 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     const step = (u: number): string => {
       const aAt = (i: number) =>
         transposedA
-          ? `(v128.load32_splat offset=${i * 4} ${L(u === 0 ? "pa0" : `pk${u}`)})`
-          : `(v128.load32_splat offset=${u * 4} ${L(`pa${i}`)})`;
+          ? `(v128.load32_splat offset=${i * 4} ${get(u === 0 ? "pa0" : `pk${u}`)})`
+          : `(v128.load32_splat offset=${u * 4} ${get(`pa${i}`)})`;
       const lines: string[] = [];
       if (transposedA && u > 0)
-        lines.push(set(`pk${u}`, add(L(u === 1 ? "pa0" : `pk${u - 1}`), L("lda"))));
+        lines.push(set(`pk${u}`, add(get(u === 1 ? "pa0" : `pk${u - 1}`), get("lda"))));
       if (MR === 1) lines.push(set("s", aAt(0)));
       for (let j = 0; j < NP; j++) {
         if (bf16) {
-          lines.push(set("b1", `(v128.load offset=${u * 16} ${L(`pb${j}`)})`));
-          lines.push(set("b0", `(i32x4.shl ${L("b1")} ${LANE16})`));
-          lines.push(set("b1", `(v128.and ${L("b1")} ${L("hi")})`));
+          lines.push(set("b1", `(v128.load offset=${u * 16} ${get(`pb${j}`)})`));
+          lines.push(set("b0", `(i32x4.shl ${get("b1")} ${LANE16})`));
+          lines.push(set("b1", `(v128.and ${get("b1")} ${get("hi")})`));
         } else {
-          lines.push(set("b0", `(v128.load offset=${u * 32} ${L(`pb${j}`)})`));
-          lines.push(set("b1", `(v128.load offset=${u * 32 + 16} ${L(`pb${j}`)})`));
+          lines.push(set("b0", `(v128.load offset=${u * 32} ${get(`pb${j}`)})`));
+          lines.push(set("b1", `(v128.load offset=${u * 32 + 16} ${get(`pb${j}`)})`));
         }
         for (let i = 0; i < MR; i++) {
           if (MR > 1) lines.push(set("s", aAt(i)));
-          lines.push(set(acc(i, j, 0), madd(L("s"), L("b0"), L(acc(i, j, 0)))));
-          lines.push(set(acc(i, j, 1), madd(L("s"), L("b1"), L(acc(i, j, 1)))));
+          lines.push(set(acc(i, j, 0), madd(get("s"), get("b0"), get(acc(i, j, 0)))));
+          lines.push(set(acc(i, j, 1), madd(get("s"), get("b1"), get(acc(i, j, 1)))));
         }
       }
       return lines.join("\n");
@@ -106,14 +105,14 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     const advance = (steps: number) =>
       [
         ...(transposedA
-          ? [set("pa0", add(L(steps === 1 ? "pa0" : `pk${steps - 1}`), L("lda")))]
-          : range(MR).map((i) => set(`pa${i}`, add(L(`pa${i}`), int(steps * 4))))),
-        ...range(NP).map((j) => set(`pb${j}`, add(L(`pb${j}`), int(steps * stride)))),
+          ? [set("pa0", add(get(steps === 1 ? "pa0" : `pk${steps - 1}`), get("lda")))]
+          : range(MR).map((i) => set(`pa${i}`, add(get(`pa${i}`), int(steps * 4))))),
+        ...range(NP).map((j) => set(`pb${j}`, add(get(`pb${j}`), int(steps * stride)))),
       ].join("\n");
     const store = range(MR)
       .map(
         (i) => `${rowOut(i)}
-        ${eachAcc((j, v) => `(v128.store offset=${j * 32 + v * 16} ${L("po")} ${L(acc(i, j, v))})`)}`,
+        ${eachAcc((j, v) => `(v128.store offset=${j * 32 + v * 16} ${get("po")} ${get(acc(i, j, v))})`)}`,
       )
       .join("\n");
     return `${init}
@@ -135,7 +134,7 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     const init = range(MR)
       .map(
         (i) => `${rowOut(i)}
-        ${set(`h${i}`, `(select (v128.load offset=${half * 16} ${L("po")}) ${zero} (${I}.ne ${L("acc")} (${I}.const 0)))`)}`,
+        ${set(`h${i}`, `(select (v128.load offset=${half * 16} ${get("po")}) ${zero} (${I}.ne ${get("acc")} (${I}.const 0)))`)}`,
       )
       .join("\n");
     // Touching the next panels' rows as this one streams keeps several reads from memory in
@@ -144,38 +143,42 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     const ahead = (j: number) =>
       set(
         `pk${j}`,
-        `(select ${add(L("pb0"), mul(int(j), L("ps")))} ${L("pb0")} (${I}.lt_u ${add(L("n"), int(8 * j))} ${L("N8")}))`,
+        `(select ${add(get("pb0"), mul(int(j), get("ps")))} ${get("pb0")} (${I}.lt_u ${add(get("n"), int(8 * j))} ${get("N8")}))`,
       );
     const pointers = [
       ...range(MR).map((i) => set(`pa${i}`, add(get("a"), mul(add(get("m"), int(i)), get("lda"))))),
-      set("pb0", add(get("p"), mul(`(${I}.shr_u ${L("n")} (${I}.const 3))`, get("ps")))),
+      set("pb0", add(get("p"), mul(`(${I}.shr_u ${get("n")} (${I}.const 3))`, get("ps")))),
       ...(half === 0 ? range(PREFETCH).map((j) => ahead(j + 1)) : []),
     ].join("\n");
     const step = (u: number): string => {
       const lines: string[] = [];
       if (bf16) {
-        lines.push(set("b0", `(v128.load offset=${u * 16} ${L("pb0")})`));
+        lines.push(set("b0", `(v128.load offset=${u * 16} ${get("pb0")})`));
         lines.push(
           set(
             "b0",
-            half === 0 ? `(i32x4.shl ${L("b0")} ${LANE16})` : `(v128.and ${L("b0")} ${L("hi")})`,
+            half === 0
+              ? `(i32x4.shl ${get("b0")} ${LANE16})`
+              : `(v128.and ${get("b0")} ${get("hi")})`,
           ),
         );
       } else {
-        lines.push(set("b0", `(v128.load offset=${u * 32 + half * 16} ${L("pb0")})`));
+        lines.push(set("b0", `(v128.load offset=${u * 32 + half * 16} ${get("pb0")})`));
       }
       for (let i = 0; i < MR; i++) {
-        lines.push(set("s", `(v128.load32_splat offset=${u * 4} ${L(`pa${i}`)})`));
-        lines.push(set(`h${i}`, madd(L("s"), L("b0"), L(`h${i}`))));
+        lines.push(set("s", `(v128.load32_splat offset=${u * 4} ${get(`pa${i}`)})`));
+        lines.push(set(`h${i}`, madd(get("s"), get("b0"), get(`h${i}`))));
       }
       return lines.join("\n");
     };
     const advance = (steps: number) =>
       [
-        ...range(MR).map((i) => set(`pa${i}`, add(L(`pa${i}`), int(steps * 4)))),
-        set("pb0", add(L("pb0"), int(steps * stride))),
+        ...range(MR).map((i) => set(`pa${i}`, add(get(`pa${i}`), int(steps * 4)))),
+        set("pb0", add(get("pb0"), int(steps * stride))),
         ...(half === 0
-          ? range(PREFETCH).map((j) => set(`pk${j + 1}`, add(L(`pk${j + 1}`), int(steps * stride))))
+          ? range(PREFETCH).map((j) =>
+              set(`pk${j + 1}`, add(get(`pk${j + 1}`), int(steps * stride))),
+            )
           : []),
       ].join("\n");
     // One touch per cache line of each panel ahead, per unrolled group of k.
@@ -184,7 +187,7 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
         ? range(PREFETCH)
             .flatMap((j) =>
               range((U * stride) / 64).map(
-                (c) => `(drop (${I}.load offset=${c * 64} ${L(`pk${j + 1}`)}))`,
+                (c) => `(drop (${I}.load offset=${c * 64} ${get(`pk${j + 1}`)}))`,
               ),
             )
             .join("\n")
@@ -192,7 +195,7 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     const store = range(MR)
       .map(
         (i) => `${rowOut(i)}
-        (v128.store offset=${half * 16} ${L("po")} ${L(`h${i}`)})`,
+        (v128.store offset=${half * 16} ${get("po")} ${get(`h${i}`)})`,
       )
       .join("\n");
     return `${init}
@@ -202,11 +205,11 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
   };
   /** Every panel for the MR (7–12) rows of a small batch, by halves (`halfTile`). */
   const halfPanels = (MR: number) => `${set("n", int(0))}
-      ${forLoop(`hp${MR}`, "n", 8, L("N8"), `${halfTile(MR, 0)}\n${halfTile(MR, 1)}`)}`;
+      ${forLoop(`hp${MR}`, "n", 8, get("N8"), `${halfTile(MR, 0)}\n${halfTile(MR, 1)}`)}`;
   /** All panels for MR rows starting at m: NP panels per tile, then one at a time. */
   const panels = (MR: number, NP: number) => `${set("n", int(0))}
-      ${NP > 1 ? forLoop(`w${MR}`, "n", NP * 8, L("N8"), tile(MR, NP)) : ""}
-      ${forLoop(`n${MR}`, "n", 8, L("N8"), tile(MR, 1))}`;
+      ${NP > 1 ? forLoop(`w${MR}`, "n", NP * 8, get("N8"), tile(MR, NP)) : ""}
+      ${forLoop(`n${MR}`, "n", 8, get("N8"), tile(MR, 1))}`;
   const widths: Record<number, number> = { 1: 4, 2: 3, 3: 2, 4: 1, 5: 1 };
   const locals = [
     ...["m", "n", "k", "N8", "po", ...range(HALF_ROWS).map((i) => `pa${i}`)]
@@ -221,24 +224,24 @@ export function gemm(w: Wat, transposedA: boolean, bf16 = false): Body {
     ),
     ...(transposedA ? [] : range(HALF_ROWS).map((i) => `(local $h${i} v128)`)),
   ];
-  const sixRowTiles = `${forLoop("m6", "m", 6, L("M"), panels(6, 1))}
+  const sixRowTiles = `${forLoop("m6", "m", 6, get("M"), panels(6, 1))}
     ${[5, 4, 3, 2, 1]
       .map(
         (r) =>
-          `(if (${I}.eq (${I}.sub ${L("M")} ${L("m")}) ${int(r)}) (then ${panels(r, widths[r]!)}))`,
+          `(if (${I}.eq (${I}.sub ${get("M")} ${get("m")}) ${int(r)}) (then ${panels(r, widths[r]!)}))`,
       )
       .join("\n")}`;
   // Weight gradients (transposed A) have many rows; small batches take the half-panel tiles.
   const body = transposedA
     ? sixRowTiles
-    : `(if (${I}.lt_u (${I}.sub ${L("M")} ${int(7)}) ${int(HALF_ROWS - 6)})
+    : `(if (${I}.lt_u (${I}.sub ${get("M")} ${int(7)}) ${int(HALF_ROWS - 6)})
       (then ${range(HALF_ROWS - 6)
-        .map((i) => `(if (${I}.eq ${L("M")} ${int(7 + i)}) (then ${halfPanels(7 + i)}))`)
+        .map((i) => `(if (${I}.eq ${get("M")} ${int(7 + i)}) (then ${halfPanels(7 + i)}))`)
         .join("\n")})
       (else ${sixRowTiles}))`;
   return {
     locals: locals.join(" "),
-    code: `${set("N8", `(${I}.and ${add(L("N"), int(7))} (${I}.const -8))`)}
+    code: `${set("N8", `(${I}.and ${add(get("N"), int(7))} (${I}.const -8))`)}
     ${bf16 ? set("hi", HIGH_HALVES) : ""}
     ${set("m", int(0))}
     ${body}`,
@@ -315,33 +318,32 @@ const lanes = (a: string, b: string, picks: number[]) =>
  */
 export function weightToB(w: Wat, bf16: boolean): Body {
   const { I, int, add, mul, forLoop } = w;
-  const L = (n: string) => `(local.get $${n})`;
   const row = (k: number, half: number) => `r${k}_${half}`;
   // The 8 k rows of the block, each as two F32 vectors: weight rows 0–3 and 4–7.
   const loads = range(8)
     .map((k) =>
       bf16
-        ? `${set("v", `(v128.load offset=${k * 16} ${L("ps")})`)}
-        ${set(row(k, 0), `(i32x4.shl ${L("v")} ${LANE16})`)}
-        ${set(row(k, 1), `(v128.and ${L("v")} ${HIGH_HALVES})`)}`
-        : `${set(row(k, 0), `(v128.load offset=${k * 32} ${L("ps")})`)}
-        ${set(row(k, 1), `(v128.load offset=${k * 32 + 16} ${L("ps")})`)}`,
+        ? `${set("v", `(v128.load offset=${k * 16} ${get("ps")})`)}
+        ${set(row(k, 0), `(i32x4.shl ${get("v")} ${LANE16})`)}
+        ${set(row(k, 1), `(v128.and ${get("v")} ${HIGH_HALVES})`)}`
+        : `${set(row(k, 0), `(v128.load offset=${k * 32} ${get("ps")})`)}
+        ${set(row(k, 1), `(v128.load offset=${k * 32 + 16} ${get("ps")})`)}`,
     )
     .join("\n");
   // A 4×4 transpose: k rows k0…k0+3, weight rows 4·half + i (lane i), become output rows
   // 4·half + i, at the column offset of k0. Row i takes lane i of the four k rows.
   const quarter = (k0: number, half: number) => {
-    const [a, b, c, d] = range(4).map((i) => L(row(k0 + i, half)));
+    const [a, b, c, d] = range(4).map((i) => get(row(k0 + i, half)));
     const out = (i: number, v: string) =>
-      `(v128.store offset=${(4 * half + i) * 32 + (k0 / 4) * 16} ${L("pd")} ${v})`;
+      `(v128.store offset=${(4 * half + i) * 32 + (k0 / 4) * 16} ${get("pd")} ${v})`;
     return `${set("t0", lanes(a!, b!, [0, 4, 1, 5]))}
       ${set("t1", lanes(a!, b!, [2, 6, 3, 7]))}
       ${set("t2", lanes(c!, d!, [0, 4, 1, 5]))}
       ${set("t3", lanes(c!, d!, [2, 6, 3, 7]))}
-      ${out(0, lanes(L("t0"), L("t2"), [0, 1, 4, 5]))}
-      ${out(1, lanes(L("t0"), L("t2"), [2, 3, 6, 7]))}
-      ${out(2, lanes(L("t1"), L("t3"), [0, 1, 4, 5]))}
-      ${out(3, lanes(L("t1"), L("t3"), [2, 3, 6, 7]))}`;
+      ${out(0, lanes(get("t0"), get("t2"), [0, 1, 4, 5]))}
+      ${out(1, lanes(get("t0"), get("t2"), [2, 3, 6, 7]))}
+      ${out(2, lanes(get("t1"), get("t3"), [0, 1, 4, 5]))}
+      ${out(3, lanes(get("t1"), get("t3"), [2, 3, 6, 7]))}`;
   };
   const panelBytes = bf16 ? 16 : 32;
   return {
@@ -354,15 +356,15 @@ export function weightToB(w: Wat, bf16: boolean): Body {
       "wp",
       "p",
       1,
-      L("panels"),
+      get("panels"),
       `${set("j", int(0))}
       ${forLoop(
         "wj",
         "j",
         1,
-        L("blocks"),
-        `${set("ps", add(L("src"), mul(int(panelBytes), add(mul(L("p"), L("K")), mul(L("j"), int(8))))))}
-        ${set("pd", add(L("dst"), mul(int(4), add(mul(mul(L("j"), L("N")), int(8)), mul(L("p"), int(64))))))}
+        get("blocks"),
+        `${set("ps", add(get("src"), mul(int(panelBytes), add(mul(get("p"), get("K")), mul(get("j"), int(8))))))}
+        ${set("pd", add(get("dst"), mul(int(4), add(mul(mul(get("j"), get("N")), int(8)), mul(get("p"), int(64))))))}
         ${loads}
         ${[0, 4].flatMap((k0) => [0, 1].map((h) => quarter(k0, h))).join("\n")}`,
       )}`,
@@ -376,41 +378,40 @@ export function weightToB(w: Wat, bf16: boolean): Body {
  */
 export function pack(w: Wat, fromWeight: boolean): Body {
   const { I, int, add, mul } = w;
-  const L = (n: string) => `(local.get $${n})`;
   const at = (col: string) =>
     fromWeight
-      ? `(${I}.add ${L("src")} (${I}.shl (${I}.add (${I}.mul ${col} ${L("K")}) ${L("k")}) (${I}.const 2)))`
-      : `(${I}.add ${L("src")} (${I}.shl (${I}.add (${I}.mul ${L("k")} ${L("N")}) ${col}) (${I}.const 2)))`;
+      ? `(${I}.add ${get("src")} (${I}.shl (${I}.add (${I}.mul ${col} ${get("K")}) ${get("k")}) (${I}.const 2)))`
+      : `(${I}.add ${get("src")} (${I}.shl (${I}.add (${I}.mul ${get("k")} ${get("N")}) ${col}) (${I}.const 2)))`;
   // B[K,N] with a whole panel in range: two vector copies per k.
   const whole = fromWeight
     ? ""
-    : `(if (${I}.le_u ${add(L("n"), int(8))} ${L("N")}) (then
-          (v128.store ${L("pd")} (v128.load ${at(L("n"))}))
-          (v128.store offset=16 ${L("pd")} (v128.load offset=16 ${at(L("n"))}))
-          ${set("pd", add(L("pd"), int(32)))}
-          ${set("k", add(L("k"), int(1)))}
+    : `(if (${I}.le_u ${add(get("n"), int(8))} ${get("N")}) (then
+          (v128.store ${get("pd")} (v128.load ${at(get("n"))}))
+          (v128.store offset=16 ${get("pd")} (v128.load offset=16 ${at(get("n"))}))
+          ${set("pd", add(get("pd"), int(32)))}
+          ${set("k", add(get("k"), int(1)))}
           (br $kl)))`;
   return {
     locals: `(local $n ${I}) (local $k ${I}) (local $j ${I}) (local $pd ${I})`,
     code: `(block $nd (loop $nl
-      (br_if $nd (${I}.ge_u ${L("n")} ${L("N")}))
-      ${set("pd", add(L("dst"), mul(`(${I}.shr_u ${L("n")} (${I}.const 3))`, L("ps"))))}
+      (br_if $nd (${I}.ge_u ${get("n")} ${get("N")}))
+      ${set("pd", add(get("dst"), mul(`(${I}.shr_u ${get("n")} (${I}.const 3))`, get("ps"))))}
       ${set("k", int(0))}
       (block $kd (loop $kl
-        (br_if $kd (${I}.ge_u ${L("k")} ${L("K")}))
+        (br_if $kd (${I}.ge_u ${get("k")} ${get("K")}))
         ${whole}
         ${set("j", int(0))}
         (block $jd (loop $jl
-          (br_if $jd (${I}.ge_u ${L("j")} (${I}.const 8)))
-          (if (${I}.lt_u ${add(L("n"), L("j"))} ${L("N")})
-            (then (f32.store ${L("pd")} (f32.load ${at(add(L("n"), L("j")))})))
-            (else (f32.store ${L("pd")} (f32.const 0))))
-          ${set("pd", add(L("pd"), int(4)))}
-          ${set("j", add(L("j"), int(1)))}
+          (br_if $jd (${I}.ge_u ${get("j")} (${I}.const 8)))
+          (if (${I}.lt_u ${add(get("n"), get("j"))} ${get("N")})
+            (then (f32.store ${get("pd")} (f32.load ${at(add(get("n"), get("j")))})))
+            (else (f32.store ${get("pd")} (f32.const 0))))
+          ${set("pd", add(get("pd"), int(4)))}
+          ${set("j", add(get("j"), int(1)))}
           (br $jl)))
-        ${set("k", add(L("k"), int(1)))}
+        ${set("k", add(get("k"), int(1)))}
         (br $kl)))
-      ${set("n", add(L("n"), int(8)))}
+      ${set("n", add(get("n"), int(8)))}
       (br $nl)))`,
   };
 }
@@ -467,33 +468,32 @@ export function rmsNorm({ I, madd }: Wat): Body {
  */
 export function rmsNormBackward(w: Wat): Body {
   const { I, int, add, mul, forLoop, madd } = w;
-  const L = (n: string) => `(local.get $${n})`;
-  const row = (base: string) => add(L(base), mul(L("r"), L("Db")));
+  const row = (base: string) => add(get(base), mul(get("r"), get("Db")));
   return {
     locals: `(local $r ${I}) (local $i ${I}) (local $Db ${I}) (local $px ${I}) (local $py ${I}) (local $po ${I}) (local $acc v128) (local $s f32) (local $vs v128) (local $vc v128)`,
-    code: `${set("Db", mul(L("D"), int(4)))}
+    code: `${set("Db", mul(get("D"), int(4)))}
     ${forLoop(
       "rows",
       "r",
       1,
-      L("rows"),
+      get("rows"),
       `${set("px", row("x"))}
       ${set("py", row("dy"))}
       ${set("po", row("dx"))}
-      ${set("s", `(f32.load (${I}.add ${L("inv")} (${I}.shl ${L("r")} (${I}.const 2))))`)}
+      ${set("s", `(f32.load (${I}.add ${get("inv")} (${I}.shl ${get("r")} (${I}.const 2))))`)}
       ${set("acc", "(v128.const i32x4 0 0 0 0)")}
       ${set("i", int(0))}
-      ${forLoop("dot", "i", 16, L("Db"), set("acc", madd(`(f32x4.mul (v128.load ${add(L("py"), L("i"))}) (v128.load ${add(L("w"), L("i"))}))`, `(v128.load ${add(L("px"), L("i"))})`, L("acc"))))}
-      ${set("vs", `(f32x4.splat ${L("s")})`)}
-      ${set("vc", `(f32x4.splat (f32.div (f32.mul ${hsum("acc")} (f32.mul ${L("s")} (f32.mul ${L("s")} ${L("s")}))) (f32.convert_${I}_u ${L("D")})))`)}
+      ${forLoop("dot", "i", 16, get("Db"), set("acc", madd(`(f32x4.mul (v128.load ${add(get("py"), get("i"))}) (v128.load ${add(get("w"), get("i"))}))`, `(v128.load ${add(get("px"), get("i"))})`, get("acc"))))}
+      ${set("vs", `(f32x4.splat ${get("s")})`)}
+      ${set("vc", `(f32x4.splat (f32.div (f32.mul ${hsum("acc")} (f32.mul ${get("s")} (f32.mul ${get("s")} ${get("s")}))) (f32.convert_${I}_u ${get("D")})))`)}
       ${set("i", int(0))}
       ${forLoop(
         "dx",
         "i",
         16,
-        L("Db"),
-        `(v128.store ${add(L("po"), L("i"))} (f32x4.sub (f32x4.mul (f32x4.mul ${L("vs")} (v128.load ${add(L("w"), L("i"))})) (v128.load ${add(L("py"), L("i"))}))
-          (f32x4.mul (v128.load ${add(L("px"), L("i"))}) ${L("vc")})))`,
+        get("Db"),
+        `(v128.store ${add(get("po"), get("i"))} (f32x4.sub (f32x4.mul (f32x4.mul ${get("vs")} (v128.load ${add(get("w"), get("i"))})) (v128.load ${add(get("py"), get("i"))}))
+          (f32x4.mul (v128.load ${add(get("px"), get("i"))}) ${get("vc")})))`,
       )}`,
     )}`,
   };
@@ -502,24 +502,23 @@ export function rmsNormBackward(w: Wat): Body {
 /** dw += Σ_r dy[r]·x[r]·inv[r], rows in order (D a multiple of 4). */
 export function rmsNormDw(w: Wat): Body {
   const { I, int, add, mul, forLoop, madd } = w;
-  const L = (n: string) => `(local.get $${n})`;
   return {
     locals: `(local $r ${I}) (local $i ${I}) (local $Db ${I}) (local $o ${I}) (local $vs v128)`,
-    code: `${set("Db", mul(L("D"), int(4)))}
+    code: `${set("Db", mul(get("D"), int(4)))}
     ${forLoop(
       "rows",
       "r",
       1,
-      L("rows"),
-      `${set("o", mul(L("r"), L("Db")))}
-      ${set("vs", `(f32x4.splat (f32.load (${I}.add ${L("inv")} (${I}.shl ${L("r")} (${I}.const 2)))))`)}
+      get("rows"),
+      `${set("o", mul(get("r"), get("Db")))}
+      ${set("vs", `(f32x4.splat (f32.load (${I}.add ${get("inv")} (${I}.shl ${get("r")} (${I}.const 2)))))`)}
       ${set("i", int(0))}
       ${forLoop(
         "cols",
         "i",
         16,
-        L("Db"),
-        `(v128.store ${add(L("dw"), L("i"))} ${madd(`(f32x4.mul (v128.load ${add(L("dy"), add(L("o"), L("i")))}) (v128.load ${add(L("x"), add(L("o"), L("i")))}))`, L("vs"), `(v128.load ${add(L("dw"), L("i"))})`)})`,
+        get("Db"),
+        `(v128.store ${add(get("dw"), get("i"))} ${madd(`(f32x4.mul (v128.load ${add(get("dy"), add(get("o"), get("i")))}) (v128.load ${add(get("x"), add(get("o"), get("i")))}))`, get("vs"), `(v128.load ${add(get("dw"), get("i"))})`)})`,
       )}`,
     )}`,
   };
@@ -544,7 +543,6 @@ export function swiglu({ I }: Wat): Body {
 /** The attention kernels, forward and backward, which walk keys in groups of 4 then singly. */
 export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
   const { I, int, add, mul, forLoop, madd } = w;
-  const A = (n: string) => `(local.get $${n})`;
   const attentionLocals = `(local $t ${I}) (local $h ${I}) (local $j ${I}) (local $i ${I}) (local $span ${I}) (local $hdb ${I})
     (local $kvb ${I}) (local $qb ${I}) (local $group ${I}) (local $kvh ${I}) (local $max f32) (local $sum f32) (local $s f32)
     (local $e v128) (local $ps ${I}) (local $d v128) (local $qv v128) (local $tv v128)
@@ -555,22 +553,22 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
       .join(" ")}`;
   /** Loops `j` over [0, span) in groups of R = 4 while they fit, then one at a time. */
   const keyGroups = (label: string, body: (R: number) => string) => `${set("j", int(0))}
-        ${forLoop(`${label}4`, "j", 4, A("span"), body(4))}
-        ${forLoop(`${label}1`, "j", 1, A("span"), body(1))}`;
+        ${forLoop(`${label}4`, "j", 4, get("span"), body(4))}
+        ${forLoop(`${label}1`, "j", 1, get("span"), body(1))}`;
   /** `$name_r` = base + (j + r)·kvb: row j + r of a [span, KV·hd] operand (at the head's column). */
   const rowPtrs = (R: number, name: string, base: string) =>
     range(R)
-      .map((r) => set(`${name}${r}`, add(A(base), mul(add(A("j"), int(r)), A("kvb")))))
+      .map((r) => set(`${name}${r}`, add(get(base), mul(add(get("j"), int(r)), get("kvb")))))
       .join("\n");
   const scoreAt = (r: number) =>
-    add(A("scores"), `(${I}.shl ${add(A("j"), int(r))} (${I}.const 2))`);
+    add(get("scores"), `(${I}.shl ${add(get("j"), int(r))} (${I}.const 2))`);
   const vecLoop = (label: string, body: string) => `${set("i", int(0))}
           (block $${label}d (loop $${label}l
-            (br_if $${label}d (${I}.ge_u ${A("i")} ${A("hdb")}))
+            (br_if $${label}d (${I}.ge_u ${get("i")} ${get("hdb")}))
             ${body}
-            ${set("i", add(A("i"), int(16)))}
+            ${set("i", add(get("i"), int(16)))}
             (br $${label}l)))`;
-  const at = (ptr: string) => `(${I}.add ${A(ptr)} ${A("i")})`;
+  const at = (ptr: string) => `(${I}.add ${get(ptr)} ${get("i")})`;
   /** scores[j] = q·k_j·scale for R keys at once (R accumulators), tracking the maximum. */
   const scoreGroup = (R: number) => `${rowPtrs(R, "kp", "pk")}
           ${range(R)
@@ -580,14 +578,16 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
             `s${R}`,
             `${set("qv", `(v128.load ${at("pq")})`)}
             ${range(R)
-              .map((r) => set(`a${r}`, madd(A("qv"), `(v128.load ${at(`kp${r}`)})`, A(`a${r}`))))
+              .map((r) =>
+                set(`a${r}`, madd(get("qv"), `(v128.load ${at(`kp${r}`)})`, get(`a${r}`))),
+              )
               .join("\n")}`,
           )}
           ${range(R)
             .map(
-              (r) => `${set("s", `(f32.mul ${hsum(`a${r}`)} ${A("scale")})`)}
-          (f32.store ${scoreAt(r)} ${A("s")})
-          ${set("max", `(f32.max ${A("max")} ${A("s")})`)}`,
+              (r) => `${set("s", `(f32.mul ${hsum(`a${r}`)} ${get("scale")})`)}
+          (f32.store ${scoreAt(r)} ${get("s")})
+          ${set("max", `(f32.max ${get("max")} ${get("s")})`)}`,
             )
             .join("\n")}`;
   /** Scores of row t against keys 0..span−1 for head h, then exponentials and their sum. */
@@ -597,25 +597,26 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
         ${set("sum", "(f32.const 0)")}
         ${set("j", int(0))}
         (block $ed (loop $el
-          (br_if $ed (${I}.ge_u ${A("j")} ${A("span")}))
+          (br_if $ed (${I}.ge_u ${get("j")} ${get("span")}))
           ${set("ps", scoreAt(0))}
-          ${set("e", `(call $exp (f32x4.sub (v128.load ${A("ps")}) (f32x4.splat ${A("max")})))`)}
-          (v128.store ${A("ps")} ${A("e")})
+          ${set("e", `(call $exp (f32x4.sub (v128.load ${get("ps")}) (f32x4.splat ${get("max")})))`)}
+          (v128.store ${get("ps")} ${get("e")})
           ${range(4)
             .map((lane) =>
               lane === 0
-                ? set("sum", `(f32.add ${A("sum")} (f32x4.extract_lane 0 ${A("e")}))`)
-                : `(if (${I}.lt_u ${add(A("j"), int(lane))} ${A("span")}) (then ${set("sum", `(f32.add ${A("sum")} (f32x4.extract_lane ${lane} ${A("e")}))`)}))`,
+                ? set("sum", `(f32.add ${get("sum")} (f32x4.extract_lane 0 ${get("e")}))`)
+                : `(if (${I}.lt_u ${add(get("j"), int(lane))} ${get("span")}) (then ${set("sum", `(f32.add ${get("sum")} (f32x4.extract_lane ${lane} ${get("e")}))`)}))`,
             )
             .join("\n")}
-          ${set("j", add(A("j"), int(4)))}
+          ${set("j", add(get("j"), int(4)))}
           (br $el)))`;
-  const attentionSetup = `${set("hdb", mul(A("hd"), int(4)))}
-    ${set("kvb", mul(A("KV"), A("hdb")))}
-    ${set("qb", mul(A("H"), A("hdb")))}
-    ${set("group", `(${I}.div_u ${A("H")} ${A("KV")})`)}`;
+  const attentionSetup = `${set("hdb", mul(get("hd"), int(4)))}
+    ${set("kvb", mul(get("KV"), get("hdb")))}
+    ${set("qb", mul(get("H"), get("hdb")))}
+    ${set("group", `(${I}.div_u ${get("H")} ${get("KV")})`)}`;
   /** Pointer to row t, head h of a [n, H·hd] operand. */
-  const headRow = (base: string) => add(A(base), add(mul(A("t"), A("qb")), mul(A("h"), A("hdb"))));
+  const headRow = (base: string) =>
+    add(get(base), add(mul(get("t"), get("qb")), mul(get("h"), get("hdb"))));
   /** The strides, then `body` for each row t (against `span` keys) and head h. */
   const eachRowAndHead = (span: string, body: string) => `${attentionSetup}
     ${set("t", int(0))}
@@ -623,10 +624,10 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
       "tl",
       "t",
       1,
-      A("n"),
+      get("n"),
       `${set("span", span)}
       ${set("h", int(0))}
-      ${forLoop("hl", "h", 1, A("H"), body)}`,
+      ${forLoop("hl", "h", 1, get("H"), body)}`,
     )}`;
   /**
    * Causal attention of n new rows (positions start..start+n−1) against keys/values
@@ -636,15 +637,15 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
   const forward: Body = {
     locals: `${attentionLocals} (local $pq ${I}) (local $pk ${I}) (local $po ${I})`,
     code: eachRowAndHead(
-      add(add(A("start"), A("t")), int(1)),
+      add(add(get("start"), get("t")), int(1)),
       `${set("pq", headRow("q"))}
-        ${set("kvh", mul(`(${I}.div_u ${A("h")} ${A("group")})`, A("hdb")))}
-        ${set("pk", add(A("k"), A("kvh")))}
+        ${set("kvh", mul(`(${I}.div_u ${get("h")} ${get("group")})`, get("hdb")))}
+        ${set("pk", add(get("k"), get("kvh")))}
         ${scoresAndExps}
         ;; weighted sum of values, R at a time
         ${set("po", headRow("out"))}
         ${vecLoop("z", `(v128.store ${at("po")} (v128.const i32x4 0 0 0 0))`)}
-        ${set("pk", add(A("v"), A("kvh")))}
+        ${set("pk", add(get("v"), get("kvh")))}
         ${keyGroups(
           "wv",
           (R) => `${rowPtrs(R, "kp", "pk")}
@@ -655,13 +656,13 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
             `v${R}`,
             `${set("tv", `(v128.load ${at("po")})`)}
             ${range(R)
-              .map((r) => set("tv", madd(A(`pv${r}`), `(v128.load ${at(`kp${r}`)})`, A("tv"))))
+              .map((r) => set("tv", madd(get(`pv${r}`), `(v128.load ${at(`kp${r}`)})`, get("tv"))))
               .join("\n")}
-            (v128.store ${at("po")} ${A("tv")})`,
+            (v128.store ${at("po")} ${get("tv")})`,
           )}`,
         )}
-        ${set("pv0", `(f32x4.splat (f32.div (f32.const 1) ${A("sum")}))`)}
-        ${vecLoop("nz", `(v128.store ${at("po")} (f32x4.mul (v128.load ${at("po")}) ${A("pv0")}))`)}`,
+        ${set("pv0", `(f32x4.splat (f32.div (f32.const 1) ${get("sum")}))`)}
+        ${vecLoop("nz", `(v128.store ${at("po")} (f32x4.mul (v128.load ${at("po")}) ${get("pv0")}))`)}`,
     ),
   };
   /**
@@ -673,17 +674,17 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
     locals: `${attentionLocals} (local $pq ${I}) (local $pk ${I}) (local $pv ${I}) (local $pdo ${I}) (local $pdq ${I}) (local $pdk ${I}) (local $pdv ${I})
     (local $dot f32) (local $inv f32) (local $p f32) (local $dp f32)`,
     code: eachRowAndHead(
-      add(A("t"), int(1)),
+      add(get("t"), int(1)),
       `${set("pq", headRow("q"))}
         ${set("pdo", headRow("dout"))}
         ${set("pdq", headRow("dq"))}
-        ${set("kvh", mul(`(${I}.div_u ${A("h")} ${A("group")})`, A("hdb")))}
-        ${set("pk", add(A("k"), A("kvh")))}
-        ${set("pv", add(A("v"), A("kvh")))}
-        ${set("pdk", add(A("dk"), A("kvh")))}
-        ${set("pdv", add(A("dv"), A("kvh")))}
+        ${set("kvh", mul(`(${I}.div_u ${get("h")} ${get("group")})`, get("hdb")))}
+        ${set("pk", add(get("k"), get("kvh")))}
+        ${set("pv", add(get("v"), get("kvh")))}
+        ${set("pdk", add(get("dk"), get("kvh")))}
+        ${set("pdv", add(get("dv"), get("kvh")))}
         ${scoresAndExps}
-        ${set("inv", `(f32.div (f32.const 1) ${A("sum")})`)}
+        ${set("inv", `(f32.div (f32.const 1) ${get("sum")})`)}
         ;; dP_j = dout·v_j; dv_j += p_j·dout; dot = Σ p_j dP_j
         ${set("dot", "(f32.const 0)")}
         ${keyGroups(
@@ -692,9 +693,9 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
           ${rowPtrs(R, "xp", "pdv")}
           ${range(R)
             .map(
-              (r) => `${set("p", `(f32.mul (f32.load ${scoreAt(r)}) ${A("inv")})`)}
-          (f32.store ${scoreAt(r)} ${A("p")})
-          ${set(`pv${r}`, `(f32x4.splat ${A("p")})`)}
+              (r) => `${set("p", `(f32.mul (f32.load ${scoreAt(r)}) ${get("inv")})`)}
+          (f32.store ${scoreAt(r)} ${get("p")})
+          ${set(`pv${r}`, `(f32x4.splat ${get("p")})`)}
           ${set(`a${r}`, "(v128.const i32x4 0 0 0 0)")}`,
             )
             .join("\n")}
@@ -703,16 +704,16 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
             `${set("d", `(v128.load ${at("pdo")})`)}
             ${range(R)
               .map(
-                (r) => `${set(`a${r}`, madd(A("d"), `(v128.load ${at(`kp${r}`)})`, A(`a${r}`)))}
-            (v128.store ${at(`xp${r}`)} ${madd(A(`pv${r}`), A("d"), `(v128.load ${at(`xp${r}`)})`)})`,
+                (r) => `${set(`a${r}`, madd(get("d"), `(v128.load ${at(`kp${r}`)})`, get(`a${r}`)))}
+            (v128.store ${at(`xp${r}`)} ${madd(get(`pv${r}`), get("d"), `(v128.load ${at(`xp${r}`)})`)})`,
               )
               .join("\n")}`,
           )}
           ${range(R)
             .map(
               (r) => `${set("dp", hsum(`a${r}`))}
-          (f32.store ${add(A("dps"), `(${I}.shl ${add(A("j"), int(r))} (${I}.const 2))`)} ${A("dp")})
-          ${set("dot", `(f32.add ${A("dot")} (f32.mul (f32x4.extract_lane 0 ${A(`pv${r}`)}) ${A("dp")}))`)}`,
+          (f32.store ${add(get("dps"), `(${I}.shl ${add(get("j"), int(r))} (${I}.const 2))`)} ${get("dp")})
+          ${set("dot", `(f32.add ${get("dot")} (f32.mul (f32x4.extract_lane 0 ${get(`pv${r}`)}) ${get("dp")}))`)}`,
             )
             .join("\n")}`,
         )}
@@ -725,7 +726,7 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
             .map((r) =>
               set(
                 `pv${r}`,
-                `(f32x4.splat (f32.mul (f32.mul (f32.load ${scoreAt(r)}) (f32.sub (f32.load ${add(A("dps"), `(${I}.shl ${add(A("j"), int(r))} (${I}.const 2))`)}) ${A("dot")})) ${A("scale")}))`,
+                `(f32x4.splat (f32.mul (f32.mul (f32.load ${scoreAt(r)}) (f32.sub (f32.load ${add(get("dps"), `(${I}.shl ${add(get("j"), int(r))} (${I}.const 2))`)}) ${get("dot")})) ${get("scale")}))`,
               ),
             )
             .join("\n")}
@@ -735,11 +736,11 @@ export function attentionKernels(w: Wat): { forward: Body; backward: Body } {
             ${set("tv", `(v128.load ${at("pdq")})`)}
             ${range(R)
               .map(
-                (r) => `${set("tv", madd(A(`pv${r}`), `(v128.load ${at(`kp${r}`)})`, A("tv")))}
-            (v128.store ${at(`xp${r}`)} ${madd(A(`pv${r}`), A("qv"), `(v128.load ${at(`xp${r}`)})`)})`,
+                (r) => `${set("tv", madd(get(`pv${r}`), `(v128.load ${at(`kp${r}`)})`, get("tv")))}
+            (v128.store ${at(`xp${r}`)} ${madd(get(`pv${r}`), get("qv"), `(v128.load ${at(`xp${r}`)})`)})`,
               )
               .join("\n")}
-            (v128.store ${at("pdq")} ${A("tv")})`,
+            (v128.store ${at("pdq")} ${get("tv")})`,
           )}`,
         )}`,
     ),
