@@ -40,6 +40,8 @@ export interface Checkpoint extends RowOf<typeof CHECKPOINTS> {}
 const CHECKPOINT_FILES = CHECKPOINTS.pick("step", "blob_key");
 /** A job's input, which goes with its model. */
 const JOB_PAYLOAD = JOBS.pick("payload_ref");
+/** A model's latest step, which deleting checkpoints must leave. */
+const MODEL_LATEST = MODELS.pick("latest_step");
 
 /** The file prefixes of checkpoint rows (`CHECKPOINT_FILES`) that have files. */
 function blobKeys(rows: readonly Row[]): string[] {
@@ -348,9 +350,12 @@ export class ModelsRepo {
       );
       if (!row) throw new NotFoundError(`Checkpoint step ${step} not found`);
       const checkpoint = CHECKPOINTS.read(row);
-      const merged = toJson({ ...checkpoint.metrics, ...metrics });
-      await tx.exec("UPDATE checkpoints SET metrics = $2 WHERE id = $1", [checkpoint.id, merged]);
-      return CHECKPOINTS.read({ ...row, metrics: merged });
+      const merged = { ...checkpoint.metrics, ...metrics };
+      await tx.exec("UPDATE checkpoints SET metrics = $2 WHERE id = $1", [
+        checkpoint.id,
+        toJson(merged),
+      ]);
+      return { ...checkpoint, metrics: merged };
     });
   }
 
@@ -368,13 +373,13 @@ export class ModelsRepo {
       // latest when the steps are deleted.
       const lock = tx.dialect === "postgres" ? " FOR UPDATE" : "";
       const row = await tx.one(
-        `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND id = $2${lock}`,
+        `SELECT ${MODEL_LATEST.columns()} FROM models WHERE entity = $1 AND id = $2${lock}`,
         [entity, modelId],
       );
       if (!row) throw new NotFoundError(`Model ${modelId} not found`);
       const unique = [...new Set(steps)];
       if (unique.length === 0) return { deleted_count: 0, not_found_steps: [], blob_keys: [] };
-      const latest = MODELS.read(row).latest_step;
+      const latest = MODEL_LATEST.read(row).latest_step;
       if (latest !== null && unique.includes(latest)) {
         throw new ConflictError(`Checkpoint step ${latest} is the latest and cannot be deleted`);
       }

@@ -19,6 +19,8 @@ const PRICES = rowSchema({
   effective_date: str,
 });
 export interface Price extends RowOf<typeof PRICES> {}
+/** The price a set replaces, found by its key. */
+const PRICE_ID = PRICES.pick("id");
 
 export interface SetPriceInput {
   model: string;
@@ -51,7 +53,7 @@ export class PricesRepo {
     const project = input.project_id ?? null;
     return this.#sql.transaction(async (tx) => {
       const existing = await tx.one(
-        `SELECT ${PRICES.columns()} FROM prices WHERE model = $1 AND effective_date = $2
+        `SELECT ${PRICE_ID.columns()} FROM prices WHERE model = $1 AND effective_date = $2
          AND ((project_id IS NULL AND CAST($3 AS TEXT) IS NULL) OR project_id = $3)`,
         [input.model, date, project],
       );
@@ -70,7 +72,7 @@ export class PricesRepo {
                completion_token_cost = $5, cache_read_input_token_cost = $6,
                cache_creation_input_token_cost = $7, effective_date = $8
              WHERE id = $1 RETURNING ${PRICES.columns()}`,
-            [PRICES.read(existing).id, ...values],
+            [PRICE_ID.read(existing).id, ...values],
           )
         : await tx.one(
             `INSERT INTO prices (${PRICES.columns()}, created_at)
