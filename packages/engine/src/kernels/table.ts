@@ -9,8 +9,6 @@
 import * as body from "./wasm/bodies.ts";
 import type { Body, Param, Wat } from "./wasm/wat.ts";
 
-export type { Param } from "./wasm/wat.ts";
-
 /** A byte offset in the kernels' arena. */
 const ptr = <const N extends string>(name: N) => ({ name, type: "ptr" }) as const;
 /** A count, size or flag. */
@@ -139,7 +137,7 @@ type Params<K extends KernelName> = (typeof KERNELS)[K]["params"];
 type Numbers<P extends readonly Param[]> = { -readonly [I in keyof P]: number };
 
 /** A kernel as exported: its parameters in the table's order, every one a JS number. */
-export type KernelFn<K extends KernelName> = (...args: Numbers<Params<K>>) => void;
+type KernelFn<K extends KernelName> = (...args: Numbers<Params<K>>) => void;
 
 /** The exports of a kernels module, typed by the table. */
 export type KernelExports = { readonly [K in keyof typeof KERNELS]: KernelFn<K> };

@@ -14,9 +14,6 @@ import {
   positional,
 } from "../table.ts";
 
-/** What a job may call: every kernel. */
-export type JobExports = KernelExports;
-
 /** A job: its op and its numbers, which a task slot holds. */
 export interface Job {
   op: number;
@@ -73,7 +70,7 @@ function unpack<K extends KernelName>(name: K, a: ArrayLike<number>): [KernelArg
  * those named in `q` hold n·H·hd floats per sequence, those in `kv` n·KV·hd.
  */
 function stacked<K extends "attention" | "attention_backward">(
-  ex: JobExports,
+  ex: KernelExports,
   name: K,
   a: ArrayLike<number>,
   q: readonly (keyof KernelArgs<K>)[],
@@ -89,7 +86,7 @@ function stacked<K extends "attention" | "attention_backward">(
   }
 }
 
-export function runJob(ex: JobExports, op: number, a: Float64Array | number[]): void {
+export function runJob(ex: KernelExports, op: number, a: Float64Array | number[]): void {
   switch (op) {
     case Op.call: {
       const fn = ex[KERNEL_NAMES[a[0]!]!] as (...args: number[]) => void;

@@ -1,6 +1,7 @@
 /** A kernel helper thread: instantiates the kernels on the shared arena and claims tasks. */
 import { workerData } from "node:worker_threads";
-import { type JobExports, MAX_ARGS, runJob } from "./jobs.ts";
+import type { KernelExports } from "../table.ts";
+import { MAX_ARGS, runJob } from "./jobs.ts";
 import {
   CALLER_SLEEPING,
   claim,
@@ -24,7 +25,8 @@ const { module, memory, control, index } = workerData as {
 const i32 = new Int32Array(control);
 const f64 = new Float64Array(control, SLOTS_BYTE);
 // A failure here (or to load this module) is reported by the entry that imported it.
-const ex = new WebAssembly.Instance(module, { env: { memory } }).exports as unknown as JobExports;
+const ex = new WebAssembly.Instance(module, { env: { memory } })
+  .exports as unknown as KernelExports;
 Atomics.add(i32, READY, 1);
 Atomics.notify(i32, READY);
 

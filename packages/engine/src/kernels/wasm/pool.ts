@@ -1,5 +1,6 @@
 import { Worker } from "node:worker_threads";
-import { type Job, type JobExports, MAX_ARGS, runJob } from "./jobs.ts";
+import type { KernelExports } from "../table.ts";
+import { type Job, MAX_ARGS, runJob } from "./jobs.ts";
 
 /**
  * Layout of the control block: Int32 words; from ERROR_BYTE, the first error's text (UTF-8,
@@ -100,7 +101,7 @@ export class ThreadPool {
   }
 
   /** Runs the tasks on this thread and the helpers (in any order) and waits for them all. */
-  run(local: JobExports, tasks: readonly Job[]): void {
+  run(local: KernelExports, tasks: readonly Job[]): void {
     if (this.closed) throw new Error("thread pool: closed");
     if (tasks.length > MAX_TASKS) throw new Error(`thread pool: at most ${MAX_TASKS} tasks`);
     if (this.failure) throw new Error("thread pool: a helper thread died", { cause: this.failure });

@@ -5,9 +5,10 @@ import { Rng } from "../../model/rng.ts";
 import { parameters, zerosLike } from "../../model/weights.ts";
 import { lossAndGradients } from "../../train/train.ts";
 import { jsKernels } from "../js.ts";
+import type { KernelExports } from "../table.ts";
 import type { Kernels } from "../types.ts";
 import { createWasmKernels } from "../wasm.ts";
-import { call, type JobExports } from "./jobs.ts";
+import { call } from "./jobs.ts";
 import { CLAIM, claim, ThreadPool } from "./pool.ts";
 
 function random(n: number, rng: Rng): Float32Array {
@@ -210,7 +211,7 @@ describe("kernels on worker threads", () => {
       new URL("./no-such-helper.ts", import.meta.url),
     );
     const nothing = call("swiglu", { out: 0, gate: 0, up: 0, n: 0 });
-    expect(() => pool.run({} as JobExports, [nothing, nothing])).toThrow(
+    expect(() => pool.run({} as KernelExports, [nothing, nothing])).toThrow(
       /failed to start: .*no-such-helper/,
     );
   });
