@@ -3,10 +3,9 @@
  * threads, the plain-JS reference). The lowest layer: it imports nothing of the others.
  */
 export { jsKernels } from "./js.ts";
-export type { Kernels, WeightDtype } from "./types.ts";
+export type { Kernels } from "./types.ts";
 export {
   ARENA_LIMIT,
-  ARENA_LIMIT_64,
   createWasmKernels,
   memory64Limit,
   packSliceRows,

@@ -6,17 +6,13 @@
 export { LoraTrainer } from "./lora-train.ts";
 export { Trainer } from "./optim.ts";
 export {
-  type ImportanceSamplingLevel,
   type RlConfig,
-  type RlLoss,
   type TrajectoryGroup,
   trainRlStep,
 } from "./rl.ts";
 export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
 export {
   microBatchBudget,
-  rowsThatFit,
-  type TrainingMemory,
   trainingMemory,
 } from "./train-memory.ts";
 export { TrainingInputError } from "./training-data.ts";
