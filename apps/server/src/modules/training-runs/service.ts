@@ -12,7 +12,7 @@ import {
   type TrainingRun,
   type TrainingState,
 } from "@arbor/store";
-import type { Principal } from "../access.ts";
+import { findOwned, type Principal } from "../access.ts";
 
 type Schemas = components["schemas"];
 
@@ -78,10 +78,8 @@ export async function findRun(
   principal: Principal,
   runId: string,
 ): Promise<TrainingRun> {
-  for (const entity of principal.entities) {
-    const run = await store.trainingRuns.get(entity, runId);
-    if (run) return run;
-  }
+  const run = await findOwned(principal, (entity) => store.trainingRuns.get(entity, runId));
+  if (run) return run;
   throw new NotFoundError(`Training run ${quote(runId)} not found.`, {
     code: "training_run_not_found",
   });
