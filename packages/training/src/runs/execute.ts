@@ -136,12 +136,10 @@ export async function learnerFromState(
   version: number,
   restoreOptimizer: boolean,
 ): Promise<{ stateKey: string; optimizerRestored: boolean }> {
-  const files = await readCheckpointFiles(blobs, statePrefix);
-  const hasOptimizer = files[OPTIMIZER_FILE] !== undefined;
+  const hasOptimizer = await blobs.exists(`${statePrefix}${OPTIMIZER_FILE}`);
   if (restoreOptimizer || !hasOptimizer)
     return { stateKey: statePrefix, optimizerRestored: restoreOptimizer && hasOptimizer };
-  const adapter: CheckpointFiles = {};
-  for (const name of ADAPTER_FILES) if (files[name]) adapter[name] = files[name];
+  const adapter = await readCheckpointFiles(blobs, statePrefix, ADAPTER_FILES);
   return {
     stateKey: await writeLearnerState(blobs, runId, version, adapter),
     optimizerRestored: false,
@@ -222,7 +220,7 @@ export class RunExecutor {
         return this.#forward(run, op, body, activity);
       case "optim_step": {
         const optimizer = body.optimizer as Record<string, number>;
-        const trainer = await this.#trainer(run, {
+        const trainer = await this.#trainer(run, true, {
           adamW: {
             beta1: optimizer.beta1 ?? 0.9,
             beta2: optimizer.beta2 ?? 0.99,
@@ -265,13 +263,11 @@ export class RunExecutor {
               `model ${modelId} has a training job ${status}`,
             );
         }
-        const trainer = await this.#trainer(run);
-        const prefix = await writeCheckpointFiles(
-          this.#store.blobs,
-          modelId,
-          version,
-          adapterToFiles(trainer.adapter),
-        );
+        // The committed adapter's files as stored (a fresh adapter's when none is committed).
+        const files = run.state_key
+          ? await readCheckpointFiles(this.#store.blobs, run.state_key, ADAPTER_FILES)
+          : adapterToFiles(freshAdapter(this.#base, run.spec as unknown as RunSpec, run.id));
+        const prefix = await writeCheckpointFiles(this.#store.blobs, modelId, version, files);
         const { checkpoint: published } = await this.#store.models.putCheckpoint(entity, modelId, {
           step: version,
           blob_key: prefix,
@@ -293,8 +289,8 @@ export class RunExecutor {
       }
       case "save_state": {
         const stateKey = await this.#committedState(run);
-        const files = await readCheckpointFiles(this.#store.blobs, stateKey);
-        const components = files[OPTIMIZER_FILE] ? ["weights", "optimizer"] : ["weights"];
+        const hasOptimizer = await this.#store.blobs.exists(`${stateKey}${OPTIMIZER_FILE}`);
+        const components = hasOptimizer ? ["weights", "optimizer"] : ["weights"];
         let saved: Awaited<ReturnType<Store["trainingRuns"]["saveState"]>>;
         try {
           saved = await this.#store.trainingRuns.saveState({
@@ -361,7 +357,7 @@ export class RunExecutor {
     const backward = op.kind === "forward_backward";
     const loss = body.loss as unknown as WireLoss;
     const matrices = decodeBatch(body.batch as unknown as WireBatch, loss, this.#base.config);
-    const trainer = await this.#trainer(run);
+    const trainer = await this.#trainer(run, false);
     if (backward && run.grad_key) await this.#loadGradient(trainer, run.grad_key);
     const keepLogprobs = body.return_token_logprobs === true;
     const scale = advantageScale(matrices, loss);
@@ -447,13 +443,18 @@ export class RunExecutor {
     );
   }
 
-  /** A trainer over the run's committed learner (its optimizer's moments restored). */
+  /**
+   * A trainer over the run's committed learner; its optimizer's moments restored when `optimizer`
+   * (only a step uses them: the others read the adapter alone).
+   */
   async #trainer(
     run: TrainingRun,
+    optimizer: boolean,
     options: ConstructorParameters<typeof LoraTrainer>[2] = {},
   ): Promise<LoraTrainer> {
+    const names = optimizer ? [...ADAPTER_FILES, OPTIMIZER_FILE] : ADAPTER_FILES;
     const files = run.state_key
-      ? await readCheckpointFiles(this.#store.blobs, run.state_key)
+      ? await readCheckpointFiles(this.#store.blobs, run.state_key, names)
       : undefined;
     const adapter = files
       ? adapterFromFiles(files, this.#base)
