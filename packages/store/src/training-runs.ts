@@ -168,6 +168,14 @@ export class TrainingRunsRepo {
     return this.#runBy(tx, "request_id", entity, requestId);
   }
 
+  async getByName(
+    entity: string,
+    runName: string,
+    tx: Sql = this.#sql,
+  ): Promise<TrainingRun | undefined> {
+    return this.#runBy(tx, "run_name", entity, runName);
+  }
+
   /**
    * Opens a run, or answers the one its `request_id` (same fingerprint) or `run_name` (same spec)
    * already opened; 409 `request_id_reused` or `run_name_conflict` else.
@@ -187,7 +195,7 @@ export class TrainingRunsRepo {
             return byRequest;
           }
           if (input.run_name !== null) {
-            const run = await this.#runBy(tx, "run_name", input.entity, input.run_name);
+            const run = await this.getByName(input.entity, input.run_name, tx);
             if (run) {
               if (toJson(run.spec) !== toJson(input.spec))
                 throw ledgerConflict(

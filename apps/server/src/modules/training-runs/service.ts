@@ -92,7 +92,12 @@ export async function findOperation(
 ): Promise<TrainingOperation> {
   const op = await store.trainingRuns.getOperation(run.id, operationId);
   if (op) return op;
-  throw new NotFoundError(`Operation ${quote(operationId)} of run ${run.id} not found.`, {
+  throw operationNotFound(run, operationId);
+}
+
+/** 404 `operation_not_found`: the run has no operation `operationId`. */
+export function operationNotFound(run: TrainingRun, operationId: string): NotFoundError {
+  return new NotFoundError(`Operation ${quote(operationId)} of run ${run.id} not found.`, {
     code: "operation_not_found",
   });
 }
