@@ -536,17 +536,20 @@ export class TrainingRunsRepo {
     return op?.status === "admitted" ? op : undefined;
   }
 
-  /** Marks an admitted operation running under the run's lease; false when it is not. */
-  async startOperation(workerId: string, op: TrainingOperation): Promise<boolean> {
+  /**
+   * Marks an admitted operation running under the run's lease, and answers the run as it is;
+   * undefined when the operation is not admitted or the lease not the worker's.
+   */
+  async startOperation(workerId: string, op: TrainingOperation): Promise<TrainingRun | undefined> {
     return this.#sql.transaction(async (tx) => {
       const run = await this.#lockedRun(tx, op.run_id);
-      if (run.lease_owner !== workerId) return false;
+      if (run.lease_owner !== workerId) return undefined;
       const n = await tx.exec(
         `UPDATE training_operations SET status = 'running', started_at = $2,
            event_cursor = event_cursor + 1 WHERE id = $1 AND status = 'admitted'`,
         [op.id, this.#now()],
       );
-      return n > 0;
+      return n > 0 ? run : undefined;
     });
   }
 

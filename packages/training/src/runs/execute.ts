@@ -183,6 +183,38 @@ export class RunExecutor {
     this.#kernels = kernels;
   }
 
+  /**
+   * Runs the run's admitted operations in sequence order under `workerId`'s lease, as a worker
+   * does: each is started, executed on the run as it is then, and its outcome committed. Stops
+   * when none is left, when one cannot start (the lease is lost), or once `stopping()`.
+   */
+  async runOperations(
+    workerId: string,
+    runId: string,
+    hooks: {
+      stopping?: () => boolean;
+      onDropError: (err: unknown) => void;
+      onExecuted?: (
+        op: TrainingOperation,
+        outcome: OperationOutcome,
+        activity: RunActivity,
+      ) => void;
+    },
+  ): Promise<void> {
+    const runs = this.#store.trainingRuns;
+    for (
+      let op = await runs.nextOperation(runId);
+      op && !hooks.stopping?.();
+      op = await runs.nextOperation(runId)
+    ) {
+      const run = await runs.startOperation(workerId, op);
+      if (!run) break;
+      const { outcome, activity } = await this.execute(run, op);
+      await commitOutcome(this.#store, workerId, run, op, outcome, hooks.onDropError);
+      hooks.onExecuted?.(op, outcome, activity);
+    }
+  }
+
   /** Runs `op` on `run` (as it is now: every earlier operation ended) and answers its outcome. */
   async execute(
     run: TrainingRun,
