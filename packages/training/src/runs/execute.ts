@@ -300,7 +300,7 @@ export class RunExecutor {
           ? await readCheckpointFiles(this.#store.blobs, run.state_key, ADAPTER_FILES)
           : adapterToFiles(freshAdapter(this.#base, run.spec as unknown as RunSpec, run.id));
         const prefix = await writeCheckpointFiles(this.#store.blobs, modelId, version, files);
-        const { checkpoint: published } = await this.#store.models.putCheckpoint(entity, modelId, {
+        const published = await this.#store.models.putCheckpoint(entity, modelId, {
           step: version,
           blob_key: prefix,
         });
