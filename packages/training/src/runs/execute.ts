@@ -23,10 +23,12 @@ import {
 } from "@arbor/store";
 import {
   ADAPTER_FILES,
+  activeJobOf,
   type CheckpointFiles,
   OPTIMIZER_FILE,
   readCheckpointFiles,
   writeCheckpointFiles,
+  writeFilesAt,
 } from "../checkpoints.ts";
 import {
   advantageScale,
@@ -120,9 +122,7 @@ export async function writeLearnerState(
   version: number,
   files: CheckpointFiles,
 ): Promise<string> {
-  const prefix = `${runFilesPrefix(runId)}v${version}-${uuidv7()}/`;
-  for (const [name, bytes] of Object.entries(files)) await blobs.put(`${prefix}${name}`, bytes);
-  return prefix;
+  return writeFilesAt(blobs, `${runFilesPrefix(runId)}v${version}-${uuidv7()}/`, files);
 }
 
 /**
@@ -286,15 +286,12 @@ export class RunExecutor {
       case "save_weights_for_sampler": {
         const modelId = String(resolved.model_id);
         const entity = String(resolved.entity);
-        // A job of the model writes its checkpoints meanwhile: its steps and ours would collide.
-        for (const status of ["queued", "running"] as const) {
-          const jobs = await this.#store.jobs.list(entity, { model_id: modelId, status, limit: 1 });
-          if (jobs.data.length > 0)
-            throw new OperationError(
-              "operation_conflict",
-              `model ${modelId} has a training job ${status}`,
-            );
-        }
+        const active = await activeJobOf(this.#store, entity, modelId);
+        if (active)
+          throw new OperationError(
+            "operation_conflict",
+            `model ${modelId} has a training job ${active.status}`,
+          );
         // The committed adapter's files as stored (a fresh adapter's when none is committed).
         const files = run.state_key
           ? await readCheckpointFiles(this.#store.blobs, run.state_key, ADAPTER_FILES)
