@@ -13,8 +13,8 @@ import { inList, presentAmong, type Sql } from "./sql.ts";
  * its operations one at a time in sequence order.
  */
 
-export type RunStatus = "open" | "closing" | "closed" | "failed";
-export type OperationStatus = "admitted" | "running" | "succeeded" | "failed" | "cancelled";
+type RunStatus = "open" | "closing" | "closed" | "failed";
+type OperationStatus = "admitted" | "running" | "succeeded" | "failed" | "cancelled";
 export type OperationKind =
   | "forward"
   | "forward_backward"
@@ -26,19 +26,19 @@ export type OperationKind =
 /** At most this many operations of a run admitted or running (429). */
 export const MAX_UNFINISHED_OPERATIONS = 128;
 /** At most this many forward_backwards open (their gradients not yet applied). */
-export const MAX_OPEN_GRADIENTS = 64;
+const MAX_OPEN_GRADIENTS = 64;
 /** How long a result is kept after its operation ends, unless released. */
-export const RESULT_TTL_MS = 24 * 3600 * 1000;
+const RESULT_TTL_MS = 24 * 3600 * 1000;
 
 /** The kinds whose failure (or cancel) fails their run: they change the learner state. */
-export const LEARNER_KINDS: ReadonlySet<OperationKind> = new Set([
+const LEARNER_KINDS: ReadonlySet<OperationKind> = new Set([
   "forward_backward",
   "optim_step",
   "load_state",
 ]);
 
 /** The `training_runs` table. */
-export const TRAINING_RUNS = rowSchema({
+const TRAINING_RUNS = rowSchema({
   id: str,
   entity: str,
   request_id: str,
@@ -60,7 +60,7 @@ export const TRAINING_RUNS = rowSchema({
 export interface TrainingRun extends RowOf<typeof TRAINING_RUNS> {}
 
 /** The `training_operations` table. */
-export const TRAINING_OPERATIONS = rowSchema({
+const TRAINING_OPERATIONS = rowSchema({
   id: str,
   run_id: str,
   request_id: str,
@@ -91,7 +91,7 @@ export const TRAINING_OPERATIONS = rowSchema({
 export interface TrainingOperation extends RowOf<typeof TRAINING_OPERATIONS> {}
 
 /** The `training_saved_states` table: learner states `save_state` kept, loadable by id. */
-export const TRAINING_STATES = rowSchema({
+const TRAINING_STATES = rowSchema({
   id: str,
   entity: str,
   run_id: str,

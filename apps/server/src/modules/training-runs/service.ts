@@ -36,8 +36,8 @@ export function runToWire(run: TrainingRun): Schemas["TrainingRun"] {
 }
 
 /** A result kept, or null once released or past its 24 hours. */
-export function keptResult(op: TrainingOperation, now = Date.now()): string | null {
-  if (op.result === null || op.result_expires_at === null || op.result_expires_at <= now)
+export function keptResult(op: TrainingOperation): string | null {
+  if (op.result === null || op.result_expires_at === null || op.result_expires_at <= Date.now())
     return null;
   return op.result;
 }
