@@ -96,17 +96,11 @@ export {
   type StoreOptions,
 } from "./store.ts";
 export {
-  LEARNER_KINDS,
-  MAX_OPEN_GRADIENTS,
   MAX_UNFINISHED_OPERATIONS,
   type OperationKind,
   type OperationOutcome,
-  type OperationStatus,
-  RESULT_TTL_MS,
-  type RunStatus,
   type TrainingOperation,
   type TrainingRun,
-  type TrainingRunsRepo,
   type TrainingState,
 } from "./training-runs.ts";
 export { MAX_USAGE_MODELS, type UsageRow, usageRowsOf } from "./usage-rows.ts";

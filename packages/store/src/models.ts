@@ -130,11 +130,12 @@ export class ModelsRepo {
     return row ? MODELS.read(row) : undefined;
   }
 
-  /** Every model of the entity named `name`, whatever its project (at most `limit`). */
-  async findByName(entity: string, name: string, limit = 10): Promise<Model[]> {
+  /** Models of the entity named `name`, whatever their project: at most two, which tells one
+   * from more than one. */
+  async findByName(entity: string, name: string): Promise<Model[]> {
     const rows = await this.#sql.query(
-      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND name = $2 ORDER BY id LIMIT $3`,
-      [entity, name, limit],
+      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND name = $2 ORDER BY id LIMIT 2`,
+      [entity, name],
     );
     return rows.map(MODELS.read);
   }
@@ -233,10 +234,7 @@ export class ModelsRepo {
     modelId: string,
     input: { step: number; blob_key?: string | null; metrics?: Record<string, number> },
   ): Promise<Checkpoint> {
-    const { checkpoint } = await this.#sql.transaction((tx) =>
-      this.#addCheckpoint(tx, entity, modelId, input),
-    );
-    return checkpoint;
+    return this.#sql.transaction((tx) => this.#addCheckpoint(tx, entity, modelId, input));
   }
 
   async #addCheckpoint(
@@ -245,7 +243,7 @@ export class ModelsRepo {
     modelId: string,
     input: { step: number; blob_key?: string | null; metrics?: Record<string, number> },
     replace = false,
-  ): Promise<{ checkpoint: Checkpoint; replaced: Row[] }> {
+  ): Promise<Checkpoint> {
     const now = this.#now();
     // The lock its latest_step update takes, taken first: a delete of the model (FOR UPDATE)
     // in progress is waited for, and then the model is not found, rather than the insert
@@ -256,17 +254,11 @@ export class ModelsRepo {
       modelId,
     ]);
     if (!model) throw new NotFoundError(`Model ${modelId} not found`);
-    let replaced: Row[] = [];
-    if (replace) {
-      replaced = await tx.query(
-        `SELECT ${CHECKPOINT_FILES.columns()} FROM checkpoints WHERE model_id = $1 AND step = $2`,
-        [modelId, input.step],
-      );
+    if (replace)
       await tx.exec("DELETE FROM checkpoints WHERE model_id = $1 AND step = $2", [
         modelId,
         input.step,
       ]);
-    }
     const row = await tx.one(
       `INSERT INTO checkpoints (id, model_id, step, metrics, blob_key, created_at)
        VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (model_id, step) DO NOTHING RETURNING ${CHECKPOINTS.columns()}`,
@@ -284,23 +276,20 @@ export class ModelsRepo {
       `UPDATE models SET latest_step = $2 WHERE id = $1 AND (latest_step IS NULL OR latest_step < $2)`,
       [modelId, input.step],
     );
-    return { checkpoint: CHECKPOINTS.read(row), replaced };
+    return CHECKPOINTS.read(row);
   }
 
   /**
    * Writes checkpoint `step` of a model, replacing the row a step already had (the newest
-   * publication of a step wins, ADR 57), and raises latest_step to it. Answers the checkpoint and
-   * the blob keys of the one replaced, for the caller to remove once no one serves them.
+   * publication of a step wins, ADR 57), and raises latest_step to it. The replaced row's files,
+   * which no row names any more, are left to the blob sweep.
    */
   async putCheckpoint(
     entity: string,
     modelId: string,
     input: { step: number; blob_key: string; metrics?: Record<string, number> },
-  ): Promise<{ checkpoint: Checkpoint; replaced_blob_keys: string[] }> {
-    const { checkpoint, replaced } = await this.#sql.transaction((tx) =>
-      this.#addCheckpoint(tx, entity, modelId, input, true),
-    );
-    return { checkpoint, replaced_blob_keys: blobKeys(replaced) };
+  ): Promise<Checkpoint> {
+    return this.#sql.transaction((tx) => this.#addCheckpoint(tx, entity, modelId, input, true));
   }
 
   async getCheckpoint(

@@ -13,8 +13,8 @@ import { inList, presentAmong, type Sql } from "./sql.ts";
  * its operations one at a time in sequence order.
  */
 
-export type RunStatus = "open" | "closing" | "closed" | "failed";
-export type OperationStatus = "admitted" | "running" | "succeeded" | "failed" | "cancelled";
+type RunStatus = "open" | "closing" | "closed" | "failed";
+type OperationStatus = "admitted" | "running" | "succeeded" | "failed" | "cancelled";
 export type OperationKind =
   | "forward"
   | "forward_backward"
@@ -26,19 +26,19 @@ export type OperationKind =
 /** At most this many operations of a run admitted or running (429). */
 export const MAX_UNFINISHED_OPERATIONS = 128;
 /** At most this many forward_backwards open (their gradients not yet applied). */
-export const MAX_OPEN_GRADIENTS = 64;
+const MAX_OPEN_GRADIENTS = 64;
 /** How long a result is kept after its operation ends, unless released. */
-export const RESULT_TTL_MS = 24 * 3600 * 1000;
+const RESULT_TTL_MS = 24 * 3600 * 1000;
 
 /** The kinds whose failure (or cancel) fails their run: they change the learner state. */
-export const LEARNER_KINDS: ReadonlySet<OperationKind> = new Set([
+const LEARNER_KINDS: ReadonlySet<OperationKind> = new Set([
   "forward_backward",
   "optim_step",
   "load_state",
 ]);
 
 /** The `training_runs` table. */
-export const TRAINING_RUNS = rowSchema({
+const TRAINING_RUNS = rowSchema({
   id: str,
   entity: str,
   request_id: str,
@@ -60,7 +60,7 @@ export const TRAINING_RUNS = rowSchema({
 export interface TrainingRun extends RowOf<typeof TRAINING_RUNS> {}
 
 /** The `training_operations` table. */
-export const TRAINING_OPERATIONS = rowSchema({
+const TRAINING_OPERATIONS = rowSchema({
   id: str,
   run_id: str,
   request_id: str,
@@ -91,7 +91,7 @@ export const TRAINING_OPERATIONS = rowSchema({
 export interface TrainingOperation extends RowOf<typeof TRAINING_OPERATIONS> {}
 
 /** The `training_saved_states` table: learner states `save_state` kept, loadable by id. */
-export const TRAINING_STATES = rowSchema({
+const TRAINING_STATES = rowSchema({
   id: str,
   entity: str,
   run_id: str,
@@ -160,12 +160,20 @@ export class TrainingRunsRepo {
     return row ? TRAINING_RUNS.read(row) : undefined;
   }
 
-  async getByRequest(entity: string, requestId: string): Promise<TrainingRun | undefined> {
-    const row = await this.#sql.one(
-      `SELECT ${TRAINING_RUNS.columns()} FROM training_runs WHERE entity = $1 AND request_id = $2`,
-      [entity, requestId],
-    );
-    return row ? TRAINING_RUNS.read(row) : undefined;
+  async getByRequest(
+    entity: string,
+    requestId: string,
+    tx: Sql = this.#sql,
+  ): Promise<TrainingRun | undefined> {
+    return this.#runBy(tx, "request_id", entity, requestId);
+  }
+
+  async getByName(
+    entity: string,
+    runName: string,
+    tx: Sql = this.#sql,
+  ): Promise<TrainingRun | undefined> {
+    return this.#runBy(tx, "run_name", entity, runName);
   }
 
   /**
@@ -176,27 +184,19 @@ export class TrainingRunsRepo {
     for (let attempt = 0; ; attempt++) {
       try {
         return await this.#sql.transaction(async (tx) => {
-          const byRequest = await tx.one(
-            `SELECT ${TRAINING_RUNS.columns()} FROM training_runs WHERE entity = $1 AND request_id = $2`,
-            [input.entity, input.request_id],
-          );
+          const byRequest = await this.getByRequest(input.entity, input.request_id, tx);
           if (byRequest) {
-            const run = TRAINING_RUNS.read(byRequest);
-            if (run.fingerprint !== input.fingerprint)
+            if (byRequest.fingerprint !== input.fingerprint)
               throw ledgerConflict(
                 `request_id ${input.request_id} opened a run with another body`,
                 "request_id_reused",
                 "request_id",
               );
-            return run;
+            return byRequest;
           }
           if (input.run_name !== null) {
-            const byName = await tx.one(
-              `SELECT ${TRAINING_RUNS.columns()} FROM training_runs WHERE entity = $1 AND run_name = $2`,
-              [input.entity, input.run_name],
-            );
-            if (byName) {
-              const run = TRAINING_RUNS.read(byName);
+            const run = await this.getByName(input.entity, input.run_name, tx);
+            if (run) {
               if (toJson(run.spec) !== toJson(input.spec))
                 throw ledgerConflict(
                   `Run ${input.run_name} exists with another spec`,
@@ -236,8 +236,12 @@ export class TrainingRunsRepo {
     }
   }
 
-  async getOperation(runId: string, operationId: string): Promise<TrainingOperation | undefined> {
-    const row = await this.#sql.one(
+  async getOperation(
+    runId: string,
+    operationId: string,
+    tx: Sql = this.#sql,
+  ): Promise<TrainingOperation | undefined> {
+    const row = await tx.one(
       `SELECT ${TRAINING_OPERATIONS.columns()} FROM training_operations WHERE run_id = $1 AND id = $2`,
       [runId, operationId],
     );
@@ -247,8 +251,9 @@ export class TrainingRunsRepo {
   async getOperationByRequest(
     runId: string,
     requestId: string,
+    tx: Sql = this.#sql,
   ): Promise<TrainingOperation | undefined> {
-    const row = await this.#sql.one(
+    const row = await tx.one(
       `SELECT ${TRAINING_OPERATIONS.columns()} FROM training_operations
        WHERE run_id = $1 AND request_id = $2`,
       [runId, requestId],
@@ -261,8 +266,9 @@ export class TrainingRunsRepo {
     runId: string,
     requestId: string,
     fingerprint: string,
+    tx: Sql = this.#sql,
   ): Promise<TrainingOperation | undefined> {
-    const op = await this.getOperationByRequest(runId, requestId);
+    const op = await this.getOperationByRequest(runId, requestId, tx);
     if (op && op.fingerprint !== fingerprint)
       throw ledgerConflict(
         `request_id ${requestId} was admitted with another body`,
@@ -275,40 +281,14 @@ export class TrainingRunsRepo {
   /** Admits a command (ADR 57's checks 1 and 3–7, in that order), in one transaction. */
   async admit(runId: string, input: AdmitInput): Promise<TrainingOperation> {
     return this.#sql.transaction(async (tx) => {
-      const runRow = await tx.one(
-        `SELECT ${TRAINING_RUNS.columns()} FROM training_runs WHERE id = $1${lockRun(tx)}`,
-        [runId],
-      );
-      if (!runRow) throw new NotFoundError(`Training run ${runId} not found`);
-      const run = TRAINING_RUNS.read(runRow);
-      const replayed = await tx.one(
-        `SELECT ${TRAINING_OPERATIONS.columns()} FROM training_operations
-         WHERE run_id = $1 AND request_id = $2`,
-        [runId, input.request_id],
-      );
-      if (replayed) {
-        const op = TRAINING_OPERATIONS.read(replayed);
-        if (op.fingerprint !== input.fingerprint)
-          throw ledgerConflict(
-            `request_id ${input.request_id} was admitted with another body`,
-            "request_id_reused",
-            "request_id",
-          );
-        return op;
-      }
+      const run = await this.#lockedRun(tx, runId);
+      const replayed = await this.replay(runId, input.request_id, input.fingerprint, tx);
+      if (replayed) return replayed;
       if (run.status === "failed")
         throw ledgerConflict(`Training run ${runId} failed`, "run_failed");
       if (run.status !== "open")
         throw ledgerConflict(`Training run ${runId} is ${run.status}`, "run_closed");
-      const unfinished = num(
-        (
-          await tx.one(
-            `SELECT COUNT(*) AS n FROM training_operations
-             WHERE run_id = $1 AND status IN ('admitted', 'running')`,
-            [runId],
-          )
-        )?.n,
-      );
+      const unfinished = await this.#unfinished(tx, runId);
       if (unfinished >= MAX_UNFINISHED_OPERATIONS)
         throw new DomainError(
           "rate_limited",
@@ -406,7 +386,7 @@ export class TrainingRunsRepo {
   async cancel(runId: string, operationId: string): Promise<TrainingOperation | undefined> {
     return this.#sql.transaction(async (tx) => {
       await this.#lockedRun(tx, runId);
-      const op = await this.getOperationIn(tx, runId, operationId);
+      const op = await this.getOperation(runId, operationId, tx);
       if (!op) return undefined;
       if (op.status === "running") {
         await tx.exec(
@@ -417,7 +397,7 @@ export class TrainingRunsRepo {
       } else if (op.status === "admitted") {
         await this.#end(tx, op, "cancelled", null);
       }
-      return this.getOperationIn(tx, runId, operationId);
+      return this.getOperation(runId, operationId, tx);
     });
   }
 
@@ -556,17 +536,20 @@ export class TrainingRunsRepo {
     return op?.status === "admitted" ? op : undefined;
   }
 
-  /** Marks an admitted operation running under the run's lease; false when it is not. */
-  async startOperation(workerId: string, op: TrainingOperation): Promise<boolean> {
+  /**
+   * Marks an admitted operation running under the run's lease, and answers the run as it is;
+   * undefined when the operation is not admitted or the lease not the worker's.
+   */
+  async startOperation(workerId: string, op: TrainingOperation): Promise<TrainingRun | undefined> {
     return this.#sql.transaction(async (tx) => {
       const run = await this.#lockedRun(tx, op.run_id);
-      if (run.lease_owner !== workerId) return false;
+      if (run.lease_owner !== workerId) return undefined;
       const n = await tx.exec(
         `UPDATE training_operations SET status = 'running', started_at = $2,
            event_cursor = event_cursor + 1 WHERE id = $1 AND status = 'admitted'`,
         [op.id, this.#now()],
       );
-      return n > 0;
+      return n > 0 ? run : undefined;
     });
   }
 
@@ -596,7 +579,7 @@ export class TrainingRunsRepo {
   ): Promise<TrainingOperation | undefined> {
     return this.#sql.transaction(async (tx) => {
       const run = await this.#lockedRun(tx, op.run_id);
-      const current = await this.getOperationIn(tx, op.run_id, op.id);
+      const current = await this.getOperation(op.run_id, op.id, tx);
       if (run.lease_owner !== workerId || current?.status !== "running") return undefined;
       if (outcome.status === "failed") {
         await this.#end(tx, current, "failed", outcome.code);
@@ -621,20 +604,22 @@ export class TrainingRunsRepo {
           ]);
         await this.#settleClosing(tx, op.run_id);
       }
-      return this.getOperationIn(tx, op.run_id, op.id);
+      return this.getOperation(op.run_id, op.id, tx);
     });
   }
 
-  async getOperationIn(
+  /** The entity's run whose `column` is `value`. */
+  async #runBy(
     tx: Sql,
-    runId: string,
-    operationId: string,
-  ): Promise<TrainingOperation | undefined> {
+    column: "request_id" | "run_name",
+    entity: string,
+    value: string,
+  ): Promise<TrainingRun | undefined> {
     const row = await tx.one(
-      `SELECT ${TRAINING_OPERATIONS.columns()} FROM training_operations WHERE run_id = $1 AND id = $2`,
-      [runId, operationId],
+      `SELECT ${TRAINING_RUNS.columns()} FROM training_runs WHERE entity = $1 AND ${column} = $2`,
+      [entity, value],
     );
-    return row ? TRAINING_OPERATIONS.read(row) : undefined;
+    return row ? TRAINING_RUNS.read(row) : undefined;
   }
 
   async #lockedRun(tx: Sql, runId: string): Promise<TrainingRun> {

@@ -106,7 +106,7 @@ describeBackends("native training runs", (ctx) => {
     const worker = unique("dead");
     // A lease that lapsed at once: the worker died holding it.
     expect((await runs.claimRun(worker, -1000))?.id).toBe(run.id);
-    expect(await runs.startOperation(worker, fb)).toBe(true);
+    expect((await runs.startOperation(worker, fb))?.id).toBe(run.id);
     expect((await runs.claimRun(unique("next"), 60_000))?.id).toBe(run.id);
     const failed = await runs.getOperation(run.id, fb.id);
     expect(failed).toMatchObject({ status: "failed", error_code: "execution_failed" });

@@ -18,6 +18,7 @@ import {
 import tar from "tar-stream";
 import {
   ADAPTER_FILES,
+  activeJobOf,
   type CheckpointFiles,
   ownBuffer,
   withModelFiles,
@@ -337,15 +338,12 @@ export function importAdapter(store: Store, input: ImportAdapterInput): Promise<
 
 async function addAdapter(store: Store, input: ImportAdapterInput): Promise<Checkpoint> {
   const { model, baseConfig, files } = input;
-  for (const status of ["running", "queued"] as const) {
-    const active = await store.jobs.list(model.entity, { model_id: model.id, status, limit: 1 });
-    const job = active.data[0];
-    if (job) {
-      throw new ConflictError(
-        `Training job ${job.id} of this model is ${status}; upload when it has ended.`,
-        { code: "job_in_progress" },
-      );
-    }
+  const active = await activeJobOf(store, model.entity, model.id);
+  if (active) {
+    throw new ConflictError(
+      `Training job ${active.job.id} of this model is ${active.status}; upload when it has ended.`,
+      { code: "job_in_progress" },
+    );
   }
   const checked = await checker.check(files, baseConfig, model.base_model, input.signal);
   const named = checked.named;

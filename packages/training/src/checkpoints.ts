@@ -1,4 +1,4 @@
-import type { BlobStore } from "@arbor/store";
+import type { BlobStore, Store, TrainingJob } from "@arbor/store";
 import { uuidv7 } from "@arbor/store";
 
 /** The PEFT adapter files, plus the optimizer state a resumed job continues from. */
@@ -24,7 +24,16 @@ export async function writeCheckpointFiles(
   step: number,
   files: CheckpointFiles,
 ): Promise<string> {
-  const prefix = `${modelFilesPrefix(modelId)}${step}-${uuidv7()}/`;
+  return writeFilesAt(blobs, `${modelFilesPrefix(modelId)}${step}-${uuidv7()}/`, files);
+}
+
+/** Writes files under a fresh `prefix` (each write atomic) and returns it; a write that fails
+ * takes the files written before it away too. */
+export async function writeFilesAt(
+  blobs: BlobStore,
+  prefix: string,
+  files: CheckpointFiles,
+): Promise<string> {
   try {
     for (const [name, bytes] of Object.entries(files)) await blobs.put(`${prefix}${name}`, bytes);
   } catch (err) {
@@ -32,6 +41,20 @@ export async function writeCheckpointFiles(
     throw err;
   }
   return prefix;
+}
+
+/** A training job of the model that is running (else queued), which writes its checkpoints
+ * meanwhile: a write of another checkpoint would collide with its steps. */
+export async function activeJobOf(
+  store: Store,
+  entity: string,
+  modelId: string,
+): Promise<{ job: TrainingJob; status: "running" | "queued" } | undefined> {
+  for (const status of ["running", "queued"] as const) {
+    const job = (await store.jobs.list(entity, { model_id: modelId, status, limit: 1 })).data[0];
+    if (job) return { job, status };
+  }
+  return undefined;
 }
 
 /** Reads what a checkpoint has of `names`. */

@@ -79,10 +79,8 @@ export {
   learnerFromState,
   type RunActivity,
   RunExecutor,
-  runFilesPrefix,
 } from "./runs/execute.ts";
 export {
-  checkLoss,
   decodeBatch,
   type WireBatch,
   type WireLoss,

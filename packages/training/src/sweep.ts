@@ -101,8 +101,10 @@ export async function sweepBlobs(store: Store, options: SweepOptions = {}): Prom
     const [, run, name, file] = key.split("/");
     if (run && name) learner.set(file ? `${RUNS_PREFIX}${run}/${name}/` : key, key);
   }
+  const live = await store.trainingRuns.referencedLearnerKeys([...learner.keys()]);
   const stale: string[] = [];
-  for (const [candidate, key] of learner) if (await old(key)) stale.push(candidate);
+  for (const [candidate, key] of learner)
+    if (!live.has(candidate) && (await old(key))) stale.push(candidate);
   result.runs = await dropSuperseded(store, stale);
   return result;
 }

@@ -19,13 +19,7 @@ import { type Json, type OperationKind, openStore } from "@arbor/store";
 import { afterAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { rlStepConfig } from "../src/jobs.ts";
-import {
-  commitOutcome,
-  freshAdapter,
-  RunExecutor,
-  type RunSpec,
-  runFilesPrefix,
-} from "../src/runs/execute.ts";
+import { freshAdapter, RunExecutor, type RunSpec, runFilesPrefix } from "../src/runs/execute.ts";
 import { sweepBlobs } from "../src/sweep.ts";
 
 const BASE = "arbor/tiny-chat";
@@ -118,7 +112,7 @@ describe("RunExecutor", () => {
         },
       });
     }
-    await drain(executor, "e", run.id);
+    await drain(executor, run.id);
     const learner = await committedLearner("e", run.id, examples.length, base);
     expect(weights(learner)).toEqual(weights(job.adapter));
     expect(weights(learner)).not.toEqual(weights(freshAdapter(base, spec, run.id)));
@@ -180,7 +174,7 @@ describe("RunExecutor learner blobs", () => {
           return_token_logprobs: false,
         });
       await admit("optim_step", { optimizer: { learning_rate: 1e-3 } });
-      await drain(executor, "blobs", run.id, own);
+      await drain(executor, run.id, own);
     };
     const files = () => own.blobs.list(runFilesPrefix(run.id));
     await step();
@@ -195,7 +189,7 @@ describe("RunExecutor learner blobs", () => {
 
     // A saved state keeps its state's blobs after the run moves on, until it expires.
     await admit("save_state", { checkpoint_name: "kept", ttl_seconds: 60, overwrite: false });
-    await drain(executor, "blobs", run.id, own);
+    await drain(executor, run.id, own);
     await step();
     expect((await files()).length).toBe(2 * afterOne.length);
     const sweep = () => sweepBlobs(own, { now: () => clock });
@@ -321,7 +315,7 @@ describe("RunExecutor RL", () => {
         },
       });
     }
-    await drain(new RunExecutor(store, base, kernels), "rl", run.id);
+    await drain(new RunExecutor(store, base, kernels), run.id);
     const learner = await committedLearner("rl", run.id, steps, base);
     expect(weights(learner)).toEqual(weights(preview.adapter));
     expect(weights(learner)).not.toEqual(weights(freshAdapter(base, spec, run.id)));
@@ -395,21 +389,13 @@ function admitter(into: typeof store, runId: string) {
 }
 
 /** Runs the run's admitted operations in order, as the worker does; each must succeed. */
-async function drain(
-  executor: RunExecutor,
-  entity: string,
-  runId: string,
-  into = store,
-): Promise<void> {
+async function drain(executor: RunExecutor, runId: string, into = store): Promise<void> {
   await into.trainingRuns.claimRun("w", 60_000);
-  for (let op = await into.trainingRuns.nextOperation(runId); op; ) {
-    expect(await into.trainingRuns.startOperation("w", op)).toBe(true);
-    const current = (await into.trainingRuns.get(entity, runId))!;
-    const { outcome } = await executor.execute(current, op);
-    expect(outcome).toMatchObject({ status: "succeeded" });
-    await commitOutcome(into, "w", current, op, outcome, (err) => {
+  await executor.runOperations("w", runId, {
+    onDropError: (err) => {
       throw err;
-    });
-    op = await into.trainingRuns.nextOperation(runId);
-  }
+    },
+    onExecuted: (_op, outcome) => expect(outcome).toMatchObject({ status: "succeeded" }),
+  });
+  expect(await into.trainingRuns.nextOperation(runId)).toBeUndefined();
 }

@@ -21,7 +21,7 @@ import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
-import { PG_URL, pgSkipReason } from "./pg.ts";
+import { STORES } from "./pg.ts";
 import { expectServedLikeReference, torchTest, unpackAdapter } from "./torch.ts";
 
 /**
@@ -481,12 +481,7 @@ function headerOf(file: Uint8Array): { header: string; data: Uint8Array } {
   };
 }
 
-const stores = [
-  { name: "SQLite", postgres: undefined, skip: null },
-  { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
-] as const;
-
-describe.each(stores)("createCheckpoint: bounded work on $name", ({ postgres, skip }) => {
+describe.each(STORES)("createCheckpoint: bounded work on $name", ({ postgres, skip }) => {
   let own: RunningServer;
   let files: Record<string, Uint8Array>;
   let good: Buffer;

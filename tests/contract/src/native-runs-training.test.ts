@@ -17,7 +17,6 @@ import {
   reversalBatch,
   rollout,
   SPEC,
-  STORES,
   sftStep,
 } from "./native-runs/fixtures.ts";
 import {
@@ -26,6 +25,7 @@ import {
   tokenMatrixBatchFromArtRollouts,
 } from "./native-runs/token-matrix.ts";
 import type { TokenMatrixBatch } from "./native-runs/wire.ts";
+import { STORES } from "./pg.ts";
 
 /** Two lists of learner log-probs agree to 5 decimals, value by value. */
 function expectClose(actual: number[], expected: number[]): void {

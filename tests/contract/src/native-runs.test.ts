@@ -17,7 +17,6 @@ import {
   reversalBatch,
   rollout,
   SPEC,
-  STORES,
   sftStep,
   tinyModel,
 } from "./native-runs/fixtures.ts";
@@ -36,6 +35,7 @@ import type {
   TokenMatrixBatch,
   TokenRow,
 } from "./native-runs/wire.ts";
+import { STORES } from "./pg.ts";
 
 /** The matrix's row `name` replaced by `row` (or removed, when null). */
 function withRow(matrix: TokenMatrix, name: string, row: TokenRow | null): TokenMatrix {

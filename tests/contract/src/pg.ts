@@ -38,3 +38,9 @@ export const pgSkipReason: string | null = await (async () => {
     await client.end().catch(() => {});
   }
 })();
+
+/** The stores a case runs on (the PostgreSQL half is skipped where none answers). */
+export const STORES = [
+  { name: "SQLite", postgres: undefined, skip: null },
+  { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
+] as const;

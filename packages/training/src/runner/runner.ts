@@ -37,7 +37,7 @@ import {
   sftJobSpec,
   sftTrainingConfig,
 } from "../jobs.ts";
-import { commitOutcome, type RunActivity, RunExecutor, type RunSpec } from "../runs/execute.ts";
+import { type RunActivity, RunExecutor, type RunSpec } from "../runs/execute.ts";
 import { sweepBlobs } from "../sweep.ts";
 import { clearCancelled, idWords, isCancelled, isStopping } from "./cancel.ts";
 
@@ -231,25 +231,19 @@ export class TrainingWorker {
           await this.#o.loadBaseModel(spec.base_model, kernels),
           kernels,
         );
-        for (
-          let op = await runs.nextOperation(claimed.id);
-          op && !this.#stopping;
-          op = await runs.nextOperation(claimed.id)
-        ) {
-          if (!(await runs.startOperation(this.#workerId, op))) break;
-          const run = await runs.get(claimed.entity, claimed.id);
-          if (!run) break;
-          const { outcome, activity } = await executor.execute(run, op);
-          await commitOutcome(store, this.#workerId, run, op, outcome, (err: unknown) =>
-            logger.warn({ err, runId: run.id }, "could not delete superseded learner blobs"),
-          );
-          this.#o.onActivity?.({ type: "operation", ...activity });
-          if (outcome.status === "failed")
-            logger.info(
-              { runId: run.id, operationId: op.id, code: outcome.code },
-              "training operation failed",
-            );
-        }
+        await executor.runOperations(this.#workerId, claimed.id, {
+          stopping: () => this.#stopping,
+          onDropError: (err) =>
+            logger.warn({ err, runId: claimed.id }, "could not delete superseded learner blobs"),
+          onExecuted: (op, outcome, activity) => {
+            this.#o.onActivity?.({ type: "operation", ...activity });
+            if (outcome.status === "failed")
+              logger.info(
+                { runId: claimed.id, operationId: op.id, code: outcome.code },
+                "training operation failed",
+              );
+          },
+        });
       });
     } finally {
       clearInterval(renew);

@@ -23,10 +23,12 @@ import {
 } from "@arbor/store";
 import {
   ADAPTER_FILES,
+  activeJobOf,
   type CheckpointFiles,
   OPTIMIZER_FILE,
   readCheckpointFiles,
   writeCheckpointFiles,
+  writeFilesAt,
 } from "../checkpoints.ts";
 import {
   advantageScale,
@@ -120,9 +122,7 @@ export async function writeLearnerState(
   version: number,
   files: CheckpointFiles,
 ): Promise<string> {
-  const prefix = `${runFilesPrefix(runId)}v${version}-${uuidv7()}/`;
-  for (const [name, bytes] of Object.entries(files)) await blobs.put(`${prefix}${name}`, bytes);
-  return prefix;
+  return writeFilesAt(blobs, `${runFilesPrefix(runId)}v${version}-${uuidv7()}/`, files);
 }
 
 /**
@@ -136,12 +136,10 @@ export async function learnerFromState(
   version: number,
   restoreOptimizer: boolean,
 ): Promise<{ stateKey: string; optimizerRestored: boolean }> {
-  const files = await readCheckpointFiles(blobs, statePrefix);
-  const hasOptimizer = files[OPTIMIZER_FILE] !== undefined;
+  const hasOptimizer = await blobs.exists(`${statePrefix}${OPTIMIZER_FILE}`);
   if (restoreOptimizer || !hasOptimizer)
     return { stateKey: statePrefix, optimizerRestored: restoreOptimizer && hasOptimizer };
-  const adapter: CheckpointFiles = {};
-  for (const name of ADAPTER_FILES) if (files[name]) adapter[name] = files[name];
+  const adapter = await readCheckpointFiles(blobs, statePrefix, ADAPTER_FILES);
   return {
     stateKey: await writeLearnerState(blobs, runId, version, adapter),
     optimizerRestored: false,
@@ -185,6 +183,38 @@ export class RunExecutor {
     this.#kernels = kernels;
   }
 
+  /**
+   * Runs the run's admitted operations in sequence order under `workerId`'s lease, as a worker
+   * does: each is started, executed on the run as it is then, and its outcome committed. Stops
+   * when none is left, when one cannot start (the lease is lost), or once `stopping()`.
+   */
+  async runOperations(
+    workerId: string,
+    runId: string,
+    hooks: {
+      stopping?: () => boolean;
+      onDropError: (err: unknown) => void;
+      onExecuted?: (
+        op: TrainingOperation,
+        outcome: OperationOutcome,
+        activity: RunActivity,
+      ) => void;
+    },
+  ): Promise<void> {
+    const runs = this.#store.trainingRuns;
+    for (
+      let op = await runs.nextOperation(runId);
+      op && !hooks.stopping?.();
+      op = await runs.nextOperation(runId)
+    ) {
+      const run = await runs.startOperation(workerId, op);
+      if (!run) break;
+      const { outcome, activity } = await this.execute(run, op);
+      await commitOutcome(this.#store, workerId, run, op, outcome, hooks.onDropError);
+      hooks.onExecuted?.(op, outcome, activity);
+    }
+  }
+
   /** Runs `op` on `run` (as it is now: every earlier operation ended) and answers its outcome. */
   async execute(
     run: TrainingRun,
@@ -222,7 +252,7 @@ export class RunExecutor {
         return this.#forward(run, op, body, activity);
       case "optim_step": {
         const optimizer = body.optimizer as Record<string, number>;
-        const trainer = await this.#trainer(run, {
+        const trainer = await this.#trainer(run, true, {
           adamW: {
             beta1: optimizer.beta1 ?? 0.9,
             beta2: optimizer.beta2 ?? 0.99,
@@ -256,23 +286,18 @@ export class RunExecutor {
       case "save_weights_for_sampler": {
         const modelId = String(resolved.model_id);
         const entity = String(resolved.entity);
-        // A job of the model writes its checkpoints meanwhile: its steps and ours would collide.
-        for (const status of ["queued", "running"] as const) {
-          const jobs = await this.#store.jobs.list(entity, { model_id: modelId, status, limit: 1 });
-          if (jobs.data.length > 0)
-            throw new OperationError(
-              "operation_conflict",
-              `model ${modelId} has a training job ${status}`,
-            );
-        }
-        const trainer = await this.#trainer(run);
-        const prefix = await writeCheckpointFiles(
-          this.#store.blobs,
-          modelId,
-          version,
-          adapterToFiles(trainer.adapter),
-        );
-        const { checkpoint: published } = await this.#store.models.putCheckpoint(entity, modelId, {
+        const active = await activeJobOf(this.#store, entity, modelId);
+        if (active)
+          throw new OperationError(
+            "operation_conflict",
+            `model ${modelId} has a training job ${active.status}`,
+          );
+        // The committed adapter's files as stored (a fresh adapter's when none is committed).
+        const files = run.state_key
+          ? await readCheckpointFiles(this.#store.blobs, run.state_key, ADAPTER_FILES)
+          : adapterToFiles(freshAdapter(this.#base, run.spec as unknown as RunSpec, run.id));
+        const prefix = await writeCheckpointFiles(this.#store.blobs, modelId, version, files);
+        const published = await this.#store.models.putCheckpoint(entity, modelId, {
           step: version,
           blob_key: prefix,
         });
@@ -293,8 +318,8 @@ export class RunExecutor {
       }
       case "save_state": {
         const stateKey = await this.#committedState(run);
-        const files = await readCheckpointFiles(this.#store.blobs, stateKey);
-        const components = files[OPTIMIZER_FILE] ? ["weights", "optimizer"] : ["weights"];
+        const hasOptimizer = await this.#store.blobs.exists(`${stateKey}${OPTIMIZER_FILE}`);
+        const components = hasOptimizer ? ["weights", "optimizer"] : ["weights"];
         let saved: Awaited<ReturnType<Store["trainingRuns"]["saveState"]>>;
         try {
           saved = await this.#store.trainingRuns.saveState({
@@ -361,7 +386,7 @@ export class RunExecutor {
     const backward = op.kind === "forward_backward";
     const loss = body.loss as unknown as WireLoss;
     const matrices = decodeBatch(body.batch as unknown as WireBatch, loss, this.#base.config);
-    const trainer = await this.#trainer(run);
+    const trainer = await this.#trainer(run, false);
     if (backward && run.grad_key) await this.#loadGradient(trainer, run.grad_key);
     const keepLogprobs = body.return_token_logprobs === true;
     const scale = advantageScale(matrices, loss);
@@ -447,13 +472,18 @@ export class RunExecutor {
     );
   }
 
-  /** A trainer over the run's committed learner (its optimizer's moments restored). */
+  /**
+   * A trainer over the run's committed learner; its optimizer's moments restored when `optimizer`
+   * (only a step uses them: the others read the adapter alone).
+   */
   async #trainer(
     run: TrainingRun,
+    optimizer: boolean,
     options: ConstructorParameters<typeof LoraTrainer>[2] = {},
   ): Promise<LoraTrainer> {
+    const names = optimizer ? [...ADAPTER_FILES, OPTIMIZER_FILE] : ADAPTER_FILES;
     const files = run.state_key
-      ? await readCheckpointFiles(this.#store.blobs, run.state_key)
+      ? await readCheckpointFiles(this.#store.blobs, run.state_key, names)
       : undefined;
     const adapter = files
       ? adapterFromFiles(files, this.#base)

@@ -80,7 +80,7 @@ function invalid(message: string, code = "invalid_token_matrix"): never {
 }
 
 /** The loss's options checked (400 `unsupported_loss`, `invalid_loss_options`): CISPO's clamp. */
-export function checkLoss(loss: WireLoss): { low: number; high: number } {
+function checkLoss(loss: WireLoss): { low: number; high: number } {
   if (loss.name === "dpo")
     throw new InvalidInputError(
       "The dpo loss needs chosen/rejected pairs, which a TokenMatrix batch cannot carry",

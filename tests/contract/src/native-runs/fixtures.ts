@@ -9,7 +9,7 @@ import {
 import { afterAll, beforeAll, expect } from "vitest";
 import { type RunningServer, startServer } from "../harness.ts";
 import { reversal } from "../jobs.ts";
-import { PG_URL, pgSkipReason } from "../pg.ts";
+import type { STORES } from "../pg.ts";
 import { adam, HttpError, RunClient, TrainingRuns, wireLoss } from "./client.ts";
 import { type SftTokens, type TokenizedRollout, tokenMatrixBatchFromSft } from "./token-matrix.ts";
 import type {
@@ -122,12 +122,6 @@ export async function refused(
   expect({ status: http.status, code: http.code }, http.message).toEqual({ status, code });
   return http;
 }
-
-/** The stores each case runs on (the PostgreSQL half is skipped where none answers). */
-export const STORES = [
-  { name: "SQLite", postgres: undefined, skip: null },
-  { name: "PostgreSQL", postgres: { url: PG_URL }, skip: pgSkipReason },
-] as const;
 
 /**
  * A server with its embedded worker on one of `STORES`, started before the enclosing describe's

@@ -1,7 +1,6 @@
 import type {
   RowDType,
   RowScalar,
-  SpanValue,
   TokenLogprobs,
   TokenMatrix,
   TokenMatrixBatch,
@@ -27,13 +26,7 @@ export function denseRow(
 /** A float32 `[T, 1]` row: spans of its nonzero runs over a default of 0 when that takes fewer
  * numbers than the dense values (3 per span and the default), else dense. */
 export function coefficientRow(name: string, values: readonly number[]): TokenRow {
-  const spans: SpanValue[] = [];
-  for (let start = 0; start < values.length; ) {
-    let end = start + 1;
-    while (end < values.length && values[end] === values[start]) end++;
-    if (values[start] !== 0) spans.push({ start, end, value: [values[start]!] });
-    start = end;
-  }
+  const spans = spansOf(values, 0).map((s) => ({ ...s, value: [s.value] }));
   const shape = [values.length, 1];
   return spans.length * 3 + 1 < values.length
     ? { name, dtype: "float32", shape, values: { encoding: "spans", default: [0], spans } }
@@ -42,19 +35,30 @@ export function coefficientRow(name: string, values: readonly number[]): TokenRo
 
 /** An int64 `[T]` row of learner versions: spans over a default of −1 (unknown). */
 export function policyVersionRow(values: readonly number[]): TokenRow {
-  const spans: SpanValue[] = [];
-  for (let start = 0; start < values.length; ) {
-    let end = start + 1;
-    while (end < values.length && values[end] === values[start]) end++;
-    if (values[start] !== -1) spans.push({ start, end, value: values[start]! });
-    start = end;
-  }
   return {
     name: "policy_version",
     dtype: "int64",
     shape: [values.length],
-    values: { encoding: "spans", default: -1, spans },
+    values: { encoding: "spans", default: -1, spans: spansOf(values, -1) },
   };
+}
+
+interface NumberSpan {
+  start: number;
+  end: number;
+  value: number;
+}
+
+/** The runs of equal values, `[start, end)`, but those of `fallback` (a row's default). */
+function spansOf(values: readonly number[], fallback: number): NumberSpan[] {
+  const spans: NumberSpan[] = [];
+  for (let start = 0; start < values.length; ) {
+    let end = start + 1;
+    while (end < values.length && values[end] === values[start]) end++;
+    if (values[start] !== fallback) spans.push({ start, end, value: values[start]! });
+    start = end;
+  }
+  return spans;
 }
 
 export function batchOf(matrices: TokenMatrix[]): TokenMatrixBatch {

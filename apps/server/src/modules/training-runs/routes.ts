@@ -19,6 +19,7 @@ import {
   keptResult,
   loadableState,
   modelOfAlias,
+  operationNotFound,
   operationToWire,
   runToWire,
   serviceCheckpointId,
@@ -122,40 +123,31 @@ export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
   return {
     resolveTrainingRun: async ({ body, principal }) => {
       const entity = principal.defaultEntity;
-      const print = fingerprint(body);
-      const existing = await store.trainingRuns.getByRequest(entity, body.request_id);
-      if (existing) {
-        // The store answers the run, or 409 `request_id_reused`.
-        return runToWire(
-          await store.trainingRuns.resolve({
-            entity,
-            request_id: body.request_id,
-            fingerprint: print,
-            run_name: body.run_name ?? null,
-            spec: body.spec as Json,
-            initial: null,
-          }),
-        );
-      }
-      await baseOf(body.spec.base_model);
+      const runName = body.run_name ?? null;
+      // A run the request or the name opened already is answered as it is (or 409): the
+      // initial state is made only for a new one.
       let initial: { state_key: string; version: number } | null = null;
-      if (body.initial_state) {
-        const id = serviceCheckpointId(body.initial_state.source, "initial_state.source");
-        const state = await loadableState(store, entity, id, body.spec);
-        const { stateKey } = await learnerFromState(
-          store.blobs,
-          state.state_key,
-          state.run_id,
-          state.learner_version,
-          body.initial_state.restore_optimizer ?? false,
-        );
-        initial = { state_key: stateKey, version: state.learner_version };
+      if (!(await store.trainingRuns.getByRequest(entity, body.request_id))) {
+        await baseOf(body.spec.base_model);
+        const named = runName !== null && (await store.trainingRuns.getByName(entity, runName));
+        if (!named && body.initial_state) {
+          const id = serviceCheckpointId(body.initial_state.source, "initial_state.source");
+          const state = await loadableState(store, entity, id, body.spec);
+          const { stateKey } = await learnerFromState(
+            store.blobs,
+            state.state_key,
+            state.run_id,
+            state.learner_version,
+            body.initial_state.restore_optimizer ?? false,
+          );
+          initial = { state_key: stateKey, version: state.learner_version };
+        }
       }
       const run = await store.trainingRuns.resolve({
         entity,
         request_id: body.request_id,
-        fingerprint: print,
-        run_name: body.run_name ?? null,
+        fingerprint: fingerprint(body),
+        run_name: runName,
         spec: body.spec as Json,
         initial,
       });
@@ -185,9 +177,9 @@ export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
     },
     cancelTrainingOperation: async ({ params, principal }) => {
       const run = await findRun(store, principal, params.run_id);
-      await findOperation(store, run, params.operation_id);
       const op = await store.trainingRuns.cancel(run.id, params.operation_id);
-      return operationToWire(op ?? (await findOperation(store, run, params.operation_id)));
+      if (!op) throw operationNotFound(run, params.operation_id);
+      return operationToWire(op);
     },
     retrieveTrainingOperationResult: async ({ params, principal }) => {
       const run = await findRun(store, principal, params.run_id);
@@ -201,9 +193,9 @@ export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
     },
     releaseTrainingOperationResult: async ({ params, body, principal }) => {
       const run = await findRun(store, principal, params.run_id);
-      const op = await findOperation(store, run, params.operation_id);
-      await store.trainingRuns.releaseResult(run.id, op.id);
-      return { operation_id: op.id, request_id: body.request_id, released: true };
+      if (!(await store.trainingRuns.releaseResult(run.id, params.operation_id)))
+        throw operationNotFound(run, params.operation_id);
+      return { operation_id: params.operation_id, request_id: body.request_id, released: true };
     },
   };
 }

@@ -12,7 +12,7 @@ import {
   type TrainingRun,
   type TrainingState,
 } from "@arbor/store";
-import type { Principal } from "../access.ts";
+import { findOwned, type Principal } from "../access.ts";
 
 type Schemas = components["schemas"];
 
@@ -36,8 +36,8 @@ export function runToWire(run: TrainingRun): Schemas["TrainingRun"] {
 }
 
 /** A result kept, or null once released or past its 24 hours. */
-export function keptResult(op: TrainingOperation, now = Date.now()): string | null {
-  if (op.result === null || op.result_expires_at === null || op.result_expires_at <= now)
+export function keptResult(op: TrainingOperation): string | null {
+  if (op.result === null || op.result_expires_at === null || op.result_expires_at <= Date.now())
     return null;
   return op.result;
 }
@@ -78,10 +78,8 @@ export async function findRun(
   principal: Principal,
   runId: string,
 ): Promise<TrainingRun> {
-  for (const entity of principal.entities) {
-    const run = await store.trainingRuns.get(entity, runId);
-    if (run) return run;
-  }
+  const run = await findOwned(principal, (entity) => store.trainingRuns.get(entity, runId));
+  if (run) return run;
   throw new NotFoundError(`Training run ${quote(runId)} not found.`, {
     code: "training_run_not_found",
   });
@@ -94,7 +92,12 @@ export async function findOperation(
 ): Promise<TrainingOperation> {
   const op = await store.trainingRuns.getOperation(run.id, operationId);
   if (op) return op;
-  throw new NotFoundError(`Operation ${quote(operationId)} of run ${run.id} not found.`, {
+  throw operationNotFound(run, operationId);
+}
+
+/** 404 `operation_not_found`: the run has no operation `operationId`. */
+export function operationNotFound(run: TrainingRun, operationId: string): NotFoundError {
+  return new NotFoundError(`Operation ${quote(operationId)} of run ${run.id} not found.`, {
     code: "operation_not_found",
   });
 }
