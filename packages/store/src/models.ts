@@ -130,11 +130,11 @@ export class ModelsRepo {
     return row ? MODELS.read(row) : undefined;
   }
 
-  /** Models of the entity named `name`, whatever their project: at most two, which tells one
-   * from more than one. */
+  /** Every model of the entity named `name`, whatever its project (an ambiguous name's 409
+   * lists them all). */
   async findByName(entity: string, name: string): Promise<Model[]> {
     const rows = await this.#sql.query(
-      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND name = $2 ORDER BY id LIMIT 2`,
+      `SELECT ${MODELS.columns()} FROM models WHERE entity = $1 AND name = $2 ORDER BY id`,
       [entity, name],
     );
     return rows.map(MODELS.read);
