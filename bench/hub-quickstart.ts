@@ -7,7 +7,7 @@
  * The Hub is not reachable from our machines, so the folder is SmolLM2-135M's shape with random
  * weights (family-shapes.ts: its config.json values, BF16, and a stand-in tokenizer of its
  * vocabulary size with its ChatML specials and chat template). The compute per token is the real
- * model's; the token counts are the stand-in tokenizer's, close to SmolLM2's own on this data.
+ * model's; the token counts are the stand-in tokenizer's.
  *
  * Each thread count runs in a server process of its own (this file with `--serve`: the real
  * server as `serve()` builds it, with its embedded worker, ARBOR_ENGINE_THREADS set), a fresh data
