@@ -98,11 +98,11 @@ export const ggufOf = (shape: Shape) => join(folderOf(shape), "model-f32.gguf");
 // ---------------------------------------------------------------------------------------------
 // Tokenizer files
 
-export function packageFile(pkg: string, file: string): string {
+function packageFile(pkg: string, file: string): string {
   return fileURLToPath(import.meta.resolve(`${pkg}/models/${file}`));
 }
 
-export function readJson(path: string): Record<string, unknown> {
+function readJson(path: string): Record<string, unknown> {
   return JSON.parse(readFileSync(path, "utf8")) as Record<string, unknown>;
 }
 

@@ -7,7 +7,7 @@
  * The Hub is not reachable from our machines, so the folder is SmolLM2-135M's shape with random
  * weights (family-shapes.ts: its config.json values, BF16, and a stand-in tokenizer of its
  * vocabulary size with its ChatML specials and chat template). The compute per token is the real
- * model's; the token counts are the stand-in tokenizer's, close to SmolLM2's own on this data.
+ * model's; the token counts are the stand-in tokenizer's.
  *
  * Each thread count runs in a server process of its own (this file with `--serve`: the real
  * server as `serve()` builds it, with its embedded worker, ARBOR_ENGINE_THREADS set), a fresh data
@@ -23,10 +23,17 @@ import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { createArborClient } from "@arbor/client";
 import { buildShapeFolder, folderOf, SHAPES, shapeFolderIsCurrent } from "./family-shapes.ts";
-import { startBenchServer } from "./server.ts";
-import { onShutdown, sec, startChild, stopChild, table, timedJob } from "./service-children.ts";
+import {
+  clientOf,
+  type ServerInfo,
+  sec,
+  serveBench,
+  startChild,
+  stopChild,
+  table,
+  timedJob,
+} from "./service-children.ts";
 
 const SELF = fileURLToPath(import.meta.url);
 const REPO = "HuggingFaceTB/SmolLM2-135M-Instruct";
@@ -49,18 +56,18 @@ interface ServeSpec {
 
 /** Child: the server with its embedded worker; prints {port, apiKey}, then its peak RSS on exit. */
 async function serve(spec: ServeSpec): Promise<void> {
-  const server = await startBenchServer({
-    dataDir: spec.dataDir,
-    worker: true,
-    env: { ARBOR_BASE_MODELS_DIR: spec.modelsDir, ARBOR_ENGINE_THREADS: `${spec.threads}` },
-  });
-  process.stdout.write(`${JSON.stringify({ port: server.port, apiKey: server.apiKey })}\n`);
-  onShutdown(async () => {
-    await server.close();
-    process.stdout.write(
-      `${JSON.stringify({ maxRssMb: process.resourceUsage().maxRSS / 1024 })}\n`,
-    );
-  });
+  await serveBench(
+    {
+      dataDir: spec.dataDir,
+      worker: true,
+      env: { ARBOR_BASE_MODELS_DIR: spec.modelsDir, ARBOR_ENGINE_THREADS: `${spec.threads}` },
+    },
+    () => {
+      process.stdout.write(
+        `${JSON.stringify({ maxRssMb: process.resourceUsage().maxRSS / 1024 })}\n`,
+      );
+    },
+  );
 }
 
 interface Run {
@@ -76,17 +83,13 @@ interface Run {
 async function run(modelsDir: string, threads: number, epochs: number): Promise<Run> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-hub-"));
   const loadBefore = loadavg()[0]!.toFixed(2);
-  const { child, info, lines } = await startChild<{ port: number; apiKey: string }>(
-    SELF,
-    "--serve",
-    { dataDir, modelsDir, threads } satisfies ServeSpec,
-  );
+  const { child, info, lines } = await startChild<ServerInfo>(SELF, "--serve", {
+    dataDir,
+    modelsDir,
+    threads,
+  } satisfies ServeSpec);
   try {
-    const client = createArborClient({
-      baseUrl: `http://127.0.0.1:${info.port}`,
-      apiKey: info.apiKey,
-      maxRetries: 0,
-    });
+    const client = clientOf(info);
     const model = await client.training.models.create({
       project: "hub",
       name: "json",

@@ -22,17 +22,20 @@
  *    its first token: (tokens − 1) over first to last content chunk) and errors. Exits 1 on any
  *    error.
  */
-import { type ChildProcess, spawn } from "node:child_process";
-import { once } from "node:events";
 import { mkdtempSync, rmSync } from "node:fs";
 import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { createArborClient } from "@arbor/client";
 import { catalogModelDir, loadModel } from "@arbor/engine/model";
 import { Engine } from "@arbor/engine/serve";
-import { startBenchServer } from "./server.ts";
+import {
+  clientOf,
+  type ServerInfo,
+  serveBench,
+  startChild,
+  stopChild,
+} from "./service-children.ts";
 
 const SELF = fileURLToPath(import.meta.url);
 const MODEL = "arbor/tiny-chat";
@@ -43,54 +46,17 @@ const STREAM_MESSAGES = [{ role: "user" as const, content: "Count from 1 to 50."
 
 const { values: args } = parseArgs({
   options: {
-    serve: { type: "boolean", default: false },
+    serve: { type: "string" },
     requests: { type: "string", default: "100" },
     streams: { type: "string", default: "256" },
     levels: { type: "string", default: "1,8,32" },
   },
 });
 
-interface ServerInfo {
-  port: number;
-  apiKey: string;
-}
-
-/** The child: the real app with a temp SQLite store; prints {port, apiKey} once listening. */
+/** The child: the real app with a temp SQLite store, removed when it stops. */
 async function serve(): Promise<void> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-inference-"));
-  const server = await startBenchServer({ dataDir });
-  process.stdout.write(
-    `${JSON.stringify({ port: server.port, apiKey: server.apiKey } satisfies ServerInfo)}\n`,
-  );
-  let closing = false;
-  const shutdown = async () => {
-    if (closing) return;
-    closing = true;
-    await server.close();
-    rmSync(dataDir, { recursive: true, force: true });
-    process.exit(0);
-  };
-  process.on("SIGTERM", shutdown);
-  process.on("SIGINT", shutdown);
-  process.stdin.on("end", shutdown);
-  process.stdin.resume();
-}
-
-async function startServer(): Promise<{ child: ChildProcess; info: ServerInfo }> {
-  const child = spawn(process.execPath, [SELF, "--serve"], {
-    stdio: ["pipe", "pipe", "inherit"],
-  });
-  let out = "";
-  child.stdout!.setEncoding("utf8");
-  const info = await new Promise<ServerInfo>((resolve, reject) => {
-    child.once("exit", (code) => reject(new Error(`server exited with ${code}`)));
-    child.stdout!.on("data", (chunk: string) => {
-      out += chunk;
-      const newline = out.indexOf("\n");
-      if (newline >= 0) resolve(JSON.parse(out.slice(0, newline)) as ServerInfo);
-    });
-  });
-  return { child, info };
+  await serveBench({ dataDir }, () => rmSync(dataDir, { recursive: true, force: true }));
 }
 
 function percentile(values: number[], q: number): number {
@@ -123,14 +89,10 @@ async function main(): Promise<void> {
   );
   console.log(`load average (1/5/15 min) at start: ${load()}\n`);
 
-  const { child, info } = await startServer();
+  const { child, info } = await startChild<ServerInfo>(SELF, "--serve", {});
   let errors = 0;
   try {
-    const client = createArborClient({
-      baseUrl: `http://127.0.0.1:${info.port}`,
-      apiKey: info.apiKey,
-      maxRetries: 0,
-    });
+    const client = clientOf(info);
     const engine = new Engine(await loadModel(catalogModelDir(MODEL)));
 
     // 1. Latency, one request at a time, HTTP and in-process interleaved.
@@ -320,9 +282,7 @@ async function main(): Promise<void> {
       ),
     );
   } finally {
-    const exited = once(child, "exit");
-    child.kill("SIGTERM");
-    await exited;
+    await stopChild(child);
   }
   if (errors > 0) {
     console.error(`\n${errors} error(s): the numbers above measure failures too`);
@@ -330,5 +290,5 @@ async function main(): Promise<void> {
   }
 }
 
-if (args.serve) await serve();
+if (args.serve !== undefined) await serve();
 else await main();

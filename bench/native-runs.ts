@@ -23,10 +23,17 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { createArborClient } from "@arbor/client";
+import { type components, type FetchResult, unwrap } from "@arbor/client";
 import { catalogModelDir, HEAD_TARGET, LORA_TARGETS, loadModel } from "@arbor/engine/model";
-import { startBenchServer } from "./server.ts";
-import { median, onShutdown, startChild, stopChild, table } from "./service-children.ts";
+import {
+  clientOf,
+  median,
+  type ServerInfo,
+  serveBench,
+  startChild,
+  stopChild,
+  table,
+} from "./service-children.ts";
 
 const SELF = fileURLToPath(import.meta.url);
 const BASE = "arbor/tiny-chat";
@@ -40,42 +47,33 @@ const { values: args } = parseArgs({
   },
 });
 
-interface Operation {
-  operation_id: string;
-  status: string;
-  started_at: string | null;
-  ended_at: string | null;
-  error: { code: string } | null;
-}
+type Schemas = components["schemas"];
+/** What the bench reads of an operation. */
+type OperationState = Pick<
+  Schemas["TrainingOperation"],
+  "operation_id" | "status" | "started_at" | "ended_at" | "error"
+>;
+
+/** Every linear and the head, sorted, as ART asks (the engine names them as PEFT does). */
+const TARGETS = [
+  ...LORA_TARGETS,
+  HEAD_TARGET,
+].sort() as Schemas["TrainingRunSpec"]["lora_target_modules"];
 
 /** Child: the API server with the embedded worker; prints {port, apiKey}. */
 async function serve(dataDir: string): Promise<void> {
-  const server = await startBenchServer({ dataDir, worker: true });
-  process.stdout.write(`${JSON.stringify({ port: server.port, apiKey: server.apiKey })}\n`);
-  onShutdown(() => server.close());
-}
-
-/** JSON over /v1 with the admin key; throws on a non-2xx answer. */
-function api(baseUrl: string, apiKey: string) {
-  return async <T>(method: "GET" | "POST", path: string, body?: unknown): Promise<T> => {
-    const response = await fetch(`${baseUrl}/v1${path}`, {
-      method,
-      headers: {
-        authorization: `Bearer ${apiKey}`,
-        ...(body === undefined ? {} : { "content-type": "application/json" }),
-      },
-      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-    });
-    const text = await response.text();
-    if (!response.ok) throw new Error(`${method} ${path}: ${response.status} ${text}`);
-    return JSON.parse(text) as T;
-  };
+  await serveBench({ dataDir, worker: true });
 }
 
 /** SFT examples of word reversal as one dense TokenMatrix each (labels on the reply only). */
-async function reversalBatch(words: readonly string[]) {
+async function reversalBatch(words: readonly string[]): Promise<Schemas["TokenMatrixBatch"]> {
   const { chat } = await loadModel(catalogModelDir(BASE));
-  const dense = (name: string, dtype: string, shape: number[], data: number[]) => ({
+  const dense = (
+    name: string,
+    dtype: Schemas["TokenRow"]["dtype"],
+    shape: number[],
+    data: number[],
+  ): Schemas["TokenRow"] => ({
     name,
     dtype,
     shape,
@@ -111,105 +109,126 @@ async function main(): Promise<void> {
   const repeats = Number(args.repeats);
   const pollMs = Number(args["poll-ms"]);
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-native-"));
-  const { child, info } = await startChild<{ port: number; apiKey: string }>(SELF, "--serve", {
-    dataDir,
-  });
+  const { child, info } = await startChild<ServerInfo>(SELF, "--serve", { dataDir });
   try {
-    const call = api(`http://127.0.0.1:${info.port}`, info.apiKey);
-    const model = await createArborClient({
-      baseUrl: `http://127.0.0.1:${info.port}`,
-      apiKey: info.apiKey,
-    }).training.models.create({ project: "bench", name: `native-${Date.now()}`, base_model: BASE });
-    const alias = `${model.entity}/${model.project}/${model.name}`;
-    const run = await call<{ run_id: string }>("POST", "/training/runs:resolve", {
-      request_id: `resolve-${randomUUID()}`,
-      spec: {
-        base_model: BASE,
-        dtype: "bfloat16",
-        lora_rank: 4,
-        lora_target_modules: [...LORA_TARGETS, HEAD_TARGET].sort(),
-        seed: null,
-      },
-      initial_state: null,
+    const client = clientOf(info);
+    const model = await client.training.models.create({
+      project: "bench",
+      name: `native-${Date.now()}`,
+      base_model: BASE,
     });
+    const alias = `${model.entity}/${model.project}/${model.name}`;
+    const run = unwrap(
+      await client.POST("/v1/training/runs:resolve", {
+        body: {
+          request_id: `resolve-${randomUUID()}`,
+          spec: {
+            base_model: BASE,
+            dtype: "bfloat16",
+            lora_rank: 4,
+            lora_target_modules: TARGETS,
+            seed: null,
+          },
+          initial_state: null,
+        },
+      }),
+    );
+    const runPath = { params: { path: { run_id: run.run_id } } };
     const batch = await reversalBatch(["cat", "dog", "bird", "horse"]);
-    const loss = { name: "cross_entropy", normalize_advantages: false };
+    const loss: Schemas["TrainingLoss"] = { name: "cross_entropy", normalize_advantages: false };
     let sequence = 0;
-    /** Submits one command and polls it to its end, then fetches its result. */
-    const timed = async (kind: string, body: Record<string, unknown>) => {
+    const times = new Map<string, { total: number[]; compute: number[] }>();
+    /** Submits one command (`submit`, given its ids), polls it to its end, fetches its result,
+     * and records its times under its kind. */
+    const timed = async (
+      kind: Schemas["TrainingOperation"]["kind"],
+      submit: (ids: {
+        request_id: string;
+        sequence_id: number;
+      }) => Promise<FetchResult<OperationState>>,
+    ) => {
       const t0 = performance.now();
-      let op = await call<Operation>("POST", `/training/runs/${run.run_id}/${kind}`, {
-        request_id: `${kind}-${randomUUID()}`,
-        sequence_id: sequence++,
-        ...body,
-      });
+      let op = unwrap(
+        await submit({ request_id: `${kind}-${randomUUID()}`, sequence_id: sequence++ }),
+      );
+      const opPath = { params: { path: { run_id: run.run_id, operation_id: op.operation_id } } };
       while (!TERMINAL.has(op.status)) {
         await new Promise((resolve) => setTimeout(resolve, pollMs));
-        op = await call<Operation>(
-          "GET",
-          `/training/runs/${run.run_id}/operations/${op.operation_id}`,
+        op = unwrap(
+          await client.GET("/v1/training/runs/{run_id}/operations/{operation_id}", opPath),
         );
       }
       if (op.status !== "succeeded") throw new Error(`${kind} ${op.status}: ${op.error?.code}`);
-      const result = await call<{ checkpoint?: { checkpoint_id: string } }>(
-        "GET",
-        `/training/runs/${run.run_id}/operations/${op.operation_id}/result`,
+      const result = unwrap(
+        await client.GET("/v1/training/runs/{run_id}/operations/{operation_id}/result", opPath),
       );
-      const total = performance.now() - t0;
-      const compute = Date.parse(op.ended_at!) - Date.parse(op.started_at!);
-      return { total, compute, result };
+      const entry = times.get(kind) ?? { total: [], compute: [] };
+      entry.total.push(performance.now() - t0);
+      entry.compute.push(Date.parse(op.ended_at!) - Date.parse(op.started_at!));
+      times.set(kind, entry);
+      return result;
     };
     const forward = {
       batch,
       loss,
       collect_packing_shapes: false,
-      retain_packed_input: false,
+      retain_packed_input: false as const,
       return_token_logprobs: false,
     };
-    const times = new Map<string, { total: number[]; compute: number[] }>();
-    const record = (kind: string, t: { total: number; compute: number }) => {
-      const entry = times.get(kind) ?? { total: [], compute: [] };
-      entry.total.push(t.total);
-      entry.compute.push(t.compute);
-      times.set(kind, entry);
-    };
     for (let r = 0; r < repeats; r++) {
-      record("forward", await timed("forward", forward));
-      record("forward_backward", await timed("forward_backward", forward));
-      record(
-        "optim_step",
-        await timed("optim_step", {
-          optimizer: {
-            learning_rate: 1e-3,
-            beta1: 0.9,
-            beta2: 0.99,
-            eps: 1e-13,
-            weight_decay: 0.1,
-            grad_clip_norm: 0.1,
+      await timed("forward", (ids) =>
+        client.POST("/v1/training/runs/{run_id}/forward", {
+          ...runPath,
+          body: { ...ids, ...forward },
+        }),
+      );
+      await timed("forward_backward", (ids) =>
+        client.POST("/v1/training/runs/{run_id}/forward_backward", {
+          ...runPath,
+          body: { ...ids, ...forward },
+        }),
+      );
+      await timed("optim_step", (ids) =>
+        client.POST("/v1/training/runs/{run_id}/optim_step", {
+          ...runPath,
+          body: {
+            ...ids,
+            optimizer: {
+              learning_rate: 1e-3,
+              beta1: 0.9,
+              beta2: 0.99,
+              eps: 1e-13,
+              weight_decay: 0.1,
+              grad_clip_norm: 0.1,
+            },
           },
         }),
       );
-      record(
-        "save_weights_for_sampler",
-        await timed("save_weights_for_sampler", {
-          checkpoint_name: `sampler-${r}`,
-          ttl_seconds: null,
-          publication: { target: "saved_generation", model_alias: alias },
+      await timed("save_weights_for_sampler", (ids) =>
+        client.POST("/v1/training/runs/{run_id}/save_weights_for_sampler", {
+          ...runPath,
+          body: {
+            ...ids,
+            checkpoint_name: `sampler-${r}`,
+            ttl_seconds: null,
+            publication: { target: "saved_generation", model_alias: alias },
+          },
         }),
       );
-      const saved = await timed("save_state", {
-        checkpoint_name: `state-${r}`,
-        ttl_seconds: null,
-        overwrite: false,
-      });
-      record("save_state", saved);
-      record(
-        "load_state",
-        await timed("load_state", {
-          restore_optimizer: true,
-          source: {
-            kind: "service_checkpoint",
-            checkpoint_id: saved.result.checkpoint!.checkpoint_id,
+      const saved = await timed("save_state", (ids) =>
+        client.POST("/v1/training/runs/{run_id}/save_state", {
+          ...runPath,
+          body: { ...ids, checkpoint_name: `state-${r}`, ttl_seconds: null, overwrite: false },
+        }),
+      );
+      if (saved.kind !== "save_state") throw new Error(`save_state answered a ${saved.kind}`);
+      await timed("load_state", (ids) =>
+        client.POST("/v1/training/runs/{run_id}/load_state", {
+          ...runPath,
+          body: {
+            ...ids,
+            restore_optimizer: true,
+            source: { kind: "service_checkpoint", checkpoint_id: saved.checkpoint.checkpoint_id },
           },
         }),
       );

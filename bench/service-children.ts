@@ -1,11 +1,13 @@
 /**
  * What the benches that run the service share: a child process of the bench's own script (the
- * server, a worker) that prints one JSON line when ready and stops on SIGTERM, a training job
- * followed to its end with its times, and the table a bench prints.
+ * server, a worker) that prints one JSON line when ready and stops on SIGTERM, the parent's client
+ * of a server child, a training job followed to its end with its times, and the table a bench
+ * prints.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { once } from "node:events";
-import type { ArborClient, TrainingJobEvent } from "@arbor/client";
+import { type ArborClient, createArborClient, type TrainingJobEvent } from "@arbor/client";
+import { startBenchServer } from "./server.ts";
 
 /** A child's clean stop: SIGTERM, SIGINT or its stdin closing (the parent gone) run `close`. */
 export function onShutdown(close: () => Promise<void>): void {
@@ -20,6 +22,39 @@ export function onShutdown(close: () => Promise<void>): void {
   process.on("SIGINT", shutdown);
   process.stdin.on("end", shutdown);
   process.stdin.resume();
+}
+
+/** The line a server child prints once it listens. */
+export interface ServerInfo {
+  port: number;
+  apiKey: string;
+}
+
+/**
+ * A server child: the real server (`startBenchServer(options)`), its {port, apiKey} printed once it
+ * listens; on shutdown the server closes, then `onClose` runs.
+ */
+export async function serveBench(
+  options: Parameters<typeof startBenchServer>[0],
+  onClose?: () => void | Promise<void>,
+): Promise<void> {
+  const server = await startBenchServer(options);
+  process.stdout.write(
+    `${JSON.stringify({ port: server.port, apiKey: server.apiKey } satisfies ServerInfo)}\n`,
+  );
+  onShutdown(async () => {
+    await server.close();
+    await onClose?.();
+  });
+}
+
+/** The parent's client of a server child, never retrying (a retried request would be timed). */
+export function clientOf(info: ServerInfo): ArborClient {
+  return createArborClient({
+    baseUrl: `http://127.0.0.1:${info.port}`,
+    apiKey: info.apiKey,
+    maxRetries: 0,
+  });
 }
 
 /** Starts `script` with `mode` and its spec (JSON) and waits for the first line it prints. */

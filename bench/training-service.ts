@@ -37,15 +37,17 @@ import { cpus, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { type ArborClient, createArborClient } from "@arbor/client";
+import type { ArborClient } from "@arbor/client";
 import { openStore, type StoreOptions } from "@arbor/store";
 import { baseModels, sftExamplesLoader, TrainingWorker } from "@arbor/training";
 import { pino } from "pino";
-import { startBenchServer } from "./server.ts";
 import {
+  clientOf,
   median,
   onShutdown,
+  type ServerInfo,
   sec,
+  serveBench,
   startChild,
   stopChild,
   table,
@@ -87,14 +89,12 @@ const WORKER_SETTINGS = { maxTrainingDataBytes: 64 * 1024 * 1024, allowHosts: []
 
 /** Child: the API server (with or without the embedded worker); prints {port, apiKey}. */
 async function serve(spec: ChildSpec): Promise<void> {
-  const server = await startBenchServer({
+  await serveBench({
     dataDir: spec.dataDir,
     databaseUrl: spec.databaseUrl,
     schema: spec.schema,
     worker: spec.worker ?? false,
   });
-  process.stdout.write(`${JSON.stringify({ port: server.port, apiKey: server.apiKey })}\n`);
-  onShutdown(() => server.close());
 }
 
 /** Child: a separate training worker process; prints {ready: true}. */
@@ -222,16 +222,12 @@ const load1 = () => loadavg()[0]!.toFixed(2);
 
 async function part1(): Promise<void> {
   const dataDir = mkdtempSync(join(tmpdir(), "arbor-bench-training-"));
-  const { child, info } = await startChild<{ port: number; apiKey: string }>(SELF, "--serve", {
+  const { child, info } = await startChild<ServerInfo>(SELF, "--serve", {
     dataDir,
     worker: true,
   });
   try {
-    const client = createArborClient({
-      baseUrl: `http://127.0.0.1:${info.port}`,
-      apiKey: info.apiKey,
-      maxRetries: 0,
-    });
+    const client = clientOf(info);
     const datasetUrl = await uploadDataset(client, 200);
     const baseUrl = `http://127.0.0.1:${info.port}`;
     const queue: number[] = [];
@@ -358,13 +354,9 @@ async function part2(): Promise<void> {
   const spec: ChildSpec = { dataDir, databaseUrl, schema };
   const children: ChildProcess[] = [];
   try {
-    const server = await startChild<{ port: number; apiKey: string }>(SELF, "--serve", spec);
+    const server = await startChild<ServerInfo>(SELF, "--serve", spec);
     children.push(server.child);
-    const client = createArborClient({
-      baseUrl: `http://127.0.0.1:${server.info.port}`,
-      apiKey: server.info.apiKey,
-      maxRetries: 0,
-    });
+    const client = clientOf(server.info);
     const datasetUrl = await uploadDataset(client, 200);
     const jobs = Number(args["pg-jobs"]);
     const rows: (string | number)[][] = [];
