@@ -183,27 +183,20 @@ describe("createChatCompletion", () => {
     expect(completion.choices[0]!.message.content).not.toContain("=");
   });
 
-  it.each([["logit_bias", { logit_bias: { "1": 5 } }]])(
-    "when %s is set, then 400 naming it",
-    async (param, extra) => {
-      const { response, error } = await client.POST("/v1/chat/completions", {
-        body: {
-          model: MODEL,
-          messages: ask("Hi"),
-          ...extra,
-        } as never,
-      });
-      expect(response.status).toBe(400);
-      expect(error).toEqual({
-        error: {
-          message: `\`${param}\` is not supported by this model.`,
-          type: "invalid_request_error",
-          param,
-          code: "unsupported_parameter",
-        },
-      });
-    },
-  );
+  it("when logit_bias is set, then 400 naming it", async () => {
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: { model: MODEL, messages: ask("Hi"), logit_bias: { "1": 5 } } as never,
+    });
+    expect(response.status).toBe(400);
+    expect(error).toEqual({
+      error: {
+        message: "`logit_bias` is not supported by this model.",
+        type: "invalid_request_error",
+        param: "logit_bias",
+        code: "unsupported_parameter",
+      },
+    });
+  });
 
   it.each([
     ["tool_choice without tools", { tool_choice: "auto" }, "tool_choice"],

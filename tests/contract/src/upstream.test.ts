@@ -155,14 +155,17 @@ describe("upstreams", () => {
       .authorizedClient()
       .chat.completions.create({ ...body, model: "arbor/tiny-chat" });
     const call = direct.choices[0]!.message.tool_calls![0]!;
-    const forwarded = await client.chat.completions.create({ ...body, model: REMOTE });
+    const project = "default/upstream-tools";
+    const tools = server.authorizedClient({ project });
+    const forwarded = await tools.chat.completions.create({ ...body, model: REMOTE });
     expect(forwarded.choices[0]!.finish_reason).toBe(direct.choices[0]!.finish_reason);
-    expect(forwarded.choices[0]!.message.tool_calls).toEqual([
+    const toolCalls = forwarded.choices[0]!.message.tool_calls;
+    expect(toolCalls).toEqual([
       { id: expect.stringMatching(/^call_/), type: "function", function: call.function },
     ]);
     expect(forwarded.usage).toEqual(direct.usage);
     const pieces = [];
-    for await (const chunk of await client.chat.completions.create({
+    for await (const chunk of await tools.chat.completions.create({
       ...body,
       model: REMOTE,
       stream: true,
@@ -171,6 +174,29 @@ describe("upstreams", () => {
     }
     expect(pieces[0]).toMatchObject({ index: 0, type: "function", function: { name: "time" } });
     expect(pieces.map((p) => p.function?.arguments ?? "").join("")).toBe(call.function.arguments);
+    // Both calls are recorded with their calls; the whole one with the upstream's usage.
+    const { calls } = await client.calls.query({ project_id: project });
+    expect(calls.map((c) => c.output)).toMatchObject([
+      { choices: [{ message: { content: null, tool_calls: toolCalls } }] },
+      {
+        choices: [
+          {
+            message: {
+              content: null,
+              tool_calls: [{ id: pieces[0]!.id, function: call.function }],
+            },
+          },
+        ],
+      },
+    ]);
+    expect(calls[0]!.summary.usage).toEqual({
+      [REMOTE]: {
+        requests: 1,
+        prompt_tokens: forwarded.usage!.prompt_tokens,
+        completion_tokens: forwarded.usage!.completion_tokens,
+        total_tokens: forwarded.usage!.total_tokens,
+      },
+    });
   });
 
   it("when the upstream is down, then 503 server_error with x-should-retry", async () => {

@@ -48,11 +48,11 @@ export {
 } from "./model.ts";
 export { deriveSeed, Rng, randomSeed } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
+export { heldSuffix } from "./text.ts";
 export {
   constrainedCall,
-  type ParsedReply,
-  type ParsedToolCall,
   parseToolCalls,
+  sendableLength,
   type ToolCallFormat,
   toolCallFormat,
   toolCallStart,

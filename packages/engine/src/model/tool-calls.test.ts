@@ -1,7 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { FAMILIES, familyChatFiles } from "../../test/families.ts";
 import { tinyChatFiles } from "../../test/fixtures.ts";
-import { constrainedCall, parseToolCalls, toolCallFormat } from "./tool-calls.ts";
+import { heldSuffix } from "./text.ts";
+import { constrainedCall, parseToolCalls, sendableLength, toolCallFormat } from "./tool-calls.ts";
 
 describe("tool call formats", () => {
   it("when a template writes <tool_call> blocks, then it is hermes; Llama's JSON calls are llama3-json; a template without calls has none", () => {
@@ -73,5 +74,20 @@ describe("tool call formats", () => {
       "name",
       "parameters",
     ]);
+  });
+
+  it("when a reply streams, then text before what may start a call can be sent", () => {
+    expect(heldSuffix("ab<tool", "<tool_call>")).toBe(5);
+    expect(heldSuffix("ab<tool_call>", "<tool_call>")).toBe(0);
+    expect(heldSuffix("ab", "")).toBe(0);
+    expect(sendableLength("hermes", "Sure.\n<tool")).toBe(6);
+    expect(sendableLength("hermes", "Sure.<tool_call>{")).toBe(5);
+    expect(sendableLength("hermes", "Sure.")).toBe(5);
+    // A Llama reply is held until its first character shows whether it is a call.
+    expect(sendableLength("llama3-json", " ")).toBe(0);
+    expect(sendableLength("llama3-json", "<|python")).toBe(0);
+    expect(sendableLength("llama3-json", "<|python_tag|>{")).toBe(0);
+    expect(sendableLength("llama3-json", ' {"name"')).toBe(0);
+    expect(sendableLength("llama3-json", "Paris")).toBe(5);
   });
 });

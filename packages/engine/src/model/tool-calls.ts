@@ -1,3 +1,6 @@
+import type { ToolCall } from "./chat.ts";
+import { heldSuffix } from "./text.ts";
+
 /**
  * How a chat template's model writes tool calls, read from the template's own text (ADR 60):
  *
@@ -17,11 +20,8 @@ export function toolCallFormat(template: string): ToolCallFormat | null {
   return null;
 }
 
-/** A call as the model wrote it: the arguments as JSON text. */
-export interface ParsedToolCall {
-  name: string;
-  arguments: string;
-}
+/** A call as the model wrote it (the arguments as JSON text): it has no id yet. */
+export type ParsedToolCall = Omit<ToolCall, "id">;
 
 /** What a reply says: its text (empty when it only calls) and its calls. */
 export interface ParsedReply {
@@ -31,6 +31,8 @@ export interface ParsedReply {
 
 const HERMES_OPEN = "<tool_call>";
 const HERMES_CALL = /<tool_call>([\s\S]*?)(?:<\/tool_call>|$)/g;
+/** What Llama 3 may write before a call (when the tokenizer shows its special tokens). */
+const PYTHON_TAG = "<|python_tag|>";
 
 /**
  * The reply's tool calls in `format`, or null when it has none or they do not parse (a
@@ -48,7 +50,8 @@ export function parseToolCalls(format: ToolCallFormat, text: string): ParsedRepl
     }
     return calls.length > 0 ? { content: text.slice(0, start).trim(), calls } : null;
   }
-  const body = text.trim().replace(/^<\|python_tag\|>/, "");
+  const trimmed = text.trim();
+  const body = trimmed.startsWith(PYTHON_TAG) ? trimmed.slice(PYTHON_TAG.length) : trimmed;
   if (!body.startsWith("{")) return null;
   const calls: ParsedToolCall[] = [];
   for (const part of splitTopLevel(body)) {
@@ -62,6 +65,25 @@ export function parseToolCalls(format: ToolCallFormat, text: string): ParsedRepl
 /** How a reply that calls tools begins, for a stream to hold back what may be one. */
 export function toolCallStart(format: ToolCallFormat): string {
   return format === "hermes" ? HERMES_OPEN : "{";
+}
+
+/**
+ * How much of a reply's `text` so far can be sent as text in `format`: all of it before what
+ * may start a call. A hermes call may follow text, so only its opening (or a tail that may
+ * begin one) is held; a Llama 3 reply is a call when it starts as one, so it is held until its
+ * first character shows.
+ */
+export function sendableLength(format: ToolCallFormat, text: string): number {
+  const start = toolCallStart(format);
+  if (format === "llama3-json") {
+    const opening = text.trimStart();
+    const body = opening.startsWith(PYTHON_TAG) ? opening.slice(PYTHON_TAG.length) : opening;
+    return body.length === 0 || body.startsWith(start) || PYTHON_TAG.startsWith(opening)
+      ? 0
+      : text.length;
+  }
+  const at = text.indexOf(start);
+  return at >= 0 ? at : text.length - heldSuffix(text, start);
 }
 
 /**

@@ -122,7 +122,7 @@ export class EngineThread {
     options: ChatPromptOptions = {},
   ): Promise<number[]> {
     const context = this.info.config.maxPositions;
-    const atLeast = Math.ceil(promptBytes(messages) / this.info.maxTokenBytes);
+    const atLeast = Math.ceil(promptBytes(messages, options.tools) / this.info.maxTokenBytes);
     if (atLeast >= context) throw new ContextLengthError(atLeast, context, false);
     const tokens = (await this.#call({ type: "encode", messages, options })) as Int32Array;
     return Array.from(tokens);

@@ -380,22 +380,25 @@ describe("Engine", () => {
     };
     let goneOn = 0;
     for (let seed = 0; seed < 6; seed++) {
-      const result = await engine.complete({
-        prompt,
-        maxTokens: 60,
-        temperature: 1,
-        seed,
-        // An empty opening: the reply starts with a call.
-        toolCalls: { trigger: "", schema },
-      });
+      const request = { prompt, maxTokens: 60, temperature: 1, seed };
+      // The opening: a character the random model writes early at this seed, as a token of its
+      // own; the reply is the same up to it.
+      const free = (await engine.complete(request)).choices[0]!;
+      const trigger = free.tokens
+        .map((token) => model.tokenizer.decode([token]))
+        .find((piece) => /^[!-~]$/.test(piece))!;
+      const result = await engine.complete({ ...request, toolCalls: { trigger, schema } });
       const { text, finishReason } = result.choices[0]!;
-      // The longest prefix that parses is the call; whatever follows was generated freely.
-      const end = [...text].map((_, i) => i + 1).findLast((i) => isJson(text.slice(0, i)));
+      const opened = text.indexOf(trigger) + trigger.length;
+      expect(text.slice(0, opened)).toBe(free.text.slice(0, opened));
+      // After the opening, the longest prefix that parses is the call; what follows is free.
+      const after = text.slice(opened);
+      const end = [...after].map((_, i) => i + 1).findLast((i) => isJson(after.slice(0, i)));
       expect(end, text).toBeDefined();
-      const call = JSON.parse(text.slice(0, end)) as Record<string, unknown>;
+      const call = JSON.parse(after.slice(0, end)) as Record<string, unknown>;
       expect(call["name"]).toBe("add");
       expect(typeof call["arguments"]).toBe("object");
-      if (end! < text.length || finishReason === "stop") goneOn++;
+      if (end! < after.length || finishReason === "stop") goneOn++;
     }
     expect(goneOn).toBeGreaterThan(0);
   });

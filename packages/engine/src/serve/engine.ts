@@ -6,6 +6,7 @@ import { createKvCache, forwardBatch, type KvCache, releaseKvCache } from "../mo
 import { checkAdapter, type LoraAdapter } from "../model/lora.ts";
 import type { Model } from "../model/model.ts";
 import { deriveSeed, Rng, randomSeed } from "../model/rng.ts";
+import { heldSuffix } from "../model/text.ts";
 import { TokenLimitError } from "../model/tokenizer.ts";
 import { JsonConstraint, type JsonSchema } from "./json-constraint.ts";
 import { PromptEncoder } from "./prompt-encoder.ts";
@@ -59,7 +60,7 @@ export interface GenerateRequest {
   /**
    * Tool calls constrained where the model makes them: each time the text reaches `trigger`
    * (a call's opening, such as `<tool_call>`), what follows is constrained to `schema` until
-   * that value is complete; then the model goes on freely. An empty trigger starts at once.
+   * that value is complete; then the model goes on freely.
    */
   toolCalls?: { trigger: string; schema: JsonSchema };
   /** Number of choices. Default 1. */
@@ -263,11 +264,7 @@ export class Engine {
         counts: new Map(),
         seen: new Set(prompt),
         rng: new Rng(deriveSeed(normalized.seed, choice)),
-        json: json
-          ? new JsonConstraint(json)
-          : normalized.toolCalls?.trigger === ""
-            ? new JsonConstraint(normalized.toolCalls.schema)
-            : null,
+        json: json ? new JsonConstraint(json) : null,
         triggerFrom: 0,
         truncated: false,
         emittedChars: 0,
@@ -492,14 +489,7 @@ export class Engine {
     let safe = end;
     if (!stopped) {
       // Hold back text that may be the start of a stop string or of a split UTF-8 character.
-      for (const stop of r.stop) {
-        for (let k = Math.min(stop.length - 1, full.length); k > 0; k--) {
-          if (full.endsWith(stop.slice(0, k))) {
-            safe = Math.min(safe, full.length - k);
-            break;
-          }
-        }
-      }
+      for (const stop of r.stop) safe = Math.min(safe, full.length - heldSuffix(full, stop));
       if (full.endsWith("\uFFFD")) safe = Math.min(safe, full.length - 1);
     }
     const delta = full.slice(s.emittedChars, Math.max(s.emittedChars, safe));

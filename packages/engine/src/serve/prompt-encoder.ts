@@ -72,7 +72,7 @@ export class PromptEncoder {
   ): Promise<number[]> {
     const { contextLength: _, ...rest } = options;
     const render: RenderOptions = { addGenerationPrompt: true, ...rest };
-    const bytes = promptBytes(messages) + JSON.stringify(options.tools ?? []).length;
+    const bytes = promptBytes(messages, options.tools);
     const context = options.contextLength;
     if (context !== undefined) {
       const atLeast = Math.ceil(bytes / this.maxTokenBytes);
@@ -178,12 +178,15 @@ class PromptThread {
 }
 
 /**
- * A lower bound on the UTF-8 bytes of everything a prompt's messages carry: their UTF-16
- * length (every code unit is at least one byte). O(1) per string, where counting the bytes
- * themselves took 9 ms for a 9 MB message.
+ * A lower bound on the UTF-8 bytes of everything a prompt's messages and tool definitions
+ * carry: their UTF-16 length (every code unit is at least one byte). O(1) per string, where
+ * counting the bytes themselves took 9 ms for a 9 MB message.
  */
-export function promptBytes(messages: readonly ChatMessage[]): number {
-  let bytes = 0;
+export function promptBytes(
+  messages: readonly ChatMessage[],
+  tools?: RenderOptions["tools"],
+): number {
+  let bytes = JSON.stringify(tools ?? []).length;
   for (const m of messages) {
     bytes += m.content.length;
     for (const call of m.toolCalls ?? []) bytes += call.name.length + call.arguments.length;

@@ -102,7 +102,6 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
     logprobs: body.logprobs ?? false,
     topLogprobs: body.top_logprobs ?? 0,
   };
-  if (body.tools && body.tools.length > 0) request.tools = body.tools;
   if (maxTokens !== undefined) request.maxTokens = maxTokens;
   if (body.temperature !== undefined && body.temperature !== null)
     request.temperature = body.temperature;

@@ -24,7 +24,7 @@ export class EngineChatBackend implements ChatBackend<Extract<ResolvedModel, { k
     resolved: Extract<ResolvedModel, { kind: "engine" }>,
     body: ChatRequest,
   ): Promise<PreparedChat> {
-    const { messages = [], tools: _, ...request } = toGenerateRequest(body);
+    const { messages = [], ...request } = toGenerateRequest(body);
     const engine = await this.#engines.engine(resolved.baseId);
     const tools = engineTools(
       engine.info.toolCallFormat,

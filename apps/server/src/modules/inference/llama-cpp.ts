@@ -1,5 +1,5 @@
 import { availableParallelism } from "node:os";
-import { type ChatMessage, deriveSeed, randomSeed } from "@arbor/engine/model";
+import { type ChatMessage, deriveSeed, heldSuffix, randomSeed } from "@arbor/engine/model";
 import type { GenerationEvent, ThreadGenerateRequest } from "@arbor/engine/serve";
 
 /** ChatML's markers: a GGUF whose vocabulary has them as single tokens is rendered as ChatML. */
@@ -294,14 +294,7 @@ export class LlamaCppBackend {
         let safe = end;
         if (!stopped) {
           // Hold back text that may begin a stop string or end in a split UTF-8 character.
-          for (const s of stop) {
-            for (let k = Math.min(s.length - 1, full.length); k > 0; k--) {
-              if (full.endsWith(s.slice(0, k))) {
-                safe = Math.min(safe, full.length - k);
-                break;
-              }
-            }
-          }
+          for (const s of stop) safe = Math.min(safe, full.length - heldSuffix(full, s));
           if (full.endsWith("\uFFFD")) safe = Math.min(safe, full.length - 1);
         }
         const text = full.slice(emitted, Math.max(emitted, safe));

@@ -16,7 +16,8 @@ type TokenLogprobs = NonNullable<
   NonNullable<ChatCompletion["choices"][number]["logprobs"]>["content"]
 >;
 type FinishReason = ChatCompletion["choices"][number]["finish_reason"];
-type ToolCallDelta = NonNullable<
+/** A streamed piece of a tool call, as a chunk's `delta.tool_calls` has it. */
+export type ToolCallDelta = NonNullable<
   ChatCompletionChunk["choices"][number]["delta"]["tool_calls"]
 >[number];
 
@@ -35,15 +36,8 @@ export type ChatEvent =
   /** A choice ended; `content` is text held back until now (a possible stop string's start). */
   | { type: "finish"; choice: number; content: string; finishReason: FinishReason }
   /** A piece of one of a choice's tool calls, as OpenAI streams them: the first has the call's
-   * `id` and `name`, the next ones fragments of its `arguments` to append. */
-  | {
-      type: "tool_call";
-      choice: number;
-      index: number;
-      id?: string;
-      name?: string;
-      arguments?: string;
-    }
+   * `id`, `type` and `name`, the next ones fragments of its `arguments` to append. */
+  | { type: "tool_call"; choice: number; delta: ToolCallDelta }
   /** The backend's own count, when it has one (an upstream's `usage`). */
   | { type: "usage"; promptTokens: number; completionTokens: number };
 
@@ -222,7 +216,7 @@ export class ChatRun {
   #eventChunk(event: Exclude<ChatEvent, { type: "usage" }>): ChatCompletionChunk {
     if (event.type === "tool_call") {
       return this.#chunk([
-        { index: event.choice, delta: { tool_calls: [toolCallDelta(event)] }, finish_reason: null },
+        { index: event.choice, delta: { tool_calls: [event.delta] }, finish_reason: null },
       ]);
     }
     return this.#chunk([
@@ -297,7 +291,7 @@ export class ChatRun {
         const choice = choices[event.choice];
         if (!choice) continue;
         if (event.type === "tool_call") {
-          addToolCall(choice.calls, event);
+          addToolCall(choice.calls, event.delta);
           yield event;
           continue;
         }
@@ -361,7 +355,7 @@ export class ChatRun {
 type ToolCall = NonNullable<ChatCompletion["choices"][number]["message"]["tool_calls"]>[number];
 
 /** A streamed piece of a call added to a choice's calls: a piece with an id starts a call. */
-function addToolCall(calls: ToolCall[], piece: Extract<ChatEvent, { type: "tool_call" }>): void {
+function addToolCall(calls: ToolCall[], piece: ToolCallDelta): void {
   let call = calls[piece.index];
   if (!call) {
     call = {
@@ -371,23 +365,8 @@ function addToolCall(calls: ToolCall[], piece: Extract<ChatEvent, { type: "tool_
     };
     calls[piece.index] = call;
   }
-  if (piece.name) call.function.name += piece.name;
-  if (piece.arguments) call.function.arguments += piece.arguments;
-}
-
-/** A piece of a call as a chunk's delta: its id, type and name first, as OpenAI sends them. */
-function toolCallDelta(piece: Extract<ChatEvent, { type: "tool_call" }>): ToolCallDelta {
-  const fn = {
-    ...(piece.name !== undefined ? { name: piece.name } : {}),
-    ...(piece.arguments !== undefined || piece.id !== undefined
-      ? { arguments: piece.arguments ?? "" }
-      : {}),
-  };
-  return {
-    index: piece.index,
-    ...(piece.id !== undefined ? { id: piece.id, type: "function" as const } : {}),
-    ...(Object.keys(fn).length > 0 ? { function: fn } : {}),
-  };
+  if (piece.function?.name) call.function.name += piece.function.name;
+  if (piece.function?.arguments) call.function.arguments += piece.function.arguments;
 }
 
 /** What a run tells its observer besides its usage: its model, which backend ran it and when

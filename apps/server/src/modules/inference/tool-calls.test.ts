@@ -121,14 +121,23 @@ describe("reading tool calls", () => {
     expect(text.join("")).toBe("Sure.\n");
     // Held-back tokens are still counted.
     expect(events.filter((e) => e.type === "delta")).toHaveLength(4);
-    const calls = events.filter((e) => e.type === "tool_call");
-    expect(calls.map(({ id: _, ...c }) => c)).toEqual([
-      { type: "tool_call", choice: 0, index: 0, name: "add" },
-      { type: "tool_call", choice: 0, index: 0, arguments: '{"a":1,"b":2}' },
-      { type: "tool_call", choice: 0, index: 1, name: "now" },
-      { type: "tool_call", choice: 0, index: 1, arguments: "{}" },
+    const calls = events.flatMap((e) => (e.type === "tool_call" ? [e] : []));
+    const opening = (index: number, name: string) => ({
+      index,
+      id: expect.stringMatching(/^call_/),
+      type: "function",
+      function: { name, arguments: "" },
+    });
+    expect(calls).toEqual([
+      { type: "tool_call", choice: 0, delta: opening(0, "add") },
+      {
+        type: "tool_call",
+        choice: 0,
+        delta: { index: 0, function: { arguments: '{"a":1,"b":2}' } },
+      },
+      { type: "tool_call", choice: 0, delta: opening(1, "now") },
+      { type: "tool_call", choice: 0, delta: { index: 1, function: { arguments: "{}" } } },
     ]);
-    expect(calls[0]!.type === "tool_call" && calls[0]!.id).toMatch(/^call_/);
     expect(events.at(-1)).toEqual({
       type: "finish",
       choice: 0,

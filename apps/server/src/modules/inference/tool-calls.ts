@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import {
   constrainedCall,
   parseToolCalls,
+  sendableLength,
   type ToolCallFormat,
   toolCallStart,
 } from "@arbor/engine/model";
@@ -44,16 +45,15 @@ export function engineTools(
   const none = { schema: null, toolCalls: null, reading: null };
   if (!request) return { prompt: {}, ...none };
   if (!format) throw unsupported("tools");
-  request.tools.forEach((tool, i) => {
-    if (tool.function.strict) argumentsSchema(tool, i);
-  });
+  // Each function's arguments schema, parsed once: a strict one the engine cannot enforce is a
+  // 400 whatever the choice.
+  const functions = request.tools.map((tool, i) => ({ tool, schema: argumentsSchema(tool, i) }));
   const prompt: ChatPromptOptions = { tools: request.tools };
   const { choice } = request;
   if (choice === "none") return { prompt, ...none };
-  const indexed = request.tools.map((tool, i) => ({ tool, i }));
   if (choice === "auto") {
     const strict = format === "hermes" && request.tools.some((tool) => tool.function.strict);
-    const call = strict ? callSchema(format, indexed) : null;
+    const call = strict ? callSchema(format, functions) : null;
     return {
       prompt,
       schema: null,
@@ -70,8 +70,8 @@ export function engineTools(
   const call = callSchema(
     format,
     choice === "required"
-      ? indexed
-      : indexed.filter(({ tool }) => tool.function.name === choice.name),
+      ? functions
+      : functions.filter(({ tool }) => tool.function.name === choice.name),
   );
   return {
     prompt: { ...prompt, prefill: call.prefill },
@@ -86,9 +86,9 @@ export function engineTools(
  * depend on the name). */
 function callSchema(
   format: ToolCallFormat,
-  candidates: { tool: ChatTool; i: number }[],
+  candidates: { tool: ChatTool; schema: JsonSchema }[],
 ): { prefill: string; schema: JsonSchema } {
-  const schemas = candidates.map(({ tool, i }) => argumentsSchema(tool, i));
+  const schemas = candidates.map(({ schema }) => schema);
   const same = schemas.every((s) => JSON.stringify(s) === JSON.stringify(schemas[0]));
   const args: JsonSchema = same && schemas[0] ? schemas[0] : { type: "object" };
   const call = constrainedCall(
@@ -96,7 +96,8 @@ function callSchema(
     candidates.map(({ tool }) => tool.function.name),
     args as Record<string, unknown>,
   );
-  return { prefill: call.prefill, schema: parseJsonSchema(call.schema) };
+  // An object of a string enum and a parsed schema: a schema as parseJsonSchema would give it.
+  return { prefill: call.prefill, schema: call.schema as JsonSchema };
 }
 
 /** A function's arguments schema as the engine enforces it; a strict one it cannot is a 400. */
@@ -111,7 +112,7 @@ function argumentsSchema(tool: ChatTool, i: number): JsonSchema {
 }
 
 /** A new tool call's id, as OpenAI's look. */
-export function toolCallId(): string {
+function toolCallId(): string {
   return `call_${randomBytes(12).toString("base64url")}`;
 }
 
@@ -125,7 +126,6 @@ export async function* readToolCalls(
   events: AsyncIterable<ChatEvent>,
   reading: ToolReading,
 ): AsyncGenerator<ChatEvent> {
-  const start = toolCallStart(reading.format);
   const texts = new Map<number, { text: string; sent: number }>();
   for await (const event of events) {
     if (event.type !== "delta" && event.type !== "finish") {
@@ -136,7 +136,8 @@ export async function* readToolCalls(
     texts.set(event.choice, state);
     state.text += event.content;
     if (event.type === "delta") {
-      const upTo = sendable(reading, start, state.text);
+      // A prefilled call's opening makes the whole reply the call's.
+      const upTo = reading.prefill.length > 0 ? 0 : sendableLength(reading.format, state.text);
       const content = state.text.slice(state.sent, Math.max(state.sent, upTo));
       state.sent = Math.max(state.sent, upTo);
       yield { ...event, content, ...(content.length < event.content.length ? { held: true } : {}) };
@@ -150,8 +151,21 @@ export async function* readToolCalls(
     }
     const calls = reading.parallel ? parsed.calls : parsed.calls.slice(0, 1);
     for (const [index, call] of calls.entries()) {
-      yield { type: "tool_call", choice: event.choice, index, id: toolCallId(), name: call.name };
-      yield { type: "tool_call", choice: event.choice, index, arguments: call.arguments };
+      yield {
+        type: "tool_call",
+        choice: event.choice,
+        delta: {
+          index,
+          id: toolCallId(),
+          type: "function",
+          function: { name: call.name, arguments: "" },
+        },
+      };
+      yield {
+        type: "tool_call",
+        choice: event.choice,
+        delta: { index, function: { arguments: call.arguments } },
+      };
     }
     yield {
       type: "finish",
@@ -160,26 +174,4 @@ export async function* readToolCalls(
       finishReason: event.finishReason === "length" ? "length" : "tool_calls",
     };
   }
-}
-
-/** What Llama 3 may write before a call (when the tokenizer shows its special tokens). */
-const PYTHON_TAG = "<|python_tag|>";
-
-/** How much of a reply's text can be sent as text: all of it before what may start a call. */
-function sendable(reading: ToolReading, start: string, text: string): number {
-  if (reading.prefill.length > 0) return 0;
-  if (reading.format === "llama3-json") {
-    // The reply is a call when it starts as one: text is held until its first character shows.
-    const opening = text.trimStart();
-    const body = opening.startsWith(PYTHON_TAG) ? opening.slice(PYTHON_TAG.length) : opening;
-    return body.length === 0 || body.startsWith(start) || PYTHON_TAG.startsWith(opening)
-      ? 0
-      : text.length;
-  }
-  const at = text.indexOf(start);
-  if (at >= 0) return at;
-  for (let k = Math.min(start.length - 1, text.length); k > 0; k--) {
-    if (text.endsWith(start.slice(0, k))) return text.length - k;
-  }
-  return text.length;
 }

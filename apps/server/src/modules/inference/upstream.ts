@@ -11,7 +11,7 @@ import { EventSourceParserStream } from "eventsource-parser/stream";
 import type { ChatRequest } from "./chat.ts";
 import { CheckpointGoneError } from "./engines.ts";
 import { modelNotFound, type ResolvedModel } from "./models.ts";
-import type { ChatBackend, ChatEvent, PreparedChat } from "./service.ts";
+import type { ChatBackend, ChatEvent, PreparedChat, ToolCallDelta } from "./service.ts";
 import type { UpstreamAdapters } from "./upstream-lora.ts";
 
 type ChatCompletionChunk = components["schemas"]["ChatCompletionChunk"];
@@ -123,14 +123,7 @@ async function* upstreamEvents(response: Response): AsyncGenerator<ChatEvent> {
         };
       }
       for (const call of choice.delta?.tool_calls ?? []) {
-        yield {
-          type: "tool_call",
-          choice: choice.index,
-          index: call.index,
-          ...(call.id ? { id: call.id } : {}),
-          ...(call.function?.name ? { name: call.function.name } : {}),
-          ...(call.function?.arguments !== undefined ? { arguments: call.function.arguments } : {}),
-        };
+        yield { type: "tool_call", choice: choice.index, delta: knownFields(call) };
       }
       if (choice.finish_reason) {
         yield {
@@ -152,6 +145,20 @@ async function* upstreamEvents(response: Response): AsyncGenerator<ChatEvent> {
       };
     }
   }
+}
+
+/** An upstream's piece of a tool call with the fields our chunks have (they allow no others). */
+function knownFields(call: ToolCallDelta): ToolCallDelta {
+  const fn = {
+    ...(call.function?.name ? { name: call.function.name } : {}),
+    ...(call.function?.arguments !== undefined ? { arguments: call.function.arguments } : {}),
+  };
+  return {
+    index: call.index,
+    ...(call.id ? { id: call.id } : {}),
+    ...(call.type ? { type: call.type } : {}),
+    ...(Object.keys(fn).length > 0 ? { function: fn } : {}),
+  };
 }
 
 /** Sends the chat request upstream. A refusal comes back as our envelope; the upstream's
