@@ -50,6 +50,7 @@ export { deriveSeed, Rng, randomSeed } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { heldSuffix } from "./text.ts";
 export {
+  callOpening,
   constrainedCall,
   parseToolCalls,
   sendableLength,

@@ -2,7 +2,13 @@ import { describe, expect, it } from "vitest";
 import { FAMILIES, familyChatFiles } from "../../test/families.ts";
 import { tinyChatFiles } from "../../test/fixtures.ts";
 import { heldSuffix } from "./text.ts";
-import { constrainedCall, parseToolCalls, sendableLength, toolCallFormat } from "./tool-calls.ts";
+import {
+  callOpening,
+  constrainedCall,
+  parseToolCalls,
+  sendableLength,
+  toolCallFormat,
+} from "./tool-calls.ts";
 
 describe("tool call formats", () => {
   it("when a template writes <tool_call> blocks, then it is hermes; Llama's JSON calls are llama3-json; a template without calls has none", () => {
@@ -61,7 +67,7 @@ describe("tool call formats", () => {
 
   it("when a call is constrained, then hermes prefills its opening and Llama's is the whole reply", () => {
     const args = { type: "object", properties: { a: { type: "integer" } } };
-    expect(constrainedCall("hermes", ["add"], args)).toEqual({
+    expect(constrainedCall("hermes", [{ name: "add", parameters: args }])).toEqual({
       prefill: "<tool_call>\n",
       schema: {
         type: "object",
@@ -69,11 +75,35 @@ describe("tool call formats", () => {
         required: ["name", "arguments"],
       },
     });
-    expect(constrainedCall("llama3-json", ["add"], args).prefill).toBe("");
-    expect(constrainedCall("llama3-json", ["add"], args).schema.required).toEqual([
-      "name",
-      "parameters",
-    ]);
+    expect(constrainedCall("llama3-json", [{ name: "add", parameters: args }]).prefill).toBe("");
+    expect(
+      constrainedCall("llama3-json", [{ name: "add", parameters: args }]).schema.required,
+    ).toEqual(["name", "parameters"]);
+  });
+
+  it("when several functions may be called, then the call is a choice told apart by its name, each with its own arguments", () => {
+    const add = { type: "object", properties: { a: { type: "integer" } }, required: ["a"] };
+    const now = { type: "object", properties: {} };
+    const call = (name: string, parameters: unknown) => ({
+      type: "object",
+      properties: { name: { type: "string", enum: [name] }, arguments: parameters },
+      required: ["name", "arguments"],
+    });
+    expect(
+      constrainedCall("hermes", [
+        { name: "add", parameters: add },
+        { name: "now", parameters: now },
+      ]).schema,
+    ).toEqual({ oneOf: [call("add", add), call("now", now)] });
+  });
+
+  it("when a model may choose to call, then a hermes call opens at any <tool_call> and a Llama one only where the reply or a `;` after a call leaves off", () => {
+    expect(callOpening("hermes")).toEqual({ trigger: "<tool_call>" });
+    expect(callOpening("llama3-json")).toEqual({
+      trigger: "{",
+      anchored: { first: ["", "<|python_tag|>"], next: [";"] },
+      opensValue: true,
+    });
   });
 
   it("when a reply streams, then text before what may start a call can be sent", () => {

@@ -68,6 +68,21 @@ export function toolCallStart(format: ToolCallFormat): string {
 }
 
 /**
+ * Where a call the model chooses to make opens, for constraining it (ADR 63): a hermes call at
+ * each `<tool_call>`, wherever it is; a Llama 3 call at a `{` that starts the reply (after
+ * blanks or `<|python_tag|>`) or follows a finished call and its `;`, the `{` being the
+ * call's own start.
+ */
+export function callOpening(format: ToolCallFormat): {
+  trigger: string;
+  anchored?: { first: string[]; next: string[] };
+  opensValue?: boolean;
+} {
+  if (format === "hermes") return { trigger: HERMES_OPEN };
+  return { trigger: "{", anchored: { first: ["", PYTHON_TAG], next: [";"] }, opensValue: true };
+}
+
+/**
  * How much of a reply's `text` so far can be sent as text in `format`: all of it before what
  * may start a call. A hermes call may follow text, so only its opening (or a tail that may
  * begin one) is held; a Llama 3 reply is a call when it starts as one, so it is held until its
@@ -88,21 +103,26 @@ export function sendableLength(format: ToolCallFormat, text: string): number {
 
 /**
  * The text a constrained call is generated after (added to the prompt), and the JSON schema of
- * what follows it: `{"name": <one of names>, "<arguments>": <the schema>}`.
+ * what follows it: `{"name": <a candidate's name>, "<arguments>": <that candidate's schema>}`.
+ * Several candidates make a `oneOf` told apart by `name` (which the JSON constraint writes
+ * first), so the arguments always follow the schema of the function named.
  */
 export function constrainedCall(
   format: ToolCallFormat,
-  names: readonly string[],
-  argumentsSchema: Record<string, unknown>,
+  candidates: readonly { name: string; parameters: Record<string, unknown> }[],
 ): { prefill: string; schema: Record<string, unknown> } {
   const key = format === "hermes" ? "arguments" : "parameters";
+  const call = (names: string[], parameters: Record<string, unknown>) => ({
+    type: "object",
+    properties: { name: { type: "string", enum: names }, [key]: parameters },
+    required: ["name", key],
+  });
+  const only = candidates.length === 1 ? candidates[0] : undefined;
   return {
     prefill: format === "hermes" ? `${HERMES_OPEN}\n` : "",
-    schema: {
-      type: "object",
-      properties: { name: { type: "string", enum: [...names] }, [key]: argumentsSchema },
-      required: ["name", key],
-    },
+    schema: only
+      ? call([only.name], only.parameters)
+      : { oneOf: candidates.map(({ name, parameters }) => call([name], parameters)) },
   };
 }
 

@@ -1,3 +1,4 @@
+import { Ajv } from "ajv";
 import { describe, expect, it, vi } from "vitest";
 import { PATIENT } from "../../../../vitest.shared.ts";
 import { tinyConfig, tinyModel } from "../../test/fixtures.ts";
@@ -5,8 +6,9 @@ import { naiveLogits } from "../../test/naive-reference.ts";
 import { jsKernels } from "../kernels/js.ts";
 import { createWasmKernels } from "../kernels/wasm.ts";
 import { Rng } from "../model/rng.ts";
+import { callOpening, constrainedCall } from "../model/tool-calls.ts";
 import { attentionSpan, chunkWithin, Engine, type GenerationEvent, stepCost } from "./engine.ts";
-import type { JsonSchema } from "./json-constraint.ts";
+import { type JsonSchema, parseJsonSchema } from "./json-constraint.ts";
 
 const model = tinyModel(21);
 const prompt = model.tokenizer.encode("The cat sat", { special: true });
@@ -401,6 +403,111 @@ describe("Engine", () => {
       if (end! < after.length || finishReason === "stop") goneOn++;
     }
     expect(goneOn).toBeGreaterThan(0);
+  });
+});
+
+/** Three functions whose arguments differ, each closed to its own properties. */
+const TOOLS = [
+  {
+    name: "add",
+    parameters: {
+      type: "object",
+      properties: { a: { type: "integer" }, b: { type: "integer" } },
+      required: ["a", "b"],
+      additionalProperties: false,
+    },
+  },
+  {
+    name: "say",
+    parameters: {
+      type: "object",
+      properties: { text: { type: "string" }, loud: { type: "boolean" } },
+      required: ["text"],
+      additionalProperties: false,
+    },
+  },
+  {
+    name: "pick",
+    parameters: {
+      type: "object",
+      properties: {
+        choice: { enum: ["left", "right"] },
+        weights: { type: "array", items: { type: "number" } },
+      },
+      required: ["choice", "weights"],
+      additionalProperties: false,
+    },
+  },
+];
+const ajv = new Ajv({ strict: true });
+const validators = new Map(TOOLS.map((tool) => [tool.name, ajv.compile(tool.parameters)]));
+
+/** A call's JSON text checked by an independent validator against the schema of its tool. */
+function expectValidCall(json: string, key: "arguments" | "parameters", context: string): string {
+  const call = JSON.parse(json) as Record<string, unknown>;
+  expect(Object.keys(call).sort(), context).toEqual([key, "name"].sort());
+  const validate = validators.get(call["name"] as string);
+  expect(validate, context).toBeDefined();
+  expect(validate!(call[key]), `${context}: ${ajv.errorsText(validate!.errors)}`).toBe(true);
+  return call["name"] as string;
+}
+
+describe("Engine tool calls", () => {
+  const candidates = TOOLS.map(({ name, parameters }) => ({ name, parameters }));
+
+  it("when a call to one of several functions is required, then every sampled call names one and its arguments validate against that function's schema", async () => {
+    const engine = new Engine(model);
+    const schema = parseJsonSchema(constrainedCall("hermes", candidates).schema);
+    const named = new Set<string>();
+    for (let seed = 0; seed < 40; seed++) {
+      const result = await engine.complete({
+        prompt,
+        maxTokens: seed % 2 === 0 ? 48 : 200,
+        temperature: 2,
+        seed,
+        responseFormat: { type: "json_schema", schema },
+      });
+      const { text } = result.choices[0]!;
+      named.add(expectValidCall(text, "arguments", `seed ${seed}: ${text}`));
+    }
+    // High temperature on random weights reaches every function.
+    expect([...named].sort()).toEqual(["add", "pick", "say"]);
+  });
+
+  it("when a Llama reply starts a call under auto, then the call is constrained to one function's schema, and a brace later in text is left alone", async () => {
+    const engine = new Engine(model);
+    const toolCalls = {
+      ...callOpening("llama3-json"),
+      schema: parseJsonSchema(constrainedCall("llama3-json", candidates).schema),
+    };
+    let calls = 0;
+    let text = 0;
+    for (let seed = 0; seed < 6000 && (calls < 8 || text < 3); seed++) {
+      const request = { prompt, maxTokens: 1, temperature: 2, seed };
+      const first = (await engine.complete(request)).choices[0]!.text;
+      const startsCall = first.trimStart().startsWith("{");
+      if (startsCall ? calls >= 8 : text >= 3) continue;
+      const free = startsCall
+        ? null
+        : (await engine.complete({ ...request, maxTokens: 60 })).choices[0]!;
+      if (!startsCall && !free!.text.slice(1).includes("{")) continue;
+      const result = await engine.complete({ ...request, maxTokens: 60, toolCalls });
+      const reply = result.choices[0]!.text;
+      if (!startsCall) {
+        // The reply did not start with a call: a `{` in its text opens none.
+        expect(reply).toBe(free!.text);
+        text++;
+        continue;
+      }
+      // The reply is the call from its first character; the longest prefix that parses is it.
+      const body = reply.trimStart();
+      const end = [...body].map((_, i) => i + 1).findLast((i) => isJson(body.slice(0, i)));
+      expect(end, reply).toBeDefined();
+      expectValidCall(body.slice(0, end), "parameters", `seed ${seed}: ${reply}`);
+      calls++;
+    }
+    expect(calls).toBe(8);
+    expect(text).toBe(3);
   });
 });
 

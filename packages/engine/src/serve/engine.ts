@@ -23,6 +23,22 @@ export type ResponseFormat =
   | { type: "json_object" }
   | { type: "json_schema"; schema: JsonSchema };
 
+/**
+ * Where the calls a model chooses to make open, and what they are constrained to (ADR 60, 63):
+ * each time the text reaches `trigger`, what follows is constrained to `schema` until that
+ * value is complete. With `anchored`, the trigger opens a call only where the text before it
+ * (since the reply's start, or since the last call's end), without whitespace, is one of
+ * `first` (no call yet) or `next` (after one): a Llama 3 reply is a call when it starts as one.
+ * A trigger elsewhere ends the looking: the reply is text. With `opensValue`, the trigger is the
+ * value's own start (Llama's `{`), else the value follows it (`<tool_call>`).
+ */
+export interface ToolCallConstraint {
+  trigger: string;
+  schema: JsonSchema;
+  anchored?: { first: readonly string[]; next: readonly string[] };
+  opensValue?: boolean;
+}
+
 /** What a chat prompt is rendered with besides its messages: the tools, and a prefilled start of
  * the reply. */
 export type ChatPromptOptions = Pick<RenderOptions, "tools" | "prefill">;
@@ -62,7 +78,7 @@ export interface GenerateRequest {
    * (a call's opening, such as `<tool_call>`), what follows is constrained to `schema` until
    * that value is complete; then the model goes on freely.
    */
-  toolCalls?: { trigger: string; schema: JsonSchema };
+  toolCalls?: ToolCallConstraint;
   /** Number of choices. Default 1. */
   n?: number;
   /**
@@ -135,6 +151,8 @@ interface Sequence {
   json: JsonConstraint | null;
   /** With `toolCalls`: where in the text the next trigger is looked for. */
   triggerFrom: number;
+  /** With `toolCalls`: how many calls have opened. */
+  calls: number;
   /** JSON output being closed early because the token budget runs out: it ends as `length`. */
   truncated: boolean;
   emittedChars: number;
@@ -266,6 +284,7 @@ export class Engine {
         rng: new Rng(deriveSeed(normalized.seed, choice)),
         json: json ? new JsonConstraint(json) : null,
         triggerFrom: 0,
+        calls: 0,
         truncated: false,
         emittedChars: 0,
         queue,
@@ -544,11 +563,21 @@ export class Engine {
   ): void {
     const at = full.indexOf(toolCalls.trigger, s.triggerFrom);
     if (at < 0) return;
+    if (toolCalls.anchored) {
+      const before = full.slice(s.triggerFrom, at).replace(/\s+/g, "");
+      const allowed = s.calls === 0 ? toolCalls.anchored.first : toolCalls.anchored.next;
+      if (!allowed.includes(before)) {
+        s.triggerFrom = Number.POSITIVE_INFINITY;
+        return;
+      }
+    }
     s.triggerFrom = at + toolCalls.trigger.length;
+    s.calls++;
     const json = new JsonConstraint(toolCalls.schema);
     // The token that ended the opening may have begun the value; if that cannot be one, the
     // call is left to the model (and is read as text).
-    if (json.feed(full.slice(s.triggerFrom)) && !json.complete) s.json = json;
+    const value = full.slice(toolCalls.opensValue ? at : s.triggerFrom);
+    if (json.feed(value) && !json.complete) s.json = json;
   }
 
   private finish(s: Sequence, reason: FinishReason, text?: string): void {

@@ -8,6 +8,7 @@ export {
   Engine,
   type GenerationEvent,
   type TokenLogprob,
+  type ToolCallConstraint,
 } from "./engine.ts";
 export { EngineThread, type ThreadGenerateRequest } from "./engine-thread.ts";
 export { type JsonSchema, parseJsonSchema, UnsupportedSchemaError } from "./json-constraint.ts";

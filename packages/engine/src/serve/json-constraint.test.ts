@@ -103,6 +103,82 @@ describe("parseJsonSchema", () => {
     });
   });
 
+  it("when a oneOf or anyOf is a choice of objects told apart by a property, then the telling property comes first and the rest follows the variant it names", () => {
+    const schema = parseJsonSchema({
+      description: "a call",
+      oneOf: [
+        {
+          type: "object",
+          properties: {
+            name: { type: "string", enum: ["add"] },
+            arguments: { type: "object", properties: { a: { type: "integer" } }, required: ["a"] },
+          },
+          required: ["name", "arguments"],
+        },
+        {
+          type: "object",
+          properties: {
+            name: { enum: ["say", "shout"] },
+            arguments: { type: "object", properties: { text: { type: "string" } } },
+          },
+          required: ["arguments", "name"],
+        },
+      ],
+    });
+    expect(schema).toMatchObject({ type: "object", discriminator: "name" });
+    const accepts = (text: string) => new JsonConstraint(schema).feed(text);
+    expect(accepts('{"name": "add", "arguments": {"a": 1}}')).toBe(true);
+    expect(accepts('{"name": "shout", "arguments": {"text": "hi"}}')).toBe(true);
+    // The arguments follow the function named, not another's.
+    expect(accepts('{"name": "add", "arguments": {"text"')).toBe(false);
+    expect(accepts('{"name": "say", "arguments": {"a"')).toBe(false);
+    expect(accepts('{"name": "add", "arguments": {}')).toBe(false);
+    expect(accepts('{"name": "sub"')).toBe(false);
+    // The telling property first; the variant's required ones before the end.
+    expect(accepts('{"arguments"')).toBe(false);
+    expect(accepts('{"name": "add"}')).toBe(false);
+    const done = new JsonConstraint(schema);
+    expect(done.feed('{"name": "say", "arguments": {"text": "hi"}}')).toBe(true);
+    expect(done.complete).toBe(true);
+    // The shortest completion names a variant and completes it.
+    for (const prefix of ["", "{", '{"name": "a', '{"name": "say", "arguments": {"te']) {
+      const c = new JsonConstraint(schema);
+      expect(c.feed(prefix)).toBe(true);
+      const whole = prefix + c.completion();
+      expect(new JsonConstraint(schema).feed(whole) && JSON.parse(whole)).toBeTruthy();
+    }
+    const variants = "oneOf" in schema ? schema.oneOf : [];
+    expect(parseJsonSchema({ type: "object", anyOf: variants })).toEqual(schema);
+  });
+
+  it.each([
+    [
+      {
+        oneOf: [
+          { type: "object", properties: { k: { enum: ["a"] } }, required: ["k"] },
+          { type: "object", properties: { k: { enum: ["a", "b"] } }, required: ["k"] },
+        ],
+      },
+      "schema.oneOf is supported only as a choice of objects that all require one property whose string enum values tell them apart",
+    ],
+    [
+      {
+        anyOf: [
+          { type: "object", properties: { k: { enum: ["a"] } }, required: ["k"] },
+          { type: "object", properties: { k: { enum: ["b"] } } },
+        ],
+      },
+      "schema.anyOf is supported only as a choice of objects that all require one property whose string enum values tell them apart",
+    ],
+    [
+      { type: "object", properties: {}, oneOf: [{ type: "object" }] },
+      "schema.properties cannot be combined with oneOf",
+    ],
+    [{ oneOf: [] }, "schema.oneOf must be a non-empty list of schemas"],
+  ])("when a choice %j cannot be told apart, then it is refused naming it", (schema, message) => {
+    expect(() => parseJsonSchema(schema)).toThrow(message);
+  });
+
   it("when additionalProperties is false with no properties, then only {} is generated", () => {
     const schema = parseJsonSchema({ type: "object", additionalProperties: false });
     expect(new JsonConstraint(schema).feed('{"')).toBe(false);
@@ -117,7 +193,7 @@ describe("parseJsonSchema", () => {
     ],
     [
       { type: "object", properties: { a: { anyOf: [{ type: "string" }] } } },
-      "schema.properties.a.anyOf is not supported",
+      "schema.properties.a.anyOf is supported only as a choice of objects that all require one property whose string enum values tell them apart",
     ],
     [
       { type: "object", additionalProperties: { type: "string" } },

@@ -4,11 +4,14 @@
  * and can produce the shortest completion so generation can close the value before max_tokens.
  *
  * Schema subset: object (properties, required; no additional properties), array (items),
- * string (optionally enum), number, integer, boolean, null, and `enum` of strings.
+ * string (optionally enum), number, integer, boolean, null, `enum` of strings, and a choice of
+ * objects told apart by one property (a discriminated `oneOf`/`anyOf`: the telling property is
+ * written first, and the rest of the object follows the variant it names).
  */
 
 export type JsonSchema =
   | { type: "object"; properties?: Record<string, JsonSchema>; required?: string[] }
+  | { type: "object"; discriminator: string; oneOf: JsonSchema[] }
   | { type: "array"; items?: JsonSchema }
   | { type: "string"; enum?: string[] }
   | { type: "number" }
@@ -81,6 +84,9 @@ export function parseJsonSchema(value: unknown, path = "schema"): JsonSchema {
       case "items":
         out.items = parseJsonSchema(v, at);
         break;
+      case "oneOf":
+      case "anyOf":
+        return choiceOf(schema, key, v, path);
       case "additionalProperties":
         // Only the listed properties are ever generated, so `false` is what the constraint does.
         if (v !== false) throw new UnsupportedSchemaError(at, "is supported only as false");
@@ -105,6 +111,49 @@ export function parseJsonSchema(value: unknown, path = "schema"): JsonSchema {
     out.properties = {};
   }
   return out as JsonSchema;
+}
+
+/**
+ * A `oneOf`/`anyOf` the constraint can enforce exactly: objects that all require one property
+ * (the first such in the first variant's order) whose values, a string enum in each, are
+ * distinct across them. The telling property is generated first, then the variant it names.
+ */
+function choiceOf(
+  schema: Record<string, unknown>,
+  key: string,
+  value: unknown,
+  path: string,
+): JsonSchema {
+  const at = `${path}.${key}`;
+  for (const other of Object.keys(schema)) {
+    if (other === key || ANNOTATIONS.has(other)) continue;
+    if (other === "type" && schema.type === "object") continue;
+    throw new UnsupportedSchemaError(`${path}.${other}`, `cannot be combined with ${key}`);
+  }
+  if (!Array.isArray(value) || value.length === 0) {
+    throw new UnsupportedSchemaError(at, "must be a non-empty list of schemas");
+  }
+  const variants = value.map((v, i) => parseJsonSchema(v, `${at}[${i}]`));
+  const valuesOf = (variant: JsonSchema, name: string): string[] | null => {
+    if (!("type" in variant) || variant.type !== "object" || "oneOf" in variant) return null;
+    if (!variant.required?.includes(name)) return null;
+    return enumOf(variant.properties?.[name]);
+  };
+  const first = variants[0]!;
+  const candidates = "properties" in first && first.properties ? Object.keys(first.properties) : [];
+  const discriminator = candidates.find((name) => {
+    const lists = variants.map((variant) => valuesOf(variant, name));
+    if (lists.some((list) => list === null)) return false;
+    const all = lists.flatMap((list) => list!);
+    return new Set(all).size === all.length;
+  });
+  if (discriminator === undefined) {
+    throw new UnsupportedSchemaError(
+      at,
+      "is supported only as a choice of objects that all require one property whose string enum values tell them apart",
+    );
+  }
+  return { type: "object", discriminator, oneOf: variants };
 }
 
 type Frame =
@@ -339,6 +388,15 @@ export class JsonConstraint {
         return true;
       }
       if (this.stack.length === 0) this.done = true;
+      // The telling property of a choice names the variant the rest of the object follows.
+      else if (parent?.kind === "object" && isChoice(parent.schema)) {
+        const choice = parent.schema;
+        if (parent.key === choice.discriminator) {
+          parent.schema = choice.oneOf.find((variant) =>
+            enumOf(propertiesOf(variant)?.[choice.discriminator])?.includes(frame.text),
+          );
+        }
+      }
       return true;
     }
     if (ch.charCodeAt(0) < 0x20) return false;
@@ -488,14 +546,30 @@ function itemsOf(schema: JsonSchema | undefined): JsonSchema | undefined {
   return schema && "type" in schema && schema.type === "array" ? schema.items : undefined;
 }
 
+function isChoice(
+  schema: JsonSchema | undefined,
+): schema is Extract<JsonSchema, { discriminator: string }> {
+  return schema !== undefined && "discriminator" in schema;
+}
+
+/** An object's properties; before a choice's variant is named, only its telling property. */
 function propertiesOf(schema: JsonSchema | undefined): Record<string, JsonSchema> | null {
-  return schema && "type" in schema && schema.type === "object" && schema.properties
-    ? schema.properties
+  if (isChoice(schema)) {
+    const values = schema.oneOf.flatMap(
+      (variant) => enumOf(propertiesOf(variant)?.[schema.discriminator]) ?? [],
+    );
+    return { [schema.discriminator]: { enum: values } };
+  }
+  return schema && "type" in schema && schema.type === "object" && "properties" in schema
+    ? (schema.properties ?? null)
     : null;
 }
 
 function requiredOf(schema: JsonSchema | undefined): string[] {
-  return schema && "type" in schema && schema.type === "object" ? (schema.required ?? []) : [];
+  if (isChoice(schema)) return [schema.discriminator];
+  return schema && "type" in schema && schema.type === "object" && "required" in schema
+    ? (schema.required ?? [])
+    : [];
 }
 
 function minimalValueStart(schema: JsonSchema | undefined): string {

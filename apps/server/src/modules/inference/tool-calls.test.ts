@@ -102,6 +102,40 @@ describe("tool requests", () => {
     );
     expect(strict.toolCalls?.trigger).toBe("<tool_call>");
   });
+  it("when a call to one of several functions is required, then the call is a choice by name, each with its own arguments' schema", () => {
+    const plan = engineTools(
+      "hermes",
+      toolRequestOf(request({ tools: [add, now], tool_choice: "required" })),
+      undefined,
+    );
+    const call = (name: string, parameters: unknown) => ({
+      type: "object",
+      properties: { name: { type: "string", enum: [name] }, arguments: parameters },
+      required: ["name", "arguments"],
+    });
+    expect(plan.schema).toEqual({
+      type: "object",
+      discriminator: "name",
+      oneOf: [call("add", add.function.parameters), call("now", { type: "object" })],
+    });
+  });
+
+  it("when a Llama template's functions are strict under auto, then a call is constrained from the `{` that starts the reply", () => {
+    const strictAdd = { ...add, function: { ...add.function, strict: true } };
+    const plan = engineTools(
+      "llama3-json",
+      toolRequestOf(request({ tools: [strictAdd, now] })),
+      undefined,
+    );
+    expect(plan.schema).toBeNull();
+    expect(plan.toolCalls).toMatchObject({
+      trigger: "{",
+      anchored: { first: ["", "<|python_tag|>"], next: [";"] },
+      opensValue: true,
+      schema: { type: "object", discriminator: "name" },
+    });
+    expect(plan.reading).toEqual({ format: "llama3-json", prefill: "", parallel: true });
+  });
 });
 
 describe("reading tool calls", () => {

@@ -1,12 +1,17 @@
 import { randomBytes } from "node:crypto";
 import {
+  callOpening,
   constrainedCall,
   parseToolCalls,
   sendableLength,
   type ToolCallFormat,
-  toolCallStart,
 } from "@arbor/engine/model";
-import { type ChatPromptOptions, type JsonSchema, parseJsonSchema } from "@arbor/engine/serve";
+import {
+  type ChatPromptOptions,
+  type JsonSchema,
+  parseJsonSchema,
+  type ToolCallConstraint,
+} from "@arbor/engine/serve";
 import { InvalidInputError } from "@arbor/store";
 import { type ChatTool, jsonSchemaOf, type ToolRequest, unsupported } from "./chat.ts";
 import type { ChatEvent } from "./service.ts";
@@ -18,7 +23,7 @@ export interface EngineTools {
   /** The JSON constraint of a required call (`tool_choice` `required` or a named function). */
   schema: JsonSchema | null;
   /** The constraint of the calls the model chooses to make (`auto` with `strict` functions). */
-  toolCalls: { trigger: string; schema: JsonSchema } | null;
+  toolCalls: ToolCallConstraint | null;
   /** How the replies are read for calls; null when they are not (`tool_choice: none`). */
   reading: ToolReading | null;
 }
@@ -52,12 +57,12 @@ export function engineTools(
   const { choice } = request;
   if (choice === "none") return { prompt, ...none };
   if (choice === "auto") {
-    const strict = format === "hermes" && request.tools.some((tool) => tool.function.strict);
+    const strict = request.tools.some((tool) => tool.function.strict);
     const call = strict ? callSchema(format, functions) : null;
     return {
       prompt,
       schema: null,
-      toolCalls: call ? { trigger: toolCallStart(format), schema: call.schema } : null,
+      toolCalls: call ? { ...callOpening(format), schema: call.schema } : null,
       reading: { format, prefill: "", parallel: request.parallel },
     };
   }
@@ -81,23 +86,21 @@ export function engineTools(
   };
 }
 
-/** The constraint of a call to one of `candidates`: its name, and its arguments' schema when
- * they all have the same (any object when they differ: the constraint cannot make the arguments
- * depend on the name). */
+/** The constraint of a call to one of `candidates`: its name, and the arguments' schema of the
+ * function it names. */
 function callSchema(
   format: ToolCallFormat,
   candidates: { tool: ChatTool; schema: JsonSchema }[],
 ): { prefill: string; schema: JsonSchema } {
-  const schemas = candidates.map(({ schema }) => schema);
-  const same = schemas.every((s) => JSON.stringify(s) === JSON.stringify(schemas[0]));
-  const args: JsonSchema = same && schemas[0] ? schemas[0] : { type: "object" };
   const call = constrainedCall(
     format,
-    candidates.map(({ tool }) => tool.function.name),
-    args as Record<string, unknown>,
+    candidates.map(({ tool, schema }) => ({
+      name: tool.function.name,
+      parameters: schema as Record<string, unknown>,
+    })),
   );
-  // An object of a string enum and a parsed schema: a schema as parseJsonSchema would give it.
-  return { prefill: call.prefill, schema: call.schema as JsonSchema };
+  // Made of schemas the engine enforces, told apart by the name: it always parses.
+  return { prefill: call.prefill, schema: parseJsonSchema(call.schema) };
 }
 
 /** A function's arguments schema as the engine enforces it; a strict one it cannot is a 400. */
