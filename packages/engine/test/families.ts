@@ -52,3 +52,18 @@ export async function referenceEncoder(family: Family): Promise<(text: string) =
   const tokenizer = module.fromPreTrained();
   return (text) => tokenizer.encode(text, { add_special_tokens: false });
 }
+
+/**
+ * SmolLM3-3B's chat template (`HuggingFaceTB/SmolLM3-3B`), which no tokenizer package ships:
+ * `templates/smollm3-3b.jinja` is the copy in huggingface/swift-jinja's tests
+ * (Tests/JinjaTests/IntegrationTests.swift, test "HuggingFaceTB SmolLM3-3B", commit
+ * e095395020917170c3398e024939008faabe464e), its Swift string escapes undone. It is the revision
+ * that reads the tools as `tools` or `xml_tools`, prints each with `| string` (Python's `str()`
+ * of it), and writes calls as `<tool_call>` blocks; its first lines, a comment, are left out.
+ */
+export function smolLM3Template(): string {
+  return readFileSync(
+    fileURLToPath(new URL("./templates/smollm3-3b.jinja", import.meta.url)),
+    "utf8",
+  );
+}

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { FAMILIES, familyChatFiles } from "../../test/families.ts";
+import { FAMILIES, familyChatFiles, smolLM3Template } from "../../test/families.ts";
 import { tinyChatFiles } from "../../test/fixtures.ts";
 import { referencePython, renderWithJinja2 } from "../../test/jinja-reference.ts";
-import { ChatFormat, type ChatMessage, PromptError } from "./chat.ts";
+import { ChatFormat, type ChatMessage, ChatTemplate, PromptError } from "./chat.ts";
 import { ModelFileError } from "./tokenizer.ts";
 import { parseToolCalls, toolCallFormat } from "./tool-calls.ts";
 
@@ -162,6 +162,89 @@ describe.each(toolFamilies)("ChatFormat with tools ($name's chat template)", (fa
     expect(parseToolCalls(family.format, written)?.calls).toEqual([
       { name: "multiply", arguments: JSON.stringify({ a: 6, b: 7 }) },
     ]);
+  });
+});
+
+/** SmolLM3's template (no tokenizer package has it: a vendored copy, test/families.ts) prints
+ * each tool with `| string`, as Python's `str()`, and writes calls as `<tool_call>` blocks. */
+describe("SmolLM3's chat template with tools", () => {
+  const source = smolLM3Template();
+  const template = new ChatTemplate(source, {}, "smollm3-3b.jinja");
+  /** Values Python writes its own way: quotes, escapes, non-ASCII, booleans, null, floats. */
+  const tricky = {
+    type: "function",
+    function: {
+      name: "note",
+      description: "Writes a 'note'.\nTabs\tand \"quotes\", é, ✓, \u00a0, \u2028.",
+      strict: true,
+      parameters: {
+        type: "object",
+        properties: {
+          text: { type: "string", default: null },
+          weight: { type: "number", minimum: 0.5, maximum: 1e21 },
+          tags: { type: "array", items: { type: "string", enum: ["it's", "a\\b"] } },
+        },
+        required: ["text"],
+        additionalProperties: false,
+      },
+    },
+  };
+
+  it.skipIf(!referencePython && process.env.CI !== "true")(
+    "when a conversation with tools, a call and its answer is rendered, then it is exactly what Jinja2 renders, the tools as Python writes them",
+    () => {
+      const both = [...tools, tricky];
+      const cases = [
+        { messages: toolContext, add_generation_prompt: false },
+        { messages: toolContext.slice(1, 4), add_generation_prompt: true },
+        { messages: toolContext.slice(1, 2), add_generation_prompt: true },
+      ];
+      const reference = renderWithJinja2([
+        ...cases.map((context) => ({ template: source, context: { ...context, tools: both } })),
+        // The first revision's way: the tools as `xml_tools`.
+        { template: source, context: { ...cases[1]!, xml_tools: both } },
+      ]);
+      const ours = [
+        template.render(toolConversation, { tools: both }),
+        template.render(toolConversation.slice(1, 4), { tools: both, addGenerationPrompt: true }),
+        template.render(toolConversation.slice(1, 2), { tools: both, addGenerationPrompt: true }),
+      ];
+      expect(reference.map((r) => ("text" in r ? r.text : r.error))).toEqual([...ours, ours[1]]);
+      expect(ours[0]).toContain(
+        "<tools>\n{'type': 'function', 'function': {'name': 'multiply', 'description': 'Multiplies two numbers.', 'parameters': {'type': 'object', 'properties': {'a': {'type': 'number'}, 'b': {'type': 'number'}}, 'required': ['a', 'b']}}}\n",
+      );
+      expect(ours[0]).toContain("'strict': True");
+      expect(ours[0]).toContain("'default': None");
+      // The template writes no past calls: the calling turn is its (empty) text, as Jinja2's.
+      expect(ours[0]).toContain(
+        "<|im_start|>assistant\n<|im_end|>\n<|im_start|>user\n42<|im_end|>",
+      );
+    },
+  );
+
+  it.skipIf(!referencePython && process.env.CI !== "true")(
+    "when a list or a mapping is printed with `| string`, then it is Python's str() of it, as Jinja2 writes it",
+    () => {
+      const values = [[1, "a", true, null], { a: [{}], "b'": 'x"y' }, [], {}, ["\u0007"]];
+      const reference = renderWithJinja2(
+        values.map((x) => ({ template: "{{ x | string }}|{{ [x] | string }}", context: { x } })),
+      );
+      // The template's variables are strings in use; any value passes through them the same.
+      const rendered = values.map((x) =>
+        new ChatTemplate("{{ x | string }}|{{ [x] | string }}", { x } as never, "t").render([]),
+      );
+      expect(reference.map((r) => ("text" in r ? r.text : r.error))).toEqual(rendered);
+    },
+  );
+
+  it("when SmolLM3 answers as its template asks, then its calls are read as hermes blocks, its thinking as text", () => {
+    expect(toolCallFormat(source)).toBe("hermes");
+    const reply =
+      '<think>\nThe user wants a product.\n</think>\n<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>';
+    expect(parseToolCalls("hermes", reply)).toEqual({
+      content: "<think>\nThe user wants a product.\n</think>",
+      calls: [{ name: "multiply", arguments: '{"a":6,"b":7}' }],
+    });
   });
 });
 

@@ -1,5 +1,6 @@
 import { Template } from "@huggingface/jinja";
 import type { GenerationConfig } from "./config.ts";
+import "./jinja-python.ts";
 import { ModelFileError, Tokenizer, type TokenizerFiles, TokenLimitError } from "./tokenizer.ts";
 
 export type ChatRole = "system" | "developer" | "user" | "assistant" | "tool";
@@ -51,6 +52,8 @@ export class ChatTemplate {
   readonly #variables: Record<string, string>;
   /** Templates that know no `developer` role get it as `system`, as OpenAI defines it. */
   readonly #developerAsSystem: boolean;
+  /** Templates that read the tools as `xml_tools` (SmolLM3's) get them so too. */
+  readonly #xmlTools: boolean;
 
   constructor(source: string, variables: Record<string, string>, file: string) {
     this.source = source;
@@ -61,6 +64,7 @@ export class ChatTemplate {
     }
     this.#variables = variables;
     this.#developerAsSystem = !source.includes("developer");
+    this.#xmlTools = source.includes("xml_tools");
   }
 
   render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
@@ -69,7 +73,13 @@ export class ChatTemplate {
         ...this.#variables,
         messages: messages.map((m) => this.#templateMessage(m)),
         add_generation_prompt: options.addGenerationPrompt ?? false,
-        ...(options.tools && options.tools.length > 0 ? { tools: options.tools } : {}),
+        ...(options.tools && options.tools.length > 0
+          ? {
+              tools: options.tools,
+              // SmolLM3's template reads them as `xml_tools` (its first revision only so).
+              ...(this.#xmlTools ? { xml_tools: options.tools } : {}),
+            }
+          : {}),
       });
     } catch (err) {
       throw new PromptError(
