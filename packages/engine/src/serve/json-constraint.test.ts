@@ -149,6 +149,9 @@ describe("parseJsonSchema", () => {
     }
     const variants = "oneOf" in schema ? schema.oneOf : [];
     expect(parseJsonSchema({ type: "object", anyOf: variants })).toEqual(schema);
+    // A parsed choice parses to itself (a tool call's choice holds parsed parameters).
+    expect(parseJsonSchema(schema)).toEqual(schema);
+    expect(parseJsonSchema({ oneOf: [variants[0]] })).toMatchObject({ discriminator: "name" });
   });
 
   it.each([

@@ -84,6 +84,12 @@ export function parseJsonSchema(value: unknown, path = "schema"): JsonSchema {
       case "items":
         out.items = parseJsonSchema(v, at);
         break;
+      case "discriminator":
+        // A parsed choice's telling property, checked with its oneOf.
+        if (!("oneOf" in schema || "anyOf" in schema)) {
+          throw new UnsupportedSchemaError(at, "is not supported");
+        }
+        break;
       case "oneOf":
       case "anyOf":
         return choiceOf(schema, key, v, path);
@@ -128,6 +134,8 @@ function choiceOf(
   for (const other of Object.keys(schema)) {
     if (other === key || ANNOTATIONS.has(other)) continue;
     if (other === "type" && schema.type === "object") continue;
+    // A parsed choice parses to itself: its telling property is checked below.
+    if (other === "discriminator" && typeof schema.discriminator === "string") continue;
     throw new UnsupportedSchemaError(`${path}.${other}`, `cannot be combined with ${key}`);
   }
   if (!Array.isArray(value) || value.length === 0) {
@@ -147,7 +155,10 @@ function choiceOf(
     const all = lists.flatMap((list) => list!);
     return new Set(all).size === all.length;
   });
-  if (discriminator === undefined) {
+  if (
+    discriminator === undefined ||
+    ("discriminator" in schema && schema.discriminator !== discriminator)
+  ) {
     throw new UnsupportedSchemaError(
       at,
       "is supported only as a choice of objects that all require one property whose string enum values tell them apart",

@@ -118,6 +118,24 @@ describe("tool requests", () => {
       discriminator: "name",
       oneOf: [call("add", add.function.parameters), call("now", { type: "object" })],
     });
+    // A strict function whose own parameters are a choice keeps it inside the call's.
+    const shape = {
+      type: "object",
+      properties: { kind: { enum: ["circle"] }, r: { type: "number" } },
+      required: ["kind", "r"],
+    };
+    const draw: ChatTool = {
+      type: "function",
+      function: { name: "draw", strict: true, parameters: { oneOf: [shape] } },
+    };
+    const nested = engineTools(
+      "hermes",
+      toolRequestOf(request({ tools: [add, draw], tool_choice: "required" })),
+      undefined,
+    );
+    expect(nested.schema).toMatchObject({
+      oneOf: [{}, { properties: { arguments: { discriminator: "kind", oneOf: [shape] } } }],
+    });
   });
 
   it("when a Llama template's functions are strict under auto, then a call is constrained from the `{` that starts the reply", () => {
