@@ -919,7 +919,11 @@ export interface paths {
          *       true). A `forward_backward`, `optim_step` or `load_state` cancelled so makes the run
          *       `failed`, since the learner state the later commands were admitted against will not be
          *       made.
-         *     - `running`: `cancel_requested` becomes true; it runs to its end.
+         *     - `running`: `cancel_requested` becomes true, and the worker stops it at its next safe point
+         *       (before its next micro-batch, or before it applies what it made): it ends `cancelled`
+         *       (`error.code` `cancelled`) having applied nothing, with the same effect on its run as a
+         *       cancel before it started. A cancel that comes after its last safe point is too late: it
+         *       ends as it would have (ADR 64).
          *     - Ended: unchanged. A succeeded `forward_backward` that produced no gradient (ART cancels
          *       those) is also withdrawn from the run's open gradients, so no `optim_step` counts it.
          */

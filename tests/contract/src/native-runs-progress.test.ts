@@ -91,7 +91,8 @@ describe.each(STORES)("native runs' progress on $name", (store) => {
       expect(bad.response.status).toBe(400);
       expect(bad.error).toEqual({
         error: {
-          message: "status: must be equal to one of the allowed values: open, closing, closed, failed",
+          message:
+            "status: must be equal to one of the allowed values: open, closing, closed, failed",
           type: "invalid_request_error",
           param: "status",
           code: null,
