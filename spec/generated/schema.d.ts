@@ -515,6 +515,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/training/runs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List training runs
+         * @description The native runs of every entity the key may use, newest first, paged by `after` and
+         *     `limit`; optionally only those in one status. An Arbor addition to the hosted API (which
+         *     lists no runs): each item is the run as `retrieveTrainingRun` answers it. A run belongs to an
+         *     entity, not to a project: `resolveTrainingRun` names no model, and one run may publish into
+         *     several models (`save_weights_for_sampler`'s `model_alias`).
+         */
+        get: operations["listTrainingRuns"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/training/runs:resolve": {
         parameters: {
             query?: never;
@@ -803,6 +827,35 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/training/runs/{run_id}/operations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List training operations
+         * @description The run's operations in `sequence_id` order, paged by `after` (an operation id) and `limit`,
+         *     each with what it measured: the progress of a run as a job's events show a job's. An Arbor
+         *     addition to the hosted API. `loss` and `tokens` stay after the result is released (ART
+         *     releases each result once read). Another entity's run is 404.
+         */
+        get: operations["listTrainingOperations"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/training/runs/{run_id}/operations/{operation_id}": {
         parameters: {
             query?: never;
@@ -866,7 +919,11 @@ export interface paths {
          *       true). A `forward_backward`, `optim_step` or `load_state` cancelled so makes the run
          *       `failed`, since the learner state the later commands were admitted against will not be
          *       made.
-         *     - `running`: `cancel_requested` becomes true; it runs to its end.
+         *     - `running`: `cancel_requested` becomes true, and the worker stops it at its next safe point
+         *       (before its next micro-batch, or before it applies what it made): it ends `cancelled`
+         *       (`error.code` `cancelled`) having applied nothing, with the same effect on its run as a
+         *       cancel before it started. A cancel that comes after its last safe point is too late: it
+         *       ends as it would have (ADR 64).
          *     - Ended: unchanged. A succeeded `forward_backward` that produced no gradient (ART cancels
          *       those) is also withdrawn from the run's open gradients, so no `optim_step` counts it.
          */
@@ -2316,15 +2373,6 @@ export interface components {
             };
         };
         /**
-         * TrainingRequestId
-         * @description The client's idempotency key for one request: 1–255 characters, no control characters.
-         *     Sending a request again under the same `request_id` answers what the first one did; other
-         *     content under it is 409 `request_id_reused`. Run commands are keyed per run, resolves per
-         *     entity.
-         * @example fb-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f
-         */
-        TrainingRequestId: string;
-        /**
          * TrainingRunSpec
          * @description What a run trains: a LoRA adapter of rank `lora_rank` on `lora_target_modules` of
          *     `base_model` (LoRA alpha 2 × rank, as Arbor's jobs use). Every answer about the run echoes it
@@ -2363,6 +2411,54 @@ export interface components {
             /** @description Seeds the adapter's initialisation; null draws one. */
             seed: number | null;
         };
+        /**
+         * TrainingRun
+         * @description A native training run (ART's `NativeTrainingRun`). `open` → `closing` (after
+         *     `closeTrainingRun`, while admitted commands still run) → `closed`; `open` or `closing` →
+         *     `failed` when a `forward_backward`, `optim_step` or `load_state` fails or is cancelled
+         *     before it ends.
+         */
+        TrainingRun: {
+            /**
+             * Format: uuid
+             * @description UUID v7.
+             */
+            run_id: string;
+            /** @description As sent to `resolveTrainingRun`; null when none was. */
+            run_name: string | null;
+            spec: components["schemas"]["TrainingRunSpec"];
+            /** @enum {string} */
+            status: "open" | "closing" | "closed" | "failed";
+            /** @description The `sequence_id` the next command must carry. */
+            next_sequence_id: number;
+            /** @description The learner version once every admitted command has run. */
+            projected_learner_version: number;
+            /** @description The learner version of the last `optim_step` or `load_state` that succeeded (or the run's initial one). */
+            committed_learner_version: number;
+        };
+        /**
+         * TrainingRunList
+         * @description One page of native training runs, newest first.
+         */
+        TrainingRunList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["TrainingRun"][];
+            /** @description Id of the first run; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last run; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /**
+         * TrainingRequestId
+         * @description The client's idempotency key for one request: 1–255 characters, no control characters.
+         *     Sending a request again under the same `request_id` answers what the first one did; other
+         *     content under it is 409 `request_id_reused`. Run commands are keyed per run, resolves per
+         *     entity.
+         * @example fb-5f2b8c1e9a7d4c3b8e6f1a2b3c4d5e6f
+         */
+        TrainingRequestId: string;
         /**
          * CheckpointSource
          * @description Where a learner state is loaded from. `service_checkpoint` names a checkpoint that
@@ -2403,31 +2499,6 @@ export interface components {
                  */
                 restore_optimizer?: boolean;
             };
-        };
-        /**
-         * TrainingRun
-         * @description A native training run (ART's `NativeTrainingRun`). `open` → `closing` (after
-         *     `closeTrainingRun`, while admitted commands still run) → `closed`; `open` or `closing` →
-         *     `failed` when a `forward_backward`, `optim_step` or `load_state` fails or is cancelled
-         *     before it ends.
-         */
-        TrainingRun: {
-            /**
-             * Format: uuid
-             * @description UUID v7.
-             */
-            run_id: string;
-            /** @description As sent to `resolveTrainingRun`; null when none was. */
-            run_name: string | null;
-            spec: components["schemas"]["TrainingRunSpec"];
-            /** @enum {string} */
-            status: "open" | "closing" | "closed" | "failed";
-            /** @description The `sequence_id` the next command must carry. */
-            next_sequence_id: number;
-            /** @description The learner version once every admitted command has run. */
-            projected_learner_version: number;
-            /** @description The learner version of the last `optim_step` or `load_state` that succeeded (or the run's initial one). */
-            committed_learner_version: number;
         };
         /**
          * TrainingRequestIdBody
@@ -2744,6 +2815,42 @@ export interface components {
              */
             restore_optimizer?: boolean;
             source: components["schemas"]["CheckpointSource"];
+        };
+        /**
+         * TrainingOperationProgress
+         * @description An operation as `retrieveTrainingOperation` answers it, with what it measured.
+         */
+        TrainingOperationProgress: {
+            operation: components["schemas"]["TrainingOperation"];
+            /**
+             * @description A `forward` or `forward_backward` that succeeded: its loss, the mean over its active
+             *     positions (its result's `loss.value`). Null otherwise.
+             */
+            loss: number | null;
+            /**
+             * @description A `forward` or `forward_backward` that succeeded: its active positions (the tokens that
+             *     bear loss). Null otherwise.
+             */
+            tokens: number | null;
+            /**
+             * @description The learner version the operation makes (`optim_step`, `load_state`: its reserved
+             *     version) or works on (the others: its parent version).
+             */
+            learner_version: number;
+        };
+        /**
+         * TrainingOperationList
+         * @description One page of a run's operations, in `sequence_id` order.
+         */
+        TrainingOperationList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["TrainingOperationProgress"][];
+            /** @description Operation id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Operation id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
         };
         /**
          * TrainingMetrics
@@ -5578,6 +5685,78 @@ export interface operations {
             };
         };
     };
+    listTrainingRuns: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+                /**
+                 * @description Only runs in this status.
+                 * @example open
+                 */
+                status?: "open" | "closing" | "closed" | "failed";
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of runs. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *           "run_name": null,
+                     *           "spec": {
+                     *             "base_model": "arbor/tiny-chat",
+                     *             "dtype": "bfloat16",
+                     *             "lora_rank": 8,
+                     *             "lora_target_modules": [
+                     *               "k_proj",
+                     *               "o_proj",
+                     *               "q_proj",
+                     *               "v_proj"
+                     *             ],
+                     *             "seed": null
+                     *           },
+                     *           "status": "open",
+                     *           "next_sequence_id": 6,
+                     *           "projected_learner_version": 2,
+                     *           "committed_learner_version": 1
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "last_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingRunList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
     resolveTrainingRun: {
         parameters: {
             query?: never;
@@ -6434,6 +6613,83 @@ export interface operations {
             };
             409: components["responses"]["TrainingCommandConflict"];
             429: components["responses"]["TrainingCommandTooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listTrainingOperations: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The run's id, as `resolveTrainingRun` returned it.
+                 * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
+                 */
+                run_id: components["parameters"]["TrainingRunId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of operations. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "operation": {
+                     *             "operation_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *             "run_id": "0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01",
+                     *             "request_id": "fb-0",
+                     *             "sequence_id": 0,
+                     *             "kind": "forward_backward",
+                     *             "status": "succeeded",
+                     *             "learner_parent_version": 0,
+                     *             "reserved_output_learner_version": null,
+                     *             "admitted_at": "2026-11-27T08:00:00.000Z",
+                     *             "started_at": "2026-11-27T08:00:00.050Z",
+                     *             "ended_at": "2026-11-27T08:00:00.410Z",
+                     *             "cancel_requested": false,
+                     *             "latest_event_cursor": 3,
+                     *             "result_summary": null,
+                     *             "result_ref": null,
+                     *             "error": null
+                     *           },
+                     *           "loss": 2.3125,
+                     *           "tokens": 24,
+                     *           "learner_version": 0
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "last_id": "0193a0c0-2e3f-7a41-9b5c-6d7e8f9a0b12",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["TrainingOperationList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
         };
     };

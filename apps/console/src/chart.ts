@@ -1,7 +1,7 @@
 import uPlot from "uplot";
 import { h } from "./dom.ts";
 
-/** One line per job: its values by gradient step (x). */
+/** One line per job (or run): its values by gradient step (x), or by another x. */
 export interface Line {
   label: string;
   values: Map<number, number>;
@@ -25,7 +25,8 @@ export class MetricChart {
   readonly #plot: uPlot;
   readonly #count: HTMLElement;
 
-  constructor(title: string, lines: Line[]) {
+  /** `x` names the x axis: a job's `step`, a run's `operation` (its sequence id). */
+  constructor(title: string, lines: Line[], x = "step") {
     this.#lines = lines;
     const body = h("div", { class: "plot" });
     this.#count = h("span", { class: "subtle", "data-points": "0" }, "no points yet");
@@ -45,10 +46,10 @@ export class MetricChart {
         width: 480,
         height: 220,
         scales: { x: { time: false } },
-        axes: [{ ...axis, label: "step" }, axis],
+        axes: [{ ...axis, label: x }, axis],
         legend: { live: true },
         series: [
-          { label: "step" },
+          { label: x },
           ...lines.map((line, i) => ({
             label: line.label,
             stroke: PALETTE[i % PALETTE.length],

@@ -6,6 +6,7 @@ import { datasetsPage } from "./pages/datasets.ts";
 import { jobPage, jobsPage } from "./pages/jobs.ts";
 import { modelPage, modelsPage } from "./pages/models.ts";
 import { playgroundPage } from "./pages/playground.ts";
+import { runPage, runsPage } from "./pages/runs.ts";
 import { signInPage } from "./pages/signin.ts";
 import { usagePage } from "./pages/usage.ts";
 import { apiKey, signOut } from "./session.ts";
@@ -23,6 +24,7 @@ type Page = (ctx: PageContext) => Promise<void>;
 const NAV: [string, string][] = [
   ["#/models", "Models"],
   ["#/jobs", "Jobs"],
+  ["#/runs", "Runs"],
   ["#/datasets", "Datasets"],
   ["#/playground", "Playground"],
   ["#/usage", "Usage"],
@@ -33,6 +35,8 @@ const ROUTES: [RegExp, Page, string][] = [
   [/^\/models\/([^/]+)$/, modelPage, "Model"],
   [/^\/jobs$/, jobsPage, "Jobs"],
   [/^\/jobs\/([^/]+)$/, jobPage, "Training job"],
+  [/^\/runs$/, runsPage, "Training runs"],
+  [/^\/runs\/([^/]+)$/, runPage, "Training run"],
   [/^\/datasets$/, datasetsPage, "Datasets"],
   [/^\/playground$/, playgroundPage, "Playground"],
   [/^\/usage$/, usagePage, "Usage"],

@@ -115,7 +115,11 @@ export async function buildServer(
     probes.worker = workerProbe(() => worker?.health() ?? notStarted);
   }
   // This process's counters: its requests, chats, and the jobs its embedded worker runs.
-  const metrics = new Metrics({ jobCounts: () => store.jobs.depth(), logger });
+  const metrics = new Metrics({
+    jobCounts: () => store.jobs.depth(),
+    runOperationCounts: () => store.trainingRuns.operationCounts(),
+    logger,
+  });
   const appConfig = { ...appConfigOf(config), ...options.app };
   const upstreamAdapters = new UpstreamAdapters({
     upstreams: appConfig.upstreams,

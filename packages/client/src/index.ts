@@ -61,11 +61,14 @@ export {
   type Model,
   type PullBaseModelRequest,
   type PulledBaseModel,
+  Runs,
   type SftExample,
   Training,
   type TrainingJob,
   type TrainingJobEvent,
   TrainingModels,
+  type TrainingOperationProgress,
+  type TrainingRun,
 } from "./resources/training.ts";
 export { isRetryableRequest, retryDelayMs, shouldRetryResponse } from "./retries.ts";
 export { VERSION } from "./version.ts";

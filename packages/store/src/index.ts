@@ -99,6 +99,7 @@ export {
   MAX_UNFINISHED_OPERATIONS,
   type OperationKind,
   type OperationOutcome,
+  type RunStatus,
   type TrainingOperation,
   type TrainingRun,
   type TrainingState,

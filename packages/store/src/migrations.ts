@@ -362,6 +362,17 @@ export const MIGRATIONS: readonly Migration[] = [
       )`,
     ],
   },
+  {
+    version: 10,
+    name: "native runs' progress (ADR 64)",
+    statements: [
+      // What a forward or forward_backward measured, kept past the release of its result: the
+      // console draws a run's loss from these.
+      "ALTER TABLE training_operations ADD COLUMN loss DOUBLE PRECISION",
+      "ALTER TABLE training_operations ADD COLUMN tokens BIGINT",
+      "CREATE INDEX training_runs_entity ON training_runs (entity, id)",
+    ],
+  },
 ];
 
 /**

@@ -1,5 +1,14 @@
-import type { Clock, Json, JsonInput } from "./common.ts";
-import { toJson } from "./common.ts";
+import {
+  type Clock,
+  type Json,
+  type JsonInput,
+  type Page,
+  type PageOptions,
+  pageLimit,
+  placeholders,
+  toJson,
+  toPage,
+} from "./common.ts";
 import { ConflictError, DomainError, isUniqueViolation, NotFoundError } from "./errors.ts";
 import { uuidv7 } from "./ids.ts";
 import { bool, json, num, numOrNull, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
@@ -13,7 +22,7 @@ import { inList, presentAmong, type Sql } from "./sql.ts";
  * its operations one at a time in sequence order.
  */
 
-type RunStatus = "open" | "closing" | "closed" | "failed";
+export type RunStatus = "open" | "closing" | "closed" | "failed";
 type OperationStatus = "admitted" | "running" | "succeeded" | "failed" | "cancelled";
 export type OperationKind =
   | "forward"
@@ -87,6 +96,10 @@ const TRAINING_OPERATIONS = rowSchema({
   result_id: strOrNull,
   result_expires_at: numOrNull,
   error_code: strOrNull,
+  /** A forward or forward_backward that succeeded: its loss (mean over active positions). */
+  loss: numOrNull,
+  /** A forward or forward_backward that succeeded: its active positions. */
+  tokens: numOrNull,
 });
 export interface TrainingOperation extends RowOf<typeof TRAINING_OPERATIONS> {}
 
@@ -134,8 +147,12 @@ export type OperationOutcome =
       learner?: { version: number; state_key: string | null };
       /** The run's open gradient after it (undefined: unchanged). */
       grad_key?: string | null;
+      /** What a forward or forward_backward measured, kept for the console past its result. */
+      progress?: { loss: number; tokens: number };
     }
-  | { status: "failed"; code: string };
+  | { status: "failed"; code: string }
+  /** Stopped at a safe point after a cancel was asked: nothing of it is applied. */
+  | { status: "cancelled" };
 
 /** A 409 of the ledger: retrying cannot help (ART reads `x-should-retry: false`). */
 function ledgerConflict(message: string, code: string, param?: string): ConflictError {
@@ -158,6 +175,49 @@ export class TrainingRunsRepo {
       [entity, runId],
     );
     return row ? TRAINING_RUNS.read(row) : undefined;
+  }
+
+  /** The runs of the given entities, newest first (ids are UUID v7), paged by `after`. */
+  async list(
+    entities: readonly string[],
+    options: PageOptions & { status?: RunStatus } = {},
+  ): Promise<Page<TrainingRun>> {
+    const limit = pageLimit(options.limit);
+    if (entities.length === 0) return toPage([], limit);
+    const rows = await this.#sql.query(
+      `SELECT ${TRAINING_RUNS.columns()} FROM training_runs
+       WHERE entity IN (${placeholders(entities.length, 4)})
+         AND (CAST($1 AS TEXT) IS NULL OR id < $1)
+         AND (CAST($2 AS TEXT) IS NULL OR status = $2)
+       ORDER BY id DESC LIMIT $3`,
+      [options.after ?? null, options.status ?? null, limit + 1, ...entities],
+    );
+    return toPage(rows.map(TRAINING_RUNS.read), limit);
+  }
+
+  /** A run's operations in sequence order, paged by `after` (an operation id of the run). */
+  async listOperations(runId: string, options: PageOptions = {}): Promise<Page<TrainingOperation>> {
+    const limit = pageLimit(options.limit);
+    const rows = await this.#sql.query(
+      `SELECT ${TRAINING_OPERATIONS.columns("o")} FROM training_operations o
+       WHERE o.run_id = $1
+         AND (CAST($2 AS TEXT) IS NULL OR o.sequence_id >
+              (SELECT a.sequence_id FROM training_operations a WHERE a.run_id = $1 AND a.id = $2))
+       ORDER BY o.sequence_id LIMIT $3`,
+      [runId, options.after ?? null, limit + 1],
+    );
+    return toPage(rows.map(TRAINING_OPERATIONS.read), limit);
+  }
+
+  /** Operations of every run admitted and running now (for the metrics' gauge). */
+  async operationCounts(): Promise<{ admitted: number; running: number }> {
+    const rows = await this.#sql.query(
+      `SELECT status, COUNT(*) AS n FROM training_operations
+       WHERE status IN ('admitted', 'running') GROUP BY status`,
+    );
+    const counts = { admitted: 0, running: 0 };
+    for (const r of rows) counts[str(r.status) as keyof typeof counts] = num(r.n);
+    return counts;
   }
 
   async getByRequest(
@@ -333,9 +393,9 @@ export class TrainingRunsRepo {
         `INSERT INTO training_operations (id, run_id, request_id, fingerprint, sequence_id, kind,
            body, resolved, status, parent_version, reserved_version, admitted_at, started_at,
            ended_at, cancel_requested, event_cursor, open_gradient, contributes, result,
-           result_id, result_expires_at, error_code)
+           result_id, result_expires_at, error_code, loss, tokens)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'admitted', $9, $10, $11, NULL, NULL, 0, 1, $12,
-           $13, NULL, NULL, NULL, NULL)
+           $13, NULL, NULL, NULL, NULL, NULL, NULL)
          RETURNING ${TRAINING_OPERATIONS.columns()}`,
         [
           id,
@@ -380,8 +440,8 @@ export class TrainingRunsRepo {
   }
 
   /**
-   * Cancels an admitted operation (a learner kind fails its run), flags a running one, and leaves
-   * an ended one as it is.
+   * Cancels an admitted operation (a learner kind fails its run), flags a running one (its worker
+   * stops it at its next safe point, `cancelRequested`), and leaves an ended one as it is.
    */
   async cancel(runId: string, operationId: string): Promise<TrainingOperation | undefined> {
     return this.#sql.transaction(async (tx) => {
@@ -395,10 +455,20 @@ export class TrainingRunsRepo {
           [op.id],
         );
       } else if (op.status === "admitted") {
-        await this.#end(tx, op, "cancelled", null);
+        await tx.exec("UPDATE training_operations SET cancel_requested = 1 WHERE id = $1", [op.id]);
+        await this.#end(tx, op, "cancelled", "cancelled");
       }
       return this.getOperation(runId, operationId, tx);
     });
+  }
+
+  /** Whether a cancel of the operation was asked (the executor reads it at its safe points). */
+  async cancelRequested(operationId: string): Promise<boolean> {
+    const row = await this.#sql.one(
+      "SELECT cancel_requested FROM training_operations WHERE id = $1",
+      [operationId],
+    );
+    return row !== undefined && bool(row.cancel_requested);
   }
 
   /** Drops a result (idempotent); false when the operation is unknown. */
@@ -583,14 +653,24 @@ export class TrainingRunsRepo {
       if (run.lease_owner !== workerId || current?.status !== "running") return undefined;
       if (outcome.status === "failed") {
         await this.#end(tx, current, "failed", outcome.code);
+      } else if (outcome.status === "cancelled") {
+        await this.#end(tx, current, "cancelled", "cancelled");
       } else {
         const now = this.#now();
         const text = toJson(outcome.result);
         await tx.exec(
           `UPDATE training_operations SET status = 'succeeded', ended_at = $2,
              event_cursor = event_cursor + 1, result = $3, result_id = $4,
-             result_expires_at = $5 WHERE id = $1`,
-          [op.id, now, text, uuidv7(now), now + RESULT_TTL_MS],
+             result_expires_at = $5, loss = $6, tokens = $7 WHERE id = $1`,
+          [
+            op.id,
+            now,
+            text,
+            uuidv7(now),
+            now + RESULT_TTL_MS,
+            outcome.progress?.loss ?? null,
+            outcome.progress?.tokens ?? null,
+          ],
         );
         if (outcome.learner)
           await tx.exec(

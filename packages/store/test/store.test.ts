@@ -100,7 +100,9 @@ describeBackends("openStore", (ctx) => {
       openStore(ctx.options(fresh)),
       openStore(ctx.options(fresh)),
     ]);
-    expect([...a.migrated, ...b.migrated].sort()).toEqual(MIGRATIONS.map((m) => m.version));
+    expect([...a.migrated, ...b.migrated].sort((x, y) => x - y)).toEqual(
+      MIGRATIONS.map((m) => m.version),
+    );
     await a.close();
     await b.close();
     if (ctx.backend === "postgres") await ctx.store.sql.exec(`DROP SCHEMA ${ctx.schema}_b CASCADE`);

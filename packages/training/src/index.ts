@@ -79,6 +79,8 @@ export {
   learnerFromState,
   type RunActivity,
   RunExecutor,
+  type RunExecutorOptions,
+  type SafePoint,
 } from "./runs/execute.ts";
 export {
   decodeBatch,

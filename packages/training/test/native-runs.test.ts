@@ -19,7 +19,13 @@ import { type Json, type OperationKind, openStore } from "@arbor/store";
 import { afterAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { rlStepConfig } from "../src/jobs.ts";
-import { freshAdapter, RunExecutor, type RunSpec, runFilesPrefix } from "../src/runs/execute.ts";
+import {
+  freshAdapter,
+  RunExecutor,
+  type RunSpec,
+  runFilesPrefix,
+  type SafePoint,
+} from "../src/runs/execute.ts";
 import { sweepBlobs } from "../src/sweep.ts";
 
 const BASE = "arbor/tiny-chat";
@@ -356,6 +362,171 @@ describe("RunExecutor publication", () => {
 });
 
 /** The run's committed learner, which must be at `version`. */
+/**
+ * A cancel of a running operation (ADR 64): the executor reads the flag at its safe points, and
+ * the test asks for the cancel from inside one (the `atSafePoint` gate), so where the operation
+ * stops is chosen, not raced. Nothing of a cancelled operation is applied: the open gradient and
+ * the committed learner are the blobs they were, byte for byte.
+ */
+describe("RunExecutor cancel", () => {
+  const matrix = (id: string, tokens: number[]) => ({
+    matrix_id: id,
+    rows: [
+      dense("token_ids", "int64", [4], tokens.slice(0, 4)),
+      dense("target_token_ids", "int64", [4, 1], tokens.slice(1)),
+      dense("loss_weights", "float32", [4, 1], [0.25, 0.25, 0.25, 0.25]),
+    ],
+  });
+  const forwardBackward = {
+    batch: { matrices: [matrix("a", [1, 2, 3, 4, 5]), matrix("b", [6, 7, 8, 9, 10])] },
+    loss: { name: "cross_entropy" },
+    return_token_logprobs: false,
+  };
+
+  /** A run with one step committed (learner v1) and one forward_backward open after it. */
+  async function steppedRun(name: string) {
+    const base = await loadModel(catalogModelDir(BASE));
+    const own = await openStore({ dataDir: ":memory:" });
+    await own.entities.ensure(name);
+    const run = await own.trainingRuns.resolve({
+      entity: name,
+      request_id: `resolve-${name}`,
+      fingerprint: "f",
+      run_name: null,
+      spec: { base_model: BASE, lora_rank: 2, lora_target_modules: ["q_proj", "v_proj"], seed: 5 },
+      initial: null,
+    });
+    const admit = admitter(own, run.id);
+    await admit("forward_backward", forwardBackward);
+    await admit("optim_step", { optimizer: { learning_rate: 1e-2 } });
+    await admit("forward_backward", forwardBackward);
+    await drain(new RunExecutor(own, base, createWasmKernels("auto", { threads: 1 })), run.id, own);
+    const before = (await own.trainingRuns.get(name, run.id))!;
+    expect(before).toMatchObject({ committed_version: 1, status: "open" });
+    const blobs = async () => {
+      const keys = (await own.blobs.list(runFilesPrefix(run.id))).sort();
+      return Promise.all(keys.map(async (k) => [k, Buffer.from((await own.blobs.get(k))!)]));
+    };
+    return { base, own, run, admit, before, blobs, snapshot: await blobs() };
+  }
+
+  /** Runs the run's operations, cancelling the one at `sequence` at its `nth` `point`. */
+  async function runCancelling(
+    t: Awaited<ReturnType<typeof steppedRun>>,
+    sequence: number,
+    point: SafePoint,
+    nth: number,
+  ) {
+    const seen: string[] = [];
+    let reached = 0;
+    const executor = new RunExecutor(t.own, t.base, createWasmKernels("auto", { threads: 1 }), {
+      atSafePoint: async (op, at) => {
+        seen.push(`${op.sequence_id}:${at}`);
+        if (op.sequence_id !== sequence || at !== point || ++reached !== nth) return;
+        const flagged = await t.own.trainingRuns.cancel(t.run.id, op.id);
+        expect(flagged).toMatchObject({ status: "running", cancel_requested: true });
+      },
+    });
+    const outcomes: { sequence: number; status: string }[] = [];
+    await t.own.trainingRuns.claimRun("w", 60_000);
+    await executor.runOperations("w", t.run.id, {
+      onDropError: (err) => {
+        throw err;
+      },
+      onExecuted: (op, outcome, activity) => {
+        outcomes.push({ sequence: op.sequence_id, status: outcome.status });
+        if (outcome.status === "cancelled") expect(activity.outcome).toBe("cancelled");
+      },
+    });
+    return { seen, outcomes };
+  }
+
+  it("when a running forward_backward is cancelled between its micro-batches, then it ends cancelled, its partial gradient is not added to the open one, and the run fails with its learner untouched", async () => {
+    const t = await steppedRun("cancel-fb");
+    await t.admit("forward_backward", forwardBackward); // 3: cancelled after its first matrix
+    await t.admit("optim_step", { optimizer: { learning_rate: 1e-2 } }); // 4: never runs
+    const { seen, outcomes } = await runCancelling(t, 3, "micro_batch", 2);
+    // It stopped before its second matrix: one backward ran, none after it.
+    expect(seen.filter((s) => s.startsWith("3:"))).toEqual([
+      "3:start",
+      "3:micro_batch",
+      "3:micro_batch",
+    ]);
+    expect(seen.some((s) => s.startsWith("4:"))).toBe(false);
+    expect(outcomes).toEqual([{ sequence: 3, status: "cancelled" }]);
+    const ops = await t.own.trainingRuns.listOperations(t.run.id);
+    expect(ops.data.map((o) => [o.sequence_id, o.status, o.error_code, o.loss])).toEqual([
+      [0, "succeeded", null, expect.any(Number)],
+      [1, "succeeded", null, null],
+      [2, "succeeded", null, expect.any(Number)],
+      [3, "cancelled", "cancelled", null],
+      [4, "failed", "execution_failed", null],
+    ]);
+    expect(ops.data[3]).toMatchObject({ cancel_requested: true, open_gradient: false });
+    const after = (await t.own.trainingRuns.get("cancel-fb", t.run.id))!;
+    expect(after).toMatchObject({
+      status: "failed",
+      committed_version: 1,
+      state_key: t.before.state_key,
+      grad_key: t.before.grad_key,
+    });
+    expect(await t.blobs()).toEqual(t.snapshot);
+    await t.own.close();
+  });
+
+  it("when a running optim_step is cancelled before it applies, then it ends cancelled and the learner version, its state and the open gradient stay as they were", async () => {
+    const t = await steppedRun("cancel-step");
+    await t.admit("optim_step", { optimizer: { learning_rate: 1e-2 } }); // 3: cancelled
+    const { outcomes } = await runCancelling(t, 3, "apply", 1);
+    expect(outcomes).toEqual([{ sequence: 3, status: "cancelled" }]);
+    const op = (await t.own.trainingRuns.listOperations(t.run.id)).data[3]!;
+    expect(op).toMatchObject({ status: "cancelled", error_code: "cancelled", reserved_version: 2 });
+    const after = (await t.own.trainingRuns.get("cancel-step", t.run.id))!;
+    expect(after).toMatchObject({
+      status: "failed",
+      committed_version: 1,
+      state_key: t.before.state_key,
+      grad_key: t.before.grad_key,
+    });
+    expect(await t.blobs()).toEqual(t.snapshot);
+    await t.own.close();
+  });
+
+  it("when a running save_state is cancelled before it saves, then it ends cancelled alone: no state is saved and the run stays open", async () => {
+    const t = await steppedRun("cancel-save");
+    await t.admit("save_state", { checkpoint_name: "s", ttl_seconds: null, overwrite: false });
+    const { outcomes } = await runCancelling(t, 3, "apply", 1);
+    expect(outcomes).toEqual([{ sequence: 3, status: "cancelled" }]);
+    const after = (await t.own.trainingRuns.get("cancel-save", t.run.id))!;
+    expect(after).toMatchObject({ status: "open", committed_version: 1 });
+    expect(await t.own.trainingRuns.referencedLearnerKeys([t.before.state_key!])).toEqual(
+      new Set([t.before.state_key]),
+    );
+    expect(await t.blobs()).toEqual(t.snapshot);
+    await t.own.close();
+  });
+
+  it("when the cancel comes after an operation's last safe point, then it succeeds as if none came", async () => {
+    const t = await steppedRun("cancel-late");
+    await t.admit("forward", forwardBackward);
+    const late = new RunExecutor(t.own, t.base, createWasmKernels("auto", { threads: 1 }));
+    await t.own.trainingRuns.claimRun("w", 60_000);
+    const op = (await t.own.trainingRuns.nextOperation(t.run.id))!;
+    const running = (await t.own.trainingRuns.startOperation("w", op))!;
+    const { outcome } = await late.execute(running, op);
+    await t.own.trainingRuns.cancel(t.run.id, op.id);
+    const finished = await t.own.trainingRuns.finishOperation("w", op, outcome);
+    expect(finished).toMatchObject({
+      status: "succeeded",
+      cancel_requested: true,
+      error_code: null,
+    });
+    expect(finished!.loss).toBeGreaterThan(0);
+    expect(finished!.tokens).toBe(8);
+    await t.own.close();
+  });
+});
+
 async function committedLearner(
   entity: string,
   runId: string,

@@ -4,6 +4,8 @@ import { type Browser, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PATIENT } from "../../../vitest.shared.ts";
 import { type RunningServer, startServer } from "./harness.ts";
+import { RunClient, TrainingRuns } from "./native-runs/client.ts";
+import { requestId, reversalBatch, SPEC, sftStep } from "./native-runs/fixtures.ts";
 
 /**
  * The console in a real browser (Debian's chromium, driven by playwright-core) against a live
@@ -211,6 +213,64 @@ describe.skipIf(missing)("the console in a browser", () => {
 
     expect(problems).toEqual([]);
     expect(expected).toEqual([]);
+  });
+
+  it("when a native run trained, then Runs lists it and its page shows each operation with its loss, tokens and learner version, and the loss curve", async () => {
+    problems.length = 0;
+    // A run as ART drives it: three SFT steps, then closed.
+    const runs = new TrainingRuns(server.baseUrl, server.adminKey);
+    const run = await RunClient.resolve(runs, {
+      requestId: requestId("resolve"),
+      spec: SPEC,
+      runName: "browser-run",
+    });
+    const losses: number[] = [];
+    for (const word of ["cat", "dog", "sun"])
+      losses.push((await sftStep(run, await reversalBatch([word]))).forward.loss.value);
+    await run.close();
+
+    // Signed in already after the first case; signed in here when this case runs alone.
+    // (#/signin is no route once signed in: the console goes on to #/models.)
+    await page.goto(`${server.baseUrl}/console/#/signin`);
+    await page
+      .getByRole("heading", { name: /^(Models|Sign in)$/ })
+      .first()
+      .waitFor();
+    if (await page.getByLabel("API key").isVisible()) {
+      await page.getByLabel("API key").fill(server.adminKey);
+      await page.getByRole("button", { name: "Sign in", exact: true }).click();
+    }
+    await page.getByRole("heading", { name: "Models", exact: true }).waitFor();
+    await page.getByRole("link", { name: "Runs", exact: true }).click();
+    await page.getByRole("heading", { name: "Training runs", exact: true }).waitFor();
+    await page.getByLabel("Status").selectOption("closed");
+    await page.waitForURL(/#\/runs\?status=closed$/);
+    const row = page.locator("table.runs tbody tr", { hasText: "browser-run" });
+    await row.waitFor();
+    expect(await row.locator(".status").textContent()).toBe("closed");
+    await shot("runs");
+    await row.getByRole("link", { name: "browser-run" }).click();
+    await page.getByRole("heading", { name: /Training run/ }).waitFor();
+
+    const ops = page.locator("table.operations tbody tr");
+    await ops.nth(5).waitFor();
+    expect(await ops.count()).toBe(6);
+    const cells = async (i: number) => ops.nth(i).locator("td").allTextContents();
+    // #, kind, status, loss, tokens, learner version, took.
+    const fb = await cells(2);
+    expect(fb.slice(0, 3)).toEqual(["2", "forward_backward", "succeeded"]);
+    expect(Number(fb[3])).toBeCloseTo(losses[1]!, 2);
+    expect(Number(fb[4])).toBeGreaterThan(0);
+    expect(fb[5]).toBe("1");
+    const step = await cells(5);
+    expect([...step.slice(0, 5), step[5]]).toEqual(["5", "optim_step", "succeeded", "—", "—", "3"]);
+    const loss = page.locator('figure[data-metric="Loss"] [data-points]');
+    expect(await loss.getAttribute("data-points")).toBe("3");
+    expect(
+      await page.locator('figure[data-metric="Tokens"] [data-points]').getAttribute("data-points"),
+    ).toBe("3");
+    await shot("run");
+    expect(problems).toEqual([]);
   });
 
   it("when /docs is opened, then it loads with no console error and no failed request", async () => {

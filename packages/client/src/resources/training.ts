@@ -14,6 +14,9 @@ export type DatasetLine = Schemas["DatasetLine"];
 export type SftExample = Schemas["SftExample"];
 export type TrainingJob = Schemas["TrainingJob"];
 export type TrainingJobEvent = Schemas["TrainingJobEvent"];
+export type TrainingRun = Schemas["TrainingRun"];
+/** An operation with its loss, tokens and learner version, as `runs.operations` lists it. */
+export type TrainingOperationProgress = Awaited<ReturnType<Runs["operations"]>>["data"][number];
 export type PullBaseModelRequest = Schemas["PullBaseModelRequest"];
 export type PulledBaseModel = Schemas["PulledBaseModel"];
 /** `peft`: PEFT's two files in a tar; `gguf`: the base with the adapter merged; `gguf-lora`:
@@ -49,12 +52,65 @@ export class Training {
   readonly models: TrainingModels;
   readonly datasets: Datasets;
   readonly jobs: Jobs;
+  readonly runs: Runs;
   readonly baseModels: BaseModels;
   constructor(core: Core) {
     this.models = new TrainingModels(core);
     this.datasets = new Datasets(core);
     this.jobs = new Jobs(core);
+    this.runs = new Runs(core);
     this.baseModels = new BaseModels(core);
+  }
+}
+
+/**
+ * `client.training.runs`: the native training runs (ADR 57) as an operator or a console reads
+ * them. Driving a run (resolve, commands, results) is ART's: the raw `client.POST` reaches it.
+ */
+export class Runs {
+  readonly #core: Core;
+  constructor(core: Core) {
+    this.#core = core;
+  }
+
+  /** The key's runs, newest first; optionally those in one status. */
+  list(
+    query: Omit<Query<"listTrainingRuns">, "after"> = {},
+    options?: RequestOptions,
+  ): PagePromise<TrainingRun> {
+    return new PagePromise((after) =>
+      data(
+        this.#core.api.GET("/v1/training/runs", {
+          params: { query: { ...query, after } },
+          ...this.#core.init(options),
+        }),
+      ),
+    );
+  }
+
+  retrieve(runId: string, options?: RequestOptions): Promise<TrainingRun> {
+    return data(
+      this.#core.api.GET("/v1/training/runs/{run_id}", {
+        params: { path: { run_id: runId } },
+        ...this.#core.init(options),
+      }),
+    );
+  }
+
+  /** The run's operations in sequence order, each with its loss, tokens and learner version. */
+  operations(
+    runId: string,
+    query: Omit<Query<"listTrainingOperations">, "after"> = {},
+    options?: RequestOptions,
+  ) {
+    return new PagePromise((after) =>
+      data(
+        this.#core.api.GET("/v1/training/runs/{run_id}/operations", {
+          params: { path: { run_id: runId }, query: { ...query, after } },
+          ...this.#core.init(options),
+        }),
+      ),
+    );
   }
 }
 

@@ -242,6 +242,11 @@ export class TrainingWorker {
                 { runId: claimed.id, operationId: op.id, code: outcome.code },
                 "training operation failed",
               );
+            else if (outcome.status === "cancelled")
+              logger.info(
+                { runId: claimed.id, operationId: op.id },
+                "training operation cancelled",
+              );
           },
         });
       });

@@ -59,10 +59,12 @@ export interface RunSpec {
 /** What an executed operation reports for metrics. */
 export interface RunActivity {
   kind: TrainingOperation["kind"];
-  outcome: "succeeded" | "failed";
+  outcome: "succeeded" | "failed" | "cancelled";
   tokens: number;
   loss: number | null;
   learnerVersion: number;
+  /** From the start of its execution to its outcome. */
+  seconds: number;
 }
 
 /** The prefix the blobs of every run's learner live under. */
@@ -162,6 +164,25 @@ export function freshAdapter(base: Model, spec: RunSpec, runId: string): LoraAda
   );
 }
 
+/**
+ * Where a running operation may stop when a cancel was asked, nothing of it applied: `start`
+ * (before any work), `micro_batch` (before each backward or forward pass of a forward or
+ * forward_backward: one matrix, one target column) and `apply` (before the operation writes
+ * what it made: a gradient, a step of the optimizer, a publication, a saved or loaded state).
+ */
+export type SafePoint = "start" | "micro_batch" | "apply";
+
+export interface RunExecutorOptions {
+  /**
+   * Awaited at each safe point of each operation, before the executor reads whether a cancel
+   * was asked: tests gate the executor here to cancel at a point of their choosing.
+   */
+  atSafePoint?: (op: TrainingOperation, point: SafePoint) => Promise<void>;
+}
+
+/** Thrown at a safe point of an operation whose cancel was asked. */
+class Cancelled extends Error {}
+
 /** Thrown for an operation that fails alone with an ART error code. */
 class OperationError extends Error {
   readonly code: string;
@@ -176,11 +197,19 @@ export class RunExecutor {
   readonly #store: Store;
   readonly #base: Model;
   readonly #kernels: Kernels;
+  readonly #atSafePoint: RunExecutorOptions["atSafePoint"];
 
-  constructor(store: Store, base: Model, kernels: Kernels) {
+  constructor(store: Store, base: Model, kernels: Kernels, options: RunExecutorOptions = {}) {
     this.#store = store;
     this.#base = base;
     this.#kernels = kernels;
+    this.#atSafePoint = options.atSafePoint;
+  }
+
+  /** A safe point: stops the operation (`Cancelled`) when a cancel of it was asked. */
+  async #safePoint(op: TrainingOperation, point: SafePoint): Promise<void> {
+    await this.#atSafePoint?.(op, point);
+    if (await this.#store.trainingRuns.cancelRequested(op.id)) throw new Cancelled();
   }
 
   /**
@@ -226,14 +255,24 @@ export class RunExecutor {
       tokens: 0,
       loss: null,
       learnerVersion: op.reserved_version ?? run.committed_version,
+      seconds: 0,
     };
+    const started = performance.now();
     try {
       const outcome = await this.#run(run, op, activity);
       return { outcome, activity };
     } catch (err) {
+      if (err instanceof Cancelled) {
+        activity.outcome = "cancelled";
+        activity.tokens = 0;
+        activity.loss = null;
+        return { outcome: { status: "cancelled" }, activity };
+      }
       activity.outcome = "failed";
       const code = err instanceof OperationError ? err.code : "execution_failed";
       return { outcome: { status: "failed", code }, activity };
+    } finally {
+      activity.seconds = (performance.now() - started) / 1000;
     }
   }
 
@@ -246,6 +285,7 @@ export class RunExecutor {
     const resolved = (op.resolved ?? {}) as Record<string, Json>;
     const version = run.committed_version;
     const checkpoint = (v: number) => ({ checkpoint_id: `${run.id}:v${v}`, learner_version: v });
+    await this.#safePoint(op, "start");
     switch (op.kind) {
       case "forward":
       case "forward_backward":
@@ -263,6 +303,7 @@ export class RunExecutor {
         });
         if (!run.grad_key) throw new Error("the run's open gradient is missing");
         await this.#loadGradient(trainer, run.grad_key);
+        await this.#safePoint(op, "apply");
         trainer.step(optimizer.learning_rate!);
         const next = op.reserved_version!;
         const stateKey = await writeLearnerState(this.#store.blobs, run.id, next, {
@@ -296,6 +337,7 @@ export class RunExecutor {
         const files = run.state_key
           ? await readCheckpointFiles(this.#store.blobs, run.state_key, ADAPTER_FILES)
           : adapterToFiles(freshAdapter(this.#base, run.spec as unknown as RunSpec, run.id));
+        await this.#safePoint(op, "apply");
         const prefix = await writeCheckpointFiles(this.#store.blobs, modelId, version, files);
         const published = await this.#store.models.putCheckpoint(entity, modelId, {
           step: version,
@@ -317,6 +359,7 @@ export class RunExecutor {
         };
       }
       case "save_state": {
+        await this.#safePoint(op, "apply");
         const stateKey = await this.#committedState(run);
         const hasOptimizer = await this.#store.blobs.exists(`${stateKey}${OPTIMIZER_FILE}`);
         const components = hasOptimizer ? ["weights", "optimizer"] : ["weights"];
@@ -355,6 +398,7 @@ export class RunExecutor {
       }
       case "load_state": {
         const next = op.reserved_version!;
+        await this.#safePoint(op, "apply");
         const { stateKey, optimizerRestored } = await learnerFromState(
           this.#store.blobs,
           String(resolved.state_key),
@@ -401,6 +445,7 @@ export class RunExecutor {
           objective: lossObjective(m, loss, k, scale),
           maskedRowsOnly: !keepLogprobs,
         };
+        await this.#safePoint(op, "micro_batch");
         const out = backward ? trainer.backward(batch, options) : trainer.evaluate(batch, options);
         sum += out.loss;
         for (let p = 0; p < m.T; p++) logprobs[p * m.K + k] = out.tokenLogprobs[p]!;
@@ -436,10 +481,12 @@ export class RunExecutor {
       token_logprobs: tokenLogprobs,
       group_shapes: [],
     };
-    if (!backward) return { status: "succeeded", result: common };
+    const progress = { loss: value, tokens: active };
+    if (!backward) return { status: "succeeded", result: common, progress };
     for (const p of loraParameters(trainer.grads))
       for (const g of p.data)
         if (!Number.isFinite(g)) throw new Error("the gradient is not finite");
+    await this.#safePoint(op, "apply");
     const gradKey = `${runFilesPrefix(run.id)}grad-${op.sequence_id}-${uuidv7()}.safetensors`;
     await this.#store.blobs.put(
       gradKey,
@@ -448,6 +495,7 @@ export class RunExecutor {
     return {
       status: "succeeded",
       grad_key: gradKey,
+      progress,
       result: {
         ...common,
         training: {

@@ -5,6 +5,7 @@ import { MAX_ENTITY_MODEL_LABELS, Metrics, OTHER_MODELS } from "./metrics.ts";
 const metrics = () =>
   new Metrics({
     jobCounts: async () => ({ queued: 0, running: 0, succeeded: 0, failed: 0, cancelled: 0 }),
+    runOperationCounts: async () => ({ admitted: 0, running: 0 }),
     logger: pino({ level: "silent" }),
   });
 

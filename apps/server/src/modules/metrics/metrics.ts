@@ -25,6 +25,8 @@ const RUN_OPERATION_KINDS = [
 export interface MetricsDeps {
   /** Training jobs by status, read at each scrape (the queue is shared by every process). */
   jobCounts: () => Promise<Record<JobStatus, number>>;
+  /** Operations of native runs admitted and running, read at each scrape (the store's). */
+  runOperationCounts: () => Promise<{ admitted: number; running: number }>;
   logger: Logger;
 }
 
@@ -50,6 +52,7 @@ export class Metrics {
   readonly #runOperations: Counter<"kind" | "outcome">;
   readonly #runTokens: Counter<"kind">;
   readonly #runLoss: Gauge<"kind">;
+  readonly #runDuration: Histogram<"kind" | "outcome">;
   readonly #learnerVersion: Gauge;
   /** The entities labelled so far (`<entity>/*`), at most MAX_ENTITY_MODEL_LABELS. */
   readonly #entityLabels = new Set<string>();
@@ -144,13 +147,23 @@ export class Metrics {
       labelNames: ["kind"],
       registers,
     });
+    this.#runDuration = new Histogram({
+      name: "arbor_training_run_operation_duration_seconds",
+      help: "From a worker starting a native-run operation to its outcome, by kind and outcome.",
+      labelNames: ["kind", "outcome"],
+      buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
+      registers,
+    });
     this.#learnerVersion = new Gauge({
       name: "arbor_training_run_learner_version",
       help: "The learner version of the last native-run operation that ended here.",
       registers,
     });
     for (const kind of RUN_OPERATION_KINDS)
-      for (const outcome of ["succeeded", "failed"]) this.#runOperations.inc({ kind, outcome }, 0);
+      for (const outcome of ["succeeded", "failed", "cancelled"]) {
+        this.#runOperations.inc({ kind, outcome }, 0);
+        this.#runDuration.zero({ kind, outcome });
+      }
     // Series that exist from the start read 0 rather than missing until their first event.
     for (const type of ["sft", "rl"]) {
       this.#trainingTokens.inc({ type }, 0);
@@ -178,6 +191,22 @@ export class Metrics {
           // A store that cannot answer leaves the gauge empty, not the whole scrape failed.
           this.reset();
           deps.logger.warn({ err }, "metrics: could not count the training jobs");
+        }
+      },
+    });
+    new Gauge({
+      name: "arbor_training_run_operations",
+      help: "Operations of native training runs admitted and running now, in the store every process shares (read at each scrape).",
+      labelNames: ["status"],
+      registers,
+      async collect() {
+        try {
+          const counts = await deps.runOperationCounts();
+          this.set({ status: "admitted" }, counts.admitted);
+          this.set({ status: "running" }, counts.running);
+        } catch (err) {
+          this.reset();
+          deps.logger.warn({ err }, "metrics: could not count the training runs' operations");
         }
       },
     });
@@ -236,6 +265,7 @@ export class Metrics {
       this.#runOperations.inc({ kind, outcome });
       if (activity.tokens > 0) this.#runTokens.inc({ kind }, activity.tokens);
       if (activity.loss !== null) this.#runLoss.set({ kind }, activity.loss);
+      this.#runDuration.observe({ kind, outcome }, activity.seconds);
       if (outcome === "succeeded") this.#learnerVersion.set(activity.learnerVersion);
       return;
     }

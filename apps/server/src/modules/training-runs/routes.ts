@@ -20,6 +20,7 @@ import {
   loadableState,
   modelOfAlias,
   operationNotFound,
+  operationProgress,
   operationToWire,
   runToWire,
   serviceCheckpointId,
@@ -121,6 +122,22 @@ export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
   };
 
   return {
+    listTrainingRuns: async ({ query, principal }) => {
+      const page = await store.trainingRuns.list(principal.entities, {
+        after: query.after,
+        limit: query.limit ?? 20,
+        status: query.status,
+      });
+      return { object: "list", ...page, data: page.data.map(runToWire) };
+    },
+    listTrainingOperations: async ({ params, query, principal }) => {
+      const run = await findRun(store, principal, params.run_id);
+      const page = await store.trainingRuns.listOperations(run.id, {
+        after: query.after,
+        limit: query.limit ?? 20,
+      });
+      return { object: "list", ...page, data: page.data.map(operationProgress) };
+    },
     resolveTrainingRun: async ({ body, principal }) => {
       const entity = principal.defaultEntity;
       const runName = body.run_name ?? null;

@@ -72,6 +72,16 @@ export function operationToWire(op: TrainingOperation): Schemas["TrainingOperati
   } as Schemas["TrainingOperation"];
 }
 
+/** An operation with what it measured (`listTrainingOperations`). */
+export function operationProgress(op: TrainingOperation): Schemas["TrainingOperationProgress"] {
+  return {
+    operation: operationToWire(op),
+    loss: op.loss,
+    tokens: op.tokens,
+    learner_version: op.reserved_version ?? op.parent_version,
+  };
+}
+
 /** A run of an entity the principal may use; any other is 404. */
 export async function findRun(
   store: Store,
