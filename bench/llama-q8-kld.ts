@@ -127,10 +127,11 @@ async function measure(name: string, dir: string, nCtx: number): Promise<Row> {
   }
 }
 
+console.log(`llama.cpp (node-llama-cpp, ${llama.buildType} build), Q8_0 vs F32, README.md:`);
 const rows: Row[] = [];
 rows.push(await measure("tiny-chat", catalogModelDir("arbor/tiny-chat"), 256));
+console.table(rows);
 const smol = SHAPES.find((s) => s.key === "smol")!;
 if (!shapeFolderIsCurrent(smol)) await buildShapeFolder(smol);
 rows.push(await measure(`${smol.name} (random)`, folderOf(smol), 512));
-console.log(`llama.cpp (node-llama-cpp ${llama.buildType} build), Q8_0 vs F32, README.md:`);
 console.table(rows);
