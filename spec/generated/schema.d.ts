@@ -189,9 +189,13 @@ export interface paths {
          *       base's id, `r`, `lora_alpha`, `target_modules` by the family's module names) and
          *       `adapter_model.safetensors` (F32 tensors named
          *       `base_model.model.model.layers.<i>.<self_attn|mlp>.<module>.lora_<A|B>.weight`);
-         *     - `gguf`: the base model with the adapter merged in (W + (α/r)·B·A), as one F32 GGUF of
-         *       the base's llama.cpp architecture, with its tokenizer and chat template, that llama.cpp
-         *       and Ollama load;
+         *     - `gguf`: the base model with the adapter merged in (W + (α/r)·B·A), as one GGUF of the
+         *       base's llama.cpp architecture, with its tokenizer and chat template, that llama.cpp and
+         *       Ollama load: F32 by default, or with `outtype=q8_0` its weight matrices as ggml's Q8_0
+         *       (blocks of 32 weights with one F16 scale: about 8.5 bits a weight, 27 % of the F32 file
+         *       for the matrices), the bytes `llama-quantize … Q8_0` writes; 1-D tensors and norms stay
+         *       F32 and a matrix whose rows are not whole blocks of 32 is F16, as llama.cpp's converter
+         *       does;
          *     - `gguf-lora`: the adapter alone as llama.cpp's LoRA GGUF (what `convert_lora_to_gguf.py`
          *       writes), to load beside the base's GGUF (`llama-cli -m base.gguf --lora adapter.gguf`,
          *       an Ollama `ADAPTER`).
@@ -4611,6 +4615,8 @@ export interface operations {
             query?: {
                 /** @description `peft`: the adapter as PEFT writes it, in a tar. `gguf`: the base with the adapter merged, as one GGUF. `gguf-lora`: the adapter alone, as a llama.cpp LoRA GGUF. */
                 format?: "peft" | "gguf" | "gguf-lora";
+                /** @description With `format=gguf`: what the weight matrices are written as, named as `convert_hf_to_gguf.py --outtype` names them. `f32`: F32. `q8_0`: ggml's Q8_0 (1-D tensors and norms stay F32). Any other format with `outtype=q8_0` is 400. */
+                outtype?: "f32" | "q8_0";
             };
             header?: never;
             path: {
@@ -4633,7 +4639,7 @@ export interface operations {
             200: {
                 headers: {
                     "x-request-id": components["headers"]["RequestId"];
-                    /** @description `attachment; filename="<name>-step<N>-peft.tar"` (`<name>-step<N>.gguf`, `<name>-step<N>-lora.gguf`). */
+                    /** @description `attachment; filename="<name>-step<N>-peft.tar"` (`<name>-step<N>.gguf`, `<name>-step<N>-Q8_0.gguf`, `<name>-step<N>-lora.gguf`). */
                     "Content-Disposition"?: string;
                     /** @description The body's SHA-256 (RFC 9530): `sha-256=:<base64>:`. */
                     "Repr-Digest"?: string;

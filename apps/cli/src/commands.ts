@@ -462,20 +462,24 @@ export const COMMANDS: readonly Command[] = [
   }),
   command({
     name: "checkpoints download",
-    usage: "MODEL --step N [--format peft|gguf|gguf-lora] -o FILE",
+    usage: "MODEL --step N [--format peft|gguf|gguf-lora] [--outtype f32|q8_0] -o FILE",
     summary:
-      "download a checkpoint: its adapter (PEFT's files in a tar, or a llama.cpp LoRA GGUF) or a merged GGUF",
-    options: { step: str, format: str, output: { ...str, short: "o" } },
+      "download a checkpoint: its adapter (PEFT's files in a tar, or a llama.cpp LoRA GGUF) or a merged GGUF (F32, or Q8_0 with --outtype q8_0)",
+    options: { step: str, format: str, outtype: str, output: { ...str, short: "o" } },
     run: ({ values, positionals, client, io }) => {
       const format = values.format ?? "peft";
       if (format !== "peft" && format !== "gguf" && format !== "gguf-lora")
         throw new Error(`--format must be peft, gguf or gguf-lora, got "${format}".`);
+      const outtype = values.outtype;
+      if (outtype !== undefined && outtype !== "f32" && outtype !== "q8_0")
+        throw new Error(`--outtype must be f32 or q8_0, got "${outtype}".`);
       return remote.downloadCheckpoint(
         client(),
         {
           model: required(positionals[0], "MODEL"),
           step: number(required(values.step, "--step"), "--step"),
           format,
+          ...(outtype ? { outtype } : {}),
           file: required(values.output, "-o FILE"),
         },
         io,

@@ -288,12 +288,19 @@ export async function chat(
 /** `arbor checkpoints download`: streams the tar to FILE (through FILE.partial), checking its SHA-256. */
 export async function downloadCheckpoint(
   client: ArborClient,
-  args: { model: string; step: number; format: "peft" | "gguf" | "gguf-lora"; file: string },
+  args: {
+    model: string;
+    step: number;
+    format: "peft" | "gguf" | "gguf-lora";
+    outtype?: "f32" | "q8_0";
+    file: string;
+  },
   out: Output,
 ): Promise<void> {
   const { id } = await resolveModel(client, args.model);
   const content = await client.training.models.checkpoints.download(id, args.step, {
     format: args.format,
+    ...(args.outtype ? { outtype: args.outtype } : {}),
   });
   const partial = `${args.file}.partial`;
   const hash = createHash("sha256");
@@ -316,7 +323,9 @@ export async function downloadCheckpoint(
     throw err;
   }
   const { size } = await stat(args.file);
-  out.line(`wrote ${args.file} (${size} bytes, ${args.format})`);
+  out.line(
+    `wrote ${args.file} (${size} bytes, ${args.format}${args.outtype === "q8_0" ? " Q8_0" : ""})`,
+  );
 }
 
 /** `arbor checkpoints upload`: a PEFT adapter folder (tarred here) or a tar, as the next step. */

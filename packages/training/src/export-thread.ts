@@ -6,13 +6,15 @@ import {
   adapterFromFiles,
   exportGguf,
   exportLoraGguf,
+  type GgufOuttype,
   loadModel,
   mergeAdapter,
   parseConfig,
 } from "@arbor/engine/model";
 
-const { kind, baseDir, files, path, name } = workerData as {
+const { kind, outtype, baseDir, files, path, name } = workerData as {
   kind: "gguf" | "gguf-lora";
+  outtype: GgufOuttype;
   baseDir: string;
   files: Record<string, Uint8Array>;
   path: string;
@@ -20,7 +22,7 @@ const { kind, baseDir, files, path, name } = workerData as {
 };
 if (kind === "gguf") {
   const base = await loadModel(baseDir);
-  await exportGguf(mergeAdapter(base, adapterFromFiles(files, base)), path, name);
+  await exportGguf(mergeAdapter(base, adapterFromFiles(files, base)), path, name, outtype);
 } else {
   // The adapter alone needs only the base's shapes, not its weights.
   const config = parseConfig(JSON.parse(await readFile(join(baseDir, "config.json"), "utf8")));

@@ -3,6 +3,7 @@ import { mkdtemp, readdir, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
+import type { GgufOuttype } from "@arbor/engine/model";
 import {
   type BlobStore,
   type Checkpoint,
@@ -23,6 +24,14 @@ export interface StoredExport {
 
 const building = new Map<string, Promise<StoredExport>>();
 
+/** What the export thread is told to write (besides the files and the path). */
+interface ExportThreadData {
+  kind: GgufExport;
+  outtype: GgufOuttype;
+  baseDir: string;
+  name: string;
+}
+
 /** Exports are built in `<tmpdir>/arbor-export-<host>-<pid>-<random>/` (the writer's tag,
  * WRITER_TAG), so a sweep tells whose a folder is. */
 const EXPORT_FOLDER = "arbor-export-";
@@ -31,9 +40,16 @@ const EXPORT_OWNER = /^arbor-export-([0-9a-f]{8})-(\d+)-/;
 /** `gguf`: the base with the adapter merged in; `gguf-lora`: the adapter alone, for llama.cpp. */
 export type GgufExport = "gguf" | "gguf-lora";
 
+/** Each export's file beside the checkpoint's: the merged model per outtype, the adapter. */
+function exportKey(blobKey: string, kind: GgufExport, outtype: GgufOuttype): string {
+  if (kind === "gguf-lora") return `${blobKey}adapter.gguf`;
+  return `${blobKey}${outtype === "f32" ? "merged.gguf" : `merged.${outtype}.gguf`}`;
+}
+
 /**
- * A checkpoint as GGUF that llama.cpp and Ollama load (`gguf`: one F32 model, the base with
- * the adapter merged in; `gguf-lora`: llama.cpp's LoRA GGUF, to load beside the base's): built
+ * A checkpoint as GGUF that llama.cpp and Ollama load (`gguf`: one model, the base with the
+ * adapter merged in, its weight matrices F32 or Q8_0 by `outtype`; `gguf-lora`: llama.cpp's
+ * LoRA GGUF, to load beside the base's): built
  * once on a thread of its own (never on the caller's), written beside the checkpoint's files
  * with its length and digest, and reused by later downloads.
  */
@@ -43,8 +59,9 @@ export async function checkpointGguf(
   kind: GgufExport,
   baseDir: string,
   name: string,
+  outtype: GgufOuttype = "f32",
 ): Promise<StoredExport> {
-  const key = `${checkpoint.blob_key}${kind === "gguf" ? "merged.gguf" : "adapter.gguf"}`;
+  const key = exportKey(checkpoint.blob_key, kind, outtype);
   const metaKey = `${key}.json`;
   const meta = await blobs.get(metaKey);
   if (meta && (await blobs.exists(key))) {
@@ -54,7 +71,7 @@ export async function checkpointGguf(
   if (!pending) {
     // Written beside the checkpoint's files: a delete of them waits for it, or came first.
     pending = withModelFiles(checkpoint.model_id, "write", () =>
-      build(blobs, checkpoint, kind, baseDir, name, key, metaKey),
+      build(blobs, checkpoint, { kind, outtype, baseDir, name }, key, metaKey),
     ).finally(() => building.delete(key));
     building.set(key, pending);
   }
@@ -64,9 +81,7 @@ export async function checkpointGguf(
 async function build(
   blobs: BlobStore,
   checkpoint: Checkpoint & { blob_key: string },
-  kind: GgufExport,
-  baseDir: string,
-  name: string,
+  { kind, outtype, baseDir, name }: ExportThreadData,
   key: string,
   metaKey: string,
 ): Promise<StoredExport> {
@@ -85,7 +100,7 @@ async function build(
     );
     await new Promise<void>((resolve, reject) => {
       const worker = new Worker(new URL("./export-thread.ts", import.meta.url), {
-        workerData: { kind, baseDir, files: owned, path, name },
+        workerData: { kind, outtype, baseDir, files: owned, path, name },
         transferList: Object.values(owned).map((bytes) => bytes.buffer),
       });
       worker.once("error", reject);

@@ -209,6 +209,31 @@ describe("getCheckpointContent", () => {
     await expectLlamaAnswersLikeStep(new LlamaCppBackend(path));
   });
 
+  it("when a trained step is downloaded as GGUF with outtype=q8_0, then its weight matrices are Q8_0, the file about a quarter of the F32 one, and llama.cpp serves it with the engine's answer", async () => {
+    const content = await client.training.models.checkpoints.download(trained.id, steps, {
+      format: "gguf",
+      outtype: "q8_0",
+    });
+    expect(content.filename).toBe(`trained-step${steps}-Q8_0.gguf`);
+    const body = Buffer.from(await new Response(content.body).arrayBuffer());
+    expect(content.bytes).toBe(body.length);
+    expect(content.digest).toBe(`sha-256=:${createHash("sha256").update(body).digest("base64")}:`);
+    const file = readGguf(body);
+    expect(file.metadata.get("general.file_type")).toBe(7); // MOSTLY_Q8_0
+    const types = new Map(file.tensors.map((t) => [t.name, t.ggmlType]));
+    expect(types.get("blk.0.attn_q.weight")).toBe(8); // Q8_0
+    expect(types.get("token_embd.weight")).toBe(8);
+    expect(types.get("blk.0.attn_norm.weight")).toBe(0); // F32
+    const f32 = await client.training.models.checkpoints.download(trained.id, steps, {
+      format: "gguf",
+    });
+    await f32.body.cancel();
+    expect(body.length / f32.bytes).toBeLessThan(0.28);
+    const path = join(work, "merged-q8_0.gguf");
+    writeFileSync(path, body);
+    await expectLlamaAnswersLikeStep(new LlamaCppBackend(path));
+  });
+
   it("when a trained step is downloaded as a llama.cpp LoRA GGUF, then llama.cpp serves it on the base's GGUF with the engine's answer for that step; one that adapts the tied head is refused, naming the formats that work", async () => {
     const head = await fetch(contentUrl(trained.id, steps, "?format=gguf-lora"), {
       headers: auth(),
@@ -257,7 +282,7 @@ describe("getCheckpointContent", () => {
     );
   });
 
-  it("when the step is 0, absent, or the model another's, then 404; a format it does not know is 400", async () => {
+  it("when the step is 0, absent, or the model another's, then 404; a format or outtype it does not know, or q8_0 of a format other than gguf, is 400", async () => {
     expect((await download(trained.id, 0)).status).toBe(400);
     expect((await download(trained.id, steps + 5)).status).toBe(404);
     expect((await download("0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f", 1)).status).toBe(404);
@@ -268,6 +293,25 @@ describe("getCheckpointContent", () => {
     expect(foreign.status).toBe(404);
     const gguf = await fetch(contentUrl(trained.id, steps, "?format=onnx"), { headers: auth() });
     expect(gguf.status).toBe(400);
+    const q4 = await fetch(contentUrl(trained.id, steps, "?format=gguf&outtype=q4_0"), {
+      headers: auth(),
+    });
+    expect(q4.status).toBe(400);
+    expect(((await q4.json()) as { error: { param: string } }).error.param).toBe("outtype");
+    for (const format of ["peft", "gguf-lora"]) {
+      const other = await fetch(contentUrl(trained.id, steps, `?format=${format}&outtype=q8_0`), {
+        headers: auth(),
+      });
+      expect(other.status).toBe(400);
+      expect(await other.json()).toEqual({
+        error: {
+          type: "invalid_request_error",
+          code: "unsupported_outtype",
+          param: "outtype",
+          message: `outtype=q8_0 applies to format=gguf (the merged model) only; format=${format} has no weight matrices to quantize. Download format=gguf&outtype=q8_0, or leave outtype out.`,
+        },
+      });
+    }
   });
 });
 

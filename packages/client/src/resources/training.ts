@@ -22,6 +22,8 @@ export type PulledBaseModel = Schemas["PulledBaseModel"];
 /** `peft`: PEFT's two files in a tar; `gguf`: the base with the adapter merged; `gguf-lora`:
  * the adapter as a llama.cpp LoRA GGUF. */
 export type CheckpointFormat = NonNullable<Query<"getCheckpointContent">["format"]>;
+/** With format `gguf`: the weight matrices as `f32` (the default) or ggml's `q8_0`. */
+export type GgufOuttype = NonNullable<Query<"getCheckpointContent">["outtype"]>;
 
 /** A checkpoint's weights as they stream, with what the server states of them. */
 export interface CheckpointContent {
@@ -226,11 +228,12 @@ export class Checkpoints {
     );
   }
 
-  /** A checkpoint's weights, streamed: a PEFT tar, or a GGUF file. */
+  /** A checkpoint's weights, streamed: a PEFT tar, or a GGUF file (F32, or Q8_0 with
+   * `outtype: "q8_0"`). */
   async download(
     modelId: string,
     step: number,
-    query: { format?: CheckpointFormat } = {},
+    query: { format?: CheckpointFormat; outtype?: GgufOuttype } = {},
     options?: RequestOptions,
   ): Promise<CheckpointContent> {
     const result = await this.#core.api.GET(

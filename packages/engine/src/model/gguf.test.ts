@@ -1,12 +1,22 @@
-import { mkdtemp } from "node:fs/promises";
+import { mkdtemp, readFile, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gguf } from "@huggingface/gguf";
 import { describe, expect, it } from "vitest";
 import { FAMILIES, familyTokenizerFiles } from "../../test/families.ts";
 import { tinyModel } from "../../test/fixtures.ts";
-import { exportGguf, GgufTokenizerError, ggufBytes, permuteForGguf, readGguf } from "./gguf.ts";
-import { parameterCount } from "./model.ts";
+import { weightArray } from "../kernels/weight.ts";
+import { catalogModelDir } from "./catalog.ts";
+import {
+  exportGguf,
+  GgmlType,
+  GgufTokenizerError,
+  ggufBytes,
+  permuteForGguf,
+  quantizeQ8_0,
+  readGguf,
+} from "./gguf.ts";
+import { loadModel, parameterCount } from "./model.ts";
 import { ggufPreTokenizer, Tokenizer } from "./tokenizer.ts";
 
 describe("GGUF export", () => {
@@ -71,6 +81,115 @@ describe("GGUF export", () => {
     expect(parsed.tensorInfos.map((t) => [t.name, t.shape.map(Number), Number(t.offset)])).toEqual(
       file.tensors.map((t) => [t.name, t.dims, t.offset]),
     );
+  });
+});
+
+/**
+ * ggml's Q8_0 as its format is described, written apart from the export's: per block of 32, an
+ * F16 scale d = max|x| / 127 (F32 arithmetic), then each x · (1/d) rounded half away from zero.
+ */
+function referenceQ8_0(values: Float32Array): Uint8Array {
+  const out = new Uint8Array((values.length / 32) * 34);
+  const f32 = new Float32Array(3);
+  const scale = new Uint8Array(new Float16Array(1).buffer);
+  for (let block = 0; block < values.length / 32; block++) {
+    const xs = values.subarray(block * 32, block * 32 + 32);
+    f32[0] = xs.reduce((m, x) => Math.max(m, Math.abs(x)), 0) / 127; // d
+    f32[1] = f32[0] === 0 ? 0 : 1 / f32[0]!; // 1/d
+    new Float16Array(scale.buffer)[0] = f32[0]!;
+    out.set(scale, block * 34);
+    const qs = new Int8Array(out.buffer, block * 34 + 2, 32);
+    xs.forEach((x, j) => {
+      f32[2] = x * f32[1]!;
+      qs[j] = Math.trunc(f32[2]! + (f32[2]! < 0 ? -0.5 : 0.5));
+    });
+  }
+  return out;
+}
+
+describe("GGUF export as Q8_0", () => {
+  it("when a block is quantized, then it is the F16 scale max|x|/127 and the values rounded half away from zero", () => {
+    const block = new Float32Array(32);
+    block.set([-127, 2.5, -2.5, 0.5, -0.5, 1.49, 126.6, -0.2]);
+    const bytes = quantizeQ8_0(block);
+    expect(bytes).toHaveLength(34);
+    expect(Array.from(bytes.subarray(0, 2))).toEqual([0x00, 0x3c]); // F16 1.0, little-endian
+    expect(Array.from(new Int8Array(bytes.buffer, 2, 8))).toEqual([-127, 3, -3, 1, -1, 1, 127, 0]);
+    expect(Array.from(quantizeQ8_0(new Float32Array(32)))).toEqual(new Array(34).fill(0));
+    expect(() => quantizeQ8_0(new Float32Array(48))).toThrow(/blocks of 32/);
+  });
+
+  it("when a model is exported as q8_0, then its weight matrices are Q8_0 blocks byte for byte, rows not of whole blocks F16, norms F32", () => {
+    // ffn_down's rows are 40 long: not whole blocks of 32, so F16 as llama.cpp's converter does.
+    const model = tinyModel(5, { hiddenSize: 32, intermediateSize: 40 });
+    const bytes = ggufBytes(model, "tiny", "q8_0");
+    const file = readGguf(bytes);
+    expect(file.metadata.get("general.file_type")).toBe(7);
+    const type = (name: string) => file.tensors.find((t) => t.name === name)!.ggmlType;
+    expect(type("token_embd.weight")).toBe(GgmlType.Q8_0);
+    expect(type("output.weight")).toBe(GgmlType.Q8_0);
+    expect(type("blk.0.attn_q.weight")).toBe(GgmlType.Q8_0);
+    expect(type("blk.1.ffn_up.weight")).toBe(GgmlType.Q8_0);
+    expect(type("blk.1.ffn_down.weight")).toBe(GgmlType.F16);
+    expect(type("blk.0.attn_norm.weight")).toBe(GgmlType.F32);
+    expect(type("output_norm.weight")).toBe(GgmlType.F32);
+    const layer = model.weights.layers[1]!;
+    const at = (name: string) =>
+      file.dataOffset + file.tensors.find((t) => t.name === name)!.offset;
+    const expectBlocks = (name: string, values: Float32Array) => {
+      const want = referenceQ8_0(values);
+      expect(Buffer.from(bytes.subarray(at(name), at(name) + want.length)).equals(want)).toBe(true);
+    };
+    expectBlocks("blk.1.ffn_up.weight", layer.up);
+    expectBlocks("blk.1.attn_v.weight", layer.v);
+    expectBlocks("blk.1.attn_q.weight", permuteForGguf(layer.q, 2, 32));
+    expectBlocks("token_embd.weight", weightArray(model.weights.embed));
+    // Read back: within half a step of each weight, plus the F16 scale's rounding (≤ 2⁻¹¹·d)
+    // times |q| ≤ 127; F16 and F32 as they round.
+    const up = file.tensorData("blk.1.ffn_up.weight");
+    for (let b = 0; b < layer.up.length / 32; b++) {
+      const xs = layer.up.subarray(b * 32, b * 32 + 32);
+      const d = Math.max(...xs.map(Math.abs)) / 127;
+      for (let j = 0; j < 32; j++)
+        expect(Math.abs(up[b * 32 + j]! - xs[j]!)).toBeLessThanOrEqual(d * (0.5 + 127 / 2048));
+    }
+    expect(Array.from(file.tensorData("blk.1.ffn_down.weight"))).toEqual(
+      Array.from(new Float16Array(layer.down)),
+    );
+    expect(Array.from(file.tensorData("output_norm.weight"))).toEqual(
+      Array.from(weightArray(model.weights.norm)),
+    );
+    for (const t of file.tensors) expect(t.offset % 32).toBe(0);
+  });
+
+  it("when the shipped model is exported as q8_0, then its weight matrices take 8.5/32 of their F32 bytes and Hugging Face's reader agrees", async () => {
+    const model = await loadModel(catalogModelDir("arbor/tiny-chat"));
+    const dir = await mkdtemp(join(tmpdir(), "arbor-gguf-"));
+    await exportGguf(model, join(dir, "f32.gguf"), "tiny-chat");
+    await exportGguf(model, join(dir, "q8.gguf"), "tiny-chat", "q8_0");
+    const f32 = readGguf(await readFile(join(dir, "f32.gguf")));
+    const q8Bytes = await readFile(join(dir, "q8.gguf"));
+    const q8 = readGguf(q8Bytes);
+    const count = (t: { dims: number[] }) => t.dims.reduce((a, b) => a * b, 1);
+    const quantized = q8.tensors.filter((t) => t.ggmlType === GgmlType.Q8_0);
+    // Every weight matrix of tiny-chat has rows of whole blocks: all of them are Q8_0.
+    expect(quantized.map((t) => t.name)).toEqual(
+      f32.tensors.filter((t) => t.dims.length === 2).map((t) => t.name),
+    );
+    const weights = quantized.reduce((n, t) => n + count(t), 0);
+    const f32Size = (await stat(join(dir, "f32.gguf"))).size;
+    const q8Size = q8Bytes.length;
+    // The header is the same length; each matrix shrinks from 4 bytes a weight to 34/32.
+    expect(q8.dataOffset).toBe(f32.dataOffset);
+    expect(f32Size - q8Size).toBeGreaterThanOrEqual(
+      weights * (4 - 34 / 32) - 32 * quantized.length,
+    );
+    expect(f32Size - q8Size).toBeLessThanOrEqual(weights * (4 - 34 / 32));
+    expect(q8Size - q8.dataOffset).toBeLessThan(0.27 * (f32Size - f32.dataOffset));
+    const parsed = await gguf(join(dir, "q8.gguf"), { allowLocalFile: true });
+    expect(
+      parsed.tensorInfos.map((t) => [t.name, t.shape.map(Number), t.dtype, Number(t.offset)]),
+    ).toEqual(q8.tensors.map((t) => [t.name, t.dims, t.ggmlType, t.offset]));
   });
 });
 

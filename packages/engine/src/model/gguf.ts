@@ -39,10 +39,29 @@ export interface GgufTensorInfo {
   name: string;
   /** ggml order: dims[0] is the fastest-varying (the `in` size of a Linear). */
   dims: number[];
-  /** ggml type; 0 = F32. */
+  /** ggml type (`GgmlType`): 0 = F32, 1 = F16, 8 = Q8_0. */
   ggmlType: number;
   offset: number;
 }
+
+/** The ggml tensor types the export writes. */
+export const GgmlType = { F32: 0, F16: 1, Q8_0: 8 } as const;
+type GgmlTypeId = (typeof GgmlType)[keyof typeof GgmlType];
+
+/**
+ * What a model GGUF's weight matrices are written as, named as `convert_hf_to_gguf.py
+ * --outtype` names them: `f32`, or `q8_0` (ggml's Q8_0: blocks of 32 weights, one F16 scale
+ * each; 1-D tensors and norms stay F32, as llama.cpp keeps them).
+ */
+export type GgufOuttype = "f32" | "q8_0";
+export const GGUF_OUTTYPES: readonly GgufOuttype[] = ["f32", "q8_0"];
+
+/** `general.file_type` (llama.cpp's `LlamaFileType`): ALL_F32 0, MOSTLY_Q8_0 7. */
+const FILE_TYPE: Record<GgufOuttype, number> = { f32: 0, q8_0: 7 };
+
+/** Weights per Q8_0 block, and the block's bytes: an F16 scale and 32 int8. */
+export const Q8_0_BLOCK = 32;
+const Q8_0_BLOCK_BYTES = 2 + Q8_0_BLOCK;
 
 export interface GgufFile {
   version: number;
@@ -190,6 +209,8 @@ const ARCH: Record<ModelType, { name: string; permute: boolean }> = {
 interface GgufTensor {
   name: string;
   dims: number[];
+  /** The ggml type it is written as (F32 when absent). */
+  type?: GgmlTypeId;
   /** Read when the tensor is written (a packed weight is unpacked then, one at a time). */
   data: Weight;
   /** Q/K rows permuted as `convert_hf_to_gguf.py` does, when written. */
@@ -210,9 +231,25 @@ export class GgufHeadError extends Error {
   }
 }
 
-/** A model as an F32 GGUF of its llama.cpp architecture with a gpt2-style BPE tokenizer: the
- * header (metadata and tensor infos, padded) and the tensors, in file order. */
-function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: GgufTensor[] } {
+/**
+ * The ggml type llama.cpp's converter gives a model tensor for an outtype (`convert_hf_to_gguf.py`,
+ * which `llama-quantize` matches): 1-D tensors and norms stay F32; a 2-D weight is Q8_0 when its
+ * rows split into whole blocks of 32, else F16 (the converter's fallback).
+ */
+export function ggufTensorType(name: string, dims: number[], outtype: GgufOuttype): GgmlTypeId {
+  if (outtype === "f32" || dims.length < 2 || name.endsWith("_norm.weight")) return GgmlType.F32;
+  if (!name.endsWith(".weight")) return GgmlType.F32;
+  return dims[0]! % Q8_0_BLOCK === 0 ? GgmlType.Q8_0 : GgmlType.F16;
+}
+
+/** A model as a GGUF of its llama.cpp architecture with a gpt2-style BPE tokenizer, its weight
+ * matrices as `outtype`: the header (metadata and tensor infos, padded) and the tensors, in file
+ * order. */
+function ggufLayout(
+  model: Model,
+  name: string,
+  outtype: GgufOuttype,
+): { header: Uint8Array; tensors: GgufTensor[] } {
   const { config, weights, tokenizer } = model;
   const arch = ARCH[config.modelType];
   const D = config.hiddenSize;
@@ -268,7 +305,7 @@ function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: 
     ["general.architecture", { type: "string", value: arch.name }],
     ["general.name", { type: "string", value: name }],
     ["general.alignment", { type: "u32", value: ALIGNMENT }],
-    ["general.file_type", { type: "u32", value: 0 }],
+    ["general.file_type", { type: "u32", value: FILE_TYPE[outtype] }],
     [`${arch.name}.vocab_size`, { type: "u32", value: config.vocabSize }],
     [`${arch.name}.context_length`, { type: "u32", value: config.maxPositions }],
     [`${arch.name}.embedding_length`, { type: "u32", value: D }],
@@ -298,10 +335,23 @@ function ggufLayout(model: Model, name: string): { header: Uint8Array; tensors: 
     metadata.push(["tokenizer.ggml.padding_token_id", { type: "u32", value: hf["bos_token_id"] }]);
   }
 
+  for (const t of tensors) t.type = ggufTensorType(t.name, t.dims, outtype);
   return { header: ggufHeader(metadata, tensors), tensors };
 }
 
-/** The GGUF header: magic, version 3, metadata, tensor infos (F32, aligned), padded. */
+/** A tensor's data bytes in the file, before padding. */
+function dataLength(t: GgufTensor): number {
+  switch (t.type ?? GgmlType.F32) {
+    case GgmlType.F32:
+      return t.data.length * 4;
+    case GgmlType.F16:
+      return t.data.length * 2;
+    case GgmlType.Q8_0:
+      return (t.data.length / Q8_0_BLOCK) * Q8_0_BLOCK_BYTES;
+  }
+}
+
+/** The GGUF header: magic, version 3, metadata, tensor infos (typed, aligned), padded. */
 function ggufHeader(metadata: [string, GgufValue][], tensors: GgufTensor[]): Uint8Array {
   const w = new Writer();
   w.u32(GGUF_MAGIC);
@@ -317,27 +367,82 @@ function ggufHeader(metadata: [string, GgufValue][], tensors: GgufTensor[]): Uin
     w.string(t.name);
     w.u32(t.dims.length);
     for (const d of t.dims) w.u64(d);
-    w.u32(0);
+    w.u32(t.type ?? GgmlType.F32);
     w.u64(offset);
-    offset += Math.ceil((t.data.length * 4) / ALIGNMENT) * ALIGNMENT;
+    offset += Math.ceil(dataLength(t) / ALIGNMENT) * ALIGNMENT;
   }
   w.pad(ALIGNMENT);
   return w.concat();
 }
 
-/** A tensor's F32 little-endian bytes, padded to the alignment. */
+/**
+ * Values as ggml's Q8_0 blocks (`quantize_row_q8_0_ref`): per 32 values, the scale
+ * d = max|x| / 127 as little-endian F16, then 32 int8 round(x / d), half away from zero. The
+ * arithmetic is F32's, as ggml's is, so the bytes are llama.cpp's own; `out` is filled at `at`.
+ */
+export function quantizeQ8_0(
+  values: Float32Array,
+  out = new Uint8Array((values.length / Q8_0_BLOCK) * Q8_0_BLOCK_BYTES),
+  at = 0,
+): Uint8Array {
+  if (values.length % Q8_0_BLOCK !== 0)
+    throw new Error(`Q8_0: ${values.length} values do not split into blocks of ${Q8_0_BLOCK}`);
+  const view = new DataView(out.buffer, out.byteOffset, out.byteLength);
+  const f = Math.fround;
+  for (let b = 0, o = at; b < values.length; b += Q8_0_BLOCK, o += Q8_0_BLOCK_BYTES) {
+    let amax = 0;
+    for (let j = 0; j < Q8_0_BLOCK; j++) amax = Math.max(amax, Math.abs(values[b + j]!));
+    const d = f(amax / 127);
+    const id = d === 0 ? 0 : f(1 / d);
+    view.setFloat16(o, d, true);
+    for (let j = 0; j < Q8_0_BLOCK; j++) {
+      const x = f(values[b + j]! * id);
+      // roundf: half away from zero (Math.round rounds -2.5 to -2).
+      view.setInt8(o + 2 + j, Math.sign(x) * Math.round(Math.abs(x)));
+    }
+  }
+  return out;
+}
+
+/** Q8_0 blocks back to F32 (x = d · q). */
+export function dequantizeQ8_0(bytes: Uint8Array, count: number): Float32Array {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const out = new Float32Array(count);
+  for (let b = 0; b < count / Q8_0_BLOCK; b++) {
+    const o = b * Q8_0_BLOCK_BYTES;
+    const d = view.getFloat16(o, true);
+    for (let j = 0; j < Q8_0_BLOCK; j++) out[b * Q8_0_BLOCK + j] = d * view.getInt8(o + 2 + j);
+  }
+  return out;
+}
+
+/** A tensor's bytes in its ggml type, little-endian, padded to the alignment. */
 function tensorBytes(t: GgufTensor): Uint8Array {
   let data = weightArray(t.data);
   if (t.permute) data = permuteForGguf(data, t.permute.heads, t.permute.inDim);
-  const bytes = new Uint8Array(Math.ceil((data.length * 4) / ALIGNMENT) * ALIGNMENT);
+  const bytes = new Uint8Array(Math.ceil(dataLength(t) / ALIGNMENT) * ALIGNMENT);
   const view = new DataView(bytes.buffer);
-  for (let i = 0; i < data.length; i++) view.setFloat32(i * 4, data[i]!, true);
+  switch (t.type ?? GgmlType.F32) {
+    case GgmlType.F32:
+      for (let i = 0; i < data.length; i++) view.setFloat32(i * 4, data[i]!, true);
+      break;
+    case GgmlType.F16:
+      for (let i = 0; i < data.length; i++) view.setFloat16(i * 2, data[i]!, true);
+      break;
+    case GgmlType.Q8_0:
+      quantizeQ8_0(data, bytes);
+      break;
+  }
   return bytes;
 }
 
-/** Serialises a model as an F32 GGUF, whole in memory (small models and tests). */
-export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
-  const { header, tensors } = ggufLayout(model, name);
+/** Serialises a model as a GGUF, whole in memory (small models and tests). */
+export function ggufBytes(
+  model: Model,
+  name = "arbor-model",
+  outtype: GgufOuttype = "f32",
+): Uint8Array {
+  const { header, tensors } = ggufLayout(model, name, outtype);
   const parts = [header, ...tensors.map(tensorBytes)];
   const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
   let at = 0;
@@ -348,13 +453,20 @@ export function ggufBytes(model: Model, name = "arbor-model"): Uint8Array {
   return out;
 }
 
-/** Writes a model as an F32 GGUF file, a tensor at a time (never the whole file in memory). */
-export async function exportGguf(model: Model, path: string, name = "arbor-model"): Promise<void> {
-  const { header, tensors } = ggufLayout(model, name);
+/** Writes a model as a GGUF file (F32, or its weight matrices Q8_0), a tensor at a time (never
+ * the whole file in memory). */
+export async function exportGguf(
+  model: Model,
+  path: string,
+  name = "arbor-model",
+  outtype: GgufOuttype = "f32",
+): Promise<void> {
+  const { header, tensors } = ggufLayout(model, name, outtype);
   await writeGguf(path, header, tensors);
 }
 
-/** Reads a GGUF header, metadata and tensor infos (F32 tensor data on request). */
+/** Reads a GGUF header, metadata and tensor infos (F32, F16 and Q8_0 tensor data on request, as
+ * F32). */
 export function readGguf(bytes: Uint8Array): GgufFile {
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   let p = 0;
@@ -441,12 +553,21 @@ export function readGguf(bytes: Uint8Array): GgufFile {
     tensorData(name: string): Float32Array {
       const info = tensors.find((t) => t.name === name);
       if (!info) throw new Error(`gguf: no tensor ${name}`);
-      if (info.ggmlType !== 0) throw new Error("gguf: only F32 tensors can be read");
       const n = info.dims.reduce((a, b) => a * b, 1);
-      const out = new Float32Array(n);
       const start = dataOffset + info.offset;
-      for (let i = 0; i < n; i++) out[i] = view.getFloat32(start + i * 4, true);
-      return out;
+      const out = new Float32Array(n);
+      switch (info.ggmlType) {
+        case GgmlType.F32:
+          for (let i = 0; i < n; i++) out[i] = view.getFloat32(start + i * 4, true);
+          return out;
+        case GgmlType.F16:
+          for (let i = 0; i < n; i++) out[i] = view.getFloat16(start + i * 2, true);
+          return out;
+        case GgmlType.Q8_0:
+          return dequantizeQ8_0(bytes.subarray(start), n);
+        default:
+          throw new Error(`gguf: tensors of ggml type ${info.ggmlType} cannot be read`);
+      }
     },
   };
 }

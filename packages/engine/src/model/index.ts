@@ -13,7 +13,13 @@ export {
   scanBaseModels,
 } from "./folders.ts";
 export { createKvCache, forwardBatch, releaseKvCache } from "./forward.ts";
-export { exportGguf, exportLoraGguf, readGguf } from "./gguf.ts";
+export {
+  exportGguf,
+  exportLoraGguf,
+  GGUF_OUTTYPES,
+  type GgufOuttype,
+  readGguf,
+} from "./gguf.ts";
 export {
   HubError,
   parseRepoArgument,

@@ -126,6 +126,13 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
       let file: string;
       let type: string;
       const format = query.format ?? "peft";
+      const outtype = query.outtype ?? "f32";
+      if (outtype !== "f32" && format !== "gguf") {
+        throw new InvalidInputError(
+          `outtype=${outtype} applies to format=gguf (the merged model) only; format=${format} has no weight matrices to quantize. Download format=gguf&outtype=${outtype}, or leave outtype out.`,
+          { param: "outtype", code: "unsupported_outtype" },
+        );
+      }
       if (format === "gguf" || format === "gguf-lora") {
         const base = await deps.baseModel(model.base_model);
         if (!base || !checkpoint.blob_key) {
@@ -156,6 +163,7 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
           format,
           base.dir,
           label,
+          outtype,
         );
         body = {
           ...gguf,
@@ -165,7 +173,12 @@ export function modelsHandlers(deps: ModelsDeps): Handlers {
             return stream;
           },
         };
-        file = format === "gguf" ? `${label}.gguf` : `${label}-lora.gguf`;
+        file =
+          format === "gguf-lora"
+            ? `${label}-lora.gguf`
+            : outtype === "q8_0"
+              ? `${label}-Q8_0.gguf`
+              : `${label}.gguf`;
         type = "application/octet-stream";
       } else {
         const archive = await checkpointAdapterTar(blobs, checkpoint, label);
