@@ -2037,19 +2037,177 @@ export interface components {
             experimental_config?: components["schemas"]["SftExperimentalConfig"] | null;
         };
         /**
+         * TrainingStartedEvent
+         * @description A run of the job starts. The job's first run writes it before any `gradient_step`; a later
+         *     run (the job resumed after its worker died, or was handed back) writes it again with
+         *     `resumed_from_step` and `attempt`.
+         */
+        TrainingStartedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "training_started";
+            data: {
+                /** @description The gradient steps this job takes in all. */
+                num_sequences: number;
+                /** @description RL only; trajectory groups skipped because their rewards were all equal. */
+                skipped_groups?: number;
+                /**
+                 * @description A later run only: the last of the job's steps that it does not train again (that of
+                 *     the checkpoint it resumes from; 0 when the job had none and starts over).
+                 */
+                resumed_from_step?: number;
+                /** @description A later run only; the job's run, 2 for its first resume. */
+                attempt?: number;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * GradientStepEvent
+         * @description One optimizer step of the job, with its metrics. A value that is not a finite number (a
+         *     step that diverged) reads as null.
+         */
+        GradientStepEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "gradient_step";
+            data: {
+                /** @description The job's step, from 1 to `num_sequences` (not the model's step). */
+                gradient_step: number;
+                /** @description The step's mean loss over its trained tokens. */
+                loss: number | null;
+                /** @description The gradient's norm before clipping. */
+                grad_norm: number | null;
+                /** @description The learning rate the step used. */
+                learning_rate: number | null;
+                /** @description Tokens in the step's sequences. */
+                num_tokens: number;
+                /** @description Tokens the step trained on. */
+                num_trainable_tokens: number;
+                /** @description Tokens of the step per second of its compute. */
+                tokens_per_second: number | null;
+                /** @description RL only; the mean reward of the step's trajectories. */
+                reward?: number | null;
+                /** @description RL only; the rewards' standard deviation. */
+                reward_std_dev?: number | null;
+                /** @description RL only; the policy's mean entropy over the trained tokens. */
+                entropy?: number | null;
+                /** @description RL only; groups whose rewards differ. */
+                num_groups_trainable?: number;
+                /** @description RL only; groups skipped for equal rewards. */
+                num_groups_skipped?: number;
+                /** @description RL only; trajectories with a non-zero advantage and a trainable turn. */
+                num_trajectories_trained?: number;
+                /** @description RL only; trajectories none of whose turns could be trained. */
+                num_trajectories_dropped?: number;
+                /** @description RL with a KL penalty only; the mean KL of the trained tokens from the reference. */
+                kl_policy_ref?: number | null;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * CheckpointSavedEvent
+         * @description A checkpoint of the job was saved; it is listed before this event is written.
+         */
+        CheckpointSavedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "checkpoint_saved";
+            data: {
+                /**
+                 * @description The model's step (`step_from` plus the job's steps so far), which names the
+                 *     checkpoint (`…:step<N>`); not the job's `gradient_step`.
+                 */
+                step: number;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * TrainingEndedEvent
+         * @description The job succeeded: its terminal event.
+         */
+        TrainingEndedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "training_ended";
+            /** @description Empty. */
+            data: {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * TrainingFailedEvent
+         * @description The job failed or was cancelled: its terminal event.
+         */
+        TrainingFailedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "training_failed";
+            data: {
+                /** @description Why; `cancelled` for a cancelled job. */
+                error_message: string;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
          * TrainingJobEvent
-         * @description One immutable event of a job, in creation order. `data` by `type`:
+         * @description One immutable event of a job, in creation order: a union by `type`, each with its own
+         *     `data` (a client narrows on `type`; fields not listed may be added later):
          *
-         *     - `training_started`: `{num_sequences}` — the gradient steps this job will take (int). When
-         *       a job is resumed (its worker died, or stopped and handed it back), its next run writes
-         *       `training_started` again with `resumed_from_step` and `attempt` (see below).
-         *     - `gradient_step`: flat numbers `loss`, `grad_norm`, `learning_rate`, `num_tokens`,
-         *       `num_trainable_tokens`, `tokens_per_second`, `gradient_step` (the job's step, from 1 to
-         *       `num_sequences`), and `reward` for RL.
-         *     - `checkpoint_saved`: `{step}` — the model's step; the checkpoint is listed before this
-         *       event is written.
-         *     - `training_ended`: `{}`.
-         *     - `training_failed`: `{error_message}` (`cancelled` for a cancelled job).
+         *     - `training_started` (`TrainingStartedEvent`): `{num_sequences}` — the gradient steps this
+         *       job will take. When a job is resumed (its worker died, or stopped and handed it back),
+         *       its next run writes `training_started` again with `resumed_from_step` and `attempt`.
+         *     - `gradient_step` (`GradientStepEvent`): flat numbers `loss`, `grad_norm`, `learning_rate`,
+         *       `num_tokens`, `num_trainable_tokens`, `tokens_per_second`, `gradient_step` (the job's
+         *       step, from 1 to `num_sequences`), and `reward` and its companions for RL.
+         *     - `checkpoint_saved` (`CheckpointSavedEvent`): `{step}` — the model's step; the checkpoint
+         *       is listed before this event is written.
+         *     - `training_ended` (`TrainingEndedEvent`): `{}`.
+         *     - `training_failed` (`TrainingFailedEvent`): `{error_message}` (`cancelled` for a
+         *       cancelled job).
          *
          *     The first `training_started` precedes every `gradient_step`. Exactly one terminal event
          *     (`training_ended` or `training_failed`) ends every job. RL groups skipped for equal rewards
@@ -2068,19 +2226,7 @@ export interface components {
          *     checkpoint an earlier run saved is reported before the resumed run's `training_started`.
          *     Only a later `training_started` carries `resumed_from_step`; the job's first never does.
          */
-        TrainingJobEvent: {
-            /** Format: uuid */
-            id: string;
-            /** @constant */
-            object: "training_job.event";
-            /** @enum {string} */
-            type: "training_started" | "gradient_step" | "checkpoint_saved" | "training_ended" | "training_failed";
-            data: {
-                [key: string]: unknown;
-            };
-            /** @description Unix seconds. */
-            created_at: number;
-        };
+        TrainingJobEvent: components["schemas"]["TrainingStartedEvent"] | components["schemas"]["GradientStepEvent"] | components["schemas"]["CheckpointSavedEvent"] | components["schemas"]["TrainingEndedEvent"] | components["schemas"]["TrainingFailedEvent"];
         /** TrainingJobEventList */
         TrainingJobEventList: {
             /** @constant */
