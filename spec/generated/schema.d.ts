@@ -1166,42 +1166,50 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** ChatCompletionContentPartText */
-        ChatCompletionContentPartText: {
-            /** @constant */
-            type: "text";
-            text: string;
+        /**
+         * ChatCompletionRequestContentPart
+         * @description One part of a message's content: `{"type": "text", "text": …}`, or another of OpenAI's part
+         *     types, which only an upstream that reads it can serve.
+         */
+        ChatCompletionRequestContentPart: {
+            type: string;
+            text?: string;
         };
         /**
-         * ChatCompletionMessageContent
-         * @description Message text, as a string or as text parts (joined in order).
+         * ChatCompletionRequestMessageContent
+         * @description Message text, as a string or as content parts. Text parts are joined in order. Other parts
+         *     (OpenAI's `image_url`, `input_audio`, `file`) pass the schema so that the answer can say what
+         *     it is: the engine's and llama.cpp's models read text only and refuse them with 400
+         *     `unsupported_content` naming the part; an upstream gets them as sent.
          */
-        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
+        ChatCompletionRequestMessageContent: string | components["schemas"]["ChatCompletionRequestContentPart"][];
         /**
          * ChatCompletionRequestMessage
-         * @description One message of the conversation. `content` is a string or an array of text parts. Unknown keys
-         *     are ignored (OpenAI clients send some, and trajectories carry what the sampler returned).
+         * @description One message of the conversation. `content` is a string or an array of content parts. `name`
+         *     is handed to the chat template, which may write it (most ignore it, as they do in
+         *     transformers). Unknown keys are ignored (OpenAI clients send some, and trajectories carry
+         *     what the sampler returned).
          */
         ChatCompletionRequestMessage: {
             /** @constant */
             role: "system";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             name?: string;
         } | {
             /** @constant */
             role: "developer";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             name?: string;
         } | {
             /** @constant */
             role: "user";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             name?: string;
         } | {
             /** @constant */
             role: "assistant";
             /** @description Null only when the turn carries tool calls. */
-            content?: components["schemas"]["ChatCompletionMessageContent"] | null;
+            content?: components["schemas"]["ChatCompletionRequestMessageContent"] | null;
             name?: string;
             refusal?: string | null;
             /** @description The calls this turn made; each is answered by a `tool` message with its id. */
@@ -1218,7 +1226,7 @@ export interface components {
         } | {
             /** @constant */
             role: "tool";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             /** @description The id of the tool call this message answers. */
             tool_call_id: string;
         };
@@ -1329,8 +1337,8 @@ export interface components {
                 /** @description Send a last chunk with `usage` and `choices: []`. */
                 include_usage?: boolean;
             } | null;
-            /** @description The end user's id, recorded with the call. */
-            user?: string;
+            /** @description The end user's id, recorded on the request's call (`attributes.user`). */
+            user?: string | null;
             /**
              * @description Functions the model may call, as OpenAI defines them. The model's own chat template renders
              *     them (a template without tools refuses them with 400 `param: tools`), and its answer is
@@ -1357,6 +1365,40 @@ export interface components {
              * @default true
              */
             parallel_tool_calls?: boolean | null;
+            /**
+             * @description Accepted for OpenAI clients. Arbor records every request as a call with its usage
+             *     (`queryCalls`), whatever `store` says; OpenAI's stored-completion endpoints are not served.
+             */
+            store?: boolean | null;
+            /** @description Up to 16 string pairs, recorded on the request's call (its `attributes.metadata`). */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * @description Accepted for OpenAI clients; Arbor has one tier, and serves every request on it.
+             * @enum {string|null}
+             */
+            service_tier?: "auto" | "default" | "flex" | "scale" | "priority" | null;
+            /**
+             * @description Accepted for OpenAI clients; the engine keeps no prompt cache across requests, so it
+             *     changes nothing there. Forwarded to an upstream as sent.
+             */
+            prompt_cache_key?: string | null;
+            /** @description The end user's stable id, recorded on the request's call (`attributes.safety_identifier`). */
+            safety_identifier?: string | null;
+            /**
+             * @description For models that take it (forwarded to an upstream as sent). The engine's models have no
+             *     such setting: they take `medium`, OpenAI's default, and refuse `low` and `high` with 400.
+             * @enum {string|null}
+             */
+            verbosity?: "low" | "medium" | "high" | null;
+            /**
+             * @description For reasoning models (forwarded to an upstream as sent). The engine's and llama.cpp's
+             *     models have no reasoning-effort setting: they take `none` and refuse any other effort with
+             *     400.
+             * @enum {string|null}
+             */
+            reasoning_effort?: "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | null;
         };
         /**
          * ChatCompletionMessageToolCall
@@ -2256,6 +2298,17 @@ export interface components {
             /** @description Unix seconds. */
             created_at: number;
         };
+        /** ChatCompletionContentPartText */
+        ChatCompletionContentPartText: {
+            /** @constant */
+            type: "text";
+            text: string;
+        };
+        /**
+         * ChatCompletionMessageContent
+         * @description Message text, as a string or as text parts (joined in order).
+         */
+        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
         /**
          * SftToolCall
          * @description A function call made by an assistant turn, in OpenAI's shape.

@@ -18,6 +18,8 @@ export interface ChatMessage {
   toolCalls?: ToolCall[];
   /** A tool message's answer to a call. */
   toolCallId?: string;
+  /** The participant's name (OpenAI's `name`), for templates that write it. */
+  name?: string;
 }
 
 /** What a chat is rendered with besides its messages. */
@@ -91,6 +93,7 @@ export class ChatTemplate {
       }));
     }
     if (message.toolCallId) out.tool_call_id = message.toolCallId;
+    if (message.name) out.name = message.name;
     return out;
   }
 }

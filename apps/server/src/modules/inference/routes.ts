@@ -50,6 +50,10 @@ function callOf(req: Request, project: ProjectRef, body: ChatRequest): Inference
     parentId: req.header("arbor-parent-call-id") || undefined,
     startedAt: new Date(),
     inputs: { ...body },
-    user: body.user ?? undefined,
+    attributes: Object.fromEntries(
+      (["user", "safety_identifier", "metadata"] as const)
+        .filter((key) => body[key] !== null && body[key] !== undefined)
+        .map((key) => [key, body[key]]),
+    ),
   };
 }
