@@ -53,6 +53,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/responses": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create response
+         * @description OpenAI's Responses API, stateless, served over the chat path (ADR 65): `instructions`
+         *     becomes a system message and `input` (a string, or message items) the conversation, then
+         *     the request runs as `createChatCompletion` would (the same models, sampling, recording as a
+         *     call with its usage, and refusals). The answer is one `message` output item of
+         *     `output_text`. Nothing is stored for later retrieval: `store` is accepted and changes
+         *     nothing, and `previous_response_id` is refused (send the conversation in `input`). Tools are
+         *     not served here yet (use chat completions). With `stream: true`, `text/event-stream`: the
+         *     Responses events, each as `event: <type>` and `data: <ResponseStreamEvent>`, from
+         *     `response.created` to `response.completed` (or `response.incomplete`).
+         */
+        post: operations["createResponse"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/preview/models": {
         parameters: {
             query?: never;
@@ -1555,6 +1583,198 @@ export interface components {
                 /** @description A machine-readable code, such as `invalid_api_key` or `model_not_found`. */
                 code: string | null;
             };
+        };
+        /**
+         * ResponseInputMessage
+         * @description One message of a Responses `input`. `content` is a string or parts: `input_text` (and
+         *     `output_text` on an assistant message) are joined in order; an image, audio or file part is
+         *     refused with 400, as on chat completions. Other item types (function calls and their outputs)
+         *     are not taken here.
+         */
+        ResponseInputMessage: {
+            /** @constant */
+            type?: "message";
+            /** @enum {string} */
+            role: "user" | "assistant" | "system" | "developer";
+            content: string | {
+                type: string;
+                text?: string;
+            }[];
+        };
+        /**
+         * ResponseTextFormat
+         * @description The output's format: plain `text` (the default), any JSON object, or JSON constrained to a
+         *     schema, as `response_format` on chat completions (a keyword the engine cannot enforce is a
+         *     400 naming it).
+         */
+        ResponseTextFormat: {
+            /** @constant */
+            type: "text";
+        } | {
+            /** @constant */
+            type: "json_object";
+        } | {
+            /** @constant */
+            type: "json_schema";
+            name: string;
+            description?: string;
+            schema: {
+                [key: string]: unknown;
+            };
+            strict?: boolean | null;
+        };
+        /**
+         * CreateResponseRequest
+         * @description OpenAI's Responses API request, as far as a stateless server over the chat path honours it.
+         *     A field it cannot honour (`previous_response_id`, `tools`, `conversation`, `background`, …)
+         *     is answered with 400 naming it, never silently ignored.
+         */
+        CreateResponseRequest: {
+            /** @description A model id, as for `createChatCompletion`. */
+            model: string;
+            /** @description A user message's text, or the conversation as message items. */
+            input: string | components["schemas"]["ResponseInputMessage"][];
+            /** @description A system message put before `input`. */
+            instructions?: string | null;
+            max_output_tokens?: number | null;
+            temperature?: number | null;
+            top_p?: number | null;
+            /** @description Answer with `text/event-stream` Responses events instead of one JSON body. */
+            stream?: boolean | null;
+            text?: {
+                format?: components["schemas"]["ResponseTextFormat"];
+                /**
+                 * @description As `verbosity` on chat completions.
+                 * @enum {string|null}
+                 */
+                verbosity?: "low" | "medium" | "high" | null;
+            } | null;
+            reasoning?: {
+                /**
+                 * @description As `reasoning_effort` on chat completions.
+                 * @enum {string|null}
+                 */
+                effort?: "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | null;
+                /**
+                 * @description Only null: the engine's models write no reasoning summary.
+                 * @enum {string|null}
+                 */
+                summary?: "auto" | "concise" | "detailed" | null;
+            } | null;
+            /** @description Accepted; nothing is stored for retrieval (the request is recorded as a call). */
+            store?: boolean | null;
+            /** @description Up to 16 string pairs, recorded on the request's call and echoed in the response. */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            user?: string | null;
+            safety_identifier?: string | null;
+            prompt_cache_key?: string | null;
+            /** @enum {string|null} */
+            service_tier?: "auto" | "default" | "flex" | "scale" | "priority" | null;
+            parallel_tool_calls?: boolean | null;
+            /** @description Refused with 400 when set; Arbor keeps no responses to continue from. */
+            previous_response_id?: string | null;
+            /** @description Only empty; tools are served on chat completions. */
+            tools?: {
+                type: string;
+            }[];
+        };
+        /** ResponseOutputMessage */
+        ResponseOutputMessage: {
+            /** @constant */
+            type: "message";
+            id: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+            /** @constant */
+            role: "assistant";
+            content: {
+                /** @constant */
+                type: "output_text";
+                text: string;
+                annotations: Record<string, never>[];
+            }[];
+        };
+        /**
+         * Response
+         * @description OpenAI's Response object for a stateless response: one `message` output item whose content
+         *     is one `output_text` part. `status` is `completed`, or `incomplete` when `max_output_tokens`
+         *     cut the answer (`incomplete_details.reason: max_output_tokens`).
+         */
+        Response: {
+            /** @description `resp_` and the recorded call's id (without dashes). */
+            id: string;
+            /** @constant */
+            object: "response";
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+            model: string;
+            output: components["schemas"]["ResponseOutputMessage"][];
+            usage: {
+                input_tokens: number;
+                input_tokens_details: {
+                    cached_tokens: number;
+                };
+                output_tokens: number;
+                output_tokens_details: {
+                    reasoning_tokens: number;
+                };
+                total_tokens: number;
+            } | null;
+            error: null;
+            incomplete_details: {
+                /** @constant */
+                reason: "max_output_tokens";
+            } | null;
+            instructions: string | null;
+            max_output_tokens: number | null;
+            temperature: number | null;
+            top_p: number | null;
+            parallel_tool_calls: boolean;
+            /** @constant */
+            tool_choice: "auto";
+            tools: Record<string, never>[];
+            text: {
+                format: components["schemas"]["ResponseTextFormat"];
+            };
+            metadata: {
+                [key: string]: string;
+            };
+            /** @constant */
+            store: false;
+        };
+        /**
+         * ResponseStreamEvent
+         * @description One streamed Responses event, as OpenAI sends them, in this order: `response.created`,
+         *     `response.in_progress` (each with the `response` so far), `response.output_item.added` (the
+         *     message `item`), `response.content_part.added` (its `output_text` `part`), a
+         *     `response.output_text.delta` per piece of text (`delta`), `response.output_text.done`
+         *     (`text`), `response.content_part.done`, `response.output_item.done`, and last
+         *     `response.completed` or, when `max_output_tokens` cut the answer, `response.incomplete` (the
+         *     whole `response`, with its `usage`). `sequence_number` counts from 0. An error after the
+         *     headers went out is sent as an `error` event.
+         */
+        ResponseStreamEvent: {
+            /** @enum {string} */
+            type: "response.created" | "response.in_progress" | "response.output_item.added" | "response.content_part.added" | "response.output_text.delta" | "response.output_text.done" | "response.content_part.done" | "response.output_item.done" | "response.completed" | "response.incomplete";
+            sequence_number: number;
+            response?: components["schemas"]["Response"];
+            item?: components["schemas"]["ResponseOutputMessage"];
+            item_id?: string;
+            output_index?: number;
+            content_index?: number;
+            part?: {
+                /** @constant */
+                type: "output_text";
+                text: string;
+                annotations: Record<string, never>[];
+            };
+            delta?: string;
+            text?: string;
+            logprobs?: Record<string, never>[];
         };
         /**
          * Name
@@ -4201,6 +4421,145 @@ export interface operations {
         requestBody: components["requestBodies"]["CreateChatCompletion"];
         responses: {
             200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    createResponse: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The input and sampling options. Capped at 10 MB. */
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "model": "arbor/tiny-chat",
+                 *       "instructions": "Be brief.",
+                 *       "input": [
+                 *         {
+                 *           "role": "user",
+                 *           "content": "Say hello"
+                 *         }
+                 *       ],
+                 *       "max_output_tokens": 16
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateResponseRequest"];
+            };
+        };
+        responses: {
+            /**
+             * @description The response. With `stream: false` (the default), one `application/json` body. With
+             *     `stream: true`, `text/event-stream` events.
+             */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "resp_0193a0b73c4d7e5f8a6b7c8d9e0f1a2b",
+                     *       "object": "response",
+                     *       "created_at": 1795425000,
+                     *       "status": "completed",
+                     *       "model": "arbor/tiny-chat",
+                     *       "output": [
+                     *         {
+                     *           "type": "message",
+                     *           "id": "msg_0193a0b73c4d7e5f8a6b7c8d9e0f1a2b",
+                     *           "status": "completed",
+                     *           "role": "assistant",
+                     *           "content": [
+                     *             {
+                     *               "type": "output_text",
+                     *               "text": "Hello!",
+                     *               "annotations": []
+                     *             }
+                     *           ]
+                     *         }
+                     *       ],
+                     *       "usage": {
+                     *         "input_tokens": 12,
+                     *         "input_tokens_details": {
+                     *           "cached_tokens": 0
+                     *         },
+                     *         "output_tokens": 3,
+                     *         "output_tokens_details": {
+                     *           "reasoning_tokens": 0
+                     *         },
+                     *         "total_tokens": 15
+                     *       },
+                     *       "instructions": "Be brief.",
+                     *       "max_output_tokens": 16,
+                     *       "temperature": null,
+                     *       "top_p": null,
+                     *       "parallel_tool_calls": true,
+                     *       "tool_choice": "auto",
+                     *       "tools": [],
+                     *       "text": {
+                     *         "format": {
+                     *           "type": "text"
+                     *         }
+                     *       },
+                     *       "metadata": {},
+                     *       "store": false,
+                     *       "error": null,
+                     *       "incomplete_details": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Response"];
+                    /**
+                     * @example {
+                     *       "type": "response.output_text.delta",
+                     *       "sequence_number": 4,
+                     *       "item_id": "msg_0193a0b73c4d7e5f8a6b7c8d9e0f1a2b",
+                     *       "output_index": 0,
+                     *       "content_index": 0,
+                     *       "delta": "Hel",
+                     *       "logprobs": []
+                     *     }
+                     */
+                    "text/event-stream": components["schemas"]["ResponseStreamEvent"];
+                };
+            };
             400: components["responses"]["ChatCompletionBadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];

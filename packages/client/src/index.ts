@@ -44,6 +44,12 @@ export {
   Completions,
   type ModelEntry,
   Models,
+  type Response,
+  type ResponseCreateParams,
+  type ResponseCreateParamsNonStreaming,
+  type ResponseCreateParamsStreaming,
+  type ResponseStreamEvent,
+  Responses,
   Stream,
 } from "./resources/inference.ts";
 export {
