@@ -53,6 +53,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/responses": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create response
+         * @description OpenAI's Responses API, stateless, served over the chat path (ADR 65): `instructions`
+         *     becomes a system message and `input` (a string, or message items) the conversation, then
+         *     the request runs as `createChatCompletion` would (the same models, sampling, recording as a
+         *     call with its usage, and refusals). The answer is one `message` output item of
+         *     `output_text`. Nothing is stored for later retrieval: `store` is accepted and changes
+         *     nothing, and `previous_response_id` is refused (send the conversation in `input`). Tools are
+         *     not served here yet (use chat completions). With `stream: true`, `text/event-stream`: the
+         *     Responses events, each as `event: <type>` and `data: <ResponseStreamEvent>`, from
+         *     `response.created` to `response.completed` (or `response.incomplete`).
+         */
+        post: operations["createResponse"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/preview/models": {
         parameters: {
             query?: never;
@@ -1227,42 +1255,50 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        /** ChatCompletionContentPartText */
-        ChatCompletionContentPartText: {
-            /** @constant */
-            type: "text";
-            text: string;
+        /**
+         * ChatCompletionRequestContentPart
+         * @description One part of a message's content: `{"type": "text", "text": …}`, or another of OpenAI's part
+         *     types, which only an upstream that reads it can serve.
+         */
+        ChatCompletionRequestContentPart: {
+            type: string;
+            text?: string;
         };
         /**
-         * ChatCompletionMessageContent
-         * @description Message text, as a string or as text parts (joined in order).
+         * ChatCompletionRequestMessageContent
+         * @description Message text, as a string or as content parts. Text parts are joined in order. Other parts
+         *     (OpenAI's `image_url`, `input_audio`, `file`) pass the schema so that the answer can say what
+         *     it is: the engine's and llama.cpp's models read text only and refuse them with 400
+         *     `unsupported_content` naming the part; an upstream gets them as sent.
          */
-        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
+        ChatCompletionRequestMessageContent: string | components["schemas"]["ChatCompletionRequestContentPart"][];
         /**
          * ChatCompletionRequestMessage
-         * @description One message of the conversation. `content` is a string or an array of text parts. Unknown keys
-         *     are ignored (OpenAI clients send some, and trajectories carry what the sampler returned).
+         * @description One message of the conversation. `content` is a string or an array of content parts. `name`
+         *     is handed to the chat template, which may write it (most ignore it, as they do in
+         *     transformers). Unknown keys are ignored (OpenAI clients send some, and trajectories carry
+         *     what the sampler returned).
          */
         ChatCompletionRequestMessage: {
             /** @constant */
             role: "system";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             name?: string;
         } | {
             /** @constant */
             role: "developer";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             name?: string;
         } | {
             /** @constant */
             role: "user";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             name?: string;
         } | {
             /** @constant */
             role: "assistant";
             /** @description Null only when the turn carries tool calls. */
-            content?: components["schemas"]["ChatCompletionMessageContent"] | null;
+            content?: components["schemas"]["ChatCompletionRequestMessageContent"] | null;
             name?: string;
             refusal?: string | null;
             /** @description The calls this turn made; each is answered by a `tool` message with its id. */
@@ -1279,7 +1315,7 @@ export interface components {
         } | {
             /** @constant */
             role: "tool";
-            content: components["schemas"]["ChatCompletionMessageContent"];
+            content: components["schemas"]["ChatCompletionRequestMessageContent"];
             /** @description The id of the tool call this message answers. */
             tool_call_id: string;
         };
@@ -1390,8 +1426,8 @@ export interface components {
                 /** @description Send a last chunk with `usage` and `choices: []`. */
                 include_usage?: boolean;
             } | null;
-            /** @description The end user's id, recorded with the call. */
-            user?: string;
+            /** @description The end user's id, recorded on the request's call (`attributes.user`). */
+            user?: string | null;
             /**
              * @description Functions the model may call, as OpenAI defines them. The model's own chat template renders
              *     them (a template without tools refuses them with 400 `param: tools`), and its answer is
@@ -1418,6 +1454,40 @@ export interface components {
              * @default true
              */
             parallel_tool_calls?: boolean | null;
+            /**
+             * @description Accepted for OpenAI clients. Arbor records every request as a call with its usage
+             *     (`queryCalls`), whatever `store` says; OpenAI's stored-completion endpoints are not served.
+             */
+            store?: boolean | null;
+            /** @description Up to 16 string pairs, recorded on the request's call (its `attributes.metadata`). */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * @description Accepted for OpenAI clients; Arbor has one tier, and serves every request on it.
+             * @enum {string|null}
+             */
+            service_tier?: "auto" | "default" | "flex" | "scale" | "priority" | null;
+            /**
+             * @description Accepted for OpenAI clients; the engine keeps no prompt cache across requests, so it
+             *     changes nothing there. Forwarded to an upstream as sent.
+             */
+            prompt_cache_key?: string | null;
+            /** @description The end user's stable id, recorded on the request's call (`attributes.safety_identifier`). */
+            safety_identifier?: string | null;
+            /**
+             * @description For models that take it (forwarded to an upstream as sent). The engine's models have no
+             *     such setting: they take `medium`, OpenAI's default, and refuse `low` and `high` with 400.
+             * @enum {string|null}
+             */
+            verbosity?: "low" | "medium" | "high" | null;
+            /**
+             * @description For reasoning models (forwarded to an upstream as sent). The engine's and llama.cpp's
+             *     models have no reasoning-effort setting: they take `none` and refuse any other effort with
+             *     400.
+             * @enum {string|null}
+             */
+            reasoning_effort?: "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | null;
         };
         /**
          * ChatCompletionMessageToolCall
@@ -1574,6 +1644,198 @@ export interface components {
                 /** @description A machine-readable code, such as `invalid_api_key` or `model_not_found`. */
                 code: string | null;
             };
+        };
+        /**
+         * ResponseInputMessage
+         * @description One message of a Responses `input`. `content` is a string or parts: `input_text` (and
+         *     `output_text` on an assistant message) are joined in order; an image, audio or file part is
+         *     refused with 400, as on chat completions. Other item types (function calls and their outputs)
+         *     are not taken here.
+         */
+        ResponseInputMessage: {
+            /** @constant */
+            type?: "message";
+            /** @enum {string} */
+            role: "user" | "assistant" | "system" | "developer";
+            content: string | {
+                type: string;
+                text?: string;
+            }[];
+        };
+        /**
+         * ResponseTextFormat
+         * @description The output's format: plain `text` (the default), any JSON object, or JSON constrained to a
+         *     schema, as `response_format` on chat completions (a keyword the engine cannot enforce is a
+         *     400 naming it).
+         */
+        ResponseTextFormat: {
+            /** @constant */
+            type: "text";
+        } | {
+            /** @constant */
+            type: "json_object";
+        } | {
+            /** @constant */
+            type: "json_schema";
+            name: string;
+            description?: string;
+            schema: {
+                [key: string]: unknown;
+            };
+            strict?: boolean | null;
+        };
+        /**
+         * CreateResponseRequest
+         * @description OpenAI's Responses API request, as far as a stateless server over the chat path honours it.
+         *     A field it cannot honour (`previous_response_id`, `tools`, `conversation`, `background`, …)
+         *     is answered with 400 naming it, never silently ignored.
+         */
+        CreateResponseRequest: {
+            /** @description A model id, as for `createChatCompletion`. */
+            model: string;
+            /** @description A user message's text, or the conversation as message items. */
+            input: string | components["schemas"]["ResponseInputMessage"][];
+            /** @description A system message put before `input`. */
+            instructions?: string | null;
+            max_output_tokens?: number | null;
+            temperature?: number | null;
+            top_p?: number | null;
+            /** @description Answer with `text/event-stream` Responses events instead of one JSON body. */
+            stream?: boolean | null;
+            text?: {
+                format?: components["schemas"]["ResponseTextFormat"];
+                /**
+                 * @description As `verbosity` on chat completions.
+                 * @enum {string|null}
+                 */
+                verbosity?: "low" | "medium" | "high" | null;
+            } | null;
+            reasoning?: {
+                /**
+                 * @description As `reasoning_effort` on chat completions.
+                 * @enum {string|null}
+                 */
+                effort?: "none" | "minimal" | "low" | "medium" | "high" | "xhigh" | null;
+                /**
+                 * @description Only null: the engine's models write no reasoning summary.
+                 * @enum {string|null}
+                 */
+                summary?: "auto" | "concise" | "detailed" | null;
+            } | null;
+            /** @description Accepted; nothing is stored for retrieval (the request is recorded as a call). */
+            store?: boolean | null;
+            /** @description Up to 16 string pairs, recorded on the request's call and echoed in the response. */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            user?: string | null;
+            safety_identifier?: string | null;
+            prompt_cache_key?: string | null;
+            /** @enum {string|null} */
+            service_tier?: "auto" | "default" | "flex" | "scale" | "priority" | null;
+            parallel_tool_calls?: boolean | null;
+            /** @description Refused with 400 when set; Arbor keeps no responses to continue from. */
+            previous_response_id?: string | null;
+            /** @description Only empty; tools are served on chat completions. */
+            tools?: {
+                type: string;
+            }[];
+        };
+        /** ResponseOutputMessage */
+        ResponseOutputMessage: {
+            /** @constant */
+            type: "message";
+            id: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+            /** @constant */
+            role: "assistant";
+            content: {
+                /** @constant */
+                type: "output_text";
+                text: string;
+                annotations: Record<string, never>[];
+            }[];
+        };
+        /**
+         * Response
+         * @description OpenAI's Response object for a stateless response: one `message` output item whose content
+         *     is one `output_text` part. `status` is `completed`, or `incomplete` when `max_output_tokens`
+         *     cut the answer (`incomplete_details.reason: max_output_tokens`).
+         */
+        Response: {
+            /** @description `resp_` and the recorded call's id (without dashes). */
+            id: string;
+            /** @constant */
+            object: "response";
+            /** @description Unix seconds. */
+            created_at: number;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+            model: string;
+            output: components["schemas"]["ResponseOutputMessage"][];
+            usage: {
+                input_tokens: number;
+                input_tokens_details: {
+                    cached_tokens: number;
+                };
+                output_tokens: number;
+                output_tokens_details: {
+                    reasoning_tokens: number;
+                };
+                total_tokens: number;
+            } | null;
+            error: null;
+            incomplete_details: {
+                /** @constant */
+                reason: "max_output_tokens";
+            } | null;
+            instructions: string | null;
+            max_output_tokens: number | null;
+            temperature: number | null;
+            top_p: number | null;
+            parallel_tool_calls: boolean;
+            /** @constant */
+            tool_choice: "auto";
+            tools: Record<string, never>[];
+            text: {
+                format: components["schemas"]["ResponseTextFormat"];
+            };
+            metadata: {
+                [key: string]: string;
+            };
+            /** @constant */
+            store: false;
+        };
+        /**
+         * ResponseStreamEvent
+         * @description One streamed Responses event, as OpenAI sends them, in this order: `response.created`,
+         *     `response.in_progress` (each with the `response` so far), `response.output_item.added` (the
+         *     message `item`), `response.content_part.added` (its `output_text` `part`), a
+         *     `response.output_text.delta` per piece of text (`delta`), `response.output_text.done`
+         *     (`text`), `response.content_part.done`, `response.output_item.done`, and last
+         *     `response.completed` or, when `max_output_tokens` cut the answer, `response.incomplete` (the
+         *     whole `response`, with its `usage`). `sequence_number` counts from 0. An error after the
+         *     headers went out is sent as an `error` event.
+         */
+        ResponseStreamEvent: {
+            /** @enum {string} */
+            type: "response.created" | "response.in_progress" | "response.output_item.added" | "response.content_part.added" | "response.output_text.delta" | "response.output_text.done" | "response.content_part.done" | "response.output_item.done" | "response.completed" | "response.incomplete";
+            sequence_number: number;
+            response?: components["schemas"]["Response"];
+            item?: components["schemas"]["ResponseOutputMessage"];
+            item_id?: string;
+            output_index?: number;
+            content_index?: number;
+            part?: {
+                /** @constant */
+                type: "output_text";
+                text: string;
+                annotations: Record<string, never>[];
+            };
+            delta?: string;
+            text?: string;
+            logprobs?: Record<string, never>[];
         };
         /**
          * Name
@@ -2098,19 +2360,177 @@ export interface components {
             experimental_config?: components["schemas"]["SftExperimentalConfig"] | null;
         };
         /**
+         * TrainingStartedEvent
+         * @description A run of the job starts. The job's first run writes it before any `gradient_step`; a later
+         *     run (the job resumed after its worker died, or was handed back) writes it again with
+         *     `resumed_from_step` and `attempt`.
+         */
+        TrainingStartedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "training_started";
+            data: {
+                /** @description The gradient steps this job takes in all. */
+                num_sequences: number;
+                /** @description RL only; trajectory groups skipped because their rewards were all equal. */
+                skipped_groups?: number;
+                /**
+                 * @description A later run only: the last of the job's steps that it does not train again (that of
+                 *     the checkpoint it resumes from; 0 when the job had none and starts over).
+                 */
+                resumed_from_step?: number;
+                /** @description A later run only; the job's run, 2 for its first resume. */
+                attempt?: number;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * GradientStepEvent
+         * @description One optimizer step of the job, with its metrics. A value that is not a finite number (a
+         *     step that diverged) reads as null.
+         */
+        GradientStepEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "gradient_step";
+            data: {
+                /** @description The job's step, from 1 to `num_sequences` (not the model's step). */
+                gradient_step: number;
+                /** @description The step's mean loss over its trained tokens. */
+                loss: number | null;
+                /** @description The gradient's norm before clipping. */
+                grad_norm: number | null;
+                /** @description The learning rate the step used. */
+                learning_rate: number | null;
+                /** @description Tokens in the step's sequences. */
+                num_tokens: number;
+                /** @description Tokens the step trained on. */
+                num_trainable_tokens: number;
+                /** @description Tokens of the step per second of its compute. */
+                tokens_per_second: number | null;
+                /** @description RL only; the mean reward of the step's trajectories. */
+                reward?: number | null;
+                /** @description RL only; the rewards' standard deviation. */
+                reward_std_dev?: number | null;
+                /** @description RL only; the policy's mean entropy over the trained tokens. */
+                entropy?: number | null;
+                /** @description RL only; groups whose rewards differ. */
+                num_groups_trainable?: number;
+                /** @description RL only; groups skipped for equal rewards. */
+                num_groups_skipped?: number;
+                /** @description RL only; trajectories with a non-zero advantage and a trainable turn. */
+                num_trajectories_trained?: number;
+                /** @description RL only; trajectories none of whose turns could be trained. */
+                num_trajectories_dropped?: number;
+                /** @description RL with a KL penalty only; the mean KL of the trained tokens from the reference. */
+                kl_policy_ref?: number | null;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * CheckpointSavedEvent
+         * @description A checkpoint of the job was saved; it is listed before this event is written.
+         */
+        CheckpointSavedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "checkpoint_saved";
+            data: {
+                /**
+                 * @description The model's step (`step_from` plus the job's steps so far), which names the
+                 *     checkpoint (`…:step<N>`); not the job's `gradient_step`.
+                 */
+                step: number;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * TrainingEndedEvent
+         * @description The job succeeded: its terminal event.
+         */
+        TrainingEndedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "training_ended";
+            /** @description Empty. */
+            data: {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * TrainingFailedEvent
+         * @description The job failed or was cancelled: its terminal event.
+         */
+        TrainingFailedEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "training_failed";
+            data: {
+                /** @description Why; `cancelled` for a cancelled job. */
+                error_message: string;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
          * TrainingJobEvent
-         * @description One immutable event of a job, in creation order. `data` by `type`:
+         * @description One immutable event of a job, in creation order: a union by `type`, each with its own
+         *     `data` (a client narrows on `type`; fields not listed may be added later):
          *
-         *     - `training_started`: `{num_sequences}` — the gradient steps this job will take (int). When
-         *       a job is resumed (its worker died, or stopped and handed it back), its next run writes
-         *       `training_started` again with `resumed_from_step` and `attempt` (see below).
-         *     - `gradient_step`: flat numbers `loss`, `grad_norm`, `learning_rate`, `num_tokens`,
-         *       `num_trainable_tokens`, `tokens_per_second`, `gradient_step` (the job's step, from 1 to
-         *       `num_sequences`), and `reward` for RL.
-         *     - `checkpoint_saved`: `{step}` — the model's step; the checkpoint is listed before this
-         *       event is written.
-         *     - `training_ended`: `{}`.
-         *     - `training_failed`: `{error_message}` (`cancelled` for a cancelled job).
+         *     - `training_started` (`TrainingStartedEvent`): `{num_sequences}` — the gradient steps this
+         *       job will take. When a job is resumed (its worker died, or stopped and handed it back),
+         *       its next run writes `training_started` again with `resumed_from_step` and `attempt`.
+         *     - `gradient_step` (`GradientStepEvent`): flat numbers `loss`, `grad_norm`, `learning_rate`,
+         *       `num_tokens`, `num_trainable_tokens`, `tokens_per_second`, `gradient_step` (the job's
+         *       step, from 1 to `num_sequences`), and `reward` and its companions for RL.
+         *     - `checkpoint_saved` (`CheckpointSavedEvent`): `{step}` — the model's step; the checkpoint
+         *       is listed before this event is written.
+         *     - `training_ended` (`TrainingEndedEvent`): `{}`.
+         *     - `training_failed` (`TrainingFailedEvent`): `{error_message}` (`cancelled` for a
+         *       cancelled job).
          *
          *     The first `training_started` precedes every `gradient_step`. Exactly one terminal event
          *     (`training_ended` or `training_failed`) ends every job. RL groups skipped for equal rewards
@@ -2129,19 +2549,7 @@ export interface components {
          *     checkpoint an earlier run saved is reported before the resumed run's `training_started`.
          *     Only a later `training_started` carries `resumed_from_step`; the job's first never does.
          */
-        TrainingJobEvent: {
-            /** Format: uuid */
-            id: string;
-            /** @constant */
-            object: "training_job.event";
-            /** @enum {string} */
-            type: "training_started" | "gradient_step" | "checkpoint_saved" | "training_ended" | "training_failed";
-            data: {
-                [key: string]: unknown;
-            };
-            /** @description Unix seconds. */
-            created_at: number;
-        };
+        TrainingJobEvent: components["schemas"]["TrainingStartedEvent"] | components["schemas"]["GradientStepEvent"] | components["schemas"]["CheckpointSavedEvent"] | components["schemas"]["TrainingEndedEvent"] | components["schemas"]["TrainingFailedEvent"];
         /** TrainingJobEventList */
         TrainingJobEventList: {
             /** @constant */
@@ -2171,6 +2579,17 @@ export interface components {
             /** @description Unix seconds. */
             created_at: number;
         };
+        /** ChatCompletionContentPartText */
+        ChatCompletionContentPartText: {
+            /** @constant */
+            type: "text";
+            text: string;
+        };
+        /**
+         * ChatCompletionMessageContent
+         * @description Message text, as a string or as text parts (joined in order).
+         */
+        ChatCompletionMessageContent: string | components["schemas"]["ChatCompletionContentPartText"][];
         /**
          * SftToolCall
          * @description A function call made by an assistant turn, in OpenAI's shape.
@@ -4113,6 +4532,145 @@ export interface operations {
         requestBody: components["requestBodies"]["CreateChatCompletion"];
         responses: {
             200: components["responses"]["ChatCompletionOk"];
+            400: components["responses"]["ChatCompletionBadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["ModelNotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    createResponse: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+                /**
+                 * @description The caller's own trace id. The model call is recorded as a call in that trace (in the project
+                 *     of the project header), so `POST /calls/usage` on the caller's root call includes it.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e00
+                 */
+                "Arbor-Trace-Id"?: components["parameters"]["ArborTraceId"];
+                /**
+                 * @description The caller's own call id to nest the model call under. Use with `Arbor-Trace-Id`; without a
+                 *     trace id the model call starts its own trace.
+                 * @example 0193a0b6-0a1b-7c2d-8e3f-4a5b6c7d8e9f
+                 */
+                "Arbor-Parent-Call-Id"?: components["parameters"]["ArborParentCallId"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The input and sampling options. Capped at 10 MB. */
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "model": "arbor/tiny-chat",
+                 *       "instructions": "Be brief.",
+                 *       "input": [
+                 *         {
+                 *           "role": "user",
+                 *           "content": "Say hello"
+                 *         }
+                 *       ],
+                 *       "max_output_tokens": 16
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateResponseRequest"];
+            };
+        };
+        responses: {
+            /**
+             * @description The response. With `stream: false` (the default), one `application/json` body. With
+             *     `stream: true`, `text/event-stream` events.
+             */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "resp_0193a0b73c4d7e5f8a6b7c8d9e0f1a2b",
+                     *       "object": "response",
+                     *       "created_at": 1795425000,
+                     *       "status": "completed",
+                     *       "model": "arbor/tiny-chat",
+                     *       "output": [
+                     *         {
+                     *           "type": "message",
+                     *           "id": "msg_0193a0b73c4d7e5f8a6b7c8d9e0f1a2b",
+                     *           "status": "completed",
+                     *           "role": "assistant",
+                     *           "content": [
+                     *             {
+                     *               "type": "output_text",
+                     *               "text": "Hello!",
+                     *               "annotations": []
+                     *             }
+                     *           ]
+                     *         }
+                     *       ],
+                     *       "usage": {
+                     *         "input_tokens": 12,
+                     *         "input_tokens_details": {
+                     *           "cached_tokens": 0
+                     *         },
+                     *         "output_tokens": 3,
+                     *         "output_tokens_details": {
+                     *           "reasoning_tokens": 0
+                     *         },
+                     *         "total_tokens": 15
+                     *       },
+                     *       "instructions": "Be brief.",
+                     *       "max_output_tokens": 16,
+                     *       "temperature": null,
+                     *       "top_p": null,
+                     *       "parallel_tool_calls": true,
+                     *       "tool_choice": "auto",
+                     *       "tools": [],
+                     *       "text": {
+                     *         "format": {
+                     *           "type": "text"
+                     *         }
+                     *       },
+                     *       "metadata": {},
+                     *       "store": false,
+                     *       "error": null,
+                     *       "incomplete_details": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["Response"];
+                    /**
+                     * @example {
+                     *       "type": "response.output_text.delta",
+                     *       "sequence_number": 4,
+                     *       "item_id": "msg_0193a0b73c4d7e5f8a6b7c8d9e0f1a2b",
+                     *       "output_index": 0,
+                     *       "content_index": 0,
+                     *       "delta": "Hel",
+                     *       "logprobs": []
+                     *     }
+                     */
+                    "text/event-stream": components["schemas"]["ResponseStreamEvent"];
+                };
+            };
             400: components["responses"]["ChatCompletionBadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];

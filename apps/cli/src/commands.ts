@@ -655,7 +655,7 @@ function explain(err: unknown, config: Config): unknown {
     const { apiKey, from } = keySource(config);
     return new Error(
       apiKey
-        ? `The server at ${serverUrl(config)} refused the API key from ${from}: ${err.message}. Set ARBOR_API_KEY to a valid key (arbor keys create).`
+        ? `The server at ${serverUrl(config)} refused the API key from ${from} (${err.message.replace(/\.$/, "")}). Set ARBOR_API_KEY to a valid key (arbor keys create).`
         : `No API key: ARBOR_API_KEY is not set and ${from} does not exist. Set ARBOR_API_KEY, or ARBOR_DATA_DIR to the server's data directory (its first start writes admin.key there).`,
     );
   }
@@ -706,12 +706,25 @@ function remoteClient(config: Config): ArborClient {
   });
 }
 
+/** What Ctrl-C while following says: the job is the server's, and goes on. */
+export function stoppedFollowing(job: string): string {
+  return `Stopped following. Job ${job} keeps running on the server: "arbor jobs follow ${job}" to watch it again, "arbor jobs cancel ${job}" to stop it.`;
+}
+
 async function follow(client: ArborClient, job: string, io: Io): Promise<void> {
-  const last = await remote.followJob(
-    client,
-    { job },
-    { line: (t) => io.line(io.bar ? `\n${t}` : t), ...(io.bar ? { bar: io.bar } : {}) },
-  );
+  // Ctrl-C ends this command, not the job: say so, and how to come back to it or stop it.
+  const interrupted = () => {
+    process.stderr.write(`${io.bar ? "\n" : ""}${stoppedFollowing(job)}\n`);
+    process.exit(130);
+  };
+  process.once("SIGINT", interrupted);
+  const last = await remote
+    .followJob(
+      client,
+      { job },
+      { line: (t) => io.line(io.bar ? `\n${t}` : t), ...(io.bar ? { bar: io.bar } : {}) },
+    )
+    .finally(() => process.off("SIGINT", interrupted));
   // A cancelled job ended as asked: only a failure is an error.
   if (
     last?.type === "training_failed" &&

@@ -1,6 +1,14 @@
 #!/usr/bin/env node
 import { run } from "./commands.ts";
 
+// `arbor jobs list | head -1`: a reader that went away wants no more output, which is no error.
+for (const stream of [process.stdout, process.stderr]) {
+  stream.on("error", (err: NodeJS.ErrnoException) => {
+    if (err.code === "EPIPE") process.exit(0);
+    throw err;
+  });
+}
+
 run(process.argv.slice(2), {
   line: (text) => process.stdout.write(`${text}\n`),
   write: (text) => process.stdout.write(text),

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
-import { createWriteStream, readFileSync } from "node:fs";
-import { readFile, rename, rm, stat } from "node:fs/promises";
+import { createWriteStream, existsSync, readFileSync } from "node:fs";
+import { rename, rm, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -34,27 +34,43 @@ export async function resolveModel(client: ArborClient, ref: string): Promise<Mo
   );
 }
 
+/**
+ * A table: its header once the first page has arrived, so that a refused request (a wrong key)
+ * prints its error alone, then a line per row.
+ */
+async function table<T>(
+  out: Output,
+  header: readonly string[],
+  rows: AsyncIterable<T>,
+  row: (item: T) => readonly unknown[],
+): Promise<void> {
+  const iterator = rows[Symbol.asyncIterator]();
+  let next = await iterator.next();
+  out.line(header.join("\t"));
+  for (; !next.done; next = await iterator.next()) out.line(row(next.value).join("\t"));
+}
+
 /** `arbor models list`: the key's trained models, newest first. */
 export async function listModels(
   client: ArborClient,
   args: { project?: string | undefined },
   out: Output,
 ): Promise<void> {
-  out.line(["id", "model", "base", "latest step", "created"].join("\t"));
-  for await (const m of client.training.models.list({
-    limit: 100,
-    ...(args.project ? { project: args.project } : {}),
-  })) {
-    out.line(
-      [
-        m.id,
-        `${m.entity}/${m.project}/${m.name}`,
-        m.base_model,
-        m.latest_step,
-        new Date(m.created_at * 1000).toISOString(),
-      ].join("\t"),
-    );
-  }
+  await table(
+    out,
+    ["id", "model", "base", "latest step", "created"],
+    client.training.models.list({
+      limit: 100,
+      ...(args.project ? { project: args.project } : {}),
+    }),
+    (m) => [
+      m.id,
+      `${m.entity}/${m.project}/${m.name}`,
+      m.base_model,
+      m.latest_step,
+      new Date(m.created_at * 1000).toISOString(),
+    ],
+  );
 }
 
 /** `arbor jobs list`: the key's jobs, newest first, of one model or status. */
@@ -64,23 +80,48 @@ export async function listJobs(
   out: Output,
 ): Promise<void> {
   const model = args.model ? await resolveModel(client, args.model) : undefined;
-  out.line(["id", "type", "model", "status", "steps", "created"].join("\t"));
-  for await (const j of client.training.jobs.list({
-    limit: 100,
-    ...(model ? { model_id: model.id } : {}),
-    ...(args.status ? { status: args.status } : {}),
-  })) {
-    out.line(
-      [
-        j.id,
-        j.type,
-        j.model_id,
-        j.status,
-        `${j.step_from}→${j.step_to ?? "…"}`,
-        new Date(j.created_at * 1000).toISOString(),
-      ].join("\t"),
-    );
+  await table(
+    out,
+    ["id", "type", "model", "status", "steps", "created"],
+    client.training.jobs.list({
+      limit: 100,
+      ...(model ? { model_id: model.id } : {}),
+      ...(args.status ? { status: args.status } : {}),
+    }),
+    (j) => [
+      j.id,
+      j.type,
+      j.model_id,
+      j.status,
+      `${j.step_from}→${j.step_to ?? "…"}`,
+      new Date(j.created_at * 1000).toISOString(),
+    ],
+  );
+}
+
+/**
+ * A file a command was given, read; a missing, unreadable or empty one is said in words
+ * rather than as Node's `ENOENT` (or, for an empty dataset, the server's "body is empty").
+ */
+export function readInput(file: string, what: string): Buffer {
+  let bytes: Buffer;
+  try {
+    bytes = readFileSync(file);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    const why =
+      code === "ENOENT"
+        ? "there is no such file"
+        : code === "EISDIR"
+          ? "it is a folder, not a file"
+          : code === "EACCES" || code === "EPERM"
+            ? "permission denied"
+            : (err as Error).message;
+    throw new Error(`Cannot read ${what} ${file}: ${why}.`);
   }
+  if (bytes.length === 0)
+    throw new Error(`${what[0]!.toUpperCase()}${what.slice(1)} ${file} is empty.`);
+  return bytes;
 }
 
 export async function uploadDataset(
@@ -88,7 +129,11 @@ export async function uploadDataset(
   args: { file: string; name?: string | undefined },
   out: Output,
 ): Promise<string> {
-  const text = readFileSync(args.file, "utf8");
+  const text = readInput(args.file, "the dataset").toString("utf8");
+  if (text.trim() === "")
+    throw new Error(
+      `The dataset ${args.file} holds only blank lines: it needs one JSON example a line ({"messages": [...]}).`,
+    );
   const dataset = await client.training.datasets.create(text, args.name ? { name: args.name } : {});
   out.line(`Uploaded ${dataset.lines} lines (${dataset.bytes} bytes): ${dataset.url}`);
   return dataset.url;
@@ -146,7 +191,15 @@ export async function trainRl(
   out: Output,
 ): Promise<string> {
   const model = await resolveModel(client, args.model);
-  const groups = JSON.parse(readFileSync(args.groups, "utf8")) as unknown;
+  const text = readInput(args.groups, "the trajectory groups file").toString("utf8");
+  let groups: unknown;
+  try {
+    groups = JSON.parse(text);
+  } catch (err) {
+    throw new Error(
+      `The trajectory groups file ${args.groups} is not JSON: ${(err as Error).message}`,
+    );
+  }
   const job = await client.training.jobs.createRl({
     model_id: model.id,
     trajectory_groups: (Array.isArray(groups) ? groups : [groups]) as never,
@@ -182,6 +235,9 @@ export async function followJob(
 ): Promise<TrainingJobEvent | undefined> {
   let total = 0;
   let last: TrainingJobEvent | undefined;
+  // Checkpoints are named by the model's step, which counts on from its earlier jobs; the
+  // progress counts this job's steps. A checkpoint is told in both.
+  const { step_from: stepFrom } = await client.training.jobs.retrieve(args.job);
   for await (const event of client.training.jobs.events.follow(args.job)) {
     last = event;
     const data = event.data as Record<string, unknown>;
@@ -200,7 +256,10 @@ export async function followJob(
       if (out.bar) out.bar(line);
       else out.line(line);
     } else if (event.type === "checkpoint_saved") {
-      out.line(`Checkpoint saved at step ${String(data.step)}.`);
+      const step = Number(data.step);
+      out.line(
+        `Checkpoint saved at step ${step - stepFrom}${total ? `/${total}` : ""}${stepFrom ? ` (the model's step ${step})` : ""}.`,
+      );
     } else if (event.type === "training_ended") {
       out.line("Training ended.");
     } else if (event.type === "training_failed") {
@@ -224,21 +283,18 @@ export async function listCheckpoints(
   args: { model: string },
   out: Output,
 ): Promise<void> {
-  out.line(["step", "model", "created", "metrics"].join("\t"));
   const { id } = await resolveModel(client, args.model);
-  for await (const c of client.training.models.checkpoints.list(id, {
-    limit: 100,
-    order: "asc",
-  })) {
-    out.line(
-      [
-        c.step,
-        c.model,
-        new Date(c.created_at * 1000).toISOString(),
-        JSON.stringify(c.metrics),
-      ].join("\t"),
-    );
-  }
+  await table(
+    out,
+    ["step", "model", "created", "metrics"],
+    client.training.models.checkpoints.list(id, { limit: 100, order: "asc" }),
+    (c) => [
+      c.step,
+      c.model,
+      new Date(c.created_at * 1000).toISOString(),
+      JSON.stringify(c.metrics),
+    ],
+  );
 }
 
 export async function deleteCheckpoints(
@@ -336,17 +392,25 @@ export async function uploadCheckpoint(
 ): Promise<void> {
   const model = await resolveModel(client, args.model);
   let body: Buffer;
-  if ((await stat(args.path)).isDirectory()) {
+  const found = await stat(args.path).catch(() => undefined);
+  if (!found)
+    throw new Error(`Cannot read the adapter ${args.path}: there is no such file or folder.`);
+  if (found.isDirectory()) {
     const pack = tar.pack();
     for (const name of ["adapter_config.json", "adapter_model.safetensors"]) {
-      pack.entry({ name }, await readFile(join(args.path, name)));
+      const file = join(args.path, name);
+      if (!existsSync(file))
+        throw new Error(
+          `The adapter folder ${args.path} has no ${name}: PEFT writes it beside the other.`,
+        );
+      pack.entry({ name }, readInput(file, "the adapter file"));
     }
     pack.finalize();
     const chunks: Buffer[] = [];
     for await (const chunk of pack) chunks.push(chunk as Buffer);
     body = Buffer.concat(chunks);
   } else {
-    body = await readFile(args.path);
+    body = readInput(args.path, "the adapter tar");
   }
   const checkpoint = await client.training.models.checkpoints.upload(model.id, body);
   out.line(`step ${checkpoint.step}: ${checkpoint.model}`);

@@ -147,7 +147,7 @@ function principalOf(identity: KeyIdentity | undefined): Principal | null {
 /** Which paths each surface serves (ADR 1) (health and chat belong to more than one). */
 export function servesPath(role: Role, path: string): boolean {
   if (path === "/v1/health" || path === "/v1/system-check") return true;
-  const chat = path.startsWith("/v1/chat/completions");
+  const chat = path.startsWith("/v1/chat/completions") || path === "/v1/responses";
   switch (role) {
     case "training":
       return chat || path.startsWith("/v1/preview/") || path.startsWith("/v1/training/");

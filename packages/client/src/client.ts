@@ -9,7 +9,7 @@ import {
 } from "./core.ts";
 import type { components, paths } from "./generated/schema.ts";
 import { Calls } from "./resources/calls.ts";
-import { Chat, Models } from "./resources/inference.ts";
+import { Chat, Models, Responses } from "./resources/inference.ts";
 import { Training } from "./resources/training.ts";
 
 export interface ArborClientOptions {
@@ -50,6 +50,8 @@ export class Health {
 export interface Resources {
   /** OpenAI-compatible chat completions. */
   chat: Chat;
+  /** OpenAI's Responses API (stateless), over the same chat path. */
+  responses: Responses;
   /** The OpenAI-compatible model listing. */
   models: Models;
   /** Trainable models, checkpoints, datasets and training jobs. */
@@ -86,6 +88,7 @@ export function createArborClient(options: ArborClientOptions): ArborClient {
   core.api.use(identity(options));
   const resources: Resources = {
     chat: new Chat(core),
+    responses: new Responses(core),
     models: new Models(core),
     training: new Training(core),
     calls: new Calls(core),

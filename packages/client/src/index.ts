@@ -44,6 +44,12 @@ export {
   Completions,
   type ModelEntry,
   Models,
+  type Response,
+  type ResponseCreateParams,
+  type ResponseCreateParamsNonStreaming,
+  type ResponseCreateParamsStreaming,
+  type ResponseStreamEvent,
+  Responses,
   Stream,
 } from "./resources/inference.ts";
 export {
@@ -51,12 +57,14 @@ export {
   type Checkpoint,
   type CheckpointContent,
   type CheckpointFormat,
+  type CheckpointSavedEvent,
   Checkpoints,
   type Dataset,
   type DatasetInput,
   type DatasetLine,
   Datasets,
   Events,
+  type GradientStepEvent,
   Jobs,
   type Model,
   type PullBaseModelRequest,
@@ -64,11 +72,14 @@ export {
   Runs,
   type SftExample,
   Training,
+  type TrainingEndedEvent,
+  type TrainingFailedEvent,
   type TrainingJob,
   type TrainingJobEvent,
   TrainingModels,
   type TrainingOperationProgress,
   type TrainingRun,
+  type TrainingStartedEvent,
 } from "./resources/training.ts";
 export { isRetryableRequest, retryDelayMs, shouldRetryResponse } from "./retries.ts";
 export { VERSION } from "./version.ts";

@@ -1,6 +1,8 @@
+import { spawn } from "node:child_process";
+import { once } from "node:events";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import * as remote from "@arbor/cli/remote";
 import { readAdapterTar } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -9,6 +11,7 @@ import { reversalJsonl } from "./jobs.ts";
 
 /** The `arbor` command's remote commands, against a real server. */
 let server: RunningServer;
+const root = resolve(import.meta.dirname, "../../..");
 const dir = mkdtempSync(join(tmpdir(), "arbor-cli-"));
 beforeAll(async () => {
   server = await startServer({}, { worker: true });
@@ -49,6 +52,8 @@ describe("arbor CLI", () => {
     expect(last?.type).toBe("training_ended");
     expect(lines[1]).toMatch(/^Uploaded 4 lines \(\d+ bytes\): dataset:\/\//);
     expect(lines).toContain("Training started: 4 steps.");
+    // A first job's steps are the model's: one number says both.
+    expect(lines).toContain("Checkpoint saved at step 4/4.");
     expect(bars).toHaveLength(4);
     expect(bars[3]).toMatch(/^\[#{24}\] step 4\/4 {2}loss \d+\.\d{4}$/);
     expect(lines.at(-1)).toBe("Training ended.");
@@ -198,6 +203,152 @@ describe("arbor CLI", () => {
     const last = await remote.followJob(client, { job: second }, followed.out);
     expect(last?.type).toBe("training_failed");
     expect(followed.lines).toEqual(["Training cancelled."]);
+  });
+
+  it("when a model trains a second time, then its checkpoint is told in the job's steps and the model's", async () => {
+    const client = server.authorizedClient();
+    const file = join(dir, "again.jsonl");
+    writeFileSync(file, reversalJsonl(["cat", "dog"]));
+    await remote.createModel(
+      client,
+      { project: "cli", name: "twice", base: "arbor/tiny-chat" },
+      capture().out,
+    );
+    for (const expected of [
+      "Checkpoint saved at step 2/2.",
+      "Checkpoint saved at step 2/2 (the model's step 4).",
+    ]) {
+      const { lines, out } = capture();
+      const job = await remote.trainSft(
+        client,
+        { model: "default/cli/twice", data: file, config: { epochs: 2, batch_size: 2 } },
+        out,
+      );
+      await remote.followJob(client, { job }, out);
+      expect(lines).toContain(expected);
+    }
+  });
+
+  it("when a dataset file is missing, empty or blank, then the error says so in words and nothing is sent", async () => {
+    const client = server.authorizedClient();
+    const missing = join(dir, "missing.jsonl");
+    const empty = join(dir, "empty.jsonl");
+    const blank = join(dir, "blank.jsonl");
+    writeFileSync(empty, "");
+    writeFileSync(blank, "\n\n");
+    const { lines, out } = capture();
+    await expect(remote.uploadDataset(client, { file: missing }, out)).rejects.toThrow(
+      new Error(`Cannot read the dataset ${missing}: there is no such file.`),
+    );
+    await expect(remote.uploadDataset(client, { file: dir }, out)).rejects.toThrow(
+      new Error(`Cannot read the dataset ${dir}: it is a folder, not a file.`),
+    );
+    await expect(remote.uploadDataset(client, { file: empty }, out)).rejects.toThrow(
+      new Error(`The dataset ${empty} is empty.`),
+    );
+    await expect(remote.uploadDataset(client, { file: blank }, out)).rejects.toThrow(
+      /^The dataset .*blank\.jsonl holds only blank lines: it needs one JSON example a line/,
+    );
+    await expect(
+      remote.uploadCheckpoint(client, { model: "default/cli/twice", path: missing }, out),
+    ).rejects.toThrow(
+      new Error(`Cannot read the adapter ${missing}: there is no such file or folder.`),
+    );
+    expect(lines).toEqual([]);
+  });
+
+  it("when the key is refused, then the error comes alone, before any table header, in one sentence each", async () => {
+    const { run } = await import("@arbor/cli/commands");
+    const saved = { ...process.env };
+    process.env.ARBOR_BASE_URL = server.baseUrl;
+    process.env.ARBOR_API_KEY = "sk-arbor-not-a-key";
+    const lines: string[] = [];
+    try {
+      for (const argv of [
+        ["jobs", "list"],
+        ["models", "list"],
+      ]) {
+        const error = await run(argv, { line: (t) => lines.push(t), write: () => {} }).then(
+          () => undefined,
+          (err: Error) => err,
+        );
+        expect(error?.message).toBe(
+          `The server at ${server.baseUrl} refused the API key from ARBOR_API_KEY (401 Invalid API key). Set ARBOR_API_KEY to a valid key (arbor keys create).`,
+        );
+      }
+      expect(lines).toEqual([]);
+    } finally {
+      for (const k of ["ARBOR_BASE_URL", "ARBOR_API_KEY"]) {
+        if (saved[k] === undefined) delete process.env[k];
+        else process.env[k] = saved[k];
+      }
+    }
+  });
+
+  it.each([
+    ["from the checkout (./scripts/arbor)", "apps/cli/src/main.ts"],
+    ["bundled, as installed", "apps/cli/bin/arbor.js"],
+  ])(
+    "when its output is piped into a reader that has gone (| head -1), %s, then it stops quietly",
+    async (_, entry) => {
+      // The read end is closed before the command writes: its first write meets EPIPE.
+      const child = spawn(process.execPath, [join(root, entry), "help"], {
+        stdio: ["ignore", "pipe", "pipe"],
+      });
+      child.stdout.destroy();
+      let stderr = "";
+      child.stderr.on("data", (d: Buffer) => {
+        stderr += d;
+      });
+      const [code] = (await once(child, "exit")) as [number | null];
+      expect({ code, stderr }).toEqual({ code: 0, stderr: "" });
+    },
+  );
+
+  it("when Ctrl-C stops a follow, then it says the job keeps running and how to follow or cancel it", async () => {
+    const client = server.authorizedClient();
+    const file = join(dir, "long.jsonl");
+    writeFileSync(file, reversalJsonl(["cat", "dog"]));
+    await remote.createModel(
+      client,
+      { project: "cli", name: "interrupted", base: "arbor/tiny-chat" },
+      capture().out,
+    );
+    const job = await remote.trainSft(
+      client,
+      { model: "default/cli/interrupted", data: file, config: { epochs: 500, batch_size: 1 } },
+      capture().out,
+    );
+    const child = spawn(
+      process.execPath,
+      [join(root, "apps/cli/src/main.ts"), "jobs", "follow", job],
+      {
+        stdio: ["ignore", "pipe", "pipe"],
+        env: { ...process.env, ARBOR_BASE_URL: server.baseUrl, ARBOR_API_KEY: server.adminKey },
+      },
+    );
+    let stdout = "";
+    let stderr = "";
+    child.stderr.on("data", (d: Buffer) => {
+      stderr += d;
+    });
+    const exited = once(child, "exit");
+    // Interrupted once it follows: after its first step is printed (reading on, so that its
+    // output has somewhere to go).
+    await new Promise<void>((resolve) => {
+      child.stdout.on("data", (d: Buffer) => {
+        stdout += d;
+        if (/step \d+\/1000/.test(stdout)) resolve();
+      });
+    });
+    child.kill("SIGINT");
+    const [code] = (await exited) as [number | null];
+    expect({ code, stderr }).toEqual({
+      code: 130,
+      stderr: `Stopped following. Job ${job} keeps running on the server: "arbor jobs follow ${job}" to watch it again, "arbor jobs cancel ${job}" to stop it.\n`,
+    });
+    expect((await client.training.jobs.retrieve(job)).status).toBe("running");
+    await client.training.jobs.cancel(job);
   });
 
   it("when the progress bar is drawn, then it fills in proportion", () => {

@@ -1,5 +1,13 @@
 import { execFile, execFileSync } from "node:child_process";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  realpathSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { promisify } from "node:util";
@@ -39,11 +47,17 @@ beforeAll(async () => {
   // npm, not pnpm: nothing of the workspace can leak in.
   // It reaches the npm registry for openapi-fetch and eventsource-parser: turbo passes the
   // machine's CA and proxy settings through (turbo.json), and a stuck install fails in time.
-  execFileSync("npm", ["install", "--no-audit", "--no-fund", "--loglevel=error"], {
-    cwd: work,
-    stdio: "pipe",
-    timeout: PATIENT.timeout,
-  });
+  // Under Node 20 where the machine has it, with --engine-strict: a dependency whose `engines`
+  // leaves out the Node the package promises (">=20") fails the install, where a person's npm
+  // would warn EBADENGINE.
+  const npmCli = realpathSync(
+    execFileSync("sh", ["-c", "command -v npm"], { encoding: "utf8" }).trim(),
+  );
+  execFileSync(
+    node20 ? NODE_20 : process.execPath,
+    [npmCli, "install", "--engine-strict", "--no-audit", "--no-fund", "--loglevel=error"],
+    { cwd: work, stdio: "pipe", timeout: PATIENT.timeout },
+  );
   for (const file of ["consumer.ts", "tsconfig.json"])
     writeFileSync(join(work, file), readFileSync(join(fixture, file)));
 });

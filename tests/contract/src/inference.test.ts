@@ -183,6 +183,80 @@ describe("createChatCompletion", () => {
     expect(completion.choices[0]!.message.content).not.toContain("=");
   });
 
+  it("when OpenAI's bookkeeping fields and a message name are sent, then it answers, and metadata, user and safety_identifier are on the recorded call", async () => {
+    const project = "default/bookkeeping";
+    const completion = await server.authorizedClient({ project }).chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: "Hi", name: "ada" }],
+      max_tokens: 2,
+      store: false,
+      metadata: { run: "r-7", stage: "eval" },
+      service_tier: "auto",
+      prompt_cache_key: "k-1",
+      safety_identifier: "sid-9",
+      user: "u-42",
+      verbosity: "medium",
+      reasoning_effort: "none",
+      parallel_tool_calls: false,
+    });
+    expect(completion.choices[0]!.message.role).toBe("assistant");
+    const { calls } = await client.calls.query({ project_id: project });
+    expect(calls).toHaveLength(1);
+    expect(calls[0]!.attributes).toEqual({
+      user: "u-42",
+      safety_identifier: "sid-9",
+      metadata: { run: "r-7", stage: "eval" },
+    });
+  });
+
+  it.each([
+    [
+      "verbosity",
+      { verbosity: "low" },
+      '`verbosity` "low" is not supported by this model, which has no verbosity setting (send "medium", OpenAI\'s default, or leave it out).',
+    ],
+    [
+      "reasoning_effort",
+      { reasoning_effort: "high" },
+      '`reasoning_effort` "high" is not supported by this model, which has no reasoning-effort setting (send "none", or leave it out).',
+    ],
+  ])("when %s asks for what the model lacks, then 400 naming it", async (param, extra, message) => {
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: { model: MODEL, messages: ask("Hi"), ...extra } as never,
+    });
+    expect(response.status).toBe(400);
+    expect(error).toEqual({
+      error: { message, type: "invalid_request_error", param, code: "unsupported_parameter" },
+    });
+  });
+
+  it("when a message carries an image, then 400 says images are not supported, naming the part", async () => {
+    const { response, error } = await client.POST("/v1/chat/completions", {
+      body: {
+        model: MODEL,
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "text", text: "What is this?" },
+              { type: "image_url", image_url: { url: "data:image/png;base64,AAAA" } },
+            ],
+          },
+        ],
+      } as never,
+    });
+    expect(response.status).toBe(400);
+    expect(error).toEqual({
+      error: {
+        message:
+          "Images are not supported: this model reads text only (`messages[0].content[1]` is an `image_url` part). Send the content as text parts.",
+        type: "invalid_request_error",
+        param: "messages[0].content[1]",
+        code: "unsupported_content",
+      },
+    });
+  });
+
   it("when logit_bias is set, then 400 naming it", async () => {
     const { response, error } = await client.POST("/v1/chat/completions", {
       body: { model: MODEL, messages: ask("Hi"), logit_bias: { "1": 5 } } as never,

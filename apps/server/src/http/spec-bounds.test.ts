@@ -100,3 +100,29 @@ describe("the spec's request schemas", () => {
     expect(problems).toEqual([]);
   });
 });
+
+/** Every schema node of the document, with where it is; examples are values, not schemas. */
+function* schemaNodes(node: unknown, at: string): Generator<[Schema, string]> {
+  if (typeof node !== "object" || node === null) return;
+  if (Array.isArray(node)) {
+    for (const [i, child] of node.entries()) yield* schemaNodes(child, `${at}[${i}]`);
+    return;
+  }
+  yield [node as Schema, at];
+  for (const [key, child] of Object.entries(node)) {
+    if (key === "example" || key === "examples" || key === "x-codeSamples") continue;
+    yield* schemaNodes(child, `${at}.${key}`);
+  }
+}
+
+describe("the spec's schemas", () => {
+  it("when a schema says it is an array, then it says what its items are, as OpenAPI linters require", () => {
+    const problems: string[] = [];
+    for (const [node, at] of schemaNodes(spec, "#")) {
+      const types = ([] as unknown[]).concat(node.type ?? []);
+      if (types.includes("array") && node.items === undefined && node.prefixItems === undefined)
+        problems.push(at);
+    }
+    expect(problems).toEqual([]);
+  });
+});

@@ -23,9 +23,11 @@ export class SseWriter {
     return this.#open && !this.#res.writableEnded && !this.#res.destroyed;
   }
 
-  send(data: unknown): void {
+  /** A `data:` frame, after an `event:` line when `event` names it (the Responses API's). */
+  send(data: unknown, event?: string): void {
     if (!this.open) return;
-    this.#res.write(`data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`);
+    const named = event ? `event: ${event}\n` : "";
+    this.#res.write(`${named}data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`);
   }
 
   end(): void {
@@ -48,14 +50,18 @@ export function disconnectSignal(res: Response): AbortSignal {
  * error handler with the headers sent, which writes it as an `{"error": …}` event and ends the
  * stream. A client that leaves stops the reading (and so the run behind `events`).
  */
-export async function streamSse(res: Response, events: AsyncIterable<unknown>): Promise<void> {
+export async function streamSse(
+  res: Response,
+  events: AsyncIterable<unknown>,
+  options: { done?: boolean; eventName?: (event: unknown) => string | undefined } = {},
+): Promise<void> {
   let sse: SseWriter | undefined;
   for await (const event of events) {
     sse ??= new SseWriter(res);
     if (!sse.open) break;
-    sse.send(event);
+    sse.send(event, options.eventName?.(event));
   }
   sse ??= new SseWriter(res);
-  sse.send("[DONE]");
+  if (options.done ?? true) sse.send("[DONE]");
   sse.end();
 }

@@ -14,6 +14,11 @@ export type ChatCompletionCreateParamsStreaming = ChatCompletionCreateParams & {
 export type ChatCompletion = Schemas["ChatCompletion"];
 export type ChatCompletionChunk = Schemas["ChatCompletionChunk"];
 export type ModelEntry = Schemas["ModelEntry"];
+export type ResponseCreateParams = Schemas["CreateResponseRequest"];
+export type ResponseCreateParamsNonStreaming = ResponseCreateParams & { stream?: false | null };
+export type ResponseCreateParamsStreaming = ResponseCreateParams & { stream: true };
+export type Response = Schemas["Response"];
+export type ResponseStreamEvent = Schemas["ResponseStreamEvent"];
 
 /** A streamed answer: iterate it with `for await`; `controller.abort()` stops it (the server
  * stops generating). */
@@ -75,6 +80,51 @@ export class Completions {
     if (!result.response.ok) unwrap(result);
     const response = result.response;
     return new Stream(() => sseJson<ChatCompletionChunk>(response), controller);
+  }
+}
+
+/** `client.responses`, as openai-node names it: OpenAI's Responses API, stateless. */
+export class Responses {
+  readonly #core: Core;
+  constructor(core: Core) {
+    this.#core = core;
+  }
+
+  /** A response; with `stream: true`, a Stream of Responses events that ends after
+   * `response.completed` (or `response.incomplete`). */
+  create(body: ResponseCreateParamsNonStreaming, options?: RequestOptions): Promise<Response>;
+  create(
+    body: ResponseCreateParamsStreaming,
+    options?: RequestOptions,
+  ): Promise<Stream<ResponseStreamEvent>>;
+  create(
+    body: ResponseCreateParams,
+    options?: RequestOptions,
+  ): Promise<Response | Stream<ResponseStreamEvent>>;
+  async create(
+    body: ResponseCreateParams,
+    options: RequestOptions = {},
+  ): Promise<Response | Stream<ResponseStreamEvent>> {
+    const { api } = this.#core;
+    if (!body.stream) {
+      return data(
+        api.POST("/v1/responses", { body, ...this.#core.init(options) }),
+      ) as Promise<Response>;
+    }
+    const controller = new AbortController();
+    follow(options.signal, controller);
+    const init = this.#core.init({ ...options, signal: controller.signal });
+    const result = await api.POST("/v1/responses", {
+      body,
+      parseAs: "stream",
+      ...init,
+      headers: { accept: "text/event-stream", ...init.headers },
+    });
+    if (!result.response.ok) unwrap(result);
+    const response = result.response;
+    const terminal = (e: ResponseStreamEvent) =>
+      e.type === "response.completed" || e.type === "response.incomplete";
+    return new Stream(() => sseJson<ResponseStreamEvent>(response, terminal), controller);
   }
 }
 

@@ -13,10 +13,16 @@ export type Dataset = Schemas["Dataset"];
 export type DatasetLine = Schemas["DatasetLine"];
 export type SftExample = Schemas["SftExample"];
 export type TrainingJob = Schemas["TrainingJob"];
+/** A job's event: a union by `type`; narrow on it to read its typed `data`. */
 export type TrainingJobEvent = Schemas["TrainingJobEvent"];
 export type TrainingRun = Schemas["TrainingRun"];
 /** An operation with its loss, tokens and learner version, as `runs.operations` lists it. */
 export type TrainingOperationProgress = Awaited<ReturnType<Runs["operations"]>>["data"][number];
+export type TrainingStartedEvent = Schemas["TrainingStartedEvent"];
+export type GradientStepEvent = Schemas["GradientStepEvent"];
+export type CheckpointSavedEvent = Schemas["CheckpointSavedEvent"];
+export type TrainingEndedEvent = Schemas["TrainingEndedEvent"];
+export type TrainingFailedEvent = Schemas["TrainingFailedEvent"];
 export type PullBaseModelRequest = Schemas["PullBaseModelRequest"];
 export type PulledBaseModel = Schemas["PulledBaseModel"];
 /** `peft`: PEFT's two files in a tar; `gguf`: the base with the adapter merged; `gguf-lora`:

@@ -287,6 +287,28 @@ describe("ChatFormat (tiny-chat's template)", () => {
     );
   });
 
+  it("when a message has a name, then the template reads it as transformers hands it over, and one that ignores it renders the same", () => {
+    const named = new ChatFormat(
+      {
+        ...tinyChatFiles(),
+        template:
+          "{% for m in messages %}{{ m.role }}{% if m.name %}({{ m.name }}){% endif %}: {{ m.content }}\n{% endfor %}",
+        templateFile: "/m/chat_template.jinja",
+      },
+      [],
+    );
+    expect(
+      named.template.render([
+        { role: "user", content: "Hi", name: "ada" },
+        { role: "assistant", content: "Hello" },
+      ]),
+    ).toBe("user(ada): Hi\nassistant: Hello\n");
+    const chat = new ChatFormat(tinyChatFiles(), []);
+    expect(chat.template.render([{ role: "user", content: "Hi", name: "ada" }])).toBe(
+      chat.template.render([{ role: "user", content: "Hi" }]),
+    );
+  });
+
   it("when a template does not parse, then the error names its file; when it raises, the conversation is refused", () => {
     expect(
       () =>

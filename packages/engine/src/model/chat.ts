@@ -19,6 +19,8 @@ export interface ChatMessage {
   toolCalls?: ToolCall[];
   /** A tool message's answer to a call. */
   toolCallId?: string;
+  /** The participant's name (OpenAI's `name`), for templates that write it. */
+  name?: string;
 }
 
 /** What a chat is rendered with besides its messages. */
@@ -101,6 +103,7 @@ export class ChatTemplate {
       }));
     }
     if (message.toolCallId) out.tool_call_id = message.toolCallId;
+    if (message.name) out.name = message.name;
     return out;
   }
 }

@@ -39,9 +39,28 @@ const honoured = new Set([
   "tools",
   "tool_choice",
   "parallel_tool_calls",
+  // OpenAI's bookkeeping: they change nothing in what is generated (ADR 65). `metadata`,
+  // `user` and `safety_identifier` are recorded on the call.
+  "store",
+  "metadata",
+  "service_tier",
+  "prompt_cache_key",
+  "safety_identifier",
+  // Checked below: only what the models do anyway.
+  "verbosity",
+  "reasoning_effort",
 ]);
 
-const messageFields = new Set(["role", "content", "tool_call_id", "tool_calls"]);
+const messageFields = new Set(["role", "content", "name", "tool_call_id", "tool_calls"]);
+
+/** What a content part that is not text is, for the refusal. */
+const PART_KINDS: Record<string, string> = {
+  image_url: "Images are",
+  input_image: "Images are",
+  input_audio: "Audio is",
+  file: "Files are",
+  input_file: "Files are",
+};
 
 /** The most choices one request may ask for. */
 export const MAX_CHOICES = 8;
@@ -63,6 +82,19 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
     if (value !== null && value !== undefined && !honoured.has(key))
       throw unsupported(key.length > 64 ? `${key.slice(0, 64)}…` : key);
   }
+  // The engine's models have neither setting: they take what they do anyway.
+  if (body.verbosity && body.verbosity !== "medium") {
+    throw unsupported(
+      "verbosity",
+      `${quote(body.verbosity)} is not supported by this model, which has no verbosity setting (send "medium", OpenAI's default, or leave it out)`,
+    );
+  }
+  if (body.reasoning_effort && body.reasoning_effort !== "none") {
+    throw unsupported(
+      "reasoning_effort",
+      `${quote(body.reasoning_effort)} is not supported by this model, which has no reasoning-effort setting (send "none", or leave it out)`,
+    );
+  }
   const messages = body.messages.map((message, i) => {
     for (const [key, value] of Object.entries(message)) {
       if (value !== null && value !== undefined && !messageFields.has(key)) {
@@ -82,6 +114,7 @@ export function toGenerateRequest(body: ChatRequest): ThreadGenerateRequest {
       }));
     }
     if ("tool_call_id" in message) out.toolCallId = message.tool_call_id;
+    if ("name" in message && message.name) out.name = message.name;
     return out;
   });
   if (messages.length === 0) throw invalid("`messages` must not be empty.", "messages");
@@ -185,13 +218,20 @@ function textOf(content: unknown, i: number): string {
   if (typeof content === "string") return content;
   if (Array.isArray(content)) {
     return content
-      .map((part: { type?: string; text?: string }, j) => {
-        if (part.type !== "text")
-          throw unsupported(
-            `messages[${i}].content[${j}].type`,
-            `${quote(part.type)} is not supported; only text parts are`,
+      .map((part: { type?: string; text?: unknown }, j) => {
+        const at = `messages[${i}].content[${j}]`;
+        if (part.type !== "text") {
+          const kind = PART_KINDS[part.type ?? ""];
+          throw new InvalidInputError(
+            kind
+              ? `${kind} not supported: this model reads text only (\`${at}\` is an \`${part.type}\` part). Send the content as text parts.`
+              : `\`${at}.type\` ${quote(part.type)} is not supported: this model reads text parts only.`,
+            { param: kind ? at : `${at}.type`, code: "unsupported_content" },
           );
-        return part.text ?? "";
+        }
+        if (typeof part.text !== "string")
+          throw invalid(`\`${at}.text\` is required on a text part.`, `${at}.text`);
+        return part.text;
       })
       .join("");
   }

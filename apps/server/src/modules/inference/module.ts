@@ -18,8 +18,16 @@ export const inferenceModule: ServerModule = {
     app.use(rawModelIdInPath);
   },
   beforeValidation(app, { config, logger, metrics, rateLimits }) {
+    // OpenAI paths with no counterpart here: say what is served instead (ADR 65).
+    for (const [path, message] of Object.entries(NOT_SERVED)) {
+      app.use(path, (_req: Request, _res: Response, next: NextFunction) =>
+        next(ApiError.notFound(message, "unknown_url")),
+      );
+    }
+    // The Responses API runs over the chat path: the same limits and body cap.
+    const paths = ["/v1/chat/completions", "/v1/responses"];
     app.use(
-      "/v1/chat/completions",
+      paths,
       rateLimited(
         new RateLimiter(config.rateLimits, {
           ...(rateLimits ? { state: rateLimits } : {}),
@@ -28,7 +36,7 @@ export const inferenceModule: ServerModule = {
         (scope, limit) => metrics.rateLimited(scope, limit),
       ),
     );
-    app.use("/v1/chat/completions", jsonBody(10 * 1024 * 1024));
+    app.use(paths, jsonBody(10 * 1024 * 1024));
   },
   handlers({ config, logger, store, engines, metrics, upstreamAdapters }) {
     const directory = new ModelDirectory(engines, store, config.upstreams);
@@ -47,6 +55,14 @@ export const inferenceModule: ServerModule = {
       }),
     });
   },
+};
+
+/** OpenAI's paths that Arbor does not serve, and what to use instead. */
+const NOT_SERVED: Record<string, string> = {
+  "/v1/completions":
+    "The legacy completions API (`/v1/completions`) is not served: use `/v1/chat/completions` or `/v1/responses`.",
+  "/v1/embeddings":
+    "Embeddings (`/v1/embeddings`) are not served: Arbor serves chat models only, none that embeds.",
 };
 
 /** Model ids contain `/`: `GET /v1/models/acme/proj/name` (as typed with curl) is the same as the

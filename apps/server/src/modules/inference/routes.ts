@@ -4,6 +4,13 @@ import { disconnectSignal, streamSse } from "../../http/sse.ts";
 import type { ProjectRef } from "../access.ts";
 import type { ChatRequest } from "./chat.ts";
 import type { ModelDirectory } from "./models.ts";
+import {
+  chatRequestOf,
+  type ResponseRequest,
+  type ResponseStreamEvent,
+  responseEvents,
+  responseOf,
+} from "./responses.ts";
 import type { ChatService } from "./service.ts";
 import type { InferenceCall } from "./usage.ts";
 
@@ -33,6 +40,19 @@ export function inferenceHandlers(deps: InferenceDeps): Handlers {
   return {
     createChatCompletion: chat,
     createChatCompletionTrailingSlash: chat,
+    // The Responses API: the same chat, asked and answered in its shapes (ADR 65).
+    createResponse: async ({ body, principal, project, req, res }) => {
+      const signal = disconnectSignal(res);
+      const request = body as ResponseRequest;
+      const chatBody = chatRequestOf(request);
+      const run = await deps.chat.start(principal, chatBody, callOf(req, project, chatBody));
+      if (!request.stream) return responseOf(request, await run.complete(signal));
+      await streamSse(res, responseEvents(request, run, run.chunks(signal)), {
+        done: false,
+        eventName: (event) => (event as ResponseStreamEvent).type,
+      });
+      return RESPONDED;
+    },
     listModels: async ({ principal, query }) => ({
       object: "list",
       data: await deps.directory.list(principal, { checkpoints: query.include === "checkpoints" }),
@@ -50,6 +70,10 @@ function callOf(req: Request, project: ProjectRef, body: ChatRequest): Inference
     parentId: req.header("arbor-parent-call-id") || undefined,
     startedAt: new Date(),
     inputs: { ...body },
-    user: body.user ?? undefined,
+    attributes: Object.fromEntries(
+      (["user", "safety_identifier", "metadata"] as const)
+        .filter((key) => body[key] !== null && body[key] !== undefined)
+        .map((key) => [key, body[key]]),
+    ),
   };
 }

@@ -10,7 +10,9 @@ export interface InferenceCall {
   parentId: string | undefined;
   startedAt: Date;
   inputs: Record<string, unknown>;
-  user: string | undefined;
+  /** What the request says of who asked and why (`user`, `safety_identifier`, `metadata`),
+   * kept as the call's attributes. */
+  attributes: Record<string, unknown>;
 }
 
 export interface InferenceOutcome {
@@ -74,7 +76,7 @@ export class RecordedCall {
         display_name: model,
         started_at: call.startedAt,
         inputs: recordable(call.inputs),
-        attributes: call.user ? { user: call.user } : {},
+        attributes: call.attributes,
       });
     } catch (err) {
       if (err instanceof DomainError) throw err;

@@ -38,14 +38,16 @@ export function jobToWire(
   };
 }
 
+/** The store keeps each event's `data` as the runner wrote it, which is the wire's shape for
+ * its `type` (the response validator checks the pair). */
 export function eventToWire(event: JobEvent): Schemas["TrainingJobEvent"] {
   return {
     id: event.id,
     object: "training_job.event",
-    type: event.type as Schemas["TrainingJobEvent"]["type"],
-    data: (event.data ?? {}) as Record<string, unknown>,
+    type: event.type,
+    data: event.data ?? {},
     created_at: event.created_at,
-  };
+  } as Schemas["TrainingJobEvent"];
 }
 
 /** A job of an entity the principal may use; any other reads as missing. */
