@@ -63,7 +63,12 @@ function bf16Value(bits: number): number {
  * Quantizes rows [r0, r0 + data.length / cols) of a [rows, cols] weight (r0 a multiple of 4) into
  * `bytes`, the weight's q8 layout (see above); rows past the data are left as they are.
  */
-export function quantizeQ8Rows(bytes: Uint8Array, cols: number, r0: number, data: Float32Array): void {
+export function quantizeQ8Rows(
+  bytes: Uint8Array,
+  cols: number,
+  r0: number,
+  data: Float32Array,
+): void {
   const n = data.length / cols;
   const blocks = cols / Q8_BLOCK;
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);

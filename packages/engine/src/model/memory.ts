@@ -1,5 +1,5 @@
-import type { WeightDtype } from "../kernels/types.ts";
 import { q8Bytes, q8Fits } from "../kernels/q8.ts";
+import type { WeightDtype } from "../kernels/types.ts";
 import { panelBytes } from "../kernels/wasm.ts";
 import type { ModelConfig } from "./config.ts";
 
@@ -39,8 +39,7 @@ export function packedWeightBytes(config: ModelConfig, storage: WeightStorage = 
     const f32 = panelBytes(rows, cols);
     return storage === "bf16" || storage === "q8" ? f32 / 2 : f32;
   };
-  const layer =
-    bytes(q, D) + 2 * bytes(kv, D) + bytes(D, q) + 2 * bytes(I, D) + bytes(D, I);
+  const layer = bytes(q, D) + 2 * bytes(kv, D) + bytes(D, q) + 2 * bytes(I, D) + bytes(D, I);
   // Plain weights are packed in F32 beside their arrays (the embeddings stay outside); packed
   // ones are the only copy, untied embeddings included, in F32, BF16 (half the bytes) or q8
   // (9 bits a weight; a shape q8 cannot hold is kept in BF16).

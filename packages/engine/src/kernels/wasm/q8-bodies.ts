@@ -126,10 +126,16 @@ export function gemmQ8(w: Wat): Body {
           lines.push(set("w", `(i16x8.extend_high_i8x16_s ${get("w")})`));
           for (let i = 0; i < MR; i++) {
             lines.push(
-              set(A(i, j), `(i32x4.add ${get(A(i, j))} (i32x4.dot_i16x8_s ${get("wl")} ${get(`x${i}`)}))`),
+              set(
+                A(i, j),
+                `(i32x4.add ${get(A(i, j))} (i32x4.dot_i16x8_s ${get("wl")} ${get(`x${i}`)}))`,
+              ),
             );
             lines.push(
-              set(B(i, j), `(i32x4.add ${get(B(i, j))} (i32x4.dot_i16x8_s ${get("w")} ${get(`x${i}`)}))`),
+              set(
+                B(i, j),
+                `(i32x4.add ${get(B(i, j))} (i32x4.dot_i16x8_s ${get("w")} ${get(`x${i}`)}))`,
+              ),
             );
           }
         }
@@ -209,9 +215,7 @@ export function gemmQ8(w: Wat): Body {
     ...range(MAX_ROWS).flatMap((i) => [`(local $x${i} v128)`, `(local $y${i} v128)`]),
     ...range(MAX_QUADS).flatMap((j) => [`(local $d${j} v128)`, `(local $c${j} v128)`]),
     ...range(MAX_ROWS).flatMap((i) =>
-      range(MAX_QUADS).flatMap((j) =>
-        [A(i, j), B(i, j), F(i, j)].map((l) => `(local $${l} v128)`),
-      ),
+      range(MAX_QUADS).flatMap((j) => [A(i, j), B(i, j), F(i, j)].map((l) => `(local $${l} v128)`)),
     ),
   ];
   return {
@@ -302,7 +306,10 @@ export function q8ToB(w: Wat): Body {
         "pd",
         add(
           get("dst"),
-          mul(int(32), add(mul(add(mul(get("b"), int(4)), int(t)), get("N")), mul(get("j"), int(4)))),
+          mul(
+            int(32),
+            add(mul(add(mul(get("b"), int(4)), int(t)), get("N")), mul(get("j"), int(4))),
+          ),
         ),
       )}
       ${range(4)
