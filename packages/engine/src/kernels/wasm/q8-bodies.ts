@@ -70,6 +70,16 @@ export function gemmQ8(w: Wat): Body {
           add(get("p"), mul(add(`(${I}.shr_u ${get("n")} (${I}.const 2))`, int(j)), get("qs"))),
         ),
       ),
+      // Decode tiles touch the next tile's quads as they stream theirs (each quad is a short
+      // run, which alone leaves memory latency-bound); the last tile touches its own.
+      ...(NQ > 1
+        ? range(NQ).map((j) =>
+            set(
+              `pt${j}`,
+              `(select ${add(get(`pb${j}`), mul(int(NQ), get("qs")))} ${get(`pb${j}`)} (${I}.le_u ${add(get("n"), int(8 * NQ))} ${get("N")}))`,
+            ),
+          )
+        : []),
     ].join("\n");
     // The header: scales (high halves) and −Σq (low halves, sign-extended, times 127).
     const headers = range(NQ)
@@ -170,7 +180,16 @@ export function gemmQ8(w: Wat): Body {
           .join("\n")}`,
       )
       .join("\n");
+    const touches =
+      NQ > 1
+        ? range(NQ)
+            .flatMap((j) =>
+              [0, 64, 128].map((o) => `(drop (${I}.load offset=${o} ${get(`pt${j}`)}))`),
+            )
+            .join("\n")
+        : "";
     const advance = [
+      ...(NQ > 1 ? range(NQ).map((j) => set(`pt${j}`, add(get(`pt${j}`), int(144)))) : []),
       ...range(MR).map((i) => set(`pa${i}`, add(get(`pa${i}`), int(64)))),
       ...range(MR).map((i) => set(`ps${i}`, add(get(`ps${i}`), int(4)))),
       ...range(NQ).map((j) => set(`pb${j}`, add(get(`pb${j}`), int(144)))),
@@ -191,7 +210,8 @@ export function gemmQ8(w: Wat): Body {
         "b",
         1,
         get("nb"),
-        `${headers}
+        `${touches}
+        ${headers}
         ${start}
         ${range(8).map(group).join("\n")}
         ${combine}
@@ -208,7 +228,7 @@ export function gemmQ8(w: Wat): Body {
     ...["m", "n", "b", "nb", "qs", "po"]
       .concat(
         range(MAX_ROWS).flatMap((i) => [`pa${i}`, `ps${i}`]),
-        range(MAX_QUADS).map((j) => `pb${j}`),
+        range(MAX_QUADS).flatMap((j) => [`pb${j}`, `pt${j}`]),
       )
       .map((l) => `(local $${l} ${I})`),
     ...["w", "wl", "h", "s"].map((l) => `(local $${l} v128)`),
