@@ -44,7 +44,7 @@ export const ROLES: readonly Role[] = ["training", "inference", "calls"];
 export type MetricsAccess = "key" | "public" | "off";
 export const METRICS_ACCESS: readonly MetricsAccess[] = ["key", "public", "off"];
 /** `ARBOR_ENGINE_WEIGHTS`: how engines keep weights (`WeightDtype` of @arbor/engine). */
-export const ENGINE_WEIGHTS = ["auto", "bf16", "f32"] as const;
+export const ENGINE_WEIGHTS = ["auto", "bf16", "f32", "q8"] as const;
 export type EngineWeights = (typeof ENGINE_WEIGHTS)[number];
 
 /** An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, another Arbor) that serves a
@@ -298,7 +298,7 @@ export const SETTINGS = {
     env: "ARBOR_ENGINE_WEIGHTS",
     group: "inference",
     shown: "auto",
-    doc: "How each engine (inference and training) keeps a base model's weights, packed once in its WebAssembly memory: `bf16` (half the memory, widened to F32 inside the kernels; F32 and F16 files are rounded), `f32`, or `auto`: BF16 when the folder's weight matrices are BF16 (exact: what most models are published in), F32 otherwise. LoRA trains on any of them (full fine-tuning is not offered).",
+    doc: "How each engine (inference and training) keeps a base model's weights, packed once in its WebAssembly memory: `bf16` (half the memory, widened to F32 inside the kernels; F32 and F16 files are rounded), `q8` (int8 in blocks of 32 weights with one scale, quantized at load: about 0.56× BF16's memory and the fastest decode; it changes the model's numbers slightly, measured in docs/status.md), `f32`, or `auto`: BF16 when the folder's weight matrices are BF16 (exact: what most models are published in), F32 otherwise. LoRA trains on any of them (full fine-tuning is not offered).",
     read: oneOf(ENGINE_WEIGHTS, "auto"),
   }),
   upstreams: setting({

@@ -7,6 +7,7 @@
  * (`KernelArrays`), which the WASM kernels and the JS reference both implement.
  */
 import * as body from "./wasm/bodies.ts";
+import * as q8 from "./wasm/q8-bodies.ts";
 import type { Body, Param, Wat } from "./wasm/wat.ts";
 
 /** A byte offset in the kernels' arena. */
@@ -125,6 +126,31 @@ export const KERNELS = {
   softmax_rows: kernel({
     params: [ptr("x"), int("rows"), int("cols"), ptr("scale"), ptr("rmax"), ptr("rsum")],
     body: body.softmaxRows,
+  }),
+  /** out[M,N] (+)= A·Wᵀ on a q8 weight (`q8.ts`) and activations quantized by `quantize_q8`. */
+  gemm_q8: kernel({
+    params: [
+      ptr("out"),
+      int("ldo"),
+      ptr("a"),
+      ptr("sa"),
+      ptr("p"),
+      int("M"),
+      int("N"),
+      int("K"),
+      int("acc"),
+    ],
+    body: q8.gemmQ8,
+  }),
+  /** Rows of F32 activations quantized per block of 32 to 8 bits (as two 7-bit halves) and scales. */
+  quantize_q8: kernel({
+    params: [ptr("dst"), ptr("sa"), ptr("src"), int("lda"), int("rows"), int("K")],
+    body: q8.quantizeQ8,
+  }),
+  /** F32 B-panels of quads of a q8 weight, dequantized (a backward's dX = dY·W). */
+  q8_to_b: kernel({
+    params: [ptr("dst"), ptr("src"), int("quads"), int("nb"), int("N")],
+    body: q8.q8ToB,
   }),
 };
 

@@ -1,8 +1,12 @@
 import type { KernelArrays } from "./table.ts";
 import type { WeightSource } from "./weight.ts";
 
-/** How a packed weight's numbers are held: F32, or BF16 (widened to F32 inside the kernels). */
-export type WeightDtype = "f32" | "bf16";
+/**
+ * How a packed weight's numbers are held: F32, BF16 (widened to F32 inside the kernels), or q8:
+ * int8 in blocks of 32 with a scale each (`q8.ts`, ADR 61; a weight whose shape q8 cannot hold,
+ * rows not a multiple of 4 or columns of 32, is kept in BF16).
+ */
+export type WeightDtype = "f32" | "bf16" | "q8";
 
 /** A weight kept packed by the kernels as its only copy; filled a block of rows at a time. */
 export interface PackedWeight extends WeightSource {

@@ -2,6 +2,7 @@
 import { readFileSync } from "node:fs";
 import { totalmem } from "node:os";
 import { jsKernels } from "./js.ts";
+import { dequantizeQ8Rows, q8Bytes, q8Fits, q8QuadStride, quantizeQ8Rows } from "./q8.ts";
 import { invoke, type KernelArgs, type KernelExports, type KernelName } from "./table.ts";
 import type { Kernels, PackedWeight, WeightDtype, Workspace } from "./types.ts";
 import { ArenaAllocator, align, MAX_PAGES, MAX_PAGES_64, PAGE } from "./wasm/arena.ts";
@@ -260,7 +261,13 @@ export class WasmKernels implements Kernels {
    * collected. Fill it with `writeRows`; `readRows` unpacks rows back (export, merging).
    */
   packWeight(rows: number, cols: number, dtype: WeightDtype): PackedWeight {
-    const bytes = dtype === "bf16" ? panelBytes(rows, cols) / 2 : panelBytes(rows, cols);
+    if (dtype === "q8" && !q8Fits(rows, cols)) dtype = "bf16";
+    const bytes =
+      dtype === "q8"
+        ? q8Bytes(rows, cols)
+        : dtype === "bf16"
+          ? panelBytes(rows, cols) / 2
+          : panelBytes(rows, cols);
     const weight = new ArenaWeight(this, 0, rows, cols, dtype, bytes);
     weight.offset = this.slot(weight, bytes, weight);
     return weight;
@@ -281,6 +288,11 @@ export class WasmKernels implements Kernels {
         `kernels: rows ${r0}..${r0 + n} do not fit a [${weight.rows}, ${weight.cols}] weight`,
       );
     }
+    if (weight.dtype === "q8") {
+      // Quantized here, straight into its blocks (a few ms per million weights).
+      quantizeQ8Rows(new Uint8Array(this.memory.buffer, weight.offset, weight.bytes), K, r0, data);
+      return;
+    }
     if (weight.dtype === "f32") {
       this.packInto(weight.offset + (r0 / 8) * K * 32, data, "w", n, K, this.heap.top);
       return;
@@ -300,6 +312,10 @@ export class WasmKernels implements Kernels {
   readPacked(weight: ArenaWeight, r0: number, r1: number, out?: Float32Array): Float32Array {
     const K = weight.cols;
     const result = out ?? new Float32Array((r1 - r0) * K);
+    if (weight.dtype === "q8") {
+      const bytes = new Uint8Array(this.memory.buffer, weight.offset, weight.bytes);
+      return dequantizeQ8Rows(bytes, K, r0, r1, result);
+    }
     if (weight.dtype === "bf16") {
       const bits = new Uint32Array(result.buffer, result.byteOffset, result.length);
       const arena = new Uint16Array(this.memory.buffer);
@@ -329,6 +345,17 @@ export class WasmKernels implements Kernels {
     const K = weight.cols;
     const N = n1 - n0;
     this.ensure(dst + panelBytes(K, N));
+    if (weight.dtype === "q8") {
+      // Dequantized by the kernel: rows n0… (a multiple of 8) are whole quads, K whole blocks.
+      invoke(this.exports, "q8_to_b", {
+        dst,
+        src: weight.offset + (n0 / 4) * q8QuadStride(K),
+        quads: N / 4,
+        nb: K / 32,
+        N,
+      });
+      return;
+    }
     // F32 bits either way: a BF16 number is the top half of its F32.
     const out32 = new Uint32Array(this.memory.buffer);
     const bf16 = weight.dtype === "bf16";
@@ -466,6 +493,10 @@ export class WasmKernels implements Kernels {
     // A weight packed here (its only copy) is used where it lies; another source is read whole.
     const own = weight instanceof ArenaWeight && weight.kernels === this ? weight : null;
     own?.live();
+    if (own?.dtype === "q8" && layout === "w" && !transposedA) {
+      this.gemmQ8(out, a, own, M, N, K, accumulate);
+      return;
+    }
     const b = own ?? (isWeightSource(weight) ? weight.readRows(0, weight.rows) : weight);
     // Only a weight's W[N,K] panels are kept. Its B[K,N] panels (a backward's dX = dY·W) are
     // packed per call: one pass over the weight against M·N·K work, and keeping them would
@@ -564,6 +595,82 @@ export class WasmKernels implements Kernels {
       );
     }
     if (!outInPlace) copyRows(out, N, outView, N8, M);
+  }
+
+  /**
+   * out[M,N] (+)= A·Wᵀ on a q8 weight: A's rows quantized per block of 32 into scratch
+   * (`quantize_q8`), then `gemm_q8`, rows (or, for a few rows, quads of columns) shared among
+   * threads; every element's sum is the same whichever thread computes it.
+   */
+  private gemmQ8(
+    out: Float32Array,
+    a: Float32Array,
+    weight: ArenaWeight,
+    M: number,
+    N: number,
+    K: number,
+    accumulate: boolean,
+  ): void {
+    let top = this.heap.top;
+    const N4 = Math.ceil(N / 4) * 4;
+    let aOffset = this.offsetOf(a);
+    if (aOffset < 0) {
+      aOffset = top;
+      top += align(M * K * 4);
+    }
+    let outOffset = N4 === N ? this.offsetOf(out) : -1;
+    const outInPlace = outOffset >= 0;
+    if (!outInPlace) {
+      outOffset = top;
+      top += align(M * N4 * 4);
+    }
+    const xq = top;
+    top += align(M * K * 2);
+    const sa = top;
+    top += align((M * K) / 8);
+    this.ensure(top);
+    const buffer = this.memory.buffer;
+    if (aOffset !== this.offsetOf(a))
+      new Float32Array(buffer, aOffset, M * K).set(a.subarray(0, M * K));
+    const outView = new Float32Array(buffer, outOffset, M * N4);
+    if (accumulate && !outInPlace) copyRows(outView, N4, out, N, M);
+    const nb = K / 32;
+    this.byRows("quantize_q8", M, M * K * 8, (r0, r1) => ({
+      dst: xq + r0 * K * 2,
+      sa: sa + r0 * nb * 4,
+      src: aOffset + r0 * K * 4,
+      lda: K * 4,
+      rows: r1 - r0,
+      K,
+    }));
+    const parts = this.parts(2 * M * N * K);
+    const ldo = N4 * 4;
+    const quads = N4 / 4;
+    const stride = q8QuadStride(K);
+    const task = (m0: number, m1: number, q0: number, q1: number): Job =>
+      call("gemm_q8", {
+        out: outOffset + m0 * ldo + q0 * 16,
+        ldo,
+        a: xq + m0 * K * 2,
+        sa: sa + m0 * nb * 4,
+        p: weight.offset + q0 * stride,
+        M: m1 - m0,
+        N: (q1 - q0) * 4,
+        K,
+        acc: accumulate ? 1 : 0,
+      });
+    const jobs: Job[] = [];
+    if (parts > 1 && Math.ceil(M / 4) < parts && quads >= parts) {
+      for (const [q0, q1] of splitEven(quads, parts)) if (q1 > q0) jobs.push(task(0, M, q0, q1));
+    } else {
+      for (let i = 0; i < parts; i++) {
+        const m0 = Math.min(M, Math.round((M * i) / parts / 4) * 4);
+        const m1 = i === parts - 1 ? M : Math.min(M, Math.round((M * (i + 1)) / parts / 4) * 4);
+        if (m1 > m0) jobs.push(task(m0, m1, 0, quads));
+      }
+    }
+    this.runJobs(jobs);
+    if (!outInPlace) copyRows(out, N, outView, N4, M);
   }
 
   /** One GEMM over packed panels, its rows (or, for a few rows, its columns) shared among threads. */

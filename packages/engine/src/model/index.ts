@@ -52,6 +52,12 @@ export {
   saveModel,
   type WeightChoice,
 } from "./model.ts";
+export {
+  type DistributionDistance,
+  distributionDistance,
+  positionLogits,
+  QUALITY_TEXT,
+} from "./quality.ts";
 export { deriveSeed, Rng, randomSeed } from "./rng.ts";
 export { readSafetensors } from "./safetensors.ts";
 export { heldSuffix } from "./text.ts";

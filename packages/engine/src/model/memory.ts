@@ -1,9 +1,10 @@
+import { q8Bytes, q8Fits } from "../kernels/q8.ts";
 import type { WeightDtype } from "../kernels/types.ts";
 import { panelBytes } from "../kernels/wasm.ts";
 import type { ModelConfig } from "./config.ts";
 
 /** How a model holds its weights: plain F32 arrays (which kernels pack beside them), or packed
- * in the kernels as their only copy, in F32 or BF16 (see `loadModel`). */
+ * in the kernels as their only copy, in F32, BF16 or q8 (see `loadModel`). */
 export type WeightStorage = "plain" | WeightDtype;
 
 /**
@@ -32,15 +33,16 @@ export function packedWeightBytes(config: ModelConfig, storage: WeightStorage = 
   const { hiddenSize: D, intermediateSize: I, numLayers: L, vocabSize: V } = config;
   const q = config.numHeads * config.headDim;
   const kv = config.numKvHeads * config.headDim;
-  const layer =
-    panelBytes(q, D) +
-    2 * panelBytes(kv, D) +
-    panelBytes(D, q) +
-    2 * panelBytes(I, D) +
-    panelBytes(D, I);
+  /** A [rows, cols] weight's bytes in F32 panels (plain weights too), BF16 or q8. */
+  const bytes = (rows: number, cols: number) => {
+    if (storage === "q8" && q8Fits(rows, cols)) return q8Bytes(rows, cols);
+    const f32 = panelBytes(rows, cols);
+    return storage === "bf16" || storage === "q8" ? f32 / 2 : f32;
+  };
+  const layer = bytes(q, D) + 2 * bytes(kv, D) + bytes(D, q) + 2 * bytes(I, D) + bytes(D, I);
   // Plain weights are packed in F32 beside their arrays (the embeddings stay outside); packed
-  // ones are the only copy, untied embeddings included, in F32 or BF16 (half the bytes).
+  // ones are the only copy, untied embeddings included, in F32, BF16 (half the bytes) or q8
+  // (9 bits a weight; a shape q8 cannot hold is kept in BF16).
   const tables = storage !== "plain" && !config.tieWordEmbeddings ? 2 : 1;
-  const f32 = L * layer + tables * panelBytes(V, D);
-  return storage === "bf16" ? f32 / 2 : f32;
+  return L * layer + tables * bytes(V, D);
 }

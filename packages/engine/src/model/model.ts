@@ -119,8 +119,9 @@ export interface LoadOptions {
   kernels?: Kernels;
   /**
    * How packed weights hold their numbers: F32, BF16 widened inside the kernels (F32 and F16
-   * files are rounded), or `auto`: BF16 when every weight matrix in the files is BF16 (exact,
-   * half the memory), F32 otherwise (never rounds). Default F32.
+   * files are rounded), q8 (int8 blocks quantized as they are read, ADR 61), or `auto`: BF16
+   * when every weight matrix in the files is BF16 (exact, half the memory), F32 otherwise (never
+   * rounds; never q8). Default F32.
    */
   weights?: WeightChoice;
   /**

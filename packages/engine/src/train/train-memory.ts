@@ -43,12 +43,14 @@ export function trainingMemory(
   // and their gradients (`maskedRowsOnly`), the logits (twice when a row of V is not a whole
   // panel and goes through scratch), and per-row statistics.
   const head = 6 * D + V + (V % 8 === 0 ? 0 : V + 8) + 8;
+  // A GEMM on q8 weights quantizes its input rows in scratch: 2 bytes and a scale per 32 a value.
+  const quantized = storage === "q8" ? Math.ceil(2.125 * Math.max(D, I, q)) : 0;
   return {
     weights: packedWeightBytes(config, storage),
     fixed,
-    perRow: 4 * (L * saved + backward + head),
+    perRow: 4 * (L * saved + backward + head) + quantized,
     // The layers' inputs, one layer's activations and the output it recomputes into.
-    perRowRecompute: 4 * (L * D + saved + D + backward + head),
+    perRowRecompute: 4 * (L * D + saved + D + backward + head) + quantized,
   };
 }
 

@@ -36,6 +36,8 @@ export interface Wat {
   /** The integer type of addresses, sizes and counters: i32 on wasm32, i64 on Memory64. */
   readonly I: "i32" | "i64";
   readonly madd: Madd;
+  /** Whether this is the relaxed-SIMD build (its int8 dot product, `relaxed_dot_i8x16_i7x16_add_s`). */
+  readonly relaxed: boolean;
   /** An integer constant of type I. */
   int(n: number): string;
   add(a: string, b: string): string;
@@ -65,6 +67,7 @@ export function wat(memory: MemoryModel, madd: Madd): Wat {
     memory,
     I,
     madd,
+    relaxed: madd === relaxedMadd,
     int,
     add,
     mul: (a, b) => `(${I}.mul ${a} ${b})`,
