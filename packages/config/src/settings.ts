@@ -428,7 +428,7 @@ export const SETTINGS = {
     env: "ARBOR_BASE_URL",
     group: "cli",
     shown: "http://ARBOR_HOST:ARBOR_PORT",
-    doc: "The server the CLI's remote commands call.",
+    doc: "The server the CLI's remote commands and the examples in `examples/` call.",
     read: (raw) => {
       if (unset(raw)) return undefined;
       if (!URL.canParse(raw.trim())) throw new Error(`must be a URL, got ${JSON.stringify(raw)}`);
