@@ -24,7 +24,9 @@ export async function usagePage({ root, query, signal }: PageContext): Promise<v
     name: "project",
     required: true,
     value: project,
-    pattern: "[^/]+/[^/]+",
+    // Browsers compile `pattern` with the `v` flag: `/` is escaped inside and outside a class.
+    pattern: "[^\\/]+\\/[^\\/]+",
+    title: "entity/project",
   });
   const start = h("input", {
     type: "date",
