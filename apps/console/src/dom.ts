@@ -46,7 +46,11 @@ const NAME_RULE = "may use letters, digits, '.', '_' and '-' (and is not '.' or 
 
 /** A field as the console's forms label it. */
 function fieldName(param: string): string {
-  const last = param.split(/[.[\]]/).filter(Boolean).at(-1) ?? param;
+  const last =
+    param
+      .split(/[.[\]]/)
+      .filter(Boolean)
+      .at(-1) ?? param;
   const words = last.replace(/_id$/, "").replace(/_/g, " ");
   return words.charAt(0).toUpperCase() + words.slice(1);
 }

@@ -26,6 +26,9 @@ describe("tickLabels", () => {
     expect(tickLabels([0.5, 1, 1.5, 2])).toEqual(["0.5", "1.0", "1.5", "2.0"]);
     expect(tickLabels([0, 2, 4])).toEqual(["0", "2", "4"]);
   });
+  it("when uPlot leaves a tick out (null), then its label is empty", () => {
+    expect(tickLabels([null, 0.1, null, 1])).toEqual(["", "0.1", "", "1.0"]);
+  });
 });
 
 describe("ema", () => {

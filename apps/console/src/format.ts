@@ -5,10 +5,17 @@
  * differs and reads back within a hundredth of the step between ticks. Small and large values
  * read in exponent form (`3.0e-3`, `2.5e-3`), thousands with a `k` (`12.5k`).
  */
-export function tickLabels(values: readonly number[]): string[] {
-  if (values.length === 0) return [];
-  const step =
-    values.length > 1 ? Math.abs(values[1]! - values[0]!) : Math.abs(values[0]!) || 1;
+export function tickLabels(ticks: readonly (number | null)[]): string[] {
+  // uPlot leaves out ticks it will not draw (null), on a log scale say.
+  const values = ticks.filter((v): v is number => v !== null && Number.isFinite(v));
+  if (values.length === 0) return ticks.map(() => "");
+  const labels = labelsOf(values);
+  let i = 0;
+  return ticks.map((v) => (v !== null && Number.isFinite(v) ? labels[i++]! : ""));
+}
+
+function labelsOf(values: readonly number[]): string[] {
+  const step = values.length > 1 ? Math.abs(values[1]! - values[0]!) : Math.abs(values[0]!) || 1;
   const biggest = Math.max(...values.map(Math.abs));
   const exponent = biggest > 0 && (biggest < 1e-2 || biggest >= 1e6);
   const thousands = !exponent && biggest >= 1e4;

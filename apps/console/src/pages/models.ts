@@ -307,7 +307,6 @@ export function jobsTable(jobs: TrainingJob[], names?: Map<string, string>): HTM
   );
   // On a phone the type and creation time give way, so the rest fits without scrolling sideways.
   const optional = [1, names ? 5 : 4];
-  for (const row of t.rows)
-    for (const i of optional) row.cells[i]?.classList.add("wide-only");
+  for (const row of t.rows) for (const i of optional) row.cells[i]?.classList.add("wide-only");
   return t;
 }
