@@ -279,6 +279,18 @@ describe.skipIf(missing)("the console in a browser", () => {
       .locator('figure[data-metric="Loss"] [data-points="720"]')
       .waitFor({ state: "attached" });
 
+    // The datasets uploaded are listed, newest first; Open shows one again, ready to train on.
+    await page.getByRole("link", { name: "Datasets", exact: true }).click();
+    const uploaded = page.locator("table.datasets tbody tr");
+    await uploaded.first().waitFor();
+    expect(await uploaded.count()).toBe(2);
+    expect(await page.getByRole("button", { name: "Load more" }).isVisible()).toBe(false);
+    await uploaded.first().getByRole("button", { name: /^Open / }).click();
+    await page.getByRole("heading", { name: "Stored", exact: true }).waitFor();
+    expect(await page.locator("[data-lines]").getAttribute("data-lines")).toBe("48");
+    await page.getByRole("button", { name: "Start SFT job" }).waitFor();
+    await shot("datasets");
+
     // The other pages load cleanly.
     await page.getByRole("link", { name: "Jobs", exact: true }).click();
     await page.getByRole("heading", { name: "Training jobs", exact: true }).waitFor();
