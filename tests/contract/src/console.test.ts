@@ -285,7 +285,10 @@ describe.skipIf(missing)("the console in a browser", () => {
     await uploaded.first().waitFor();
     expect(await uploaded.count()).toBe(2);
     expect(await page.getByRole("button", { name: "Load more" }).isVisible()).toBe(false);
-    await uploaded.first().getByRole("button", { name: /^Open / }).click();
+    await uploaded
+      .first()
+      .getByRole("button", { name: /^Open / })
+      .click();
     await page.getByRole("heading", { name: "Stored", exact: true }).waitFor();
     expect(await page.locator("[data-lines]").getAttribute("data-lines")).toBe("48");
     await page.getByRole("button", { name: "Start SFT job" }).waitFor();

@@ -337,6 +337,8 @@ function jobSummary(
             {
               class: "danger",
               onclick: async (e: Event) => {
+                // `currentTarget` is null once the event's dispatch is over: read it first.
+                const button = e.currentTarget as HTMLButtonElement;
                 if (
                   !(await confirmAction(
                     "Cancel this job? Its last checkpoint stays.",
@@ -344,8 +346,13 @@ function jobSummary(
                   ))
                 )
                   return;
-                (e.currentTarget as HTMLButtonElement).disabled = true;
-                changed(await api().training.jobs.cancel(job.id));
+                button.disabled = true;
+                try {
+                  changed(await api().training.jobs.cancel(job.id));
+                } catch (err) {
+                  button.disabled = false;
+                  button.after(alertBox(err));
+                }
               },
             },
             "Cancel job",
