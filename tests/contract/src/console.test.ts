@@ -187,6 +187,7 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.getByLabel("Batch size").fill("2");
     await page.getByRole("button", { name: "Start SFT job" }).click();
     await page.getByRole("heading", { name: /SFT job/ }).waitFor();
+    const firstJob = page.url();
 
     // 4. The loss curve gains points while the job runs.
     const loss = page.locator('figure[data-metric="Loss"] [data-points]');
@@ -239,7 +240,6 @@ describe.skipIf(missing)("the console in a browser", () => {
 
     // A second job, cancelled by the user: a neutral "Cancelled", not a red error; then the
     // first job overlaid on its curves.
-    const firstJob = page.url();
     await page.getByRole("link", { name: "Datasets", exact: true }).click();
     await page.getByLabel("JSONL file").setInputFiles({
       name: "reversals.jsonl",
