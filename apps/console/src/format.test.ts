@@ -26,6 +26,11 @@ describe("tickLabels", () => {
     expect(tickLabels([0.5, 1, 1.5, 2])).toEqual(["0.5", "1.0", "1.5", "2.0"]);
     expect(tickLabels([0, 2, 4])).toEqual(["0", "2", "4"]);
   });
+  it("when a log scale's ticks span decades, then each reads as a power of ten", () => {
+    expect(tickLabels([1e-8, 1e-6, 1e-4, 1e-2])).toEqual(["1e-8", "1e-6", "1e-4", "1e-2"]);
+    expect(tickLabels([0.001, 0.1, 10])).toEqual(["1e-3", "1e-1", "1e1"]);
+    expect(tickLabels([0.1, 1, 10, 100])).toEqual(["0.1", "1.0", "10.0", "100.0"]);
+  });
   it("when uPlot leaves a tick out (null), then its label is empty", () => {
     expect(tickLabels([null, 0.1, null, 1])).toEqual(["", "0.1", "", "1.0"]);
   });

@@ -15,22 +15,34 @@ export function tickLabels(ticks: readonly (number | null)[]): string[] {
 }
 
 function labelsOf(values: readonly number[]): string[] {
-  const step = values.length > 1 ? Math.abs(values[1]! - values[0]!) : Math.abs(values[0]!) || 1;
-  const biggest = Math.max(...values.map(Math.abs));
-  const exponent = biggest > 0 && (biggest < 1e-2 || biggest >= 1e6);
+  // Each label reads back within a hundredth of the gap to its nearest neighbour: linear ticks
+  // have one gap, a log scale's grow tenfold from tick to tick.
+  const gap = (i: number): number => {
+    const gaps = [values[i - 1], values[i + 1]]
+      .filter((n): n is number => n !== undefined)
+      .map((n) => Math.abs(n - values[i]!));
+    return gaps.length > 0 ? Math.min(...gaps) : Math.abs(values[i]!) || 1;
+  };
+  const magnitudes = values.map(Math.abs).filter((v) => v > 0);
+  const biggest = Math.max(0, ...magnitudes);
+  const smallest = Math.min(...magnitudes);
+  // Exponent form for the very small and the very large, and for ticks over several decades.
+  const exponent =
+    biggest > 0 &&
+    (biggest < 1e-2 || biggest >= 1e6 || (biggest / smallest >= 1e3 && smallest < 1e-2));
   const thousands = !exponent && biggest >= 1e4;
   const format = (v: number, digits: number): string => {
     if (v === 0) return "0";
-    if (exponent) return v.toExponential(digits).replace(/e([+-])(\d)$/, "e$1$2");
+    if (exponent) return v.toExponential(digits).replace("e+", "e");
     if (thousands) return `${(v / 1000).toFixed(digits)}k`;
     return v.toFixed(digits);
   };
   const readBack = (label: string): number =>
     label.endsWith("k") ? Number(label.slice(0, -1)) * 1000 : Number(label);
-  for (let digits = exponent ? 1 : 0; digits <= 8; digits++) {
+  for (let digits = 0; digits <= 8; digits++) {
     const labels = values.map((v) => format(v, digits));
     const distinct = new Set(labels).size === labels.length;
-    const close = values.every((v, i) => Math.abs(readBack(labels[i]!) - v) <= step / 100);
+    const close = values.every((v, i) => Math.abs(readBack(labels[i]!) - v) <= gap(i) / 100);
     if (distinct && close) return labels;
   }
   return values.map((v) => String(v));

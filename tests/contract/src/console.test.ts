@@ -275,9 +275,22 @@ describe.skipIf(missing)("the console in a browser", () => {
     const firstId = new URL(firstJob).hash.split("/")[2]!;
     await page.getByLabel("Overlay another job of this model").selectOption(firstId);
     await page.waitForURL(new RegExp(`\\?compare=${firstId}$`));
+    // Both jobs' lines, the overlaid one with all its 720 steps.
     await page
-      .locator('figure[data-metric="Loss"] [data-points="720"]')
-      .waitFor({ state: "attached" });
+      .locator('figure[data-metric="Loss"] .u-legend')
+      .filter({ hasText: `SFT ${firstId.slice(0, 13)}` })
+      .waitFor();
+    await expect
+      .poll(
+        async () =>
+          Number(
+            await page
+              .locator('figure[data-metric="Loss"] [data-points]')
+              .getAttribute("data-points"),
+          ),
+        PATIENT,
+      )
+      .toBeGreaterThanOrEqual(720);
 
     // The datasets uploaded are listed, newest first; Open shows one again, ready to train on.
     await page.getByRole("link", { name: "Datasets", exact: true }).click();
