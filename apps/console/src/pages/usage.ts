@@ -228,6 +228,9 @@ function usageTable(
   );
 }
 
+/** "—" where no price applies. The usage API (Weave's shape) answers 0 for a model with no
+ * price in effect as for one priced at 0; the console cannot tell them apart, and shows a
+ * total of 0 as "—" (nothing to pay) rather than a figure that looks like a priced one. */
 function cost(u: Usage): string {
   const parts = [
     u.prompt_tokens_total_cost,
@@ -235,8 +238,9 @@ function cost(u: Usage): string {
     u.cache_read_input_tokens_total_cost,
     u.cache_creation_input_tokens_total_cost,
   ].filter((c): c is number => c !== null && c !== undefined);
-  if (parts.length === 0) return "—";
-  return `$${parts.reduce((a, b) => a + b, 0).toFixed(4)}`;
+  const total = parts.reduce((a, b) => a + b, 0);
+  if (total === 0) return "—";
+  return `$${total.toFixed(4)}`;
 }
 
 function add(a: Usage, b: Usage): Usage {
