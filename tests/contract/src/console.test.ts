@@ -362,6 +362,25 @@ describe.skipIf(missing)("the console in a browser", () => {
     await shot("jobs-dark");
     await page.emulateMedia({ colorScheme: "light" });
 
+    // The model's own controls: prune its step-0 checkpoint, then delete it; then sign out.
+    await page.getByRole("link", { name: "Models", exact: true }).click();
+    await page.getByRole("link", { name: "default/demo/browser", exact: true }).click();
+    await page.getByRole("heading", { name: "Checkpoints", exact: true }).waitFor();
+    const checkpointRows = page
+      .locator("section.card", { hasText: "Checkpoints" })
+      .locator("tbody tr");
+    const before = await checkpointRows.count();
+    await page.getByLabel("Select step 0", { exact: true }).check();
+    await page.getByRole("button", { name: "Prune selected" }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Prune" }).click();
+    await expect.poll(() => checkpointRows.count(), PATIENT).toBe(before - 1);
+    await page.getByRole("link", { name: "Models", exact: true }).click();
+    await page.getByRole("button", { name: "Delete", exact: true }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Delete model" }).click();
+    await page.getByText("No trained models yet").waitFor();
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByRole("heading", { name: "Sign in", exact: true }).waitFor();
+
     expect(problems).toEqual([]);
     expect(expected).toEqual([]);
   });
