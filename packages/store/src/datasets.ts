@@ -1,4 +1,11 @@
-import { type Clock, type Page, type PageOptions, pageLimit, placeholders, toPage } from "./common.ts";
+import {
+  type Clock,
+  type Page,
+  type PageOptions,
+  pageLimit,
+  placeholders,
+  toPage,
+} from "./common.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
 import { num, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
 import { inList, presentAmong, type Sql } from "./sql.ts";
