@@ -421,7 +421,13 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /**
+         * List datasets
+         * @description The uploaded datasets of every entity the key may use, newest first, paged by `after` and
+         *     `limit`; optionally only those uploaded under one `name`. Another entity's datasets are not
+         *     listed.
+         */
+        get: operations["listDatasets"];
         put?: never;
         /**
          * Upload dataset
@@ -2578,6 +2584,17 @@ export interface components {
             lines: number;
             /** @description Unix seconds. */
             created_at: number;
+        };
+        /** DatasetList */
+        DatasetList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Dataset"][];
+            /** @description Id of the first item; null on an empty page. */
+            first_id: string | null;
+            /** @description Id of the last item; pass it as `after` for the next page. */
+            last_id: string | null;
+            has_more: boolean;
         };
         /** ChatCompletionContentPartText */
         ChatCompletionContentPartText: {
@@ -5829,6 +5846,67 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listDatasets: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor: the id of the last item seen (`last_id` of the previous page). An `after` naming the
+                 *     last item returns an empty page with `has_more: false`.
+                 * @example 0193a0b4-7e40-7b42-8d5f-6a7b8c9d0e12
+                 */
+                after?: components["parameters"]["After"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+                /**
+                 * @description Only the datasets uploaded with this `name`.
+                 * @example support-sft-v1
+                 */
+                name?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description One page of datasets. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *           "object": "dataset",
+                     *           "url": "dataset://0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *           "name": "support-sft-v1",
+                     *           "bytes": 208,
+                     *           "lines": 2,
+                     *           "created_at": 1795420000
+                     *         }
+                     *       ],
+                     *       "first_id": "0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *       "last_id": "0193a0b3-f0e1-7d2c-ab3c-4d5e6f708192",
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["DatasetList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
         };

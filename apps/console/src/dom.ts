@@ -41,14 +41,58 @@ export function mount(parent: Element, ...children: Child[]): void {
   append(parent, children);
 }
 
+/** The server's name pattern (`Name`, `ProjectId`'s parts, dataset names), as a person reads it. */
+const NAME_RULE = "may use letters, digits, '.', '_' and '-' (and is not '.' or '..')";
+
+/** A field as the console's forms label it. */
+function fieldName(param: string): string {
+  const last =
+    param
+      .split(/[.[\]]/)
+      .filter(Boolean)
+      .at(-1) ?? param;
+  const words = last.replace(/_id$/, "").replace(/_/g, " ");
+  return words.charAt(0).toUpperCase() + words.slice(1);
+}
+
+/**
+ * What a validator says (`name: must match pattern "^(?!\.\.?$)[A-Za-z0-9._-]+$"`), and what
+ * an API client is told to send (`send return_existing: true`), said for a console user.
+ */
+export function humanMessage(message: string): string {
+  const validator = /^(\d{3} )?([\w.[\]]+): (must .*)$/.exec(message);
+  if (validator) {
+    const [, status = "", param = "", rule = ""] = validator;
+    const what = fieldName(param);
+    const pattern = /^must match pattern "(.*)"$/.exec(rule)?.[1];
+    if (pattern !== undefined) {
+      if (!pattern.includes("A-Za-z0-9._-")) return `${status}${what} is not in the expected form.`;
+      return pattern.includes("/")
+        ? `${status}${what} reads entity/project, and each part ${NAME_RULE}.`
+        : `${status}${what} ${NAME_RULE}.`;
+    }
+    const bound = /^must be (<=|>=|<|>) (.+)$/.exec(rule);
+    if (bound) {
+      const words = { "<=": "at most", ">=": "at least", "<": "less than", ">": "more than" };
+      return `${status}${what} must be ${words[bound[1] as keyof typeof words]} ${bound[2]}.`;
+    }
+    const length = /^must NOT have (more|fewer) than (\d+) characters$/.exec(rule);
+    if (length)
+      return `${status}${what} must have ${length[1] === "more" ? "at most" : "at least"} ${length[2]} characters.`;
+    if (rule === "must be integer") return `${status}${what} must be a whole number.`;
+    return `${status}${what} ${rule}.`;
+  }
+  // API clients are told how to ask again; the console offers its own action instead.
+  return message.replace(/[;.] [Ss]end return_existing: true to get it\.?$/, ".");
+}
+
 /** An error as the user should read it: the API's message, with its status when it has one. */
 export function errorText(err: unknown): string {
   if (err instanceof Error) {
     const status = (err as { status?: number }).status;
+    const message = humanMessage(err.message);
     // API errors read "<status> <message>" already.
-    return status && !err.message.startsWith(`${status} `)
-      ? `${err.message} (HTTP ${status})`
-      : err.message;
+    return status && !message.startsWith(`${status} `) ? `${message} (HTTP ${status})` : message;
   }
   return String(err);
 }

@@ -1,4 +1,5 @@
 import {
+  adminKeyPath,
   type Config,
   type MetricsAccess,
   type Role,
@@ -30,6 +31,15 @@ export interface AppConfig {
   hub: { endpoint: string; token: string | undefined };
   /** Memory the adapter uploads in progress may hold together (`ARBOR_UPLOAD_MEMORY_BYTES`). */
   uploadMemoryBytes: number;
+  /** The first admin key's file, for the console's sign-in page to name: set only when the
+   * server listens on a loopback address, where whoever sees the page is on this machine
+   * (ADR 67). */
+  adminKeyPath?: string;
+}
+
+/** `127.0.0.1`, `::1`, `localhost`: only this machine reaches it. */
+function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
 
 /** The app's part of the configuration, requests and responses validated. */
@@ -43,6 +53,7 @@ export function appConfigOf(config: Config): AppConfig {
     metrics: config.metrics,
     hub: { endpoint: config.hfEndpoint, token: config.hfToken },
     uploadMemoryBytes: config.uploadMemoryBytes,
+    ...(isLoopback(config.host) ? { adminKeyPath: adminKeyPath(config.dataDir) } : {}),
     rateLimits: {
       keyRequestsPerMinute: config.keyRequestsPerMinute,
       projectRequestsPerMinute: config.projectRequestsPerMinute,

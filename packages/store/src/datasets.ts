@@ -1,4 +1,11 @@
-import { type Clock, type Page, type PageOptions, pageLimit, toPage } from "./common.ts";
+import {
+  type Clock,
+  type Page,
+  type PageOptions,
+  pageLimit,
+  placeholders,
+  toPage,
+} from "./common.ts";
 import { unixSeconds, uuidv7 } from "./ids.ts";
 import { num, type RowOf, rowSchema, str, strOrNull } from "./rows.ts";
 import { inList, presentAmong, type Sql } from "./sql.ts";
@@ -62,11 +69,23 @@ export class DatasetsRepo {
     return row ? DATASETS.read(row) : undefined;
   }
 
-  async list(entity: string, options: PageOptions = {}): Promise<Page<Dataset>> {
+  /** The datasets of these entities, by id (oldest first, or newest with `order: "desc"`);
+   * only those uploaded under `name` when given. */
+  async list(
+    entities: string | readonly string[],
+    options: PageOptions & { name?: string; order?: "asc" | "desc" } = {},
+  ): Promise<Page<Dataset>> {
+    const list = typeof entities === "string" ? [entities] : [...entities];
     const limit = pageLimit(options.limit);
+    if (list.length === 0) return toPage([], limit);
+    const desc = options.order === "desc";
     const rows = await this.#sql.query(
-      `SELECT ${DATASETS.columns()} FROM datasets WHERE entity = $1 AND (CAST($2 AS TEXT) IS NULL OR id > $2) ORDER BY id LIMIT $3`,
-      [entity, options.after ?? null, limit + 1],
+      `SELECT ${DATASETS.columns()} FROM datasets
+       WHERE entity IN (${placeholders(list.length, 4)})
+         AND (CAST($1 AS TEXT) IS NULL OR id ${desc ? "<" : ">"} $1)
+         AND (CAST($2 AS TEXT) IS NULL OR name = $2)
+       ORDER BY id ${desc ? "DESC" : "ASC"} LIMIT $3`,
+      [options.after ?? null, options.name ?? null, limit + 1, ...list],
     );
     return toPage(rows.map(DATASETS.read), limit);
   }

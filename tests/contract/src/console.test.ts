@@ -108,6 +108,10 @@ describe.skipIf(missing)("the console in a browser", () => {
     // 1. Sign in.
     await page.goto(`${base}/`);
     await page.waitForURL(/\/console\/#\/signin|\/console\/$/);
+    // The hint names where this server wrote its key (it listens on loopback).
+    expect(await page.locator("main small").first().textContent()).toContain(
+      join(server.dataDir, "admin.key"),
+    );
     // A bad key gets a message, not a blank page.
     allowOnce("HTTP 401: GET /v1/preview/models");
     await page.getByLabel("API key").fill("not-a-key");
@@ -124,9 +128,36 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.getByRole("button", { name: "Create model" }).click();
     await page.getByRole("heading", { name: "default/demo/browser", exact: true }).waitFor();
     await shot("model");
+    // The same name again: the console says what exists and offers to open it, where the API
+    // tells a client to send return_existing.
+    await page.getByRole("link", { name: "Models", exact: true }).click();
+    allowOnce("HTTP 409: POST /v1/preview/models");
+    await page.getByLabel("Name", { exact: true }).fill("browser");
+    await page.getByRole("button", { name: "Create model" }).click();
+    const exists = page.getByRole("alert").filter({ hasText: "exists" });
+    await exists.waitFor();
+    expect(await exists.textContent()).toContain("A model named browser exists in project demo");
+    expect(await exists.textContent()).not.toContain("return_existing");
+    await exists.getByRole("button", { name: "Open it" }).click();
+    await page.getByRole("heading", { name: "default/demo/browser", exact: true }).waitFor();
 
-    // 2. Upload a dataset: first one with a bad line, shown in place by its number.
+    // 2. Upload a dataset: first under a name the API refuses, said in words, not a regex.
     await page.getByRole("link", { name: "Datasets", exact: true }).click();
+    allowOnce("HTTP 400: POST /v1/preview/datasets");
+    await page.getByLabel("JSONL file").setInputFiles({
+      name: "answers.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from(dataset()),
+    });
+    await page.getByLabel("Name", { exact: true }).fill("json answers");
+    await page.getByRole("button", { name: "Upload", exact: true }).click();
+    const named = page.getByRole("alert").filter({ hasText: "Name" });
+    await named.waitFor();
+    expect(await named.textContent()).toBe(
+      "400 Name may use letters, digits, '.', '_' and '-' (and is not '.' or '..').",
+    );
+    await page.getByLabel("Name", { exact: true }).fill("");
+    // Then one with a bad line, shown in place by its number.
     allowOnce("HTTP 400: POST /v1/preview/datasets");
     const bad = dataset().split("\n");
     bad[2] = '{"messages": "not a list"}';
@@ -156,6 +187,7 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.getByLabel("Batch size").fill("2");
     await page.getByRole("button", { name: "Start SFT job" }).click();
     await page.getByRole("heading", { name: /SFT job/ }).waitFor();
+    const firstJob = page.url();
 
     // 4. The loss curve gains points while the job runs.
     const loss = page.locator('figure[data-metric="Loss"] [data-points]');
@@ -172,6 +204,19 @@ describe.skipIf(missing)("the console in a browser", () => {
     const growing = [...seen].filter((n) => n > 0 && n < final);
     expect(growing.length, `points seen while running: ${[...seen]}`).toBeGreaterThan(0);
     expect(final).toBe(720); // 48 examples × 30 epochs / batch 2
+    expect(await page.locator(".progress").textContent()).toBe("Step 720 / 720");
+    // Smoothing draws an EMA over the faint raw line; a log scale; both undone.
+    await page.getByLabel("Smoothing").fill("0.6");
+    await page.locator('figure[data-metric="Loss"][data-smoothing="0.6"]').waitFor();
+    expect(await page.locator(".u-legend").first().textContent()).toContain("(smoothed)");
+    await page.getByLabel("Log scale").check();
+    await page.locator('figure[data-metric="Loss"][data-scale="log"]').waitFor();
+    await shot("training-job-smoothed");
+    await page.getByLabel("Smoothing").fill("0");
+    await page.getByLabel("Log scale").uncheck();
+    await page
+      .locator('figure[data-metric="Loss"][data-scale="linear"][data-smoothing="0"]')
+      .waitFor();
     await shot("training-job");
 
     // 5. Chat with the checkpoint, streamed.
@@ -193,6 +238,75 @@ describe.skipIf(missing)("the console in a browser", () => {
     expect(await page.locator("table.logprobs tbody tr").count()).toBeGreaterThan(0);
     await shot("playground");
 
+    // A second job, cancelled by the user: a neutral "Cancelled", not a red error; then the
+    // first job overlaid on its curves.
+    await page.getByRole("link", { name: "Datasets", exact: true }).click();
+    await page.getByLabel("JSONL file").setInputFiles({
+      name: "reversals.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from(dataset()),
+    });
+    await page.getByRole("button", { name: "Upload" }).click();
+    await page.getByLabel("Epochs").fill("100");
+    await page.getByLabel("Batch size").fill("1");
+    await page.getByRole("button", { name: "Start SFT job" }).click();
+    await page.getByRole("heading", { name: /SFT job/ }).waitFor();
+    expect(page.url()).not.toBe(firstJob);
+    await page.getByRole("button", { name: "Cancel job" }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Cancel job" }).click();
+    await page.locator(".status", { hasText: "cancelled" }).first().waitFor();
+    expect(await page.locator(".status").first().textContent()).toBe("cancelled");
+    expect(await page.locator(".note").textContent()).toMatch(/^Cancelled\./);
+    expect(await page.locator("main [role=alert]").count()).toBe(0);
+    // (The page's code is given as text: this package's types have no DOM.)
+    const colors = (await page.evaluate(`(() => {
+      const danger = document.createElement("span");
+      danger.style.color = "var(--danger)";
+      document.body.append(danger);
+      const out = {
+        status: getComputedStyle(document.querySelector(".status")).color,
+        danger: getComputedStyle(danger).color,
+      };
+      danger.remove();
+      return out;
+    })()`)) as { status: string; danger: string };
+    expect(colors.status).not.toBe(colors.danger);
+    await shot("job-cancelled");
+    const firstId = new URL(firstJob).hash.split("/")[2]!;
+    await page.getByLabel("Overlay another job of this model").selectOption(firstId);
+    await page.waitForURL(new RegExp(`\\?compare=${firstId}$`));
+    // Both jobs' lines, the overlaid one with all its 720 steps.
+    await page
+      .locator('figure[data-metric="Loss"] .u-legend')
+      .filter({ hasText: `SFT ${firstId.slice(0, 13)}` })
+      .waitFor();
+    await expect
+      .poll(
+        async () =>
+          Number(
+            await page
+              .locator('figure[data-metric="Loss"] [data-points]')
+              .getAttribute("data-points"),
+          ),
+        PATIENT,
+      )
+      .toBeGreaterThanOrEqual(720);
+
+    // The datasets uploaded are listed, newest first; Open shows one again, ready to train on.
+    await page.getByRole("link", { name: "Datasets", exact: true }).click();
+    const uploaded = page.locator("table.datasets tbody tr");
+    await uploaded.first().waitFor();
+    expect(await uploaded.count()).toBe(2);
+    expect(await page.getByRole("button", { name: "Load more" }).isVisible()).toBe(false);
+    await uploaded
+      .first()
+      .getByRole("button", { name: /^Open / })
+      .click();
+    await page.getByRole("heading", { name: "Stored", exact: true }).waitFor();
+    expect(await page.locator("[data-lines]").getAttribute("data-lines")).toBe("48");
+    await page.getByRole("button", { name: "Start SFT job" }).waitFor();
+    await shot("datasets");
+
     // The other pages load cleanly.
     await page.getByRole("link", { name: "Jobs", exact: true }).click();
     await page.getByRole("heading", { name: "Training jobs", exact: true }).waitFor();
@@ -202,7 +316,44 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.getByRole("link", { name: "Usage", exact: true }).click();
     await page.getByRole("heading", { name: "Usage", exact: true }).waitFor();
     await page.locator("table.usage").waitFor();
+    // 30 days in weekly bars; the checkpoint chatted with sits under its model; no price: "—".
+    expect(await page.locator("figure[data-bucket]").getAttribute("data-bucket")).toBe("week");
+    expect(await page.locator("table.usage td.model").first().textContent()).toBe(
+      "default/demo/browser",
+    );
+    expect(await page.locator("table.usage td.checkpoint").first().textContent()).toMatch(
+      /^step\d+$/,
+    );
+    // Show validates the project (its pattern is valid under the v flag) and applies the range.
+    await page.getByLabel("Costs").check();
+    await page.getByRole("button", { name: "Show", exact: true }).click();
+    await page.waitForURL(/#\/usage\?.*costs=1/);
+    await page.locator("table.usage th", { hasText: "Cost" }).waitFor();
+    expect(
+      await page.locator("table.usage tbody tr").first().locator("td").last().textContent(),
+    ).toBe("—");
+    // A project not in entity/project form is caught in the form, not sent.
+    await page.getByLabel("Project").fill("no-slash");
+    await page.getByRole("button", { name: "Show", exact: true }).click();
+    expect(
+      await page.evaluate(`document.querySelector("input[name=project]").validity.patternMismatch`),
+    ).toBe(true);
     await shot("usage");
+
+    // On a phone (390 px) the jobs table fits: nothing scrolls sideways.
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.goto(`${base}/console/#/jobs`);
+    await page.locator("table.jobs tbody tr").first().waitFor();
+    const overflow = await page.evaluate(`(() => {
+      const t = document.querySelector("table.jobs");
+      return {
+        page: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+        table: t.scrollWidth - t.parentElement.clientWidth,
+      };
+    })()`);
+    expect(overflow).toEqual({ page: 0, table: 0 });
+    await shot("jobs-390");
+    await page.setViewportSize({ width: 1280, height: 900 });
 
     // Dark mode reads as well.
     await page.emulateMedia({ colorScheme: "dark" });
@@ -210,6 +361,25 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.locator("tbody tr").first().waitFor();
     await shot("jobs-dark");
     await page.emulateMedia({ colorScheme: "light" });
+
+    // The model's own controls: prune its step-0 checkpoint, then delete it; then sign out.
+    await page.getByRole("link", { name: "Models", exact: true }).click();
+    await page.getByRole("link", { name: "default/demo/browser", exact: true }).click();
+    await page.getByRole("heading", { name: "Checkpoints", exact: true }).waitFor();
+    const checkpointRows = page
+      .locator("section.card", { hasText: "Checkpoints" })
+      .locator("tbody tr");
+    const before = await checkpointRows.count();
+    await page.getByLabel("Select step 0", { exact: true }).check();
+    await page.getByRole("button", { name: "Prune selected" }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Prune" }).click();
+    await expect.poll(() => checkpointRows.count(), PATIENT).toBe(before - 1);
+    await page.getByRole("link", { name: "Models", exact: true }).click();
+    await page.getByRole("button", { name: "Delete", exact: true }).click();
+    await page.getByRole("dialog").getByRole("button", { name: "Delete model" }).click();
+    await page.getByText("No trained models yet").waitFor();
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.getByRole("heading", { name: "Sign in", exact: true }).waitFor();
 
     expect(problems).toEqual([]);
     expect(expected).toEqual([]);
@@ -265,6 +435,12 @@ describe.skipIf(missing)("the console in a browser", () => {
     const step = await cells(5);
     expect([...step.slice(0, 5), step[5]]).toEqual(["5", "optim_step", "succeeded", "—", "—", "3"]);
     const loss = page.locator('figure[data-metric="Loss"] [data-points]');
+    expect(await loss.getAttribute("data-points")).toBe("3");
+    await page.getByLabel("Smoothing").fill("0.5");
+    await page.getByLabel("Log scale").check();
+    await page
+      .locator('figure[data-metric="Loss"][data-smoothing="0.5"][data-scale="log"]')
+      .waitFor();
     expect(await loss.getAttribute("data-points")).toBe("3");
     expect(
       await page.locator('figure[data-metric="Tokens"] [data-points]').getAttribute("data-points"),

@@ -209,6 +209,101 @@ describe("createDataset", () => {
   });
 });
 
+describe("listDatasets", () => {
+  const list = (query: { after?: string; limit?: number; name?: string } = {}, as = client) =>
+    as.GET("/v1/preview/datasets", { params: { query } });
+
+  it("when a tenant uploaded three datasets, then they are listed newest first, a page at a time, and no one else's", async () => {
+    const tenant = await server.newTenant("lister");
+    const other = await server.newTenant("other-lister");
+    const ids: string[] = [];
+    for (const name of ["first", "second", "third"]) {
+      const { data } = await upload(good, { name, as: tenant.client });
+      ids.push(data!.id);
+    }
+    await upload(good, { name: "first", as: other.client });
+
+    const page1 = await list({ limit: 2 }, tenant.client);
+    expect(page1.response.status).toBe(200);
+    expect(page1.data).toEqual({
+      object: "list",
+      data: [
+        {
+          id: ids[2],
+          object: "dataset",
+          url: `dataset://${ids[2]}`,
+          name: "third",
+          bytes: Buffer.byteLength(good),
+          lines: 2,
+          created_at: expect.any(Number),
+        },
+        expect.objectContaining({ id: ids[1], name: "second" }),
+      ],
+      first_id: ids[2],
+      last_id: ids[1],
+      has_more: true,
+    });
+    const page2 = await list({ limit: 2, after: page1.data!.last_id! }, tenant.client);
+    expect(page2.data).toEqual({
+      object: "list",
+      data: [expect.objectContaining({ id: ids[0], name: "first" })],
+      first_id: ids[0],
+      last_id: ids[0],
+      has_more: false,
+    });
+  });
+
+  it("when a name is given, then only the datasets uploaded under it", async () => {
+    const tenant = await server.newTenant("name-lister");
+    const a = (await upload(good, { name: "answers", as: tenant.client })).data!;
+    await upload(good, { name: "questions", as: tenant.client });
+    const b = (await upload(good, { name: "answers", as: tenant.client })).data!;
+    const { data } = await list({ name: "answers" }, tenant.client);
+    expect(data!.data.map((d) => d.id)).toEqual([b.id, a.id]);
+    expect((await list({ name: "nothing-here" }, tenant.client)).data).toEqual({
+      object: "list",
+      data: [],
+      first_id: null,
+      last_id: null,
+      has_more: false,
+    });
+  });
+
+  it("when a tenant has uploaded nothing, then the list is empty", async () => {
+    const tenant = await server.newTenant("empty-lister");
+    expect((await list({}, tenant.client)).data).toEqual({
+      object: "list",
+      data: [],
+      first_id: null,
+      last_id: null,
+      has_more: false,
+    });
+  });
+
+  it("when limit is out of range, then 400 with the contract's envelope", async () => {
+    const { response, error } = await list({ limit: 0 });
+    expect(response.status).toBe(400);
+    expect(error).toEqual({
+      error: {
+        message: expect.stringMatching(/^limit: /),
+        type: "invalid_request_error",
+        param: "limit",
+        code: null,
+      },
+    });
+  });
+
+  it("when the client lists, then it pages through every dataset", async () => {
+    const tenant = await server.newTenant("client-lister");
+    const uploaded: string[] = [];
+    for (let i = 0; i < 3; i++)
+      uploaded.push((await tenant.client.training.datasets.create(good, { name: `set${i}` })).id);
+    const seen: string[] = [];
+    for await (const d of tenant.client.training.datasets.list({ limit: 1 })) seen.push(d.id);
+    expect(seen).toEqual([...uploaded].reverse());
+  });
+});
+
 describe("listDatasetLines", () => {
   const lines = (id: string, query: { after?: string; limit?: number } = {}, as = client) =>
     as.GET("/v1/preview/datasets/{dataset_id}/lines", {

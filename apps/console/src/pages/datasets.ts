@@ -1,12 +1,15 @@
 import type { Dataset, DatasetLine, Model } from "@arbor/client";
-import { alertBox, empty, field, h, mount, num, table } from "../dom.ts";
+import { alertBox, empty, field, h, mount, num, table, time } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 import { all, modelName } from "./models.ts";
 
-/** Upload a JSONL file (a bad line is shown in place, by number), see what was stored, and
- * start an SFT job on it. */
+/** The datasets uploaded before (newest first, a page at a time; open one to see its lines and
+ * train on it); upload a JSONL file (a bad line is shown in place, by number), see what was
+ * stored, and start an SFT job on it. */
 export async function datasetsPage({ root }: PageContext): Promise<void> {
+  const listed = h("div");
+  const more = h("button", { type: "button", hidden: true }, "Load more");
   const file = h("input", {
     type: "file",
     name: "file",
@@ -19,6 +22,7 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
   mount(
     root,
     h("h1", null, "Datasets"),
+    h("section", { class: "card" }, h("h2", null, "Uploaded"), listed, more),
     h(
       "form",
       {
@@ -35,6 +39,8 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
               ...(name.value ? { name: name.value } : {}),
             });
             await showDataset(result, dataset);
+            shown.unshift(dataset);
+            drawList();
           } catch (err) {
             mount(result, await badLine(err, chosen));
           } finally {
@@ -56,6 +62,68 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
     ),
     result,
   );
+
+  const shown: Dataset[] = [];
+  const drawList = () =>
+    mount(
+      listed,
+      shown.length === 0
+        ? empty("No datasets yet: upload a JSONL file below.")
+        : table(
+            ["Name", "Lines", "Size", "Uploaded", ""],
+            shown.map((d) => [
+              d.name ?? h("span", { class: "subtle" }, "(no name)"),
+              num(d.lines),
+              bytes(d.bytes),
+              time(d.created_at),
+              h(
+                "td",
+                { class: "actions" },
+                h(
+                  "button",
+                  {
+                    type: "button",
+                    "aria-label": `Open ${d.name ?? d.id}`,
+                    onclick: async () => {
+                      mount(result, h("p", null, "Loading…"));
+                      try {
+                        await showDataset(result, d);
+                        result.scrollIntoView({ block: "start" });
+                      } catch (err) {
+                        mount(result, alertBox(err));
+                      }
+                    },
+                  },
+                  "Open",
+                ),
+              ),
+            ]),
+            { class: "datasets" },
+          ),
+    );
+  let page = await api().training.datasets.list({ limit: 20 });
+  shown.push(...page.data);
+  drawList();
+  more.hidden = !page.hasNextPage();
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    try {
+      page = await page.nextPage();
+      shown.push(...page.data);
+      drawList();
+      more.hidden = !page.hasNextPage();
+    } catch (err) {
+      listed.append(alertBox(err));
+    } finally {
+      more.disabled = false;
+    }
+  });
+}
+
+function bytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KB`;
+  return `${(n / 1024 / 1024).toFixed(1)} MB`;
 }
 
 /** The server names the first bad line (`Line 3: …`): show the file around it. */

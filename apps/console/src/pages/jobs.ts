@@ -1,6 +1,7 @@
 import type { TrainingJob, TrainingJobEvent } from "@arbor/client";
-import { type Line, MetricChart } from "../chart.ts";
+import { chartControls, type Line, MetricChart } from "../chart.ts";
 import { alertBox, confirmAction, field, h, mount, num, time } from "../dom.ts";
+import { eta } from "../format.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 import { all, jobsTable, modelName } from "./models.ts";
@@ -152,6 +153,7 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
         h("span", { class: "spacer" }),
         field("Overlay another job of this model", compare),
       ),
+      chartControls(charts),
       h(
         "div",
         { class: "charts" },
@@ -174,11 +176,31 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
   const latest = new Map<string, number>();
   /** Where the job went on after its worker died, one entry per resumed run. */
   const resumes: string[] = [];
-  const drawSummary = (current: TrainingJob) =>
+  const progress: Progress = {
+    step: job.progress?.step ?? null,
+    total: job.progress?.total_steps ?? null,
+    anchor: null,
+    last: null,
+  };
+  /** The job as last known: an ended one stays ended while the rest of its events arrive (a
+   * cancelled job's worker reports the step it was in). */
+  let current = job;
+  const drawSummary = (next: TrainingJob) => {
+    const ended = current.status !== "queued" && current.status !== "running";
+    if (ended && (next.status === "queued" || next.status === "running")) return;
+    current = next;
     mount(
       summary,
-      jobSummary(current, model ? modelName(model) : current.model_id, latest, resumes),
+      jobSummary(
+        current,
+        model ? modelName(model) : current.model_id,
+        latest,
+        resumes,
+        progress,
+        drawSummary,
+      ),
     );
+  };
   drawSummary(job);
 
   await Promise.all(
@@ -196,13 +218,22 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
             if (event.type === "gradient_step") {
               for (const [k, v] of Object.entries(data))
                 if (typeof v === "number") latest.set(k, v);
-              drawSummary({ ...job, status: "running" });
+              const step = Number(data.gradient_step);
+              progress.step = step;
+              progress.last = { step, at: event.created_at };
+              progress.anchor ??= { step, at: event.created_at };
+              drawSummary({ ...current, status: "running" });
+            }
+            if (event.type === "training_started") {
+              // Each run (a resumed one too) plans its steps; the rate is measured from here.
+              if (typeof data.num_sequences === "number") progress.total = data.num_sequences;
+              progress.anchor = null;
             }
             if (event.type === "training_started" && typeof data.resumed_from_step === "number") {
               resumes.push(
                 `from step ${data.resumed_from_step}${typeof data.attempt === "number" ? ` (attempt ${data.attempt})` : ""}`,
               );
-              drawSummary({ ...job, status: "running" });
+              drawSummary({ ...current, status: "running" });
             }
             if (event.type === "training_ended" || event.type === "training_failed")
               drawSummary(await client.training.jobs.retrieve(job.id));
@@ -233,20 +264,42 @@ function apply(f: Followed, event: TrainingJobEvent): void {
   }
 }
 
+/** How far a job got, and from which two of its steps its pace is measured. */
+interface Progress {
+  step: number | null;
+  total: number | null;
+  anchor: { step: number; at: number } | null;
+  last: { step: number; at: number } | null;
+}
+
+/** `Step 171 / 600 · about 7 min left`. */
+function progressText(job: TrainingJob, p: Progress): string {
+  if (p.step === null) return job.status === "queued" ? "Not started" : "—";
+  const of = p.total !== null ? `Step ${num(p.step)} / ${num(p.total)}` : `Step ${num(p.step)}`;
+  if (job.status !== "running" || p.total === null || !p.anchor || !p.last) return of;
+  const left = eta(p.last.step - p.anchor.step, p.last.at - p.anchor.at, p.total - p.last.step);
+  return left ? `${of} · ${left}` : of;
+}
+
 function jobSummary(
   job: TrainingJob,
   model: string,
   latest: Map<string, number>,
   resumes: readonly string[],
+  progress: Progress,
+  changed: (job: TrainingJob) => void,
 ): HTMLElement {
   const running = job.status === "queued" || job.status === "running";
+  // The user's own cancel is a decision, not a failure: no red alert for it.
+  const cancelled = job.status === "cancelled";
   const rows: [string, Node | string][] = [
     ["Status", h("span", { class: `status ${job.status}` }, job.status)],
+    ["Progress", h("span", { class: "progress" }, progressText(job, progress))],
     ["Model", h("a", { href: `#/models/${job.model_id}` }, model)],
     ["Created", time(job.created_at)],
     ["Started", time(job.training_start)],
     ["Ended", time(job.training_end)],
-    ["Steps", `${job.step_from} → ${job.step_to ?? "…"}`],
+    ["Model steps", `${job.step_from} → ${job.step_to ?? "…"}`],
     ...(resumes.length > 0 ? [["Resumed", resumes.join(", ")] as [string, string]] : []),
     ...[...latest]
       .filter(([k]) => k === "loss" || k === "reward" || k === "gradient_step")
@@ -260,9 +313,15 @@ function jobSummary(
       { class: "grid" },
       rows.map(([k, v]) => [h("dt", null, k), h("dd", null, v)]),
     ),
-    job.error_message
-      ? h("div", { class: "alert", role: "alert" }, `Error: ${job.error_message}`)
-      : null,
+    cancelled
+      ? h(
+          "p",
+          { class: "note" },
+          "Cancelled. The checkpoints it saved stay; a new job can go on from the latest.",
+        )
+      : job.error_message
+        ? h("div", { class: "alert", role: "alert" }, `Error: ${job.error_message}`)
+        : null,
     h(
       "details",
       null,
@@ -278,6 +337,8 @@ function jobSummary(
             {
               class: "danger",
               onclick: async (e: Event) => {
+                // `currentTarget` is null once the event's dispatch is over: read it first.
+                const button = e.currentTarget as HTMLButtonElement;
                 if (
                   !(await confirmAction(
                     "Cancel this job? Its last checkpoint stays.",
@@ -285,8 +346,13 @@ function jobSummary(
                   ))
                 )
                   return;
-                (e.currentTarget as HTMLButtonElement).disabled = true;
-                await api().training.jobs.cancel(job.id);
+                button.disabled = true;
+                try {
+                  changed(await api().training.jobs.cancel(job.id));
+                } catch (err) {
+                  button.disabled = false;
+                  button.after(alertBox(err));
+                }
               },
             },
             "Cancel job",

@@ -1,4 +1,4 @@
-import type { Checkpoint, Model, TrainingJob } from "@arbor/client";
+import { type Checkpoint, ConflictError, type Model, type TrainingJob } from "@arbor/client";
 import { alertBox, confirmAction, empty, field, h, mount, num, table, time } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
@@ -139,7 +139,38 @@ function createForm(bases: string[]): HTMLElement {
           });
           location.hash = `#/models/${model.id}`;
         } catch (err) {
-          mount(status, alertBox(err));
+          if (!(err instanceof ConflictError)) {
+            mount(status, alertBox(err));
+            return;
+          }
+          // The API tells a client to ask again with return_existing; the console does it.
+          const wanted = { project: project.value, name: name.value, base_model: base.value };
+          mount(
+            status,
+            h(
+              "div",
+              { class: "alert", role: "alert" },
+              `A model named ${wanted.name} exists in project ${wanted.project} already. `,
+              h(
+                "button",
+                {
+                  type: "button",
+                  onclick: async () => {
+                    try {
+                      const model = await api().training.models.create({
+                        ...wanted,
+                        return_existing: true,
+                      });
+                      location.hash = `#/models/${model.id}`;
+                    } catch (again) {
+                      mount(status, alertBox(again));
+                    }
+                  },
+                },
+                "Open it",
+              ),
+            ),
+          );
         }
       },
     },
@@ -260,7 +291,7 @@ function renderCheckpoints(section: HTMLElement, model: Model, checkpoints: Chec
 
 export function jobsTable(jobs: TrainingJob[], names?: Map<string, string>): HTMLElement {
   if (jobs.length === 0) return empty("No training jobs yet.");
-  return table(
+  const t = table(
     ["Job", "Type", names ? "Model" : null, "Status", "Steps", "Created"],
     jobs.map((j) => [
       h("a", { href: `#/jobs/${j.id}` }, h("code", null, j.id.slice(0, 13))),
@@ -272,5 +303,10 @@ export function jobsTable(jobs: TrainingJob[], names?: Map<string, string>): HTM
       `${j.step_from} → ${j.step_to ?? "…"}`,
       time(j.created_at),
     ]),
+    { class: "jobs" },
   );
+  // On a phone the type and creation time give way, so the rest fits without scrolling sideways.
+  const optional = [1, names ? 5 : 4];
+  for (const row of t.rows) for (const i of optional) row.cells[i]?.classList.add("wide-only");
+  return t;
 }

@@ -1,5 +1,5 @@
 import type { TrainingOperationProgress, TrainingRun } from "@arbor/client";
-import { type Line, MetricChart } from "../chart.ts";
+import { chartControls, type Line, MetricChart } from "../chart.ts";
 import { alertBox, empty, field, h, mount, num, table } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
@@ -116,6 +116,7 @@ export async function runPage({ root, params, signal }: PageContext): Promise<vo
       "section",
       { class: "card" },
       h("h2", null, "Curves"),
+      chartControls(charts),
       h(
         "div",
         { class: "charts" },

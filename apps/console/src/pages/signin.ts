@@ -43,10 +43,24 @@ export async function signInPage({ root }: PageContext): Promise<void> {
       "Use an API key of this server. The console keeps it in this tab's session storage only.",
     ),
     notice ? alertBox(new Error(notice)) : null,
-    field("API key", key, "The first start prints one and writes it to ~/.arbor/admin.key."),
+    field("API key", key, await keyHint()),
     status,
   );
   const button = h("button", { type: "submit", class: "primary" }, "Sign in");
   form.append(button);
   mount(root, form);
+}
+
+/** Where the first start wrote its key: the server names the file when only this machine can
+ * reach it (it listens on loopback); otherwise where to look for it. */
+async function keyHint(): Promise<string> {
+  try {
+    const res = await fetch("/console/hints.json");
+    const hints = (await res.json()) as { admin_key_path?: string | null };
+    if (res.ok && hints.admin_key_path)
+      return `The first start prints one and writes it to ${hints.admin_key_path}.`;
+  } catch {
+    // An older server: the general hint below.
+  }
+  return "The first start prints one and writes it to admin.key in the server's data directory (ARBOR_DATA_DIR, ~/.arbor by default).";
 }

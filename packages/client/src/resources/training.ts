@@ -316,6 +316,22 @@ export class Datasets {
     );
   }
 
+  /** The datasets of every entity the key may use, newest first; `name` keeps those uploaded
+   * under it. */
+  list(
+    query: Omit<Query<"listDatasets">, "after"> = {},
+    options?: RequestOptions,
+  ): PagePromise<Dataset> {
+    return new PagePromise((after) =>
+      data(
+        this.#core.api.GET("/v1/preview/datasets", {
+          params: { query: { ...query, after } },
+          ...this.#core.init(options),
+        }),
+      ),
+    );
+  }
+
   /** The dataset's examples as parsed for training, in file order. */
   lines(datasetId: string, query: { limit?: number } = {}, options?: RequestOptions) {
     return new PagePromise<DatasetLine>((after) =>

@@ -4,7 +4,7 @@ import { consoleRoutes } from "./routes.ts";
 /** The web console's files, public. */
 export const consoleModule: ServerModule = {
   name: "console",
-  beforeAuthentication(app) {
-    app.use(consoleRoutes());
+  beforeAuthentication(app, { config }) {
+    app.use(consoleRoutes(config.adminKeyPath ?? null));
   },
 };

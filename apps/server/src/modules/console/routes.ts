@@ -7,9 +7,10 @@ import { CONSOLE_POLICY, withPolicy } from "../../http/security-headers.ts";
 /**
  * `/console`: the web console's static files (public: it signs in with an API key and calls
  * the same API as every client), `/` sends a browser there, and `/favicon.ico` answers for
- * pages such as `/docs` that ask for one.
+ * pages such as `/docs` that ask for one. `/console/hints.json` tells the sign-in page where the
+ * first admin key was written, when that is safe to show (`adminKeyPath` null otherwise).
  */
-export function consoleRoutes(): Router {
+export function consoleRoutes(adminKeyPath: string | null): Router {
   const router = Router();
   const index = join(consoleDir, "index.html");
   router.get("/", (_req, res) => res.redirect(302, "/console/"));
@@ -17,6 +18,10 @@ export function consoleRoutes(): Router {
     res.type("image/svg+xml").sendFile(join(consoleDir, "favicon.svg"), (err) => {
       if (err) res.status(404).end();
     });
+  });
+  router.get("/console/hints.json", (_req, res) => {
+    res.setHeader("cache-control", "no-cache");
+    res.json({ admin_key_path: adminKeyPath });
   });
   router.use(
     "/console",

@@ -26,6 +26,16 @@ export function datasetsHandlers(store: Store): Handlers {
       return datasetToWire(await createDataset(store, { entity: project.entity, name, text }));
     },
 
+    listDatasets: async ({ query, principal }) => {
+      const page = await store.datasets.list(principal.entities, {
+        after: query.after,
+        limit: query.limit ?? 20,
+        name: query.name,
+        order: "desc",
+      });
+      return { object: "list", ...page, data: page.data.map(datasetToWire) };
+    },
+
     listDatasetLines: async ({ params, query, principal }) => {
       const id = params.dataset_id;
       const dataset = await findOwned(principal, (entity) => store.datasets.get(entity, id));
