@@ -1,5 +1,6 @@
 /** A few DOM helpers: the console builds its pages from plain elements, so that links, buttons
  * and form controls keep the browser's own keyboard behaviour. */
+import type { Page } from "@arbor/client";
 
 export type Child = Node | string | number | null | undefined | false | Child[];
 type Props = Record<string, unknown>;
@@ -181,4 +182,43 @@ export function table(
       ),
     ),
   );
+}
+
+/**
+ * A list shown page by page: `draw` renders every item read so far into `results`; `more` (a
+ * "Load more" button) reads the next page, and is hidden after the last. A failed read is shown
+ * under the list and the button stays, to try again. `prepend` shows an item made on the page
+ * (an upload) first.
+ */
+export function pagedList<Item>(
+  first: Page<Item>,
+  results: Element,
+  more: HTMLButtonElement,
+  draw: (items: Item[]) => Child,
+): { prepend(item: Item): void } {
+  let page = first;
+  const shown = [...first.data];
+  const render = () => {
+    mount(results, draw(shown));
+    more.hidden = !page.hasNextPage();
+  };
+  render();
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    try {
+      page = await page.nextPage();
+      shown.push(...page.data);
+      render();
+    } catch (err) {
+      results.append(alertBox(err));
+    } finally {
+      more.disabled = false;
+    }
+  });
+  return {
+    prepend(item) {
+      shown.unshift(item);
+      render();
+    },
+  };
 }

@@ -1,5 +1,5 @@
 import type { Dataset, DatasetLine, Model } from "@arbor/client";
-import { alertBox, empty, field, h, mount, num, table, time } from "../dom.ts";
+import { alertBox, empty, field, h, mount, num, pagedList, table, time } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 import { all, modelName } from "./models.ts";
@@ -10,6 +10,7 @@ import { all, modelName } from "./models.ts";
 export async function datasetsPage({ root }: PageContext): Promise<void> {
   const listed = h("div");
   const more = h("button", { type: "button", hidden: true }, "Load more");
+  let list: { prepend(dataset: Dataset): void } | undefined;
   const file = h("input", {
     type: "file",
     name: "file",
@@ -39,8 +40,7 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
               ...(name.value ? { name: name.value } : {}),
             });
             await showDataset(result, dataset);
-            shown.unshift(dataset);
-            drawList();
+            list?.prepend(dataset);
           } catch (err) {
             mount(result, await badLine(err, chosen));
           } finally {
@@ -63,61 +63,41 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
     result,
   );
 
-  const shown: Dataset[] = [];
-  const drawList = () =>
-    mount(
-      listed,
-      shown.length === 0
-        ? empty("No datasets yet: upload a JSONL file below.")
-        : table(
-            ["Name", "Lines", "Size", "Uploaded", ""],
-            shown.map((d) => [
-              d.name ?? h("span", { class: "subtle" }, "(no name)"),
-              num(d.lines),
-              bytes(d.bytes),
-              time(d.created_at),
+  list = pagedList(await api().training.datasets.list({ limit: 20 }), listed, more, (shown) =>
+    shown.length === 0
+      ? empty("No datasets yet: upload a JSONL file below.")
+      : table(
+          ["Name", "Lines", "Size", "Uploaded", ""],
+          shown.map((d) => [
+            d.name ?? h("span", { class: "subtle" }, "(no name)"),
+            num(d.lines),
+            bytes(d.bytes),
+            time(d.created_at),
+            h(
+              "td",
+              { class: "actions" },
               h(
-                "td",
-                { class: "actions" },
-                h(
-                  "button",
-                  {
-                    type: "button",
-                    "aria-label": `Open ${d.name ?? d.id}`,
-                    onclick: async () => {
-                      mount(result, h("p", null, "Loading…"));
-                      try {
-                        await showDataset(result, d);
-                        result.scrollIntoView({ block: "start" });
-                      } catch (err) {
-                        mount(result, alertBox(err));
-                      }
-                    },
+                "button",
+                {
+                  type: "button",
+                  "aria-label": `Open ${d.name ?? d.id}`,
+                  onclick: async () => {
+                    mount(result, h("p", null, "Loading…"));
+                    try {
+                      await showDataset(result, d);
+                      result.scrollIntoView({ block: "start" });
+                    } catch (err) {
+                      mount(result, alertBox(err));
+                    }
                   },
-                  "Open",
-                ),
+                },
+                "Open",
               ),
-            ]),
-            { class: "datasets" },
-          ),
-    );
-  let page = await api().training.datasets.list({ limit: 20 });
-  shown.push(...page.data);
-  drawList();
-  more.hidden = !page.hasNextPage();
-  more.addEventListener("click", async () => {
-    more.disabled = true;
-    try {
-      page = await page.nextPage();
-      shown.push(...page.data);
-      drawList();
-      more.hidden = !page.hasNextPage();
-    } catch (err) {
-      listed.append(alertBox(err));
-    } finally {
-      more.disabled = false;
-    }
-  });
+            ),
+          ]),
+          { class: "datasets" },
+        ),
+  );
 }
 
 function bytes(n: number): string {

@@ -1,6 +1,6 @@
 import type { TrainingJob, TrainingJobEvent } from "@arbor/client";
 import { chartControls, type Line, MetricChart } from "../chart.ts";
-import { alertBox, confirmAction, field, h, mount, num, time } from "../dom.ts";
+import { alertBox, confirmAction, field, h, mount, num, pagedList, time } from "../dom.ts";
 import { eta } from "../format.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
@@ -44,30 +44,12 @@ export async function jobsPage({ root, query }: PageContext): Promise<void> {
     h("section", { class: "card" }, results, more),
   );
 
-  const shown: TrainingJob[] = [];
-  let page = await client.training.jobs.list({
+  const page = await client.training.jobs.list({
     limit: 20,
     ...(query.get("project") ? { project: query.get("project")! } : {}),
     ...(query.get("status") ? { status: query.get("status") as TrainingJob["status"] } : {}),
   });
-  const draw = () => {
-    mount(results, jobsTable(shown, names));
-    more.hidden = !page.hasNextPage();
-  };
-  shown.push(...page.data);
-  draw();
-  more.addEventListener("click", async () => {
-    more.disabled = true;
-    try {
-      page = await page.nextPage();
-      shown.push(...page.data);
-      draw();
-    } catch (err) {
-      results.append(alertBox(err));
-    } finally {
-      more.disabled = false;
-    }
-  });
+  pagedList(page, results, more, (shown) => jobsTable(shown, names));
 }
 
 /** The metrics of `gradient_step` events, each drawn over the job's steps. */

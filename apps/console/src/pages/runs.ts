@@ -1,6 +1,6 @@
 import type { TrainingOperationProgress, TrainingRun } from "@arbor/client";
 import { chartControls, type Line, MetricChart } from "../chart.ts";
-import { alertBox, empty, field, h, mount, num, table } from "../dom.ts";
+import { empty, field, h, mount, num, pagedList, table } from "../dom.ts";
 import type { PageContext } from "../main.ts";
 import { api } from "../session.ts";
 import { all } from "./models.ts";
@@ -42,29 +42,11 @@ export async function runsPage({ root, query }: PageContext): Promise<void> {
     h("div", { class: "row wrap" }, field("Status", status)),
     h("section", { class: "card" }, results, more),
   );
-  const shown: TrainingRun[] = [];
-  let page = await client.training.runs.list({
+  const page = await client.training.runs.list({
     limit: 20,
     ...(query.get("status") ? { status: query.get("status") as RunStatus } : {}),
   });
-  const draw = () => {
-    mount(results, runsTable(shown));
-    more.hidden = !page.hasNextPage();
-  };
-  shown.push(...page.data);
-  draw();
-  more.addEventListener("click", async () => {
-    more.disabled = true;
-    try {
-      page = await page.nextPage();
-      shown.push(...page.data);
-      draw();
-    } catch (err) {
-      results.append(alertBox(err));
-    } finally {
-      more.disabled = false;
-    }
-  });
+  pagedList(page, results, more, (shown) => runsTable(shown));
 }
 
 function runsTable(runs: TrainingRun[]): HTMLElement {

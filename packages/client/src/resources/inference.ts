@@ -1,6 +1,6 @@
 import type { Core, RequestOptions } from "../core.ts";
 import { data, PagePromise } from "../core.ts";
-import { unwrap } from "../errors.ts";
+import { type FetchResult, unwrap } from "../errors.ts";
 import type { components } from "../generated/schema.ts";
 import { follow } from "../retries.ts";
 import { sseJson } from "../sse.ts";
@@ -36,6 +36,27 @@ export class Stream<Item> implements AsyncIterable<Item> {
   }
 }
 
+/**
+ * Opens a streamed answer: `post` sends the request with these options (an abort signal of the
+ * Stream's own, `Accept: text/event-stream`); its body is read as server-sent JSON events up to
+ * `[DONE]` or the event `isLast` names. An error status is thrown as an APIError.
+ */
+async function streamed<Item>(
+  core: Core,
+  options: RequestOptions,
+  post: (init: ReturnType<Core["init"]>) => Promise<FetchResult<unknown>>,
+  isLast?: (event: Item) => boolean,
+): Promise<Stream<Item>> {
+  const controller = new AbortController();
+  follow(options.signal, controller);
+  const init = core.init({ ...options, signal: controller.signal });
+  const result = await post({ ...init, headers: { accept: "text/event-stream", ...init.headers } });
+  // openapi-fetch has already read an error's body into `result.error`.
+  if (!result.response.ok) unwrap(result);
+  const response = result.response;
+  return new Stream(() => sseJson<Item>(response, isLast), controller);
+}
+
 /** `client.chat.completions`, as openai-node names it. */
 export class Completions {
   readonly #core: Core;
@@ -67,19 +88,9 @@ export class Completions {
         api.POST("/v1/chat/completions", { body, ...this.#core.init(options) }),
       ) as Promise<ChatCompletion>;
     }
-    const controller = new AbortController();
-    follow(options.signal, controller);
-    const init = this.#core.init({ ...options, signal: controller.signal });
-    const result = await api.POST("/v1/chat/completions", {
-      body,
-      parseAs: "stream",
-      ...init,
-      headers: { accept: "text/event-stream", ...init.headers },
-    });
-    // openapi-fetch has already read an error's body into `result.error`.
-    if (!result.response.ok) unwrap(result);
-    const response = result.response;
-    return new Stream(() => sseJson<ChatCompletionChunk>(response), controller);
+    return streamed<ChatCompletionChunk>(this.#core, options, (init) =>
+      api.POST("/v1/chat/completions", { body, parseAs: "stream", ...init }),
+    );
   }
 }
 
@@ -111,20 +122,14 @@ export class Responses {
         api.POST("/v1/responses", { body, ...this.#core.init(options) }),
       ) as Promise<Response>;
     }
-    const controller = new AbortController();
-    follow(options.signal, controller);
-    const init = this.#core.init({ ...options, signal: controller.signal });
-    const result = await api.POST("/v1/responses", {
-      body,
-      parseAs: "stream",
-      ...init,
-      headers: { accept: "text/event-stream", ...init.headers },
-    });
-    if (!result.response.ok) unwrap(result);
-    const response = result.response;
     const terminal = (e: ResponseStreamEvent) =>
       e.type === "response.completed" || e.type === "response.incomplete";
-    return new Stream(() => sseJson<ResponseStreamEvent>(response, terminal), controller);
+    return streamed<ResponseStreamEvent>(
+      this.#core,
+      options,
+      (init) => api.POST("/v1/responses", { body, parseAs: "stream", ...init }),
+      terminal,
+    );
   }
 }
 
