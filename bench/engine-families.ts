@@ -61,6 +61,7 @@ import {
   buildShapeFolder,
   folderOf,
   ggufOf,
+  prebuiltLlama,
   ROOT,
   SEED,
   SHAPES,
@@ -297,17 +298,7 @@ async function trainingJob(shape: Shape, threads: number): Promise<object> {
 }
 
 async function llamaJob(shape: Shape, threads: number): Promise<object> {
-  const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
-  const llama = await getLlama({
-    gpu: false,
-    // Prebuilt binaries only (as apps/server loads it): never compile, never download.
-    build: "never",
-    skipDownload: true,
-    usePrebuiltBinaries: true,
-    progressLogs: false,
-    logLevel: LlamaLogLevel.error,
-    maxThreads: threads,
-  });
+  const llama = await prebuiltLlama(threads);
   const model = await llama.loadModel({ modelPath: ggufOf(shape), gpuLayers: 0 });
   const V = shape.config.vocab_size as number;
   const rng = new Rng(SEED + threads);

@@ -6,8 +6,8 @@
  * - quality: the mean KL divergence of q8's next-token distributions from BF16's over a fixed
  *   text (the shape's tokenizer), and top-1 agreement;
  * - LoRA-SFT on a q8 base against a BF16 one: tokens/s and peak RSS (each in its own process).
- * llama.cpp's file is the engine's own F32 GGUF export requantized to Q8_0 here
- * (bench/gguf-q8.ts).
+ * llama.cpp's file is the engine's own GGUF export in Q8_0 (`exportGguf(…, "q8_0")`), from the
+ * weights as loaded.
  * Usage: node bench/engine-q8.ts [shape keys, default smol] [--rounds N] [--no-train]
  */
 import { spawnSync } from "node:child_process";
@@ -19,6 +19,7 @@ import { createWasmKernels, type Kernels } from "@arbor/engine/kernels";
 import {
   createKvCache,
   distributionDistance,
+  exportGguf,
   forwardBatch,
   loadModel,
   type Model,
@@ -32,13 +33,12 @@ import type { Token } from "node-llama-cpp";
 import {
   buildShapeFolder,
   folderOf,
-  ggufOf,
+  prebuiltLlama,
   SEED,
   SHAPES,
   type Shape,
   shapeFolderIsCurrent,
 } from "./family-shapes.ts";
-import { requantizeGgufQ8_0 } from "./gguf-q8.ts";
 import { printTable } from "./torch.ts";
 
 const SELF = fileURLToPath(import.meta.url);
@@ -86,16 +86,7 @@ function engineRun(model: Model, kernels: Kernels, rng: Rng): Rates {
 }
 
 async function llamaRunner(shape: Shape, threads: number) {
-  const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
-  const llama = await getLlama({
-    gpu: false,
-    build: "never",
-    skipDownload: true,
-    usePrebuiltBinaries: true,
-    progressLogs: false,
-    logLevel: LlamaLogLevel.error,
-    maxThreads: threads,
-  });
+  const llama = await prebuiltLlama(threads);
   const model = await llama.loadModel({ modelPath: q8GgufOf(shape), gpuLayers: 0 });
   const context = await model.createContext({
     contextSize: 256,
@@ -281,8 +272,9 @@ async function main() {
   const train: (string | number | null)[][] = [];
   for (const shape of shapes) {
     if (!shapeFolderIsCurrent(shape)) await buildShapeFolder(shape);
-    if (!existsSync(q8GgufOf(shape)) && existsSync(ggufOf(shape))) {
-      requantizeGgufQ8_0(ggufOf(shape), q8GgufOf(shape));
+    if (!existsSync(q8GgufOf(shape))) {
+      // From the weights as loaded, as the F32 GGUF beside it: the engine's own Q8_0 export.
+      await exportGguf(await loadModel(folderOf(shape)), q8GgufOf(shape), shape.name, "q8_0");
     }
     speed.push(...(await inference(shape)));
     quals.push(await quality(shape));

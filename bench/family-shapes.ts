@@ -200,6 +200,23 @@ export async function buildShapeFolder(shape: Shape): Promise<void> {
 const stampOf = (shape: Shape) =>
   JSON.stringify({ version: FOLDER_VERSION, seed: SEED, config: shape.config, gguf: shape.gguf });
 
+/**
+ * llama.cpp through node-llama-cpp's prebuilt CPU binaries only (as apps/server loads it): never
+ * compiled, never downloaded; its own logs only for errors.
+ */
+export async function prebuiltLlama(maxThreads?: number) {
+  const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
+  return getLlama({
+    gpu: false,
+    build: "never",
+    skipDownload: true,
+    usePrebuiltBinaries: true,
+    progressLogs: false,
+    logLevel: LlamaLogLevel.error,
+    ...(maxThreads ? { maxThreads } : {}),
+  });
+}
+
 /** Whether the shape's folder was built, by this version of the builder. */
 export function shapeFolderIsCurrent(shape: Shape): boolean {
   const stamp = join(folderOf(shape), "stamp.json");

@@ -16,21 +16,19 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { catalogModelDir, exportGguf, loadModel } from "@arbor/engine/model";
 import type { Token } from "node-llama-cpp";
-import { buildShapeFolder, folderOf, SHAPES, shapeFolderIsCurrent } from "./family-shapes.ts";
+import {
+  buildShapeFolder,
+  folderOf,
+  prebuiltLlama,
+  SHAPES,
+  shapeFolderIsCurrent,
+} from "./family-shapes.ts";
 
 const { values } = parseArgs({ options: { chunks: { type: "string", default: "4" } } });
 const CHUNKS = Number(values.chunks);
 const text = readFileSync(new URL("../README.md", import.meta.url), "utf8");
 
-const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
-const llama = await getLlama({
-  gpu: false,
-  build: "never",
-  skipDownload: true,
-  usePrebuiltBinaries: true,
-  progressLogs: false,
-  logLevel: LlamaLogLevel.error,
-});
+const llama = await prebuiltLlama();
 
 /** Log-softmax of every scored position's logits, chunk by chunk, as llama.cpp computes them. */
 async function logProbs(path: string, vocab: number, nCtx: number): Promise<Float64Array[]> {
