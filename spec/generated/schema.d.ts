@@ -509,6 +509,291 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/files": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List files
+         * @description The files (datasets) of the key's entities, newest first (`order=asc` for oldest first),
+         *     paged with `after`. `purpose` filters as OpenAI's does: every file here is `fine-tune`.
+         */
+        get: operations["listFiles"];
+        put?: never;
+        /**
+         * Upload a fine-tuning file
+         * @description OpenAI's file upload, for fine-tuning files: `multipart/form-data` with the parts `file`
+         *     and `purpose` (`fine-tune`; any other purpose is 400), sent with a length or chunked, as
+         *     openai-node streams a file. The file is JSONL, one example per line: `{messages, tools?}`
+         *     for supervised jobs, `{input: {messages, tools?}, preferred_output, non_preferred_output}`
+         *     for DPO. Every line is checked before the file is stored, and a bad one is 400 naming its
+         *     line (`invalid_file_format`). At most 64 MB. The file is stored as one of the entity's
+         *     datasets (the key's entity, or `OpenAI-Project`'s): `listDatasets` lists it, and its
+         *     `dataset://` URL trains on it through the training API.
+         */
+        post: operations["createFile"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The file's id, `file-` followed by 32 hex digits, as `createFile` returns it.
+                 * @example file-0193a0b3f0e17d2cab3c4d5e6f708192
+                 */
+                file_id: components["parameters"]["FileId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Retrieve file
+         * @description A file of the key's entities; another entity's is 404.
+         */
+        get: operations["retrieveFile"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete file
+         * @description Deletes the file (the dataset and its JSONL). A file that a queued, running or paused job
+         *     trains or validates on is 409 (`file_in_use`); cancel the job first.
+         */
+        delete: operations["deleteFile"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}/content": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The file's id, `file-` followed by 32 hex digits, as `createFile` returns it.
+                 * @example file-0193a0b3f0e17d2cab3c4d5e6f708192
+                 */
+                file_id: components["parameters"]["FileId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Retrieve file content
+         * @description The file's bytes as uploaded.
+         */
+        get: operations["retrieveFileContent"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List fine-tuning jobs
+         * @description The fine-tuning jobs of the key's entities, newest first, paged with `after` (the last
+         *     job's id). `metadata[k]=v` keeps the jobs whose metadata has `k` equal to `v` (every
+         *     pair given must match); `metadata=null` keeps those without metadata.
+         */
+        get: operations["listFineTuningJobs"];
+        put?: never;
+        /**
+         * Create fine-tuning job
+         * @description OpenAI's fine-tuning job, run as an Arbor SFT training job on a model of its own (ADR 70):
+         *     the job trains a LoRA adapter on `model` (a base served by the engine, or a fine-tuned
+         *     model, continued from its latest checkpoint), checkpointing as it goes, and on success
+         *     `fine_tuned_model` names it for chat. `method`: `supervised` (default) or `dpo`;
+         *     `reinforcement` is 400 (`unsupported_method`). The files must be the entity's
+         *     (`training_file` 400 `invalid_training_file` otherwise) and hold lines of the method's
+         *     shape (400 naming the first line that does not). `seed` (default: drawn at random and
+         *     answered) makes the job repeatable. The job is bounded as SFT jobs are.
+         */
+        post: operations["createFineTuningJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * Retrieve fine-tuning job
+         * @description The job, with its status and, once it has succeeded, `fine_tuned_model`.
+         */
+        get: operations["retrieveFineTuningJob"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel fine-tuning job
+         * @description Cancels a job that has not ended; a running one stops at its next micro-batch. Checkpoints already written stay.
+         */
+        post: operations["cancelFineTuningJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause fine-tuning job
+         * @description Pauses a queued or running job: a running one stops at its next micro-batch and is not claimed again until it is resumed. Its checkpoints stay; on resume it goes on from the last one, training again the steps after it (the events say where it resumed).
+         */
+        post: operations["pauseFineTuningJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume fine-tuning job
+         * @description Queues a paused job again; it goes on from its last checkpoint.
+         */
+        post: operations["resumeFineTuningJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List fine-tuning events
+         * @description The job's events, newest first, as OpenAI lists them; `after` (an event's id) pages on to
+         *     older ones. Read from the training job's events (ADR 70): a `metrics` event per gradient step
+         *     (`step`, `total_steps`, `train_loss`, `learning_rate`, `num_tokens`, and DPO's rewards) and
+         *     per validation (`valid_loss`, `valid_mean_token_accuracy`), and `message` events for the
+         *     start, each checkpoint, the end or the failure (`level: error`), and the job's creation.
+         */
+        get: operations["listFineTuningEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        /**
+         * List fine-tuning checkpoints
+         * @description The checkpoints the job wrote to its model, newest first, with the metrics of their step
+         *     (`train_loss`, and `valid_loss` and `valid_mean_token_accuracy` at a validated step). Each
+         *     `fine_tuned_model_checkpoint` answers chat completions. A checkpoint pruned through the
+         *     training API is gone from this list too.
+         */
+        get: operations["listFineTuningJobCheckpoints"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -2115,8 +2400,12 @@ export interface components {
             type: "rl" | "sft";
             /** Format: uuid */
             model_id: string;
-            /** @enum {string} */
-            status: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+            /**
+             * @description `paused`: a job paused through OpenAI's fine-tuning API (`pauseFineTuningJob`), not run
+             *     until it is resumed; it goes on from its last checkpoint.
+             * @enum {string}
+             */
+            status: "queued" | "running" | "paused" | "succeeded" | "failed" | "cancelled";
             /** @description Unix seconds. */
             created_at: number;
             /** @description Unix seconds; null until the job runs. */
@@ -2728,6 +3017,248 @@ export interface components {
             already_present: boolean;
             /** @description Unix seconds when the pull finished. */
             created_at: number;
+        };
+        /**
+         * OpenAIFile
+         * @description An uploaded fine-tuning file, in OpenAI's `file` shape. It is one of Arbor's datasets: the
+         *     same JSONL, listed by `listDatasets` too, and `dataset://<uuid>` names it to the training API.
+         */
+        OpenAIFile: {
+            /** @description `file-` and the dataset's uuid as 32 hex digits. */
+            id: string;
+            /** @constant */
+            object: "file";
+            bytes: number;
+            /** @description Unix seconds. */
+            created_at: number;
+            filename: string;
+            /** @constant */
+            purpose: "fine-tune";
+            /**
+             * @description Every line is checked before the file is stored, so a stored file is processed.
+             * @constant
+             */
+            status: "processed";
+            status_details?: null;
+            /** @description Files do not expire. */
+            expires_at?: null;
+        };
+        /** OpenAIFileList */
+        OpenAIFileList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["OpenAIFile"][];
+            has_more: boolean;
+            first_id: string | null;
+            /** @description Pass it as `after` for the next page. */
+            last_id: string | null;
+        };
+        /** OpenAIFileDeleted */
+        OpenAIFileDeleted: {
+            id: string;
+            /** @constant */
+            object: "file";
+            /** @constant */
+            deleted: true;
+        };
+        /**
+         * FineTuningMetadata
+         * @description Up to 16 string pairs (keys up to 64 characters, values up to 512), as OpenAI's `metadata`.
+         */
+        FineTuningMetadata: {
+            [key: string]: string;
+        };
+        /**
+         * FineTuningJob
+         * @description OpenAI's `fine_tuning.job`. It is one of Arbor's SFT training jobs (its `training_job_id`),
+         *     training a model of its own (`model_id`); both are readable through the training API too.
+         *     `status`: `queued`, `running`, `paused`, `succeeded`, `failed` or `cancelled` (files are
+         *     checked at upload, so a job is never left `validating_files`).
+         */
+        FineTuningJob: {
+            id: string;
+            /** @constant */
+            object: "fine_tuning.job";
+            created_at: number;
+            error: {
+                code: string;
+                message: string;
+                param: string | null;
+            } | null;
+            /**
+             * @description `ft:<base>:<entity>:<suffix>:<short id>` once the job has succeeded (the base's name
+             *     without its owner, so the id has no `/`); chat with it at `/v1/chat/completions`.
+             */
+            fine_tuned_model: string | null;
+            finished_at: number | null;
+            hyperparameters: {
+                n_epochs?: number;
+                batch_size?: number | "auto";
+                learning_rate_multiplier?: number;
+                beta?: number;
+            };
+            model: string;
+            /** @description The entity that owns the job. */
+            organization_id: string;
+            result_files: string[];
+            seed: number;
+            /** @enum {string} */
+            status: "validating_files" | "queued" | "running" | "paused" | "succeeded" | "failed" | "cancelled";
+            /** @description Tokens in the sequences the job trained on, summed over its steps, once it has succeeded. */
+            trained_tokens: number | null;
+            training_file: string;
+            validation_file: string | null;
+            /** @description Unix seconds, estimated from the steps done so far while the job runs. */
+            estimated_finish: number | null;
+            metadata: {
+                [key: string]: string;
+            } | null;
+            method: {
+                /** @enum {string} */
+                type: "supervised" | "dpo";
+                supervised?: {
+                    hyperparameters?: Record<string, never>;
+                };
+                dpo?: {
+                    hyperparameters?: Record<string, never>;
+                };
+            };
+            integrations?: unknown[] | null;
+            /**
+             * Format: uuid
+             * @description Arbor's training job that runs this one.
+             */
+            training_job_id: string;
+            /**
+             * Format: uuid
+             * @description Arbor's trained model this job writes its checkpoints to.
+             */
+            model_id: string;
+        };
+        /** FineTuningJobList */
+        FineTuningJobList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["FineTuningJob"][];
+            has_more: boolean;
+        };
+        /**
+         * FineTuningHyperparameters
+         * @description OpenAI's hyperparameters, each a number or `auto`. `n_epochs` (1–50, auto: 3 up to 1,000
+         *     examples, fewer on larger files so a job sees about 3,000 examples, at least 1),
+         *     `batch_size` (1–256; auto: packed by tokens as Arbor's `batch_size: auto` does),
+         *     `learning_rate_multiplier` (a factor on Arbor's default LoRA rate for the base; auto: 1), and
+         *     for DPO `beta` (auto: 0.1). The job answers them resolved to numbers, except `batch_size`,
+         *     which stays `auto` when packed by tokens.
+         */
+        FineTuningHyperparameters: {
+            n_epochs?: "auto" | number;
+            batch_size?: "auto" | number;
+            learning_rate_multiplier?: "auto" | number;
+            beta?: "auto" | number;
+        };
+        /**
+         * FineTuningMethod
+         * @description How to fine-tune: `supervised` (the default) on `{messages}` lines, or `dpo` on preference
+         *     pairs (`{input: {messages}, preferred_output, non_preferred_output}` lines). `reinforcement`
+         *     (OpenAI's graders) is refused: Arbor's RL runs through its own RL jobs and training runs.
+         */
+        FineTuningMethod: {
+            /** @enum {string} */
+            type: "supervised" | "dpo" | "reinforcement";
+            supervised?: {
+                hyperparameters?: components["schemas"]["FineTuningHyperparameters"];
+            };
+            dpo?: {
+                hyperparameters?: components["schemas"]["FineTuningHyperparameters"];
+            };
+            reinforcement?: {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * CreateFineTuningJobRequest
+         * @description OpenAI's `fine_tuning.jobs.create` body.
+         */
+        CreateFineTuningJobRequest: {
+            /**
+             * @description A base model this server serves on its engine (`arbor/tiny-chat`, a pulled base), or a
+             *     fine-tuned model (`ft:…`), which a new job goes on training from its latest checkpoint.
+             */
+            model: string;
+            /** @description A file id from `createFile`. */
+            training_file: string;
+            validation_file?: string | null;
+            /** @description Up to 64 characters of letters, digits, `.`, `_` and `-`, named in `fine_tuned_model`. */
+            suffix?: string | null;
+            seed?: number | null;
+            metadata?: components["schemas"]["FineTuningMetadata"] | null;
+            method?: components["schemas"]["FineTuningMethod"];
+            hyperparameters?: components["schemas"]["FineTuningHyperparameters"];
+            /** @description OpenAI's W&B integration is refused (an empty list or null is accepted). */
+            integrations?: unknown[] | null;
+        };
+        /**
+         * FineTuningJobEvent
+         * @description One of the job's events in OpenAI's shape, read from Arbor's job events: `training_started`,
+         *     `checkpoint_saved`, `training_ended` and `training_failed` as `message` events, each
+         *     `gradient_step` (and each validation) as a `metrics` event whose `data` holds `step`,
+         *     `total_steps`, `train_loss` (and `valid_loss`, `valid_mean_token_accuracy` for a validation),
+         *     plus the job's creation as the first message.
+         */
+        FineTuningJobEvent: {
+            id: string;
+            /** @constant */
+            object: "fine_tuning.job.event";
+            created_at: number;
+            /** @enum {string} */
+            level: "info" | "warn" | "error";
+            message: string;
+            /** @enum {string} */
+            type: "message" | "metrics";
+            data: {
+                [key: string]: unknown;
+            };
+        };
+        /** FineTuningJobEventList */
+        FineTuningJobEventList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["FineTuningJobEvent"][];
+            has_more: boolean;
+        };
+        /**
+         * FineTuningJobCheckpoint
+         * @description One of the job's checkpoints, in OpenAI's shape; chat with `fine_tuned_model_checkpoint`.
+         */
+        FineTuningJobCheckpoint: {
+            /** @description `ftckpt-` and the checkpoint's uuid as 32 hex digits. */
+            id: string;
+            /** @constant */
+            object: "fine_tuning.job.checkpoint";
+            created_at: number;
+            /** @description `<fine-tuned model>:ckpt-step-<N>`. */
+            fine_tuned_model_checkpoint: string;
+            fine_tuning_job_id: string;
+            step_number: number;
+            metrics: {
+                step?: number;
+                train_loss?: number;
+                train_mean_token_accuracy?: number;
+                valid_loss?: number;
+                valid_mean_token_accuracy?: number;
+                full_valid_loss?: number;
+                full_valid_mean_token_accuracy?: number;
+            };
+        };
+        /** FineTuningJobCheckpointList */
+        FineTuningJobCheckpointList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["FineTuningJobCheckpoint"][];
+            has_more: boolean;
+            first_id: string | null;
+            last_id: string | null;
         };
         Health: {
             /** @constant */
@@ -4384,6 +4915,21 @@ export interface components {
          */
         DatasetId: string;
         /**
+         * @description The file's id, `file-` followed by 32 hex digits, as `createFile` returns it.
+         * @example file-0193a0b3f0e17d2cab3c4d5e6f708192
+         */
+        FileId: string;
+        /**
+         * @description Cursor, as OpenAI's clients page: the id of the last item of the previous page.
+         * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+         */
+        FineTuningAfter: string;
+        /**
+         * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+         * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+         */
+        FineTuningJobId: string;
+        /**
          * @description The run's id, as `resolveTrainingRun` returned it.
          * @example 0193a0c0-1d2e-7f30-8a4b-5c6d7e8f9a01
          */
@@ -5351,10 +5897,10 @@ export interface operations {
                  */
                 model_id?: string;
                 /**
-                 * @description Only jobs in this status.
+                 * @description Only jobs in this status (`queued` leaves out paused jobs).
                  * @example running
                  */
-                status?: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+                status?: "queued" | "running" | "paused" | "succeeded" | "failed" | "cancelled";
                 /**
                  * @description Only what belongs to this project (a model's `project`), in any entity the key may use.
                  * @example support-bot
@@ -6201,6 +6747,953 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+        };
+    };
+    listFiles: {
+        parameters: {
+            query?: {
+                /**
+                 * @description The id of the last file of the previous page.
+                 * @example file-0193a0b3f0e17d2cab3c4d5e6f708192
+                 */
+                after?: string;
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: number;
+                /**
+                 * @description By creation time.
+                 * @example desc
+                 */
+                order?: "asc" | "desc";
+                /**
+                 * @description Only files of this purpose (here, `fine-tune` or none).
+                 * @example fine-tune
+                 */
+                purpose?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of files. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *           "object": "file",
+                     *           "bytes": 48213,
+                     *           "created_at": 1795424300,
+                     *           "filename": "train.jsonl",
+                     *           "purpose": "fine-tune",
+                     *           "status": "processed",
+                     *           "status_details": null,
+                     *           "expires_at": null
+                     *         }
+                     *       ],
+                     *       "has_more": false,
+                     *       "first_id": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "last_id": "file-0193a0b3f0e17d2cab3c4d5e6f708192"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["OpenAIFileList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createFile: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    /**
+                     * Format: binary
+                     * @description The JSONL file.
+                     */
+                    file: string;
+                    /** @description Only `fine-tune`. */
+                    purpose: string;
+                    /** @description Accepted and ignored (files here do not expire). */
+                    expires_after?: string;
+                };
+            };
+        };
+        responses: {
+            /** @description The stored file. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "object": "file",
+                     *       "bytes": 48213,
+                     *       "created_at": 1795424300,
+                     *       "filename": "train.jsonl",
+                     *       "purpose": "fine-tune",
+                     *       "status": "processed",
+                     *       "status_details": null,
+                     *       "expires_at": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["OpenAIFile"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["ServiceUnavailable"];
+        };
+    };
+    retrieveFile: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The file's id, `file-` followed by 32 hex digits, as `createFile` returns it.
+                 * @example file-0193a0b3f0e17d2cab3c4d5e6f708192
+                 */
+                file_id: components["parameters"]["FileId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "object": "file",
+                     *       "bytes": 48213,
+                     *       "created_at": 1795424300,
+                     *       "filename": "train.jsonl",
+                     *       "purpose": "fine-tune",
+                     *       "status": "processed",
+                     *       "status_details": null,
+                     *       "expires_at": null
+                     *     }
+                     */
+                    "application/json": components["schemas"]["OpenAIFile"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    deleteFile: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The file's id, `file-` followed by 32 hex digits, as `createFile` returns it.
+                 * @example file-0193a0b3f0e17d2cab3c4d5e6f708192
+                 */
+                file_id: components["parameters"]["FileId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file is gone. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "object": "file",
+                     *       "deleted": true
+                     *     }
+                     */
+                    "application/json": components["schemas"]["OpenAIFileDeleted"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description A job that has not ended reads the file. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "File file-0193a0b3f0e17d2cab3c4d5e6f708192 is read by job ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04, which has not ended; cancel it first.",
+                     *         "type": "conflict_error",
+                     *         "param": "file_id",
+                     *         "code": "file_in_use"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveFileContent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The file's id, `file-` followed by 32 hex digits, as `createFile` returns it.
+                 * @example file-0193a0b3f0e17d2cab3c4d5e6f708192
+                 */
+                file_id: components["parameters"]["FileId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The JSONL. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": string;
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listFineTuningJobs: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor, as OpenAI's clients page: the id of the last item of the previous page.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                after?: components["parameters"]["FineTuningAfter"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+                /**
+                 * @description `metadata[k]=v` pairs, or `metadata=null`.
+                 * @example {
+                 *       "team": "support"
+                 *     }
+                 */
+                metadata?: components["schemas"]["FineTuningMetadata"] | "null";
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of jobs. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04",
+                     *           "object": "fine_tuning.job",
+                     *           "created_at": 1795424400,
+                     *           "error": null,
+                     *           "fine_tuned_model": "ft:tiny-chat:acme:support:8d9e04ab",
+                     *           "finished_at": 1795424700,
+                     *           "hyperparameters": {
+                     *             "n_epochs": 3,
+                     *             "batch_size": "auto",
+                     *             "learning_rate_multiplier": 1
+                     *           },
+                     *           "model": "arbor/tiny-chat",
+                     *           "organization_id": "acme",
+                     *           "result_files": [],
+                     *           "seed": 42,
+                     *           "status": "succeeded",
+                     *           "trained_tokens": 120450,
+                     *           "training_file": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *           "validation_file": null,
+                     *           "estimated_finish": null,
+                     *           "metadata": {
+                     *             "team": "support"
+                     *           },
+                     *           "method": {
+                     *             "type": "supervised",
+                     *             "supervised": {
+                     *               "hyperparameters": {
+                     *                 "n_epochs": 3,
+                     *                 "batch_size": "auto",
+                     *                 "learning_rate_multiplier": 1
+                     *               }
+                     *             }
+                     *           },
+                     *           "training_job_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *           "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01"
+                     *         }
+                     *       ],
+                     *       "has_more": false
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJobList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    createFineTuningJob: {
+        parameters: {
+            query?: never;
+            header?: {
+                /**
+                 * @description `<entity>/<project>`: the project chat usage is recorded in (and where `Arbor-Trace-Id` refers).
+                 *     Absent: `<default entity>/inference`. Malformed → 400; an entity the key cannot use → 403.
+                 *     On the model listing it is only checked.
+                 * @example acme/support-bot
+                 */
+                "Compat-Project"?: components["parameters"]["CompatProject"];
+                /**
+                 * @description Alias of `Compat-Project`; the stock `openai` clients set it from their `project` option.
+                 *     When both are sent, `Compat-Project` wins.
+                 * @example acme/support-bot
+                 */
+                "OpenAI-Project"?: components["parameters"]["OpenAIProject"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "model": "arbor/tiny-chat",
+                 *       "training_file": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                 *       "suffix": "support",
+                 *       "seed": 42,
+                 *       "metadata": {
+                 *         "team": "support"
+                 *       },
+                 *       "method": {
+                 *         "type": "supervised",
+                 *         "supervised": {
+                 *           "hyperparameters": {
+                 *             "n_epochs": 3
+                 *           }
+                 *         }
+                 *       }
+                 *     }
+                 */
+                "application/json": components["schemas"]["CreateFineTuningJobRequest"];
+            };
+        };
+        responses: {
+            /** @description The queued job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04",
+                     *       "object": "fine_tuning.job",
+                     *       "created_at": 1795424400,
+                     *       "error": null,
+                     *       "fine_tuned_model": null,
+                     *       "finished_at": null,
+                     *       "hyperparameters": {
+                     *         "n_epochs": 3,
+                     *         "batch_size": "auto",
+                     *         "learning_rate_multiplier": 1
+                     *       },
+                     *       "model": "arbor/tiny-chat",
+                     *       "organization_id": "acme",
+                     *       "result_files": [],
+                     *       "seed": 42,
+                     *       "status": "queued",
+                     *       "trained_tokens": null,
+                     *       "training_file": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "validation_file": null,
+                     *       "estimated_finish": null,
+                     *       "metadata": {
+                     *         "team": "support"
+                     *       },
+                     *       "method": {
+                     *         "type": "supervised",
+                     *         "supervised": {
+                     *           "hyperparameters": {
+                     *             "n_epochs": 3,
+                     *             "batch_size": "auto",
+                     *             "learning_rate_multiplier": 1
+                     *           }
+                     *         }
+                     *       },
+                     *       "training_job_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    retrieveFineTuningJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04",
+                     *       "object": "fine_tuning.job",
+                     *       "created_at": 1795424400,
+                     *       "error": null,
+                     *       "fine_tuned_model": null,
+                     *       "finished_at": null,
+                     *       "hyperparameters": {
+                     *         "n_epochs": 3,
+                     *         "batch_size": "auto",
+                     *         "learning_rate_multiplier": 1
+                     *       },
+                     *       "model": "arbor/tiny-chat",
+                     *       "organization_id": "acme",
+                     *       "result_files": [],
+                     *       "seed": 42,
+                     *       "status": "running",
+                     *       "trained_tokens": null,
+                     *       "training_file": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "validation_file": null,
+                     *       "estimated_finish": null,
+                     *       "metadata": {
+                     *         "team": "support"
+                     *       },
+                     *       "method": {
+                     *         "type": "supervised",
+                     *         "supervised": {
+                     *           "hyperparameters": {
+                     *             "n_epochs": 3,
+                     *             "batch_size": "auto",
+                     *             "learning_rate_multiplier": 1
+                     *           }
+                     *         }
+                     *       },
+                     *       "training_job_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    cancelFineTuningJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job, now cancelled. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04",
+                     *       "object": "fine_tuning.job",
+                     *       "created_at": 1795424400,
+                     *       "error": null,
+                     *       "fine_tuned_model": null,
+                     *       "finished_at": null,
+                     *       "hyperparameters": {
+                     *         "n_epochs": 3,
+                     *         "batch_size": "auto",
+                     *         "learning_rate_multiplier": 1
+                     *       },
+                     *       "model": "arbor/tiny-chat",
+                     *       "organization_id": "acme",
+                     *       "result_files": [],
+                     *       "seed": 42,
+                     *       "status": "cancelled",
+                     *       "trained_tokens": null,
+                     *       "training_file": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "validation_file": null,
+                     *       "estimated_finish": null,
+                     *       "metadata": {
+                     *         "team": "support"
+                     *       },
+                     *       "method": {
+                     *         "type": "supervised",
+                     *         "supervised": {
+                     *           "hyperparameters": {
+                     *             "n_epochs": 3,
+                     *             "batch_size": "auto",
+                     *             "learning_rate_multiplier": 1
+                     *           }
+                     *         }
+                     *       },
+                     *       "training_job_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The job has already ended. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Fine-tuning job ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04 has already succeeded.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": "job_already_ended"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    pauseFineTuningJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job, now paused. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04",
+                     *       "object": "fine_tuning.job",
+                     *       "created_at": 1795424400,
+                     *       "error": null,
+                     *       "fine_tuned_model": null,
+                     *       "finished_at": null,
+                     *       "hyperparameters": {
+                     *         "n_epochs": 3,
+                     *         "batch_size": "auto",
+                     *         "learning_rate_multiplier": 1
+                     *       },
+                     *       "model": "arbor/tiny-chat",
+                     *       "organization_id": "acme",
+                     *       "result_files": [],
+                     *       "seed": 42,
+                     *       "status": "paused",
+                     *       "trained_tokens": null,
+                     *       "training_file": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "validation_file": null,
+                     *       "estimated_finish": null,
+                     *       "metadata": {
+                     *         "team": "support"
+                     *       },
+                     *       "method": {
+                     *         "type": "supervised",
+                     *         "supervised": {
+                     *           "hyperparameters": {
+                     *             "n_epochs": 3,
+                     *             "batch_size": "auto",
+                     *             "learning_rate_multiplier": 1
+                     *           }
+                     *         }
+                     *       },
+                     *       "training_job_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The job is not queued or running. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Fine-tuning job ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04 is paused already.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": "job_not_running"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    resumeFineTuningJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The job, now queued. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "id": "ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04",
+                     *       "object": "fine_tuning.job",
+                     *       "created_at": 1795424400,
+                     *       "error": null,
+                     *       "fine_tuned_model": null,
+                     *       "finished_at": null,
+                     *       "hyperparameters": {
+                     *         "n_epochs": 3,
+                     *         "batch_size": "auto",
+                     *         "learning_rate_multiplier": 1
+                     *       },
+                     *       "model": "arbor/tiny-chat",
+                     *       "organization_id": "acme",
+                     *       "result_files": [],
+                     *       "seed": 42,
+                     *       "status": "queued",
+                     *       "trained_tokens": null,
+                     *       "training_file": "file-0193a0b3f0e17d2cab3c4d5e6f708192",
+                     *       "validation_file": null,
+                     *       "estimated_finish": null,
+                     *       "metadata": {
+                     *         "team": "support"
+                     *       },
+                     *       "method": {
+                     *         "type": "supervised",
+                     *         "supervised": {
+                     *           "hyperparameters": {
+                     *             "n_epochs": 3,
+                     *             "batch_size": "auto",
+                     *             "learning_rate_multiplier": 1
+                     *           }
+                     *         }
+                     *       },
+                     *       "training_job_id": "0193a0b5-1a2b-7c3d-8e4f-5a6b7c8d9e04",
+                     *       "model_id": "0193a0b4-6d2f-7a31-9c4e-5f6a7b8c9d01"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            /** @description The job is not paused. */
+            409: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "error": {
+                     *         "message": "Fine-tuning job ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04 is not paused.",
+                     *         "type": "conflict_error",
+                     *         "param": null,
+                     *         "code": "job_not_paused"
+                     *       }
+                     *     }
+                     */
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listFineTuningEvents: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor, as OpenAI's clients page: the id of the last item of the previous page.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                after?: components["parameters"]["FineTuningAfter"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of events. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "ftevent-0193a0b51f007c3d8e4f5a6b7c8d9e10",
+                     *           "object": "fine_tuning.job.event",
+                     *           "created_at": 1795424460,
+                     *           "level": "info",
+                     *           "message": "Step 2/30: training loss=1.842",
+                     *           "type": "metrics",
+                     *           "data": {
+                     *             "step": 2,
+                     *             "total_steps": 30,
+                     *             "train_loss": 1.842,
+                     *             "learning_rate": 0.003,
+                     *             "num_tokens": 4016
+                     *           }
+                     *         },
+                     *         {
+                     *           "id": "ftevent-0193a0b51e007c3d8e4f5a6b7c8d9e0f",
+                     *           "object": "fine_tuning.job.event",
+                     *           "created_at": 1795424430,
+                     *           "level": "info",
+                     *           "message": "Fine-tuning started (30 steps).",
+                     *           "type": "message",
+                     *           "data": {
+                     *             "total_steps": 30
+                     *           }
+                     *         }
+                     *       ],
+                     *       "has_more": true
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJobEventList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    listFineTuningJobCheckpoints: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Cursor, as OpenAI's clients page: the id of the last item of the previous page.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                after?: components["parameters"]["FineTuningAfter"];
+                /**
+                 * @description Page size.
+                 * @example 20
+                 */
+                limit?: components["parameters"]["Limit"];
+            };
+            header?: never;
+            path: {
+                /**
+                 * @description The fine-tuning job's id, `ftjob-` followed by 32 hex digits.
+                 * @example ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04
+                 */
+                fine_tuning_job_id: components["parameters"]["FineTuningJobId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of checkpoints. */
+            200: {
+                headers: {
+                    "x-request-id": components["headers"]["RequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "object": "list",
+                     *       "data": [
+                     *         {
+                     *           "id": "ftckpt-0193a0b47e407b428d5f6a7b8c9d0e13",
+                     *           "object": "fine_tuning.job.checkpoint",
+                     *           "created_at": 1795424700,
+                     *           "fine_tuned_model_checkpoint": "ft:tiny-chat:acme:support:8d9e04ab:ckpt-step-30",
+                     *           "fine_tuning_job_id": "ftjob-0193a0b51a2b7c3d8e4f5a6b7c8d9e04",
+                     *           "step_number": 30,
+                     *           "metrics": {
+                     *             "step": 30,
+                     *             "train_loss": 0.412
+                     *           }
+                     *         }
+                     *       ],
+                     *       "has_more": false,
+                     *       "first_id": "ftckpt-0193a0b47e407b428d5f6a7b8c9d0e13",
+                     *       "last_id": "ftckpt-0193a0b47e407b428d5f6a7b8c9d0e13"
+                     *     }
+                     */
+                    "application/json": components["schemas"]["FineTuningJobCheckpointList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
         };
     };
     getHealth: {

@@ -19,6 +19,7 @@ import { callsModule } from "./modules/calls/module.ts";
 import { consoleModule } from "./modules/console/module.ts";
 import { datasetsModule } from "./modules/datasets/module.ts";
 import { docsModule } from "./modules/docs/module.ts";
+import { fineTuningModule } from "./modules/fine-tuning/module.ts";
 import { healthModule } from "./modules/health/module.ts";
 import { inferenceModule } from "./modules/inference/module.ts";
 import { metricsModule } from "./modules/metrics/module.ts";
@@ -49,6 +50,7 @@ const MODULES: readonly ServerModule[] = [
   callsModule,
   trainingModule,
   trainingRunsModule,
+  fineTuningModule,
   baseModelsModule,
 ];
 
@@ -90,11 +92,12 @@ export function createApp(deps: AppDeps): Express {
         validateResponses: config.validateResponses ? { removeAdditional: false } : false,
         validateSecurity: false,
         validateFormats: true,
-        // multipart/form-data bodies (adapter uploads, the only ones): in memory, capped, kept
-        // in blocks that the adapter check's thread joins.
+        // multipart/form-data bodies (adapter uploads and OpenAI's file uploads): in memory,
+        // capped, kept in blocks that the adapter check's thread joins. Each operation's schema
+        // says which parts and fields it takes.
         fileUploader: {
           storage: multipartBlocks,
-          limits: { fileSize: ADAPTER_MAX_BYTES, files: 2, fields: 0 },
+          limits: { fileSize: ADAPTER_MAX_BYTES, files: 2, fields: 4, fieldSize: 1024 },
         },
         $refParser: { mode: "dereference" },
       }),
@@ -150,7 +153,14 @@ export function servesPath(role: Role, path: string): boolean {
   const chat = path.startsWith("/v1/chat/completions") || path === "/v1/responses";
   switch (role) {
     case "training":
-      return chat || path.startsWith("/v1/preview/") || path.startsWith("/v1/training/");
+      return (
+        chat ||
+        path.startsWith("/v1/preview/") ||
+        path.startsWith("/v1/training/") ||
+        // OpenAI's files and fine-tuning jobs (ADR 70).
+        path.startsWith("/v1/files") ||
+        path.startsWith("/v1/fine_tuning/")
+      );
     case "inference":
       return chat || path.startsWith("/v1/models");
     case "calls":

@@ -15,6 +15,8 @@ const DATASETS = rowSchema({
   id: str,
   entity: str,
   name: strOrNull,
+  /** The file name it was uploaded under through OpenAI's files API (ADR 70); null otherwise. */
+  filename: strOrNull,
   blob_key: str,
   bytes: num,
   lines: num,
@@ -40,14 +42,15 @@ export class DatasetsRepo {
     id?: string;
     entity: string;
     name?: string | null;
+    filename?: string | null;
     blob_key: string;
     bytes: number;
     lines: number;
   }): Promise<Dataset> {
     const now = this.#now();
     const row = await this.#sql.one(
-      `INSERT INTO datasets (id, entity, name, blob_key, bytes, lines, created_at)
-       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING ${DATASETS.columns()}`,
+      `INSERT INTO datasets (id, entity, name, blob_key, bytes, lines, created_at, filename)
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ${DATASETS.columns()}`,
       [
         input.id ?? uuidv7(now),
         input.entity,
@@ -56,6 +59,7 @@ export class DatasetsRepo {
         input.bytes,
         input.lines,
         unixSeconds(now),
+        input.filename ?? null,
       ],
     );
     return DATASETS.read(row!);

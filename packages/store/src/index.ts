@@ -35,6 +35,7 @@ export {
   quote,
   UnavailableError,
 } from "./errors.ts";
+export type { CreateFineTuningJob, FineTuningJob, FineTuningJobsRepo } from "./fine-tuning.ts";
 export {
   API_KEY_PREFIX,
   type ApiKey,

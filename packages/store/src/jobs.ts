@@ -58,6 +58,8 @@ export const JOBS = rowSchema({
   attempts: num,
   /** Claims that ended with their worker dead rather than with the job finished or handed back. */
   crashes: num,
+  /** Unix seconds when the job was paused (it stays `queued` and is not claimed); null otherwise. */
+  paused_at: numOrNull,
 });
 export interface TrainingJob extends RowOf<typeof JOBS> {}
 
@@ -101,14 +103,16 @@ export function eventStep(type: string, data: JsonInput): number | null {
   return typeof step === "number" && Number.isSafeInteger(step) ? step : null;
 }
 
-/** The oldest queued job whose model has neither a running job nor an older queued one. */
+/** The oldest queued job, not paused, whose model has neither a running job nor an older queued
+ * one that is not paused. */
 const NEXT_RUNNABLE = `
   SELECT j.id FROM training_jobs j
-  WHERE j.status = 'queued'
+  WHERE j.status = 'queued' AND j.paused_at IS NULL
     AND NOT EXISTS (SELECT 1 FROM training_jobs r
                     WHERE r.model_id = j.model_id AND r.status = 'running')
     AND NOT EXISTS (SELECT 1 FROM training_jobs e
-                    WHERE e.model_id = j.model_id AND e.status = 'queued' AND e.id < j.id)
+                    WHERE e.model_id = j.model_id AND e.status = 'queued' AND e.paused_at IS NULL
+                      AND e.id < j.id)
   ORDER BY j.id
   LIMIT 1`;
 const JOB_ID = JOBS.pick("id");
@@ -182,7 +186,8 @@ export class JobsRepo {
     entities: string | readonly string[],
     options: PageOptions & {
       model_id?: string;
-      status?: JobStatus;
+      /** `paused`: queued jobs that are paused; `queued`: those that are not. */
+      status?: JobStatus | "paused";
       project?: string;
       order?: "asc" | "desc";
     } = {},
@@ -196,7 +201,7 @@ export class JobsRepo {
        WHERE j.entity IN (${placeholders(list.length, 6)})
          AND (CAST($1 AS TEXT) IS NULL OR j.id ${desc ? "<" : ">"} $1)
          AND (CAST($2 AS TEXT) IS NULL OR j.model_id = $2)
-         AND (CAST($3 AS TEXT) IS NULL OR j.status = $3)
+         AND (CAST($3 AS TEXT) IS NULL OR (CASE WHEN j.paused_at IS NULL THEN j.status ELSE 'paused' END) = $3)
          AND (CAST($4 AS TEXT) IS NULL OR EXISTS
               (SELECT 1 FROM models m WHERE m.id = j.model_id AND m.project = $4))
        ORDER BY j.id ${desc ? "DESC" : "ASC"} LIMIT $5`,
@@ -320,17 +325,33 @@ export class JobsRepo {
   async listEvents(
     entity: string,
     jobId: string,
-    options: PageOptions = {},
+    options: PageOptions & { order?: "asc" | "desc" } = {},
   ): Promise<Page<JobEvent>> {
     const limit = pageLimit(options.limit);
+    const desc = options.order === "desc";
     const rows = await this.#sql.query(
       `SELECT ${EVENTS.columns("e")} FROM job_events e JOIN training_jobs j ON j.id = e.job_id
        WHERE j.entity = $1 AND e.job_id = $2
-         AND (CAST($3 AS TEXT) IS NULL OR e.sequence > (SELECT a.sequence FROM job_events a WHERE a.job_id = $2 AND a.id = $3))
-       ORDER BY e.sequence LIMIT $4`,
+         AND (CAST($3 AS TEXT) IS NULL OR e.sequence ${desc ? "<" : ">"} (SELECT a.sequence FROM job_events a WHERE a.job_id = $2 AND a.id = $3))
+       ORDER BY e.sequence ${desc ? "DESC" : "ASC"} LIMIT $4`,
       [entity, jobId, options.after ?? null, limit + 1],
     );
     return toPage(rows.map(EVENTS.read), limit);
+  }
+
+  /** The tokens of the sequences a job's reported steps trained on: the sum of its
+   * `gradient_step` events' `num_tokens` (each step is reported once). */
+  async trainedTokens(jobId: string): Promise<number> {
+    const value =
+      this.#sql.dialect === "sqlite"
+        ? "CAST(json_extract(data, '$.num_tokens') AS INTEGER)"
+        : "CAST(CAST(data AS jsonb)->>'num_tokens' AS BIGINT)";
+    const row = await this.#sql.one(
+      `SELECT COALESCE(SUM(${value}), 0) AS n FROM job_events
+       WHERE job_id = $1 AND type = 'gradient_step'`,
+      [jobId],
+    );
+    return Number(row?.n ?? 0);
   }
 
   /** Records the step range a running job covers (e.g. step_to once known). */
@@ -402,6 +423,34 @@ export class JobsRepo {
     }
   }
 
+  /**
+   * queued|running → paused: the job is `queued` with `paused_at` set, never claimed until
+   * `resumeJob`. A running job loses its lease, so its worker stops it (as for a cancel) and its
+   * next run resumes from its last checkpoint; the pause counts as no crash. Undefined when the
+   * job is not queued or running (or is paused already).
+   */
+  async pauseJob(entity: string, jobId: string): Promise<TrainingJob | undefined> {
+    const row = await this.#sql.one(
+      `UPDATE training_jobs
+       SET status = 'queued', paused_at = $3, lease_owner = NULL, lease_expires_at = NULL
+       WHERE id = $1 AND entity = $2 AND status IN ('queued', 'running') AND paused_at IS NULL
+       RETURNING ${JOBS.columns()}`,
+      [jobId, entity, unixSeconds(this.#now())],
+    );
+    return row ? JOBS.read(row) : undefined;
+  }
+
+  /** paused → queued again. Undefined when the job is not paused. */
+  async resumeJob(entity: string, jobId: string): Promise<TrainingJob | undefined> {
+    const row = await this.#sql.one(
+      `UPDATE training_jobs SET paused_at = NULL
+       WHERE id = $1 AND entity = $2 AND status = 'queued' AND paused_at IS NOT NULL
+       RETURNING ${JOBS.columns()}`,
+      [jobId, entity],
+    );
+    return row ? JOBS.read(row) : undefined;
+  }
+
   async #finish(
     jobId: string,
     status: JobStatus,
@@ -414,7 +463,8 @@ export class JobsRepo {
       const row = await tx.one(
         `UPDATE training_jobs
          SET status = $2, training_end = $3, error_message = COALESCE($4, error_message),
-             step_to = COALESCE($5, step_to), lease_owner = NULL, lease_expires_at = NULL
+             step_to = COALESCE($5, step_to), lease_owner = NULL, lease_expires_at = NULL,
+             paused_at = NULL
          WHERE id = $1 AND status IN ('queued', 'running')
            AND (CAST($6 AS TEXT) IS NULL OR (lease_owner = $6 AND status = 'running'))
            AND (CAST($7 AS TEXT) IS NULL OR entity = $7)
@@ -551,6 +601,16 @@ export class JobsRepo {
        WHERE status = 'running' AND ${inList(this.#sql.dialect, "model_id", 1)}`,
       modelIds,
     );
+  }
+
+  /** A job, not ended, whose input is `payloadRef` (a `dataset://` URL); undefined if none. */
+  async unfinishedReading(payloadRef: string): Promise<string | undefined> {
+    const row = await this.#sql.one(
+      `SELECT id FROM training_jobs WHERE payload_ref = $1 AND status IN ('queued', 'running')
+       ORDER BY id LIMIT 1`,
+      [payloadRef],
+    );
+    return row ? String(row.id) : undefined;
   }
 
   /** Of these blob keys, the ones a job names as its input. */

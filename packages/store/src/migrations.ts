@@ -373,6 +373,34 @@ export const MIGRATIONS: readonly Migration[] = [
       "CREATE INDEX training_runs_entity ON training_runs (entity, id)",
     ],
   },
+  {
+    version: 11,
+    name: "OpenAI's files and fine-tuning jobs (ADR 70)",
+    statements: [
+      // A file is a dataset; the name it was uploaded under is kept for OpenAI's `filename`.
+      "ALTER TABLE datasets ADD COLUMN filename TEXT",
+      // A paused job stays `queued` (so the status CHECK and the queue's index stand) but is
+      // never claimed until it is resumed.
+      "ALTER TABLE training_jobs ADD COLUMN paused_at BIGINT",
+      `CREATE TABLE fine_tuning_jobs (
+        id TEXT PRIMARY KEY,
+        job_id TEXT NOT NULL UNIQUE REFERENCES training_jobs(id) ON DELETE CASCADE,
+        entity TEXT NOT NULL REFERENCES entities(name),
+        fine_tuned_model TEXT NOT NULL UNIQUE,
+        base_model TEXT NOT NULL,
+        training_file TEXT NOT NULL,
+        validation_file TEXT,
+        suffix TEXT,
+        seed BIGINT NOT NULL,
+        method TEXT NOT NULL,
+        hyperparameters TEXT NOT NULL,
+        metadata TEXT,
+        trained_tokens BIGINT,
+        created_at BIGINT NOT NULL
+      )`,
+      "CREATE INDEX fine_tuning_jobs_entity ON fine_tuning_jobs (entity, id)",
+    ],
+  },
 ];
 
 /**

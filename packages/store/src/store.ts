@@ -5,6 +5,7 @@ import { CallsRepo } from "./calls.ts";
 import type { Clock } from "./common.ts";
 import { DatasetsRepo } from "./datasets.ts";
 import { isUniqueViolation } from "./errors.ts";
+import { FineTuningJobsRepo } from "./fine-tuning.ts";
 import { ApiKeysRepo, EntitiesRepo, UsersRepo } from "./identity.ts";
 import { JobsRepo } from "./jobs.ts";
 import { MemoryBlobStore } from "./memory-blobs.ts";
@@ -61,6 +62,7 @@ export interface Store {
   readonly models: ModelsRepo;
   readonly jobs: JobsRepo;
   readonly datasets: DatasetsRepo;
+  readonly fineTuningJobs: FineTuningJobsRepo;
   readonly calls: CallsRepo;
   readonly prices: PricesRepo;
   /** The native training API's runs, operations and saved states (ADR 57). */
@@ -147,6 +149,7 @@ export async function openStore(options: StoreOptions = {}): Promise<Store> {
     models: new ModelsRepo(sql, now),
     jobs: new JobsRepo(sql, now, options.maxJobCrashes ?? 2),
     datasets: new DatasetsRepo(sql, now),
+    fineTuningJobs: new FineTuningJobsRepo(sql, now),
     calls: new CallsRepo(sql, now),
     prices: new PricesRepo(sql, now),
     trainingRuns: new TrainingRunsRepo(sql, now),

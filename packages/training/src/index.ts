@@ -47,6 +47,7 @@ export {
   sweepExports,
 } from "./exports.ts";
 export {
+  defaultLearningRate,
   enqueueRlJob,
   enqueueSftJob,
   MAX_JOB_EXAMPLES,

@@ -213,6 +213,11 @@ export function defaultLora(baseModel: string, baseParameters?: number): LoraCon
   return { baseModel, ...(small ? { head: true } : {}) };
 }
 
+/** The peak LoRA learning rate an SFT job takes by default on a base of this many parameters. */
+export function defaultLearningRate(baseParameters: number): number {
+  return baseParameters < SMALL_MODEL_PARAMETERS ? SMALL_MODEL_LR : DEFAULT_LR;
+}
+
 /**
  * The engine's configuration of an SFT job. Unset fields take the spec's defaults: a cosine
  * schedule, and a peak learning rate by the base model's size (`baseParameters`, when known).
@@ -240,8 +245,7 @@ export function sftTrainingConfig(
     warmupSteps: config.warmup_steps ?? 0,
   };
   if (config.learning_rate != null) out.learningRate = config.learning_rate;
-  else if (baseParameters !== undefined)
-    out.learningRate = baseParameters < SMALL_MODEL_PARAMETERS ? SMALL_MODEL_LR : DEFAULT_LR;
+  else if (baseParameters !== undefined) out.learningRate = defaultLearningRate(baseParameters);
   if (x.max_seq_len != null) out.maxLength = x.max_seq_len;
   if (x.max_grad_norm != null) out.maxGradNorm = x.max_grad_norm;
   if (x.weight_decay != null) out.adamW = { weightDecay: x.weight_decay };

@@ -16,8 +16,9 @@ export const UPLOAD_BYTES_HELD = 4;
 /** How long a refused upload is told to wait. Uploads take seconds. */
 const RETRY_AFTER_SECONDS = 5;
 
-/** The uploads path: `POST /v1/preview/models/{model_id}/checkpoints`. */
-const CHECKPOINTS = /^\/v1\/preview\/models\/[^/]+\/checkpoints\/?$/;
+/** The uploads paths: `POST /v1/preview/models/{model_id}/checkpoints` (adapters) and
+ * `POST /v1/files` (OpenAI's fine-tuning files, held whole by multer until checked). */
+const UPLOADS = /^\/v1\/(preview\/models\/[^/]+\/checkpoints|files)\/?$/;
 
 /** A share of the budget taken by one upload; released once its response has closed. */
 export interface UploadReservation {
@@ -68,7 +69,7 @@ export class UploadBudget {
 
 function busy(budget: UploadBudget): UnavailableError {
   return new UnavailableError(
-    `Adapter uploads in progress hold this server's memory for uploads (${budget.total} bytes, ARBOR_UPLOAD_MEMORY_BYTES); retry in ${RETRY_AFTER_SECONDS} seconds.`,
+    `Uploads in progress hold this server's memory for uploads (${budget.total} bytes, ARBOR_UPLOAD_MEMORY_BYTES); retry in ${RETRY_AFTER_SECONDS} seconds.`,
     { code: "uploads_busy", retryAfterSeconds: RETRY_AFTER_SECONDS },
   );
 }
@@ -97,7 +98,7 @@ export function uploadShare(headers: IncomingHttpHeaders): number | undefined {
  */
 export function uploadAdmission(budget: UploadBudget): RequestHandler {
   return (req: Request, res: Response, next: NextFunction) => {
-    if (req.method !== "POST" || !CHECKPOINTS.test(req.path)) return next();
+    if (req.method !== "POST" || !UPLOADS.test(req.path)) return next();
     const share = uploadShare(req.headers);
     if (share === undefined) {
       return next(ApiError.tooLarge(`Request body is over ${ADAPTER_MAX_BYTES} bytes.`));

@@ -32,7 +32,7 @@ export function datasetBlobKey(id: string): string {
  * failed upload leaves no row behind. */
 export async function createDataset(
   store: Store,
-  input: { entity: string; name: string | null; text: string },
+  input: { entity: string; name: string | null; filename?: string | null; text: string },
 ): Promise<Dataset> {
   const { lines } = await validateSftJsonlAsync(input.text);
   const blobs = store.blobs;
@@ -44,6 +44,7 @@ export async function createDataset(
       id,
       entity: input.entity,
       name: input.name,
+      filename: input.filename ?? null,
       blob_key,
       bytes,
       lines,

@@ -2,6 +2,7 @@ import type { UpstreamConfig } from "@arbor/config";
 import type { components } from "@arbor/spec/schema";
 import { type Checkpoint, type Model, NotFoundError, quote, type Store } from "@arbor/store";
 import type { Principal } from "../access.ts";
+import { checkpointName, parseFineTunedName } from "../fine-tuning/service.ts";
 import type { EngineHost } from "./engines.ts";
 import type { LlamaCppBackend } from "./llama-cpp.ts";
 
@@ -73,7 +74,32 @@ export class ModelDirectory {
       ...upstream,
       ...llama,
       ...(await this.#trained(principal, options.checkpoints ?? false)),
+      ...(await this.#fineTuned(principal)),
     ];
+  }
+
+  /** The `ft:` names of the key's fine-tuning jobs that succeeded (ADR 70). */
+  async #fineTuned(principal: Principal): Promise<ModelEntry[]> {
+    const entries: ModelEntry[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.#store.fineTuningJobs.list(principal.entities, { after, limit: 100 });
+      for (const ft of page.data) {
+        const job = await this.#store.jobs.get(ft.entity, ft.job_id);
+        const model = job ? await this.#store.models.get(ft.entity, job.model_id) : undefined;
+        if (job?.status !== "succeeded" || !model) continue;
+        entries.push({
+          id: ft.fine_tuned_model,
+          object: "model",
+          created: job.training_end ?? ft.created_at,
+          owned_by: ft.entity,
+          root: model.base_model,
+          parent: `${model.entity}/${model.project}/${model.name}:step${job.step_to ?? 0}`,
+        });
+      }
+      if (!page.has_more || !page.last_id) return entries;
+      after = page.last_id;
+    }
   }
 
   /** Each trained model the key can see as `<e>/<p>/<n>` (its latest checkpoint), and with
@@ -134,6 +160,18 @@ export class ModelDirectory {
 
   /** Any id `list` gives, checkpoints (`…:step<N>`) included. */
   async retrieve(principal: Principal, asked: string): Promise<ModelEntry> {
+    const fineTuned = parseFineTunedName(asked);
+    if (fineTuned) {
+      const resolved = await this.#resolveFineTuned(principal, asked, fineTuned);
+      return {
+        id: resolved.id,
+        object: "model",
+        created: resolved.checkpoint?.created_at ?? 0,
+        owned_by: resolved.entity,
+        root: resolved.baseId,
+        parent: null,
+      };
+    }
     const id = plainModelId(asked);
     const entries = await this.list(principal, { checkpoints: /:step\d+$/.test(id) });
     const entry = entries.find((m) => m.id === id);
@@ -149,9 +187,52 @@ export class ModelDirectory {
     if (llama) return { kind: "llama", id, backend: llama };
     const trained = trainedId.exec(id);
     if (trained) return this.#resolveTrained(principal, id, trained);
+    const fineTuned = parseFineTunedName(id);
+    if (fineTuned) return this.#resolveFineTuned(principal, id, fineTuned);
     const base = await this.#engines.find(id);
     if (!base) throw modelNotFound(id);
     return { kind: "engine", id, baseId: id, checkpoint: null };
+  }
+
+  /**
+   * A fine-tuning job's model (ADR 70): `ft:…` is its last checkpoint once the job has
+   * succeeded, `ft:…:ckpt-step-N` the checkpoint of the job's step N while it lives. Served as
+   * the trained model's checkpoint, answered under the name asked.
+   */
+  async #resolveFineTuned(
+    principal: Principal,
+    id: string,
+    name: { name: string; step: number | null },
+  ): Promise<Exclude<ResolvedModel, { kind: "llama" }> & { entity: string }> {
+    const ft = await this.#store.fineTuningJobs.byFineTunedModel(principal.entities, name.name);
+    const job = ft ? await this.#store.jobs.get(ft.entity, ft.job_id) : undefined;
+    if (!ft || !job) throw modelNotFound(id);
+    if (name.step === null && job.status !== "succeeded") throw modelNotFound(id);
+    const from = job.step_from ?? 0;
+    const step = name.step === null ? (job.step_to ?? from) : from + name.step;
+    if (name.step !== null && (name.step < 1 || (job.step_to !== null && step > job.step_to))) {
+      throw modelNotFound(id);
+    }
+    const model = await this.#store.models.get(ft.entity, job.model_id);
+    const checkpoint = model
+      ? await this.#store.models.getCheckpoint(ft.entity, model.id, step)
+      : undefined;
+    if (!model || !checkpoint) throw modelNotFound(id);
+    const served =
+      name.step === null ? ft.fine_tuned_model : checkpointName(ft.fine_tuned_model, name.step);
+    const entity = ft.entity;
+    const upstream = this.#upstreams.get(model.base_model);
+    if (upstream) {
+      return {
+        kind: "upstream",
+        id: served,
+        baseId: model.base_model,
+        upstream,
+        checkpoint,
+        entity,
+      };
+    }
+    return { kind: "engine", id: served, baseId: model.base_model, checkpoint, entity };
   }
 
   /** Another entity's model reads as unknown, exactly like a missing one. */

@@ -22,7 +22,7 @@ export function jobToWire(
     object: "training_job",
     type: job.type,
     model_id: job.model_id,
-    status: job.status,
+    status: job.status === "queued" && job.paused_at !== null ? "paused" : job.status,
     created_at: job.created_at,
     training_start: job.training_start,
     training_end: job.training_end,
