@@ -5646,7 +5646,7 @@ export interface operations {
                     /**
                      * @example {
                      *       "error": {
-                     *         "message": "Adapter uploads in progress hold this server's memory for uploads (1073741824 bytes, ARBOR_UPLOAD_MEMORY_BYTES); retry in 5 seconds.",
+                     *         "message": "Uploads in progress hold this server's memory for uploads (1073741824 bytes, ARBOR_UPLOAD_MEMORY_BYTES); retry in 5 seconds.",
                      *         "type": "server_error",
                      *         "param": null,
                      *         "code": "uploads_busy"

@@ -408,7 +408,7 @@ export const SETTINGS = {
     env: "ARBOR_UPLOAD_MEMORY_BYTES",
     group: "limits",
     shown: "1073741824",
-    doc: "Memory the adapter uploads in progress may hold together, each counted as 4 × its body (as 256 MB when gzipped or of unknown length); past it an upload is answered 503 with `Retry-After` before its body is read. One upload alone is always let in.",
+    doc: "Memory the uploads in progress (adapters, and OpenAI fine-tuning files) may hold together, each counted as 4 × its body (as 256 MB when gzipped or of unknown length); past it an upload is answered 503 with `Retry-After` before its body is read. One upload alone is always let in.",
     read: positive(1024 * 1024 * 1024),
   }),
   redisUrl: setting({
