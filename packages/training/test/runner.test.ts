@@ -318,6 +318,36 @@ describe("TrainingWorker.runJob", () => {
     expect(events.map((e) => e.type)).toEqual(["training_failed"]);
   });
 
+  it("when the validation set has a bad line, then the job fails before its first step naming the line and the file", async () => {
+    const m = await model("bad-validation");
+    const good = await createDataset(store, {
+      entity: "e",
+      name: null,
+      text: `${JSON.stringify(example)}\n`,
+    });
+    await store.blobs.put(
+      "datasets/bad-validation.jsonl",
+      `${JSON.stringify(example)}\n{"messages": [{"role": "user", "content": "x"}]}\n`,
+    );
+    const bad = await store.datasets.create({
+      entity: "e",
+      blob_key: "datasets/bad-validation.jsonl",
+      bytes: 10,
+      lines: 2,
+    });
+    await enqueueSftJob(store, m, {
+      training_data_url: `dataset://${good.id}`,
+      validation_data_url: `dataset://${bad.id}`,
+    });
+    const job = await runNext(worker());
+    expect(job.status).toBe("failed");
+    expect(job.error_message).toBe(
+      `Validation data (dataset://${bad.id}): Line 2: messages has no assistant message to learn from.`,
+    );
+    const events = (await store.jobs.listEvents("e", job.id)).data;
+    expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+  });
+
   it("when a job needs more memory than a wasm32 arena holds, then it trains on a Memory64 one, which the base model's later jobs start on", async () => {
     const made: boolean[] = [];
     const w = worker({ createKernels: smallArena(made) });
