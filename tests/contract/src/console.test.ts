@@ -482,11 +482,13 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.getByRole("link", { name: "Usage", exact: true }).click();
     await page.getByRole("heading", { name: "Usage", exact: true }).waitFor();
     await page.locator("table.usage").waitFor();
-    // 30 days in weekly bars; the checkpoint chatted with sits under its model; no price: "—".
+    // 30 days in weekly bars; the checkpoint chatted with sits under its model (beside the
+    // base model the playground also asked); no price: "—".
     expect(await page.locator("figure[data-bucket]").getAttribute("data-bucket")).toBe("week");
-    expect(await page.locator("table.usage td.model").first().textContent()).toBe(
+    expect((await page.locator("table.usage td.model").allTextContents()).sort()).toEqual([
+      "arbor/tiny-chat",
       "default/demo/browser",
-    );
+    ]);
     expect(await page.locator("table.usage td.checkpoint").first().textContent()).toMatch(
       /^step\d+$/,
     );
