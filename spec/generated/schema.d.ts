@@ -2380,7 +2380,7 @@ export interface components {
              *     predicted exactly, on the assistant tokens of the whole set (the training's mask and
              *     `assistant_turns`), with no gradient, using the adapter as it is at that step: before
              *     the first step (`gradient_step` 0), every `config.eval_every` steps, and at the last
-             *     step. Each evaluation costs a forward pass over the set (about a third of training on
+             *     step. Each evaluation costs a forward pass over the set (about half a training step on
              *     as many tokens); the tokens of all evaluations count toward the job's token bound.
              */
             validation_data_url?: string | null;

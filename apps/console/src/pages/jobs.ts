@@ -310,9 +310,9 @@ function jobSummary(
     ["Ended", time(job.training_end)],
     ["Model steps", `${job.step_from} → ${job.step_to ?? "…"}`],
     ...(resumes.length > 0 ? [["Resumed", resumes.join(", ")] as [string, string]] : []),
-    ...[...latest]
-      .filter(([k]) => ["loss", "validation_loss", "reward", "gradient_step"].includes(k))
-      .map(([k, v]) => [`Last ${k.replace("_", " ")}`, num(v)] as [string, string]),
+    ...["loss", "validation_loss", "reward", "gradient_step"]
+      .filter((k) => latest.has(k))
+      .map((k) => [`Last ${k.replace("_", " ")}`, num(latest.get(k))] as [string, string]),
   ];
   return h(
     "div",
