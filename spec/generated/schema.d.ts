@@ -318,6 +318,11 @@ export interface paths {
          *     and 5,000,000,000 tokens. What is known at create (a `dataset://`'s lines, a fixed
          *     `batch_size`) is checked now (400 `job_too_large`); the rest is checked against the job's
          *     plan before its first step, failing it with `training_failed` naming the bound.
+         *
+         *     With `validation_data_url`, a held-out file is evaluated (loss and mean token accuracy on its
+         *     assistant tokens, no gradient) before the first step, every `config.eval_every` steps and at
+         *     the last, reported as `validation` events; its tokens, once per evaluation, count toward
+         *     the job's token bound.
          */
         post: operations["createSftTrainingJob"];
         delete?: never;

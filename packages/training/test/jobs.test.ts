@@ -9,6 +9,7 @@ import {
   enqueueRlJob,
   enqueueSftJob,
   MAX_JOB_EXAMPLES,
+  MAX_VALIDATION_EXAMPLES,
   PAYLOADS_PREFIX,
   rlJobSpec,
   rlStepConfig,
@@ -258,6 +259,28 @@ describe("enqueueSftJob", () => {
       enqueueSftJob(store, model, { training_data_url: url, validation_data_url: "https://" }),
     ).rejects.toMatchObject({ kind: "invalid", code: "invalid_validation_data_url" });
     expect((await store.jobs.list("e", { limit: 100 })).data.length).toBe(before);
+  });
+
+  it("when the validation dataset has more lines than a validation set may, then it is refused naming the limit", async () => {
+    const train = await createDataset(store, { entity: "e", name: null, text: `${line}\n` });
+    // Only the row's count is read at create.
+    const big = await store.datasets.create({
+      entity: "e",
+      blob_key: "datasets/big-validation.jsonl",
+      bytes: 1,
+      lines: MAX_VALIDATION_EXAMPLES + 1,
+    });
+    await expect(
+      enqueueSftJob(store, model, {
+        training_data_url: `dataset://${train.id}`,
+        validation_data_url: `dataset://${big.id}`,
+      }),
+    ).rejects.toMatchObject({
+      kind: "invalid",
+      code: "validation_set_too_large",
+      param: "validation_data_url",
+      message: expect.stringContaining(`limit of ${MAX_VALIDATION_EXAMPLES}`),
+    });
   });
 
   it("when the dataset times the epochs is over the bound, then it is refused naming the limit", async () => {
