@@ -318,6 +318,11 @@ export interface paths {
          *     and 5,000,000,000 tokens. What is known at create (a `dataset://`'s lines, a fixed
          *     `batch_size`) is checked now (400 `job_too_large`); the rest is checked against the job's
          *     plan before its first step, failing it with `training_failed` naming the bound.
+         *
+         *     With `validation_data_url`, a held-out file is evaluated (loss and mean token accuracy on its
+         *     assistant tokens, no gradient) before the first step, every `config.eval_every` steps and at
+         *     the last, reported as `validation` events; its tokens, once per evaluation, count toward
+         *     the job's token bound.
          */
         post: operations["createSftTrainingJob"];
         delete?: never;
@@ -2419,7 +2424,8 @@ export interface components {
             /** @description The last checkpoint step written; null until one is. */
             step_to: number | null;
             /**
-             * @description The settings the job was created with, as given: `{config, experimental_config}` for SFT,
+             * @description The settings the job was created with, as given: `{config, experimental_config}` for SFT
+             *     (and `validation_data_url` when it has one),
              *     `{experimental_config}` for RL (`{}` where none was given).
              */
             config: {
@@ -2612,6 +2618,13 @@ export interface components {
             warmup_steps?: number;
             /** @description Save a checkpoint every N gradient steps; the last step is always saved. */
             checkpoint_every?: number;
+            /**
+             * @description With a `validation_data_url`: evaluate the validation set every N gradient steps, as well
+             *     as before the first step and at the last. Default: `checkpoint_every` when that is set,
+             *     else a tenth of the job's steps (rounded up), so about ten points on the curve. Ignored
+             *     without a validation set.
+             */
+            eval_every?: number;
         };
         /**
          * SftExperimentalConfig
@@ -2651,6 +2664,20 @@ export interface components {
              *     works (upload with `createDataset`, send its `dataset://` URL).
              */
             training_data_url: string;
+            /**
+             * @description Optional held-out examples in the same JSONL form and the same URL forms as
+             *     `training_data_url`, with the same checks (a bad line fails the job before any step,
+             *     naming the line and this file; `wandb-artifact://` is 400
+             *     `unsupported_validation_data_url`). At most 100,000 lines and 10,000,000 tokens (400
+             *     `validation_set_too_large` where known at create, else the job fails before its first
+             *     step). The job reports `validation` events: the mean loss, and the fraction of tokens
+             *     predicted exactly, on the assistant tokens of the whole set (the training's mask and
+             *     `assistant_turns`), with no gradient, using the adapter as it is at that step: before
+             *     the first step (`gradient_step` 0), every `config.eval_every` steps, and at the last
+             *     step. Each evaluation costs a forward pass over the set (about half a training step on
+             *     as many tokens); the tokens of all evaluations count toward the job's token bound.
+             */
+            validation_data_url?: string | null;
             config?: components["schemas"]["SftConfig"] | null;
             experimental_config?: components["schemas"]["SftExperimentalConfig"] | null;
         };
@@ -2710,6 +2737,11 @@ export interface components {
                 gradient_step: number;
                 /** @description The step's mean loss over its trained tokens. */
                 loss: number | null;
+                /**
+                 * @description SFT only; the fraction of the step's trained tokens whose most likely token (argmax)
+                 *     was the target, before the update. OpenAI's `train_mean_token_accuracy`.
+                 */
+                mean_token_accuracy?: number | null;
                 /** @description The gradient's norm before clipping. */
                 grad_norm: number | null;
                 /** @description The learning rate the step used. */
@@ -2736,6 +2768,50 @@ export interface components {
                 num_trajectories_dropped?: number;
                 /** @description RL with a KL penalty only; the mean KL of the trained tokens from the reference. */
                 kl_policy_ref?: number | null;
+            } & {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * ValidationEvent
+         * @description The job's validation set (`validation_data_url`) evaluated with the adapter as it was after
+         *     `gradient_step`: no gradient, the same tokens and mask as training. A value that is not a
+         *     finite number reads as null.
+         */
+        ValidationEvent: {
+            /** Format: uuid */
+            id: string;
+            /** @constant */
+            object: "training_job.event";
+            /** @description Unix seconds. */
+            created_at: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "validation";
+            data: {
+                /**
+                 * @description The job's step the adapter had taken (0: before the first step), as in
+                 *     `gradient_step` events.
+                 */
+                gradient_step: number;
+                /**
+                 * @description Mean cross-entropy per trained token over the whole validation set (every token
+                 *     weighs the same, whichever example it is in). OpenAI's `valid_loss`.
+                 */
+                loss: number | null;
+                /**
+                 * @description The fraction of the trained tokens whose most likely token (argmax) is the target.
+                 *     OpenAI's `valid_mean_token_accuracy`.
+                 */
+                mean_token_accuracy: number | null;
+                /** @description Tokens in the validation set's sequences. */
+                num_tokens: number;
+                /** @description Tokens the loss is over (assistant tokens). */
+                num_trainable_tokens: number;
+                /** @description Examples (lines) in the validation set. */
+                num_examples: number;
             } & {
                 [key: string]: unknown;
             };
@@ -2818,9 +2894,12 @@ export interface components {
          *     - `training_started` (`TrainingStartedEvent`): `{num_sequences}` — the gradient steps this
          *       job will take. When a job is resumed (its worker died, or stopped and handed it back),
          *       its next run writes `training_started` again with `resumed_from_step` and `attempt`.
-         *     - `gradient_step` (`GradientStepEvent`): flat numbers `loss`, `grad_norm`, `learning_rate`,
-         *       `num_tokens`, `num_trainable_tokens`, `tokens_per_second`, `gradient_step` (the job's
+         *     - `gradient_step` (`GradientStepEvent`): flat numbers `loss`, `mean_token_accuracy` (SFT),
+         *       `grad_norm`, `learning_rate`, `num_tokens`, `num_trainable_tokens`, `tokens_per_second`, `gradient_step` (the job's
          *       step, from 1 to `num_sequences`), and `reward` and its companions for RL.
+         *     - `validation` (`ValidationEvent`): `{gradient_step, loss, mean_token_accuracy, num_tokens,
+         *       num_trainable_tokens, num_examples}` — the validation set (`validation_data_url`) evaluated
+         *       after that step (0: before the first), when the job has one.
          *     - `checkpoint_saved` (`CheckpointSavedEvent`): `{step}` — the model's step; the checkpoint
          *       is listed before this event is written.
          *     - `training_ended` (`TrainingEndedEvent`): `{}`.
@@ -2831,8 +2910,8 @@ export interface components {
          *     (`training_ended` or `training_failed`) ends every job. RL groups skipped for equal rewards
          *     are reported in `training_started.data.skipped_groups`.
          *
-         *     **Each step is reported once**: a job has at most one `gradient_step` per `gradient_step`
-         *     and one `checkpoint_saved` per `step`, so a follower can key its curves by step.
+         *     **Each step is reported once**: a job has at most one `gradient_step` and one `validation`
+         *     per `gradient_step`, and one `checkpoint_saved` per `step`, so a follower can key its curves by step.
          *
          *     **A resumed job** goes on from its last checkpoint. Its run's `training_started` has
          *     `resumed_from_step` (int: the last of the job's steps that it does not train again, that
@@ -2844,7 +2923,7 @@ export interface components {
          *     checkpoint an earlier run saved is reported before the resumed run's `training_started`.
          *     Only a later `training_started` carries `resumed_from_step`; the job's first never does.
          */
-        TrainingJobEvent: components["schemas"]["TrainingStartedEvent"] | components["schemas"]["GradientStepEvent"] | components["schemas"]["CheckpointSavedEvent"] | components["schemas"]["TrainingEndedEvent"] | components["schemas"]["TrainingFailedEvent"];
+        TrainingJobEvent: components["schemas"]["TrainingStartedEvent"] | components["schemas"]["GradientStepEvent"] | components["schemas"]["ValidationEvent"] | components["schemas"]["CheckpointSavedEvent"] | components["schemas"]["TrainingEndedEvent"] | components["schemas"]["TrainingFailedEvent"];
         /** TrainingJobEventList */
         TrainingJobEventList: {
             /** @constant */

@@ -305,6 +305,9 @@ export const COMMANDS: readonly Command[] = [
   command({
     name: "train sft",
     usage: `--model MODEL --data FILE.jsonl|dataset://ID|https://… [--follow]
+    [--validation FILE.jsonl|dataset://ID|https://…]
+                            held-out examples, evaluated (loss, token accuracy) as training goes
+    [--eval-every N]        validate every N steps (default: --checkpoint-every, else a tenth)
     [--epochs N]            passes over the data (default 3; a job sent without one is one pass)
     [--batch-size N|auto]   examples per optimizer step (server default: auto)
     [--lr X]                peak learning rate (server default: 3e-3 for base models under
@@ -320,6 +323,8 @@ export const COMMANDS: readonly Command[] = [
     options: {
       model: str,
       data: str,
+      validation: str,
+      "eval-every": str,
       epochs: str,
       "batch-size": str,
       lr: str,
@@ -348,6 +353,7 @@ export const COMMANDS: readonly Command[] = [
         {
           model: required(values.model, "--model"),
           data: required(values.data, "--data"),
+          validation: values.validation,
           config: defined({
             // Sent explicitly: the API's default is one pass (its other clients run their own
             // epochs), while one pass over a small dataset teaches a person's job little.
@@ -358,6 +364,7 @@ export const COMMANDS: readonly Command[] = [
             warmup_steps: optionalNumber(values["warmup-steps"], "--warmup-steps"),
             assistant_turns: turns,
             checkpoint_every: optionalNumber(values["checkpoint-every"], "--checkpoint-every"),
+            eval_every: optionalNumber(values["eval-every"], "--eval-every"),
           }),
           experimental: defined({
             lora_rank: optionalNumber(values["lora-rank"], "--lora-rank"),

@@ -163,6 +163,8 @@ export interface SftArgs {
   /** The model's id or `<entity>/<project>/<name>`. */
   model: string;
   data: string;
+  /** Held-out examples: a file (uploaded first) or a `dataset://` or `https://` URL. */
+  validation?: string | undefined;
   /** `SftConfig` fields as given (unset ones take the server's defaults). */
   config?: NonNullable<Sft["config"]>;
   experimental?: NonNullable<Sft["experimental_config"]>;
@@ -170,12 +172,14 @@ export interface SftArgs {
 
 export async function trainSft(client: ArborClient, args: SftArgs, out: Output): Promise<string> {
   const model = await resolveModel(client, args.model);
-  const url = /^(dataset|https):\/\//.test(args.data)
-    ? args.data
-    : await uploadDataset(client, { file: args.data }, out);
+  const dataUrl = async (data: string) =>
+    /^(dataset|https):\/\//.test(data) ? data : await uploadDataset(client, { file: data }, out);
+  const url = await dataUrl(args.data);
+  const validation = args.validation === undefined ? undefined : await dataUrl(args.validation);
   const job = await client.training.jobs.createSft({
     model_id: model.id,
     training_data_url: url,
+    ...(validation ? { validation_data_url: validation } : {}),
     config: args.config ?? {},
     ...(args.experimental && Object.keys(args.experimental).length
       ? { experimental_config: args.experimental }
@@ -255,6 +259,12 @@ export async function followJob(
       const line = `${progressBar(step, total)} step ${step}/${total}  loss ${Number(data.loss).toFixed(4)}${typeof data.reward === "number" ? `  reward ${data.reward.toFixed(3)}` : ""}`;
       if (out.bar) out.bar(line);
       else out.line(line);
+    } else if (event.type === "validation") {
+      const step = Number(data.gradient_step ?? 0);
+      const accuracy = data.mean_token_accuracy;
+      out.line(
+        `Validation at step ${step}${total ? `/${total}` : ""}: loss ${Number(data.loss).toFixed(4)}${typeof accuracy === "number" ? `  token accuracy ${(accuracy * 100).toFixed(1)}%` : ""} (${String(data.num_examples)} examples)`,
+      );
     } else if (event.type === "checkpoint_saved") {
       const step = Number(data.step);
       out.line(

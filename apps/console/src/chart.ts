@@ -8,6 +8,11 @@ export interface Line {
   values: Map<number, number>;
   /** Steps to mark with a point on this line (checkpoints). */
   marks?: Set<number>;
+  /**
+   * A validation curve: a few points (each an evaluation of a whole held-out set), drawn dashed
+   * with its points, in the validation colours, and never smoothed.
+   */
+  validation?: boolean;
 }
 
 /** How every chart of a page draws: EMA smoothing weight (0: none) and a log y scale. */
@@ -17,6 +22,8 @@ export interface ChartView {
 }
 
 const PALETTE = ["#2f7de1", "#e0672c", "#2a9d5b", "#b04fc6"];
+/** Validation curves' colours: apart from the training lines', the first job's first. */
+const VALIDATION_PALETTE = ["#d6336c", "#9c7a00"];
 const HEIGHT = 220;
 
 function cssVar(name: string, fallback: string): string {
@@ -37,8 +44,8 @@ function fitLabels(self: uPlot, values: string[] | null, axisIdx: number, cycle:
 }
 
 /**
- * A live uPlot chart of one metric over gradient steps, for one or more jobs; checkpoints are
- * a points-only series on the first line. `update()` redraws after values were added; `view()`
+ * A live uPlot chart of one metric over gradient steps, for one or more jobs (and their
+ * validation curves); checkpoints are a points-only series on the first line. `update()` redraws after values were added; `view()`
  * smooths (the raw line stays, faint) or switches to a log scale. Drag across a chart to zoom
  * into those steps; a double click zooms out.
  */
@@ -48,7 +55,10 @@ export class MetricChart {
   readonly #x: string;
   readonly #body: HTMLElement;
   readonly #count: HTMLElement;
+  readonly #reset: HTMLButtonElement;
   #view: ChartView = { smoothing: 0, log: false };
+  /** The x range dragged to, kept while new points arrive and across a change of view. */
+  #zoom: { min: number; max: number } | null = null;
   #plot: uPlot;
 
   /** `x` names the x axis: a job's `step`, a run's `operation` (its sequence id). */
@@ -57,10 +67,16 @@ export class MetricChart {
     this.#x = x;
     this.#body = h("div", { class: "plot" });
     this.#count = h("span", { class: "subtle", "data-points": "0" }, "no points yet");
+    this.#reset = h(
+      "button",
+      { type: "button", class: "small", hidden: true, "aria-label": `Reset zoom of ${title}` },
+      "Reset zoom",
+    );
+    this.#reset.addEventListener("click", () => this.#unzoom());
     this.element = h(
       "figure",
       { class: "chart", "data-metric": title },
-      h("figcaption", null, h("strong", null, title), " ", this.#count),
+      h("figcaption", null, h("strong", null, title), " ", this.#count, " ", this.#reset),
       this.#body,
     );
     this.#plot = this.#build();
@@ -80,8 +96,21 @@ export class MetricChart {
     };
     const smooth = this.#view.smoothing > 0;
     const series: uPlot.Series[] = [{ label: this.#x }];
-    this.#lines.forEach((line, i) => {
-      const color = PALETTE[i % PALETTE.length]!;
+    let trained = 0;
+    let validated = 0;
+    this.#lines.forEach((line) => {
+      if (line.validation) {
+        series.push({
+          label: line.label,
+          stroke: VALIDATION_PALETTE[validated++ % VALIDATION_PALETTE.length]!,
+          width: 2,
+          dash: [6, 4],
+          spanGaps: true,
+          points: { show: true, size: 7 },
+        });
+        return;
+      }
+      const color = PALETTE[trained++ % PALETTE.length]!;
       series.push({
         label: smooth ? `${line.label} (smoothed)` : line.label,
         stroke: color,
@@ -116,11 +145,35 @@ export class MetricChart {
         axes: [{ ...axis, label: this.#x }, axis],
         legend: { live: true },
         cursor: { drag: { x: true, y: false } },
+        hooks: { setScale: [(u, key) => key === "x" && this.#zoomed(u)] },
         series,
       },
       this.#data(),
       this.#body,
     );
+  }
+
+  /** After the x scale changed: a drag (narrower than the data) zooms, a double click (the
+   * whole range again) zooms out. The range shows as `data-zoom` and a Reset button. */
+  #zoomed(u: uPlot): void {
+    const xs = u.data[0];
+    const { min, max } = u.scales.x!;
+    const narrower =
+      xs.length > 1 &&
+      min !== undefined &&
+      max !== undefined &&
+      (min > xs[0]! || max < xs[xs.length - 1]!);
+    this.#zoom = narrower ? { min: min!, max: max! } : null;
+    this.#reset.hidden = !narrower;
+    if (narrower) this.element.dataset.zoom = `${Math.round(min!)}-${Math.round(max!)}`;
+    else delete this.element.dataset.zoom;
+  }
+
+  #unzoom(): void {
+    const xs = this.#plot.data[0];
+    this.#zoom = null;
+    if (xs.length > 0) this.#plot.setScale("x", { min: xs[0]!, max: xs[xs.length - 1]! });
+    else this.#zoomed(this.#plot);
   }
 
   #data(): uPlot.AlignedData {
@@ -132,7 +185,8 @@ export class MetricChart {
     const columns: (number | null)[][] = [];
     for (const line of this.#lines) {
       const raw = steps.map((s) => shown(line.values.get(s) ?? null));
-      if (this.#view.smoothing > 0) columns.push(ema(raw, this.#view.smoothing), raw);
+      if (this.#view.smoothing > 0 && !line.validation)
+        columns.push(ema(raw, this.#view.smoothing), raw);
       else columns.push(raw);
     }
     const first = this.#lines[0]!;
@@ -148,14 +202,19 @@ export class MetricChart {
   view(view: ChartView): void {
     if (view.smoothing === this.#view.smoothing && view.log === this.#view.log) return;
     this.#view = { ...view };
+    const zoom = this.#zoom;
     this.#plot.destroy();
     this.#plot = this.#build();
+    if (zoom) this.#plot.setScale("x", zoom);
     this.element.dataset.smoothing = String(view.smoothing);
     this.element.dataset.scale = view.log ? "log" : "linear";
   }
 
   update(): void {
-    this.#plot.setData(this.#data());
+    // While zoomed, new points do not pull the view back out to every step.
+    const zoom = this.#zoom;
+    this.#plot.setData(this.#data(), zoom === null);
+    if (zoom) this.#plot.setScale("x", zoom);
     const points = this.#lines.reduce((n, l) => n + l.values.size, 0);
     this.#count.dataset.points = String(points);
     this.#count.textContent = points === 1 ? "1 point" : `${points} points`;
@@ -193,6 +252,10 @@ export function chartControls(charts: readonly MetricChart[]): HTMLElement {
     { class: "row wrap chart-controls" },
     h("label", { class: "check" }, "Smoothing ", weight, " ", shown),
     h("label", { class: "check" }, log, " Log scale"),
-    h("small", { class: "subtle" }, "Drag across a chart to zoom; double-click to zoom out."),
+    h(
+      "small",
+      { class: "subtle" },
+      "Drag across a chart to zoom; double-click it (or Reset zoom) to zoom out.",
+    ),
   );
 }

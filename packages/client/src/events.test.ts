@@ -48,6 +48,9 @@ for await (const event of client.training.jobs.events.follow("job")) {
   if (event.type === "gradient_step") {
     lines.push(\`step \${event.data.gradient_step}: loss \${event.data.loss?.toFixed(3)}\`);
     lines.push(event.data.reward?.toFixed(3) ?? "");
+  } else if (event.type === "validation") {
+    lines.push(\`validation after \${event.data.gradient_step}: \${event.data.loss?.toFixed(3)}\`);
+    lines.push(event.data.mean_token_accuracy?.toFixed(2) ?? "", String(event.data.num_examples));
   } else if (event.type === "training_started") {
     lines.push(\`\${event.data.num_sequences} steps\`, String(event.data.resumed_from_step ?? 0));
   } else if (event.type === "checkpoint_saved") {

@@ -80,6 +80,7 @@ export {
   type TrainingOperationProgress,
   type TrainingRun,
   type TrainingStartedEvent,
+  type ValidationEvent,
 } from "./resources/training.ts";
 export { isRetryableRequest, retryDelayMs, shouldRetryResponse } from "./retries.ts";
 export { VERSION } from "./version.ts";

@@ -84,13 +84,14 @@ export interface EnqueueInput {
 }
 
 /**
- * The event types that report a step, and the `data` field that names it: `gradient_step` (the
- * job's own step count) and `checkpoint_saved` (the model's step). A job has at most one event
+ * The event types that report a step, and the `data` field that names it: `gradient_step` and
+ * `validation` (the job's own step count) and `checkpoint_saved` (the model's step). A job has at most one event
  * of each type per step, so a step that a resumed run trains again, or that two workers both
  * reach after a lease expired, is reported once: the first report stands.
  */
 const STEP_FIELDS: Readonly<Record<string, string>> = {
   gradient_step: "gradient_step",
+  validation: "gradient_step",
   checkpoint_saved: "step",
 };
 

@@ -18,10 +18,12 @@ import { datasetIdOf, findDataset } from "./datasets/datasets.ts";
 
 type Schemas = components["schemas"];
 
-/** What an SFT job asks for, as stored with its row: the request's two configs. */
+/** What an SFT job asks for, as stored with its row: the request's two configs, and its
+ * validation set when it has one (the training set's URL is the row's `payload_ref`). */
 export type SftJobSpec = {
   config: Schemas["SftConfig"];
   experimental_config: Schemas["SftExperimentalConfig"];
+  validation_data_url?: string;
 };
 
 /** What an RL job asks for, as stored with its row: the request's experimental config. */
@@ -33,6 +35,11 @@ export const MAX_JOB_EXAMPLES = 10_000_000;
 export const MAX_JOB_STEPS = 1_000_000;
 /** The most tokens one job may process, all epochs together. */
 export const MAX_JOB_TOKENS = 5_000_000_000;
+
+/** The most examples (lines) a job's validation set may hold. */
+export const MAX_VALIDATION_EXAMPLES = 100_000;
+/** The most tokens a job's validation set may hold (once; each evaluation reads them all). */
+export const MAX_VALIDATION_TOKENS = 10_000_000;
 
 /** RL jobs' trajectory groups live in blobs under this prefix; the row points at one. */
 export const PAYLOADS_PREFIX = "jobs/payloads/";
@@ -46,29 +53,30 @@ export async function enqueueSftJob(
   model: Model,
   request: {
     training_data_url: string;
+    validation_data_url?: string | null;
     config?: Schemas["SftConfig"] | null;
     experimental_config?: Schemas["SftExperimentalConfig"] | null;
   },
 ): Promise<TrainingJob> {
   const url = request.training_data_url;
   const config = request.config ?? {};
-  if (url.startsWith("wandb-artifact://")) {
-    throw new InvalidInputError(
-      `training_data_url ${quote(url)} is a W&B artifact (where ART's train_sft uploads its data), which a self-hosted Arbor cannot read: upload the JSONL with POST /v1/preview/datasets (or arbor datasets upload) and send its dataset:// URL.`,
-      { param: "training_data_url", code: "unsupported_training_data_url" },
-    );
+  const lines = await checkDataUrl(store, model.entity, url, "training_data_url");
+  if (lines !== undefined) checkSftSize(lines, config);
+  const validation = request.validation_data_url ?? undefined;
+  if (validation !== undefined) {
+    const count = await checkDataUrl(store, model.entity, validation, "validation_data_url");
+    if (count !== undefined && count > MAX_VALIDATION_EXAMPLES) {
+      throw new InvalidInputError(
+        `The validation set has ${count} lines, more than the limit of ${MAX_VALIDATION_EXAMPLES}: validate on a sample of it.`,
+        { param: "validation_data_url", code: "validation_set_too_large" },
+      );
+    }
   }
-  if (url.startsWith("dataset://")) {
-    // A `dataset://` URL that is not an id names no dataset: not found, like an unknown id.
-    const dataset = await findDataset(store, model.entity, datasetIdOf(url) ?? url);
-    checkSftSize(dataset.lines, config);
-  } else if (!URL.canParse(url)) {
-    throw new InvalidInputError(`training_data_url is not a valid URL: ${quote(url)}`, {
-      param: "training_data_url",
-      code: "invalid_training_data_url",
-    });
-  }
-  const spec: SftJobSpec = { config, experimental_config: request.experimental_config ?? {} };
+  const spec: SftJobSpec = {
+    config,
+    experimental_config: request.experimental_config ?? {},
+    ...(validation !== undefined ? { validation_data_url: validation } : {}),
+  };
   return store.jobs.enqueue({
     type: "sft",
     model_id: model.id,
@@ -77,6 +85,36 @@ export async function enqueueSftJob(
     payload_ref: url,
     step_from: model.latest_step ?? 0,
   });
+}
+
+/**
+ * Checks a data URL of an SFT job (`training_data_url` or `validation_data_url`, `param`): a
+ * `dataset://` must name one of the entity's datasets (its lines are returned), an `https://`
+ * URL must parse (the worker fetches it), and a `wandb-artifact://` is refused.
+ */
+async function checkDataUrl(
+  store: Store,
+  entity: string,
+  url: string,
+  param: "training_data_url" | "validation_data_url",
+): Promise<number | undefined> {
+  if (url.startsWith("wandb-artifact://")) {
+    throw new InvalidInputError(
+      `${param} ${quote(url)} is a W&B artifact (where ART's train_sft uploads its data), which a self-hosted Arbor cannot read: upload the JSONL with POST /v1/preview/datasets (or arbor datasets upload) and send its dataset:// URL.`,
+      { param, code: `unsupported_${param}` },
+    );
+  }
+  if (url.startsWith("dataset://")) {
+    // A `dataset://` URL that is not an id names no dataset: not found, like an unknown id.
+    return (await findDataset(store, entity, datasetIdOf(url) ?? url)).lines;
+  }
+  if (!URL.canParse(url)) {
+    throw new InvalidInputError(`${param} is not a valid URL: ${quote(url)}`, {
+      param,
+      code: `invalid_${param}`,
+    });
+  }
+  return undefined;
 }
 
 /** Queues one RL step on `groups` for `model`. The groups go to a blob first; the row points at
@@ -182,7 +220,23 @@ function checkSftSize(lines: number, config: Schemas["SftConfig"]): void {
  * spec validated, so the stored JSON has the spec's shape. */
 export function sftJobSpec(job: TrainingJob): SftJobSpec {
   const stored = job.config as Partial<SftJobSpec> | null;
-  return { config: stored?.config ?? {}, experimental_config: stored?.experimental_config ?? {} };
+  return {
+    config: stored?.config ?? {},
+    experimental_config: stored?.experimental_config ?? {},
+    ...(stored?.validation_data_url ? { validation_data_url: stored.validation_data_url } : {}),
+  };
+}
+
+/**
+ * The job's steps after which its validation set is evaluated: 0 (before the first step), every
+ * `eval_every` steps, and the last. Default `eval_every`: `checkpoint_every` when set, else a
+ * tenth of the steps rounded up (about ten points).
+ */
+export function validationSteps(config: Schemas["SftConfig"], totalSteps: number): Set<number> {
+  const every = config.eval_every ?? config.checkpoint_every ?? Math.ceil(totalSteps / 10);
+  const steps = new Set([0, totalSteps]);
+  for (let step = every; step < totalSteps; step += Math.max(1, every)) steps.add(step);
+  return steps;
 }
 
 export function rlJobSpec(job: TrainingJob): RlJobSpec {

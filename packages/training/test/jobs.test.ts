@@ -9,11 +9,13 @@ import {
   enqueueRlJob,
   enqueueSftJob,
   MAX_JOB_EXAMPLES,
+  MAX_VALIDATION_EXAMPLES,
   PAYLOADS_PREFIX,
   rlJobSpec,
   rlStepConfig,
   sftJobSpec,
   sftTrainingConfig,
+  validationSteps,
 } from "../src/jobs.ts";
 
 /** The training domain's jobs, without HTTP: what is checked at enqueue, what is stored, and
@@ -103,6 +105,18 @@ describe("sftTrainingConfig", () => {
       maxGradNorm: 0.5,
       adamW: { weightDecay: 0.01 },
     });
+  });
+});
+
+describe("validationSteps", () => {
+  it("when eval_every is absent, then checkpoint_every, else a tenth of the steps; always 0 and the last", () => {
+    const sorted = (s: Set<number>) => [...s].sort((a, b) => a - b);
+    expect(sorted(validationSteps({}, 25))).toEqual([0, 3, 6, 9, 12, 15, 18, 21, 24, 25]);
+    expect(sorted(validationSteps({ checkpoint_every: 10 }, 25))).toEqual([0, 10, 20, 25]);
+    expect(sorted(validationSteps({ checkpoint_every: 10, eval_every: 7 }, 25))).toEqual([
+      0, 7, 14, 21, 25,
+    ]);
+    expect(sorted(validationSteps({}, 1))).toEqual([0, 1]);
   });
 });
 
@@ -208,6 +222,65 @@ describe("enqueueSftJob", () => {
       enqueueSftJob(store, model, { training_data_url: "https://" }),
     ).rejects.toMatchObject({ kind: "invalid", param: "training_data_url" });
     expect((await store.jobs.list("e", { limit: 100 })).data.length).toBe(before);
+  });
+
+  it("when a validation set is given, then its URL is checked as the training data's and kept with the spec", async () => {
+    const dataset = await createDataset(store, { entity: "e", name: null, text: `${line}\n` });
+    const url = `dataset://${dataset.id}`;
+    const job = await enqueueSftJob(store, model, {
+      training_data_url: url,
+      validation_data_url: url,
+    });
+    expect(sftJobSpec(job)).toEqual({
+      config: {},
+      experimental_config: {},
+      validation_data_url: url,
+    });
+    await store.jobs.cancelJob("e", job.id);
+    const before = (await store.jobs.list("e", { limit: 100 })).data.length;
+    await expect(
+      enqueueSftJob(store, model, {
+        training_data_url: url,
+        validation_data_url: "wandb-artifact:///e/p/data:v0",
+      }),
+    ).rejects.toMatchObject({
+      kind: "invalid",
+      code: "unsupported_validation_data_url",
+      param: "validation_data_url",
+      message: expect.stringContaining("dataset://"),
+    });
+    await expect(
+      enqueueSftJob(store, model, {
+        training_data_url: url,
+        validation_data_url: "dataset://nope",
+      }),
+    ).rejects.toMatchObject({ kind: "not_found", code: "dataset_not_found" });
+    await expect(
+      enqueueSftJob(store, model, { training_data_url: url, validation_data_url: "https://" }),
+    ).rejects.toMatchObject({ kind: "invalid", code: "invalid_validation_data_url" });
+    expect((await store.jobs.list("e", { limit: 100 })).data.length).toBe(before);
+  });
+
+  it("when the validation dataset has more lines than a validation set may, then it is refused naming the limit", async () => {
+    const train = await createDataset(store, { entity: "e", name: null, text: `${line}\n` });
+    // Only the row's count is read at create.
+    const big = await store.datasets.create({
+      entity: "e",
+      blob_key: "datasets/big-validation.jsonl",
+      bytes: 1,
+      lines: MAX_VALIDATION_EXAMPLES + 1,
+    });
+    await expect(
+      enqueueSftJob(store, model, {
+        training_data_url: `dataset://${train.id}`,
+        validation_data_url: `dataset://${big.id}`,
+      }),
+    ).rejects.toMatchObject({
+      kind: "invalid",
+      code: "validation_set_too_large",
+      param: "validation_data_url",
+      message: expect.stringContaining(`limit of ${MAX_VALIDATION_EXAMPLES}`),
+    });
   });
 
   it("when the dataset times the epochs is over the bound, then it is refused naming the limit", async () => {

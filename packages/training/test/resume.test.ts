@@ -69,11 +69,13 @@ function dying(store: Store, dies: (call: string, args: unknown[]) => boolean): 
   });
 }
 
-/** An event as the test reads it: `g3` (gradient step 3), `c4` (checkpoint 4), `started`
+/** An event as the test reads it: `g3` (gradient step 3), `v3` (validation after step 3),
+ * `c4` (checkpoint 4), `started`
  * (with `from K (attempt A)` when it resumes), or the type. */
 function brief(event: JobEvent): string {
   const data = event.data as Record<string, unknown>;
   if (event.type === "gradient_step") return `g${String(data.gradient_step)}`;
+  if (event.type === "validation") return `v${String(data.gradient_step)}`;
   if (event.type === "checkpoint_saved") return `c${String(data.step)}`;
   if (event.type === "training_started" && data.resumed_from_step !== undefined)
     return `started from ${String(data.resumed_from_step)} (attempt ${String(data.attempt)})`;
@@ -111,8 +113,9 @@ for (const [backend, store] of [
       ).model;
     }
 
-    /** 6 steps (6 examples, batches of 2, 2 epochs), a checkpoint every 2. */
-    async function sftJob() {
+    /** 6 steps (6 examples, batches of 2, 2 epochs), a checkpoint every 2; with `validate`, the
+     * same lines as a validation set, evaluated after every step. */
+    async function sftJob(validate = false) {
       await db.entities.ensure("e");
       const text = `${Array.from({ length: 6 }, (_, i) =>
         JSON.stringify({
@@ -125,7 +128,13 @@ for (const [backend, store] of [
       const dataset = await createDataset(db, { entity: "e", name: null, text });
       return enqueueSftJob(db, await model(), {
         training_data_url: `dataset://${dataset.id}`,
-        config: { batch_size: 2, epochs: 2, checkpoint_every: 2 },
+        ...(validate ? { validation_data_url: `dataset://${dataset.id}` } : {}),
+        config: {
+          batch_size: 2,
+          epochs: 2,
+          checkpoint_every: 2,
+          ...(validate ? { eval_every: 1 } : {}),
+        },
         experimental_config: { lora_rank: 4, seed: 3 },
       });
     }
@@ -199,6 +208,61 @@ for (const [backend, store] of [
       const checkpoints = (await db.models.listCheckpoints("e", job.model_id, { order: "asc" }))
         .data;
       expect(checkpoints.map((c) => c.step)).toEqual([0, 2, 4, 6]);
+    });
+
+    it("when an SFT job with a validation set dies before validating a step past its checkpoint, then each step's validation is reported once", async () => {
+      const queued = await sftJob(true);
+      const { job, events, steps } = await dieAndResume(
+        queued.id,
+        at("jobs.appendEvent", "validation", "gradient_step", 4),
+      );
+      // Steps 3 and 4 ran twice; v3 (and g3, g4) keep their first report, v4 comes from the resume.
+      expect(steps).toEqual([
+        "started",
+        "v0",
+        "g1",
+        "v1",
+        "g2",
+        "v2",
+        "c2",
+        "g3",
+        "v3",
+        "g4",
+        "started from 2 (attempt 2)",
+        "v4",
+        "c4",
+        "g5",
+        "v5",
+        "g6",
+        "v6",
+        "c6",
+        "training_ended",
+      ]);
+      expect(job).toMatchObject({ status: "succeeded", step_to: 6 });
+      const validations = events.filter((e) => e.type === "validation");
+      for (const v of validations) {
+        expect(v.data).toEqual({
+          gradient_step: expect.any(Number),
+          loss: expect.any(Number),
+          mean_token_accuracy: expect.any(Number),
+          num_tokens: expect.any(Number),
+          num_trainable_tokens: expect.any(Number),
+          num_examples: 6,
+        });
+      }
+      const loss = (step: number) =>
+        (
+          validations.find((v) => (v.data as { gradient_step: number }).gradient_step === step)!
+            .data as { loss: number }
+        ).loss;
+      const checkpoints = (await db.models.listCheckpoints("e", job.model_id, { order: "asc" }))
+        .data;
+      expect(checkpoints.map((c) => c.metrics["validation/loss"])).toEqual([
+        undefined,
+        loss(2),
+        loss(4),
+        loss(6),
+      ]);
     });
 
     it("when an SFT job dies between listing a checkpoint and its event, then the resumed run announces that checkpoint once", async () => {

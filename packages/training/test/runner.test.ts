@@ -8,7 +8,12 @@ import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { createDataset } from "../src/datasets/datasets.ts";
-import { enqueueRlJob, enqueueSftJob, MAX_JOB_EXAMPLES } from "../src/jobs.ts";
+import {
+  enqueueRlJob,
+  enqueueSftJob,
+  MAX_JOB_EXAMPLES,
+  MAX_VALIDATION_EXAMPLES,
+} from "../src/jobs.ts";
 import { stopWords, writeCancelled, writeStopping } from "../src/runner/cancel.ts";
 import { baseModels, sftExamplesLoader } from "../src/runner/loaders.ts";
 import {
@@ -72,6 +77,46 @@ describe("TrainingWorker.runJob", () => {
     expect(activity).toEqual([
       { type: "ended", jobType: "sft", outcome: "failed", seconds: expect.any(Number) },
     ]);
+  });
+
+  it("when a fetched validation set holds more examples than a validation set may, then the job fails before its first step, naming the limit and the file", async () => {
+    const { model } = await store.models.create({
+      entity: "e",
+      project: "p",
+      name: "big-validation",
+      base_model: "arbor/tiny-chat",
+      initialCheckpoint: {},
+    });
+    const worker = new TrainingWorker({
+      store,
+      logger: pino({ level: "silent" }),
+      loadBaseModel: baseModels(),
+      loadSftExamples: async (_entity, url) =>
+        Array.from(
+          { length: url.endsWith("held-out.jsonl") ? MAX_VALIDATION_EXAMPLES + 1 : 1 },
+          () => example,
+        ),
+    });
+    await store.jobs.enqueue({
+      type: "sft",
+      model_id: model.id,
+      entity: "e",
+      config: {
+        config: {},
+        experimental_config: {},
+        validation_data_url: "https://data.example/held-out.jsonl",
+      },
+      payload_ref: "https://data.example/train.jsonl",
+    });
+    const job = await store.jobs.claimNextJob(worker.workerId, 60_000);
+    await worker.runJob(job!);
+    const after = await store.jobs.get("e", job!.id);
+    expect(after?.status).toBe("failed");
+    expect(after?.error_message).toBe(
+      `The validation set (https://data.example/held-out.jsonl) has ${MAX_VALIDATION_EXAMPLES + 1} examples, more than the limit of ${MAX_VALIDATION_EXAMPLES}: validate on a sample of it.`,
+    );
+    const events = (await store.jobs.listEvents("e", job!.id)).data;
+    expect(events.map((e) => e.type)).toEqual(["training_failed"]);
   });
 
   function worker(options: Partial<TrainingWorkerOptions> = {}) {
@@ -314,6 +359,36 @@ describe("TrainingWorker.runJob", () => {
     const job = await runNext(worker());
     expect(job.status).toBe("failed");
     expect(job.error_message).toBe("Line 1: messages has no assistant message to learn from.");
+    const events = (await store.jobs.listEvents("e", job.id)).data;
+    expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+  });
+
+  it("when the validation set has a bad line, then the job fails before its first step naming the line and the file", async () => {
+    const m = await model("bad-validation");
+    const good = await createDataset(store, {
+      entity: "e",
+      name: null,
+      text: `${JSON.stringify(example)}\n`,
+    });
+    await store.blobs.put(
+      "datasets/bad-validation.jsonl",
+      `${JSON.stringify(example)}\n{"messages": [{"role": "user", "content": "x"}]}\n`,
+    );
+    const bad = await store.datasets.create({
+      entity: "e",
+      blob_key: "datasets/bad-validation.jsonl",
+      bytes: 10,
+      lines: 2,
+    });
+    await enqueueSftJob(store, m, {
+      training_data_url: `dataset://${good.id}`,
+      validation_data_url: `dataset://${bad.id}`,
+    });
+    const job = await runNext(worker());
+    expect(job.status).toBe("failed");
+    expect(job.error_message).toBe(
+      `Validation data (dataset://${bad.id}): Line 2: messages has no assistant message to learn from.`,
+    );
     const events = (await store.jobs.listEvents("e", job.id)).data;
     expect(events.map((e) => e.type)).toEqual(["training_failed"]);
   });

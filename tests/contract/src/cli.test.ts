@@ -229,6 +229,43 @@ describe("arbor CLI", () => {
     }
   });
 
+  it("when a validation file is given, then it is uploaded too and the follow prints a validation line at the start, each eval_every steps and the end", async () => {
+    const client = server.authorizedClient();
+    const data = join(dir, "train-v.jsonl");
+    const held = join(dir, "held-out.jsonl");
+    writeFileSync(data, reversalJsonl(["cat", "dog", "sun", "map"]));
+    writeFileSync(held, reversalJsonl(["pen", "cup"]));
+    await remote.createModel(
+      client,
+      { project: "cli", name: "validated", base: "arbor/tiny-chat" },
+      capture().out,
+    );
+    const { lines, out } = capture();
+    const job = await remote.trainSft(
+      client,
+      {
+        model: "default/cli/validated",
+        data,
+        validation: held,
+        config: { epochs: 2, batch_size: 2, eval_every: 2 },
+      },
+      out,
+    );
+    expect(lines.filter((l) => l.startsWith("Uploaded 2 lines"))).toHaveLength(1);
+    expect((await client.training.jobs.retrieve(job)).config).toMatchObject({
+      validation_data_url: expect.stringMatching(/^dataset:\/\//),
+    });
+    await remote.followJob(client, { job }, out);
+    const validations = lines.filter((l) => l.startsWith("Validation"));
+    expect(validations.map((l) => l.replace(/:.*/, ""))).toEqual([
+      "Validation at step 0/4",
+      "Validation at step 2/4",
+      "Validation at step 4/4",
+    ]);
+    for (const line of validations)
+      expect(line).toMatch(/: loss \d+\.\d{4} {2}token accuracy \d+\.\d% \(2 examples\)$/);
+  });
+
   it("when a dataset file is missing, empty or blank, then the error says so in words and nothing is sent", async () => {
     const client = server.authorizedClient();
     const missing = join(dir, "missing.jsonl");

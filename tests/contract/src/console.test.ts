@@ -101,6 +101,45 @@ function dataset(): string {
   return `${lines.join("\n")}\n`;
 }
 
+/** Held-out examples like `dataset()`'s (the same words, other digits): a validation set. */
+function heldOut(): string {
+  const words = [
+    "cat",
+    "dog",
+    "sun",
+    "map",
+    "cup",
+    "pen",
+    "box",
+    "hat",
+    "owl",
+    "fig",
+    "jam",
+    "kit",
+  ];
+  return `${words
+    .map((word, i) => {
+      const w = `${word}${5 + (i % 3)}`;
+      return JSON.stringify({
+        messages: [
+          { role: "user", content: `Reverse: ${w}` },
+          { role: "assistant", content: [...w].reverse().join("") },
+        ],
+      });
+    })
+    .join("\n")}\n`;
+}
+
+/** Drags across a chart's plot from `from` to `to` (fractions of its width), as a user zooms. */
+async function dragAcross(figure: ReturnType<Page["locator"]>, from: number, to: number) {
+  const box = (await figure.locator(".u-over").boundingBox())!;
+  const y = box.y + box.height / 2;
+  await page.mouse.move(box.x + box.width * from, y);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width * to, y, { steps: 8 });
+  await page.mouse.up();
+}
+
 describe.skipIf(missing)("the console in a browser", () => {
   it("when a user signs in, uploads, trains and chats, then every step works with no console error or failed request", async () => {
     const base = server.baseUrl;
@@ -172,6 +211,9 @@ describe.skipIf(missing)("the console in a browser", () => {
     expect(await badLine.locator(".lineno").textContent()).toBe("3");
     expect(await page.getByRole("alert").first().textContent()).toMatch(/^400 Line 3: /);
     await shot("dataset-error");
+    // A held-out set uploaded before (by a script, say), to validate on.
+    const api = server.authorizedClient();
+    const held = await api.training.datasets.create(heldOut(), { name: "held-out" });
     await page.getByLabel("JSONL file").setInputFiles({
       name: "reversals.jsonl",
       mimeType: "application/jsonl",
@@ -182,12 +224,17 @@ describe.skipIf(missing)("the console in a browser", () => {
     expect(await page.locator("[data-lines]").getAttribute("data-lines")).toBe("48");
     await shot("dataset");
 
-    // 3. Start SFT: enough steps to watch it run.
+    // 3. Start SFT: enough steps to watch it run, validated on the held-out set.
     await page.getByLabel("Epochs").fill("30");
     await page.getByLabel("Batch size").fill("2");
+    await page.getByLabel("Validation set").selectOption({ label: "held-out (12 lines)" });
     await page.getByRole("button", { name: "Start SFT job" }).click();
     await page.getByRole("heading", { name: /SFT job/ }).waitFor();
     const firstJob = page.url();
+    const firstJobId = new URL(firstJob).hash.split("/")[2]!;
+    expect((await api.training.jobs.retrieve(firstJobId)).config).toMatchObject({
+      validation_data_url: held.url,
+    });
 
     // 4. The loss curve gains points while the job runs.
     const loss = page.locator('figure[data-metric="Loss"] [data-points]');
@@ -203,8 +250,27 @@ describe.skipIf(missing)("the console in a browser", () => {
     const final = Number(await loss.getAttribute("data-points"));
     const growing = [...seen].filter((n) => n > 0 && n < final);
     expect(growing.length, `points seen while running: ${[...seen]}`).toBeGreaterThan(0);
-    expect(final).toBe(720); // 48 examples × 30 epochs / batch 2
+    // 48 examples × 30 epochs / batch 2 training points, and the validation curve's: before the
+    // first step, every 72 steps (a tenth) and at the last.
+    expect(final).toBe(720 + 11);
     expect(await page.locator(".progress").textContent()).toBe("Step 720 / 720");
+    // The validation curve is its own series, in the legend, beside the training loss.
+    const legend = page.locator('figure[data-metric="Loss"] .u-legend');
+    expect(await legend.textContent()).toContain(`SFT ${firstJobId.slice(0, 13)} validation`);
+    expect(
+      await page.locator('figure[data-metric="Token accuracy"] .u-legend').textContent(),
+    ).toContain("validation");
+    const validations: { gradient_step: number; loss: number | null }[] = [];
+    for await (const e of api.training.jobs.events.list(firstJobId))
+      if (e.type === "validation") validations.push(e.data);
+    expect(validations.map((v) => v.gradient_step)).toEqual([
+      0, 72, 144, 216, 288, 360, 432, 504, 576, 648, 720,
+    ]);
+    expect(validations.at(-1)!.loss!).toBeLessThan(validations[0]!.loss!);
+    const lastValidation = page.locator("dt", { hasText: "Last validation loss" });
+    expect(await lastValidation.locator("xpath=following-sibling::dd[1]").textContent()).toBe(
+      validations.at(-1)!.loss!.toPrecision(4),
+    );
     // Smoothing draws an EMA over the faint raw line; a log scale; both undone.
     await page.getByLabel("Smoothing").fill("0.6");
     await page.locator('figure[data-metric="Loss"][data-smoothing="0.6"]').waitFor();
@@ -218,6 +284,25 @@ describe.skipIf(missing)("the console in a browser", () => {
       .locator('figure[data-metric="Loss"][data-scale="linear"][data-smoothing="0"]')
       .waitFor();
     await shot("training-job");
+    // Drag across the loss chart to zoom into those steps; Reset zoom undoes it, and so does a
+    // double click.
+    const lossChart = page.locator('figure[data-metric="Loss"]');
+    const resetZoom = page.getByRole("button", { name: "Reset zoom of Loss" });
+    expect(await resetZoom.isVisible()).toBe(false);
+    await dragAcross(lossChart, 0.3, 0.6);
+    await expect.poll(() => lossChart.getAttribute("data-zoom"), PATIENT).toMatch(/^\d+-\d+$/);
+    const [lo, hi] = (await lossChart.getAttribute("data-zoom"))!.split("-").map(Number);
+    expect(lo).toBeGreaterThan(0);
+    expect(hi).toBeLessThan(720);
+    expect(hi! - lo!).toBeLessThan(720 / 2);
+    await shot("training-job-zoomed");
+    await resetZoom.click();
+    await expect.poll(() => lossChart.getAttribute("data-zoom"), PATIENT).toBeNull();
+    expect(await resetZoom.isVisible()).toBe(false);
+    await dragAcross(lossChart, 0.5, 0.7);
+    await expect.poll(() => lossChart.getAttribute("data-zoom"), PATIENT).toMatch(/^\d+-\d+$/);
+    await lossChart.locator(".u-over").dblclick();
+    await expect.poll(() => lossChart.getAttribute("data-zoom"), PATIENT).toBeNull();
 
     // 5. Chat with the checkpoint, streamed.
     await page.getByRole("link", { name: /Chat with step/ }).click();
@@ -236,7 +321,62 @@ describe.skipIf(missing)("the console in a browser", () => {
       .waitFor();
     expect((await page.locator(".answer").textContent())?.length).toBeGreaterThan(0);
     expect(await page.locator("table.logprobs tbody tr").count()).toBeGreaterThan(0);
+    await page.getByText(/^Logprobs of \d+ tokens$/).click();
+    await page.locator("table.logprobs").waitFor({ state: "visible" });
     await shot("playground");
+    // Every setting reaches the request, and shows in the answer: temperature 0 and 2 tokens
+    // at most, sent with Ctrl+Enter, in a new chat (one message, not the last chat's three).
+    const sent = async (act: () => Promise<void>) => {
+      const request = page.waitForRequest(
+        (r) => r.method() === "POST" && r.url().endsWith("/v1/chat/completions"),
+      );
+      await act();
+      const body = (await request).postDataJSON() as Record<string, unknown> & {
+        messages: unknown[];
+      };
+      await page
+        .getByRole("button", { name: "Send", exact: true })
+        .and(page.locator(":enabled"))
+        .waitFor();
+      return body;
+    };
+    await page.getByRole("button", { name: "New chat" }).click();
+    expect(await page.locator(".transcript .msg").count()).toBe(0);
+    await page.getByLabel("Temperature").fill("0");
+    await page.getByLabel("Max tokens").fill("2");
+    await page.getByLabel("Message").fill("Reverse: dog1");
+    const greedy = await sent(() => page.getByLabel("Message").press("Control+Enter"));
+    expect(greedy).toMatchObject({
+      temperature: 0,
+      max_tokens: 2,
+      logprobs: true,
+      top_logprobs: 3,
+      stream: true,
+    });
+    expect(greedy.messages).toHaveLength(1);
+    expect(await page.locator(".usage").last().textContent()).toMatch(
+      /^\d+ prompt \+ [12] completion tokens$/,
+    );
+    expect(await page.locator("table.logprobs").last().locator("tbody tr").count()).toBeLessThan(3);
+    const first = await page.locator(".answer").last().textContent();
+    // Greedy is greedy: the same question in a new chat gets the same answer.
+    await page.getByRole("button", { name: "New chat" }).click();
+    await page.getByLabel("Message").fill("Reverse: dog1");
+    await sent(() => page.getByRole("button", { name: "Send", exact: true }).click());
+    expect(await page.locator(".answer").last().textContent()).toBe(first);
+    // Another model (the base model itself), without logprobs.
+    await page.getByRole("button", { name: "New chat" }).click();
+    await page.getByLabel("Show logprobs").uncheck();
+    await page.getByLabel("Model", { exact: true }).fill("arbor/tiny-chat");
+    await page.getByLabel("Message").fill("Reverse: dog1");
+    const other = await sent(() => page.getByRole("button", { name: "Send", exact: true }).click());
+    expect(other).toMatchObject({ model: "arbor/tiny-chat", temperature: 0, max_tokens: 2 });
+    expect(other).not.toHaveProperty("logprobs");
+    expect(await page.locator(".msg.assistant strong").last().textContent()).toBe(
+      "arbor/tiny-chat",
+    );
+    expect(await page.locator("table.logprobs").count()).toBe(0);
+    await shot("playground-settings");
 
     // A second job, cancelled by the user: a neutral "Cancelled", not a red error; then the
     // first job overlaid on its curves.
@@ -292,13 +432,21 @@ describe.skipIf(missing)("the console in a browser", () => {
       )
       .toBeGreaterThanOrEqual(720);
 
-    // The datasets uploaded are listed, newest first; Open shows one again, ready to train on.
+    // The datasets uploaded are listed, newest first, 20 at a time: with 20 more uploaded (by a
+    // script, say), Load more reads the rest. Open shows one again, ready to train on.
+    for (let i = 0; i < 20; i++)
+      await api.training.datasets.create(heldOut(), { name: `extra-${i}` });
     await page.getByRole("link", { name: "Datasets", exact: true }).click();
     const uploaded = page.locator("table.datasets tbody tr");
     await uploaded.first().waitFor();
-    expect(await uploaded.count()).toBe(2);
+    expect(await uploaded.count()).toBe(20);
+    expect(await uploaded.first().locator("td").first().textContent()).toBe("extra-19");
+    await page.getByRole("button", { name: "Load more" }).click();
+    await expect.poll(() => uploaded.count(), PATIENT).toBe(23);
     expect(await page.getByRole("button", { name: "Load more" }).isVisible()).toBe(false);
+    expect(await uploaded.last().locator("td").first().textContent()).toBe("held-out");
     await uploaded
+      .filter({ hasText: "(no name)" })
       .first()
       .getByRole("button", { name: /^Open / })
       .click();
@@ -307,20 +455,40 @@ describe.skipIf(missing)("the console in a browser", () => {
     await page.getByRole("button", { name: "Start SFT job" }).waitFor();
     await shot("datasets");
 
-    // The other pages load cleanly.
+    // The other pages load cleanly. Jobs come 20 at a time too: 20 more (queued by a script,
+    // and cancelled) make a second page.
+    const pager = await api.training.models.create({
+      project: "demo",
+      name: "pager",
+      base_model: "arbor/tiny-chat",
+    });
+    for (let i = 0; i < 20; i++) {
+      const queued = await api.training.jobs.createSft({
+        model_id: pager.id,
+        training_data_url: held.url,
+      });
+      await api.training.jobs.cancel(queued.id);
+    }
     await page.getByRole("link", { name: "Jobs", exact: true }).click();
     await page.getByRole("heading", { name: "Training jobs", exact: true }).waitFor();
-    await page.locator("tbody tr").first().waitFor();
+    const jobRows = page.locator("table.jobs tbody tr");
+    await jobRows.first().waitFor();
+    expect(await jobRows.count()).toBe(20);
+    await page.getByRole("button", { name: "Load more" }).click();
+    await expect.poll(() => jobRows.count(), PATIENT).toBe(22);
     expect(await page.getByRole("button", { name: "Load more" }).isVisible()).toBe(false);
     await shot("jobs");
+    await api.training.models.delete(pager.id);
     await page.getByRole("link", { name: "Usage", exact: true }).click();
     await page.getByRole("heading", { name: "Usage", exact: true }).waitFor();
     await page.locator("table.usage").waitFor();
-    // 30 days in weekly bars; the checkpoint chatted with sits under its model; no price: "—".
+    // 30 days in weekly bars; the checkpoint chatted with sits under its model (beside the
+    // base model the playground also asked); no price: "—".
     expect(await page.locator("figure[data-bucket]").getAttribute("data-bucket")).toBe("week");
-    expect(await page.locator("table.usage td.model").first().textContent()).toBe(
+    expect((await page.locator("table.usage td.model").allTextContents()).sort()).toEqual([
+      "arbor/tiny-chat",
       "default/demo/browser",
-    );
+    ]);
     expect(await page.locator("table.usage td.checkpoint").first().textContent()).toMatch(
       /^step\d+$/,
     );

@@ -128,6 +128,115 @@ describe("createSftTrainingJob", () => {
   });
 });
 
+describe("createSftTrainingJob with a validation set", () => {
+  it("when a job has a validation set like its data, then validation events come at the start, every eval_every steps and the end, with finite numbers, the last loss lower than the first, and checkpoints keep theirs", async () => {
+    const modelId = await newModel("validated");
+    const url = await upload(words.map(reversal));
+    const held = ["ant", "bee", "elk", "yak"];
+    const validationUrl = await upload(held.map(reversal));
+    const job = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      validation_data_url: validationUrl,
+      config: {
+        epochs: 3,
+        batch_size: 4,
+        learning_rate: 3e-3,
+        lr_schedule: "constant",
+        checkpoint_every: 3,
+        eval_every: 3,
+      },
+    });
+    expect(job.config).toMatchObject({ validation_data_url: validationUrl });
+    const events = await follow(job.id);
+    expect(events.at(-1)!.type).toBe("training_ended");
+    const validations = events.flatMap((e) => (e.type === "validation" ? [e.data] : []));
+    expect(validations.map((v) => v.gradient_step)).toEqual([0, 3, 6, 9]);
+    for (const v of validations) {
+      expect(Number.isFinite(v.loss)).toBe(true);
+      expect(v.mean_token_accuracy).toBeGreaterThanOrEqual(0);
+      expect(v.mean_token_accuracy).toBeLessThanOrEqual(1);
+      expect(v).toMatchObject({ num_examples: held.length });
+      expect(v.num_trainable_tokens).toBeGreaterThan(0);
+      expect(v.num_tokens).toBeGreaterThan(v.num_trainable_tokens);
+    }
+    expect(validations.at(-1)!.loss!).toBeLessThan(validations[0]!.loss!);
+    // Before the first step there is no step to follow; each later one follows its step's event.
+    const types = events.map((e) => e.type);
+    expect(types.indexOf("validation")).toBeLessThan(types.indexOf("gradient_step"));
+    for (const step of [3, 6, 9]) {
+      const at = events.findIndex((e) => e.type === "validation" && e.data.gradient_step === step);
+      expect(events[at - 1]).toMatchObject({
+        type: "gradient_step",
+        data: { gradient_step: step },
+      });
+    }
+    const steps = events.flatMap((e) => (e.type === "gradient_step" ? [e.data] : []));
+    for (const step of steps) expect(step.mean_token_accuracy).toEqual(expect.any(Number));
+
+    const { data } = await client.training.models.checkpoints.list(modelId, { order: "asc" });
+    expect(data.map((c) => [c.step, c.metrics["validation/loss"]])).toEqual([
+      [0, undefined],
+      [3, validations[1]!.loss],
+      [6, validations[2]!.loss],
+      [9, validations[3]!.loss],
+    ]);
+    expect(data.at(-1)!.metrics["validation/mean_token_accuracy"]).toBe(
+      validations[3]!.mean_token_accuracy,
+    );
+  });
+
+  it("when the validation file has a bad line, then the job fails before any step naming the line and the file", async () => {
+    const modelId = await newModel("bad-validation");
+    const url = await upload(words.slice(0, 4).map(reversal));
+    // A file a client cannot upload (uploads are checked line by line): what an https:// URL
+    // may serve. The harness has no TLS server, so it goes to the store as a dataset would.
+    const text = `${JSON.stringify(reversal("ant"))}\n{"messages": [{"role": "user", "content": "no answer"}]}\n`;
+    const dataset = await server.store.datasets.create({
+      entity: "default",
+      blob_key: `datasets/bad-validation-${modelId}.jsonl`,
+      bytes: text.length,
+      lines: 2,
+    });
+    await server.store.blobs.put(dataset.blob_key, text);
+    const job = await client.training.jobs.createSft({
+      model_id: modelId,
+      training_data_url: url,
+      validation_data_url: `dataset://${dataset.id}`,
+    });
+    const events = await follow(job.id);
+    expect(events.map((e) => e.type)).toEqual(["training_failed"]);
+    const message = `Validation data (dataset://${dataset.id}): Line 2: messages has no assistant message to learn from.`;
+    expect(events[0]!.data).toEqual({ error_message: message });
+    expect(await client.training.jobs.retrieve(job.id)).toMatchObject({
+      status: "failed",
+      error_message: message,
+    });
+  });
+
+  it("when the validation URL is a W&B artifact, then 400 unsupported_validation_data_url and nothing is queued", async () => {
+    const modelId = await newModel("wandb-validation");
+    const url = await upload(words.slice(0, 4).map(reversal));
+    const { response, error } = await client.POST("/v1/preview/sft-training-jobs", {
+      body: {
+        model_id: modelId,
+        training_data_url: url,
+        validation_data_url: "wandb-artifact:///default/train/held-out:v0",
+      },
+    });
+    expect(response.status).toBe(400);
+    expect(error).toMatchObject({
+      error: {
+        type: "invalid_request_error",
+        code: "unsupported_validation_data_url",
+        param: "validation_data_url",
+        message: expect.stringContaining("dataset://"),
+      },
+    });
+    expect((await server.store.jobs.list("default", { model_id: modelId })).data).toEqual([]);
+  });
+});
+
 describe("createRlTrainingJob", () => {
   const choice = (content: string) => ({
     index: 0,

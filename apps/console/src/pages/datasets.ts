@@ -135,9 +135,10 @@ async function badLine(err: unknown, file: File): Promise<HTMLElement> {
 
 async function showDataset(result: HTMLElement, dataset: Dataset): Promise<void> {
   const client = api();
-  const [page, models] = await Promise.all([
+  const [page, models, others] = await Promise.all([
     client.training.datasets.lines(dataset.id, { limit: 20 }),
     all(client.training.models.list()),
+    all(client.training.datasets.list({ limit: 100 }), 100),
   ]);
   mount(
     result,
@@ -159,7 +160,11 @@ async function showDataset(result: HTMLElement, dataset: Dataset): Promise<void>
       ),
       linesTable(page.data, dataset.lines),
     ),
-    trainForm(dataset, models),
+    trainForm(
+      dataset,
+      models,
+      others.filter((d) => d.id !== dataset.id),
+    ),
   );
 }
 
@@ -186,7 +191,8 @@ function linesTable(lines: DatasetLine[], total: number): HTMLElement {
   );
 }
 
-function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
+/** An SFT job on `dataset`, optionally validated on one of `others` (the newest 100). */
+function trainForm(dataset: Dataset, models: Model[], others: Dataset[]): HTMLElement {
   if (models.length === 0)
     return h(
       "section",
@@ -212,6 +218,14 @@ function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
     value: 0.003,
   });
   const batch = h("input", { type: "number", name: "batch_size", min: 1, max: 1024, value: 4 });
+  const validation = h(
+    "select",
+    { name: "validation" },
+    h("option", { value: "" }, "None"),
+    others.map((d) =>
+      h("option", { value: d.url }, `${d.name ?? d.id.slice(0, 13)} (${num(d.lines)} lines)`),
+    ),
+  );
   const status = h("div", { "aria-live": "polite" });
   return h(
     "form",
@@ -225,6 +239,7 @@ function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
           const job = await api().training.jobs.createSft({
             model_id: model.value,
             training_data_url: dataset.url,
+            ...(validation.value ? { validation_data_url: validation.value } : {}),
             config: {
               epochs: Number(epochs.value),
               learning_rate: Number(lr.value),
@@ -246,6 +261,7 @@ function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
       field("Epochs", epochs),
       field("Learning rate", lr),
       field("Batch size", batch),
+      field("Validation set", validation),
       h("button", { type: "submit", class: "primary" }, "Start SFT job"),
     ),
     status,

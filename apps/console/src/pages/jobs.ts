@@ -52,18 +52,30 @@ export async function jobsPage({ root, query }: PageContext): Promise<void> {
   pagedList(page, results, more, (shown) => jobsTable(shown, names));
 }
 
-/** The metrics of `gradient_step` events, each drawn over the job's steps. */
-const METRICS: [key: string, title: string, rlOnly: boolean][] = [
-  ["loss", "Loss", false],
-  ["reward", "Reward", true],
-  ["grad_norm", "Gradient norm", false],
-  ["learning_rate", "Learning rate", false],
-  ["tokens_per_second", "Tokens / s", false],
+/** The metrics of `gradient_step` events, each drawn over the job's steps: on the jobs of one
+ * type or of both. */
+const METRICS: [key: string, title: string, only: TrainingJob["type"] | null][] = [
+  ["loss", "Loss", null],
+  ["mean_token_accuracy", "Token accuracy", "sft"],
+  ["reward", "Reward", "rl"],
+  ["grad_norm", "Gradient norm", null],
+  ["learning_rate", "Learning rate", null],
+  ["tokens_per_second", "Tokens / s", null],
 ];
+
+/** The metrics a `validation` event also has: drawn beside the training curve of that name. */
+const VALIDATED = ["loss", "mean_token_accuracy"] as const;
 
 interface Followed {
   job: TrainingJob;
   lines: Map<string, Line>;
+  /** The validation curves (jobs with a validation set), by metric. */
+  validation: Map<string, Line>;
+}
+
+/** Whether a job evaluates a validation set (its settings, as created, name one). */
+function validates(job: TrainingJob): boolean {
+  return typeof (job.config as { validation_data_url?: unknown }).validation_data_url === "string";
 }
 
 /** A job: status, settings, error, and its curves, live while it runs; another job of the same
@@ -78,25 +90,30 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
     all(client.training.models.list()),
   ]);
   const model = models.find((m) => m.id === job.model_id);
-  const followed: Followed[] = [job, ...(compared ? [compared] : [])].map((j) => ({
-    job: j,
-    lines: new Map(
-      METRICS.map(([key]) => [
-        key,
-        {
-          label: `${j.type.toUpperCase()} ${j.id.slice(0, 13)}`,
-          values: new Map(),
-          marks: new Set(),
-        },
-      ]),
-    ),
-  }));
-  const rl = followed.some((f) => f.job.type === "rl");
-  const charts = METRICS.filter(([, , rlOnly]) => rl || !rlOnly).map(
+  const followed: Followed[] = [job, ...(compared ? [compared] : [])].map((j) => {
+    const label = `${j.type.toUpperCase()} ${j.id.slice(0, 13)}`;
+    return {
+      job: j,
+      lines: new Map(METRICS.map(([key]) => [key, { label, values: new Map(), marks: new Set() }])),
+      validation: new Map(
+        validates(j)
+          ? VALIDATED.map((key) => [
+              key,
+              { label: `${label} validation`, values: new Map(), validation: true },
+            ])
+          : [],
+      ),
+    };
+  });
+  const types = new Set(followed.map((f) => f.job.type));
+  const charts = METRICS.filter(([, , only]) => only === null || types.has(only)).map(
     ([key, title]) =>
       new MetricChart(
         title,
-        followed.map((f) => f.lines.get(key)!),
+        followed.flatMap((f) => [
+          f.lines.get(key)!,
+          ...(f.validation.has(key) ? [f.validation.get(key)!] : []),
+        ]),
       ),
   );
   signal.addEventListener("abort", () => {
@@ -197,6 +214,8 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
           redraw();
           if (i === 0) {
             const data = event.data as Record<string, unknown>;
+            if (event.type === "validation" && typeof data.loss === "number")
+              latest.set("validation_loss", data.loss);
             if (event.type === "gradient_step") {
               for (const [k, v] of Object.entries(data))
                 if (typeof v === "number") latest.set(k, v);
@@ -238,6 +257,14 @@ function apply(f: Followed, event: TrainingJobEvent): void {
       const v = data[key];
       const values = f.lines.get(key)!.values;
       if (typeof v === "number" && Number.isFinite(v) && !values.has(step)) values.set(step, v);
+    }
+  } else if (event.type === "validation") {
+    // Step 0 is the adapter before training: the curve's start.
+    const step = Number(data.gradient_step);
+    for (const [key, line] of f.validation) {
+      const v = data[key];
+      if (typeof v === "number" && Number.isFinite(v) && !line.values.has(step))
+        line.values.set(step, v);
     }
   } else if (event.type === "checkpoint_saved") {
     // Checkpoint steps count from the model's first step; the curves from the job's.
@@ -283,9 +310,9 @@ function jobSummary(
     ["Ended", time(job.training_end)],
     ["Model steps", `${job.step_from} → ${job.step_to ?? "…"}`],
     ...(resumes.length > 0 ? [["Resumed", resumes.join(", ")] as [string, string]] : []),
-    ...[...latest]
-      .filter(([k]) => k === "loss" || k === "reward" || k === "gradient_step")
-      .map(([k, v]) => [`Last ${k.replace("_", " ")}`, num(v)] as [string, string]),
+    ...["loss", "validation_loss", "reward", "gradient_step"]
+      .filter((k) => latest.has(k))
+      .map((k) => [`Last ${k.replace("_", " ")}`, num(latest.get(k))] as [string, string]),
   ];
   return h(
     "div",

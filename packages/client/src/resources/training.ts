@@ -20,6 +20,8 @@ export type TrainingRun = Schemas["TrainingRun"];
 export type TrainingOperationProgress = Awaited<ReturnType<Runs["operations"]>>["data"][number];
 export type TrainingStartedEvent = Schemas["TrainingStartedEvent"];
 export type GradientStepEvent = Schemas["GradientStepEvent"];
+/** The job's validation set evaluated after a step (jobs with a `validation_data_url`). */
+export type ValidationEvent = Schemas["ValidationEvent"];
 export type CheckpointSavedEvent = Schemas["CheckpointSavedEvent"];
 export type TrainingEndedEvent = Schemas["TrainingEndedEvent"];
 export type TrainingFailedEvent = Schemas["TrainingFailedEvent"];

@@ -10,7 +10,16 @@ export {
   type TrajectoryGroup,
   trainRlStep,
 } from "./rl.ts";
-export { planSft, type SftConfig, type SftExample, trainSft } from "./sft.ts";
+export {
+  evaluateSft,
+  planSft,
+  type SftConfig,
+  type SftEvalMetrics,
+  type SftExample,
+  type SftSequence,
+  sftSequences,
+  trainSft,
+} from "./sft.ts";
 export {
   microBatchBudget,
   trainingMemory,

@@ -3,12 +3,17 @@ import { jsonAnswerExample } from "../../scripts/synthetic-chat.ts";
 import { tinyModel } from "../../test/fixtures.ts";
 import { jsKernels } from "../kernels/js.ts";
 import { catalogModelDir } from "../model/catalog.ts";
-import { adapterToFiles, cloneAdapter, type LoraAdapter } from "../model/lora.ts";
+import {
+  adapterToFiles,
+  cloneAdapter,
+  createLoraAdapter,
+  type LoraAdapter,
+} from "../model/lora.ts";
 import { loadModel } from "../model/model.ts";
 import { Rng } from "../model/rng.ts";
 import { Engine } from "../serve/engine.ts";
 import { learningRate } from "./optim.ts";
-import { planSft, type SftExample, trainSft } from "./sft.ts";
+import { evaluateSft, planSft, type SftExample, sftSequences, trainSft } from "./sft.ts";
 import { TrainingInputError } from "./training-data.ts";
 
 const chat = (q: string, a: string): SftExample => ({
@@ -41,6 +46,74 @@ describe("learningRate with a list", () => {
     expect([0, 1, 2, 3, 9].map((s) => learningRate({ ...schedule, values }, s))).toEqual([
       0.3, 0.2, 0.1, 0.1, 0.1,
     ]);
+  });
+});
+
+describe("evaluateSft", () => {
+  it("when a fixed adapter is evaluated, then the result is deterministic, does not depend on micro-batches, and equals the training forward's loss on that batch", async () => {
+    const model = tinyModel(40);
+    const config = { learningRate: 1e-2, batchSize: examples.length, seed: 3, lora: { rank: 2 } };
+    const adapter = createLoraAdapter(model, config.lora, config.seed);
+    // A fresh adapter's B is zero: move it off, so the adapter takes part in the forward.
+    const rng = new Rng(5);
+    for (const layer of adapter.layers) {
+      for (const m of Object.values(layer)) {
+        for (let i = 0; i < m.b.length; i++) m.b[i] = (rng.next() - 0.5) * 0.2;
+      }
+    }
+    const before = adapterToFiles(adapter)["adapter_model.safetensors"];
+    const sequences = sftSequences(model, examples);
+    const once = evaluateSft(model, adapter, sequences, { kernels: jsKernels });
+    const again = evaluateSft(model, adapter, sequences, { kernels: jsKernels });
+    expect(again).toEqual(once);
+    const split = evaluateSft(model, adapter, sequences, {
+      kernels: jsKernels,
+      microBatchTokens: 1,
+    });
+    expect(split.loss).toBeCloseTo(once.loss, 5);
+    expect(split.mean_token_accuracy).toBe(once.mean_token_accuracy);
+    // Nothing is written to the adapter.
+    expect(adapterToFiles(adapter)["adapter_model.safetensors"]).toEqual(before);
+    expect(once).toMatchObject({ num_examples: examples.length });
+    expect(once.num_trainable_tokens).toBe(sequences.reduce((n, s) => n + s.trainable, 0));
+    expect(once.mean_token_accuracy).toBeGreaterThanOrEqual(0);
+    expect(once.mean_token_accuracy).toBeLessThanOrEqual(1);
+    // One step over the same examples: its loss and accuracy are those of the adapter before it.
+    const trained = await trainSft(model, examples, config, {
+      kernels: jsKernels,
+      adapter: cloneAdapter(adapter),
+    });
+    expect(trained.steps).toHaveLength(1);
+    expect(trained.steps[0]!.loss).toBeCloseTo(once.loss, 5);
+    expect(trained.steps[0]!.mean_token_accuracy).toBeCloseTo(once.mean_token_accuracy, 10);
+    expect(trained.steps[0]!.num_trainable_tokens).toBe(once.num_trainable_tokens);
+  });
+
+  it("when training proceeds, then the evaluated loss on the training data falls and its accuracy does not fall", async () => {
+    const model = tinyModel(41);
+    const sequences = sftSequences(model, examples);
+    const evaluated: { step: number; loss: number; accuracy: number }[] = [];
+    const first = createLoraAdapter(model, { rank: 4, alpha: 8 }, 1);
+    const start = evaluateSft(model, first, sequences, { kernels: jsKernels });
+    evaluated.push({ step: 0, loss: start.loss, accuracy: start.mean_token_accuracy });
+    await trainSft(
+      model,
+      examples,
+      { learningRate: 2e-2, batchSize: 5, epochs: 8, seed: 1, schedule: "constant" },
+      {
+        kernels: jsKernels,
+        adapter: first,
+        onStep: (p) => {
+          if (p.step % 4 !== 0) return;
+          const m = evaluateSft(model, p.adapter, sequences, { kernels: jsKernels });
+          evaluated.push({ step: p.step, loss: m.loss, accuracy: m.mean_token_accuracy });
+        },
+      },
+    );
+    expect(evaluated.map((e) => e.step)).toEqual([0, 4, 8]);
+    expect(evaluated[1]!.loss).toBeLessThan(evaluated[0]!.loss);
+    expect(evaluated[2]!.loss).toBeLessThan(evaluated[1]!.loss);
+    expect(evaluated[2]!.accuracy).toBeGreaterThanOrEqual(evaluated[0]!.accuracy);
   });
 });
 
@@ -148,6 +221,7 @@ describe("trainSft", () => {
         "grad_norm",
         "learning_rate",
         "loss",
+        "mean_token_accuracy",
         "num_tokens",
         "num_trainable_tokens",
         "tokens_per_second",

@@ -1,11 +1,18 @@
 import type { Kernels } from "../kernels/types.ts";
+import { defaultKernels } from "../kernels/wasm.ts";
 import { type ChatMessage, PromptError } from "../model/chat.ts";
-import { createLoraAdapter, type LoraAdapter, type LoraConfig } from "../model/lora.ts";
+import {
+  checkAdapter,
+  createLoraAdapter,
+  type LoraAdapter,
+  type LoraConfig,
+  loraHooks,
+} from "../model/lora.ts";
 import type { Model } from "../model/model.ts";
 import { deriveSeed, Rng } from "../model/rng.ts";
 import { LoraTrainer } from "./lora-train.ts";
 import { type AdamWOptions, learningRate, type ScheduleKind } from "./optim.ts";
-import type { TrainBatch } from "./train.ts";
+import { lossAndGradients, type TrainBatch } from "./train.ts";
 import { microBatchBudget } from "./train-memory.ts";
 import { TrainingInputError } from "./training-data.ts";
 
@@ -51,6 +58,8 @@ export interface SftConfig {
 /** Per-step metrics, named as the contract's `gradient_step` event fields. */
 export interface SftStepMetrics {
   loss: number;
+  /** The fraction of the trained tokens whose argmax was the target (before the update). */
+  mean_token_accuracy: number;
   grad_norm: number;
   learning_rate: number;
   num_tokens: number;
@@ -105,8 +114,11 @@ export interface SftResult {
   totalSteps: number;
 }
 
+/** One tokenized example: its tokens, a weight per token, and how many of them train. */
+export type SftSequence = WeightedSequence & { trainable: number };
+
 interface Prepared {
-  sequences: (WeightedSequence & { trainable: number })[];
+  sequences: SftSequence[];
   /** Example indices per optimizer step, all epochs. */
   plan: { epoch: number; examples: number[] }[];
 }
@@ -118,30 +130,7 @@ export function planSft(
   config: SftConfig = {},
 ): { totalSteps: number; stepsPerEpoch: number; prepared: Prepared } {
   if (examples.length === 0) throw new TrainingInputError("sft: no training examples");
-  const maxLen = Math.min(config.maxLength ?? model.config.maxPositions, model.config.maxPositions);
-  const turns = config.assistantTurns ?? "all";
-  const sequences = examples.map((example, i) => {
-    const { messages } = example;
-    let last = -1;
-    messages.forEach((m, j) => {
-      if (m.role === "assistant") last = j;
-    });
-    if (last < 0) throw new TrainingInputError(`example ${i}: no assistant message to train on`);
-    let chat: ReturnType<Model["chat"]["trainingTokens"]>;
-    try {
-      chat = model.chat.trainingTokens(messages, (j) => turns === "all" || j === last, {
-        tools: example.tools,
-      });
-    } catch (err) {
-      if (err instanceof PromptError) throw new TrainingInputError(`example ${i}: ${err.message}`);
-      throw err;
-    }
-    const tokens = chat.tokens.slice(0, maxLen);
-    const weights = chat.mask.subarray(0, tokens.length);
-    let trainable = 0;
-    for (let t = 1; t < weights.length; t++) trainable += weights[t]!;
-    return { tokens, weights, trainable };
-  });
+  const sequences = sftSequences(model, examples, config);
   const epochs = config.epochs ?? 1;
   if (!Number.isInteger(epochs) || epochs < 1)
     throw new TrainingInputError("sft: epochs must be ≥ 1");
@@ -184,6 +173,43 @@ export function planSft(
     stepsPerEpoch = plan.length - before;
   }
   return { totalSteps: plan.length, stepsPerEpoch, prepared: { sequences, plan } };
+}
+
+/**
+ * The examples as the engine trains on them: tokenized with the chat template, cut to
+ * `maxLength`, a weight of 1 on the assistant tokens (`assistantTurns`) and 0 elsewhere;
+ * throws `TrainingInputError` naming the example.
+ */
+export function sftSequences(
+  model: Model,
+  examples: readonly SftExample[],
+  config: Pick<SftConfig, "maxLength" | "assistantTurns"> = {},
+): SftSequence[] {
+  const maxLen = Math.min(config.maxLength ?? model.config.maxPositions, model.config.maxPositions);
+  const turns = config.assistantTurns ?? "all";
+  const sequences = examples.map((example, i) => {
+    const { messages } = example;
+    let last = -1;
+    messages.forEach((m, j) => {
+      if (m.role === "assistant") last = j;
+    });
+    if (last < 0) throw new TrainingInputError(`example ${i}: no assistant message to train on`);
+    let chat: ReturnType<Model["chat"]["trainingTokens"]>;
+    try {
+      chat = model.chat.trainingTokens(messages, (j) => turns === "all" || j === last, {
+        tools: example.tools,
+      });
+    } catch (err) {
+      if (err instanceof PromptError) throw new TrainingInputError(`example ${i}: ${err.message}`);
+      throw err;
+    }
+    const tokens = chat.tokens.slice(0, maxLen);
+    const weights = chat.mask.subarray(0, tokens.length);
+    let trainable = 0;
+    for (let t = 1; t < weights.length; t++) trainable += weights[t]!;
+    return { tokens, weights, trainable };
+  });
+  return sequences;
 }
 
 /**
@@ -247,6 +273,7 @@ export async function trainSft(
       tokens += s.tokens.length;
     }
     let loss = 0;
+    let correct = 0;
     for (const batchSeqs of microBatches(seqs, micro.tokens)) {
       options.interrupt?.();
       const batch = packBatch(batchSeqs, model.config.maxPositions);
@@ -268,12 +295,14 @@ export async function trainSft(
         },
       });
       loss += result.loss;
+      correct += result.correct;
     }
     const rate = learningRate(schedule, step);
     const { gradNorm } = trainer.step(rate);
     const seconds = (performance.now() - t0) / 1000;
     const metrics: SftStepMetrics = {
       loss,
+      mean_token_accuracy: trainable > 0 ? correct / trainable : 0,
       grad_norm: gradNorm,
       learning_rate: rate,
       num_tokens: tokens,
@@ -292,6 +321,81 @@ export async function trainSft(
     });
   }
   return { adapter, steps, totalSteps, optimizerState: () => trainer.optimizerStateToBytes() };
+}
+
+/** What `evaluateSft` measures, named as the contract's `validation` event fields. */
+export interface SftEvalMetrics {
+  /** Mean cross-entropy per trained token over every sequence (each token weighs the same). */
+  loss: number;
+  /** The fraction of the trained tokens whose most likely token (argmax) is the target. */
+  mean_token_accuracy: number;
+  num_tokens: number;
+  num_trainable_tokens: number;
+  num_examples: number;
+}
+
+export interface SftEvalOptions {
+  kernels?: Kernels;
+  /** Largest padded micro-batch run at once, as in training (`SftConfig.microBatchTokens`). */
+  microBatchTokens?: number;
+  /** Called before each micro-batch, synchronously: it throws to stop (as in `trainSft`). */
+  interrupt?: () => void;
+}
+
+/**
+ * The SFT loss of `adapter` on `sequences` (from `sftSequences`: the training's tokens and
+ * mask), with no gradient: forward passes in micro-batches bounded as training's are, the
+ * adapter's weights read, never written. The loss is Σ −log p over every trained token of the
+ * set ÷ their count, so a set's loss does not depend on how it is cut into micro-batches;
+ * on one step's sequences it is that step's training loss.
+ */
+export function evaluateSft(
+  model: Model,
+  adapter: LoraAdapter,
+  sequences: readonly SftSequence[],
+  options: SftEvalOptions = {},
+): SftEvalMetrics {
+  const kernels = options.kernels ?? defaultKernels();
+  checkAdapter(model, adapter);
+  const micro = microBatchBudget(
+    model.config,
+    kernels,
+    sequences,
+    options.microBatchTokens ?? 4096,
+    model.storage,
+  );
+  const hooks = loraHooks(adapter, kernels, null);
+  let trainable = 0;
+  let tokens = 0;
+  for (const s of sequences) {
+    trainable += s.trainable;
+    tokens += s.tokens.length;
+  }
+  let lossSum = 0;
+  let correct = 0;
+  for (const batchSeqs of microBatches(sequences, micro.tokens)) {
+    options.interrupt?.();
+    const batch = packBatch(batchSeqs, model.config.maxPositions);
+    const mask = batch.lossMask;
+    // No gradients and no backward: only each layer's input is kept (`recompute` keeps one set
+    // of activation buffers), and the head runs on the trained rows alone.
+    const result = lossAndGradients(model, kernels, batch, null, {
+      hooks,
+      maskedRowsOnly: true,
+      recompute: true,
+    });
+    for (let r = 0; r < mask.length; r++) {
+      if (mask[r] !== 0) lossSum -= mask[r]! * result.tokenLogprobs[r]!;
+    }
+    correct += result.correct;
+  }
+  return {
+    loss: trainable > 0 ? lossSum / trainable : 0,
+    mean_token_accuracy: trainable > 0 ? correct / trainable : 0,
+    num_tokens: tokens,
+    num_trainable_tokens: trainable,
+    num_examples: sequences.length,
+  };
 }
 
 /** Splits a step's sequences into padded micro-batches of at most `budget` tokens (≥ 1 each). */

@@ -27,6 +27,11 @@ export interface LossResult {
   loss: number;
   /** Sum of the loss weights (the number of trained tokens for a 0/1 mask). */
   weight: number;
+  /**
+   * Σ mask over the positions whose target is the most likely token (the argmax of the logits,
+   * ties counted as hits): `correct / weight` is the mean token accuracy.
+   */
+  correct: number;
   /** log p(target) at every position, for policy-gradient objectives. */
   tokenLogprobs: Float32Array;
   /** Entropy of the predicted distribution at positions with a non-zero mask (when asked for). */
@@ -167,12 +172,14 @@ function lossAndGradientsIn(
   if (options.objective || options.entropy) rowScale.fill(1);
   kernels.softmaxRows(logits, Rh, V, rowScale, rowMax, rowSum);
   let lossSum = 0;
+  let correct = 0;
   for (let i = 0; i < Rh; i++) {
     const logp = targetLogits[i]! - rowMax[i]! - Math.log(rowSum[i]!);
     tokenLogprobs[at(i)] = logp;
     lossSum -= mask[i]! * logp;
+    if (targetLogits[i]! >= rowMax[i]!) correct += mask[i]!;
   }
-  const result: LossResult = { loss: lossSum * norm, weight, tokenLogprobs };
+  const result: LossResult = { loss: lossSum * norm, weight, correct, tokenLogprobs };
   if (options.entropy) {
     const entropy = rowEntropy(logits, mask, Rh, V);
     result.entropy = rows ? new Float32Array(R) : entropy;

@@ -13,11 +13,15 @@ import {
   parameterCount,
 } from "@arbor/engine/model";
 import {
+  evaluateSft,
   LoraTrainer,
   microBatchBudget,
   planSft,
   type SftConfig,
+  type SftEvalMetrics,
   type SftExample,
+  type SftSequence,
+  sftSequences,
   TrainingInputError,
   type TrajectoryGroup,
   trainRlStep,
@@ -32,10 +36,14 @@ import {
   MAX_JOB_EXAMPLES,
   MAX_JOB_STEPS,
   MAX_JOB_TOKENS,
+  MAX_VALIDATION_EXAMPLES,
+  MAX_VALIDATION_TOKENS,
   rlJobSpec,
   rlStepConfig,
+  type SftJobSpec,
   sftJobSpec,
   sftTrainingConfig,
+  validationSteps,
 } from "../jobs.ts";
 import { type RunActivity, RunExecutor, type RunSpec } from "../runs/execute.ts";
 import { sweepBlobs } from "../sweep.ts";
@@ -112,6 +120,24 @@ function trainMetrics(step: Record<string, unknown>): Record<string, number> {
     if (typeof value === "number" && Number.isFinite(value)) kept[`train/${key}`] = value;
   }
   return kept;
+}
+
+/** The validation set's metrics at a checkpoint's step, as the checkpoint keeps them:
+ * `validation/loss` and `validation/mean_token_accuracy` (the `<split>/<metric>` names that
+ * `logModelMetrics` writes too). */
+function validationMetrics(validation: SftEvalMetrics | undefined): Record<string, number> {
+  const kept: Record<string, number> = {};
+  if (!validation) return kept;
+  for (const key of ["loss", "mean_token_accuracy"] as const) {
+    const value = validation[key];
+    if (Number.isFinite(value)) kept[`validation/${key}`] = value;
+  }
+  return kept;
+}
+
+/** A bad validation set's error: the file named, then what is wrong (a line's number). */
+function validationError(url: string, err: unknown): string {
+  return `Validation data (${url}): ${err instanceof Error ? err.message : String(err)}`;
 }
 
 /**
@@ -413,22 +439,49 @@ export class TrainingWorker {
         // Bad data is the job's input, not a crash: its message (naming the line) is the error.
         throw new JobInputError(err instanceof Error ? err.message : String(err));
       });
+    const validationUrl = spec.validation_data_url;
+    const validationExamples =
+      validationUrl === undefined
+        ? undefined
+        : await this.#o.loadSftExamples(job.entity, validationUrl).catch((err: unknown) => {
+            throw new JobInputError(validationError(validationUrl, err));
+          });
     // Planned once (every example tokenized), on the first arena tried; only the memory check
     // depends on the arena.
-    let planned: { sftConfig: SftConfig; plan: ReturnType<typeof planSft> } | undefined;
+    let planned:
+      | {
+          sftConfig: SftConfig;
+          plan: ReturnType<typeof planSft>;
+          validation: SftSequence[] | undefined;
+        }
+      | undefined;
     const { base, kernels } = await this.#onArena(baseId, async (kernels) => {
       const base = await this.#o.loadBaseModel(baseId, kernels);
       planned ??= this.#planSft(
         base,
         examples,
         sftTrainingConfig(spec, baseId, parameterCount(base)),
+        validationExamples && { url: validationUrl!, examples: validationExamples, spec },
       );
       microBatchBudget(base.config, kernels, planned.plan.prepared.sequences, 0, base.storage);
+      if (planned.validation)
+        microBatchBudget(base.config, kernels, planned.validation, 0, base.storage);
       return { base, kernels };
     });
-    const { sftConfig, plan } = planned!;
+    const { sftConfig, plan, validation } = planned!;
     const { totalSteps } = plan;
     const every = spec.config.checkpoint_every ?? totalSteps;
+    const evalAt = validation ? validationSteps(spec.config, totalSteps) : new Set<number>();
+    const evaluate = async (step: number, adapter: LoraAdapter): Promise<SftEvalMetrics> => {
+      const metrics = evaluateSft(base, adapter, validation!, {
+        kernels,
+        interrupt,
+        ...(sftConfig.microBatchTokens ? { microBatchTokens: sftConfig.microBatchTokens } : {}),
+      });
+      await held();
+      await store.jobs.appendEvent(job.id, "validation", { ...metrics, gradient_step: step });
+      return metrics;
+    };
     const resume = await this.#resumePoint(job, base, stepFrom);
     await this.#started(job, { num_sequences: totalSteps }, resume?.step ?? 0, resume?.checkpoint);
     const adapter = resume
@@ -440,6 +493,8 @@ export class TrainingWorker {
           sftConfig.lora ?? { baseModel: baseId },
           sftConfig.seed ?? 0,
         );
+    // The starting point of the validation curve: the adapter before the first step.
+    if (adapter && evalAt.has(0)) await evaluate(0, adapter);
     await trainSft(base, examples, sftConfig, {
       kernels,
       plan,
@@ -455,6 +510,9 @@ export class TrainingWorker {
           tokens: progress.metrics.num_tokens,
         });
         await store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
+        const validated = evalAt.has(progress.step)
+          ? await evaluate(progress.step, progress.adapter)
+          : undefined;
         if (progress.step % every === 0 || progress.step === totalSteps) {
           interrupt();
           await this.#saveCheckpoint(
@@ -464,6 +522,7 @@ export class TrainingWorker {
             () => progress.optimizerState(),
             signal,
             { ...progress.metrics },
+            validated,
           );
         }
       },
@@ -471,13 +530,24 @@ export class TrainingWorker {
     return stepFrom + totalSteps;
   }
 
-  /** The job's plan on `base` (what trainSft is handed), within the limits of a job. */
-  #planSft(base: Model, examples: SftExample[], sftConfig: SftConfig) {
+  /** The job's plan on `base` (what trainSft is handed), within the limits of a job, and its
+   * validation set tokenized as training tokenizes (the same mask, cut and turns). */
+  #planSft(
+    base: Model,
+    examples: SftExample[],
+    sftConfig: SftConfig,
+    validationSet?: { url: string; examples: SftExample[]; spec: SftJobSpec },
+  ) {
     // Bounded before planning (a plan holds every step), then again against the plan itself.
     const epochs = sftConfig.epochs ?? 1;
     if (examples.length * epochs > MAX_JOB_EXAMPLES) {
       throw new JobInputError(
         `The job would train on ${examples.length} examples × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} per job: use fewer epochs or a smaller dataset.`,
+      );
+    }
+    if (validationSet && validationSet.examples.length > MAX_VALIDATION_EXAMPLES) {
+      throw new JobInputError(
+        `The validation set (${validationSet.url}) has ${validationSet.examples.length} examples, more than the limit of ${MAX_VALIDATION_EXAMPLES}: validate on a sample of it.`,
       );
     }
     const plan = planSft(base, examples, sftConfig);
@@ -493,7 +563,26 @@ export class TrainingWorker {
         `The job would process ${tokens} tokens, more than the limit of ${MAX_JOB_TOKENS} per job: use fewer epochs or a smaller dataset.`,
       );
     }
-    return { sftConfig, plan };
+    if (!validationSet) return { sftConfig, plan, validation: undefined };
+    let validation: SftSequence[];
+    try {
+      validation = sftSequences(base, validationSet.examples, sftConfig);
+    } catch (err) {
+      throw new JobInputError(validationError(validationSet.url, err));
+    }
+    const perEvaluation = validation.reduce((sum, s) => sum + s.tokens.length, 0);
+    if (perEvaluation > MAX_VALIDATION_TOKENS) {
+      throw new JobInputError(
+        `The validation set (${validationSet.url}) has ${perEvaluation} tokens, more than the limit of ${MAX_VALIDATION_TOKENS}: validate on a sample of it.`,
+      );
+    }
+    const evaluations = validationSteps(validationSet.spec.config, totalSteps).size;
+    if (tokens + perEvaluation * evaluations > MAX_JOB_TOKENS) {
+      throw new JobInputError(
+        `The job would process ${tokens} tokens of training and ${perEvaluation} × ${evaluations} of validation, more than the limit of ${MAX_JOB_TOKENS} per job: use a larger eval_every or a smaller validation set.`,
+      );
+    }
+    return { sftConfig, plan, validation };
   }
 
   /** After a crash: the last checkpoint this job wrote, with its optimizer state. */
@@ -626,6 +715,7 @@ export class TrainingWorker {
     optimizerState: () => Uint8Array,
     signal: AbortSignal,
     metrics: Record<string, unknown> = {},
+    validation?: SftEvalMetrics,
   ): Promise<void> {
     const problem = adapterWeightProblem(adapter);
     if (problem) {
@@ -643,7 +733,7 @@ export class TrainingWorker {
     await this.#o.store.models.addCheckpoint(job.entity, job.model_id, {
       step,
       blob_key: prefix,
-      metrics: trainMetrics(metrics),
+      metrics: { ...trainMetrics(metrics), ...validationMetrics(validation) },
     });
     await this.#o.store.jobs.appendEvent(job.id, "checkpoint_saved", { step });
   }
