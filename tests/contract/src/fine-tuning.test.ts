@@ -59,9 +59,11 @@ let trained: Promise<FineTuningJob>;
 function supervisedJob(): Promise<FineTuningJob> {
   trained ??= (async () => {
     const file = await upload("reverse.jsonl", words.map(reversal));
+    const held = await upload("held-out.jsonl", ["ant", "bee", "elk"].map(reversal));
     const created = await openai.fineTuning.jobs.create({
       model: BASE,
       training_file: file.id,
+      validation_file: held.id,
       suffix: "rev",
       seed: 7,
       metadata: { team: "a" },
@@ -76,7 +78,7 @@ function supervisedJob(): Promise<FineTuningJob> {
       object: "fine_tuning.job",
       model: BASE,
       training_file: file.id,
-      validation_file: null,
+      validation_file: held.id,
       seed: 7,
       metadata: { team: "a" },
       fine_tuned_model: null,
@@ -311,13 +313,18 @@ describe("listFineTuningEvents", () => {
     expect(new Set(events.map((e) => e.id)).size).toBe(events.length);
     expect(events[0]!.message).toBe("The job has successfully completed.");
     expect(events.at(-1)!.message).toBe(`Created fine-tuning job: ${job.id}`);
-    const metrics = events.filter((e) => e.type === "metrics");
-    expect(metrics.map((e) => (e.data as { step: number }).step)).toEqual([
-      9, 8, 7, 6, 5, 4, 3, 2, 1,
-    ]);
-    expect((metrics[0]!.data as { total_steps: number }).total_steps).toBe(9);
-    const losses = metrics.map((e) => (e.data as { train_loss: number }).train_loss).reverse();
-    expect(losses.at(-1)).toBeLessThan(losses[0]!);
+    type Metrics = { step: number; total_steps: number; train_loss?: number; valid_loss?: number };
+    const metrics = events.filter((e) => e.type === "metrics").map((e) => e.data as Metrics);
+    const train = metrics.filter((m) => m.train_loss !== undefined);
+    expect(train.map((m) => m.step)).toEqual([9, 8, 7, 6, 5, 4, 3, 2, 1]);
+    expect(train[0]!.total_steps).toBe(9);
+    expect(train[0]!.train_loss!).toBeLessThan(train.at(-1)!.train_loss!);
+    expect(train[0]).toMatchObject({ train_mean_token_accuracy: expect.any(Number) });
+    // The held-out file is scored before the first step, at each checkpoint and at the end.
+    const valid = metrics.filter((m) => m.valid_loss !== undefined);
+    expect(valid.map((m) => m.step)).toEqual([9, 6, 3, 0]);
+    expect(valid[0]!.valid_loss!).toBeLessThan(valid.at(-1)!.valid_loss!);
+    expect(valid[0]).toMatchObject({ valid_mean_token_accuracy: expect.any(Number) });
   });
 });
 
@@ -332,7 +339,13 @@ describe("listFineTuningJobCheckpoints", () => {
       object: "fine_tuning.job.checkpoint",
       fine_tuning_job_id: job.id,
       fine_tuned_model_checkpoint: `${job.fine_tuned_model}:ckpt-step-9`,
-      metrics: { step: 9, train_loss: expect.any(Number) },
+      metrics: {
+        step: 9,
+        train_loss: expect.any(Number),
+        train_mean_token_accuracy: expect.any(Number),
+        valid_loss: expect.any(Number),
+        valid_mean_token_accuracy: expect.any(Number),
+      },
     });
     const early = await openai.chat.completions.create({
       model: checkpoints[2]!.fine_tuned_model_checkpoint,

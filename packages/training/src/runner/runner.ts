@@ -112,10 +112,19 @@ class Interrupted extends Error {
 }
 
 /** The metrics of the step a checkpoint was saved at, as the checkpoint keeps them:
- * `train/loss`, `train/grad_norm`, `train/learning_rate`, `train/reward` (RL), `train/num_tokens`. */
+ * `train/loss`, `train/grad_norm`, `train/learning_rate`, `train/reward` (RL), `train/num_tokens`,
+ * `train/mean_token_accuracy` (SFT). */
 function trainMetrics(step: Record<string, unknown>): Record<string, number> {
   const kept: Record<string, number> = {};
-  for (const key of ["loss", "grad_norm", "learning_rate", "reward", "num_tokens"]) {
+  const keys = [
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "reward",
+    "num_tokens",
+    "mean_token_accuracy",
+  ];
+  for (const key of keys) {
     const value = step[key];
     if (typeof value === "number" && Number.isFinite(value)) kept[`train/${key}`] = value;
   }

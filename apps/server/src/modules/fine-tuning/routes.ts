@@ -178,12 +178,10 @@ export function fineTuningHandlers(deps: FineTuningDeps): Handlers {
       const asked: Hyperparameters =
         method.supervised?.hyperparameters ?? body.hyperparameters ?? {};
       const training = await fileFor(store, principal, entity, body.training_file, "training_file");
-      if (body.validation_file != null) {
-        throw new InvalidInputError("validation_file is not served yet.", {
-          param: "validation_file",
-          code: "unsupported_validation_file",
-        });
-      }
+      const validation =
+        body.validation_file == null
+          ? undefined
+          : await fileFor(store, principal, entity, body.validation_file, "validation_file");
 
       // The model to train: a base the engine serves, or a fine-tuned model to go on from.
       const from = parseFineTunedName(body.model);
@@ -244,6 +242,7 @@ export function fineTuningHandlers(deps: FineTuningDeps): Handlers {
       try {
         const job = await enqueueSftJob(store, model, {
           training_data_url: datasetUrl(training.id),
+          ...(validation ? { validation_data_url: datasetUrl(validation.id) } : {}),
           config: {
             epochs: hyperparameters.n_epochs,
             batch_size: hyperparameters.batch_size,

@@ -203,8 +203,8 @@ export function eventToFineTuningEvent(
       const metrics: Record<string, unknown> = { step, train_loss: num(data.loss) ?? null };
       if (totalSteps !== null) metrics.total_steps = totalSteps;
       for (const [key, value] of Object.entries(data)) {
-        if (key !== "gradient_step" && key !== "loss" && num(value) !== undefined)
-          metrics[key] = value;
+        if (key === "gradient_step" || key === "loss" || num(value) === undefined) continue;
+        metrics[key === "mean_token_accuracy" ? "train_mean_token_accuracy" : key] = value;
       }
       return {
         ...base,
