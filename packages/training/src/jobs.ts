@@ -4,7 +4,7 @@
  * engine's configuration. The server enqueues through here; the runner reads through here.
  */
 import { HEAD_TARGET, LORA_TARGETS, type LoraConfig } from "@arbor/engine/model";
-import type { RlConfig, SftConfig } from "@arbor/engine/train";
+import type { DpoConfig, RlConfig, SftConfig } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
 import {
   InvalidInputError,
@@ -14,7 +14,7 @@ import {
   type TrainingJob,
   uuidv7,
 } from "@arbor/store";
-import { datasetIdOf, findDataset } from "./datasets/datasets.ts";
+import { datasetIdOf, datasetKind, findDataset } from "./datasets/datasets.ts";
 
 type Schemas = components["schemas"];
 
@@ -52,6 +52,13 @@ export async function enqueueSftJob(
 ): Promise<TrainingJob> {
   const url = request.training_data_url;
   const config = request.config ?? {};
+  const method = config.method ?? "sft";
+  if (config.dpo_beta != null && method !== "dpo") {
+    throw new InvalidInputError(
+      'config.dpo_beta is DPO\'s: set config.method to "dpo" to train on preference pairs, or leave dpo_beta out.',
+      { param: "config.dpo_beta", code: "invalid_config" },
+    );
+  }
   if (url.startsWith("wandb-artifact://")) {
     throw new InvalidInputError(
       `training_data_url ${quote(url)} is a W&B artifact (where ART's train_sft uploads its data), which a self-hosted Arbor cannot read: upload the JSONL with POST /v1/preview/datasets (or arbor datasets upload) and send its dataset:// URL.`,
@@ -62,6 +69,16 @@ export async function enqueueSftJob(
     // A `dataset://` URL that is not an id names no dataset: not found, like an unknown id.
     const dataset = await findDataset(store, model.entity, datasetIdOf(url) ?? url);
     checkSftSize(dataset.lines, config);
+    // A dataset holds one kind, its first line's (ADR 69): a method of the other is refused now.
+    const kind = await datasetKind(store, dataset);
+    if (kind !== method) {
+      throw new InvalidInputError(
+        kind === "dpo"
+          ? `Dataset ${quote(dataset.id)} holds DPO preference pairs: set config.method to "dpo" to train on them.`
+          : `Dataset ${quote(dataset.id)} holds SFT examples ({messages}), and config.method "dpo" trains on preference pairs ({input, preferred_output, non_preferred_output}).`,
+        { param: "config.method", code: "dataset_method_mismatch" },
+      );
+    }
   } else if (!URL.canParse(url)) {
     throw new InvalidInputError(`training_data_url is not a valid URL: ${quote(url)}`, {
       param: "training_data_url",
@@ -246,6 +263,16 @@ export function sftTrainingConfig(
   if (x.max_grad_norm != null) out.maxGradNorm = x.max_grad_norm;
   if (x.weight_decay != null) out.adamW = { weightDecay: x.weight_decay };
   return out;
+}
+
+/** The engine's configuration of a DPO job (`config.method: dpo`, ADR 69): SFT's, and β. */
+export function dpoTrainingConfig(
+  spec: SftJobSpec,
+  baseModel: string,
+  baseParameters?: number,
+): DpoConfig {
+  const { assistantTurns: _, ...config } = sftTrainingConfig(spec, baseModel, baseParameters);
+  return { ...config, beta: spec.config.dpo_beta ?? 0.1 };
 }
 
 /** The engine's configuration of one RL step, with the learning rate and seed apart, and the

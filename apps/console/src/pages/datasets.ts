@@ -6,7 +6,7 @@ import { all, modelName } from "./models.ts";
 
 /** The datasets uploaded before (newest first, a page at a time; open one to see its lines and
  * train on it); upload a JSONL file (a bad line is shown in place, by number), see what was
- * stored, and start an SFT job on it. */
+ * stored, and start an SFT job on it (a DPO one on preference pairs, ADR 69). */
 export async function datasetsPage({ root }: PageContext): Promise<void> {
   const listed = h("div");
   const more = h("button", { type: "button", hidden: true }, "Load more");
@@ -56,7 +56,13 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
         h("code", null, "messages"),
         " (and optionally ",
         h("code", null, "tools"),
-        "). Every line is checked; nothing is stored unless all are valid.",
+        "), or, for DPO, each a preference pair with ",
+        h("code", null, "input"),
+        ", ",
+        h("code", null, "preferred_output"),
+        " and ",
+        h("code", null, "non_preferred_output"),
+        ". Every line is checked; nothing is stored unless all are valid.",
       ),
       h("div", { class: "row wrap" }, field("JSONL file", file), field("Name", name), button),
     ),
@@ -159,7 +165,25 @@ async function showDataset(result: HTMLElement, dataset: Dataset): Promise<void>
       ),
       linesTable(page.data, dataset.lines),
     ),
-    trainForm(dataset, models),
+    // A dataset holds one kind, its first line's: preference pairs train by DPO.
+    trainForm(dataset, models, page.data[0] && isPair(page.data[0].example) ? "dpo" : "sft"),
+  );
+}
+
+type Example = DatasetLine["example"];
+type Pair = Extract<Example, { input: unknown }>;
+type Message = Pair["input"]["messages"][number];
+
+function isPair(example: Example): example is Pair {
+  return "input" in example;
+}
+
+function messageLine(m: Message, label: string = m.role): HTMLElement {
+  return h(
+    "div",
+    null,
+    h("strong", null, `${label}: `),
+    typeof m.content === "string" ? m.content : JSON.stringify(m.content),
   );
 }
 
@@ -173,20 +197,20 @@ function linesTable(lines: DatasetLine[], total: number): HTMLElement {
       ["Line", "Messages"],
       lines.map((l) => [
         num(l.line),
-        l.example.messages.map((m) =>
-          h(
-            "div",
-            null,
-            h("strong", null, `${m.role}: `),
-            typeof m.content === "string" ? m.content : JSON.stringify(m.content),
-          ),
-        ),
+        isPair(l.example)
+          ? [
+              ...l.example.input.messages.map((m) => messageLine(m)),
+              ...l.example.preferred_output.map((m) => messageLine(m, "preferred")),
+              ...l.example.non_preferred_output.map((m) => messageLine(m, "not preferred")),
+            ]
+          : l.example.messages.map((m) => messageLine(m)),
       ]),
     ),
   );
 }
 
-function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
+function trainForm(dataset: Dataset, models: Model[], method: "sft" | "dpo"): HTMLElement {
+  const name = method === "dpo" ? "DPO" : "SFT";
   if (models.length === 0)
     return h(
       "section",
@@ -217,7 +241,7 @@ function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
     "form",
     {
       class: "card",
-      "aria-label": "Start an SFT job",
+      "aria-label": `Start an ${name} job`,
       onsubmit: async (event: Event) => {
         event.preventDefault();
         mount(status);
@@ -226,6 +250,7 @@ function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
             model_id: model.value,
             training_data_url: dataset.url,
             config: {
+              ...(method === "dpo" ? { method } : {}),
               epochs: Number(epochs.value),
               learning_rate: Number(lr.value),
               batch_size: Number(batch.value),
@@ -238,7 +263,7 @@ function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
         }
       },
     },
-    h("h2", null, "Train on it (SFT)"),
+    h("h2", null, `Train on it (${name})`),
     h(
       "div",
       { class: "row wrap" },
@@ -246,7 +271,7 @@ function trainForm(dataset: Dataset, models: Model[]): HTMLElement {
       field("Epochs", epochs),
       field("Learning rate", lr),
       field("Batch size", batch),
-      h("button", { type: "submit", class: "primary" }, "Start SFT job"),
+      h("button", { type: "submit", class: "primary" }, `Start ${name} job`),
     ),
     status,
   );
