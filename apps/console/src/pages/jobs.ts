@@ -52,13 +52,24 @@ export async function jobsPage({ root, query }: PageContext): Promise<void> {
   pagedList(page, results, more, (shown) => jobsTable(shown, names));
 }
 
-/** The metrics of `gradient_step` events, each drawn over the job's steps. */
-const METRICS: [key: string, title: string, rlOnly: boolean][] = [
-  ["loss", "Loss", false],
-  ["reward", "Reward", true],
-  ["grad_norm", "Gradient norm", false],
-  ["learning_rate", "Learning rate", false],
-  ["tokens_per_second", "Tokens / s", false],
+/** What a job trains by: RL, SFT, or DPO (an SFT job's `config.method`, ADR 69). */
+type Kind = "rl" | "sft" | "dpo";
+
+function kindOf(job: TrainingJob): Kind {
+  const method = (job.config as { config?: { method?: string } } | null)?.config?.method;
+  return job.type === "rl" ? "rl" : method === "dpo" ? "dpo" : "sft";
+}
+
+/** The metrics of `gradient_step` events, each drawn over the job's steps; some only for the
+ * jobs of one kind. */
+const METRICS: [key: string, title: string, only: Kind | null][] = [
+  ["loss", "Loss", null],
+  ["reward", "Reward", "rl"],
+  ["reward_margin", "Reward margin", "dpo"],
+  ["reward_accuracy", "Reward accuracy", "dpo"],
+  ["grad_norm", "Gradient norm", null],
+  ["learning_rate", "Learning rate", null],
+  ["tokens_per_second", "Tokens / s", null],
 ];
 
 interface Followed {
@@ -84,15 +95,15 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
       METRICS.map(([key]) => [
         key,
         {
-          label: `${j.type.toUpperCase()} ${j.id.slice(0, 13)}`,
+          label: `${kindOf(j).toUpperCase()} ${j.id.slice(0, 13)}`,
           values: new Map(),
           marks: new Set(),
         },
       ]),
     ),
   }));
-  const rl = followed.some((f) => f.job.type === "rl");
-  const charts = METRICS.filter(([, , rlOnly]) => rl || !rlOnly).map(
+  const kinds = new Set(followed.map((f) => kindOf(f.job)));
+  const charts = METRICS.filter(([, , only]) => only === null || kinds.has(only)).map(
     ([key, title]) =>
       new MetricChart(
         title,
@@ -114,7 +125,7 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
         h(
           "option",
           { value: s.id, selected: s.id === compareId },
-          `${s.type.toUpperCase()} ${s.id.slice(0, 13)} (${s.status}, ${time(s.created_at)})`,
+          `${kindOf(s).toUpperCase()} ${s.id.slice(0, 13)} (${s.status}, ${time(s.created_at)})`,
         ),
       ),
   );
@@ -123,7 +134,7 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
   });
   mount(
     root,
-    h("h1", null, `${job.type.toUpperCase()} job`, " ", h("code", { class: "subtle" }, job.id)),
+    h("h1", null, `${kindOf(job).toUpperCase()} job`, " ", h("code", { class: "subtle" }, job.id)),
     summary,
     h(
       "section",
