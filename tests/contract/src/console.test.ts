@@ -451,13 +451,11 @@ describe.skipIf(missing)("the console in a browser", () => {
 
   it("when a dataset of preference pairs is uploaded, then its lines show both answers, it starts a DPO job, and the job's page draws DPO's reward curves", async () => {
     problems.length = 0;
-    const model = await server
-      .authorizedClient()
-      .training.models.create({
-        project: "demo",
-        name: "browser-dpo",
-        base_model: "arbor/tiny-chat",
-      });
+    const model = await server.authorizedClient().training.models.create({
+      project: "demo",
+      name: "browser-dpo",
+      base_model: "arbor/tiny-chat",
+    });
     const pairs = ["cat", "dog", "sun", "map"].map((w) =>
       JSON.stringify({
         input: { messages: [{ role: "user", content: `Reverse: ${w}` }] },
