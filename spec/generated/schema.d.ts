@@ -318,7 +318,9 @@ export interface paths {
          *     preference pairs (`{input, preferred_output, non_preferred_output}` lines, OpenAI's DPO
          *     format), against the job's starting point as the frozen reference, with `config.dpo_beta`
          *     (default 0.1); its `gradient_step` events add `reward_chosen`, `reward_rejected`,
-         *     `reward_accuracy` and `reward_margin` (ADR 69).
+         *     `reward_accuracy` and `reward_margin` (ADR 69). A dataset holds one kind of line: a
+         *     `dataset://` of the other kind than the method's is 400 `dataset_method_mismatch`, and
+         *     `config.dpo_beta` without `method: dpo` is 400 `invalid_config`.
          *
          *     A job is bounded: at most 10,000,000 examples (lines × epochs), 1,000,000 optimizer steps
          *     and 5,000,000,000 tokens. What is known at create (a `dataset://`'s lines, a fixed
@@ -2305,7 +2307,8 @@ export interface components {
              *     preferred (c) or non-preferred (r) answer under the model being trained and ref under the
              *     job's starting point, frozen (the base model on a model's first job, else the checkpoint the
              *     job starts from), mean over each step's pairs (ADR 69). The lines must be of the method's
-             *     kind: a line of the other kind fails the job before any step, naming it. Everything else
+             *     kind: a `dataset://` of the other kind is 400 `dataset_method_mismatch`, and a fetched
+             *     file's line of the other kind fails the job before any step, naming it. Everything else
              *     here applies to both, a pair counting as one example (`assistant_turns` is SFT's only).
              * @default sft
              * @enum {string}
