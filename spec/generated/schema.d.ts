@@ -314,6 +314,14 @@ export interface paths {
          *     assistant tokens only. Checkpoints are written as training goes (`config.checkpoint_every`)
          *     and at the end.
          *
+         *     With `config.method: dpo` the job trains by Direct Preference Optimization instead, on
+         *     preference pairs (`{input, preferred_output, non_preferred_output}` lines, OpenAI's DPO
+         *     format), against the job's starting point as the frozen reference, with `config.dpo_beta`
+         *     (default 0.1); its `gradient_step` events add `reward_chosen`, `reward_rejected`,
+         *     `reward_accuracy` and `reward_margin` (ADR 69). A dataset holds one kind of line: a
+         *     `dataset://` of the other kind than the method's is 400 `dataset_method_mismatch`, and
+         *     `config.dpo_beta` without `method: dpo` is 400 `invalid_config`.
+         *
          *     A job is bounded: at most 10,000,000 examples (lines × epochs), 1,000,000 optimizer steps
          *     and 5,000,000,000 tokens. What is known at create (a `dataset://`'s lines, a fixed
          *     `batch_size`) is checked now (400 `job_too_large`); the rest is checked against the job's
@@ -437,9 +445,11 @@ export interface paths {
         /**
          * Upload dataset
          * @description Stores a JSONL file for SFT: the raw body, one `SftExample` object (`{messages, tools?}`)
-         *     per line, as `listDatasetLines` returns them (blank lines are skipped). Every line is checked
-         *     on upload; the answer's `url` is what `createSftTrainingJob` takes as `training_data_url`.
-         *     Capped at 64 MB.
+         *     per line, as `listDatasetLines` returns them (blank lines are skipped); or, for DPO
+         *     (`config.method: dpo`), one `DpoExample` (`{input, preferred_output,
+         *     non_preferred_output}`) per line. A dataset holds one kind, that of its first line. Every
+         *     line is checked on upload; the answer's `url` is what `createSftTrainingJob` takes as
+         *     `training_data_url`. Capped at 64 MB.
          */
         post: operations["createDataset"];
         delete?: never;
@@ -2585,6 +2595,25 @@ export interface components {
          * @description Every field is optional.
          */
         SftConfig: {
+            /**
+             * @description `sft`: supervised fine-tuning, cross-entropy on the assistant tokens of `SftExample` lines.
+             *     `dpo`: Direct Preference Optimization on `DpoExample` lines (OpenAI's preference pairs):
+             *     the loss is −log σ(β·((π_c − ref_c) − (π_r − ref_r))), π the summed log-probability of the
+             *     preferred (c) or non-preferred (r) answer under the model being trained and ref under the
+             *     job's starting point, frozen (the base model on a model's first job, else the checkpoint the
+             *     job starts from), mean over each step's pairs (ADR 69). The lines must be of the method's
+             *     kind: a `dataset://` of the other kind is 400 `dataset_method_mismatch`, and a fetched
+             *     file's line of the other kind fails the job before any step, naming it. Everything else
+             *     here applies to both, a pair counting as one example (`assistant_turns` is SFT's only).
+             * @default sft
+             * @enum {string}
+             */
+            method?: "sft" | "dpo";
+            /**
+             * @description DPO only (400 `invalid_config` with `method: sft`): β, how strongly the loss holds the model
+             *     to the reference: larger keeps it closer. Default 0.1.
+             */
+            dpo_beta?: number;
             /** @description Sequences per gradient step, or `auto` (or null) to fit memory. Default `auto`. */
             batch_size?: number | "auto" | null;
             /**
@@ -2604,7 +2633,7 @@ export interface components {
              */
             epochs?: number;
             /**
-             * @description Train on every assistant turn, or only on the last one of each line.
+             * @description Train on every assistant turn, or only on the last one of each line. SFT only (DPO trains on each pair's answer).
              * @default all
              * @enum {string}
              */
@@ -2656,9 +2685,11 @@ export interface components {
             /** Format: uuid */
             model_id: string;
             /**
-             * @description A JSONL file of `{messages, tools?}` lines: `dataset://<id>` (from `createDataset`) or an
-             *     `https://` URL, fetched with a size cap and refused for loopback and private addresses
-             *     unless allow-listed. A bad line fails the job, naming the line, before any step. A
+             * @description A JSONL file of `{messages, tools?}` lines (`SftExample`), or with `config.method: dpo` of
+             *     `{input, preferred_output, non_preferred_output}` lines (`DpoExample`):
+             *     `dataset://<id>` (from `createDataset`) or an `https://` URL, fetched with a size cap and
+             *     refused for loopback and private addresses unless allow-listed. A bad line, or one of the
+             *     other method's kind, fails the job, naming the line, before any step. A
              *     `wandb-artifact://` URL (where OpenPipe ART's `train_sft` uploads its data) names storage a
              *     self-hosted server cannot read: 400 `unsupported_training_data_url`, naming the way that
              *     works (upload with `createDataset`, send its `dataset://` URL).
@@ -2735,7 +2766,7 @@ export interface components {
             data: {
                 /** @description The job's step, from 1 to `num_sequences` (not the model's step). */
                 gradient_step: number;
-                /** @description The step's mean loss over its trained tokens. */
+                /** @description The step's mean loss over its trained tokens (DPO, `config.method` `dpo`; its mean over the step's pairs). */
                 loss: number | null;
                 /**
                  * @description SFT only; the fraction of the step's trained tokens whose most likely token (argmax)
@@ -2768,6 +2799,14 @@ export interface components {
                 num_trajectories_dropped?: number;
                 /** @description RL with a KL penalty only; the mean KL of the trained tokens from the reference. */
                 kl_policy_ref?: number | null;
+                /** @description DPO only; the mean over the step's pairs of β·(π − ref) of the preferred answer, π and ref its summed log-probability under the model before the step and under the reference. */
+                reward_chosen?: number | null;
+                /** @description DPO only; the same of the non-preferred answer. */
+                reward_rejected?: number | null;
+                /** @description DPO only; the share of the step's pairs whose preferred answer has the larger reward. */
+                reward_accuracy?: number | null;
+                /** @description DPO only; the mean of reward_chosen − reward_rejected over the step's pairs. */
+                reward_margin?: number | null;
             } & {
                 [key: string]: unknown;
             };
@@ -3022,6 +3061,44 @@ export interface components {
             }[] | null;
         };
         /**
+         * DpoOutputMessage
+         * @description An answer of a DPO pair, an `SftMessage` whose role is assistant.
+         */
+        DpoOutputMessage: components["schemas"]["SftMessage"] & {
+            /** @constant */
+            role?: "assistant";
+        };
+        /**
+         * DpoExample
+         * @description One line of a DPO dataset (JSONL): a prompt and two answers to it, the preferred and the
+         *     non-preferred, in OpenAI's DPO format. `input` is the conversation before the answer (its
+         *     `messages` and the `tools` offered); each output is one assistant message. A job with
+         *     `config.method: dpo` learns to prefer `preferred_output` over `non_preferred_output` (ADR 69).
+         *     Unknown keys are ignored. Uploads (`createDataset`) and the training worker check every line
+         *     against this schema, and name the first line that fails.
+         */
+        DpoExample: {
+            input: {
+                /** @description The conversation before the answer. */
+                messages: components["schemas"]["SftMessage"][];
+                /** @description The tools offered in this conversation, in OpenAI's `tools` shape; the chat template renders them. */
+                tools?: {
+                    [key: string]: unknown;
+                }[] | null;
+            };
+            /** @description The preferred answer, one assistant message. */
+            preferred_output: components["schemas"]["DpoOutputMessage"][];
+            /** @description The non-preferred answer, one assistant message. */
+            non_preferred_output: components["schemas"]["DpoOutputMessage"][];
+        };
+        /**
+         * DatasetExample
+         * @description One line of a dataset: an `SftExample` (`{messages, tools?}`, for SFT) or a `DpoExample`
+         *     (`{input, preferred_output, non_preferred_output}`, for DPO). A dataset holds one kind, that
+         *     of its first line.
+         */
+        DatasetExample: components["schemas"]["SftExample"] | components["schemas"]["DpoExample"];
+        /**
          * DatasetLine
          * @description One example of a dataset, with its line number in the uploaded file.
          */
@@ -3032,7 +3109,7 @@ export interface components {
             object: "dataset.line";
             /** @description 1-based line number in the file (blank lines count but are not listed). */
             line: number;
-            example: components["schemas"]["SftExample"];
+            example: components["schemas"]["DatasetExample"];
         };
         /** DatasetLineList */
         DatasetLineList: {
@@ -6584,7 +6661,7 @@ export interface operations {
                     "application/json": components["schemas"]["Dataset"];
                 };
             };
-            /** @description A line is not a valid `{messages, tools?}` object, or the body is empty. The message names the first bad line. */
+            /** @description A line is not a valid `{messages, tools?}` object (or, in a dataset of DPO pairs, a valid `{input, preferred_output, non_preferred_output}` one), or the body is empty. The message names the first bad line. */
             400: {
                 headers: {
                     "x-request-id": components["headers"]["RequestId"];

@@ -292,7 +292,7 @@ export const COMMANDS: readonly Command[] = [
   command({
     name: "datasets upload",
     usage: "FILE.jsonl [--name N]",
-    summary: "upload SFT data; prints its dataset:// URL",
+    summary: "upload SFT data (or DPO pairs); prints its dataset:// URL",
     options: { name: str },
     run: async ({ values, positionals, client, io }) => {
       await remote.uploadDataset(
@@ -315,11 +315,13 @@ export const COMMANDS: readonly Command[] = [
     [--lr-schedule S]       constant | linear | cosine (server default cosine)
     [--warmup-steps N]      linear warm-up steps (default 0)
     [--assistant-turns T]   all | last: which assistant turns are trained (default all)
+    [--method M]            sft | dpo: DPO trains on preference pairs (default sft; ADR 69)
+    [--dpo-beta X]          DPO's beta (server default 0.1)
     [--checkpoint-every N]  a checkpoint every N steps (default: at the end)
     [--lora-rank N] [--lora-alpha N] [--max-seq-len N] [--max-grad-norm X]
     [--weight-decay X] [--seed N]   (experimental_config)
   MODEL is the model's id or <entity>/<project>/<name>; it is checked before anything is uploaded.`,
-    summary: "start an SFT job (a local file is uploaded first)",
+    summary: "start an SFT (or DPO) job (a local file is uploaded first)",
     options: {
       model: str,
       data: str,
@@ -331,6 +333,8 @@ export const COMMANDS: readonly Command[] = [
       "lr-schedule": str,
       "warmup-steps": str,
       "assistant-turns": str,
+      method: str,
+      "dpo-beta": str,
       "checkpoint-every": str,
       "lora-rank": str,
       "lora-alpha": str,
@@ -348,6 +352,7 @@ export const COMMANDS: readonly Command[] = [
         "cosine",
       ] as const);
       const turns = oneOf(values["assistant-turns"], "--assistant-turns", ["all", "last"] as const);
+      const method = oneOf(values.method, "--method", ["sft", "dpo"] as const);
       const job = await remote.trainSft(
         client(),
         {
@@ -363,6 +368,8 @@ export const COMMANDS: readonly Command[] = [
             lr_schedule: schedule,
             warmup_steps: optionalNumber(values["warmup-steps"], "--warmup-steps"),
             assistant_turns: turns,
+            method,
+            dpo_beta: optionalNumber(values["dpo-beta"], "--dpo-beta"),
             checkpoint_every: optionalNumber(values["checkpoint-every"], "--checkpoint-every"),
             eval_every: optionalNumber(values["eval-every"], "--eval-every"),
           }),

@@ -185,7 +185,7 @@ export async function trainSft(client: ArborClient, args: SftArgs, out: Output):
       ? { experimental_config: args.experimental }
       : {}),
   });
-  out.line(`SFT job ${job.id} ${job.status}.`);
+  out.line(`${args.config?.method === "dpo" ? "DPO" : "SFT"} job ${job.id} ${job.status}.`);
   return job.id;
 }
 

@@ -63,6 +63,7 @@ export {
   type DatasetInput,
   type DatasetLine,
   Datasets,
+  type DpoExample,
   Events,
   type GradientStepEvent,
   Jobs,

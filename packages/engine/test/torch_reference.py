@@ -4,9 +4,15 @@ q/k RMSNorm, SmolLM3 with NoPE layers), for the engine's correctness tests.
 
 Usage: python3 torch_reference.py MODEL_DIR < request.json > answer.json
 The request: {"prompts": [[ids...], ...], "greedy": N, "adapter": {"dir"} | null,
-"lora": {"dir"} | null, "batch": {...} | null}; "adapter" applies a PEFT folder to every answer,
-"lora" only to the loss and gradients of "batch".
-The answer: {"last_logits": [[...], ...], "greedy": [ids...], "loss": x, "grads": {name: [...]}}
+"lora": {"dir"} | null, "batch": {...} | null, "dpo": {...} | null}; "adapter" applies a PEFT
+folder to every answer, "lora" only to the loss and gradients of "batch".
+"dpo": {"lora": dir, "reference": dir | null, "beta": b, "pairs": [{"chosen": seq,
+"rejected": seq}]}, each seq {"inputs", "targets", "mask"}: the DPO loss (mean over the pairs of
+-log sigmoid(b * ((pi_c - ref_c) - (pi_r - ref_r))), pi the masked sum of a sequence's target
+log-probs with the "lora" adapter, ref with the "reference" adapter or (null) the base alone) and
+its gradients with respect to the "lora" adapter's tensors.
+The answer: {"last_logits": [[...], ...], "greedy": [ids...], "loss": x, "grads": {name: [...]},
+"dpo": {"loss": x, "grads": {name: [...]}, "chosen_rewards": [...], "rejected_rewards": [...]}}
 """
 import json
 import math
@@ -189,7 +195,46 @@ def main():
         loss.backward()
         answer["loss"] = float(loss)
         answer["grads"] = {name: t.grad.flatten().tolist() for name, t in params.items()}
+    if request.get("dpo"):
+        answer["dpo"] = dpo(folder, request["dpo"])
     json.dump(answer, sys.stdout)
+
+
+def sequence_logp(model, seq):
+    """The masked sum of a sequence's target log-probabilities."""
+    logits = model.forward(seq["inputs"])
+    logp = logits.log_softmax(-1)[torch.arange(len(seq["targets"])), torch.tensor(seq["targets"])]
+    return (logp * torch.tensor(seq["mask"], dtype=torch.float32)).sum()
+
+
+def dpo(folder, request):
+    """The DPO loss of the pairs, the policy's adapter trained, the reference frozen."""
+    reference = Reference(folder)
+    if request.get("reference"):
+        reference.load_lora(request["reference"])
+    policy = Reference(folder)
+    params = policy.load_lora(request["lora"])
+    for tensor in params.values():
+        tensor.requires_grad_(True)
+    beta = request["beta"]
+    losses, chosen, rejected = [], [], []
+    for pair in request["pairs"]:
+        with torch.no_grad():
+            ref_c = sequence_logp(reference, pair["chosen"])
+            ref_r = sequence_logp(reference, pair["rejected"])
+        reward_c = beta * (sequence_logp(policy, pair["chosen"]) - ref_c)
+        reward_r = beta * (sequence_logp(policy, pair["rejected"]) - ref_r)
+        losses.append(-torch.nn.functional.logsigmoid(reward_c - reward_r))
+        chosen.append(float(reward_c))
+        rejected.append(float(reward_r))
+    loss = torch.stack(losses).mean()
+    loss.backward()
+    return {
+        "loss": float(loss),
+        "grads": {name: t.grad.flatten().tolist() for name, t in params.items()},
+        "chosen_rewards": chosen,
+        "rejected_rewards": rejected,
+    }
 
 
 main()

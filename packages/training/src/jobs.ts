@@ -4,7 +4,7 @@
  * engine's configuration. The server enqueues through here; the runner reads through here.
  */
 import { HEAD_TARGET, LORA_TARGETS, type LoraConfig } from "@arbor/engine/model";
-import type { RlConfig, SftConfig } from "@arbor/engine/train";
+import type { DpoConfig, RlConfig, SftConfig } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
 import {
   InvalidInputError,
@@ -14,7 +14,7 @@ import {
   type TrainingJob,
   uuidv7,
 } from "@arbor/store";
-import { datasetIdOf, findDataset } from "./datasets/datasets.ts";
+import { datasetIdOf, datasetKind, findDataset } from "./datasets/datasets.ts";
 
 type Schemas = components["schemas"];
 
@@ -60,16 +60,51 @@ export async function enqueueSftJob(
 ): Promise<TrainingJob> {
   const url = request.training_data_url;
   const config = request.config ?? {};
+  const method = config.method ?? "sft";
+  if (config.dpo_beta != null && method !== "dpo") {
+    throw new InvalidInputError(
+      'config.dpo_beta is DPO\'s: set config.method to "dpo" to train on preference pairs, or leave dpo_beta out.',
+      { param: "config.dpo_beta", code: "invalid_config" },
+    );
+  }
   const lines = await checkDataUrl(store, model.entity, url, "training_data_url");
   if (lines !== undefined) checkSftSize(lines, config);
+  if (url.startsWith("dataset://")) {
+    // A dataset holds one kind, its first line's (ADR 69): a method of the other is refused now.
+    const dataset = await findDataset(store, model.entity, datasetIdOf(url) ?? url);
+    const kind = await datasetKind(store, dataset);
+    if (kind !== method) {
+      throw new InvalidInputError(
+        kind === "dpo"
+          ? `Dataset ${quote(dataset.id)} holds DPO preference pairs: set config.method to "dpo" to train on them.`
+          : `Dataset ${quote(dataset.id)} holds SFT examples ({messages}), and config.method "dpo" trains on preference pairs ({input, preferred_output, non_preferred_output}).`,
+        { param: "config.method", code: "dataset_method_mismatch" },
+      );
+    }
+  }
   const validation = request.validation_data_url ?? undefined;
   if (validation !== undefined) {
+    if (method === "dpo") {
+      throw new InvalidInputError(
+        "validation_data_url scores SFT examples ({messages}); a DPO job takes no validation set yet.",
+        { param: "validation_data_url", code: "unsupported_validation_data_url" },
+      );
+    }
     const count = await checkDataUrl(store, model.entity, validation, "validation_data_url");
     if (count !== undefined && count > MAX_VALIDATION_EXAMPLES) {
       throw new InvalidInputError(
         `The validation set has ${count} lines, more than the limit of ${MAX_VALIDATION_EXAMPLES}: validate on a sample of it.`,
         { param: "validation_data_url", code: "validation_set_too_large" },
       );
+    }
+    if (validation.startsWith("dataset://")) {
+      const dataset = await findDataset(store, model.entity, datasetIdOf(validation) ?? validation);
+      if ((await datasetKind(store, dataset)) !== "sft") {
+        throw new InvalidInputError(
+          `Dataset ${quote(dataset.id)} holds DPO preference pairs; a validation set holds SFT examples ({messages}).`,
+          { param: "validation_data_url", code: "dataset_method_mismatch" },
+        );
+      }
     }
   }
   const spec: SftJobSpec = {
@@ -304,6 +339,16 @@ export function sftTrainingConfig(
   if (x.max_grad_norm != null) out.maxGradNorm = x.max_grad_norm;
   if (x.weight_decay != null) out.adamW = { weightDecay: x.weight_decay };
   return out;
+}
+
+/** The engine's configuration of a DPO job (`config.method: dpo`, ADR 69): SFT's, and β. */
+export function dpoTrainingConfig(
+  spec: SftJobSpec,
+  baseModel: string,
+  baseParameters?: number,
+): DpoConfig {
+  const { assistantTurns: _, ...config } = sftTrainingConfig(spec, baseModel, baseParameters);
+  return { ...config, beta: spec.config.dpo_beta ?? 0.1 };
 }
 
 /** The engine's configuration of one RL step, with the learning rate and seed apart, and the

@@ -4,9 +4,10 @@ import { join } from "node:path";
 import { type JobEvent, openStore, type Store } from "@arbor/store";
 import { pino } from "pino";
 import { afterAll, describe, expect, it } from "vitest";
+import { readCheckpointFiles } from "../src/checkpoints.ts";
 import { createDataset } from "../src/datasets/datasets.ts";
 import { enqueueRlJob, enqueueSftJob } from "../src/jobs.ts";
-import { baseModels, sftExamplesLoader } from "../src/runner/loaders.ts";
+import { baseModels, dpoPairsLoader, sftExamplesLoader } from "../src/runner/loaders.ts";
 import { TrainingWorker } from "../src/runner/runner.ts";
 
 /**
@@ -97,6 +98,7 @@ for (const [backend, store] of [
         logger: pino({ level: "silent" }),
         loadBaseModel: baseModels(),
         loadSftExamples: sftExamplesLoader(db, { maxBytes: 1 << 20, allowHosts: [] }),
+        loadDpoPairs: dpoPairsLoader(db, { maxBytes: 1 << 20, allowHosts: [] }),
         identity: { stable, persistent: true },
       });
     }
@@ -113,9 +115,13 @@ for (const [backend, store] of [
       ).model;
     }
 
-    /** 6 steps (6 examples, batches of 2, 2 epochs), a checkpoint every 2; with `validate`, the
-     * same lines as a validation set, evaluated after every step. */
-    async function sftJob(validate = false) {
+    /** 6 steps (6 examples, batches of 2, 2 epochs), a checkpoint every 2, on `target` (a new
+     * model by default); with `validate`, the same lines as a validation set, evaluated after
+     * every step. */
+    async function sftJob(
+      options: { target?: Awaited<ReturnType<typeof model>>; validate?: boolean } = {},
+    ) {
+      const { target, validate = false } = options;
       await db.entities.ensure("e");
       const text = `${Array.from({ length: 6 }, (_, i) =>
         JSON.stringify({
@@ -126,7 +132,7 @@ for (const [backend, store] of [
         }),
       ).join("\n")}\n`;
       const dataset = await createDataset(db, { entity: "e", name: null, text });
-      return enqueueSftJob(db, await model(), {
+      return enqueueSftJob(db, target ?? (await model()), {
         training_data_url: `dataset://${dataset.id}`,
         ...(validate ? { validation_data_url: `dataset://${dataset.id}` } : {}),
         config: {
@@ -135,6 +141,23 @@ for (const [backend, store] of [
           checkpoint_every: 2,
           ...(validate ? { eval_every: 1 } : {}),
         },
+        experimental_config: { lora_rank: 4, seed: 3 },
+      });
+    }
+
+    /** A DPO job (ADR 69) of 6 steps on `target`, as `sftJob`, on preference pairs. */
+    async function dpoJob(target: Awaited<ReturnType<typeof model>>) {
+      const text = Array.from({ length: 6 }, (_, i) =>
+        JSON.stringify({
+          input: { messages: [{ role: "user", content: `Say ${i}` }] },
+          preferred_output: [{ role: "assistant", content: `${i}` }],
+          non_preferred_output: [{ role: "assistant", content: `${i + 1}` }],
+        }),
+      ).join("\n");
+      const dataset = await createDataset(db, { entity: "e", name: null, text });
+      return enqueueSftJob(db, (await db.models.get("e", target.id))!, {
+        training_data_url: `dataset://${dataset.id}`,
+        config: { method: "dpo", dpo_beta: 0.5, batch_size: 2, epochs: 2, checkpoint_every: 2 },
         experimental_config: { lora_rank: 4, seed: 3 },
       });
     }
@@ -211,7 +234,7 @@ for (const [backend, store] of [
     });
 
     it("when an SFT job with a validation set dies before validating a step past its checkpoint, then each step's validation is reported once", async () => {
-      const queued = await sftJob(true);
+      const queued = await sftJob({ validate: true });
       const { job, events, steps } = await dieAndResume(
         queued.id,
         at("jobs.appendEvent", "validation", "gradient_step", 4),
@@ -307,6 +330,48 @@ for (const [backend, store] of [
         "training_ended",
       ]);
       expect(job).toMatchObject({ status: "succeeded", attempts: 2 });
+    });
+
+    it("when a DPO job that continues an SFT checkpoint dies mid-way, then the resumed run keeps that checkpoint as its reference and ends as an unbroken run does", async () => {
+      await db.entities.ensure("e");
+      const ends: { adapter: Uint8Array; steps: unknown[] }[] = [];
+      for (const dies of [false, true]) {
+        const target = await model();
+        await run(worker(db, `sft-${backend}-${++n}`), (await sftJob({ target })).id);
+        const queued = await dpoJob(target);
+        expect(queued.step_from).toBe(6);
+        const { job, events, steps } = dies
+          ? await dieAndResume(
+              queued.id,
+              at("jobs.appendEvent", "gradient_step", "gradient_step", 4),
+            )
+          : await (async () => {
+              await run(worker(db, `dpo-${backend}-${++n}`), queued.id);
+              const events = (await db.jobs.listEvents("e", queued.id, { limit: 100 })).data;
+              return {
+                job: (await db.jobs.get("e", queued.id))!,
+                events,
+                steps: events.map(brief),
+              };
+            })();
+        expect(job).toMatchObject({ status: "succeeded", step_from: 6, step_to: 12 });
+        if (dies) expect(steps).toContain("started from 2 (attempt 2)");
+        const last = await db.models.getCheckpoint("e", job.model_id, 12);
+        const files = await readCheckpointFiles(db.blobs, last!.blob_key!);
+        ends.push({
+          adapter: files["adapter_model.safetensors"]!,
+          steps: events
+            .filter((e) => e.type === "gradient_step")
+            .map((e) => {
+              const { tokens_per_second: _, ...data } = e.data as Record<string, unknown>;
+              return data;
+            }),
+        });
+      }
+      const [unbroken, resumed] = ends;
+      expect(resumed!.steps).toEqual(unbroken!.steps);
+      expect((unbroken!.steps[0] as Record<string, number>).reward_margin).toBe(0);
+      expect(Buffer.from(resumed!.adapter).equals(Buffer.from(unbroken!.adapter))).toBe(true);
     });
 
     it("when an RL job dies after saving its step, then the resumed run ends it without training again", async () => {

@@ -64,6 +64,19 @@ beforeAll(async () => {
   home = join(work, "home");
   mkdirSync(home);
   writeFileSync(join(work, "data.jsonl"), reversalJsonl(["cat", "dog", "sun", "map"]));
+  // Preference pairs (ADR 69): the reversal over the word as it is.
+  writeFileSync(
+    join(work, "pairs.jsonl"),
+    ["cat", "dog", "sun", "map"]
+      .map((w) =>
+        JSON.stringify({
+          input: { messages: [{ role: "user", content: `Reverse the word ${w}.` }] },
+          preferred_output: [{ role: "assistant", content: [...w].reverse().join("") }],
+          non_preferred_output: [{ role: "assistant", content: w }],
+        }),
+      )
+      .join("\n"),
+  );
 });
 
 afterAll(async () => {
@@ -201,8 +214,23 @@ describe("the arbor command from its tarball", () => {
       expect(trained).toContain("Training started: 2 steps.\n");
       expect(trained).toMatch(/\[#{24}\] step 2\/2 {2}loss \d+\.\d{4}\n/);
       expect(trained).toMatch(/Training ended\.\n$/);
+      // Then DPO on preference pairs, a local file uploaded first, from the SFT checkpoint.
+      const preferred = await ok(
+        node,
+        [
+          ...["train", "sft", "--model", model, "--data", join(work, "pairs.jsonl")],
+          ...["--method", "dpo", "--dpo-beta", "0.2", "--epochs", "1", "--batch-size", "2"],
+          "--follow",
+        ],
+        server_,
+      );
+      expect(preferred).toMatch(
+        /^Uploaded 4 lines \(\d+ bytes\): dataset:\/\/\S+\nDPO job \S+ queued\.\n/,
+      );
+      expect(preferred).toMatch(/\[#{24}\] step 2\/2 {2}loss \d+\.\d{4}\n/);
+      expect(preferred).toMatch(/Training ended\.\n$/);
       const checkpoints = await ok(node, ["checkpoints", "list", model], server_);
-      expect(checkpoints).toContain(`\t${model}:step2\t`);
+      expect(checkpoints).toContain(`\t${model}:step4\t`);
       const answer = await ok(
         node,
         ["chat", model, "--message", "Reverse the word cat.", "--max-tokens", "6"],

@@ -617,6 +617,63 @@ describe.skipIf(missing)("the console in a browser", () => {
     expect(problems).toEqual([]);
   });
 
+  it("when a dataset of preference pairs is uploaded, then its lines show both answers, it starts a DPO job, and the job's page draws DPO's reward curves", async () => {
+    problems.length = 0;
+    const model = await server.authorizedClient().training.models.create({
+      project: "demo",
+      name: "browser-dpo",
+      base_model: "arbor/tiny-chat",
+    });
+    const pairs = ["cat", "dog", "sun", "map"].map((w) =>
+      JSON.stringify({
+        input: { messages: [{ role: "user", content: `Reverse: ${w}` }] },
+        preferred_output: [{ role: "assistant", content: [...w].reverse().join("") }],
+        non_preferred_output: [{ role: "assistant", content: w }],
+      }),
+    );
+    // Signed in already after the first case; signed in here when this case runs alone.
+    await page.goto(`${server.baseUrl}/console/#/signin`);
+    await page
+      .getByRole("heading", { name: /^(Models|Sign in)$/ })
+      .first()
+      .waitFor();
+    if (await page.getByLabel("API key").isVisible()) {
+      await page.getByLabel("API key").fill(server.adminKey);
+      await page.getByRole("button", { name: "Sign in", exact: true }).click();
+    }
+    await page.getByRole("heading", { name: "Models", exact: true }).waitFor();
+    await page.getByRole("link", { name: "Datasets", exact: true }).click();
+    await page.getByLabel("JSONL file").setInputFiles({
+      name: "pairs.jsonl",
+      mimeType: "application/jsonl",
+      buffer: Buffer.from(pairs.join("\n")),
+    });
+    await page.getByRole("button", { name: "Upload", exact: true }).click();
+    await page.getByRole("heading", { name: "Stored", exact: true }).waitFor();
+    expect(await page.locator("[data-lines]").getAttribute("data-lines")).toBe("4");
+    const first = await page.locator("details table tbody tr").first().textContent();
+    expect(first).toContain("user: Reverse: cat");
+    expect(first).toContain("preferred: tac");
+    expect(first).toContain("not preferred: cat");
+    await page.getByRole("heading", { name: "Train on it (DPO)" }).waitFor();
+    await page.getByLabel("Model").selectOption(model.id);
+    await page.getByLabel("Epochs").fill("2");
+    await page.getByLabel("Batch size").fill("2");
+    await page.getByRole("button", { name: "Start DPO job" }).click();
+    await page.getByRole("heading", { name: /^DPO job/ }).waitFor();
+    await page.locator(".status", { hasText: "succeeded" }).first().waitFor();
+    for (const metric of ["Loss", "Reward margin", "Reward accuracy"])
+      expect(
+        await page
+          .locator(`figure[data-metric="${metric}"] [data-points]`)
+          .getAttribute("data-points"),
+        metric,
+      ).toBe("4");
+    expect(await page.locator('figure[data-metric="Reward"]').count()).toBe(0);
+    await shot("dpo-job");
+    expect(problems).toEqual([]);
+  });
+
   it("when /docs is opened, then it loads with no console error and no failed request", async () => {
     problems.length = 0;
     await page.goto(`${server.baseUrl}/docs`, { waitUntil: "networkidle" });

@@ -265,6 +265,61 @@ describe("createFineTuningJob", () => {
   });
 });
 
+describe("createFineTuningJob with method dpo", () => {
+  /** A preference pair in OpenAI's DPO format: the reversed word preferred to the word. */
+  const pair = (word: string) => ({
+    input: { messages: [{ role: "user", content: `Reverse the word ${word}.` }] },
+    preferred_output: [{ role: "assistant", content: [...word].reverse().join("") }],
+    non_preferred_output: [{ role: "assistant", content: word }],
+  });
+
+  it("when a DPO job runs on preference pairs, then it succeeds, reports DPO's rewards and its model answers", async () => {
+    const file = await upload("pairs.jsonl", words.slice(0, 8).map(pair));
+    const created = await openai.fineTuning.jobs.create({
+      model: BASE,
+      training_file: file.id,
+      suffix: "pref",
+      method: { type: "dpo", dpo: { hyperparameters: { beta: 0.2, n_epochs: 2, batch_size: 4 } } },
+    });
+    expect(created).toMatchObject({
+      method: { type: "dpo", dpo: { hyperparameters: { beta: 0.2, n_epochs: 2, batch_size: 4 } } },
+      hyperparameters: { beta: 0.2, n_epochs: 2, batch_size: 4, learning_rate_multiplier: 1 },
+    });
+    const job = await until(created.id, ["succeeded", "failed", "cancelled"]);
+    expect(job.status).toBe("succeeded");
+    const events = [];
+    for await (const event of openai.fineTuning.jobs.listEvents(job.id)) events.push(event);
+    const steps = events
+      .filter((e) => e.type === "metrics")
+      .map((e) => e.data as { step: number; reward_margin: number; reward_accuracy: number });
+    expect(steps.map((m) => m.step)).toEqual([4, 3, 2, 1]);
+    for (const m of steps) expect(typeof m.reward_margin).toBe("number");
+    // Trained towards the preferred answers: the margin grows from the first step to the last.
+    expect(steps[0]!.reward_margin).toBeGreaterThan(steps.at(-1)!.reward_margin);
+    const answer = await openai.chat.completions.create({
+      model: job.fine_tuned_model!,
+      messages: [{ role: "user", content: "Reverse the word cat." }],
+      max_tokens: 4,
+    });
+    expect(answer.model).toBe(job.fine_tuned_model);
+  });
+
+  it("when the file's lines are not the method's, then 400 names the training file", async () => {
+    const sft = await upload("sft-lines.jsonl", [reversal("cat")]);
+    const pairs = await upload("pair-lines.jsonl", [pair("cat")]);
+    const cases: Parameters<typeof openai.fineTuning.jobs.create>[0][] = [
+      { model: BASE, training_file: sft.id, method: { type: "dpo" } },
+      { model: BASE, training_file: pairs.id },
+    ];
+    for (const body of cases) {
+      const err = await refused(openai.fineTuning.jobs.create(body));
+      expect(err.status).toBe(400);
+      expect(err.param).toBe("training_file");
+      expect(err.code).toBe("dataset_method_mismatch");
+    }
+  });
+});
+
 describe("retrieveFineTuningJob", () => {
   it("when the job is unknown or another entity's, then 404", async () => {
     const missing = openai.fineTuning.jobs.retrieve("ftjob-00000000000000000000000000000000");

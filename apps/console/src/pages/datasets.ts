@@ -6,7 +6,7 @@ import { all, modelName } from "./models.ts";
 
 /** The datasets uploaded before (newest first, a page at a time; open one to see its lines and
  * train on it); upload a JSONL file (a bad line is shown in place, by number), see what was
- * stored, and start an SFT job on it. */
+ * stored, and start an SFT job on it (a DPO one on preference pairs, ADR 69). */
 export async function datasetsPage({ root }: PageContext): Promise<void> {
   const listed = h("div");
   const more = h("button", { type: "button", hidden: true }, "Load more");
@@ -56,7 +56,13 @@ export async function datasetsPage({ root }: PageContext): Promise<void> {
         h("code", null, "messages"),
         " (and optionally ",
         h("code", null, "tools"),
-        "). Every line is checked; nothing is stored unless all are valid.",
+        "), or, for DPO, each a preference pair with ",
+        h("code", null, "input"),
+        ", ",
+        h("code", null, "preferred_output"),
+        " and ",
+        h("code", null, "non_preferred_output"),
+        ". Every line is checked; nothing is stored unless all are valid.",
       ),
       h("div", { class: "row wrap" }, field("JSONL file", file), field("Name", name), button),
     ),
@@ -160,11 +166,30 @@ async function showDataset(result: HTMLElement, dataset: Dataset): Promise<void>
       ),
       linesTable(page.data, dataset.lines),
     ),
+    // A dataset holds one kind, its first line's: preference pairs train by DPO.
     trainForm(
       dataset,
       models,
       others.filter((d) => d.id !== dataset.id),
+      page.data[0] && isPair(page.data[0].example) ? "dpo" : "sft",
     ),
+  );
+}
+
+type Example = DatasetLine["example"];
+type Pair = Extract<Example, { input: unknown }>;
+type Message = Pair["input"]["messages"][number];
+
+function isPair(example: Example): example is Pair {
+  return "input" in example;
+}
+
+function messageLine(m: Message, label: string = m.role): HTMLElement {
+  return h(
+    "div",
+    null,
+    h("strong", null, `${label}: `),
+    typeof m.content === "string" ? m.content : JSON.stringify(m.content),
   );
 }
 
@@ -178,21 +203,27 @@ function linesTable(lines: DatasetLine[], total: number): HTMLElement {
       ["Line", "Messages"],
       lines.map((l) => [
         num(l.line),
-        l.example.messages.map((m) =>
-          h(
-            "div",
-            null,
-            h("strong", null, `${m.role}: `),
-            typeof m.content === "string" ? m.content : JSON.stringify(m.content),
-          ),
-        ),
+        isPair(l.example)
+          ? [
+              ...l.example.input.messages.map((m) => messageLine(m)),
+              ...l.example.preferred_output.map((m) => messageLine(m, "preferred")),
+              ...l.example.non_preferred_output.map((m) => messageLine(m, "not preferred")),
+            ]
+          : l.example.messages.map((m) => messageLine(m)),
       ]),
     ),
   );
 }
 
-/** An SFT job on `dataset`, optionally validated on one of `others` (the newest 100). */
-function trainForm(dataset: Dataset, models: Model[], others: Dataset[]): HTMLElement {
+/** An SFT or DPO job on `dataset`; an SFT one optionally validated on one of `others` (the
+ * newest 100). */
+function trainForm(
+  dataset: Dataset,
+  models: Model[],
+  others: Dataset[],
+  method: "sft" | "dpo",
+): HTMLElement {
+  const name = method === "dpo" ? "DPO" : "SFT";
   if (models.length === 0)
     return h(
       "section",
@@ -231,7 +262,7 @@ function trainForm(dataset: Dataset, models: Model[], others: Dataset[]): HTMLEl
     "form",
     {
       class: "card",
-      "aria-label": "Start an SFT job",
+      "aria-label": `Start an ${name} job`,
       onsubmit: async (event: Event) => {
         event.preventDefault();
         mount(status);
@@ -241,6 +272,7 @@ function trainForm(dataset: Dataset, models: Model[], others: Dataset[]): HTMLEl
             training_data_url: dataset.url,
             ...(validation.value ? { validation_data_url: validation.value } : {}),
             config: {
+              ...(method === "dpo" ? { method } : {}),
               epochs: Number(epochs.value),
               learning_rate: Number(lr.value),
               batch_size: Number(batch.value),
@@ -253,7 +285,7 @@ function trainForm(dataset: Dataset, models: Model[], others: Dataset[]): HTMLEl
         }
       },
     },
-    h("h2", null, "Train on it (SFT)"),
+    h("h2", null, `Train on it (${name})`),
     h(
       "div",
       { class: "row wrap" },
@@ -261,8 +293,8 @@ function trainForm(dataset: Dataset, models: Model[], others: Dataset[]): HTMLEl
       field("Epochs", epochs),
       field("Learning rate", lr),
       field("Batch size", batch),
-      field("Validation set", validation),
-      h("button", { type: "submit", class: "primary" }, "Start SFT job"),
+      ...(method === "sft" ? [field("Validation set", validation)] : []),
+      h("button", { type: "submit", class: "primary" }, `Start ${name} job`),
     ),
     status,
   );

@@ -52,12 +52,22 @@ export async function jobsPage({ root, query }: PageContext): Promise<void> {
   pagedList(page, results, more, (shown) => jobsTable(shown, names));
 }
 
-/** The metrics of `gradient_step` events, each drawn over the job's steps: on the jobs of one
- * type or of both. */
-const METRICS: [key: string, title: string, only: TrainingJob["type"] | null][] = [
+/** What a job trains by: RL, SFT, or DPO (an SFT job's `config.method`, ADR 69). */
+type Kind = "rl" | "sft" | "dpo";
+
+function kindOf(job: TrainingJob): Kind {
+  const method = (job.config as { config?: { method?: string } } | null)?.config?.method;
+  return job.type === "rl" ? "rl" : method === "dpo" ? "dpo" : "sft";
+}
+
+/** The metrics of `gradient_step` events, each drawn over the job's steps; some only for the
+ * jobs of one kind. */
+const METRICS: [key: string, title: string, only: Kind | null][] = [
   ["loss", "Loss", null],
   ["mean_token_accuracy", "Token accuracy", "sft"],
   ["reward", "Reward", "rl"],
+  ["reward_margin", "Reward margin", "dpo"],
+  ["reward_accuracy", "Reward accuracy", "dpo"],
   ["grad_norm", "Gradient norm", null],
   ["learning_rate", "Learning rate", null],
   ["tokens_per_second", "Tokens / s", null],
@@ -91,7 +101,7 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
   ]);
   const model = models.find((m) => m.id === job.model_id);
   const followed: Followed[] = [job, ...(compared ? [compared] : [])].map((j) => {
-    const label = `${j.type.toUpperCase()} ${j.id.slice(0, 13)}`;
+    const label = `${kindOf(j).toUpperCase()} ${j.id.slice(0, 13)}`;
     return {
       job: j,
       lines: new Map(METRICS.map(([key]) => [key, { label, values: new Map(), marks: new Set() }])),
@@ -105,8 +115,8 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
       ),
     };
   });
-  const types = new Set(followed.map((f) => f.job.type));
-  const charts = METRICS.filter(([, , only]) => only === null || types.has(only)).map(
+  const kinds = new Set(followed.map((f) => kindOf(f.job)));
+  const charts = METRICS.filter(([, , only]) => only === null || kinds.has(only)).map(
     ([key, title]) =>
       new MetricChart(
         title,
@@ -131,7 +141,7 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
         h(
           "option",
           { value: s.id, selected: s.id === compareId },
-          `${s.type.toUpperCase()} ${s.id.slice(0, 13)} (${s.status}, ${time(s.created_at)})`,
+          `${kindOf(s).toUpperCase()} ${s.id.slice(0, 13)} (${s.status}, ${time(s.created_at)})`,
         ),
       ),
   );
@@ -140,7 +150,7 @@ export async function jobPage({ root, params, query, signal }: PageContext): Pro
   });
   mount(
     root,
-    h("h1", null, `${job.type.toUpperCase()} job`, " ", h("code", { class: "subtle" }, job.id)),
+    h("h1", null, `${kindOf(job).toUpperCase()} job`, " ", h("code", { class: "subtle" }, job.id)),
     summary,
     h(
       "section",

@@ -12,6 +12,8 @@ export type Checkpoint = Schemas["Checkpoint"];
 export type Dataset = Schemas["Dataset"];
 export type DatasetLine = Schemas["DatasetLine"];
 export type SftExample = Schemas["SftExample"];
+/** A DPO preference pair, a line of a dataset a `config.method: "dpo"` job trains on. */
+export type DpoExample = Schemas["DpoExample"];
 export type TrainingJob = Schemas["TrainingJob"];
 /** A job's event: a union by `type`; narrow on it to read its typed `data`. */
 export type TrainingJobEvent = Schemas["TrainingJobEvent"];
@@ -44,14 +46,14 @@ export interface CheckpointContent {
   filename: string | null;
 }
 
-/** What `datasets.create` uploads: JSONL text or bytes, or examples (objects or JSON lines)
- * from any iterable, sync or async. */
+/** What `datasets.create` uploads: JSONL text or bytes, or examples (objects or JSON lines;
+ * SFT examples or DPO pairs, one kind per dataset) from any iterable, sync or async. */
 export type DatasetInput =
   | string
   | Blob
   | Uint8Array
-  | Iterable<SftExample | string>
-  | AsyncIterable<SftExample | string>;
+  | Iterable<SftExample | DpoExample | string>
+  | AsyncIterable<SftExample | DpoExample | string>;
 
 const terminalEventTypes = new Set(["training_ended", "training_failed"]);
 /** Pause before following a job's events again after the stream closed without its end. */
@@ -298,8 +300,8 @@ export class Datasets {
     this.#core = core;
   }
 
-  /** Uploads SFT examples as JSONL; every line is checked, and a bad one is a BadRequestError
-   * naming its line. The answer's `url` is a job's `training_data_url`. */
+  /** Uploads SFT examples (or DPO preference pairs) as JSONL; every line is checked, and a bad
+   * one is a BadRequestError naming its line. The answer's `url` is a job's `training_data_url`. */
   async create(
     input: DatasetInput,
     query: { name?: string } = {},
@@ -352,7 +354,7 @@ async function jsonlBody(input: DatasetInput): Promise<string | Blob | Uint8Arra
   if (typeof input === "string" || input instanceof Uint8Array || input instanceof Blob)
     return input;
   const lines: string[] = [];
-  for await (const item of input as AsyncIterable<SftExample | string>)
+  for await (const item of input as AsyncIterable<SftExample | DpoExample | string>)
     lines.push(typeof item === "string" ? item : JSON.stringify(item));
   return lines.join("\n");
 }
@@ -365,7 +367,8 @@ export class Jobs {
     this.events = new Events(core);
   }
 
-  /** Queues an SFT job on an uploaded dataset (`training_data_url`). */
+  /** Queues an SFT job on an uploaded dataset (`training_data_url`); with `config.method:
+   * "dpo"`, a DPO job on preference pairs (ADR 69). */
   createSft(
     body: Schemas["CreateSftTrainingJobRequest"],
     options?: RequestOptions,

@@ -131,18 +131,39 @@ export function planSft(
 ): { totalSteps: number; stepsPerEpoch: number; prepared: Prepared } {
   if (examples.length === 0) throw new TrainingInputError("sft: no training examples");
   const sequences = sftSequences(model, examples, config);
+  const { plan, stepsPerEpoch } = layoutSteps(
+    sequences.length,
+    (i) => sequences[i]!.tokens.length,
+    config,
+    "sft",
+  );
+  return { totalSteps: plan.length, stepsPerEpoch, prepared: { sequences, plan } };
+}
+
+/**
+ * Every optimizer step of `count` items (examples, or DPO's pairs), all epochs: each epoch
+ * shuffled under the seed (one pass in fixed batches keeps the data's order), in fixed batches
+ * or (`"auto"`) packed by `tokensPerStep` with `length` (an item's padded tokens) grouping
+ * similar lengths. Throws `TrainingInputError` naming `what` for bad epochs or batch sizes.
+ */
+export function layoutSteps(
+  count: number,
+  length: (item: number) => number,
+  config: Pick<SftConfig, "epochs" | "batchSize" | "tokensPerStep" | "seed">,
+  what: string,
+): { plan: Prepared["plan"]; stepsPerEpoch: number } {
   const epochs = config.epochs ?? 1;
   if (!Number.isInteger(epochs) || epochs < 1)
-    throw new TrainingInputError("sft: epochs must be ≥ 1");
+    throw new TrainingInputError(`${what}: epochs must be ≥ 1`);
   const batchSize = config.batchSize ?? "auto";
   if (batchSize !== "auto" && (!Number.isInteger(batchSize) || batchSize < 1)) {
-    throw new TrainingInputError('sft: batch_size must be a positive integer or "auto"');
+    throw new TrainingInputError(`${what}: batch_size must be a positive integer or "auto"`);
   }
   const budget = config.tokensPerStep ?? 4096;
   const plan: Prepared["plan"] = [];
   let stepsPerEpoch = 0;
   for (let epoch = 0; epoch < epochs; epoch++) {
-    const order = [...examples.keys()];
+    const order = Array.from({ length: count }, (_, i) => i);
     const rng = new Rng(deriveSeed(config.seed ?? 0, epoch));
     // One pass in fixed batches keeps the data's order (batch i is lines i·B…): a client that
     // runs its own epochs (ART) shuffled it and sends a learning rate per batch. Several passes,
@@ -157,10 +178,11 @@ export function planSft(
     if (batchSize === "auto") {
       // Grouped by length within windows of the shuffled order (less padding); the steps are
       // shuffled after.
-      const len = (i: number) => sequences[i]!.tokens.length;
       for (let w = 0; w < order.length; w += AUTO_WINDOW) {
-        const window = order.slice(w, w + AUTO_WINDOW).sort((a, b) => len(a) - len(b) || a - b);
-        steps.push(...packByTokens(window, len, budget));
+        const window = order
+          .slice(w, w + AUTO_WINDOW)
+          .sort((a, b) => length(a) - length(b) || a - b);
+        steps.push(...packByTokens(window, length, budget));
       }
       for (let i = steps.length - 1; i > 0; i--) {
         const j = rng.int(i + 1);
@@ -172,7 +194,7 @@ export function planSft(
     for (const examples of steps) plan.push({ epoch, examples });
     stepsPerEpoch = plan.length - before;
   }
-  return { totalSteps: plan.length, stepsPerEpoch, prepared: { sequences, plan } };
+  return { plan, stepsPerEpoch };
 }
 
 /**
@@ -413,7 +435,11 @@ const AUTO_WINDOW = 256;
  * The one packing rule: items in order, each batch as many as fit `budget` tokens once padded
  * to its longest (count × longest), and at least one.
  */
-function packByTokens<T>(items: readonly T[], length: (item: T) => number, budget: number): T[][] {
+export function packByTokens<T>(
+  items: readonly T[],
+  length: (item: T) => number,
+  budget: number,
+): T[][] {
   const out: T[][] = [];
   let current: T[] = [];
   let longest = 0;

@@ -1,8 +1,15 @@
 import { StringDecoder } from "node:string_decoder";
-import type { SftExample as EngineSftExample } from "@arbor/engine/train";
+import type { DpoPair, SftExample as EngineSftExample } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
 import { type Dataset, NotFoundError, quote, type Store } from "@arbor/store";
-import { parseSftLine, sftExamplesFromLines, validateSftJsonlAsync } from "./jsonl.ts";
+import {
+  type DatasetKind,
+  dpoPairsFromLines,
+  kindOf,
+  parseDatasetLine,
+  sftExamplesFromLines,
+  validateSftJsonlAsync,
+} from "./jsonl.ts";
 
 type DatasetLine = components["schemas"]["DatasetLine"];
 
@@ -76,6 +83,37 @@ export async function datasetExamples(store: Store, dataset: Dataset): Promise<E
   }
 }
 
+/** A dataset's preference pairs as the engine trains on them (a DPO job's), read as a stream. */
+export async function datasetPairs(store: Store, dataset: Dataset): Promise<DpoPair[]> {
+  const stream = await store.blobs.stream(dataset.blob_key);
+  if (!stream) throw missingBlob(dataset);
+  try {
+    return await dpoPairsFromLines(lines(stream));
+  } finally {
+    stream.destroy();
+  }
+}
+
+/** What a dataset holds, SFT examples or DPO pairs: its first line's kind (the upload checked
+ * that every line is of it). Reads the blob only to the end of that line. */
+export async function datasetKind(store: Store, dataset: Dataset): Promise<DatasetKind> {
+  const stream = await store.blobs.stream(dataset.blob_key);
+  if (!stream) throw missingBlob(dataset);
+  try {
+    for await (const raw of lines(stream)) {
+      if (raw.trim() === "") continue;
+      try {
+        return kindOf(JSON.parse(raw.replace(/^\ufeff/, "")));
+      } catch (err) {
+        throw new Error(`Dataset ${dataset.id}: its first line is not JSON`, { cause: err });
+      }
+    }
+  } finally {
+    stream.destroy();
+  }
+  throw new Error(`Dataset ${dataset.id} has no lines`);
+}
+
 /** The stored JSONL of a dataset. */
 export async function datasetText(store: Store, dataset: Dataset): Promise<string> {
   const blob = await store.blobs.get(dataset.blob_key);
@@ -103,7 +141,10 @@ export async function datasetLines(
       if (data.length === page.limit) return { data, has_more: true };
       let example: DatasetLine["example"];
       try {
-        example = parseSftLine(line === 1 ? raw.replace(/^\ufeff/, "") : raw, line);
+        // Each line as its own kind: the upload checked that they are all of one.
+        example = parseDatasetLine(line === 1 ? raw.replace(/^\ufeff/, "") : raw, line, {
+          by: "dataset",
+        }).example;
       } catch (err) {
         throw new Error(`Dataset ${dataset.id}: stored line ${line} does not validate`, {
           cause: err,

@@ -3,12 +3,18 @@ import { lookup as dnsLookup } from "node:dns/promises";
 import { request as httpsRequest } from "node:https";
 import { isIP, type LookupFunction } from "node:net";
 import { Readable } from "node:stream";
-import type { SftExample as EngineSftExample } from "@arbor/engine/train";
+import type { DpoPair, SftExample as EngineSftExample } from "@arbor/engine/train";
 import { type Dataset, quote, type Store } from "@arbor/store";
 import ipaddr from "ipaddr.js";
 import { TrainingDataError } from "../errors.ts";
-import { datasetExamples, datasetIdOf, datasetText, findDataset } from "./datasets.ts";
-import { sftExamples } from "./jsonl.ts";
+import {
+  datasetExamples,
+  datasetIdOf,
+  datasetPairs,
+  datasetText,
+  findDataset,
+} from "./datasets.ts";
+import { dpoPairs, sftExamples } from "./jsonl.ts";
 
 /**
  * Where `training_data_url` points (ADR 15): `dataset://<id>` (an upload of the same entity)
@@ -347,6 +353,17 @@ export async function loadSftExamples(
 ): Promise<EngineSftExample[]> {
   if (isDatasetUrl(url)) return datasetExamples(store, await datasetOfUrl(store, entity, url));
   return sftExamples(await fetchTrainingData(url, options));
+}
+
+/** `loadSftExamples` for a DPO job: validated preference pairs (ADR 69). */
+export async function loadDpoPairs(
+  store: Store,
+  entity: string,
+  url: string,
+  options: FetchTrainingDataOptions,
+): Promise<DpoPair[]> {
+  if (isDatasetUrl(url)) return datasetPairs(store, await datasetOfUrl(store, entity, url));
+  return dpoPairs(await fetchTrainingData(url, options));
 }
 
 const isDatasetUrl = (url: string) => url.trim().toLowerCase().startsWith("dataset://");

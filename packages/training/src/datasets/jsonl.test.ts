@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import {
   DatasetLineError,
+  dpoPairs,
   forEachSftLine,
   InvalidDatasetError,
   sftExamples,
@@ -181,5 +182,129 @@ describe("forEachSftLine", () => {
 describe("validateSftJsonl", () => {
   it("when the file is valid, then only the count is returned", () => {
     expect(validateSftJsonl(`${ok()}\n${ok()}\n${ok()}`)).toEqual({ lines: 3 });
+  });
+});
+
+/** A DPO line (OpenAI's preference format). */
+const pair = (question = "2 + 2?", preferred = "4", rejected = "5") =>
+  JSON.stringify({
+    input: { messages: [{ role: "user", content: question }] },
+    preferred_output: [{ role: "assistant", content: preferred }],
+    non_preferred_output: [{ role: "assistant", content: rejected }],
+  });
+
+function lineError(run: () => unknown): DatasetLineError {
+  try {
+    run();
+  } catch (err) {
+    if (err instanceof DatasetLineError) return err;
+    throw err;
+  }
+  throw new Error("expected a DatasetLineError");
+}
+
+describe("DPO lines", () => {
+  it("when a dataset is of preference pairs, then it is accepted and read as the engine's pairs", () => {
+    const text = `${pair()}\n\n${JSON.stringify({
+      input: {
+        messages: [
+          { role: "system", content: "Be short." },
+          { role: "user", content: [{ type: "text", text: "Weather?" }] },
+        ],
+        tools: [{ type: "function", function: { name: "weather" } }],
+      },
+      preferred_output: [{ role: "assistant", content: "Sunny." }],
+      non_preferred_output: [
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ type: "function", function: { name: "weather", arguments: {} } }],
+        },
+      ],
+      extra: "ignored",
+    })}`;
+    expect(validateSftJsonl(text)).toEqual({ lines: 2 });
+    expect(dpoPairs(text)).toEqual([
+      {
+        messages: [{ role: "user", content: "2 + 2?" }],
+        chosen: { role: "assistant", content: "4" },
+        rejected: { role: "assistant", content: "5" },
+      },
+      {
+        messages: [
+          { role: "system", content: "Be short." },
+          { role: "user", content: "Weather?" },
+        ],
+        tools: [{ type: "function", function: { name: "weather" } }],
+        chosen: { role: "assistant", content: "Sunny." },
+        rejected: {
+          role: "assistant",
+          content: "",
+          toolCalls: [{ name: "weather", arguments: "{}" }],
+        },
+      },
+    ]);
+  });
+
+  it.each([
+    [
+      "no non-preferred output",
+      JSON.stringify({
+        input: { messages: [{ role: "user", content: "a" }] },
+        preferred_output: [],
+      }),
+      '"non_preferred_output" is required',
+    ],
+    [
+      "two preferred messages",
+      JSON.stringify({
+        input: { messages: [{ role: "user", content: "a" }] },
+        preferred_output: [
+          { role: "assistant", content: "b" },
+          { role: "assistant", content: "c" },
+        ],
+        non_preferred_output: [{ role: "assistant", content: "d" }],
+      }),
+      "preferred_output must hold one assistant message",
+    ],
+    [
+      "a preferred output that is a user's",
+      JSON.stringify({
+        input: { messages: [{ role: "user", content: "a" }] },
+        preferred_output: [{ role: "user", content: "b" }],
+        non_preferred_output: [{ role: "assistant", content: "d" }],
+      }),
+      "preferred_output[0].role must be assistant",
+    ],
+    [
+      "an input without messages",
+      JSON.stringify({
+        input: {},
+        preferred_output: [{ role: "assistant", content: "b" }],
+        non_preferred_output: [{ role: "assistant", content: "d" }],
+      }),
+      "input.messages is required",
+    ],
+  ])("when a pair has %s, then the line is refused, naming why", (_, line, reason) => {
+    const err = lineError(() => validateSftJsonl(`${pair()}\n${line}`));
+    expect(err.line).toBe(2);
+    expect(err.reason).toBe(reason);
+    expect(lineError(() => dpoPairs(`${pair()}\n${line}`)).message).toBe(`Line 2: ${reason}.`);
+  });
+
+  it("when a dataset mixes the two kinds, then the first line other than the first's is refused", () => {
+    expect(lineError(() => validateSftJsonl(`${ok()}\n\n${pair()}`)).message).toBe(
+      "Line 3: this line is a DPO pair ({input, preferred_output, non_preferred_output}) and the dataset's first line an SFT example ({messages}): a dataset holds one kind.",
+    );
+    expect(lineError(() => validateSftJsonl(`${pair()}\n${ok()}`)).line).toBe(2);
+  });
+
+  it("when a job's lines are of the other method's kind, then the job's check names the line and the method", () => {
+    expect(lineError(() => sftExamples(`${ok()}\n${pair()}`)).message).toBe(
+      'Line 2: this line is a DPO pair ({input, preferred_output, non_preferred_output}), and an SFT job trains on {messages} lines: set config.method to "dpo" to train on preference pairs.',
+    );
+    expect(lineError(() => dpoPairs(ok())).message).toBe(
+      'Line 1: this line is an SFT example ({messages}), and a DPO job (config.method "dpo") trains on preference pairs, {input, preferred_output, non_preferred_output}.',
+    );
   });
 });

@@ -1,18 +1,26 @@
 /**
  * SFT JSONL (the data of `createSftTrainingJob` and `createDataset`, ADR 30): one `SftExample` (`{messages, tools?}`) per non-empty line, checked
- * against the spec's own `SftExample` schema with Ajv. Uploads (`createDataset`) and the training
+ * against the spec's own `SftExample` schema with Ajv; or, for DPO (ADR 69), one `DpoExample`
+ * (`{input, preferred_output, non_preferred_output}`) per line. A dataset holds one kind, its
+ * first line's; a job's lines must be of its method's. Uploads (`createDataset`) and the training
  * worker both check here, so both name the same first bad line in the same words.
  */
 
 import { Worker } from "node:worker_threads";
 import type { ChatMessage } from "@arbor/engine/model";
-import type { SftExample as EngineSftExample } from "@arbor/engine/train";
+import type { DpoPair, SftExample as EngineSftExample } from "@arbor/engine/train";
 import type { components } from "@arbor/spec/schema";
 import { InvalidInputError } from "@arbor/store";
 import { type ErrorObject, validator } from "../spec.ts";
 
 /** One line of an SFT dataset, as the spec has it. */
 export type SftLine = components["schemas"]["SftExample"];
+/** One line of a DPO dataset: a preference pair. */
+export type DpoLine = components["schemas"]["DpoExample"];
+/** What a dataset's lines are: SFT examples or DPO pairs (a job's `config.method`). */
+export type DatasetKind = "sft" | "dpo";
+/** A checked line and its kind. */
+export type ParsedLine = { kind: "sft"; example: SftLine } | { kind: "dpo"; example: DpoLine };
 type SftMessage = components["schemas"]["SftMessage"];
 type MessageContent = components["schemas"]["ChatCompletionMessageContent"];
 
@@ -36,17 +44,35 @@ export class DatasetLineError extends InvalidDatasetError {
 }
 
 const validateLine = validator<SftLine>("SftExample");
+const validatePair = validator<DpoLine>("DpoExample");
 
 /**
- * Checks every line and calls `visit` with each example and its 1-based line number, in order.
- * Blank lines are skipped (they still count for line numbers); `\r\n` endings and a leading BOM
- * are accepted. Throws `DatasetLineError` at the first bad line, or `InvalidDatasetError` when
- * there is no example. Returns the number of examples (non-empty lines).
+ * Checks every line as an SFT job reads it and calls `visit` with each example and its 1-based
+ * line number, in order (`forEachDatasetLine` with kind `sft`).
  */
 export function forEachSftLine(
   text: string,
   visit: (example: SftLine, line: number) => void,
 ): number {
+  return forEachDatasetLine(text, (parsed, line) => visit(parsed.example as SftLine, line), "sft");
+}
+
+/**
+ * Checks every line and calls `visit` with each and its 1-based line number, in order. Each
+ * line must be of `kind` (a job's method) or, without it, of the first line's (a dataset holds
+ * one kind). Blank lines are skipped (they still count for line numbers); `\r\n` endings and a
+ * leading BOM are accepted. Throws `DatasetLineError` at the first bad line, or
+ * `InvalidDatasetError` when there is no example. Returns the number of examples (non-empty
+ * lines).
+ */
+export function forEachDatasetLine(
+  text: string,
+  visit: (parsed: ParsedLine, line: number) => void,
+  kind?: DatasetKind,
+): number {
+  const expected: { kind?: DatasetKind; by: "job" | "dataset" } = kind
+    ? { kind, by: "job" }
+    : { by: "dataset" };
   let count = 0;
   let start = text.charCodeAt(0) === 0xfeff ? 1 : 0;
   let line = 0;
@@ -57,16 +83,19 @@ export function forEachSftLine(
     const raw = text.slice(start, end);
     start = end + 1;
     if (raw.trim() === "") continue;
-    visit(parseSftLine(raw, line), line);
+    const parsed = parseDatasetLine(raw, line, expected);
+    expected.kind ??= parsed.kind;
+    visit(parsed, line);
     count++;
   }
   if (count === 0) throw new InvalidDatasetError(null, "The dataset is empty: no JSONL lines");
   return count;
 }
 
-/** Validates without keeping the examples (uploads can be 64 MB). */
+/** Validates an upload without keeping the examples (uploads can be 64 MB): SFT examples or
+ * DPO pairs, one kind. */
 export function validateSftJsonl(text: string): { lines: number } {
-  return { lines: forEachSftLine(text, () => {}) };
+  return { lines: forEachDatasetLine(text, () => {}) };
 }
 
 /** Files larger than this are validated on a thread of their own (about 7 ms a MB here). */
@@ -138,34 +167,105 @@ export function sftExamples(text: string): EngineSftExample[] {
   return examples;
 }
 
+/** Every preference pair of a file, as the engine trains on them (a DPO job's data). */
+export function dpoPairs(text: string): DpoPair[] {
+  const pairs: DpoPair[] = [];
+  forEachDatasetLine(text, (parsed) => pairs.push(toEnginePair(parsed.example as DpoLine)), "dpo");
+  return pairs;
+}
+
 /** Every example of a file read line by line (`\n`-split lines, as a stream yields them): the
  * same checks and errors as `sftExamples`, without the whole file in memory as text. */
 export async function sftExamplesFromLines(
   lines: AsyncIterable<string>,
 ): Promise<EngineSftExample[]> {
   const examples: EngineSftExample[] = [];
+  await forEachStreamedLine(lines, "sft", (parsed) =>
+    examples.push(toEngineExample(parsed.example as SftLine)),
+  );
+  return examples;
+}
+
+/** `dpoPairs` of a file read line by line. */
+export async function dpoPairsFromLines(lines: AsyncIterable<string>): Promise<DpoPair[]> {
+  const pairs: DpoPair[] = [];
+  await forEachStreamedLine(lines, "dpo", (parsed) =>
+    pairs.push(toEnginePair(parsed.example as DpoLine)),
+  );
+  return pairs;
+}
+
+async function forEachStreamedLine(
+  lines: AsyncIterable<string>,
+  kind: DatasetKind,
+  visit: (parsed: ParsedLine) => void,
+): Promise<void> {
   let line = 0;
+  let count = 0;
   for await (const raw of lines) {
     line++;
     const text = line === 1 && raw.charCodeAt(0) === 0xfeff ? raw.slice(1) : raw;
     if (text.trim() === "") continue;
-    examples.push(toEngineExample(parseSftLine(text, line)));
+    visit(parseDatasetLine(text, line, { kind, by: "job" }));
+    count++;
   }
-  if (examples.length === 0) {
+  if (count === 0) {
     throw new InvalidDatasetError(null, "The dataset is empty: no JSONL lines");
   }
-  return examples;
 }
 
-/** One line, checked; throws `DatasetLineError` naming it. */
+/** One SFT line, checked; throws `DatasetLineError` naming it. */
 export function parseSftLine(raw: string, line: number): SftLine {
+  return parseDatasetLine(raw, line, { kind: "sft", by: "job" }).example as SftLine;
+}
+
+const FORMS: Record<DatasetKind, string> = {
+  sft: "an SFT example ({messages})",
+  dpo: "a DPO pair ({input, preferred_output, non_preferred_output})",
+};
+
+/** The kind a line's keys say it is: a pair has `input` or an output, and no `messages`. */
+export function kindOf(value: unknown): DatasetKind {
+  if (typeof value !== "object" || value === null || Array.isArray(value) || "messages" in value)
+    return "sft";
+  return "input" in value || "preferred_output" in value || "non_preferred_output" in value
+    ? "dpo"
+    : "sft";
+}
+
+/**
+ * One line, checked against its kind's schema; throws `DatasetLineError` naming it. The kind is
+ * what `expected` asks for: a job's method (`by: "job"`), or a dataset's (`by: "dataset"`, its
+ * first line's; none yet: the line's own). A line of the other kind is refused as such.
+ */
+export function parseDatasetLine(
+  raw: string,
+  line: number,
+  expected: { kind?: DatasetKind; by: "job" | "dataset" },
+): ParsedLine {
   let value: unknown;
   try {
     value = JSON.parse(raw);
   } catch {
     throw new DatasetLineError(line, "not valid JSON");
   }
-  if (validateLine(value)) return value;
+  const own = kindOf(value);
+  const kind = expected.kind ?? own;
+  if (own !== kind) {
+    throw new DatasetLineError(
+      line,
+      expected.by === "dataset"
+        ? `this line is ${FORMS[own]} and the dataset's first line ${FORMS[kind]}: a dataset holds one kind`
+        : kind === "sft"
+          ? `this line is ${FORMS[own]}, and an SFT job trains on {messages} lines: set config.method to "dpo" to train on preference pairs`
+          : `this line is ${FORMS[own]}, and a DPO job (config.method "dpo") trains on preference pairs, {input, preferred_output, non_preferred_output}`,
+    );
+  }
+  if (kind === "dpo") {
+    if (validatePair(value)) return { kind, example: value };
+    throw new DatasetLineError(line, describeFirst(validatePair.errors ?? []));
+  }
+  if (validateLine(value)) return { kind, example: value };
   throw new DatasetLineError(line, describeFirst(validateLine.errors ?? []));
 }
 
@@ -174,6 +274,17 @@ export function toEngineExample(line: SftLine): EngineSftExample {
   return {
     messages: line.messages.map(toChatMessage),
     ...(line.tools && line.tools.length > 0 ? { tools: line.tools } : {}),
+  };
+}
+
+/** A pair as the engine trains on it: the prompt's messages, the two answers. */
+export function toEnginePair(line: DpoLine): DpoPair {
+  const tools = line.input.tools;
+  return {
+    messages: line.input.messages.map(toChatMessage),
+    ...(tools && tools.length > 0 ? { tools } : {}),
+    chosen: toChatMessage(line.preferred_output[0]!),
+    rejected: toChatMessage(line.non_preferred_output[0]!),
   };
 }
 

@@ -8,9 +8,9 @@ import {
   releaseModel,
   type WeightChoice,
 } from "@arbor/engine/model";
-import type { SftExample } from "@arbor/engine/train";
+import type { DpoPair, SftExample } from "@arbor/engine/train";
 import type { Store } from "@arbor/store";
-import { loadSftExamples } from "../datasets/fetch.ts";
+import { loadDpoPairs, loadSftExamples } from "../datasets/fetch.ts";
 
 export interface TrainingDataSettings {
   /** Largest `https://` training file fetched (bytes). */
@@ -23,6 +23,15 @@ export interface TrainingDataSettings {
 export function sftExamplesLoader(store: Store, settings: TrainingDataSettings) {
   return (entity: string, url: string): Promise<SftExample[]> =>
     loadSftExamples(store, entity, url, {
+      maxBytes: settings.maxBytes,
+      allowHosts: settings.allowHosts,
+    });
+}
+
+/** `dataset://` or `https://` → validated DPO preference pairs (a bad line fails naming it). */
+export function dpoPairsLoader(store: Store, settings: TrainingDataSettings) {
+  return (entity: string, url: string): Promise<DpoPair[]> =>
+    loadDpoPairs(store, entity, url, {
       maxBytes: settings.maxBytes,
       allowHosts: settings.allowHosts,
     });

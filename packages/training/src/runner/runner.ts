@@ -13,9 +13,13 @@ import {
   parameterCount,
 } from "@arbor/engine/model";
 import {
+  type DpoConfig,
+  type DpoPair,
+  dpoMicroBatchBudget,
   evaluateSft,
   LoraTrainer,
   microBatchBudget,
+  planDpo,
   planSft,
   type SftConfig,
   type SftEvalMetrics,
@@ -24,6 +28,7 @@ import {
   sftSequences,
   TrainingInputError,
   type TrajectoryGroup,
+  trainDpo,
   trainRlStep,
   trainSft,
 } from "@arbor/engine/train";
@@ -33,6 +38,7 @@ import { OPTIMIZER_FILE, readCheckpointFiles, writeCheckpointFiles } from "../ch
 import { JobInputError } from "../errors.ts";
 import {
   defaultLora,
+  dpoTrainingConfig,
   MAX_JOB_EXAMPLES,
   MAX_JOB_STEPS,
   MAX_JOB_TOKENS,
@@ -57,6 +63,9 @@ export interface TrainingWorkerOptions {
   /** The SFT examples behind a `training_data_url` (`dataset://` or `https://`), validated;
    * throws TrainingInputError naming the bad line. */
   loadSftExamples: (entity: string, url: string) => Promise<SftExample[]>;
+  /** The preference pairs behind the `training_data_url` of an SFT job whose `config.method`
+   * is `dpo` (ADR 69), validated; throws naming the bad line. Without it such jobs fail. */
+  loadDpoPairs?: (entity: string, url: string) => Promise<DpoPair[]>;
   /**
    * Who this worker is. With a `persistent` identity (stable across restarts), a restarted
    * worker reclaims the jobs its previous run held at once; without, they wait for their lease.
@@ -113,7 +122,7 @@ class Interrupted extends Error {
 
 /** The metrics of the step a checkpoint was saved at, as the checkpoint keeps them:
  * `train/loss`, `train/grad_norm`, `train/learning_rate`, `train/reward` (RL), `train/num_tokens`,
- * `train/mean_token_accuracy` (SFT). */
+ * `train/mean_token_accuracy` (SFT), `train/reward_margin` and `train/reward_accuracy` (DPO). */
 function trainMetrics(step: Record<string, unknown>): Record<string, number> {
   const kept: Record<string, number> = {};
   const keys = [
@@ -123,6 +132,8 @@ function trainMetrics(step: Record<string, unknown>): Record<string, number> {
     "reward",
     "num_tokens",
     "mean_token_accuracy",
+    "reward_margin",
+    "reward_accuracy",
   ];
   for (const key of keys) {
     const value = step[key];
@@ -159,10 +170,16 @@ export class TrainingWorker {
   readonly #o: Required<
     Omit<
       TrainingWorkerOptions,
-      "identity" | "onJob" | "kernelThreads" | "createKernels" | "onActivity" | "cancelled"
+      | "identity"
+      | "onJob"
+      | "kernelThreads"
+      | "createKernels"
+      | "onActivity"
+      | "cancelled"
+      | "loadDpoPairs"
     >
   > &
-    Pick<TrainingWorkerOptions, "onJob" | "onActivity" | "cancelled">;
+    Pick<TrainingWorkerOptions, "onJob" | "onActivity" | "cancelled" | "loadDpoPairs">;
   readonly #createKernels: (memory64: boolean) => WasmKernels;
   #kernels: WasmKernels | undefined;
   /** Base models whose jobs needed a Memory64 arena: their next jobs start on one. */
@@ -441,6 +458,7 @@ export class TrainingWorker {
   ): Promise<number> {
     const { store } = this.#o;
     const spec = sftJobSpec(job);
+    if (spec.config.method === "dpo") return this.#runDpo(job, signal, interrupt, held);
     const { stepFrom, baseId } = await this.#stepFrom(job);
     const examples = await this.#o
       .loadSftExamples(job.entity, job.payload_ref ?? "")
@@ -537,6 +555,110 @@ export class TrainingWorker {
       },
     });
     return stepFrom + totalSteps;
+  }
+
+  /**
+   * An SFT job with `config.method: dpo` (ADR 69): as `#runSft`, on preference pairs, against
+   * the job's starting point (the checkpoint at `step_from`; the base model at step 0) as the
+   * frozen reference, also when a later run of the job resumes mid-way.
+   */
+  async #runDpo(
+    job: TrainingJob,
+    signal: AbortSignal,
+    interrupt: () => void,
+    held: () => Promise<void>,
+  ): Promise<number> {
+    const { store } = this.#o;
+    const spec = sftJobSpec(job);
+    const { stepFrom, baseId } = await this.#stepFrom(job);
+    const load = this.#o.loadDpoPairs;
+    if (!load) throw new Error("this training worker was started without a loader of DPO pairs");
+    const pairs = await load(job.entity, job.payload_ref ?? "").catch((err: unknown) => {
+      throw new JobInputError(err instanceof Error ? err.message : String(err));
+    });
+    let planned: { config: DpoConfig; plan: ReturnType<typeof planDpo> } | undefined;
+    const { base, kernels } = await this.#onArena(baseId, async (kernels) => {
+      const base = await this.#o.loadBaseModel(baseId, kernels);
+      planned ??= this.#planDpo(base, pairs, dpoTrainingConfig(spec, baseId, parameterCount(base)));
+      dpoMicroBatchBudget(base, kernels, planned.plan.prepared.pairs, 0);
+      return { base, kernels };
+    });
+    const { config, plan } = planned!;
+    const { totalSteps } = plan;
+    const every = spec.config.checkpoint_every ?? totalSteps;
+    const resume = await this.#resumePoint(job, base, stepFrom);
+    await this.#started(job, { num_sequences: totalSteps }, resume?.step ?? 0, resume?.checkpoint);
+    // The reference: the checkpoint the job started from, frozen (none: the base itself).
+    const start = await store.models.getCheckpoint(job.entity, job.model_id, stepFrom);
+    if (!start) throw new JobInputError(`checkpoint step ${stepFrom} of the model is gone`);
+    const reference = start.blob_key
+      ? adapterFromFiles(await readCheckpointFiles(store.blobs, start.blob_key), base)
+      : null;
+    const adapter = resume
+      ? undefined
+      : await this.#startAdapter(
+          job,
+          base,
+          stepFrom,
+          config.lora ?? { baseModel: baseId },
+          config.seed ?? 0,
+        );
+    await trainDpo(base, pairs, config, {
+      kernels,
+      plan,
+      signal,
+      interrupt,
+      reference,
+      ...(adapter ? { adapter } : {}),
+      ...(resume ? { resume } : {}),
+      onStep: async (progress) => {
+        await held();
+        this.#o.onActivity?.({
+          type: "tokens",
+          jobType: "sft",
+          tokens: progress.metrics.num_tokens,
+        });
+        await store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
+        if (progress.step % every === 0 || progress.step === totalSteps) {
+          interrupt();
+          await this.#saveCheckpoint(
+            job,
+            stepFrom + progress.step,
+            progress.adapter,
+            () => progress.optimizerState(),
+            signal,
+            { ...progress.metrics },
+          );
+        }
+      },
+    });
+    return stepFrom + totalSteps;
+  }
+
+  /** A DPO job's plan on `base`, within the limits of a job (a pair counts as an example; its
+   * tokens are both answers'). */
+  #planDpo(base: Model, pairs: DpoPair[], config: DpoConfig) {
+    const epochs = config.epochs ?? 1;
+    if (pairs.length * epochs > MAX_JOB_EXAMPLES) {
+      throw new JobInputError(
+        `The job would train on ${pairs.length} pairs × ${epochs} epochs, more than the limit of ${MAX_JOB_EXAMPLES} per job: use fewer epochs or a smaller dataset.`,
+      );
+    }
+    const plan = planDpo(base, pairs, config);
+    if (plan.totalSteps > MAX_JOB_STEPS) {
+      throw new JobInputError(
+        `The job plans ${plan.totalSteps} steps, more than the limit of ${MAX_JOB_STEPS} per job: use a larger batch_size or fewer epochs.`,
+      );
+    }
+    let tokens = 0;
+    for (const p of plan.prepared.pairs)
+      tokens += p.chosen.tokens.length + p.rejected.tokens.length;
+    if (tokens * epochs > MAX_JOB_TOKENS) {
+      throw new JobInputError(
+        `The job would process ${tokens * epochs} tokens, more than the limit of ${MAX_JOB_TOKENS} per job: use fewer epochs or a smaller dataset.`,
+      );
+    }
+    return { config, plan };
   }
 
   /** The job's plan on `base` (what trainSft is handed), within the limits of a job, and its

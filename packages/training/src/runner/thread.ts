@@ -8,7 +8,7 @@ import { parentPort, workerData } from "node:worker_threads";
 import type { WeightChoice } from "@arbor/engine/model";
 import { type BlobBackend, openStore } from "@arbor/store";
 import { pino } from "pino";
-import { baseModels, sftExamplesLoader } from "./loaders.ts";
+import { baseModels, dpoPairsLoader, sftExamplesLoader } from "./loaders.ts";
 import { type TrainingActivity, TrainingWorker } from "./runner.ts";
 
 export interface WorkerThreadSettings {
@@ -57,6 +57,10 @@ const worker = new TrainingWorker({
   kernelThreads: settings.kernelThreads,
   loadBaseModel: baseModels(settings.baseModelsDir, { weights: settings.engineWeights }),
   loadSftExamples: sftExamplesLoader(store, {
+    maxBytes: settings.maxTrainingDataBytes,
+    allowHosts: settings.allowHosts,
+  }),
+  loadDpoPairs: dpoPairsLoader(store, {
     maxBytes: settings.maxTrainingDataBytes,
     allowHosts: settings.allowHosts,
   }),

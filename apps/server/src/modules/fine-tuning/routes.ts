@@ -167,16 +167,29 @@ export function fineTuningHandlers(deps: FineTuningDeps): Handlers {
     createFineTuningJob: async ({ body, project, principal }) => {
       const entity = project.entity;
       const method = body.method ?? { type: "supervised" as const };
-      if (method.type !== "supervised") {
+      if (method.type === "reinforcement") {
         throw new InvalidInputError(
-          method.type === "dpo"
-            ? "method dpo is not served yet: use supervised."
-            : "method reinforcement (OpenAI's graders) is not served: train with rewards through Arbor's RL jobs or training runs.",
+          "method reinforcement (OpenAI's graders) is not served: train with rewards through Arbor's RL jobs or training runs.",
           { param: "method.type", code: "unsupported_method" },
         );
       }
+      const dpo = method.type === "dpo";
       const asked: Hyperparameters =
-        method.supervised?.hyperparameters ?? body.hyperparameters ?? {};
+        (dpo ? method.dpo?.hyperparameters : method.supervised?.hyperparameters) ??
+        body.hyperparameters ??
+        {};
+      if (!dpo && asked.beta !== undefined) {
+        throw new InvalidInputError("beta is DPO's: set method.type to dpo, or leave beta out.", {
+          param: "hyperparameters.beta",
+          code: "invalid_hyperparameters",
+        });
+      }
+      if (dpo && body.validation_file != null) {
+        throw new InvalidInputError(
+          "validation_file holds supervised examples; a DPO job takes no validation file yet.",
+          { param: "validation_file", code: "unsupported_validation_file" },
+        );
+      }
       const training = await fileFor(store, principal, entity, body.training_file, "training_file");
       const validation =
         body.validation_file == null
@@ -221,7 +234,7 @@ export function fineTuningHandlers(deps: FineTuningDeps): Handlers {
           { param: "model", code: "model_not_found" },
         );
       }
-      const hyperparameters = resolveHyperparameters(asked, training.lines);
+      const hyperparameters = resolveHyperparameters(asked, training.lines, dpo);
       const seed = body.seed ?? randomInt(2 ** 31);
       const suffix = body.suffix ? body.suffix : null;
 
@@ -253,6 +266,7 @@ export function fineTuningHandlers(deps: FineTuningDeps): Handlers {
               : {}),
             learning_rate:
               defaultLearningRate(base.parameters) * hyperparameters.learning_rate_multiplier,
+            ...(dpo ? { method: "dpo" as const, dpo_beta: hyperparameters.beta } : {}),
           },
           experimental_config: { seed },
         });
@@ -275,7 +289,7 @@ export function fineTuningHandlers(deps: FineTuningDeps): Handlers {
       } catch (err) {
         // Nothing half-made stays: the model made for this job goes, with its job.
         if (created) await store.models.delete(entity, created.id).catch(() => {});
-        throw err;
+        throw inOpenAiTerms(err);
       }
     },
 
@@ -430,8 +444,9 @@ async function fileFor(
 }
 
 /** OpenAI's `auto`s made numbers (ADR 70): 3 epochs up to 1,000 examples, then about 3,000
- * examples seen in all, at least one pass; batch size packed by tokens; multiplier 1. */
-function resolveHyperparameters(asked: Hyperparameters, lines: number) {
+ * examples seen in all, at least one pass; batch size packed by tokens; multiplier 1; DPO's
+ * beta 0.1. */
+function resolveHyperparameters(asked: Hyperparameters, lines: number, dpo: boolean) {
   const epochs =
     asked.n_epochs === undefined || asked.n_epochs === "auto"
       ? Math.max(1, Math.min(3, Math.round(3000 / Math.max(1, lines))))
@@ -443,7 +458,25 @@ function resolveHyperparameters(asked: Hyperparameters, lines: number) {
       asked.learning_rate_multiplier === undefined || asked.learning_rate_multiplier === "auto"
         ? 1
         : asked.learning_rate_multiplier,
+    ...(dpo ? { beta: asked.beta === undefined || asked.beta === "auto" ? 0.1 : asked.beta } : {}),
   };
+}
+
+/** The SFT job's refusal, its parameter named as the fine-tuning request names it (a file of
+ * the other kind is the training file's fault, not `config.method`'s). */
+function inOpenAiTerms(err: unknown): unknown {
+  if (!(err instanceof InvalidInputError)) return err;
+  const param =
+    {
+      "config.method": "training_file",
+      training_data_url: "training_file",
+      validation_data_url: "validation_file",
+    }[err.param ?? ""] ?? err.param;
+  if (param === err.param) return err;
+  return new InvalidInputError(err.message, {
+    param: param ?? undefined,
+    code: err.code ?? undefined,
+  });
 }
 
 function metadataFilter(value: unknown): Record<string, string> | null | undefined {
