@@ -654,38 +654,55 @@ export class WasmKernels implements Kernels {
     const totalN = Ns.reduce((n, N) => n + N, 0);
     const parts = this.parts(2 * M * totalN * K);
     const stride = q8QuadStride(K);
-    const jobs: Job[] = [];
-    weights.forEach((weight, i) => {
-      const quads = Math.ceil(Ns[i]! / 4);
-      const ldo = quads * 16;
-      const outOffset = outOffsets[i]!;
-      const task = (m0: number, m1: number, q0: number, q1: number): Job =>
-        call("gemm_q8", {
-          out: outOffset + m0 * ldo + q0 * 16,
-          ldo,
-          a: xq + m0 * K,
-          sa: sa + m0 * nb * 4,
-          p: weight.offset + q0 * stride,
-          M: m1 - m0,
-          N: (q1 - q0) * 4,
+    if (parts === 1) {
+      // A small call stays on this thread, whatever the number of weights (no jobs made).
+      const gemm = this.exports.gemm_q8;
+      weights.forEach((weight, i) => {
+        gemm(
+          outOffsets[i]!,
+          Math.ceil(Ns[i]! / 4) * 16,
+          xq,
+          sa,
+          weight.offset,
+          M,
+          Ns[i]!,
           K,
-          acc: accumulate ? 1 : 0,
-        });
-      // This weight's share of the call's tasks.
-      const share = Math.max(1, Math.round((parts * Ns[i]!) / totalN));
-      if (share > 1 && Math.ceil(M / 4) < share && quads >= share) {
-        for (const [q0, q1] of splitEven(quads, share)) if (q1 > q0) jobs.push(task(0, M, q0, q1));
-      } else {
-        for (let p = 0; p < share; p++) {
-          const m0 = Math.min(M, Math.round((M * p) / share / 4) * 4);
-          const m1 = p === share - 1 ? M : Math.min(M, Math.round((M * (p + 1)) / share / 4) * 4);
-          if (m1 > m0) jobs.push(task(m0, m1, 0, quads));
+          accumulate ? 1 : 0,
+        );
+      });
+    } else {
+      const jobs: Job[] = [];
+      weights.forEach((weight, i) => {
+        const quads = Math.ceil(Ns[i]! / 4);
+        const ldo = quads * 16;
+        const outOffset = outOffsets[i]!;
+        const task = (m0: number, m1: number, q0: number, q1: number): Job =>
+          call("gemm_q8", {
+            out: outOffset + m0 * ldo + q0 * 16,
+            ldo,
+            a: xq + m0 * K,
+            sa: sa + m0 * nb * 4,
+            p: weight.offset + q0 * stride,
+            M: m1 - m0,
+            N: (q1 - q0) * 4,
+            K,
+            acc: accumulate ? 1 : 0,
+          });
+        // This weight's share of the call's tasks.
+        const share = Math.max(1, Math.round((parts * Ns[i]!) / totalN));
+        if (share > 1 && Math.ceil(M / 4) < share && quads >= share) {
+          for (const [q0, q1] of splitEven(quads, share))
+            if (q1 > q0) jobs.push(task(0, M, q0, q1));
+        } else {
+          for (let p = 0; p < share; p++) {
+            const m0 = Math.min(M, Math.round((M * p) / share / 4) * 4);
+            const m1 = p === share - 1 ? M : Math.min(M, Math.round((M * (p + 1)) / share / 4) * 4);
+            if (m1 > m0) jobs.push(task(m0, m1, 0, quads));
+          }
         }
-      }
-    });
-    // A small call stays on this thread, whatever the number of weights.
-    if (parts === 1) for (const job of jobs) runJob(this.exports, job.op, job.args);
-    else this.runJobs(jobs);
+      });
+      this.runJobs(jobs);
+    }
     outs.forEach((out, i) => {
       if (!scratchOut(i)) return;
       const N = Ns[i]!;
@@ -852,7 +869,11 @@ export class WasmKernels implements Kernels {
     args: (r0: number, r1: number) => KernelArgs<K>,
   ): void {
     const parts = Math.min(rows, this.parts(work));
-    this.runJobs(splitEven(rows, Math.max(parts, 1)).map(([r0, r1]) => call(kernel, args(r0, r1))));
+    if (parts <= 1) {
+      invoke(this.exports, kernel, args(0, rows));
+      return;
+    }
+    this.runJobs(splitEven(rows, parts).map(([r0, r1]) => call(kernel, args(r0, r1))));
   }
 
   rmsNorm(
