@@ -2,7 +2,8 @@
  * The engine's q8 weights (ADR 61) against its BF16 ones and llama.cpp's Q8_0 on the same
  * weights, side by side in one run, on the families' shapes (random weights, bench/family-shapes.ts):
  * - tokens/s of a 128-token prefill and of decoding (1 sequence), one thread and two: the three
- *   take turns, round after round, each keeping its best (the machine is shared);
+ *   take turns, round after round, each keeping its best (the machine is shared); on one thread
+ *   also per second of the process's CPU time, which a loaded machine disturbs far less;
  * - quality: the mean KL divergence of q8's next-token distributions from BF16's over a fixed
  *   text (the shape's tokenizer), and top-1 agreement;
  * - LoRA-SFT on a q8 base against a BF16 one: tokens/s and peak RSS (each in its own process).
@@ -61,7 +62,17 @@ const load = () =>
 interface Rates {
   prefill: number;
   decode: number;
+  /** Tokens per second of this process's CPU time (all its threads): robust to a loaded machine
+   * on one thread, where the process runs nothing else meanwhile. */
+  cpuPrefill: number;
+  cpuDecode: number;
 }
+
+/** CPU seconds of the whole process (every thread) since `from`. */
+const cpuSince = (from: NodeJS.CpuUsage) => {
+  const d = process.cpuUsage(from);
+  return (d.user + d.system) / 1e6;
+};
 
 function argmax(values: Float32Array): number {
   let best = 0;
@@ -74,15 +85,24 @@ function engineRun(model: Model, kernels: Kernels, rng: Rng): Rates {
   const V = model.config.vocabSize;
   const cache = createKvCache(model, PROMPT + DECODE, kernels);
   const tokens = Array.from({ length: PROMPT }, () => rng.int(V));
+  const c0 = process.cpuUsage();
   const t0 = performance.now();
   let next = argmax(forwardBatch(model, kernels, [{ cache, tokens }])[0]!);
   const t1 = performance.now();
+  const c1 = process.cpuUsage();
   for (let step = 0; step < DECODE; step++) {
     next = argmax(forwardBatch(model, kernels, [{ cache, tokens: [next] }])[0]!);
   }
   const t2 = performance.now();
+  const cpuDecode = cpuSince(c1);
+  const cpuPrefill = cpuSince(c0) - cpuDecode;
   releaseKvCache(cache);
-  return { prefill: PROMPT / ((t1 - t0) / 1000), decode: DECODE / ((t2 - t1) / 1000) };
+  return {
+    prefill: PROMPT / ((t1 - t0) / 1000),
+    decode: DECODE / ((t2 - t1) / 1000),
+    cpuPrefill: PROMPT / cpuPrefill,
+    cpuDecode: DECODE / cpuDecode,
+  };
 }
 
 async function llamaRunner(shape: Shape, threads: number) {
@@ -101,9 +121,11 @@ async function llamaRunner(shape: Shape, threads: number) {
     async run(rng: Rng): Promise<Rates> {
       await sequence.clearHistory();
       const prompt = Array.from({ length: PROMPT }, () => rng.int(V)) as unknown as Token[];
+      const c0 = process.cpuUsage();
       const t0 = performance.now();
       await sequence.evaluateWithoutGeneratingNewTokens(prompt);
       const t1 = performance.now();
+      const c1 = process.cpuUsage();
       const generator = sequence.evaluate([prompt.at(-1)!], {
         temperature: 0,
         yieldEogToken: true,
@@ -112,7 +134,14 @@ async function llamaRunner(shape: Shape, threads: number) {
       for (let step = 0; step < DECODE; step++) if (!(await generator.next()).done) generated++;
       await generator.return();
       const t2 = performance.now();
-      return { prefill: PROMPT / ((t1 - t0) / 1000), decode: generated / ((t2 - t1) / 1000) };
+      const cpuDecode = cpuSince(c1);
+      const cpuPrefill = cpuSince(c0) - cpuDecode;
+      return {
+        prefill: PROMPT / ((t1 - t0) / 1000),
+        decode: generated / ((t2 - t1) / 1000),
+        cpuPrefill: PROMPT / cpuPrefill,
+        cpuDecode: generated / cpuDecode,
+      };
     },
     async dispose() {
       await context.dispose();
@@ -139,14 +168,11 @@ async function inference(shape: Shape) {
     } catch (err) {
       llamaError = (err as Error).message;
     }
-    const best = {
-      bf16: { prefill: 0, decode: 0 },
-      q8: { prefill: 0, decode: 0 },
-      llama: { prefill: 0, decode: 0 },
-    };
+    const zero = (): Rates => ({ prefill: 0, decode: 0, cpuPrefill: 0, cpuDecode: 0 });
+    const best = { bf16: zero(), q8: zero(), llama: zero() };
     const keep = (into: Rates, r: Rates) => {
-      into.prefill = Math.max(into.prefill, r.prefill);
-      into.decode = Math.max(into.decode, r.decode);
+      for (const key of Object.keys(into) as (keyof Rates)[])
+        into[key] = Math.max(into[key], r[key]);
     };
     const rng = new Rng(SEED + threads);
     for (const dtype of ["bf16", "q8"] as const) engineRun(models[dtype], kernels[dtype], rng);
@@ -156,10 +182,21 @@ async function inference(shape: Shape) {
       }
       if (llama) keep(best.llama, await llama.run(rng));
     }
-    for (const key of ["prefill", "decode"] as const) {
+    // By CPU time on one thread only: on two, helpers spinning for work count as CPU.
+    const keys =
+      threads === 1
+        ? (["prefill", "decode", "cpuPrefill", "cpuDecode"] as const)
+        : (["prefill", "decode"] as const);
+    for (const key of keys) {
       const l = llama ? best.llama[key] : null;
+      const what = {
+        prefill: `prefill ${PROMPT}`,
+        decode: "decode",
+        cpuPrefill: `prefill ${PROMPT}, by CPU time`,
+        cpuDecode: "decode, by CPU time",
+      }[key];
       rows.push([
-        `${shape.name}, ${threads} thread${threads > 1 ? "s" : ""}, ${key === "prefill" ? `prefill ${PROMPT}` : "decode"}`,
+        `${shape.name}, ${threads} thread${threads > 1 ? "s" : ""}, ${what}`,
         best.bf16[key],
         best.q8[key],
         l,

@@ -174,6 +174,37 @@ describe("q8 weights", () => {
     await two.close();
   });
 
+  it("when several q8 weights share an input, then each output has the bits of its own GEMM, on one thread or two", async () => {
+    const one = createWasmKernels("auto");
+    const two = createWasmKernels("auto", { threads: 2 });
+    const rng = new Rng(13);
+    const K = 576;
+    const Ns = [576, 192, 192];
+    for (const M of [1, 3, 128]) {
+      const a = random(M * K, rng);
+      const ws = Ns.map((N) => random(N * K, rng, 0.05));
+      const run = (k: typeof one, shared: boolean) => {
+        const packed = Ns.map((N, i) => {
+          const p = k.packWeight(N, K, "q8");
+          p.writeRows(0, ws[i]!);
+          return p;
+        });
+        const outs = Ns.map((N) => new Float32Array(M * N));
+        if (shared) k.matmulNTShared(outs, a, packed, M, Ns, K);
+        else
+          outs.forEach((out, i) => {
+            k.matmulNT(out, a, packed[i]!, M, Ns[i]!, K);
+          });
+        for (const p of packed) p.release();
+        return outs;
+      };
+      const alone = run(one, false);
+      expect(run(one, true)).toEqual(alone);
+      expect(run(two, true)).toEqual(alone);
+    }
+    await two.close();
+  });
+
   it("when a shape q8 cannot hold is packed, then it is kept in BF16", () => {
     const kernels = createWasmKernels("auto");
     expect(kernels.packWeight(6, 64, "q8").dtype).toBe("bf16");

@@ -13,12 +13,13 @@
  * the header's 16 bits, and never letting a quantized weight pass 127).
  *
  * Activations are quantized per row and per block of 32 as the GEMM runs, to 8 bits as Q8_0's
- * are: x ≈ s·q, q in [−127, 127], s = max|x| / 127. `i32x4.relaxed_dot_i8x16_i7x16_add_s`
- * needs its second operand non-negative and below 128, so u = q + 127 (in [0, 254]) is held as
- * its high 7 bits h = u >> 1 and its low bit l = u & 1, and Σ w·u = 2·Σ q·h + Σ q·l. Then for a
- * block, Σ w·x ≈ d·s·(2·Σ q·h + Σ q·l − 127·Σq): integer sums are exact, and the header's −Σq
- * corrects the offset. (7-bit activations, one dot product instead of two, moved the shipped
- * tiny model's next-token distributions 1.7e-3 in KL divergence, past the 1e-3 bound.)
+ * are: x ≈ s·q, q in [−127, 127], s = max|x| / 127, kept as signed bytes. For a block,
+ * Σ w·x ≈ d·s·Σ w·q, the integer sum exact. `i32x4.relaxed_dot_i8x16_i7x16_add_s` needs its
+ * second operand in [0, 127], so the kernels multiply |w| by q with w's sign (w·q = |w|·(±q)),
+ * one dot product per 16 weights (ADR 61). The header's −Σq is what the first kernels used
+ * (activations offset by 127, in two 7-bit halves); the reference still sums that way, which
+ * gives the same integers. (7-bit activations moved the shipped tiny model's next-token
+ * distributions 1.7e-3 in KL divergence, past the 1e-3 bound.)
  */
 
 /** Weights per block (one scale). */
@@ -129,7 +130,7 @@ function nearestEven(x: number): number {
 /**
  * Quantizes M rows of K activations (K a multiple of 32) as the kernels do: per block of 32,
  * s = max|x| / 127 (F32), u = nearest(x · (127 / max|x|)) + 127 in [0, 254] (0 blocks: s = 0,
- * u = 127). Returns u [M, K] and s [M, K/32]; the kernels keep u as its high 7 bits and low bit.
+ * u = 127). Returns u [M, K] and s [M, K/32]; the kernels keep q = u − 127 as signed bytes.
  */
 export function quantizeActivations(
   a: Float32Array,

@@ -142,7 +142,7 @@ export const KERNELS = {
     ],
     body: q8.gemmQ8,
   }),
-  /** Rows of F32 activations quantized per block of 32 to 8 bits (as two 7-bit halves) and scales. */
+  /** Rows of F32 activations quantized per block of 32 to signed bytes, and their scales. */
   quantize_q8: kernel({
     params: [ptr("dst"), ptr("sa"), ptr("src"), int("lda"), int("rows"), int("K")],
     body: q8.quantizeQ8,

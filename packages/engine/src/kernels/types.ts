@@ -86,6 +86,20 @@ export interface Kernels {
     accumulate?: boolean,
     bVersion?: number,
   ): void;
+  /**
+   * Several Linears of one input, as `matmulNT` for each (no accumulation): outs[i][M, Ns[i]] =
+   * a[M,K] · bs[i]ᵀ. Kernels may share work between them (q8 weights: the input is quantized
+   * once, and the GEMMs go to the threads as one call); absent, callers run them one by one.
+   */
+  matmulNTShared?(
+    outs: readonly Float32Array[],
+    a: Float32Array,
+    bs: readonly (Float32Array | WeightSource)[],
+    M: number,
+    Ns: readonly number[],
+    K: number,
+    bVersion?: number,
+  ): void;
   /** out[M,N] (+)= a[M,K] · b[K,N]. */
   matmulNN(
     out: Float32Array,

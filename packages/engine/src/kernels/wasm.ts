@@ -494,7 +494,7 @@ export class WasmKernels implements Kernels {
     const own = weight instanceof ArenaWeight && weight.kernels === this ? weight : null;
     own?.live();
     if (own?.dtype === "q8" && layout === "w" && !transposedA) {
-      this.gemmQ8(out, a, own, M, N, K, accumulate);
+      this.gemmsQ8([out], a, [own], M, [N], K, accumulate);
       return;
     }
     const b = own ?? (isWeightSource(weight) ? weight.readRows(0, weight.rows) : weight);
@@ -598,79 +598,117 @@ export class WasmKernels implements Kernels {
   }
 
   /**
-   * out[M,N] (+)= A·Wᵀ on a q8 weight: A's rows quantized per block of 32 into scratch
-   * (`quantize_q8`), then `gemm_q8`, rows (or, for a few rows, quads of columns) shared among
-   * threads; every element's sum is the same whichever thread computes it.
+   * outs[i][M,Ns[i]] (+)= A·Wᵢᵀ on q8 weights: A's rows quantized once per block of 32 into
+   * scratch (`quantize_q8`), then `gemm_q8` for each weight, rows (or, for a few rows, quads of
+   * columns) shared among threads, all the weights' tasks in one hand-off; every element's sum
+   * is the same whichever thread computes it.
    */
-  private gemmQ8(
-    out: Float32Array,
+  private gemmsQ8(
+    outs: readonly Float32Array[],
     a: Float32Array,
-    weight: ArenaWeight,
+    weights: readonly ArenaWeight[],
     M: number,
-    N: number,
+    Ns: readonly number[],
     K: number,
     accumulate: boolean,
   ): void {
     let top = this.heap.top;
-    const N4 = Math.ceil(N / 4) * 4;
     let aOffset = this.offsetOf(a);
     if (aOffset < 0) {
       aOffset = top;
       top += align(M * K * 4);
     }
-    let outOffset = N4 === N ? this.offsetOf(out) : -1;
-    const outInPlace = outOffset >= 0;
-    if (!outInPlace) {
-      outOffset = top;
-      top += align(M * N4 * 4);
-    }
+    // Each output in place when it is in the arena and its rows are whole quads, else scratch.
+    const outOffsets = outs.map((out, i) => {
+      const N = Ns[i]!;
+      const at = N % 4 === 0 ? this.offsetOf(out) : -1;
+      if (at >= 0) return at;
+      const o = top;
+      top += align(M * Math.ceil(N / 4) * 16);
+      return o;
+    });
     const xq = top;
-    top += align(M * K * 2);
+    top += align(M * K);
     const sa = top;
     top += align((M * K) / 8);
     this.ensure(top);
     const buffer = this.memory.buffer;
     if (aOffset !== this.offsetOf(a))
       new Float32Array(buffer, aOffset, M * K).set(a.subarray(0, M * K));
-    const outView = new Float32Array(buffer, outOffset, M * N4);
-    if (accumulate && !outInPlace) copyRows(outView, N4, out, N, M);
+    const scratchOut = (i: number) => outOffsets[i] !== this.offsetOf(outs[i]!);
+    outs.forEach((out, i) => {
+      if (accumulate && scratchOut(i)) {
+        const N4 = Math.ceil(Ns[i]! / 4) * 4;
+        copyRows(new Float32Array(buffer, outOffsets[i]!, M * N4), N4, out, Ns[i]!, M);
+      }
+    });
     const nb = K / 32;
     this.byRows("quantize_q8", M, M * K * 8, (r0, r1) => ({
-      dst: xq + r0 * K * 2,
+      dst: xq + r0 * K,
       sa: sa + r0 * nb * 4,
       src: aOffset + r0 * K * 4,
       lda: K * 4,
       rows: r1 - r0,
       K,
     }));
-    const parts = this.parts(2 * M * N * K);
-    const ldo = N4 * 4;
-    const quads = N4 / 4;
+    const totalN = Ns.reduce((n, N) => n + N, 0);
+    const parts = this.parts(2 * M * totalN * K);
     const stride = q8QuadStride(K);
-    const task = (m0: number, m1: number, q0: number, q1: number): Job =>
-      call("gemm_q8", {
-        out: outOffset + m0 * ldo + q0 * 16,
-        ldo,
-        a: xq + m0 * K * 2,
-        sa: sa + m0 * nb * 4,
-        p: weight.offset + q0 * stride,
-        M: m1 - m0,
-        N: (q1 - q0) * 4,
-        K,
-        acc: accumulate ? 1 : 0,
+    if (parts === 1) {
+      // A small call stays on this thread, whatever the number of weights (no jobs made).
+      const gemm = this.exports.gemm_q8;
+      weights.forEach((weight, i) => {
+        gemm(
+          outOffsets[i]!,
+          Math.ceil(Ns[i]! / 4) * 16,
+          xq,
+          sa,
+          weight.offset,
+          M,
+          Ns[i]!,
+          K,
+          accumulate ? 1 : 0,
+        );
       });
-    const jobs: Job[] = [];
-    if (parts > 1 && Math.ceil(M / 4) < parts && quads >= parts) {
-      for (const [q0, q1] of splitEven(quads, parts)) if (q1 > q0) jobs.push(task(0, M, q0, q1));
     } else {
-      for (let i = 0; i < parts; i++) {
-        const m0 = Math.min(M, Math.round((M * i) / parts / 4) * 4);
-        const m1 = i === parts - 1 ? M : Math.min(M, Math.round((M * (i + 1)) / parts / 4) * 4);
-        if (m1 > m0) jobs.push(task(m0, m1, 0, quads));
-      }
+      const jobs: Job[] = [];
+      weights.forEach((weight, i) => {
+        const quads = Math.ceil(Ns[i]! / 4);
+        const ldo = quads * 16;
+        const outOffset = outOffsets[i]!;
+        const task = (m0: number, m1: number, q0: number, q1: number): Job =>
+          call("gemm_q8", {
+            out: outOffset + m0 * ldo + q0 * 16,
+            ldo,
+            a: xq + m0 * K,
+            sa: sa + m0 * nb * 4,
+            p: weight.offset + q0 * stride,
+            M: m1 - m0,
+            N: (q1 - q0) * 4,
+            K,
+            acc: accumulate ? 1 : 0,
+          });
+        // This weight's share of the call's tasks.
+        const share = Math.max(1, Math.round((parts * Ns[i]!) / totalN));
+        if (share > 1 && Math.ceil(M / 4) < share && quads >= share) {
+          for (const [q0, q1] of splitEven(quads, share))
+            if (q1 > q0) jobs.push(task(0, M, q0, q1));
+        } else {
+          for (let p = 0; p < share; p++) {
+            const m0 = Math.min(M, Math.round((M * p) / share / 4) * 4);
+            const m1 = p === share - 1 ? M : Math.min(M, Math.round((M * (p + 1)) / share / 4) * 4);
+            if (m1 > m0) jobs.push(task(m0, m1, 0, quads));
+          }
+        }
+      });
+      this.runJobs(jobs);
     }
-    this.runJobs(jobs);
-    if (!outInPlace) copyRows(out, N, outView, N4, M);
+    outs.forEach((out, i) => {
+      if (!scratchOut(i)) return;
+      const N = Ns[i]!;
+      const N4 = Math.ceil(N / 4) * 4;
+      copyRows(out, N, new Float32Array(buffer, outOffsets[i]!, M * N4), N4, M);
+    });
   }
 
   /** One GEMM over packed panels, its rows (or, for a few rows, its columns) shared among threads. */
@@ -755,6 +793,25 @@ export class WasmKernels implements Kernels {
     this.gemm(out, a, b, "w", M, N, K, accumulate, bVersion, false);
   }
 
+  matmulNTShared(
+    outs: readonly Float32Array[],
+    a: Float32Array,
+    bs: readonly (Float32Array | WeightSource)[],
+    M: number,
+    Ns: readonly number[],
+    K: number,
+    bVersion?: number,
+  ): void {
+    const own = bs.map((b) => (b instanceof ArenaWeight && b.kernels === this ? b : null));
+    if (own.every((w) => w?.dtype === "q8")) {
+      for (const w of own) w!.live();
+      this.gemmsQ8(outs, a, own as ArenaWeight[], M, Ns, K, false);
+      return;
+    }
+    for (let i = 0; i < bs.length; i++)
+      this.gemm(outs[i]!, a, bs[i]!, "w", M, Ns[i]!, K, false, bVersion, false);
+  }
+
   matmulNN(
     out: Float32Array,
     a: Float32Array,
@@ -812,7 +869,11 @@ export class WasmKernels implements Kernels {
     args: (r0: number, r1: number) => KernelArgs<K>,
   ): void {
     const parts = Math.min(rows, this.parts(work));
-    this.runJobs(splitEven(rows, Math.max(parts, 1)).map(([r0, r1]) => call(kernel, args(r0, r1))));
+    if (parts <= 1) {
+      invoke(this.exports, kernel, args(0, rows));
+      return;
+    }
+    this.runJobs(splitEven(rows, parts).map(([r0, r1]) => call(kernel, args(r0, r1))));
   }
 
   rmsNorm(

@@ -5,6 +5,7 @@
  * adapters their linears carry (`LinearHooks`).
  */
 import type { Kernels, Workspace } from "../kernels/types.ts";
+import type { Weight } from "../kernels/weight.ts";
 import type { LinearHooks } from "./lora.ts";
 import { applyRope, type Model } from "./model.ts";
 import type { LayerGrads } from "./weights.ts";
@@ -153,9 +154,7 @@ export function layerForward(
   // With q/k norms, the projections land before them (kept for the backward).
   const q = a.qPre ?? a.q;
   const k = a.kPre ?? a.k;
-  kernels.matmulNT(q, a.h1, layer.q, R, qDim, D, false, ver);
-  kernels.matmulNT(k, a.h1, layer.k, R, kvDim, D, false, ver);
-  kernels.matmulNT(a.v, a.h1, layer.v, R, kvDim, D, false, ver);
+  linears(kernels, [q, k, a.v], a.h1, [layer.q, layer.k, layer.v], R, [qDim, kvDim, kvDim], D, ver);
   if (layer.qBias) addRows(q, layer.qBias, R);
   if (layer.kBias) addRows(k, layer.kBias, R);
   if (layer.vBias) addRows(a.v, layer.vBias, R);
@@ -177,14 +176,32 @@ export function layerForward(
   for (let i = 0; i < R * D; i++) a.xMid[i] = x[i]! + proj[i]!;
 
   kernels.rmsNorm(a.h2, a.xMid, layer.postNorm, R, D, eps, a.inv2);
-  kernels.matmulNT(a.gate, a.h2, layer.gate, R, I, D, false, ver);
-  kernels.matmulNT(a.up, a.h2, layer.up, R, I, D, false, ver);
+  linears(kernels, [a.gate, a.up], a.h2, [layer.gate, layer.up], R, [I, I], D, ver);
   hooks?.forward(l, "gate", a.gate, a.h2, R);
   hooks?.forward(l, "up", a.up, a.h2, R);
   kernels.swiglu(a.act, a.gate, a.up, R * I);
   kernels.matmulNT(proj, a.act, layer.down, R, D, I, false, ver);
   hooks?.forward(l, "down", proj, a.act, R);
   for (let i = 0; i < R * D; i++) xOut[i] = a.xMid[i]! + proj[i]!;
+}
+
+/** Linears of one input: in one kernel call where the kernels share work between them. */
+function linears(
+  kernels: Kernels,
+  outs: Float32Array[],
+  x: Float32Array,
+  weights: Weight[],
+  R: number,
+  Ns: number[],
+  K: number,
+  ver: number,
+): void {
+  if (kernels.matmulNTShared) {
+    kernels.matmulNTShared(outs, x, weights, R, Ns, K, ver);
+    return;
+  }
+  for (let i = 0; i < outs.length; i++)
+    kernels.matmulNT(outs[i]!, x, weights[i]!, R, Ns[i]!, K, false, ver);
 }
 
 /** Gradients a layer's backward writes: the weights' (full fine-tuning) and attention's. */
