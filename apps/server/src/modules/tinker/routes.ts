@@ -1,0 +1,729 @@
+import { randomUUID } from "node:crypto";
+import type { BaseModelFolder } from "@arbor/engine/model";
+import {
+  DomainError,
+  InvalidInputError,
+  type Json,
+  NotFoundError,
+  type OperationKind,
+  quote,
+  type Store,
+  type TrainingOperation,
+  type TrainingRun,
+} from "@arbor/store";
+import express, { type NextFunction, type Request, type Response, type Router } from "express";
+import type { Logger } from "pino";
+import type { Authenticate } from "../../http/auth.ts";
+import { toApiError } from "../../http/errors.ts";
+import type { Principal, ProjectRef } from "../access.ts";
+import type { EngineHost } from "../inference/engines.ts";
+import { runLedger } from "../training-runs/routes.ts";
+import { findRun, fingerprint, keptResult } from "../training-runs/service.ts";
+import {
+  decodeForwardBackward,
+  encodeForwardBackwardOutput,
+  type ForwardBackwardObject,
+  int32s,
+  tensorValues,
+} from "./proto.ts";
+
+/**
+ * Tinker's API (ADR 71, docs/tinker.md) over the native training runs (ADR 57, 58): a training
+ * client is a run, each sequenced request one command of its ledger, run by the same workers;
+ * a future is the operation it admitted. Mounted under `/tinker/api/v1`, outside the OpenAPI
+ * document: the protocol is specified by `spec/tinker/tinker_public.proto` and the docs page.
+ */
+
+/** Where the SDK's base URL points (`TINKER_BASE_URL=http://host:port/tinker`). */
+export const TINKER_PREFIX = "/tinker";
+/** The project a Tinker run publishes its sampler weights into, as a model per run. */
+export const TINKER_PROJECT = "tinker";
+/** How long `retrieve_future` waits for an operation before answering `try_again`: well under
+ * the SDK's 45 s read timeout. */
+export const LONG_POLL_MS = 20_000;
+const POLL_EVERY_MS = 100;
+
+export interface TinkerDeps {
+  store: Store;
+  engines: EngineHost;
+  authenticate: Authenticate;
+  logger: Logger;
+  onAdmitted?: () => void;
+}
+
+type Body = Record<string, unknown>;
+
+/** The key of `X-API-Key`: Arbor's own key, or `tml-` before it (the SDK insists on the prefix). */
+export function keyOf(header: string | undefined): string | null {
+  if (!header) return null;
+  const key = header.trim();
+  return key.startsWith("tml-") ? key.slice(4) : key;
+}
+
+/** A failure in the shape the SDK reads (`{detail}`, FastAPI's, as Tinker's service answers). */
+class TinkerError extends Error {
+  readonly status: number;
+  constructor(status: number, message: string) {
+    super(message);
+    this.status = status;
+  }
+}
+
+const invalid = (message: string, param?: string) =>
+  new InvalidInputError(message, { code: "invalid_value", ...(param ? { param } : {}) });
+
+/** The LoRA targets of Tinker's `lora_config` switches, by PEFT's names (ADR 51's head). */
+export function targetsOf(config: {
+  train_attn?: unknown;
+  train_mlp?: unknown;
+  train_unembed?: unknown;
+}): string[] {
+  const targets: string[] = [];
+  if (config.train_attn !== false) targets.push("q_proj", "k_proj", "v_proj", "o_proj");
+  if (config.train_mlp !== false) targets.push("gate_proj", "up_proj", "down_proj");
+  if (config.train_unembed !== false) targets.push("lm_head");
+  return targets.sort();
+}
+
+/**
+ * Hub ids the cookbook knows, mapped to a served base of the same tokenizer family (ADR 71):
+ * `Qwen/Qwen3-*` to a served `Qwen/Qwen3-*` (all sizes share one tokenizer), Llama 3's to a
+ * served Llama 3. The shipped `arbor/tiny-chat` has a tokenizer of its own: no alias reaches it.
+ */
+const FAMILIES: readonly RegExp[] = [/^Qwen\/Qwen3-/, /^meta-llama\/(Meta-)?Llama-3/];
+
+/** The served base a `base_model` names: itself when served, else the smallest served base
+ * of its tokenizer family; undefined when none. */
+export function servedBase(
+  name: string,
+  bases: readonly BaseModelFolder[],
+): BaseModelFolder | undefined {
+  const exact = bases.find((b) => b.id === name);
+  if (exact) return exact;
+  const family = FAMILIES.find((f) => f.test(name));
+  if (!family) return undefined;
+  return bases.filter((b) => family.test(b.id)).sort((a, b) => a.parameters - b.parameters)[0];
+}
+
+/** A future's id: the operation it admitted (`op.<run>.<operation>`, `.e` for an ephemeral
+ * sampler save), or an answer known at once (`model.<run>`). */
+type FutureId =
+  | { kind: "op"; runId: string; opId: string; ephemeral: boolean }
+  | { kind: "model"; runId: string };
+
+export function parseFutureId(id: string): FutureId | null {
+  const parts = id.split(".");
+  if (parts[0] === "op" && (parts.length === 3 || (parts.length === 4 && parts[3] === "e")))
+    return { kind: "op", runId: parts[1]!, opId: parts[2]!, ephemeral: parts.length === 4 };
+  if (parts[0] === "model" && parts.length === 2) return { kind: "model", runId: parts[1]! };
+  return null;
+}
+
+/** `tinker://<run>/<weights|sampler_weights>/<name>` read back. */
+export function parseTinkerPath(
+  path: string,
+): { runId: string; kind: "weights" | "sampler_weights"; name: string } | null {
+  const m = /^tinker:\/\/([^/]+)\/(weights|sampler_weights)\/([^/]+)$/.exec(path);
+  return m ? { runId: m[1]!, kind: m[2] as "weights" | "sampler_weights", name: m[3]! } : null;
+}
+
+const ENDED = new Set(["succeeded", "failed", "cancelled"]);
+
+export function tinkerRouter(deps: TinkerDeps): Router {
+  const { store, engines } = deps;
+  const ledger = runLedger({
+    store,
+    engines,
+    ...(deps.onAdmitted ? { onAdmitted: deps.onAdmitted } : {}),
+  });
+  const router = express.Router();
+  router.use(express.json({ limit: "64mb" }));
+  router.use(express.raw({ type: "application/x-protobuf", limit: "256mb" }));
+
+  // X-API-Key on every route but the health check.
+  router.use((req: Request, res: Response, next: NextFunction) => {
+    if (req.path === "/api/v1/healthz") return next();
+    const key = keyOf(req.header("x-api-key"));
+    if (!key) return next(new TinkerError(401, "Missing API key: send X-API-Key: tml-<key>."));
+    deps
+      .authenticate(key)
+      .then((principal) => {
+        if (!principal) return next(new TinkerError(401, "Invalid API key."));
+        res.locals.principal = principal;
+        next();
+      })
+      .catch(next);
+  });
+
+  const handle =
+    (fn: (req: Request, res: Response, principal: Principal) => Promise<unknown>) =>
+    (req: Request, res: Response, next: NextFunction) => {
+      fn(req, res, res.locals.principal as Principal)
+        .then((out) => {
+          if (out === undefined || res.headersSent) return;
+          if (out instanceof Uint8Array)
+            res.status(200).type("application/x-protobuf").send(Buffer.from(out));
+          else res.status(200).json(out);
+        })
+        .catch(next);
+    };
+  const body = (req: Request): Body => {
+    if (req.body === null || typeof req.body !== "object" || Buffer.isBuffer(req.body))
+      throw invalid("The body must be a JSON object.");
+    return req.body as Body;
+  };
+  const projectOf = (principal: Principal): ProjectRef => ({
+    entity: principal.defaultEntity,
+    project: TINKER_PROJECT,
+    id: `${principal.defaultEntity}/${TINKER_PROJECT}`,
+  });
+  const modelName = (run: TrainingRun) => `run-${run.id}`;
+  const runOf = (principal: Principal, modelId: unknown) => {
+    if (typeof modelId !== "string" || modelId === "") throw invalid("model_id is required.");
+    return findRun(store, principal, modelId);
+  };
+
+  /**
+   * One sequenced request of a training client as a command of its run's ledger: a retry of a
+   * request already admitted (the same `seq_id`) answers its operation; else the command takes
+   * the run's next sequence id (the SDK sends a client's requests one at a time, in order).
+   */
+  const submit = async (
+    principal: Principal,
+    run: TrainingRun,
+    kind: OperationKind,
+    seqId: unknown,
+    command: Record<string, Json>,
+    ephemeral = false,
+  ) => {
+    const seq = Number(seqId);
+    const requestId =
+      Number.isSafeInteger(seq) && seq > 0 ? `tinker-seq-${seq}` : `tinker-${randomUUID()}`;
+    const suffix = ephemeral ? ".e" : "";
+    const existing = await store.trainingRuns.getOperationByRequest(run.id, requestId);
+    if (existing) return { request_id: `op.${run.id}.${existing.id}${suffix}`, model_id: run.id };
+    const fresh = await findRun(store, principal, run.id);
+    const op = await ledger.submit(
+      kind,
+      run.id,
+      { request_id: requestId, sequence_id: fresh.next_sequence_id, ...command },
+      principal,
+      projectOf(principal),
+    );
+    return { request_id: `op.${run.id}.${op.operation_id}${suffix}`, model_id: run.id };
+  };
+
+  const api = express.Router();
+  router.use("/api/v1", api);
+
+  api.get("/healthz", (_req, res) => {
+    res.json({ status: "ok" });
+  });
+  api.post(
+    "/client/config",
+    handle(async () => ({
+      pjwt_auth_enabled: false,
+      use_pyqwest_transport: false,
+      parallel_fwdbwd_chunks: false,
+      proto_compress_fwdbwd: false,
+      create_model_via_load_weights: false,
+      sample_use_retrieve_futures: false,
+    })),
+  );
+  api.post(
+    "/client/dynamic_config",
+    handle(async () => ({ refresh_interval_sec: 300, sample_cancel_enabled: false })),
+  );
+  api.post(
+    "/create_session",
+    handle(async (req) => {
+      const version = String(body(req).sdk_version ?? "");
+      const tested = /^0\.25\./.test(version);
+      return {
+        session_id: `session-${randomUUID()}`,
+        type: "create_session",
+        ...(tested || version === ""
+          ? {}
+          : {
+              info_message: `Arbor's Tinker API is tested with SDK 0.25; this is ${version} (see docs/tinker.md).`,
+            }),
+      };
+    }),
+  );
+  api.post(
+    "/session_heartbeat",
+    handle(async () => ({ type: "session_heartbeat" })),
+  );
+  api.post(
+    "/telemetry",
+    handle(async () => ({ status: "accepted" })),
+  );
+  api.get(
+    "/get_server_capabilities",
+    handle(async () => ({
+      supported_models: (await engines.current()).map((b) => ({
+        model_name: b.id,
+        max_context_length: b.config.maxPositions,
+      })),
+    })),
+  );
+
+  api.post(
+    "/create_model",
+    handle(async (req, _res, principal) => {
+      const b = body(req);
+      const baseName = b.base_model;
+      if (typeof baseName !== "string" || baseName === "")
+        throw invalid("base_model is required.", "base_model");
+      const base = servedBase(baseName, await engines.current());
+      if (!base)
+        throw new InvalidInputError(
+          `Base model ${quote(baseName)} is not served here (see get_server_capabilities).`,
+          { code: "unsupported_base_model", param: "base_model" },
+        );
+      const lora = (b.lora_config ?? {}) as Body;
+      const rank = lora.rank ?? 32;
+      if (!(Number.isInteger(rank) && (rank as number) >= 1 && (rank as number) <= 256))
+        throw invalid("lora_config.rank must be an integer from 1 to 256.", "lora_config.rank");
+      const targets = targetsOf(lora);
+      if (targets.length === 0)
+        throw invalid(
+          "lora_config trains nothing: set train_attn, train_mlp or train_unembed.",
+          "lora_config",
+        );
+      const seed = lora.seed ?? null;
+      if (seed !== null && !Number.isSafeInteger(seed))
+        throw invalid("lora_config.seed must be an integer.", "lora_config.seed");
+      const spec = {
+        base_model: base.id,
+        dtype: "bfloat16",
+        lora_rank: rank as number,
+        lora_target_modules: targets,
+        seed: seed as number | null,
+      };
+      const entity = principal.defaultEntity;
+      const request = {
+        session_id: String(b.session_id ?? ""),
+        model_seq_id: Number(b.model_seq_id ?? 0),
+      };
+      // A retry of the same create (its session and model_seq_id) finds the run it opened.
+      const run = await store.trainingRuns.resolve({
+        entity,
+        request_id: `tinker:${request.session_id || randomUUID()}:${request.model_seq_id}`,
+        fingerprint: fingerprint({ spec }),
+        run_name: null,
+        spec,
+        initial: null,
+      });
+      await store.models.create(
+        {
+          entity,
+          project: TINKER_PROJECT,
+          name: modelName(run),
+          base_model: base.id,
+          initialCheckpoint: { step: 0, blob_key: null },
+        },
+        { returnExisting: true },
+      );
+      return { request_id: `model.${run.id}`, model_id: run.id };
+    }),
+  );
+
+  api.post(
+    "/forward_backward",
+    handle(async (req, _res, principal) => {
+      if (!Buffer.isBuffer(req.body))
+        throw invalid(
+          "forward_backward takes a protobuf body (Content-Type: application/x-protobuf), as SDK 0.25 sends it.",
+        );
+      if (req.header("content-encoding") && req.header("content-encoding") !== "identity")
+        throw invalid("Compressed bodies are not read: the client config turns compression off.");
+      const request = decodeForwardBackward(req.body);
+      const run = await runOf(principal, request.modelId);
+      const { config } = await ledger.baseOf((run.spec as { base_model: string }).base_model);
+      const command = nativeForwardBackward(request, config.vocabSize);
+      return submit(
+        principal,
+        run,
+        request.forwardOnly ? "forward" : "forward_backward",
+        request.seqId,
+        command,
+      );
+    }),
+  );
+
+  api.post(
+    "/optim_step",
+    handle(async (req, _res, principal) => {
+      const b = body(req);
+      const run = await runOf(principal, b.model_id);
+      const adam = (b.adam_params ?? {}) as Body;
+      const num = (name: string, fallback: number, ok: (v: number) => boolean) => {
+        const v = adam[name] ?? fallback;
+        if (typeof v !== "number" || !Number.isFinite(v) || !ok(v))
+          throw invalid(`adam_params.${name} is out of range: ${String(v)}`, `adam_params.${name}`);
+        return v;
+      };
+      // Tinker's AdamParams defaults (AdamW, decoupled weight decay; a clip norm of 0 is off).
+      const optimizer = {
+        learning_rate: num("learning_rate", 1e-4, (v) => v >= 0 && v <= 10),
+        beta1: num("beta1", 0.9, (v) => v >= 0 && v < 1),
+        beta2: num("beta2", 0.95, (v) => v >= 0 && v < 1),
+        eps: num("eps", 1e-12, (v) => v > 0 && v <= 1),
+        weight_decay: num("weight_decay", 0, (v) => v >= 0 && v <= 10),
+        grad_clip_norm: num("grad_clip_norm", 0, (v) => v >= 0 && v <= 1e6),
+      };
+      return submit(principal, run, "optim_step", b.seq_id, { optimizer });
+    }),
+  );
+
+  const checkpointName = (value: unknown, param: string): string => {
+    const plain =
+      typeof value === "string" &&
+      value.length >= 1 &&
+      value.length <= 255 &&
+      ![...value].some((c) => c === "/" || c.charCodeAt(0) < 32 || c.charCodeAt(0) === 127);
+    if (!plain) throw invalid(`${param} must be a name of 1–255 characters without "/".`, param);
+    return value as string;
+  };
+  const ttlOf = (value: unknown): number | null => {
+    if (value === undefined || value === null) return null;
+    if (!Number.isInteger(value) || (value as number) < 1)
+      throw invalid("ttl_seconds must be a positive integer.", "ttl_seconds");
+    return value as number;
+  };
+
+  api.post(
+    "/save_weights",
+    handle(async (req, _res, principal) => {
+      const b = body(req);
+      const run = await runOf(principal, b.model_id);
+      const name = checkpointName(b.path, "path");
+      return submit(principal, run, "save_state", b.seq_id, {
+        checkpoint_name: name,
+        ttl_seconds: ttlOf(b.ttl_seconds),
+        overwrite: b.overwrite === true,
+      });
+    }),
+  );
+
+  api.post(
+    "/save_weights_for_sampler",
+    handle(async (req, _res, principal) => {
+      const b = body(req);
+      const run = await runOf(principal, b.model_id);
+      const ephemeral = b.path === undefined || b.path === null;
+      const name = ephemeral
+        ? `sampling-session-${Number(b.sampling_session_seq_id ?? 0)}`
+        : checkpointName(b.path, "path");
+      return submit(
+        principal,
+        run,
+        "save_weights_for_sampler",
+        b.seq_id,
+        {
+          checkpoint_name: name,
+          ttl_seconds: ttlOf(b.ttl_seconds),
+          publication: {
+            target: "saved_generation",
+            model_alias: `${run.entity}/${TINKER_PROJECT}/${modelName(run)}`,
+          },
+        },
+        ephemeral,
+      );
+    }),
+  );
+
+  /** A succeeded `save_state` of a run by the name it saved (`tinker://<run>/weights/<name>`). */
+  const savedState = async (principal: Principal, path: unknown) => {
+    const parsed = typeof path === "string" ? parseTinkerPath(path) : null;
+    if (parsed?.kind !== "weights")
+      throw invalid(`path ${quote(String(path))} is not tinker://<run>/weights/<name>.`, "path");
+    const run = await findRun(store, principal, parsed.runId);
+    const op = (await operationsOf(store, run)).find(
+      (o) =>
+        o.kind === "save_state" &&
+        o.status === "succeeded" &&
+        (o.body as Body).checkpoint_name === parsed.name,
+    );
+    if (!op) throw new NotFoundError(`Checkpoint ${quote(String(path))} not found.`);
+    const result = JSON.parse(op.result ?? "{}") as { checkpoint?: { checkpoint_id?: string } };
+    return { run, name: parsed.name, stateId: String(result.checkpoint?.checkpoint_id) };
+  };
+
+  api.post(
+    "/load_weights",
+    handle(async (req, _res, principal) => {
+      const b = body(req);
+      const run = await runOf(principal, b.model_id);
+      const { stateId } = await savedState(principal, b.path);
+      return submit(principal, run, "load_state", b.seq_id, {
+        restore_optimizer: b.optimizer === true,
+        source: { kind: "service_checkpoint", checkpoint_id: stateId },
+      });
+    }),
+  );
+
+  api.post(
+    "/weights_info",
+    handle(async (req, _res, principal) => {
+      const path = body(req).tinker_path;
+      const parsed = typeof path === "string" ? parseTinkerPath(path) : null;
+      if (!parsed) throw invalid(`tinker_path ${quote(String(path))} is not a tinker:// path.`);
+      const run = await findRun(store, principal, parsed.runId);
+      const spec = run.spec as {
+        base_model: string;
+        lora_rank: number;
+        lora_target_modules: string[];
+      };
+      const t = spec.lora_target_modules;
+      return {
+        base_model: spec.base_model,
+        is_lora: true,
+        lora_rank: spec.lora_rank,
+        train_unembed: t.includes("lm_head"),
+        train_mlp: t.includes("gate_proj"),
+        train_attn: t.includes("q_proj"),
+      };
+    }),
+  );
+
+  api.post(
+    "/get_info",
+    handle(async (req, _res, principal) => {
+      const run = await runOf(principal, body(req).model_id);
+      const spec = run.spec as { base_model: string; lora_rank: number };
+      return {
+        model_id: run.id,
+        model_data: { arch: "llama", model_name: spec.base_model, tokenizer_id: spec.base_model },
+        is_lora: true,
+        lora_rank: spec.lora_rank,
+        model_name: spec.base_model,
+        type: "get_info",
+      };
+    }),
+  );
+
+  api.post(
+    "/retrieve_future",
+    handle(async (req, res, principal) => {
+      const id = body(req).request_id;
+      const future = typeof id === "string" ? parseFutureId(id) : null;
+      if (!future) throw new TinkerError(404, `Future ${quote(String(id))} not found.`);
+      const run = await findRun(store, principal, future.runId);
+      if (future.kind === "model") return { model_id: run.id, type: "create_model" };
+      let closed = false;
+      res.on("close", () => {
+        closed = true;
+      });
+      const deadline = Date.now() + LONG_POLL_MS;
+      let op = await store.trainingRuns.getOperation(run.id, future.opId);
+      while (op && !ENDED.has(op.status) && Date.now() < deadline && !closed) {
+        await new Promise((resolve) => setTimeout(resolve, POLL_EVERY_MS));
+        op = await store.trainingRuns.getOperation(run.id, future.opId);
+      }
+      if (!op) throw new TinkerError(404, `Future ${quote(String(id))} not found.`);
+      if (!ENDED.has(op.status))
+        return { type: "try_again", request_id: id, queue_state: "active" };
+      const accept = req.header("accept") ?? "";
+      return futureResult(run, op, future.ephemeral, accept.includes("application/x-protobuf"));
+    }),
+  );
+
+  api.use((_req: Request, _res: Response, next: NextFunction) =>
+    next(new TinkerError(404, "Unknown path.")),
+  );
+  router.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
+    if (err instanceof TinkerError) {
+      res.status(err.status).json({ detail: err.message });
+      return;
+    }
+    // A JSON or protobuf body the parsers refused.
+    const status = (err as { status?: number }).status;
+    if (
+      !(err instanceof DomainError) &&
+      typeof status === "number" &&
+      status >= 400 &&
+      status < 500
+    ) {
+      res.status(status).json({ detail: (err as Error).message });
+      return;
+    }
+    const { error, unexpected } = toApiError(err);
+    if (unexpected) deps.logger.error({ err }, "tinker request failed");
+    for (const [name, value] of Object.entries(error.headers)) res.setHeader(name, value);
+    res.status(error.status).json({
+      detail: error.status === 500 ? "Internal server error." : error.message,
+      ...(error.code ? { code: error.code } : {}),
+    });
+  });
+  return router;
+}
+
+/** Every operation of a run, in sequence order. */
+async function operationsOf(store: Store, run: TrainingRun): Promise<TrainingOperation[]> {
+  const out: TrainingOperation[] = [];
+  let after: string | undefined;
+  for (;;) {
+    const page = await store.trainingRuns.listOperations(run.id, { after, limit: 100 });
+    out.push(...page.data);
+    if (!page.has_more || !page.last_id) return out;
+    after = page.last_id;
+  }
+}
+
+/** Tinker's input names → the native rows (ADR 57's TokenMatrix), one target per position. */
+const INPUT_ROWS: Readonly<Record<string, { row: string; dtype: "int64" | "float32" }>> = {
+  target_tokens: { row: "target_token_ids", dtype: "int64" },
+  weights: { row: "loss_weights", dtype: "float32" },
+  logprobs: { row: "behavior_logprobs", dtype: "float32" },
+  advantages: { row: "advantages", dtype: "float32" },
+};
+const LOSSES: Readonly<Record<string, { inputs: string[]; config: string[] }>> = {
+  cross_entropy: { inputs: ["target_tokens"], config: [] },
+  importance_sampling: { inputs: ["target_tokens", "logprobs", "advantages"], config: [] },
+  ppo: {
+    inputs: ["target_tokens", "logprobs", "advantages"],
+    config: ["clip_low_threshold", "clip_high_threshold"],
+  },
+  cispo: {
+    inputs: ["target_tokens", "logprobs", "advantages"],
+    config: ["clip_low_threshold", "clip_high_threshold"],
+  },
+  dro: { inputs: ["target_tokens", "logprobs", "advantages"], config: ["beta"] },
+};
+
+/** A `ForwardBackwardRequest` as the native command: one matrix per datum, Tinker's loss summed
+ * over every datum's positions, every position's log-prob returned. */
+export function nativeForwardBackward(
+  request: ForwardBackwardObject,
+  vocabSize: number,
+): Record<string, Json> {
+  const loss = LOSSES[request.lossFn];
+  if (!loss)
+    throw new InvalidInputError(
+      `loss_fn ${quote(request.lossFn)} is not one of ${Object.keys(LOSSES).join(", ")}.`,
+      { code: "unsupported_loss", param: "loss_fn" },
+    );
+  const config: Record<string, Json> = {};
+  for (const [key, value] of Object.entries(request.lossFnConfig ?? {})) {
+    if (!loss.config.includes(key))
+      throw new InvalidInputError(`loss_fn_config.${key} is not an option of ${request.lossFn}.`, {
+        code: "invalid_loss_options",
+        param: `loss_fn_config.${key}`,
+      });
+    config[key] = value;
+  }
+  if (request.data.length === 0) throw invalid("data is empty.", "data");
+  const matrices = request.data.map((datum, i) => {
+    const tokens: number[] = [];
+    for (const chunk of datum.modelInput ?? []) {
+      if (!chunk.encodedText)
+        throw invalid(`data[${i}]: only encoded_text chunks are served (no images).`);
+      tokens.push(...int32s(chunk.encodedText.tokens ?? new Uint8Array(), "tokens"));
+    }
+    const n = tokens.length;
+    if (n === 0) throw invalid(`data[${i}].model_input is empty.`);
+    for (const t of tokens)
+      if (t < 0 || t >= vocabSize)
+        throw new InvalidInputError(
+          `data[${i}] has token ${t}, outside the base model's vocabulary of ${vocabSize}.`,
+          { code: "token_out_of_vocabulary" },
+        );
+    const inputs = datum.lossFnInputs ?? {};
+    for (const name of loss.inputs)
+      if (!inputs[name])
+        throw invalid(`data[${i}].loss_fn_inputs has no ${name}, which ${request.lossFn} needs.`);
+    const rows: Json[] = [
+      {
+        name: "token_ids",
+        dtype: "int64",
+        shape: [n],
+        values: { encoding: "dense", data: tokens },
+      },
+    ];
+    for (const [name, tensor] of Object.entries(inputs)) {
+      const target = INPUT_ROWS[name];
+      if (!target || (!loss.inputs.includes(name) && name !== "weights"))
+        throw invalid(`data[${i}].loss_fn_inputs.${name} is not an input of ${request.lossFn}.`);
+      const values = tensorValues(tensor, name);
+      if (values.length !== n)
+        throw invalid(
+          `data[${i}].loss_fn_inputs.${name} has ${values.length} values, model_input ${n} tokens.`,
+        );
+      rows.push({
+        name: target.row,
+        dtype: target.dtype,
+        shape: [n, 1],
+        values: { encoding: "dense", data: values },
+      });
+    }
+    if (request.lossFn === "cross_entropy" && !inputs.weights)
+      rows.push({
+        name: "loss_weights",
+        dtype: "float32",
+        shape: [n, 1],
+        values: { encoding: "spans", default: 1, spans: [] },
+      });
+    return { matrix_id: `datum-${i}`, rows };
+  });
+  return {
+    batch: { matrices },
+    loss: { name: request.lossFn, normalize_advantages: false, reduction: "sum", ...config },
+    return_token_logprobs: true,
+    retain_packed_input: false,
+  };
+}
+
+/** The category Tinker's `RequestFailedError` carries, by the operation's error code. */
+const categoryOf = (code: string | null) =>
+  code === "execution_failed" ? "server" : code === "cancelled" ? "unknown" : "user";
+
+/** An ended operation's answer to `retrieve_future`, as the SDK reads it. */
+function futureResult(
+  run: TrainingRun,
+  op: TrainingOperation,
+  ephemeral: boolean,
+  protobufAccepted: boolean,
+): unknown {
+  if (op.status !== "succeeded")
+    return {
+      error: `${op.kind} ${op.status}: ${op.error_code ?? "unknown"}`,
+      category: categoryOf(op.error_code),
+    };
+  const kept = keptResult(op);
+  if (kept === null) throw new TinkerError(410, `The result of ${op.id} is no longer kept.`);
+  const result = JSON.parse(kept) as Record<string, unknown>;
+  const name = String((op.body as Body).checkpoint_name ?? "");
+  switch (op.kind) {
+    case "forward":
+    case "forward_backward": {
+      const logprobs = (result.token_logprobs as { data: string }[]).map((t) => {
+        const bytes = Buffer.from(t.data, "base64");
+        return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+      });
+      const metrics = { "loss:sum": op.loss ?? 0 };
+      if (protobufAccepted) return encodeForwardBackwardOutput(logprobs, metrics);
+      return {
+        loss_fn_output_type: "ArrayRecord",
+        loss_fn_outputs: logprobs.map((l) => ({
+          logprobs: { data: [...l], dtype: "float32", shape: [l.length] },
+        })),
+        metrics,
+      };
+    }
+    case "optim_step":
+      return { metrics: {}, type: "optim_step" };
+    case "save_state":
+      return { path: `tinker://${run.id}/weights/${name}`, type: "save_weights" };
+    case "save_weights_for_sampler":
+      return ephemeral
+        ? {
+            sampling_session_id: `sampler.${run.id}.${String(result.learner_version)}`,
+            type: "save_weights_for_sampler",
+          }
+        : { path: `tinker://${run.id}/sampler_weights/${name}`, type: "save_weights_for_sampler" };
+    case "load_state":
+      return { path: null, type: "load_weights" };
+  }
+}

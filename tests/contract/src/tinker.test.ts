@@ -1,0 +1,181 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type RunningServer, startServer } from "./harness.ts";
+import { BASE, tinyModel as tinkerModel } from "./native-runs/fixtures.ts";
+import { datumOf, HttpError, TinkerClient } from "./tinker/client.ts";
+
+/**
+ * Tinker's API (ADR 71, docs/tinker.md) driven by our protobuf client as SDK 0.25 drives it:
+ * the handshake, a LoRA training client as a native run, forward_backward (protobuf) and
+ * optim_step through futures, on the shipped tiny model with the embedded worker.
+ */
+describe("Tinker's API", () => {
+  let server: RunningServer;
+  let tinker: TinkerClient;
+  beforeAll(async () => {
+    server = await startServer({}, { worker: true });
+    tinker = new TinkerClient(server.baseUrl, server.adminKey);
+  });
+  afterAll(async () => {
+    await server?.close();
+  });
+
+  /** Reversal examples tokenized by the base model's chat template, one datum each. */
+  const reversalData = async (words: readonly string[]) => {
+    const { chat } = await tinkerModel();
+    return words.map((word) => {
+      const { tokens, mask } = chat.trainingTokens(
+        [
+          { role: "user", content: `Reverse the word: ${word}` },
+          { role: "assistant", content: [...word].reverse().join("") },
+        ],
+        () => true,
+      );
+      return datumOf(tokens, [...mask]);
+    });
+  };
+
+  describe("the handshake", () => {
+    it("when the client config is asked with a tml- key, then every optional transport is off", async () => {
+      const config = await tinker.json("POST", "client/config", { sdk_version: "0.25.0" });
+      expect(config).toMatchObject({
+        pjwt_auth_enabled: false,
+        use_pyqwest_transport: false,
+        parallel_fwdbwd_chunks: false,
+        proto_compress_fwdbwd: false,
+      });
+      expect(await tinker.json("POST", "client/dynamic_config", {})).toMatchObject({
+        refresh_interval_sec: expect.any(Number),
+      });
+    });
+
+    it("when a session is made, heartbeats and telemetry are sent, then each is accepted", async () => {
+      const { session_id } = await tinker.createSession();
+      expect(session_id).toEqual(expect.any(String));
+      expect(
+        await tinker.json("POST", "session_heartbeat", { session_id, type: "session_heartbeat" }),
+      ).toEqual({ type: "session_heartbeat" });
+      expect(
+        await tinker.json("POST", "telemetry", { events: [], session_id, sdk_version: "0.25.0" }),
+      ).toEqual({ status: "accepted" });
+    });
+
+    it("when the capabilities are asked, then the served bases are listed with their context", async () => {
+      const { supported_models } = await tinker.json<{
+        supported_models: { model_name: string; max_context_length: number }[];
+      }>("GET", "get_server_capabilities");
+      expect(supported_models).toContainEqual({ model_name: BASE, max_context_length: 256 });
+    });
+
+    it("when the key is missing, unknown or another's, then the answer is 401 in the SDK's shape", async () => {
+      const bad = new TinkerClient(server.baseUrl, "tml-not-a-key");
+      const err = await bad.json("POST", "client/config", {}).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(HttpError);
+      expect((err as HttpError).status).toBe(401);
+      expect((err as HttpError).body).toEqual({ detail: expect.any(String) });
+      const res = await fetch(`${server.baseUrl}/tinker/api/v1/client/config`, { method: "POST" });
+      expect(res.status).toBe(401);
+    });
+
+    it("when a base model is not served, then create_model is 400 naming it", async () => {
+      const { session_id } = await tinker.createSession();
+      const err = await tinker
+        .createModel(session_id, 0, "nobody/nothing", 4)
+        .catch((e: unknown) => e);
+      expect((err as HttpError).status).toBe(400);
+      expect(JSON.stringify((err as HttpError).body)).toContain("nobody/nothing");
+    });
+  });
+
+  describe("the training loop", () => {
+    it("when a LoRA client trains by cross_entropy, then loss:sum falls over optimizer steps and logprobs have one value per target", async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4, 7);
+      // The training client is a native run (ADR 71): the native API reads it.
+      const run = await server.authorizedClient().training.runs.retrieve(modelId);
+      expect(run.spec).toMatchObject({ base_model: BASE, lora_rank: 4 });
+
+      const data = await reversalData(["apple", "stone", "river"]);
+      const losses: number[] = [];
+      let seq = 1;
+      for (let step = 0; step < 4; step++) {
+        const out = await tinker.forwardBackward(modelId, seq++, data, "cross_entropy");
+        expect(out.logprobs.map((l) => l.length)).toEqual(data.map((d) => d.targetTokens.length));
+        for (const l of out.logprobs) for (const v of l) expect(v).toBeLessThanOrEqual(0);
+        // loss:sum is −Σ w·logprob, the logprobs' own sum.
+        let expected = 0;
+        out.logprobs.forEach((l, i) => {
+          l.forEach((v, p) => {
+            expected -= data[i]!.weights![p]! * v;
+          });
+        });
+        expect(out.metrics["loss:sum"]).toBeCloseTo(expected, 2);
+        losses.push(out.metrics["loss:sum"]!);
+        const optim = await tinker.optimStep(modelId, seq++, { learning_rate: 1e-2 });
+        expect(optim).toHaveProperty("metrics");
+      }
+      expect(losses[3]!).toBeLessThan(losses[0]!);
+
+      // forward (forward_only) accumulates nothing: twice, the same logprobs.
+      const a = await tinker.forwardBackward(modelId, seq++, data, "cross_entropy", {
+        forwardOnly: true,
+      });
+      const b = await tinker.forwardBackward(modelId, seq++, data, "cross_entropy", {
+        forwardOnly: true,
+      });
+      expect(a.metrics["loss:sum"]).toBeLessThan(losses[3]!);
+      expect([...b.logprobs[0]!]).toEqual([...a.logprobs[0]!]);
+      // An optim_step with no open gradient fails its future in the SDK's shape.
+      const err = await tinker
+        .optimStep(modelId, seq++, { learning_rate: 1e-2 })
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(HttpError);
+      expect((err as HttpError).status).toBe(409);
+    }, 300_000);
+
+    it("when a request is sent again with its seq_id, then the same future answers", async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4);
+      const data = await reversalData(["moon"]);
+      const first = await tinker.submitForwardBackward(modelId, 1, data, "cross_entropy");
+      const again = await tinker.submitForwardBackward(modelId, 1, data, "cross_entropy");
+      expect(again.request_id).toBe(first.request_id);
+      const out = await tinker.forwardBackwardResult(first);
+      expect(out.logprobs).toHaveLength(1);
+    }, 120_000);
+
+    it("when a datum is malformed, then forward_backward is 400 saying what is wrong", async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4);
+      const [datum] = await reversalData(["sun"]);
+      const short = { ...datum!, targetTokens: datum!.targetTokens.slice(1) };
+      const err = await tinker
+        .submitForwardBackward(modelId, 1, [short], "cross_entropy")
+        .catch((e: unknown) => e);
+      expect((err as HttpError).status).toBe(400);
+      expect(JSON.stringify((err as HttpError).body)).toContain("target_tokens");
+      const unknown = await tinker
+        .submitForwardBackward(modelId, 1, [datum!], "hinge")
+        .catch((e: unknown) => e);
+      expect((unknown as HttpError).status).toBe(400);
+      const missing = await tinker
+        .submitForwardBackward(modelId, 1, [datum!], "ppo")
+        .catch((e: unknown) => e);
+      expect(JSON.stringify((missing as HttpError).body)).toContain("logprobs, which ppo needs");
+    }, 120_000);
+
+    it("when another tenant asks for a run's future or trains it, then it is not found", async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4);
+      const other = await server.newTenant("tinker-other");
+      const stranger = new TinkerClient(server.baseUrl, other.apiKey);
+      const err = await stranger
+        .optimStep(modelId, 1, { learning_rate: 1e-3 })
+        .catch((e: unknown) => e);
+      expect((err as HttpError).status).toBe(404);
+      const future = await stranger
+        .result({ request_id: `model.${modelId}` })
+        .catch((e: unknown) => e);
+      expect((future as HttpError).status).toBe(404);
+    }, 120_000);
+  });
+});
