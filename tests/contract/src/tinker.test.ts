@@ -178,4 +178,164 @@ describe("Tinker's API", () => {
       expect((future as HttpError).status).toBe(404);
     }, 120_000);
   });
+
+  describe("sampling", () => {
+    /** A trained client: two steps of cross_entropy on reversal examples. */
+    const trained = async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4, 11);
+      const data = await reversalData(["apple", "stone"]);
+      let seq = 1;
+      for (let step = 0; step < 2; step++) {
+        await tinker.forwardBackward(modelId, seq++, data, "cross_entropy");
+        await tinker.optimStep(modelId, seq++, { learning_rate: 1e-2 });
+      }
+      return { session_id, modelId, seq };
+    };
+    const promptTokens = async (word: string) => {
+      const { chat } = await tinkerModel();
+      return chat.encode([{ role: "user", content: `Reverse the word: ${word}` }], {
+        addGenerationPrompt: true,
+      });
+    };
+
+    it("when named sampler weights are saved, then they sample with per-token logprobs that a forward of the same tokens gives, and chat serves them", async () => {
+      const { session_id, modelId, seq } = await trained();
+      const saved = await tinker.result<{ path: string }>(
+        await tinker.json("POST", "save_weights_for_sampler", {
+          model_id: modelId,
+          path: "final",
+          seq_id: seq,
+          type: "save_weights_for_sampler",
+        }),
+      );
+      expect(saved.path).toBe(`tinker://${modelId}/sampler_weights/final`);
+      const { sampling_session_id } = await tinker.json<{ sampling_session_id: string }>(
+        "POST",
+        "create_sampling_session",
+        { session_id, sampling_session_seq_id: 0, model_path: saved.path },
+      );
+      const sampler = await tinker.json("GET", `samplers/${sampling_session_id}`);
+      expect(sampler).toMatchObject({ sampler_id: sampling_session_id, base_model: BASE });
+
+      const { chat } = await tinkerModel();
+      const stop = [...chat.stopIds];
+      const prompt = await promptTokens("apple");
+      const future = await tinker.json<{ request_id: string; sample_sequence_ids: string[] }>(
+        "POST",
+        "asample",
+        {
+          num_samples: 2,
+          prompt: { chunks: [{ tokens: prompt, type: "encoded_text" }] },
+          sampling_params: { max_tokens: 12, seed: 3, temperature: 1, top_k: -1, top_p: 1, stop },
+          sampling_session_id,
+          seq_id: 1,
+          prompt_logprobs: false,
+          topk_prompt_logprobs: 0,
+          type: "sample",
+        },
+      );
+      expect(future.sample_sequence_ids).toHaveLength(2);
+      const sampled = await tinker.sampleResult(future);
+      expect(sampled.sequences).toHaveLength(2);
+      for (const s of sampled.sequences) {
+        expect(s.tokens.length).toBeGreaterThan(0);
+        expect(s.logprobs).toHaveLength(s.tokens.length);
+        // A sequence that stopped ends with its stop token, as Tinker's do.
+        if (s.stopReason === "stop") expect(stop).toContain(s.tokens.at(-1));
+        else expect(s.tokens).toHaveLength(12);
+      }
+
+      // compute_logprobs: the prompt and a sequence, one token sampled, prompt_logprobs on.
+      const first = sampled.sequences[0]!;
+      const whole = [...prompt, ...first.tokens];
+      const scored = await tinker.sampleResult(
+        await tinker.json<{ request_id: string }>("POST", "asample", {
+          num_samples: 1,
+          prompt: { chunks: [{ tokens: whole, type: "encoded_text" }] },
+          sampling_params: { max_tokens: 1, temperature: 1 },
+          sampling_session_id,
+          prompt_logprobs: true,
+          topk_prompt_logprobs: 0,
+        }),
+      );
+      expect(scored.promptLogprobs).toHaveLength(whole.length);
+      expect(scored.promptLogprobs![0]).toBeNull();
+      first.logprobs.forEach((lp, j) => {
+        expect(scored.promptLogprobs![prompt.length + j]).toBeCloseTo(lp, 4);
+      });
+      // The learner's own forward of the same tokens agrees: the sampler is the learner.
+      const forward = await tinker.forwardBackward(
+        modelId,
+        seq + 1,
+        [
+          {
+            tokens: whole.slice(0, -1),
+            targetTokens: whole.slice(1),
+            weights: whole.slice(1).map(() => 0),
+          },
+        ],
+        "cross_entropy",
+        { forwardOnly: true },
+      );
+      first.logprobs.forEach((lp, j) => {
+        expect(forward.logprobs[0]![prompt.length - 1 + j]).toBeCloseTo(lp, 3);
+      });
+
+      // The sampler path is a checkpoint of the run's model, and chat serves it.
+      const client = server.authorizedClient();
+      const completion = await client.chat.completions.create({
+        model: `default/tinker/run-${modelId}:step2`,
+        messages: [{ role: "user", content: "Reverse the word: apple" }],
+        max_tokens: 4,
+        temperature: 0,
+        logprobs: true,
+      });
+      expect(completion.choices[0]!.logprobs!.content!.length).toBeGreaterThan(0);
+    }, 300_000);
+
+    it("when weights are saved for a sampler without a name, then the sampling session comes back at once and samples; stop strings end a sequence", async () => {
+      const { modelId, seq } = await trained();
+      const { sampling_session_id } = await tinker.result<{ sampling_session_id: string }>(
+        await tinker.json("POST", "save_weights_for_sampler", {
+          model_id: modelId,
+          sampling_session_seq_id: 0,
+          seq_id: seq,
+          type: "save_weights_for_sampler",
+        }),
+      );
+      expect(sampling_session_id).toEqual(expect.any(String));
+      const { chat } = await tinkerModel();
+      const prompt = await promptTokens("stone");
+      const out = await tinker.sampleResult(
+        await tinker.json<{ request_id: string }>("POST", "asample", {
+          num_samples: 1,
+          prompt: { chunks: [{ tokens: prompt, type: "encoded_text" }] },
+          sampling_params: { max_tokens: 16, seed: 1, temperature: 0, stop: "e" },
+          sampling_session_id,
+        }),
+      );
+      const [s] = out.sequences;
+      const text = chat.tokenizer.decode(s!.tokens);
+      if (s!.stopReason === "stop") expect(text).toContain("e");
+      else expect(text).not.toContain("e");
+      expect(out.promptLogprobs).toBeNull();
+
+      // A base model samples too.
+      const base = await tinker.json<{ sampling_session_id: string }>(
+        "POST",
+        "create_sampling_session",
+        { session_id: "s", sampling_session_seq_id: 1, base_model: BASE },
+      );
+      const fromBase = await tinker.sampleResult(
+        await tinker.json<{ request_id: string }>("POST", "asample", {
+          num_samples: 1,
+          prompt: { chunks: [{ tokens: prompt, type: "encoded_text" }] },
+          sampling_params: { max_tokens: 3, seed: 1, temperature: 1 },
+          sampling_session_id: base.sampling_session_id,
+        }),
+      );
+      expect(fromBase.sequences[0]!.logprobs).toHaveLength(fromBase.sequences[0]!.tokens.length);
+    }, 300_000);
+  });
 });

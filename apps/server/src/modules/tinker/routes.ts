@@ -22,8 +22,10 @@ import { findRun, fingerprint, keptResult } from "../training-runs/service.ts";
 import {
   decodeForwardBackward,
   encodeForwardBackwardOutput,
+  encodeSampleResponse,
   type ForwardBackwardObject,
   int32s,
+  type SampledSequence,
   tensorValues,
 } from "./proto.ts";
 
@@ -109,13 +111,15 @@ export function servedBase(
  * sampler save), or an answer known at once (`model.<run>`). */
 type FutureId =
   | { kind: "op"; runId: string; opId: string; ephemeral: boolean }
-  | { kind: "model"; runId: string };
+  | { kind: "model"; runId: string }
+  | { kind: "sample"; id: string };
 
 export function parseFutureId(id: string): FutureId | null {
   const parts = id.split(".");
   if (parts[0] === "op" && (parts.length === 3 || (parts.length === 4 && parts[3] === "e")))
     return { kind: "op", runId: parts[1]!, opId: parts[2]!, ephemeral: parts.length === 4 };
   if (parts[0] === "model" && parts.length === 2) return { kind: "model", runId: parts[1]! };
+  if (parts[0] === "sample" && parts.length === 2) return { kind: "sample", id: id };
   return null;
 }
 
@@ -128,6 +132,36 @@ export function parseTinkerPath(
 }
 
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
+
+/** What a sampling session samples: a served base, or a learner version a run published
+ * (`sampler.<run>.<step>`: checkpoint step `<step>` of the run's model, ADR 71). */
+type Sampler =
+  | { kind: "base"; baseId: string }
+  | { kind: "checkpoint"; runId: string; step: number };
+
+export function samplerId(sampler: Sampler): string {
+  return sampler.kind === "base"
+    ? `base.${Buffer.from(sampler.baseId).toString("base64url")}`
+    : `sampler.${sampler.runId}.${sampler.step}`;
+}
+
+export function parseSamplerId(id: string): Sampler | null {
+  const parts = id.split(".");
+  if (parts[0] === "base" && parts.length === 2)
+    return { kind: "base", baseId: Buffer.from(parts[1]!, "base64url").toString("utf8") };
+  if (parts[0] === "sampler" && parts.length === 3 && /^\d+$/.test(parts[2]!))
+    return { kind: "checkpoint", runId: parts[1]!, step: Number(parts[2]) };
+  return null;
+}
+
+/** A sample future: held in this process until read (samples are not in the ledger). */
+interface SampleFuture {
+  /** The user whose key asked for it: only theirs read it. */
+  userId: string;
+  done: Promise<{ bytes: Uint8Array } | { error: string; category: string }>;
+}
+/** How long an unread sample result is kept. */
+const SAMPLE_TTL_MS = 30 * 60 * 1000;
 
 export function tinkerRouter(deps: TinkerDeps): Router {
   const { store, engines } = deps;
@@ -504,12 +538,181 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     }),
   );
 
+  const samples = new Map<string, SampleFuture>();
+
+  /** The base and the loaded adapter (null: none) a sampler samples with; 404 for another
+   * entity's run or a step it no longer has. */
+  const samplerModel = async (principal: Principal, sampler: Sampler) => {
+    if (sampler.kind === "base") {
+      const base = await engines.find(sampler.baseId);
+      if (!base) throw new TinkerError(404, `Base model ${quote(sampler.baseId)} is not served.`);
+      return { baseId: base.id, adapter: null, modelPath: null };
+    }
+    const run = await findRun(store, principal, sampler.runId);
+    const model = await store.models.getByName(run.entity, TINKER_PROJECT, modelName(run));
+    const checkpoint =
+      model && (await store.models.getCheckpoint(run.entity, model.id, sampler.step));
+    if (!model || !checkpoint)
+      throw new TinkerError(404, `Sampler weights of ${run.id} at step ${sampler.step} not found.`);
+    const adapter = await engines.adapter(model.base_model, checkpoint, store.blobs);
+    return { baseId: model.base_model, adapter, modelPath: null };
+  };
+
+  /** The step a named sampler save published (`tinker://<run>/sampler_weights/<name>`). */
+  const samplerOfPath = async (principal: Principal, path: unknown): Promise<Sampler> => {
+    const parsed = typeof path === "string" ? parseTinkerPath(path) : null;
+    if (parsed?.kind !== "sampler_weights")
+      throw invalid(
+        `model_path ${quote(String(path))} is not tinker://<run>/sampler_weights/<name>.`,
+        "model_path",
+      );
+    const run = await findRun(store, principal, parsed.runId);
+    const op = (await operationsOf(store, run)).findLast(
+      (o) =>
+        o.kind === "save_weights_for_sampler" &&
+        o.status === "succeeded" &&
+        (o.body as Body).checkpoint_name === parsed.name,
+    );
+    const result = op && (JSON.parse(op.result ?? "{}") as { learner_version?: number });
+    if (typeof result?.learner_version !== "number")
+      throw new TinkerError(404, `Sampler weights ${quote(String(path))} not found.`);
+    return { kind: "checkpoint", runId: run.id, step: result.learner_version };
+  };
+
+  api.post(
+    "/create_sampling_session",
+    handle(async (req, _res, principal) => {
+      const b = body(req);
+      let sampler: Sampler;
+      if (typeof b.model_path === "string") sampler = await samplerOfPath(principal, b.model_path);
+      else if (typeof b.base_model === "string") {
+        const base = servedBase(b.base_model, await engines.current());
+        if (!base)
+          throw new InvalidInputError(`Base model ${quote(b.base_model)} is not served here.`, {
+            code: "unsupported_base_model",
+            param: "base_model",
+          });
+        sampler = { kind: "base", baseId: base.id };
+      } else throw invalid("Give base_model or model_path.");
+      return { sampling_session_id: samplerId(sampler), type: "create_sampling_session" };
+    }),
+  );
+
+  api.get(
+    "/samplers/:id",
+    handle(async (req, _res, principal) => {
+      const sampler = parseSamplerId(String(req.params.id));
+      if (!sampler)
+        throw new TinkerError(404, `Sampler ${quote(String(req.params.id))} not found.`);
+      await samplerModel(principal, sampler);
+      if (sampler.kind === "base")
+        return { sampler_id: samplerId(sampler), base_model: sampler.baseId, model_path: null };
+      const run = await findRun(store, principal, sampler.runId);
+      return {
+        sampler_id: samplerId(sampler),
+        base_model: (run.spec as { base_model: string }).base_model,
+        model_path: null,
+      };
+    }),
+  );
+
+  api.post(
+    "/asample",
+    handle(async (req, _res, principal) => {
+      const b = body(req);
+      const sampler =
+        typeof b.sampling_session_id === "string" ? parseSamplerId(b.sampling_session_id) : null;
+      if (!sampler)
+        throw new TinkerError(
+          404,
+          `Sampling session ${quote(String(b.sampling_session_id))} not found.`,
+        );
+      const request = sampleRequest(b);
+      const { baseId, adapter } = await samplerModel(principal, sampler);
+      const thread = await engines.engine(baseId);
+      const { config } = (await engines.find(baseId))!;
+      for (const t of request.prompt)
+        if (t < 0 || t >= config.vocabSize)
+          throw new InvalidInputError(
+            `prompt has token ${t}, outside the base model's vocabulary of ${config.vocabSize}.`,
+            { code: "token_out_of_vocabulary" },
+          );
+      if (request.prompt.length >= config.maxPositions)
+        throw invalid(
+          `The prompt of ${request.prompt.length} tokens fills the ${config.maxPositions}-token context.`,
+        );
+      const run = async (): Promise<{ bytes: Uint8Array }> => {
+        const sequences = Array.from({ length: request.n }, () => ({
+          stopReason: "length" as SampledSequence["stopReason"],
+          tokens: [] as number[],
+          logprobs: [] as number[],
+        }));
+        for await (const event of thread.generate({
+          prompt: request.prompt,
+          n: request.n,
+          maxTokens: request.maxTokens,
+          temperature: request.temperature,
+          topP: request.topP,
+          topK: request.topK,
+          minP: 0,
+          repetitionPenalty: 1,
+          presencePenalty: 0,
+          frequencyPenalty: 0,
+          ...(request.seed !== undefined ? { seed: request.seed } : {}),
+          stop: request.stopStrings,
+          stopTokenIds: request.stopTokens,
+          keepStopToken: true,
+          logprobs: true,
+          adapter,
+        })) {
+          const s = sequences[event.choice]!;
+          if (event.type === "token") s.logprobs.push(event.logprob?.logprob ?? Number.NaN);
+          else {
+            s.stopReason = event.finishReason;
+            s.tokens = event.tokens;
+          }
+        }
+        const prompt = request.promptLogprobs
+          ? [...(await thread.promptLogprobs(request.prompt, adapter))]
+          : null;
+        return { bytes: encodeSampleResponse(sequences, prompt) };
+      };
+      const id = `sample.${randomUUID()}`;
+      const done = run().catch((err: unknown) => ({
+        error: `sample failed: ${(err as Error).message}`,
+        category: "server",
+      }));
+      samples.set(id, { userId: principal.userId, done });
+      setTimeout(() => samples.delete(id), SAMPLE_TTL_MS).unref();
+      return {
+        request_id: id,
+        sample_sequence_ids: Array.from({ length: request.n }, () => randomUUID()),
+      };
+    }),
+  );
+
   api.post(
     "/retrieve_future",
     handle(async (req, res, principal) => {
       const id = body(req).request_id;
       const future = typeof id === "string" ? parseFutureId(id) : null;
       if (!future) throw new TinkerError(404, `Future ${quote(String(id))} not found.`);
+      if (future.kind === "sample") {
+        const sample = samples.get(future.id);
+        if (sample?.userId !== principal.userId)
+          throw new TinkerError(404, `Future ${quote(String(id))} not found.`);
+        let timer: NodeJS.Timeout | undefined;
+        const waited = await Promise.race([
+          sample.done,
+          new Promise<null>((resolve) => {
+            timer = setTimeout(() => resolve(null), LONG_POLL_MS);
+          }),
+        ]);
+        clearTimeout(timer);
+        if (waited === null) return { type: "try_again", request_id: id, queue_state: "active" };
+        samples.delete(future.id);
+        return "bytes" in waited ? waited.bytes : waited;
+      }
       const run = await findRun(store, principal, future.runId);
       if (future.kind === "model") return { model_id: run.id, type: "create_model" };
       let closed = false;
@@ -726,4 +929,61 @@ function futureResult(
     case "load_state":
       return { path: null, type: "load_weights" };
   }
+}
+
+/** An `asample` body read and checked (400 for what is not served or out of range). */
+export function sampleRequest(b: Record<string, unknown>) {
+  const prompt: number[] = [];
+  const chunks = ((b.prompt ?? {}) as { chunks?: unknown }).chunks;
+  if (!Array.isArray(chunks) || chunks.length === 0) throw invalid("prompt.chunks is required.");
+  for (const chunk of chunks as Record<string, unknown>[]) {
+    if (chunk.type !== undefined && chunk.type !== "encoded_text")
+      throw invalid(`Only encoded_text chunks are served, not ${String(chunk.type)}.`);
+    if (!Array.isArray(chunk.tokens) || !chunk.tokens.every((t) => Number.isInteger(t)))
+      throw invalid("A chunk's tokens must be integers.");
+    prompt.push(...(chunk.tokens as number[]));
+  }
+  if (prompt.length === 0) throw invalid("The prompt is empty.");
+  const n = b.num_samples ?? 1;
+  if (!Number.isInteger(n) || (n as number) < 1 || (n as number) > 128)
+    throw invalid("num_samples must be an integer from 1 to 128.", "num_samples");
+  if (Number(b.topk_prompt_logprobs ?? 0) > 0)
+    throw new InvalidInputError("topk_prompt_logprobs is not served yet: send 0.", {
+      code: "unsupported_value",
+      param: "topk_prompt_logprobs",
+    });
+  const p = (b.sampling_params ?? {}) as Record<string, unknown>;
+  const number = (name: string, fallback: number, ok: (v: number) => boolean) => {
+    const v = p[name] ?? fallback;
+    if (typeof v !== "number" || !Number.isFinite(v) || !ok(v))
+      throw invalid(
+        `sampling_params.${name} is out of range: ${String(v)}`,
+        `sampling_params.${name}`,
+      );
+    return v;
+  };
+  const stop = p.stop ?? [];
+  const stops = typeof stop === "string" ? [stop] : stop;
+  if (!Array.isArray(stops)) throw invalid("sampling_params.stop must be a string or a list.");
+  const stopStrings = stops.filter((x): x is string => typeof x === "string");
+  const stopTokens = stops.filter((x): x is number => Number.isInteger(x));
+  if (stopStrings.length + stopTokens.length !== stops.length)
+    throw invalid("sampling_params.stop holds strings or token ids.", "sampling_params.stop");
+  const seed = p.seed;
+  if (seed !== undefined && seed !== null && !Number.isSafeInteger(seed))
+    throw invalid("sampling_params.seed must be an integer.", "sampling_params.seed");
+  const topK = number("top_k", -1, (v) => Number.isInteger(v) && v >= -1);
+  return {
+    prompt,
+    n: n as number,
+    maxTokens: number("max_tokens", 20, (v) => Number.isInteger(v) && v >= 1),
+    temperature: number("temperature", 1, (v) => v >= 0 && v <= 100),
+    topP: number("top_p", 1, (v) => v > 0 && v <= 1),
+    // Tinker's -1 (and 0) is no top-k.
+    topK: Math.max(topK, 0),
+    seed: seed === undefined || seed === null ? undefined : (seed as number),
+    stopStrings,
+    stopTokens,
+    promptLogprobs: b.prompt_logprobs === true,
+  };
 }
