@@ -1,7 +1,8 @@
+import { readAdapterTar } from "@arbor/training";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 import { BASE, tinyModel as tinkerModel } from "./native-runs/fixtures.ts";
-import { datumOf, HttpError, TinkerClient } from "./tinker/client.ts";
+import { datumOf, HttpError, RequestFailed, TinkerClient } from "./tinker/client.ts";
 
 /**
  * Tinker's API (ADR 71, docs/tinker.md) driven by our protobuf client as SDK 0.25 drives it:
@@ -336,6 +337,134 @@ describe("Tinker's API", () => {
         }),
       );
       expect(fromBase.sequences[0]!.logprobs).toHaveLength(fromBase.sequences[0]!.tokens.length);
+    }, 300_000);
+  });
+
+  describe("state and the REST client's routes", () => {
+    const save = async (modelId: string, seq: number, name: string) =>
+      tinker.result<{ path: string }>(
+        await tinker.json("POST", "save_weights", {
+          model_id: modelId,
+          path: name,
+          seq_id: seq,
+          type: "save_weights",
+        }),
+      );
+
+    it("when a state is saved and a client is made from it, then it computes the same logprobs; runs, checkpoints and archives list and delete", async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4, 5);
+      const data = await reversalData(["apple", "river"]);
+      let seq = 1;
+      await tinker.forwardBackward(modelId, seq++, data, "cross_entropy");
+      await tinker.optimStep(modelId, seq++, { learning_rate: 1e-2 });
+      const { path } = await save(modelId, seq++, "ckpt-1");
+      expect(path).toBe(`tinker://${modelId}/weights/ckpt-1`);
+      // A name saved again without overwrite fails its future, in the SDK's shape.
+      const again = await save(modelId, seq++, "ckpt-1").catch((e: unknown) => e);
+      expect(again).toBeInstanceOf(RequestFailed);
+      expect((again as RequestFailed).category).toBe("user");
+      const before = await tinker.forwardBackward(modelId, seq++, data, "cross_entropy", {
+        forwardOnly: true,
+      });
+
+      // create_training_client_from_state: weights_info, create_model, load_weights.
+      const info = await tinker.json<Record<string, unknown>>("POST", "weights_info", {
+        tinker_path: path,
+      });
+      expect(info).toEqual({
+        base_model: BASE,
+        is_lora: true,
+        lora_rank: 4,
+        train_unembed: true,
+        train_mlp: true,
+        train_attn: true,
+      });
+      const resumed = await tinker.createModel(session_id, 1, BASE, 4);
+      await tinker.result(
+        await tinker.json("POST", "load_weights", {
+          model_id: resumed,
+          path,
+          seq_id: 1,
+          optimizer: true,
+          type: "load_weights",
+        }),
+      );
+      const after = await tinker.forwardBackward(resumed, 2, data, "cross_entropy", {
+        forwardOnly: true,
+      });
+      expect([...after.logprobs[1]!]).toEqual([...before.logprobs[1]!]);
+      // It trains on from there, the optimizer's moments restored.
+      await tinker.forwardBackward(resumed, 3, data, "cross_entropy");
+      await tinker.optimStep(resumed, 4, { learning_rate: 1e-2 });
+
+      const sampler = await tinker.result<{ path: string }>(
+        await tinker.json("POST", "save_weights_for_sampler", {
+          model_id: modelId,
+          path: "s-1",
+          seq_id: seq++,
+        }),
+      );
+      const runs = await tinker.json<{
+        training_runs: { training_run_id: string; last_checkpoint: unknown }[];
+        cursor: { total_count: number };
+      }>("GET", "training_runs?limit=100&offset=0&access_scope=owned");
+      expect(runs.training_runs.map((r) => r.training_run_id)).toEqual(
+        expect.arrayContaining([modelId, resumed]),
+      );
+      const run = await tinker.json<Record<string, unknown>>("GET", `training_runs/${modelId}`);
+      expect(run).toMatchObject({
+        training_run_id: modelId,
+        base_model: BASE,
+        is_lora: true,
+        lora_rank: 4,
+        corrupted: false,
+        last_checkpoint: { checkpoint_id: "weights/ckpt-1", tinker_path: path },
+        last_sampler_checkpoint: {
+          checkpoint_id: "sampler_weights/s-1",
+          tinker_path: sampler.path,
+        },
+      });
+      const listed = await tinker.json<{ checkpoints: { checkpoint_id: string }[] }>(
+        "GET",
+        `training_runs/${modelId}/checkpoints`,
+      );
+      expect(listed.checkpoints.map((c) => c.checkpoint_id)).toEqual([
+        "weights/ckpt-1",
+        "sampler_weights/s-1",
+      ]);
+
+      // The archive is a PEFT tar of the adapter, fetched bare from the URL handed out.
+      for (const id of ["weights/ckpt-1", "sampler_weights/s-1"]) {
+        const { url, expires } = await tinker.json<{ url: string; expires: string }>(
+          "GET",
+          `training_runs/${modelId}/checkpoints/${id}/archive`,
+        );
+        expect(Date.parse(expires)).toBeGreaterThan(Date.now());
+        const res = await fetch(url);
+        expect(res.status).toBe(200);
+        const tar = await readAdapterTar(new Uint8Array(await res.arrayBuffer()));
+        expect(Object.keys(tar).sort()).toEqual([
+          "adapter_config.json",
+          "adapter_model.safetensors",
+        ]);
+      }
+
+      // A deleted state is gone: listed no more, loaded no more.
+      const del = await fetch(
+        `${server.baseUrl}/tinker/api/v1/training_runs/${modelId}/checkpoints/weights%2Fckpt-1`,
+        { method: "DELETE", headers: { "x-api-key": `tml-${server.adminKey}` } },
+      );
+      expect(del.status).toBe(204);
+      const left = await tinker.json<{ checkpoints: { checkpoint_id: string }[] }>(
+        "GET",
+        `training_runs/${modelId}/checkpoints`,
+      );
+      expect(left.checkpoints.map((c) => c.checkpoint_id)).toEqual(["sampler_weights/s-1"]);
+      const gone = await tinker
+        .json("POST", "load_weights", { model_id: resumed, path, seq_id: 5, optimizer: false })
+        .catch((e: unknown) => e);
+      expect((gone as HttpError).status).toBe(404);
     }, 300_000);
   });
 });

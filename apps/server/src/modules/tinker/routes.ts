@@ -1,6 +1,8 @@
 import { randomUUID } from "node:crypto";
+import { pipeline } from "node:stream/promises";
 import type { BaseModelFolder } from "@arbor/engine/model";
 import {
+  type Checkpoint,
   DomainError,
   InvalidInputError,
   type Json,
@@ -10,7 +12,9 @@ import {
   type Store,
   type TrainingOperation,
   type TrainingRun,
+  type TrainingState,
 } from "@arbor/store";
+import { checkpointAdapterTar } from "@arbor/training";
 import express, { type NextFunction, type Request, type Response, type Router } from "express";
 import type { Logger } from "pino";
 import type { Authenticate } from "../../http/auth.ts";
@@ -132,6 +136,21 @@ export function parseTinkerPath(
 }
 
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
+/** How long an archive's download URL works. */
+const ARCHIVE_TTL_MS = 3600 * 1000;
+
+/** A checkpoint as Tinker lists it, with where its files are. */
+interface TinkerCheckpoint {
+  checkpoint_id: string;
+  checkpoint_type: "training" | "sampler";
+  time: string;
+  tinker_path: string;
+  public: boolean;
+  expires_at: string | null;
+  files:
+    | { kind: "state"; state: TrainingState }
+    | { kind: "checkpoint"; checkpoint: Checkpoint; modelId: string };
+}
 
 /** What a sampling session samples: a served base, or a learner version a run published
  * (`sampler.<run>.<step>`: checkpoint step `<step>` of the run's model, ADR 71). */
@@ -170,9 +189,27 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     engines,
     ...(deps.onAdmitted ? { onAdmitted: deps.onAdmitted } : {}),
   });
+  /** Archive downloads handed out: a token names one checkpoint's files for an hour. */
+  const archives = new Map<string, { checkpoint: Checkpoint; label: string; expires: number }>();
   const router = express.Router();
   router.use(express.json({ limit: "64mb" }));
   router.use(express.raw({ type: "application/x-protobuf", limit: "256mb" }));
+
+  // An archive's download: its token is the capability (the cookbook fetches it bare).
+  router.get("/archives/:token", (req: Request, res: Response, next: NextFunction) => {
+    const archive = archives.get(String(req.params.token));
+    if (!archive || archive.expires <= Date.now())
+      return next(new TinkerError(404, "Unknown or expired archive."));
+    checkpointAdapterTar(store.blobs, archive.checkpoint, archive.label)
+      .then(async (tar) => {
+        res.status(200);
+        res.setHeader("Content-Type", "application/x-tar");
+        res.setHeader("Content-Length", String(tar.bytes));
+        res.setHeader("Content-Disposition", `attachment; filename="${archive.label}-peft.tar"`);
+        await pipeline(await tar.open(), res);
+      })
+      .catch(next);
+  });
 
   // X-API-Key on every route but the health check.
   router.use((req: Request, res: Response, next: NextFunction) => {
@@ -231,8 +268,9 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     ephemeral = false,
   ) => {
     const seq = Number(seqId);
-    const requestId =
-      Number.isSafeInteger(seq) && seq > 0 ? `tinker-seq-${seq}` : `tinker-${randomUUID()}`;
+    const requestId = `${
+      Number.isSafeInteger(seq) && seq > 0 ? `tinker-seq-${seq}` : `tinker-${randomUUID()}`
+    }${ephemeral ? "-ephemeral" : ""}`;
     const suffix = ephemeral ? ".e" : "";
     const existing = await store.trainingRuns.getOperationByRequest(run.id, requestId);
     if (existing) return { request_id: `op.${run.id}.${existing.id}${suffix}`, model_id: run.id };
@@ -730,6 +768,187 @@ export function tinkerRouter(deps: TinkerDeps): Router {
         return { type: "try_again", request_id: id, queue_state: "active" };
       const accept = req.header("accept") ?? "";
       return futureResult(run, op, future.ephemeral, accept.includes("application/x-protobuf"));
+    }),
+  );
+
+  // ---- the REST client's routes: runs, checkpoints, archives ---------------------------------
+
+  /** A run's checkpoints as Tinker lists them, from its succeeded saves still live. */
+  const checkpointsOf = async (run: TrainingRun) => {
+    const model = await store.models.getByName(run.entity, TINKER_PROJECT, modelName(run));
+    const out: TinkerCheckpoint[] = [];
+    for (const op of await operationsOf(store, run)) {
+      if (op.status !== "succeeded" || op.request_id.endsWith("-ephemeral")) continue;
+      const name = String((op.body as Body).checkpoint_name);
+      const result = JSON.parse(op.result ?? "{}") as {
+        learner_version?: number;
+        checkpoint?: { checkpoint_id?: string };
+      };
+      const time = new Date(op.ended_at ?? op.admitted_at).toISOString();
+      if (op.kind === "save_state") {
+        const state = await store.trainingRuns.getState(
+          run.entity,
+          String(result.checkpoint?.checkpoint_id),
+        );
+        if (!state) continue;
+        out.push({
+          checkpoint_id: `weights/${name}`,
+          checkpoint_type: "training",
+          time,
+          tinker_path: `tinker://${run.id}/weights/${name}`,
+          public: false,
+          expires_at: state.expires_at === null ? null : new Date(state.expires_at).toISOString(),
+          files: { kind: "state", state },
+        });
+      } else if (op.kind === "save_weights_for_sampler" && model) {
+        const checkpoint = await store.models.getCheckpoint(
+          run.entity,
+          model.id,
+          Number(result.learner_version),
+        );
+        if (!checkpoint) continue;
+        out.push({
+          checkpoint_id: `sampler_weights/${name}`,
+          checkpoint_type: "sampler",
+          time,
+          tinker_path: `tinker://${run.id}/sampler_weights/${name}`,
+          public: false,
+          expires_at: null,
+          files: { kind: "checkpoint", checkpoint, modelId: model.id },
+        });
+      }
+    }
+    // A name saved again lists once: its newest save.
+    const byId = new Map(out.map((c) => [c.checkpoint_id, c]));
+    return [...byId.values()];
+  };
+  const wireCheckpoint = ({ files: _files, ...c }: TinkerCheckpoint) => c;
+  const trainingRunOf = async (run: TrainingRun, principal: Principal) => {
+    const spec = run.spec as { base_model: string; lora_rank: number };
+    const checkpoints = await checkpointsOf(run);
+    const last = (type: string) =>
+      checkpoints
+        .filter((c) => c.checkpoint_type === type)
+        .map(wireCheckpoint)
+        .at(-1) ?? null;
+    const ops = await store.trainingRuns.listOperations(run.id, { limit: 1 });
+    return {
+      training_run_id: run.id,
+      base_model: spec.base_model,
+      model_owner: principal.userName,
+      is_lora: true,
+      corrupted: run.status === "failed",
+      lora_rank: spec.lora_rank,
+      last_request_time: new Date(
+        ops.data.at(-1)?.admitted_at ?? Number(run.created_at),
+      ).toISOString(),
+      last_checkpoint: last("training"),
+      last_sampler_checkpoint: last("sampler"),
+      user_metadata: null,
+    };
+  };
+  const tinkerRun = async (principal: Principal, id: string) => {
+    const run = await findRun(store, principal, id);
+    if (!run.request_id.startsWith("tinker:"))
+      throw new TinkerError(404, `Training run ${quote(id)} is not a Tinker run.`);
+    return run;
+  };
+
+  api.get(
+    "/training_runs",
+    handle(async (req, _res, principal) => {
+      const limit = Math.min(Math.max(Number(req.query.limit ?? 20) || 20, 1), 100);
+      const offset = Math.max(Number(req.query.offset ?? 0) || 0, 0);
+      const runs: TrainingRun[] = [];
+      let after: string | undefined;
+      for (;;) {
+        const page = await store.trainingRuns.list(principal.entities, { after, limit: 100 });
+        runs.push(...page.data.filter((r) => r.request_id.startsWith("tinker:")));
+        if (!page.has_more || !page.last_id) break;
+        after = page.last_id;
+      }
+      const slice = runs.slice(offset, offset + limit);
+      return {
+        training_runs: await Promise.all(slice.map((r) => trainingRunOf(r, principal))),
+        cursor: { offset, limit, total_count: runs.length },
+      };
+    }),
+  );
+  api.get(
+    "/training_runs/:id",
+    handle(async (req, _res, principal) =>
+      trainingRunOf(await tinkerRun(principal, String(req.params.id)), principal),
+    ),
+  );
+  api.get(
+    "/training_runs/:id/checkpoints",
+    handle(async (req, _res, principal) => {
+      const run = await tinkerRun(principal, String(req.params.id));
+      const checkpoints = (await checkpointsOf(run)).map(wireCheckpoint);
+      return {
+        checkpoints,
+        cursor: { offset: 0, limit: checkpoints.length, total_count: checkpoints.length },
+      };
+    }),
+  );
+  /** A checkpoint of a run by `weights/<name>` or `sampler_weights/<name>` (404 otherwise). */
+  const checkpointOf = async (principal: Principal, runId: string, kind: string, name: string) => {
+    const run = await tinkerRun(principal, runId);
+    const found = (await checkpointsOf(run)).find((c) => c.checkpoint_id === `${kind}/${name}`);
+    if (!found) throw new TinkerError(404, `Checkpoint ${kind}/${name} of ${run.id} not found.`);
+    return { run, checkpoint: found };
+  };
+  /** `weights/<name>` as two path segments, or one with its `/` percent-encoded. */
+  const checkpointParam = (req: Request) => {
+    const params = req.params as Record<string, string>;
+    if (params.kind !== undefined) return { kind: params.kind, name: String(params.name) };
+    const [kind = "", ...rest] = String(params.cid).split("/");
+    return { kind, name: rest.join("/") };
+  };
+  const CHECKPOINT_PATHS = [
+    "/training_runs/:id/checkpoints/:kind/:name",
+    "/training_runs/:id/checkpoints/:cid",
+  ];
+  api.delete(
+    CHECKPOINT_PATHS,
+    handle(async (req, res, principal) => {
+      const { kind, name } = checkpointParam(req);
+      const { run, checkpoint } = await checkpointOf(principal, String(req.params.id), kind, name);
+      if (checkpoint.files.kind === "state")
+        await store.trainingRuns.expireState(run.entity, checkpoint.files.state.id);
+      else
+        await store.models.deleteCheckpoints(run.entity, checkpoint.files.modelId, [
+          checkpoint.files.checkpoint.step,
+        ]);
+      res.status(204).end();
+      return undefined;
+    }),
+  );
+
+  api.get(
+    CHECKPOINT_PATHS.map((p) => `${p}/archive`),
+    handle(async (req, _res, principal) => {
+      const { kind, name } = checkpointParam(req);
+      const { run, checkpoint } = await checkpointOf(principal, String(req.params.id), kind, name);
+      const files: Checkpoint =
+        checkpoint.files.kind === "checkpoint"
+          ? checkpoint.files.checkpoint
+          : {
+              id: checkpoint.files.state.id,
+              model_id: run.id,
+              step: checkpoint.files.state.learner_version,
+              metrics: {},
+              blob_key: checkpoint.files.state.state_key,
+              created_at: Math.floor(checkpoint.files.state.created_at / 1000),
+            };
+      const token = randomUUID();
+      const expires = Date.now() + ARCHIVE_TTL_MS;
+      archives.set(token, { checkpoint: files, label: name, expires });
+      setTimeout(() => archives.delete(token), ARCHIVE_TTL_MS).unref();
+      return {
+        url: `${req.protocol}://${req.get("host")}${TINKER_PREFIX}/archives/${token}`,
+        expires: new Date(expires).toUTCString(),
+      };
     }),
   );
 
