@@ -133,6 +133,53 @@ describe("Tinker's API", () => {
       expect((err as HttpError).status).toBe(409);
     }, 300_000);
 
+    it("when each RL loss is sent with its inputs and config, then loss:sum is its documented formula of the returned logprobs, and a step trains on it", async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4, 3);
+      const [datum] = await reversalData(["lemon"]);
+      let seq = 1;
+      const { logprobs } = await tinker.forwardBackward(modelId, seq++, [datum!], "cross_entropy", {
+        forwardOnly: true,
+      });
+      const lp0 = [...logprobs[0]!];
+      // A sampler's logprobs off the learner's, advantages on the reply's positions only.
+      const q = lp0.map((v, i) => v + 0.3 * Math.sin(i));
+      const A = datum!.weights!.map((w, i) => (w > 0 ? (i % 3) - 1 : 0));
+      const rl = { ...datum!, weights: undefined, logprobs: q, advantages: A };
+      const sum = (f: (lp: number, q: number, a: number) => number) =>
+        lp0.reduce((acc, lp, i) => acc + f(lp, q[i]!, A[i]!), 0);
+      const clamp = (x: number, lo: number, hi: number) => Math.min(Math.max(x, lo), hi);
+      const cases: [string, Record<string, number>, number][] = [
+        ["importance_sampling", {}, sum((lp, q, a) => -Math.exp(lp - q) * a)],
+        [
+          "ppo",
+          { clip_low_threshold: 0.9, clip_high_threshold: 1.1 },
+          sum((lp, q, a) => -Math.min(Math.exp(lp - q) * a, clamp(Math.exp(lp - q), 0.9, 1.1) * a)),
+        ],
+        ["cispo", {}, sum((lp, q, a) => -clamp(Math.exp(lp - q), 0, 4) * lp * a)],
+        ["dro", { beta: 0.1 }, sum((lp, q, a) => (a === 0 ? 0 : -(lp * a - 0.05 * (lp - q) ** 2)))],
+      ];
+      for (const [loss, config, expected] of cases) {
+        const out = await tinker.forwardBackward(modelId, seq++, [rl], loss, {
+          config,
+          forwardOnly: true,
+        });
+        expect([...out.logprobs[0]!]).toEqual(lp0);
+        expect(out.metrics["loss:sum"], loss).toBeCloseTo(expected, 3);
+      }
+      // A config key a loss does not take is refused.
+      const bad = await tinker
+        .submitForwardBackward(modelId, seq, [rl], "importance_sampling", { config: { beta: 1 } })
+        .catch((e: unknown) => e);
+      expect((bad as HttpError).status).toBe(400);
+      await tinker.forwardBackward(modelId, seq++, [rl], "ppo");
+      await tinker.optimStep(modelId, seq++, { learning_rate: 1e-3, grad_clip_norm: 1 });
+      const moved = await tinker.forwardBackward(modelId, seq++, [datum!], "cross_entropy", {
+        forwardOnly: true,
+      });
+      expect([...moved.logprobs[0]!]).not.toEqual(lp0);
+    }, 300_000);
+
     it("when a request is sent again with its seq_id, then the same future answers", async () => {
       const { session_id } = await tinker.createSession();
       const modelId = await tinker.createModel(session_id, 0, BASE, 4);
