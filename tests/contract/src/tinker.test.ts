@@ -180,6 +180,34 @@ describe("Tinker's API", () => {
       expect([...moved.logprobs[0]!]).not.toEqual(lp0);
     }, 300_000);
 
+    it("when several requests are submitted before any result is read, then their futures are read together, each with its own result, in the run's order", async () => {
+      const { session_id } = await tinker.createSession();
+      const modelId = await tinker.createModel(session_id, 0, BASE, 4, 9);
+      const data = await reversalData(["apple", "stone"]);
+      const f1 = await tinker.submitForwardBackward(modelId, 1, data, "cross_entropy");
+      const f2 = await tinker.submitForwardBackward(modelId, 2, data.slice(0, 1), "cross_entropy");
+      const f3 = await tinker.json<{ request_id: string }>("POST", "optim_step", {
+        adam_params: { learning_rate: 1e-2 },
+        model_id: modelId,
+        seq_id: 3,
+      });
+      const f4 = await tinker.submitForwardBackward(modelId, 4, data, "cross_entropy", {
+        forwardOnly: true,
+      });
+      const [r1, r2, r3, r4] = await Promise.all([
+        tinker.forwardBackwardResult(f1),
+        tinker.forwardBackwardResult(f2),
+        tinker.result(f3),
+        tinker.forwardBackwardResult(f4),
+      ]);
+      expect(r1.logprobs).toHaveLength(2);
+      expect(r2.logprobs).toHaveLength(1);
+      // The second saw the same learner as the first; the forward after the step sees a new one.
+      expect([...r2.logprobs[0]!]).toEqual([...r1.logprobs[0]!]);
+      expect(r3).toHaveProperty("metrics");
+      expect(r4.metrics["loss:sum"]).toBeLessThan(r1.metrics["loss:sum"]!);
+    }, 300_000);
+
     it("when a request is sent again with its seq_id, then the same future answers", async () => {
       const { session_id } = await tinker.createSession();
       const modelId = await tinker.createModel(session_id, 0, BASE, 4);
@@ -513,5 +541,36 @@ describe("Tinker's API", () => {
         .catch((e: unknown) => e);
       expect((gone as HttpError).status).toBe(404);
     }, 300_000);
+  });
+
+  describe("retrieve_future without a worker", () => {
+    let idle: RunningServer;
+    beforeAll(async () => {
+      idle = await startServer({}, { worker: false });
+    });
+    afterAll(async () => {
+      await idle?.close();
+    });
+
+    it("when an operation cannot run yet, then retrieve_future waits and answers try_again with the request id, which the client polls again", async () => {
+      const client = new TinkerClient(idle.baseUrl, idle.adminKey);
+      const { session_id } = await client.createSession();
+      const modelId = await client.createModel(session_id, 0, BASE, 4);
+      const [datum] = await reversalData(["sun"]);
+      const future = await client.submitForwardBackward(modelId, 1, [datum!], "cross_entropy");
+      const answer = await client.json<Record<string, unknown>>("POST", "retrieve_future", {
+        request_id: future.request_id,
+        allow_metadata_only: true,
+      });
+      expect(answer).toEqual({
+        type: "try_again",
+        request_id: future.request_id,
+        queue_state: "active",
+      });
+      const unknown = await client
+        .json("POST", "retrieve_future", { request_id: "op.nothing.here" })
+        .catch((e: unknown) => e);
+      expect((unknown as HttpError).status).toBe(404);
+    }, 120_000);
   });
 });
