@@ -80,9 +80,9 @@ describeBackends("native training runs", (ctx) => {
     expect(await ctx.store.trainingRuns.expireState("another", state.id)).toBe(false);
     expect(await ctx.store.trainingRuns.expireState(run.entity, state.id)).toBe(true);
     expect(await ctx.store.trainingRuns.getState(run.entity, state.id)).toBeUndefined();
-    expect([
-      ...(await ctx.store.trainingRuns.referencedLearnerKeys([state.state_key])),
-    ]).toEqual([]);
+    expect([...(await ctx.store.trainingRuns.referencedLearnerKeys([state.state_key]))]).toEqual(
+      [],
+    );
     expect(await ctx.store.trainingRuns.expireState(run.entity, state.id)).toBe(false);
   });
 
