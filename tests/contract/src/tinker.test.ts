@@ -1,8 +1,30 @@
-import { readAdapterTar } from "@arbor/training";
+import tar from "tar-stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningServer, startServer } from "./harness.ts";
 import { BASE, tinyModel as tinkerModel } from "./native-runs/fixtures.ts";
 import { datumOf, HttpError, RequestFailed, TinkerClient } from "./tinker/client.ts";
+
+/** A tar's entries by name. */
+async function tarEntries(bytes: Uint8Array): Promise<Map<string, Buffer>> {
+  const out = new Map<string, Buffer>();
+  const extract = tar.extract();
+  extract.on("entry", (header, stream, next) => {
+    const chunks: Buffer[] = [];
+    stream.on("data", (c: unknown) => {
+      chunks.push(c as Buffer);
+    });
+    stream.on("end", () => {
+      out.set(header.name, Buffer.concat(chunks));
+      next();
+    });
+  });
+  await new Promise<void>((resolve, reject) => {
+    extract.on("finish", resolve);
+    extract.on("error", reject);
+    extract.end(Buffer.from(bytes));
+  });
+  return out;
+}
 
 /**
  * Tinker's API (ADR 71, docs/tinker.md) driven by our protobuf client as SDK 0.25 drives it:
@@ -518,11 +540,17 @@ describe("Tinker's API", () => {
         expect(Date.parse(expires)).toBeGreaterThan(Date.now());
         const res = await fetch(url);
         expect(res.status).toBe(200);
-        const tar = await readAdapterTar(new Uint8Array(await res.arrayBuffer()));
-        expect(Object.keys(tar).sort()).toEqual([
+        // At the archive's root, with the marker the SDK's download checks for.
+        const entries = await tarEntries(new Uint8Array(await res.arrayBuffer()));
+        expect([...entries.keys()].sort()).toEqual([
           "adapter_config.json",
           "adapter_model.safetensors",
+          "checkpoint_complete",
         ]);
+        expect(JSON.parse(entries.get("adapter_config.json")!.toString("utf8"))).toMatchObject({
+          r: 4,
+          peft_type: "LORA",
+        });
       }
 
       // A deleted state is gone: listed no more, loaded no more.

@@ -190,7 +190,14 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     ...(deps.onAdmitted ? { onAdmitted: deps.onAdmitted } : {}),
   });
   /** Archive downloads handed out: a token names one checkpoint's files for an hour. */
-  const archives = new Map<string, { checkpoint: Checkpoint; label: string; expires: number }>();
+  const archives = new Map<
+    string,
+    {
+      checkpoint: Pick<Checkpoint, "blob_key" | "step" | "created_at">;
+      label: string;
+      expires: number;
+    }
+  >();
   const router = express.Router();
   router.use(express.json({ limit: "64mb" }));
   router.use(express.raw({ type: "application/x-protobuf", limit: "256mb" }));
@@ -200,7 +207,7 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     const archive = archives.get(String(req.params.token));
     if (!archive || archive.expires <= Date.now())
       return next(new TinkerError(404, "Unknown or expired archive."));
-    checkpointAdapterTar(store.blobs, archive.checkpoint, archive.label)
+    checkpointAdapterTar(store.blobs, archive.checkpoint, archive.label, { tinker: true })
       .then(async (tar) => {
         res.status(200);
         res.setHeader("Content-Type", "application/x-tar");
@@ -929,15 +936,12 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     CHECKPOINT_PATHS.map((p) => `${p}/archive`),
     handle(async (req, _res, principal) => {
       const { kind, name } = checkpointParam(req);
-      const { run, checkpoint } = await checkpointOf(principal, String(req.params.id), kind, name);
-      const files: Checkpoint =
+      const { checkpoint } = await checkpointOf(principal, String(req.params.id), kind, name);
+      const files =
         checkpoint.files.kind === "checkpoint"
           ? checkpoint.files.checkpoint
           : {
-              id: checkpoint.files.state.id,
-              model_id: run.id,
               step: checkpoint.files.state.learner_version,
-              metrics: {},
               blob_key: checkpoint.files.state.state_key,
               created_at: Math.floor(checkpoint.files.state.created_at / 1000),
             };
@@ -947,7 +951,7 @@ export function tinkerRouter(deps: TinkerDeps): Router {
       setTimeout(() => archives.delete(token), ARCHIVE_TTL_MS).unref();
       return {
         url: `${req.protocol}://${req.get("host")}${TINKER_PREFIX}/archives/${token}`,
-        expires: new Date(expires).toUTCString(),
+        expires: new Date(expires).toISOString(),
       };
     }),
   );
