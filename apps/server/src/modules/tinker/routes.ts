@@ -199,8 +199,6 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     }
   >();
   const router = express.Router();
-  router.use(express.json({ limit: "64mb" }));
-  router.use(express.raw({ type: "application/x-protobuf", limit: "256mb" }));
 
   // An archive's download: its token is the capability (the cookbook fetches it bare).
   router.get("/archives/:token", (req: Request, res: Response, next: NextFunction) => {
@@ -212,7 +210,8 @@ export function tinkerRouter(deps: TinkerDeps): Router {
         res.status(200);
         res.setHeader("Content-Type", "application/x-tar");
         res.setHeader("Content-Length", String(tar.bytes));
-        res.setHeader("Content-Disposition", `attachment; filename="${archive.label}-peft.tar"`);
+        const file = archive.label.replace(/[^A-Za-z0-9._-]/g, "-");
+        res.setHeader("Content-Disposition", `attachment; filename="${file}-peft.tar"`);
         await pipeline(await tar.open(), res);
       })
       .catch(next);
@@ -232,6 +231,9 @@ export function tinkerRouter(deps: TinkerDeps): Router {
       })
       .catch(next);
   });
+  // Bodies are read only once the key is known.
+  router.use(express.json({ limit: "64mb" }));
+  router.use(express.raw({ type: "application/x-protobuf", limit: "256mb" }));
 
   const handle =
     (fn: (req: Request, res: Response, principal: Principal) => Promise<unknown>) =>
