@@ -239,6 +239,11 @@ describe("Tinker's API", () => {
       expect(again.request_id).toBe(first.request_id);
       const out = await tinker.forwardBackwardResult(first);
       expect(out.logprobs).toHaveLength(1);
+      // Other content under a seq_id already taken is refused.
+      const other = await tinker
+        .submitForwardBackward(modelId, 1, await reversalData(["star"]), "cross_entropy")
+        .catch((e: unknown) => e);
+      expect((other as HttpError).status).toBe(409);
     }, 120_000);
 
     it("when a datum is malformed, then forward_backward is 400 saying what is wrong", async () => {

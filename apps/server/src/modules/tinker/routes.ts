@@ -3,6 +3,7 @@ import { pipeline } from "node:stream/promises";
 import type { BaseModelFolder } from "@arbor/engine/model";
 import {
   type Checkpoint,
+  ConflictError,
   DomainError,
   InvalidInputError,
   type Json,
@@ -282,7 +283,16 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     }${ephemeral ? "-ephemeral" : ""}`;
     const suffix = ephemeral ? ".e" : "";
     const existing = await store.trainingRuns.getOperationByRequest(run.id, requestId);
-    if (existing) return { request_id: `op.${run.id}.${existing.id}${suffix}`, model_id: run.id };
+    if (existing) {
+      // The same request again (the SDK's retries): its operation. Other content: refused.
+      const body = { request_id: requestId, sequence_id: existing.sequence_id, ...command };
+      if (fingerprint({ kind, body }) !== existing.fingerprint)
+        throw new ConflictError(`seq_id ${seq} was sent before with another request.`, {
+          code: "request_id_reused",
+          shouldRetry: false,
+        });
+      return { request_id: `op.${run.id}.${existing.id}${suffix}`, model_id: run.id };
+    }
     const fresh = await findRun(store, principal, run.id);
     const op = await ledger.submit(
       kind,
