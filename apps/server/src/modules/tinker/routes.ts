@@ -253,10 +253,11 @@ export function tinkerRouter(deps: TinkerDeps): Router {
       throw invalid("The body must be a JSON object.");
     return req.body as Body;
   };
-  const projectOf = (principal: Principal): ProjectRef => ({
-    entity: principal.defaultEntity,
+  /** The project a run's commands act in: its entity's `tinker`, where its model is. */
+  const projectOf = (run: TrainingRun): ProjectRef => ({
+    entity: run.entity,
     project: TINKER_PROJECT,
-    id: `${principal.defaultEntity}/${TINKER_PROJECT}`,
+    id: `${run.entity}/${TINKER_PROJECT}`,
   });
   const modelName = (run: TrainingRun) => `run-${run.id}`;
   const runOf = (principal: Principal, modelId: unknown) => {
@@ -299,7 +300,7 @@ export function tinkerRouter(deps: TinkerDeps): Router {
       run.id,
       { request_id: requestId, sequence_id: fresh.next_sequence_id, ...command },
       principal,
-      projectOf(principal),
+      projectOf(run),
     );
     return { request_id: `op.${run.id}.${op.operation_id}${suffix}`, model_id: run.id };
   };
@@ -531,7 +532,9 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     if (parsed?.kind !== "weights")
       throw invalid(`path ${quote(String(path))} is not tinker://<run>/weights/<name>.`, "path");
     const run = await findRun(store, principal, parsed.runId);
-    const op = (await operationsOf(store, run)).find(
+    // The newest save of the name (an overwrite replaced the older state). Tinker's routes never
+    // release a result, so a save's stays in its row past the 24 hours a future is answered.
+    const op = (await operationsOf(store, run)).findLast(
       (o) =>
         o.kind === "save_state" &&
         o.status === "succeeded" &&
