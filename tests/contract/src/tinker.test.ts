@@ -410,18 +410,27 @@ describe("Tinker's API", () => {
       expect(sampling_session_id).toEqual(expect.any(String));
       const { chat } = await tinkerModel();
       const prompt = await promptTokens("stone");
-      const out = await tinker.sampleResult(
-        await tinker.json<{ request_id: string }>("POST", "asample", {
-          num_samples: 1,
-          prompt: { chunks: [{ tokens: prompt, type: "encoded_text" }] },
-          sampling_params: { max_tokens: 16, seed: 1, temperature: 0, stop: "e" },
-          sampling_session_id,
-        }),
-      );
+      const greedy = (stop?: string) =>
+        tinker
+          .json<{ request_id: string }>("POST", "asample", {
+            num_samples: 1,
+            prompt: { chunks: [{ tokens: prompt, type: "encoded_text" }] },
+            sampling_params: { max_tokens: 12, temperature: 0, ...(stop ? { stop } : {}) },
+            sampling_session_id,
+          })
+          .then((f) => tinker.sampleResult(f));
+      const free = (await greedy()).sequences[0]!;
+      // A stop string from the free reply's text: the reply ends at the token that completes it.
+      const texts = free.tokens.map((_, i) => chat.tokenizer.decode(free.tokens.slice(0, i + 1)));
+      const at = texts.findIndex((t) => t.trim().length > 0);
+      expect(at).toBeGreaterThanOrEqual(0);
+      const stop = texts[at]!.trim().slice(-1);
+      const end = texts.findIndex((t) => t.includes(stop));
+      const out = await greedy(stop);
       const [s] = out.sequences;
-      const text = chat.tokenizer.decode(s!.tokens);
-      if (s!.stopReason === "stop") expect(text).toContain("e");
-      else expect(text).not.toContain("e");
+      expect(s!.stopReason).toBe("stop");
+      expect(s!.tokens).toEqual(free.tokens.slice(0, end + 1));
+      expect(s!.logprobs).toEqual(free.logprobs.slice(0, end + 1));
       expect(out.promptLogprobs).toBeNull();
 
       // A base model samples too.
