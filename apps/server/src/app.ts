@@ -31,6 +31,7 @@ import {
   moduleHandlers,
   type ServerModule,
 } from "./modules/module.ts";
+import { tinkerModule } from "./modules/tinker/module.ts";
 import { trainingModule } from "./modules/training/module.ts";
 import { trainingRunsModule } from "./modules/training-runs/module.ts";
 
@@ -52,6 +53,7 @@ const MODULES: readonly ServerModule[] = [
   trainingRunsModule,
   fineTuningModule,
   baseModelsModule,
+  tinkerModule,
 ];
 
 /** Builds the app from its dependencies. It never listens: `main.ts` does, tests use port 0. */

@@ -493,6 +493,20 @@ export class TrainingRunsRepo {
   }
 
   /**
+   * Expires a saved state now (Tinker's checkpoint delete, ADR 71): it reads as gone at once, and
+   * the blob sweep deletes its files as for any expired state. Answers whether it was live.
+   */
+  async expireState(entity: string, stateId: string): Promise<boolean> {
+    const now = this.#now();
+    const changed = await this.#sql.exec(
+      `UPDATE training_saved_states SET expires_at = $3
+       WHERE entity = $1 AND id = $2 AND (expires_at IS NULL OR expires_at > $3)`,
+      [entity, stateId, now],
+    );
+    return changed > 0;
+  }
+
+  /**
    * Records a saved state under a new id. A name the run saved before is 409 unless
    * `overwrite`, which drops the older one.
    */

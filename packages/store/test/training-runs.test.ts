@@ -65,6 +65,27 @@ describeBackends("native training runs", (ctx) => {
     ]);
   });
 
+  it("when a saved state is expired (Tinker's delete), then it reads as gone and its files are no longer named; expiring it again answers false", async () => {
+    const run = await openRun();
+    const state = await ctx.store.trainingRuns.saveState({
+      entity: run.entity,
+      run_id: run.id,
+      name: "to-delete",
+      spec: run.spec,
+      learner_version: 0,
+      state_key: `training-runs/${run.id}/v0-x/`,
+      ttl_ms: null,
+      overwrite: false,
+    });
+    expect(await ctx.store.trainingRuns.expireState("another", state.id)).toBe(false);
+    expect(await ctx.store.trainingRuns.expireState(run.entity, state.id)).toBe(true);
+    expect(await ctx.store.trainingRuns.getState(run.entity, state.id)).toBeUndefined();
+    expect([...(await ctx.store.trainingRuns.referencedLearnerKeys([state.state_key]))]).toEqual(
+      [],
+    );
+    expect(await ctx.store.trainingRuns.expireState(run.entity, state.id)).toBe(false);
+  });
+
   it("when commands race for one sequence id, then exactly one is admitted and the sequence stays gapless", async () => {
     const run = await openRun();
     const outcomes = await Promise.all(

@@ -240,11 +240,16 @@ export async function adapterTrainsHead(blobs: BlobStore, prefix: string): Promi
   }
 }
 
-/** The adapter files of `checkpoint` as a tar, streamed from the blob store, never built whole. */
+/**
+ * The adapter files of `checkpoint` as a tar, streamed from the blob store, never built whole:
+ * under a folder `label/`, or (`tinker`) at the archive's root followed by an empty
+ * `checkpoint_complete`, as the `tinker` SDK's checkpoint download reads them (ADR 71).
+ */
 export async function checkpointAdapterTar(
   blobs: BlobStore,
-  checkpoint: Checkpoint,
+  checkpoint: Pick<Checkpoint, "blob_key" | "step" | "created_at">,
   label: string,
+  options: { tinker?: boolean } = {},
 ): Promise<AdapterTar> {
   const prefix = checkpoint.blob_key;
   const notFound = () =>
@@ -261,7 +266,7 @@ export async function checkpointAdapterTar(
   }
   const mtime = new Date(checkpoint.created_at * 1000);
   return {
-    bytes: tarBytes(entries.map((e) => e.size)),
+    bytes: tarBytes([...entries.map((e) => e.size), ...(options.tinker ? [0] : [])]),
     open() {
       const pack = tar.pack();
       // The reader may go away at any point (a client that cuts the download off): then the
@@ -278,13 +283,24 @@ export async function checkpointAdapterTar(
               source.destroy();
               reject(err);
             };
-            const header = { name: `${label}/${name}`, size, mtime, mode: 0o644 };
+            const header = {
+              name: options.tinker ? name : `${label}/${name}`,
+              size,
+              mtime,
+              mode: 0o644,
+            };
             const entry = pack.entry(header, (err) => (err ? fail(err) : resolve()));
             entry.on("error", fail);
             source.on("error", fail);
             source.pipe(entry as unknown as NodeJS.WritableStream);
           });
         }
+        if (options.tinker && !gone())
+          await new Promise<void>((resolve, reject) =>
+            pack.entry({ name: "checkpoint_complete", size: 0, mtime, mode: 0o644 }, "", (err) =>
+              err ? reject(err) : resolve(),
+            ),
+          );
         pack.finalize();
       })().catch((err: unknown) => {
         if (!gone()) pack.destroy(err as Error);

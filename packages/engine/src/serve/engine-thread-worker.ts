@@ -106,6 +106,19 @@ parentPort!.on("message", (message: ToEngineThread) => {
     case "generate":
       void generate(message.id, message.request);
       return;
+    case "prompt-logprobs":
+      try {
+        const adapter = message.adapter ? adapters.get(message.adapter) : null;
+        if (message.adapter && !adapter)
+          throw new Error(`adapter ${message.adapter} is not loaded`);
+        const logprobs = engine.promptLogprobs(message.tokens, adapter ?? null);
+        post({ type: "prompt-logprobs", id: message.id, logprobs }, [
+          logprobs.buffer as ArrayBuffer,
+        ]);
+      } catch (err) {
+        fail(message.id, err);
+      }
+      return;
     case "cancel":
       running.get(message.id)?.abort(new Error("cancelled"));
       return;

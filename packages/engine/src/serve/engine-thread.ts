@@ -34,13 +34,15 @@ export type ToEngineThread =
   | { type: "cancel"; id: number }
   | { type: "adapter"; id: number; key: string; files: Record<string, Uint8Array> }
   | { type: "drop-adapter"; key: string }
-  | { type: "stats"; id: number };
+  | { type: "stats"; id: number }
+  | { type: "prompt-logprobs"; id: number; tokens: number[]; adapter: string | null };
 
 /** What an engine thread sends back. */
 export type FromEngineThread =
   | { type: "ready"; info: EngineThreadInfo }
   | { type: "failed"; message: string }
   | { type: "encoded"; id: number; tokens: Int32Array }
+  | { type: "prompt-logprobs"; id: number; logprobs: Float64Array }
   | { type: "events"; id: number; events: GenerationEvent[] }
   | { type: "end"; id: number }
   | { type: "error"; id: number; name: string; message: string; tokens?: number; context?: number }
@@ -137,6 +139,15 @@ export class EngineThread {
     if (!this.#failure) this.#worker.postMessage({ type: "drop-adapter", key });
   }
 
+  /** `Engine.promptLogprobs` in the thread, with a loaded adapter named by its key. */
+  async promptLogprobs(tokens: readonly number[], adapter: string | null): Promise<Float64Array> {
+    return (await this.#call({
+      type: "prompt-logprobs",
+      tokens: [...tokens],
+      adapter,
+    })) as Float64Array;
+  }
+
   async stats(): Promise<EngineThreadStats> {
     return (await this.#call({ type: "stats" })) as EngineThreadStats;
   }
@@ -192,10 +203,17 @@ export class EngineThread {
         this.#streams.delete(message.id);
         return;
       case "encoded":
+      case "prompt-logprobs":
       case "done": {
         const pending = this.#pending.get(message.id);
         this.#pending.delete(message.id);
-        pending?.resolve(message.type === "encoded" ? message.tokens : message.stats);
+        pending?.resolve(
+          message.type === "encoded"
+            ? message.tokens
+            : message.type === "prompt-logprobs"
+              ? message.logprobs
+              : message.stats,
+        );
         return;
       }
       case "error": {

@@ -20,6 +20,46 @@ function argmax(values: number[]): number {
 }
 
 describe("Engine", () => {
+  it("when prompt logprobs are asked, then each is the naive log-softmax of the logits before it, NaN at position 0", () => {
+    const engine = new Engine(model, { kernels: jsKernels });
+    const tokens = [...prompt, ...model.tokenizer.encode(" on the mat", { special: true })];
+    const got = engine.promptLogprobs(tokens);
+    expect(got).toHaveLength(tokens.length);
+    expect(got[0]).toBeNaN();
+    const logits = naiveLogits(model, tokens);
+    for (let i = 1; i < tokens.length; i++) {
+      const row = logits[i - 1]!;
+      const max = Math.max(...row);
+      const lse = max + Math.log(row.reduce((s, l) => s + Math.exp(l - max), 0));
+      expect(got[i]).toBeCloseTo(row[tokens[i]!]! - lse, 4);
+    }
+  });
+
+  it("when a stop token id is given and kept, then the sequence ends with it and its logprob; without keeping, it is dropped", async () => {
+    const engine = new Engine(model, { kernels: jsKernels });
+    const free = await engine.complete({ prompt, maxTokens: 6, temperature: 0, logprobs: true });
+    const stopAt = free.choices[0]!.tokens[2]!;
+    const stopAfter = free.choices[0]!.tokens.indexOf(stopAt);
+    const kept = await engine.complete({
+      prompt,
+      maxTokens: 6,
+      temperature: 0,
+      logprobs: true,
+      stopTokenIds: [stopAt],
+      keepStopToken: true,
+    });
+    expect(kept.choices[0]!.finishReason).toBe("stop");
+    expect(kept.choices[0]!.tokens).toEqual(free.choices[0]!.tokens.slice(0, stopAfter + 1));
+    expect(kept.choices[0]!.logprobs).toHaveLength(stopAfter + 1);
+    const dropped = await engine.complete({
+      prompt,
+      maxTokens: 6,
+      temperature: 0,
+      stopTokenIds: [stopAt],
+    });
+    expect(dropped.choices[0]!.tokens).toEqual(free.choices[0]!.tokens.slice(0, stopAfter));
+  });
+
   it("when decoding greedily, then tokens equal a naive full-recompute argmax loop", async () => {
     const engine = new Engine(model, { kernels: jsKernels });
     const tokens = [...prompt];

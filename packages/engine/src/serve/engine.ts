@@ -87,6 +87,12 @@ export interface GenerateRequest {
    * over its own rows.
    */
   adapter?: LoraAdapter | null;
+  /**
+   * Tinker's sampling (ADR 71): token ids that end a sequence besides the model's own stop
+   * tokens, and every stop token kept as the sequence's last token, with its log-prob.
+   */
+  stopTokenIds?: readonly number[];
+  keepStopToken?: boolean;
 }
 
 export type FinishReason = "stop" | "length";
@@ -129,9 +135,19 @@ interface Sequence {
   request: Required<
     Omit<
       GenerateRequest,
-      "messages" | "tools" | "prompt" | "responseFormat" | "stop" | "adapter" | "toolCalls"
+      | "messages"
+      | "tools"
+      | "prompt"
+      | "responseFormat"
+      | "stop"
+      | "adapter"
+      | "toolCalls"
+      | "stopTokenIds"
+      | "keepStopToken"
     >
   > & {
+    stopTokenIds: ReadonlySet<number>;
+    keepStopToken: boolean;
     stop: readonly string[];
     json: JsonSchema | null;
     toolCalls: GenerateRequest["toolCalls"] | null;
@@ -255,6 +271,8 @@ export class Engine {
       repetitionPenalty: request.repetitionPenalty ?? defaults.repetitionPenalty ?? 1,
       seed: request.seed ?? randomSeed(),
       stop: request.stop ?? [],
+      stopTokenIds: new Set(request.stopTokenIds ?? []),
+      keepStopToken: request.keepStopToken ?? false,
       logprobs: request.logprobs ?? alternatives > 0,
       topLogprobs: alternatives,
       presencePenalty: request.presencePenalty ?? 0,
@@ -361,6 +379,32 @@ export class Engine {
     }
     if (request.prompt) return [...request.prompt];
     throw new Error("generate: give messages or a prompt");
+  }
+
+  /**
+   * The log-probability of each prompt token given the ones before it, NaN at position 0
+   * (Tinker's `prompt_logprobs`, ADR 71): teacher-forced one token per forward pass through a
+   * cache of its own, between the scheduler's steps.
+   */
+  promptLogprobs(tokens: readonly number[], adapter: LoraAdapter | null = null): Float64Array {
+    if (adapter) checkAdapter(this.model, adapter);
+    if (tokens.length > this.model.config.maxPositions)
+      throw new Error(
+        `promptLogprobs: ${tokens.length} tokens exceed the ${this.model.config.maxPositions}-token context`,
+      );
+    const out = new Float64Array(tokens.length).fill(Number.NaN);
+    const cache = createKvCache(this.model, Math.max(1, tokens.length), this.kernels);
+    try {
+      for (let i = 0; i + 1 < tokens.length; i++) {
+        const [logits] = forwardBatch(this.model, this.kernels, [
+          { cache, tokens: [tokens[i]!], adapter },
+        ]);
+        out[i + 1] = logSoftmax(logits!, null)[tokens[i + 1]!]!;
+      }
+    } finally {
+      releaseKvCache(cache);
+    }
+    return out;
   }
 
   private async run(): Promise<void> {
@@ -485,7 +529,8 @@ export class Engine {
         { temperature: r.temperature, topP: r.topP, topK: r.topK, minP: r.minP },
         s.rng,
       );
-    if (this.stopTokens.has(token) && !s.json) {
+    const stopToken = (this.stopTokens.has(token) || r.stopTokenIds.has(token)) && !s.json;
+    if (stopToken && !r.keepStopToken) {
       this.finish(s, "stop");
       return;
     }
@@ -534,7 +579,7 @@ export class Engine {
       text: delta,
       ...(logprob ? { logprob } : {}),
     });
-    if (stopped) {
+    if (stopped || stopToken) {
       this.finish(s, "stop", full.slice(0, end));
       return;
     }

@@ -458,7 +458,7 @@ export class RunExecutor {
           data: Buffer.from(logprobs.buffer).toString("base64"),
         });
     }
-    const value = sum / active;
+    const value = loss.reduction === "sum" ? sum : sum / active;
     if (!Number.isFinite(value)) throw new Error("the loss is not finite");
     activity.tokens = active;
     activity.loss = value;

@@ -31,12 +31,20 @@ export interface WireBatch {
   matrices: WireMatrix[];
   routes?: unknown[];
 }
-export type LossName = "cross_entropy" | "importance_sampling" | "cispo" | "dpo";
+export type LossName = "cross_entropy" | "importance_sampling" | "cispo" | "dpo" | "ppo" | "dro";
 export interface WireLoss {
   name: LossName;
   normalize_advantages?: boolean;
   clip_low_threshold?: number;
   clip_high_threshold?: number;
+  /** DRO's β (Tinker's `dro`, ADR 71); default 0.05. */
+  beta?: number;
+  /**
+   * `sum`: the loss is the sum over the batch's active positions, and a matrix may have none
+   * (Tinker's losses, ADR 71); default: the mean over them, each matrix needing one (ADR 57).
+   * `ppo`, `dro` and `sum` are Tinker's only: the native API's spec does not name them.
+   */
+  reduction?: "mean" | "sum";
 }
 
 /** One matrix decoded: T positions, K targets each (row-major `[T, K]` coefficients). */
@@ -65,7 +73,18 @@ export interface MatrixLimits {
 
 export const MAX_BATCH_TOKENS = 2 ** 20;
 export const MAX_TARGETS = 256;
-const POLICY_LOSSES: ReadonlySet<LossName> = new Set(["importance_sampling", "cispo"]);
+const POLICY_LOSSES: ReadonlySet<LossName> = new Set([
+  "importance_sampling",
+  "cispo",
+  "ppo",
+  "dro",
+]);
+/** The losses with a clamped ratio, and their default thresholds: CISPO's one-sided clamp,
+ * PPO's ε = 0.2 (Tinker's documented defaults, ADR 71). */
+const CLIPPED: Readonly<Partial<Record<LossName, { low: number; high: number }>>> = {
+  cispo: { low: 0, high: 4 },
+  ppo: { low: 0.8, high: 1.2 },
+};
 const ROWS: Readonly<Record<string, { dtype: WireRow["dtype"]; perTarget: boolean }>> = {
   token_ids: { dtype: "int64", perTarget: false },
   target_token_ids: { dtype: "int64", perTarget: true },
@@ -79,27 +98,40 @@ function invalid(message: string, code = "invalid_token_matrix"): never {
   throw new InvalidInputError(message, { code, param: "batch" });
 }
 
-/** The loss's options checked (400 `unsupported_loss`, `invalid_loss_options`): CISPO's clamp. */
-function checkLoss(loss: WireLoss): { low: number; high: number } {
+/** The loss's options checked (400 `unsupported_loss`, `invalid_loss_options`): the clamp of
+ * CISPO and PPO, DRO's β. */
+function checkLoss(loss: WireLoss): { low: number; high: number; beta: number } {
   if (loss.name === "dpo")
     throw new InvalidInputError(
       "The dpo loss needs chosen/rejected pairs, which a TokenMatrix batch cannot carry",
       { code: "unsupported_loss", param: "loss.name" },
     );
   const clip = loss.clip_low_threshold !== undefined || loss.clip_high_threshold !== undefined;
-  if (clip && loss.name !== "cispo")
-    throw new InvalidInputError("Clip thresholds are cispo's only", {
+  const defaults = CLIPPED[loss.name];
+  if (clip && !defaults)
+    throw new InvalidInputError(`Clip thresholds are not options of ${loss.name}`, {
       code: "invalid_loss_options",
       param: "loss",
     });
-  const low = loss.clip_low_threshold ?? 0;
-  const high = loss.clip_high_threshold ?? 4;
+  if (loss.beta !== undefined && loss.name !== "dro")
+    throw new InvalidInputError(`beta is not an option of ${loss.name}`, {
+      code: "invalid_loss_options",
+      param: "loss",
+    });
+  const beta = loss.beta ?? 0.05;
+  if (!(Number.isFinite(beta) && beta >= 0))
+    throw new InvalidInputError(`beta ${beta} is not a finite number ≥ 0`, {
+      code: "invalid_loss_options",
+      param: "loss",
+    });
+  const low = loss.clip_low_threshold ?? defaults?.low ?? 0;
+  const high = loss.clip_high_threshold ?? defaults?.high ?? 4;
   if (low > high)
     throw new InvalidInputError(`clip_low_threshold ${low} is above clip_high_threshold ${high}`, {
       code: "invalid_loss_options",
       param: "loss",
     });
-  return { low, high };
+  return { low, high, beta };
 }
 
 /** A row's values written out, row-major; throws on a span or value that does not fit. */
@@ -216,7 +248,8 @@ export function decodeBatch(batch: WireBatch, loss: WireLoss, limits: MatrixLimi
       for (let k = 0; k < K; k++) if (decisive[p * K + k] !== 0) active[p] = 1;
       activeCount += active[p]!;
     }
-    if (activeCount === 0) invalid(`matrix ${m.matrix_id} has no active position`);
+    if (activeCount === 0 && loss.reduction !== "sum")
+      invalid(`matrix ${m.matrix_id} has no active position`);
     return {
       id: m.matrix_id,
       T,
@@ -264,7 +297,8 @@ export function policyTokenCounts(
 /**
  * The loss at one target column of a matrix, as a sum over its active positions, and its
  * gradient by the log-probs (ADR 57; the spec's `TrainingLoss`): cross-entropy −w·log π,
- * importance sampling −ρ·A·w, CISPO −clamp(ρ)·log π·A·w with the clamped ratio held constant.
+ * importance sampling −ρ·A·w, CISPO −clamp(ρ)·log π·A·w with the clamped ratio held constant;
+ * Tinker's PPO −min(ρ·A, clamp(ρ)·A)·w and DRO −(log π·A − β/2·(log π − q)²)·w (ADR 71).
  */
 export function lossObjective(
   matrix: Matrix,
@@ -272,7 +306,7 @@ export function lossObjective(
   column: number,
   scale: number,
 ): (logprobs: Float32Array) => { loss: number; grad: Float32Array } {
-  const { low, high } = checkLoss(loss);
+  const { low, high, beta } = checkLoss(loss);
   const { T, K, weights, advantages, behavior, active } = matrix;
   return (logprobs) => {
     const grad = new Float32Array(logprobs.length);
@@ -292,6 +326,17 @@ export function lossObjective(
       if (loss.name === "importance_sampling") {
         sum += -ratio * a * w;
         grad[p] = -ratio * a * w;
+      } else if (loss.name === "ppo") {
+        // The smaller surrogate bears the gradient: the ratio's, or the clamped one's, which
+        // is constant wherever it is the smaller (the ratio is then outside [low, high]).
+        const clamped = Math.min(Math.max(ratio, low), high);
+        const unclipped = ratio * a;
+        sum += -Math.min(unclipped, clamped * a) * w;
+        grad[p] = unclipped <= clamped * a ? -ratio * a * w : 0;
+      } else if (loss.name === "dro") {
+        const d = logp - behavior![i]!;
+        sum += -(logp * a - 0.5 * beta * d * d) * w;
+        grad[p] = -(a - beta * d) * w;
       } else {
         const clamped = Math.min(Math.max(ratio, low), high);
         sum += -clamped * logp * a * w;

@@ -35,8 +35,11 @@ export interface TrainingRunsDeps {
 
 type Body = Record<string, Json>;
 
-/** The native training API (ADR 57): the spec's `training-runs` operations. */
-export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
+/**
+ * ADR 57's ledger, shared by the native API and Tinker's (ADR 71): `submit` admits one command
+ * of a run; `baseOf` finds a served base model.
+ */
+export function runLedger(deps: TrainingRunsDeps) {
   const { store, engines } = deps;
 
   /** The base model's folder, which must be served (400 `unsupported_base_model`). */
@@ -121,6 +124,13 @@ export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
     }
   };
 
+  return { submit, baseOf };
+}
+
+/** The native training API (ADR 57): the spec's `training-runs` operations. */
+export function trainingRunsHandlers(deps: TrainingRunsDeps): Handlers {
+  const { store } = deps;
+  const { submit, baseOf } = runLedger(deps);
   return {
     listTrainingRuns: async ({ query, principal }) => {
       const page = await store.trainingRuns.list(principal.entities, {
