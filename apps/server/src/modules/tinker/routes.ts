@@ -936,12 +936,28 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     handle(async (req, res, principal) => {
       const { kind, name } = checkpointParam(req);
       const { run, checkpoint } = await checkpointOf(principal, String(req.params.id), kind, name);
-      if (checkpoint.files.kind === "state")
+      if (checkpoint.files.kind === "state") {
         await store.trainingRuns.expireState(run.entity, checkpoint.files.state.id);
-      else
-        await store.models.deleteCheckpoints(run.entity, checkpoint.files.modelId, [
-          checkpoint.files.checkpoint.step,
-        ]);
+      } else {
+        // Sampler saves of one learner version are one checkpoint step: deleting it under one
+        // name would take the weights of the others too, so that is refused, naming them.
+        const { step } = checkpoint.files.checkpoint;
+        const sharing = (await checkpointsOf(run))
+          .filter(
+            (c) =>
+              c.files.kind === "checkpoint" &&
+              c.files.checkpoint.step === step &&
+              c.checkpoint_id !== checkpoint.checkpoint_id,
+          )
+          .map((c) => c.checkpoint_id);
+        if (sharing.length > 0) {
+          throw new TinkerError(
+            400,
+            `${checkpoint.checkpoint_id} holds the same weights as ${sharing.join(", ")} (no optim_step between the saves); delete none of them, or train on before saving again.`,
+          );
+        }
+        await store.models.deleteCheckpoints(run.entity, checkpoint.files.modelId, [step]);
+      }
       res.status(204).end();
       return undefined;
     }),
@@ -974,9 +990,13 @@ export function tinkerRouter(deps: TinkerDeps): Router {
   api.use((_req: Request, _res: Response, next: NextFunction) =>
     next(new TinkerError(404, "Unknown path.")),
   );
+  // The SDK retries 408, 409, 429 and 5xx for minutes, whatever `x-should-retry` says: a
+  // refusal that retrying cannot change (a 409 of the ledger, a latest checkpoint) is answered
+  // 400, which it raises at once (docs/tinker.md, "Run by hand with the real SDK").
+  const refusal = (status: number) => (status === 409 ? 400 : status);
   router.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
     if (err instanceof TinkerError) {
-      res.status(err.status).json({ detail: err.message });
+      res.status(refusal(err.status)).json({ detail: err.message });
       return;
     }
     // A JSON or protobuf body the parsers refused.
@@ -993,7 +1013,7 @@ export function tinkerRouter(deps: TinkerDeps): Router {
     const { error, unexpected } = toApiError(err);
     if (unexpected) deps.logger.error({ err }, "tinker request failed");
     for (const [name, value] of Object.entries(error.headers)) res.setHeader(name, value);
-    res.status(error.status).json({
+    res.status(refusal(error.status)).json({
       detail: error.status === 500 ? "Internal server error." : error.message,
       ...(error.code ? { code: error.code } : {}),
     });
