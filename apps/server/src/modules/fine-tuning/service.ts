@@ -9,7 +9,7 @@ import type {
   TrainingJob,
 } from "@arbor/store";
 import { NotFoundError, quote } from "@arbor/store";
-import type { Principal } from "../access.ts";
+import { findOwned, type Principal } from "../access.ts";
 
 type Schemas = components["schemas"];
 
@@ -81,10 +81,8 @@ export function fileToWire(dataset: Dataset): Schemas["OpenAIFile"] {
 /** A file of one of the principal's entities, by its OpenAI id; anything else is 404. */
 export async function findFile(store: Store, principal: Principal, fileId: string) {
   const uuid = fileIds.uuid(fileId);
-  for (const entity of uuid ? principal.entities : []) {
-    const dataset = await store.datasets.get(entity, uuid!);
-    if (dataset) return dataset;
-  }
+  const dataset = uuid ? await findOwned(principal, (e) => store.datasets.get(e, uuid)) : undefined;
+  if (dataset) return dataset;
   throw new NotFoundError(`No such file: ${quote(fileId)}.`, {
     code: "file_not_found",
     param: "file_id",
