@@ -30,6 +30,8 @@ describe("Tinker's names (ADR 71)", () => {
     expect(servedBase("arbor/tiny-chat", bases)?.id).toBe("arbor/tiny-chat");
     expect(servedBase("Qwen/Qwen2.5-7B", bases)).toBeUndefined();
     expect(servedBase("Qwen/Qwen3-8B", [base("arbor/tiny-chat", 1)])).toBeUndefined();
+    // A served base added under another case (the README's `--id qwen/Qwen3-0.6B`) is found.
+    expect(servedBase("Qwen/Qwen3-8B", [base("qwen/Qwen3-0.6B", 600)])?.id).toBe("qwen/Qwen3-0.6B");
   });
 
   it("when lora_config's switches are read, then they name PEFT's targets, all by default", () => {

@@ -95,9 +95,10 @@ export function targetsOf(config: {
 /**
  * Hub ids the cookbook knows, mapped to a served base of the same tokenizer family (ADR 71):
  * `Qwen/Qwen3-*` to a served `Qwen/Qwen3-*` (all sizes share one tokenizer), Llama 3's to a
- * served Llama 3. The shipped `arbor/tiny-chat` has a tokenizer of its own: no alias reaches it.
+ * served Llama 3, whatever the case of the served id (`qwen/Qwen3-0.6B`, as the README adds one).
+ * The shipped `arbor/tiny-chat` has a tokenizer of its own: no alias reaches it.
  */
-const FAMILIES: readonly RegExp[] = [/^Qwen\/Qwen3-/, /^meta-llama\/(Meta-)?Llama-3/];
+const FAMILIES: readonly RegExp[] = [/^Qwen\/Qwen3-/i, /^meta-llama\/(Meta-)?Llama-3/i];
 
 /** The served base a `base_model` names: itself when served, else the smallest served base
  * of its tokenizer family; undefined when none. */
