@@ -529,30 +529,11 @@ export class TrainingWorker {
       interrupt,
       ...(adapter ? { adapter } : {}),
       ...(resume ? { resume } : {}),
-      onStep: async (progress) => {
-        await held();
-        this.#o.onActivity?.({
-          type: "tokens",
-          jobType: "sft",
-          tokens: progress.metrics.num_tokens,
-        });
-        await store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
-        const validated = evalAt.has(progress.step)
-          ? await evaluate(progress.step, progress.adapter)
-          : undefined;
-        if (progress.step % every === 0 || progress.step === totalSteps) {
-          interrupt();
-          await this.#saveCheckpoint(
-            job,
-            stepFrom + progress.step,
-            progress.adapter,
-            () => progress.optimizerState(),
-            signal,
-            { ...progress.metrics },
-            validated,
-          );
-        }
-      },
+      onStep: this.#onStep(
+        job,
+        { stepFrom, totalSteps, every, signal, interrupt, held },
+        (step, a) => (evalAt.has(step) ? evaluate(step, a) : Promise.resolve(undefined)),
+      ),
     });
     return stepFrom + totalSteps;
   }
@@ -611,28 +592,51 @@ export class TrainingWorker {
       reference,
       ...(adapter ? { adapter } : {}),
       ...(resume ? { resume } : {}),
-      onStep: async (progress) => {
-        await held();
-        this.#o.onActivity?.({
-          type: "tokens",
-          jobType: "sft",
-          tokens: progress.metrics.num_tokens,
-        });
-        await store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
-        if (progress.step % every === 0 || progress.step === totalSteps) {
-          interrupt();
-          await this.#saveCheckpoint(
-            job,
-            stepFrom + progress.step,
-            progress.adapter,
-            () => progress.optimizerState(),
-            signal,
-            { ...progress.metrics },
-          );
-        }
-      },
+      onStep: this.#onStep(job, { stepFrom, totalSteps, every, signal, interrupt, held }),
     });
     return stepFrom + totalSteps;
+  }
+
+  /**
+   * What an SFT or DPO job does after each step: checks it is still the job's, counts its
+   * tokens, writes its `gradient_step` event, validates when `validate` says (SFT), and saves a
+   * checkpoint every `every` steps and at the last.
+   */
+  #onStep(
+    job: TrainingJob,
+    at: {
+      stepFrom: number;
+      totalSteps: number;
+      every: number;
+      signal: AbortSignal;
+      interrupt: () => void;
+      held: () => Promise<void>;
+    },
+    validate?: (step: number, adapter: LoraAdapter) => Promise<SftEvalMetrics | undefined>,
+  ) {
+    return async (progress: {
+      step: number;
+      metrics: { num_tokens: number };
+      adapter: LoraAdapter;
+      optimizerState(): Uint8Array;
+    }): Promise<void> => {
+      await at.held();
+      this.#o.onActivity?.({ type: "tokens", jobType: "sft", tokens: progress.metrics.num_tokens });
+      await this.#o.store.jobs.appendEvent(job.id, "gradient_step", { ...progress.metrics });
+      const validated = await validate?.(progress.step, progress.adapter);
+      if (progress.step % at.every === 0 || progress.step === at.totalSteps) {
+        at.interrupt();
+        await this.#saveCheckpoint(
+          job,
+          at.stepFrom + progress.step,
+          progress.adapter,
+          () => progress.optimizerState(),
+          at.signal,
+          { ...progress.metrics },
+          validated,
+        );
+      }
+    };
   }
 
   /** A DPO job's plan on `base`, within the limits of a job (a pair counts as an example; its
