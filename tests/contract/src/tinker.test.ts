@@ -160,7 +160,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
       // 400, not 409: the SDK retries a 409 for minutes.
       expect(err).toBeInstanceOf(HttpError);
       expect((err as HttpError).status).toBe(400);
-    }, 300_000);
+    });
 
     test("when each RL loss is sent with its inputs and config, then loss:sum is its documented formula of the returned logprobs, and a step trains on it", async () => {
       const { session_id } = await tinker.createSession();
@@ -207,7 +207,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         forwardOnly: true,
       });
       expect([...moved.logprobs[0]!]).not.toEqual(lp0);
-    }, 300_000);
+    });
 
     test("when several requests are submitted before any result is read, then their futures are read together, each with its own result, in the run's order", async () => {
       const { session_id } = await tinker.createSession();
@@ -235,7 +235,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
       expect([...r2.logprobs[0]!]).toEqual([...r1.logprobs[0]!]);
       expect(r3).toHaveProperty("metrics");
       expect(r4.metrics["loss:sum"]).toBeLessThan(r1.metrics["loss:sum"]!);
-    }, 300_000);
+    });
 
     test("when a request is sent again with its seq_id, then the same future answers", async () => {
       const { session_id } = await tinker.createSession();
@@ -251,7 +251,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         .submitForwardBackward(modelId, 1, await reversalData(["star"]), "cross_entropy")
         .catch((e: unknown) => e);
       expect((other as HttpError).status).toBe(400);
-    }, 120_000);
+    });
 
     test("when a datum is malformed, then forward_backward is 400 saying what is wrong", async () => {
       const { session_id } = await tinker.createSession();
@@ -271,7 +271,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         .submitForwardBackward(modelId, 1, [datum!], "ppo")
         .catch((e: unknown) => e);
       expect(JSON.stringify((missing as HttpError).body)).toContain("logprobs, which ppo needs");
-    }, 120_000);
+    });
 
     test("when another tenant asks for a run's future or trains it, then it is not found", async () => {
       const { session_id } = await tinker.createSession();
@@ -286,7 +286,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         .result({ request_id: `model.${modelId}` })
         .catch((e: unknown) => e);
       expect((future as HttpError).status).toBe(404);
-    }, 120_000);
+    });
   });
 
   describe("sampling", () => {
@@ -402,7 +402,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         logprobs: true,
       });
       expect(completion.choices[0]!.logprobs!.content!.length).toBeGreaterThan(0);
-    }, 300_000);
+    });
 
     test("when weights are saved for a sampler without a name, then the sampling session comes back at once and samples; stop strings end a sequence", async () => {
       const { modelId, seq } = await trained();
@@ -455,7 +455,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         }),
       );
       expect(fromBase.sequences[0]!.logprobs).toHaveLength(fromBase.sequences[0]!.tokens.length);
-    }, 300_000);
+    });
   });
 
   describe("state and the REST client's routes", () => {
@@ -604,7 +604,7 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         .json("POST", "load_weights", { model_id: resumed, path, seq_id: 5, optimizer: false })
         .catch((e: unknown) => e);
       expect((gone as HttpError).status).toBe(404);
-    }, 300_000);
+    });
   });
 
   // The long-poll is the router's alone: once, on SQLite.
@@ -636,6 +636,6 @@ describe.each(STORES)("Tinker's API on $name", (store) => {
         .json("POST", "retrieve_future", { request_id: "op.nothing.here" })
         .catch((e: unknown) => e);
       expect((unknown as HttpError).status).toBe(404);
-    }, 120_000);
+    });
   });
 });

@@ -1,11 +1,12 @@
 import type { Kernels } from "../kernels/types.ts";
 import { type ChatMessage, PromptError } from "../model/chat.ts";
-import { cloneAdapter, createLoraAdapter, type LoraAdapter } from "../model/lora.ts";
+import { cloneAdapter, type LoraAdapter } from "../model/lora.ts";
 import type { Model } from "../model/model.ts";
-import { LoraTrainer } from "./lora-train.ts";
+import type { LoraTrainer } from "./lora-train.ts";
 import { learningRate } from "./optim.ts";
 import {
   layoutSteps,
+  loraTrainer,
   packBatch,
   packByTokens,
   type SftConfig,
@@ -280,16 +281,7 @@ export async function trainDpo(
       : options.adapter && !options.resume
         ? cloneAdapter(options.adapter)
         : null;
-  const adapter =
-    options.resume?.adapter ??
-    options.adapter ??
-    createLoraAdapter(model, config.lora, config.seed ?? 0);
-  const trainer = new LoraTrainer(model, adapter, {
-    ...(config.adamW ? { adamW: config.adamW } : {}),
-    maxGradNorm: config.maxGradNorm ?? 1,
-    ...(options.kernels ? { kernels: options.kernels } : {}),
-  });
-  if (options.resume) trainer.loadOptimizerState(options.resume.optimizerState);
+  const { adapter, trainer } = loraTrainer(model, config, options);
   const lr = config.learningRate ?? 2e-4;
   if (typeof lr !== "number" && lr.length !== totalSteps) {
     throw new TrainingInputError(

@@ -235,6 +235,28 @@ export function sftSequences(
 }
 
 /**
+ * The adapter a training run steps (the resumed one, the one given, or a fresh one from
+ * `config.lora` and `seed`) and its trainer: AdamW with clipping, its state restored on a resume.
+ */
+export function loraTrainer(
+  model: Model,
+  config: Pick<SftConfig, "lora" | "seed" | "adamW" | "maxGradNorm">,
+  options: Pick<SftOptions, "kernels" | "adapter" | "resume">,
+): { adapter: LoraAdapter; trainer: LoraTrainer } {
+  const adapter =
+    options.resume?.adapter ??
+    options.adapter ??
+    createLoraAdapter(model, config.lora, config.seed ?? 0);
+  const trainer = new LoraTrainer(model, adapter, {
+    ...(config.adamW ? { adamW: config.adamW } : {}),
+    maxGradNorm: config.maxGradNorm ?? 1,
+    ...(options.kernels ? { kernels: options.kernels } : {}),
+  });
+  if (options.resume) trainer.loadOptimizerState(options.resume.optimizerState);
+  return { adapter, trainer };
+}
+
+/**
  * Supervised fine-tuning of a LoRA adapter on chat examples: cross-entropy on the assistant
  * tokens (all turns or the last), averaged over the step's trainable tokens; AdamW with
  * clipping and the learning-rate schedule; deterministic under `seed`.
@@ -250,16 +272,7 @@ export async function trainSft(
   if (!Number.isInteger(start) || start < 0 || start > totalSteps) {
     throw new TrainingInputError(`sft: cannot resume at step ${start} of ${totalSteps}`);
   }
-  const adapter =
-    options.resume?.adapter ??
-    options.adapter ??
-    createLoraAdapter(model, config.lora, config.seed ?? 0);
-  const trainer = new LoraTrainer(model, adapter, {
-    ...(config.adamW ? { adamW: config.adamW } : {}),
-    maxGradNorm: config.maxGradNorm ?? 1,
-    ...(options.kernels ? { kernels: options.kernels } : {}),
-  });
-  if (options.resume) trainer.loadOptimizerState(options.resume.optimizerState);
+  const { adapter, trainer } = loraTrainer(model, config, options);
   const lr = config.learningRate ?? 2e-4;
   const schedule = {
     kind: config.schedule ?? "linear",
